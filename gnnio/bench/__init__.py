@@ -1,0 +1,1 @@
+"""Benchmarks behind ``gnnio bench``; each module: HELP, add_arguments(parser), run(args) -> dict."""

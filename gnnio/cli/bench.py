@@ -1,0 +1,46 @@
+"""``gnnio bench KIND DIR ...``: reproducible benchmarks; ``--json`` prints one JSON object last."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: benchmark name -> module under gnnio.bench providing HELP, add_arguments(p) and run(args) -> dict
+BENCHES = {
+    "sampling": "gnnio.bench.sampling",
+    "gather": "gnnio.bench.gather",
+    "loader": "gnnio.bench.loader",
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark sampling, feature gather and the loader on a dataset",
+        description="Benchmarks report the median of several timed passes after a warm-up, "
+        "next to a ceiling measured in the same run where one applies.",
+    )
+    kinds = p.add_subparsers(dest="bench", metavar="KIND", required=True)
+    for name, modname in BENCHES.items():
+        mod = importlib.import_module(modname)
+        sp = kinds.add_parser(
+            name,
+            help=mod.HELP,
+            description=getattr(mod, "DESCRIPTION", mod.HELP),
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        mod.add_arguments(sp)
+        sp.add_argument("--json", action="store_true", help="print the result as JSON (last line)")
+        sp.set_defaults(func=_run, bench_module=mod)
+
+
+def _run(args) -> int:
+    import json
+
+    result = args.bench_module.run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:24s} {v}")
+    return 0

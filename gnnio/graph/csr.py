@@ -1,0 +1,131 @@
+"""CSR topology and graph utilities.
+
+Convention (used everywhere in gnnio): the stored CSR holds **in-neighbours**. Row ``v`` lists the
+nodes ``u`` with an edge ``u -> v``, i.e. the nodes ``v`` aggregates from during message passing.
+``indptr`` is int64 of length N+1; ``indices`` is int32 when N < 2**31, int64 otherwise. Arrays are
+NumPy (possibly memory-mapped); ``to_torch`` gives zero-copy torch views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["CSRGraph", "index_dtype", "edges_to_csr"]
+
+
+def index_dtype(num_nodes: int) -> np.dtype:
+    """The dtype of ``indices`` for a graph of ``num_nodes`` nodes."""
+    return np.dtype(np.int32) if num_nodes < 2**31 else np.dtype(np.int64)
+
+
+def edges_to_csr(
+    src: np.ndarray, dst: np.ndarray, num_nodes: int, dedup: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of in-neighbours from directed edges ``src[i] -> dst[i]``.
+
+    Neighbour lists come out sorted by source id. With ``dedup`` repeated edges are dropped.
+    Returns ``(indptr int64 [N+1], indices [E'])``.
+    """
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    if src.shape != dst.shape:
+        raise ValueError(f"src and dst differ in length: {src.shape} vs {dst.shape}")
+    key = dst * np.int64(num_nodes) + src
+    key = np.unique(key) if dedup else np.sort(key, kind="stable")
+    rows = key // num_nodes
+    counts = np.bincount(rows, minlength=num_nodes)
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    indices = (key - rows * num_nodes).astype(index_dtype(num_nodes))
+    return indptr, indices
+
+
+@dataclass
+class CSRGraph:
+    """A directed graph as a CSR of in-neighbours (see module docstring for the id conventions)."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0]) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @classmethod
+    def from_edges(
+        cls, src: np.ndarray, dst: np.ndarray, num_nodes: int, dedup: bool = True
+    ) -> CSRGraph:
+        return cls(*edges_to_csr(src, dst, num_nodes, dedup=dedup))
+
+    def in_degrees(self) -> np.ndarray:
+        """Number of in-neighbours of each node (int64 [N])."""
+        return np.diff(np.asarray(self.indptr))
+
+    def out_degrees(self) -> np.ndarray:
+        """Number of out-neighbours of each node (int64 [N])."""
+        return np.bincount(np.asarray(self.indices), minlength=self.num_nodes).astype(np.int64)
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(src, dst)`` int64 arrays of all edges, in CSR order."""
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), self.in_degrees())
+        return np.asarray(self.indices, dtype=np.int64), dst
+
+    def reverse(self) -> CSRGraph:
+        """The reversed graph: its CSR lists out-neighbours (i.e. this graph's CSC)."""
+        src, dst = self.edges()
+        return CSRGraph.from_edges(dst, src, self.num_nodes, dedup=False)
+
+    def symmetrize(self, drop_self_loops: bool = False) -> CSRGraph:
+        """Undirected version: every edge in both directions, deduplicated."""
+        src, dst = self.edges()
+        if drop_self_loops:
+            keep = src != dst
+            src, dst = src[keep], dst[keep]
+        return CSRGraph.from_edges(
+            np.concatenate([src, dst]), np.concatenate([dst, src]), self.num_nodes
+        )
+
+    def induced_subgraph(self, nodes: np.ndarray) -> tuple[CSRGraph, np.ndarray]:
+        """Subgraph on ``nodes`` (global ids, order kept: local id i is ``nodes[i]``).
+
+        Returns ``(subgraph, nodes)``; edges whose both ends are in ``nodes`` are kept.
+        """
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if np.unique(nodes).shape[0] != nodes.shape[0]:
+            raise ValueError("induced_subgraph: nodes contain duplicates")
+        local = np.full(self.num_nodes, -1, dtype=np.int64)
+        local[nodes] = np.arange(nodes.shape[0])
+        starts = np.asarray(self.indptr)[nodes]
+        counts = np.asarray(self.indptr)[nodes + 1] - starts
+        dst_local = np.repeat(np.arange(nodes.shape[0], dtype=np.int64), counts)
+        # positions of every in-edge of the chosen rows
+        offs = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(counts) - counts, counts
+        )
+        src_global = np.asarray(self.indices)[np.repeat(starts, counts) + offs]
+        src_local = local[src_global]
+        keep = src_local >= 0
+        sub = CSRGraph.from_edges(
+            src_local[keep], dst_local[keep], nodes.shape[0], dedup=False
+        )
+        return sub, nodes
+
+    def to_torch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-copy torch views of ``(indptr, indices)``."""
+        return _as_tensor(self.indptr), _as_tensor(self.indices)
+
+
+def _as_tensor(a: np.ndarray) -> torch.Tensor:
+    a = np.asarray(a)
+    if not a.flags.writeable:
+        # torch.from_numpy needs a writeable buffer; datasets open memmaps copy-on-write ("c"),
+        # which are writeable, so this copy only happens for arrays the caller made read-only.
+        a = np.array(a)
+    return torch.from_numpy(a)

@@ -1,0 +1,141 @@
+"""The dataset object returned by :func:`gnnio.load`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DatasetError
+from .csr import CSRGraph
+from .format import load_arrays, read_meta, validate_arrays, verify_checksums
+
+__all__ = ["Dataset", "load", "info_stats"]
+
+
+@dataclass
+class Dataset:
+    """A prepared gnnio dataset.
+
+    All arrays are NumPy memmaps (copy-on-write) over the files in ``path``: nothing is read into RAM
+    until it is touched. Node ids are global ids in ``[0, num_nodes)``.
+
+    Attributes:
+        graph: CSR of in-neighbours.
+        features: ``[N, F]`` float32/float16, memory-mapped.
+        labels: ``[N]`` int64, -1 = unlabeled; None if the dataset has no labels.
+        train_idx, valid_idx, test_idx: int64 node ids; None when absent.
+        extra: any further arrays stored in the dataset (e.g. id maps after reordering).
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    graph: CSRGraph
+    features: np.ndarray
+    labels: np.ndarray | None = None
+    train_idx: np.ndarray | None = None
+    valid_idx: np.ndarray | None = None
+    test_idx: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name", self.path.name))
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    @property
+    def num_edges(self) -> int:
+        return self.graph.num_edges
+
+    @property
+    def feat_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.meta["num_classes"])
+
+    def require_labels(self) -> None:
+        """Raise a clear error if the dataset cannot be trained on (no labels or no train split)."""
+        if self.labels is None or self.train_idx is None or self.train_idx.size == 0:
+            raise DatasetError(
+                f"{self.path}: has no labels or no train split; it can be benchmarked but not trained"
+            )
+
+    def load_features_in_memory(self) -> np.ndarray:
+        """Read the whole feature matrix into RAM (only when asked)."""
+        return np.array(self.features)
+
+
+def load(path: str | os.PathLike, verify: bool = False) -> Dataset:
+    """Open and validate a dataset directory (see docs/format.md).
+
+    The invariants of the format are always checked; ``verify=True`` also recomputes the sha256 of
+    every array file. Raises :class:`gnnio.errors.DatasetError` with a one-line message.
+    """
+    path = Path(path)
+    meta = read_meta(path)
+    if verify:
+        verify_checksums(path, meta)
+    arrays = load_arrays(path, list(meta["arrays"]), meta)
+    validate_arrays(path, meta, arrays)
+    core = {"indptr", "indices", "features", "labels", "train_idx", "valid_idx", "test_idx"}
+    return Dataset(
+        path=path,
+        meta=meta,
+        graph=CSRGraph(arrays["indptr"], arrays["indices"]),
+        features=arrays["features"],
+        labels=arrays.get("labels"),
+        train_idx=arrays.get("train_idx"),
+        valid_idx=arrays.get("valid_idx"),
+        test_idx=arrays.get("test_idx"),
+        extra={k: v for k, v in arrays.items() if k not in core},
+    )
+
+
+def info_stats(ds: Dataset, check_values: bool = False, chunk_rows: int = 1 << 16) -> dict[str, Any]:
+    """The numbers ``gnnio info`` prints (all plain JSON types)."""
+    deg = ds.graph.in_degrees()
+    n, e = ds.num_nodes, ds.num_edges
+    top = max(1, int(np.ceil(0.01 * n))) if n else 0
+    top_share = float(np.sort(deg)[::-1][:top].sum() / e) if e else 0.0
+    out_deg = ds.graph.out_degrees()
+    stats: dict[str, Any] = {
+        "name": ds.name,
+        "path": str(ds.path),
+        "format_version": ds.meta["format_version"],
+        "num_nodes": n,
+        "num_edges": e,
+        "feat_dim": ds.feat_dim,
+        "feat_dtype": str(ds.features.dtype),
+        "num_classes": ds.num_classes,
+        "feature_bytes": int(ds.features.nbytes),
+        "topology_bytes": int(ds.graph.indptr.nbytes + ds.graph.indices.nbytes),
+        "in_degree": {
+            "min": int(deg.min()) if n else 0,
+            "median": float(np.median(deg)) if n else 0.0,
+            "mean": float(e / n) if n else 0.0,
+            "max": int(deg.max()) if n else 0,
+            "top1pct_edge_share": top_share,
+        },
+        "isolated_nodes": int(np.count_nonzero((deg == 0) & (out_deg == 0))),
+        "num_train": int(ds.train_idx.size) if ds.train_idx is not None else 0,
+        "num_valid": int(ds.valid_idx.size) if ds.valid_idx is not None else 0,
+        "num_test": int(ds.test_idx.size) if ds.test_idx is not None else 0,
+        "num_labeled": int(np.count_nonzero(ds.labels >= 0)) if ds.labels is not None else 0,
+    }
+    if check_values:
+        nan = inf = 0
+        for s in range(0, n, chunk_rows):
+            block = np.asarray(ds.features[s : s + chunk_rows])
+            nan += int(np.isnan(block).sum())
+            inf += int(np.isinf(block).sum())
+        stats["features_nan"] = nan
+        stats["features_inf"] = inf
+    return stats

@@ -1,0 +1,323 @@
+"""gnnio's on-disk dataset format (version 1), its atomic writer and its validating reader.
+
+A dataset is a directory with ``meta.json`` and one ``.npy`` file per array. See docs/format.md.
+The writer builds everything in a temporary sibling directory and renames it into place only after
+every array and the metadata (with sha256 checksums) are written and flushed, so an interrupted write
+never leaves a directory that opens as a valid dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DatasetError
+from .csr import index_dtype
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "META_FILE",
+    "DatasetWriter",
+    "read_meta",
+    "load_arrays",
+    "validate_arrays",
+    "verify_checksums",
+    "sha256_file",
+]
+
+FORMAT_NAME = "gnnio-dataset"
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+
+#: arrays with a fixed meaning; any other array is allowed and only checksummed
+CORE_ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "valid_idx", "test_idx")
+SPLITS = ("train_idx", "valid_idx", "test_idx")
+FEATURE_DTYPES = ("float32", "float16")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+class DatasetWriter:
+    """Write a dataset atomically.
+
+    Use as a context manager::
+
+        with DatasetWriter(out, name="cora") as w:
+            w.save_array("indptr", indptr)
+            feats = w.create_array("features", (n, f), np.float32)  # memmap, filled in place
+            feats[:] = ...
+            w.meta["num_classes"] = 7
+
+    On a clean exit the metadata (counts, dtypes, shapes, sha256) is written and the temporary
+    directory renamed to ``out``. On an exception the temporary directory is removed and ``out`` is
+    untouched. An existing ``out`` is replaced only with ``overwrite=True``.
+    """
+
+    def __init__(self, out: str | os.PathLike, name: str, overwrite: bool = False):
+        self.out = Path(out)
+        self.name = name
+        self.overwrite = overwrite
+        self.meta: dict[str, Any] = {}
+        self._arrays: dict[str, str] = {}
+        self._open: dict[str, np.memmap] = {}
+        self.tmp: Path | None = None
+
+    def __enter__(self) -> DatasetWriter:
+        if self.out.exists() and not self.overwrite:
+            raise DatasetError(f"{self.out}: already exists (pass --overwrite to replace it)")
+        parent = self.out.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=parent))
+        return self
+
+    def path(self, key: str) -> Path:
+        assert self.tmp is not None, "use DatasetWriter as a context manager"
+        return self.tmp / f"{key}.npy"
+
+    def create_array(self, key: str, shape: tuple[int, ...], dtype: Any) -> np.memmap:
+        """A writable memory-mapped ``.npy`` to fill in place (for arrays larger than RAM)."""
+        arr = np.lib.format.open_memmap(self.path(key), mode="w+", dtype=dtype, shape=shape)
+        self._arrays[key] = f"{key}.npy"
+        self._open[key] = arr
+        return arr
+
+    def save_array(self, key: str, arr: np.ndarray) -> None:
+        np.save(self.path(key), np.ascontiguousarray(arr), allow_pickle=False)
+        self._arrays[key] = f"{key}.npy"
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self.tmp is not None
+        if exc_type is not None:
+            self._open.clear()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        try:
+            for arr in self._open.values():
+                arr.flush()
+            self._open.clear()
+            self._finish()
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+    def _finish(self) -> None:
+        assert self.tmp is not None
+        arrays = load_arrays(self.tmp, list(self._arrays))
+        for key in ("indptr", "indices", "features"):
+            if key not in arrays:
+                raise DatasetError(f"{self.out}: a dataset needs an array '{key}'")
+        n = int(arrays["indptr"].shape[0]) - 1
+        meta: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "num_nodes": n,
+            "num_edges": int(arrays["indices"].shape[0]),
+            "feat_dim": int(arrays["features"].shape[1]) if arrays["features"].ndim == 2 else -1,
+            "feat_dtype": str(arrays["features"].dtype),
+            "num_classes": 0,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if "labels" in arrays:
+            lab = np.asarray(arrays["labels"])
+            meta["num_classes"] = int(lab.max()) + 1 if lab.size and lab.max() >= 0 else 0
+        meta.update(self.meta)
+        meta["arrays"] = {
+            key: {
+                "file": fname,
+                "dtype": str(arrays[key].dtype),
+                "shape": list(arrays[key].shape),
+                "sha256": sha256_file(self.tmp / fname),
+            }
+            for key, fname in sorted(self._arrays.items())
+        }
+        del arrays
+        validate_arrays(self.tmp, meta, load_arrays(self.tmp, list(self._arrays)))
+        meta_path = self.tmp / META_FILE
+        with open(meta_path, "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for fname in self._arrays.values():
+            fd = os.open(self.tmp / fname, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if self.out.exists():
+            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+            os.rename(self.out, old)
+            os.rename(self.tmp, self.out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(self.tmp, self.out)
+        self.meta = meta
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    mfile = path / META_FILE
+    if not path.is_dir():
+        raise DatasetError(f"{path}: not a directory")
+    if not mfile.is_file():
+        raise DatasetError(f"{mfile}: missing (not a gnnio dataset, or an interrupted write)")
+    try:
+        meta = json.loads(mfile.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{mfile}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise DatasetError(f"{mfile}: not a gnnio dataset (format is not '{FORMAT_NAME}')")
+    ver = meta.get("format_version")
+    if ver != FORMAT_VERSION:
+        raise DatasetError(
+            f"{mfile}: format_version {ver} is not supported (this gnnio reads {FORMAT_VERSION})"
+        )
+    for key in ("num_nodes", "num_edges", "feat_dim", "feat_dtype", "num_classes", "arrays"):
+        if key not in meta:
+            raise DatasetError(f"{mfile}: missing key '{key}'")
+    return meta
+
+
+def load_arrays(path: Path, keys: list[str], meta: dict | None = None) -> dict[str, np.ndarray]:
+    """Open ``.npy`` arrays memory-mapped copy-on-write (never read whole, never written back)."""
+    out = {}
+    for key in keys:
+        fname = meta["arrays"][key]["file"] if meta else f"{key}.npy"
+        f = Path(path) / fname
+        if not f.is_file():
+            raise DatasetError(f"{f}: missing array file")
+        try:
+            out[key] = np.load(f, mmap_mode="c", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise DatasetError(f"{f}: not a readable .npy file ({e})") from None
+    return out
+
+
+def validate_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Check the format invariants; raise DatasetError with one line naming the file and problem."""
+    n = int(meta["num_nodes"])
+    e = int(meta["num_edges"])
+
+    def fname(key: str) -> Path:
+        return Path(path) / meta["arrays"][key]["file"]
+
+    # shapes and dtypes match the metadata
+    for key, arr in arrays.items():
+        info = meta["arrays"][key]
+        if list(arr.shape) != list(info["shape"]):
+            raise DatasetError(
+                f"{fname(key)}: shape {list(arr.shape)} does not match meta.json {info['shape']}"
+            )
+        if str(arr.dtype) != info["dtype"]:
+            raise DatasetError(
+                f"{fname(key)}: dtype {arr.dtype} does not match meta.json {info['dtype']}"
+            )
+    for key in ("indptr", "indices", "features"):
+        if key not in arrays:
+            raise DatasetError(f"{Path(path) / META_FILE}: array '{key}' is missing")
+    indptr, indices, feats = arrays["indptr"], arrays["indices"], arrays["features"]
+    if indptr.dtype != np.int64 or indptr.shape != (n + 1,):
+        raise DatasetError(
+            f"{fname('indptr')}: must be int64 of length num_nodes+1 = {n + 1}, "
+            f"got {indptr.dtype} {list(indptr.shape)}"
+        )
+    want_idx = index_dtype(n)
+    if indices.dtype != want_idx or indices.shape != (e,):
+        raise DatasetError(
+            f"{fname('indices')}: must be {want_idx} of length num_edges = {e}, "
+            f"got {indices.dtype} {list(indices.shape)}"
+        )
+    if str(feats.dtype) not in FEATURE_DTYPES or feats.ndim != 2 or feats.shape[0] != n:
+        raise DatasetError(
+            f"{fname('features')}: must be float32 or float16 of shape [{n}, F], "
+            f"got {feats.dtype} {list(feats.shape)}"
+        )
+    if feats.shape[1] != int(meta["feat_dim"]) or str(feats.dtype) != meta["feat_dtype"]:
+        raise DatasetError(
+            f"{fname('features')}: {feats.dtype} [{n}, {feats.shape[1]}] does not match "
+            f"meta.json feat_dim={meta['feat_dim']} feat_dtype={meta['feat_dtype']}"
+        )
+    # CSR invariants
+    if indptr[0] != 0:
+        raise DatasetError(f"{fname('indptr')}: must start at 0, starts at {int(indptr[0])}")
+    if n > 0:
+        d = np.diff(indptr)
+        bad = np.flatnonzero(d < 0)
+        if bad.size:
+            raise DatasetError(f"{fname('indptr')}: decreases at position {int(bad[0]) + 1}")
+    if indptr[-1] != e:
+        raise DatasetError(
+            f"{fname('indptr')}: must end at num_edges = {e}, ends at {int(indptr[-1])}"
+        )
+    if e:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= n:
+            bad = lo if lo < 0 else hi
+            raise DatasetError(f"{fname('indices')}: node id {bad} is out of range [0, {n})")
+    # labels
+    c = int(meta["num_classes"])
+    if "labels" in arrays:
+        lab = arrays["labels"]
+        if lab.dtype != np.int64 or lab.shape != (n,):
+            raise DatasetError(
+                f"{fname('labels')}: must be int64 of length {n}, got {lab.dtype} {list(lab.shape)}"
+            )
+        if n:
+            lo, hi = int(lab.min()), int(lab.max())
+            if lo < -1 or hi >= c:
+                bad = lo if lo < -1 else hi
+                raise DatasetError(
+                    f"{fname('labels')}: label {bad} is out of range [-1, {c}) (num_classes={c})"
+                )
+    # splits
+    seen = np.zeros(n, dtype=np.bool_)
+    for key in SPLITS:
+        if key not in arrays:
+            continue
+        idx = np.asarray(arrays[key])
+        if idx.dtype != np.int64 or idx.ndim != 1:
+            raise DatasetError(f"{fname(key)}: must be a 1-D int64 array, got {idx.dtype}")
+        if idx.size == 0:
+            continue
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= n:
+            bad = lo if lo < 0 else hi
+            raise DatasetError(f"{fname(key)}: node id {bad} is out of range [0, {n})")
+        if np.unique(idx).shape[0] != idx.shape[0]:
+            raise DatasetError(f"{fname(key)}: contains repeated node ids")
+        clash = idx[seen[idx]]
+        if clash.size:
+            raise DatasetError(
+                f"{fname(key)}: node {int(clash[0])} is also in another split "
+                f"(splits must be disjoint)"
+            )
+        seen[idx] = True
+
+
+def verify_checksums(path: Path, meta: dict) -> None:
+    for key, info in meta["arrays"].items():
+        f = Path(path) / info["file"]
+        if not f.is_file():
+            raise DatasetError(f"{f}: missing array file")
+        got = sha256_file(f)
+        if got != info["sha256"]:
+            raise DatasetError(f"{f}: sha256 mismatch (file changed or corrupt since it was written)")
