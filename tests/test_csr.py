@@ -1,0 +1,97 @@
+"""Property tests for the CSR utilities and the on-disk round-trip."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gnnio
+from gnnio.graph import CSRGraph, DatasetWriter, edges_to_csr
+
+
+@st.composite
+def edge_lists(draw, max_nodes=30, max_edges=120):
+    n = draw(st.integers(1, max_nodes))
+    e = draw(st.integers(0, max_edges))
+    src = np.array(draw(st.lists(st.integers(0, n - 1), min_size=e, max_size=e)), dtype=np.int64)
+    dst = np.array(draw(st.lists(st.integers(0, n - 1), min_size=e, max_size=e)), dtype=np.int64)
+    return n, src, dst
+
+
+def edge_set(g: CSRGraph) -> set[tuple[int, int]]:
+    s, d = g.edges()
+    return set(zip(s.tolist(), d.tolist()))
+
+
+def assert_valid_csr(g: CSRGraph):
+    ip = np.asarray(g.indptr)
+    assert ip.dtype == np.int64 and ip[0] == 0 and ip[-1] == g.num_edges
+    assert np.all(np.diff(ip) >= 0)
+    assert g.indices.dtype == np.int32
+    if g.num_edges:
+        assert g.indices.min() >= 0 and g.indices.max() < g.num_nodes
+
+
+@given(edge_lists())
+def test_edges_to_csr_roundtrip(data):
+    n, src, dst = data
+    g = CSRGraph.from_edges(src, dst, n)
+    assert_valid_csr(g)
+    assert edge_set(g) == set(zip(src.tolist(), dst.tolist()))
+    assert g.num_edges == len(set(zip(src.tolist(), dst.tolist())))
+    # rows list in-neighbours, sorted
+    for v in range(n):
+        row = g.indices[g.indptr[v] : g.indptr[v + 1]]
+        assert np.all(np.diff(row) > 0)
+        assert set(row.tolist()) == {int(s) for s, d in zip(src, dst) if d == v}
+
+
+@given(edge_lists())
+def test_degrees_reverse_symmetrize(data):
+    n, src, dst = data
+    g = CSRGraph.from_edges(src, dst, n)
+    r = g.reverse()
+    assert_valid_csr(r)
+    assert edge_set(r) == {(d, s) for s, d in edge_set(g)}
+    assert np.array_equal(r.in_degrees(), g.out_degrees())
+    assert np.array_equal(r.reverse().indices, g.indices)
+    sym = g.symmetrize()
+    es = edge_set(sym)
+    assert es == edge_set(g) | edge_set(r)
+    assert all((d, s) in es for s, d in es)
+    nsl = g.symmetrize(drop_self_loops=True)
+    assert all(s != d for s, d in edge_set(nsl))
+
+
+@given(edge_lists(), st.data())
+def test_induced_subgraph(data, draw):
+    n, src, dst = data
+    g = CSRGraph.from_edges(src, dst, n)
+    nodes = np.array(draw.draw(st.permutations(range(n))), dtype=np.int64)[
+        : draw.draw(st.integers(0, n))
+    ]
+    sub, kept = g.induced_subgraph(nodes)
+    assert_valid_csr(sub)
+    pos = {int(v): i for i, v in enumerate(kept)}
+    want = {(pos[s], pos[d]) for s, d in edge_set(g) if s in pos and d in pos}
+    assert edge_set(sub) == want
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edge_lists(), st.sampled_from([np.float32, np.float16]))
+def test_dataset_write_read_roundtrip(tmp_path_factory, data, dtype):
+    n, src, dst = data
+    indptr, indices = edges_to_csr(src, dst, n)
+    feats = np.arange(n * 3, dtype=dtype).reshape(n, 3)
+    out = tmp_path_factory.mktemp("rt") / "ds"
+    with DatasetWriter(out, name="rt") as w:
+        w.save_array("indptr", indptr)
+        w.save_array("indices", indices)
+        w.save_array("features", feats)
+    ds = gnnio.load(out, verify=True)
+    assert np.array_equal(ds.graph.indptr, indptr)
+    assert np.array_equal(ds.graph.indices, indices)
+    assert np.array_equal(ds.features, feats) and ds.features.dtype == dtype
+    ip, ix = ds.graph.to_torch()
+    assert ip.tolist() == indptr.tolist() and ix.tolist() == indices.tolist()

@@ -1,0 +1,189 @@
+"""The dataset format: atomic writes, and one test per invariant checked on open."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import gnnio
+from gnnio.errors import DatasetError
+from gnnio.graph import DatasetWriter
+from gnnio.graph.format import META_FILE, sha256_file
+
+from .helpers import write_tiny_dataset
+
+
+@pytest.fixture
+def ds_dir(tmp_path):
+    return write_tiny_dataset(tmp_path / "ds")
+
+
+def tamper(ds_dir, key, arr, fix_meta=True):
+    """Replace one array file; by default also update meta.json's shape/dtype/sha256 so that only
+    the invariant under test is broken."""
+    path = ds_dir / f"{key}.npy"
+    np.save(path, arr)
+    if fix_meta:
+        meta = json.loads((ds_dir / META_FILE).read_text())
+        meta["arrays"][key].update(
+            shape=list(arr.shape), dtype=str(arr.dtype), sha256=sha256_file(path)
+        )
+        (ds_dir / META_FILE).write_text(json.dumps(meta))
+
+
+def arr(ds_dir, key):
+    return np.load(ds_dir / f"{key}.npy")
+
+
+def expect_error(ds_dir, *needles, verify=False):
+    with pytest.raises(DatasetError) as ei:
+        gnnio.load(ds_dir, verify=verify)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def test_roundtrip(ds_dir):
+    ds = gnnio.load(ds_dir, verify=True)
+    assert ds.num_nodes == 12 and ds.feat_dim == 4 and ds.num_classes == 3
+    assert isinstance(ds.features, np.memmap)
+    assert ds.meta["format_version"] == gnnio.graph.FORMAT_VERSION
+    for key in ("indptr", "indices", "features", "labels", "train_idx"):
+        assert key in ds.meta["arrays"] and len(ds.meta["arrays"][key]["sha256"]) == 64
+
+
+def test_indptr_must_start_at_zero(ds_dir):
+    ip = arr(ds_dir, "indptr")
+    ip[0] = 1
+    ip[1] = max(ip[1], 1)
+    tamper(ds_dir, "indptr", ip)
+    expect_error(ds_dir, "indptr.npy", "start at 0")
+
+
+def test_indptr_must_not_decrease(ds_dir):
+    ip = arr(ds_dir, "indptr")
+    ip[3] = ip[4] + 1
+    tamper(ds_dir, "indptr", ip)
+    expect_error(ds_dir, "indptr.npy", "decreases")
+
+
+def test_indptr_must_end_at_num_edges(ds_dir):
+    ip = arr(ds_dir, "indptr")
+    ip[-1] -= 1
+    tamper(ds_dir, "indptr", ip)
+    expect_error(ds_dir, "indptr.npy", "end at num_edges")
+
+
+@pytest.mark.parametrize("bad", [-1, 12, 1000])
+def test_indices_in_range(ds_dir, bad):
+    ix = arr(ds_dir, "indices")
+    ix[5] = bad
+    tamper(ds_dir, "indices", ix)
+    expect_error(ds_dir, "indices.npy", f"{bad}", "out of range")
+
+
+def test_shape_matches_meta(ds_dir):
+    f = arr(ds_dir, "features")
+    tamper(ds_dir, "features", np.concatenate([f, f[:1]]), fix_meta=False)
+    expect_error(ds_dir, "features.npy", "shape")
+
+
+def test_dtype_matches_meta(ds_dir):
+    tamper(ds_dir, "labels", arr(ds_dir, "labels").astype(np.int32), fix_meta=False)
+    expect_error(ds_dir, "labels.npy", "dtype")
+
+
+def test_dtype_invariant_even_if_meta_agrees(ds_dir):
+    tamper(ds_dir, "indptr", arr(ds_dir, "indptr").astype(np.int32))
+    expect_error(ds_dir, "indptr.npy", "int64")
+
+
+def test_split_ids_in_range(ds_dir):
+    tr = arr(ds_dir, "train_idx")
+    tr[0] = 99
+    tamper(ds_dir, "train_idx", tr)
+    expect_error(ds_dir, "train_idx.npy", "99", "out of range")
+
+
+def test_splits_disjoint(ds_dir):
+    va = arr(ds_dir, "valid_idx")
+    va[0] = arr(ds_dir, "train_idx")[0]
+    tamper(ds_dir, "valid_idx", va)
+    expect_error(ds_dir, "valid_idx.npy", "disjoint")
+
+
+@pytest.mark.parametrize("bad", [-2, 3])
+def test_labels_in_range(ds_dir, bad):
+    lab = arr(ds_dir, "labels")
+    lab[2] = bad
+    tamper(ds_dir, "labels", lab)
+    expect_error(ds_dir, "labels.npy", str(bad), "out of range")
+
+
+def test_checksum_verified_only_with_verify(ds_dir):
+    f = arr(ds_dir, "features")
+    f[0, 0] += 1.0
+    np.save(ds_dir / "features.npy", f)  # same shape and dtype, stale sha256
+    gnnio.load(ds_dir)  # invariants still hold
+    expect_error(ds_dir, "features.npy", "sha256", verify=True)
+
+
+def test_missing_meta_and_array(tmp_path, ds_dir):
+    expect_error(tmp_path, "meta.json")
+    os.remove(ds_dir / "labels.npy")
+    expect_error(ds_dir, "labels.npy", "missing")
+
+
+def test_wrong_format_version(ds_dir):
+    meta = json.loads((ds_dir / META_FILE).read_text())
+    meta["format_version"] = 999
+    (ds_dir / META_FILE).write_text(json.dumps(meta))
+    expect_error(ds_dir, "format_version 999")
+
+
+def test_interrupted_write_leaves_nothing(tmp_path):
+    out = tmp_path / "ds"
+    with pytest.raises(RuntimeError):
+        with DatasetWriter(out, name="x") as w:
+            w.save_array("indptr", np.zeros(3, dtype=np.int64))
+            raise RuntimeError("killed")
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_invalid_arrays_never_renamed_into_place(tmp_path):
+    out = tmp_path / "ds"
+    with pytest.raises(DatasetError):
+        with DatasetWriter(out, name="x") as w:
+            w.save_array("indptr", np.array([0, 1, 2], dtype=np.int64))
+            w.save_array("indices", np.array([0, 7], dtype=np.int32))  # 7 out of range
+            w.save_array("features", np.zeros((2, 3), dtype=np.float32))
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_needs_overwrite(tmp_path, ds_dir):
+    with pytest.raises(DatasetError, match="already exists"):
+        write_tiny_dataset(ds_dir)
+    with DatasetWriter(ds_dir, name="again", overwrite=True) as w:
+        w.save_array("indptr", np.array([0, 0], dtype=np.int64))
+        w.save_array("indices", np.array([], dtype=np.int32))
+        w.save_array("features", np.zeros((1, 2), dtype=np.float32))
+    assert gnnio.load(ds_dir).name == "again"
+    assert sorted(p.name for p in ds_dir.parent.iterdir()) == ["ds"]
+
+
+def test_float16_features_and_no_labels(tmp_path):
+    out = tmp_path / "f16"
+    with DatasetWriter(out, name="f16") as w:
+        w.save_array("indptr", np.array([0, 1, 1], dtype=np.int64))
+        w.save_array("indices", np.array([1], dtype=np.int32))
+        w.save_array("features", np.ones((2, 3), dtype=np.float16))
+    ds = gnnio.load(out)
+    assert ds.features.dtype == np.float16 and ds.labels is None and ds.num_classes == 0
+    with pytest.raises(DatasetError, match="not be trained|cannot be trained|can be benchmarked"):
+        ds.require_labels()
