@@ -7,9 +7,9 @@ import sys
 
 from .. import __version__
 from ..errors import GnnioError
-from . import bench, info, prepare, train
+from . import bench, info, plan, prepare, reorder, train
 
-SUBCOMMANDS = (prepare, info, train, bench)
+SUBCOMMANDS = (prepare, info, reorder, plan, train, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
