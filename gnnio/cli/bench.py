@@ -13,6 +13,8 @@ BENCHES = {
     "hotness": "gnnio.bench.hotness",
     "reorder": "gnnio.bench.reorder",
     "placement": "gnnio.bench.placement",
+    "tiers": "gnnio.bench.tiers",
+    "cache": "gnnio.bench.cache",
 }
 
 

@@ -1,0 +1,81 @@
+"""Feature stores: ``gather(ids) -> rows`` with per-tier row/byte counters.
+
+The contract is :class:`~gnnio.features.base.FeatureStore` (read it first). Implementations:
+
+* :class:`InMemoryFeatureStore` — the whole matrix in RAM (tier "host") or on a GPU (tier "gpu").
+* :class:`MmapFeatureStore` — a memory-mapped file; reads only the rows asked for (tier "disk").
+
+:func:`open_store` opens either one over a prepared dataset.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..utils.progress import bar
+from .base import FeatureStore, TierCounters
+from .memory import InMemoryFeatureStore
+from .mmap import MmapFeatureStore
+
+__all__ = ["FeatureStore", "InMemoryFeatureStore", "MmapFeatureStore", "TierCounters", "open_store"]
+
+STORE_KINDS = ("memory", "mmap")
+
+
+def open_store(
+    dataset,
+    kind: str = "memory",
+    device: str | torch.device = "cpu",
+    num_threads: int | None = None,
+    progress: bool = True,
+    **kwargs,
+) -> FeatureStore:
+    """Open a feature store over a dataset's features.
+
+    Args:
+        dataset: a :class:`gnnio.Dataset` or the path of a dataset directory.
+        kind: "memory" reads the features into RAM (or onto ``device`` if it is a GPU), with a
+            progress bar; "mmap" keeps them in the memory-mapped file and reads rows on demand.
+        device: where an in-memory store keeps its rows. A "mmap" store always gathers to host
+            memory (the loader moves rows to the GPU), so it only accepts "cpu".
+        num_threads: CPU threads of the gather kernel; None = numba's setting.
+        progress: show a progress bar while reading features into memory.
+        kwargs: passed on to the store's constructor.
+    """
+    if isinstance(dataset, (str, os.PathLike)):
+        from ..graph import load
+
+        dataset = load(dataset)
+    if kind not in STORE_KINDS:
+        raise UsageError(
+            f"unknown feature store kind {kind!r}; choose one of {', '.join(STORE_KINDS)}"
+        )
+    dev = torch.device(device)
+    if kind == "mmap":
+        if dev.type != "cpu":
+            raise UsageError(
+                f"a 'mmap' feature store gathers to host memory, not {dev}; "
+                "give the device to the loader instead"
+            )
+        return MmapFeatureStore(dataset.features, num_threads=num_threads, **kwargs)
+    feats = _read_into_memory(dataset.features, progress)
+    return InMemoryFeatureStore(feats, device=dev, num_threads=num_threads, **kwargs)
+
+
+def _read_into_memory(src: np.ndarray, progress: bool, chunk_bytes: int = 64 << 20) -> np.ndarray:
+    """Copy a (memory-mapped) ``[N, F]`` array into RAM in chunks, with a progress bar in MiB."""
+    out = np.empty(src.shape, dtype=src.dtype)
+    n = src.shape[0]
+    rows = max(1, chunk_bytes // max(1, src[:1].nbytes))
+    with bar(
+        total=int(src.nbytes) >> 20, desc="features -> RAM", unit="MiB", enabled=progress
+    ) as pb:
+        for s in range(0, n, rows):
+            e = min(n, s + rows)
+            out[s:e] = src[s:e]
+            pb.update(int(out[s:e].nbytes) >> 20)
+    return out

@@ -1,0 +1,236 @@
+"""``gnnio bench gather DIR``: feature-gather bandwidth of a store, next to a measured ceiling.
+
+What is measured. ``--batches`` mini-batches are sampled first (untimed) with the GraphSAGE uniform
+sampler (``--fanouts``, ``--batch-size`` seeds from the training split in random order); a pass
+gathers the ``input_nodes`` of every batch from the store into one reused output buffer, as the
+loader does. ``gb_per_s`` = useful bytes (rows x row bytes) per second of a pass.
+
+The ceiling. ``ceiling_gb_per_s`` is the rate of the same *access pattern* stripped of everything
+gnnio-specific: uniformly random 512-byte rows copied out of a separate buffer of ``--ceiling-gib``
+GiB (default 1 GiB: far larger than the last-level cache, every page touched beforehand so reads
+hit DRAM, not the zero page) into a reused, pre-faulted buffer, with the same number of rows per
+call and calls per pass as the measured gather, on the same number of threads. Three
+implementations run and the fastest one is the ceiling: ATen's ``index_select(out=)``, and two
+numba kernels written here (uint64 words, not the store's byte-view kernel), one plain, one with
+software prefetch of the rows 8 ahead (the best technique we know; the store's kernel uses it
+too). Random rows of a power-law batch partly hit in cache (hot rows repeat across batches), so a
+real gather may beat the ceiling.
+Gather and ceiling passes are interleaved so both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..utils.progress import bar
+from ._timing import median, time_passes
+
+HELP = "feature-gather bandwidth (GB/s) of a store vs. a random 512-byte-row memory ceiling"
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
+
+CEILING_ROW_BYTES = 512
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
+    p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
+    p.add_argument("--batches", type=int, default=20, help="mini-batches gathered per pass")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (sampler, gather, ceiling)")
+    p.add_argument("--store", choices=["memory", "mmap"], default="memory", help="feature store")
+    p.add_argument("--passes", type=int, default=5, help="timed passes (the median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
+    p.add_argument("--ceiling-gib", type=float, default=1.0, help="size of the ceiling's buffer")
+    p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def check_common(args) -> None:
+    """One-line UsageErrors for the options the gather and loader benches share."""
+    for name in ("batch_size", "batches", "threads", "passes"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
+
+
+def set_threads(n: int) -> None:
+    """Threads for this bench (asked for by --threads): torch's pool and numba's, this thread."""
+    torch.set_num_threads(n)
+    try:
+        import numba
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def parse_fanouts_arg(text: str) -> list[int]:
+    from ..sampling import parse_fanouts
+
+    try:
+        return parse_fanouts(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def seed_ids(ds) -> np.ndarray:
+    """Seeds of the benches: the training split, or every node when there is none."""
+    if ds.train_idx is not None and ds.train_idx.size:
+        return np.asarray(ds.train_idx, dtype=np.int64)
+    return np.arange(ds.num_nodes, dtype=np.int64)
+
+
+def make_order(seeds: np.ndarray, batch_size: int, seed: int):
+    from ..ordering import RandomOrder
+
+    return RandomOrder(torch.as_tensor(seeds), batch_size, seed=seed)
+
+
+def sample_batches(ds, args) -> list[torch.Tensor]:
+    """The input-node ids of ``args.batches`` sampled mini-batches (the first of epoch 0)."""
+    fanouts = parse_fanouts_arg(args.fanouts)
+    seeds = seed_ids(ds)
+    order = make_order(seeds, args.batch_size, args.seed)
+    first = []
+    for s in order.batches(0):
+        first.append(s)
+        if len(first) == args.batches:
+            break
+    while len(first) < args.batches:  # fewer seeds than batches asked for: go round again
+        first.append(first[len(first) % max(1, order.num_batches)])
+    from ..sampling import UniformSampler
+
+    sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, num_threads=args.threads)
+    out = []
+    with bar(len(first), "sampling", "batch", enabled=not args.no_progress) as pb:
+        for i, s in enumerate(first):
+            out.append(sampler.sample(s, epoch_seed=i).input_nodes)
+            pb.update(1)
+    return out
+
+
+# ---- the ceiling ------------------------------------------------------------------------------
+
+try:
+    import numba
+    from numba import njit, prange
+
+    from ..features._gather import prefetch_row
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _copy_rows_u64(src, ids, out):  # pragma: no cover - compiled
+        # src [R, 64] uint64, ids [n] int64, out [>= n, 64] uint64: one 512-byte row per
+        # iteration as a whole-row slice copy (an explicit per-word loop measured 2x slower here)
+        for i in prange(ids.shape[0]):
+            out[i, :] = src[ids[i], :]
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _copy_rows_u64_prefetch(src, ids, out, chunks, ahead):  # pragma: no cover - compiled
+        # the same copy, each thread walking contiguous chunks and prefetching the 8 cache
+        # lines of the row ``ahead`` positions on (random rows defeat the hardware prefetcher)
+        n = ids.shape[0]
+        for c in prange(chunks):
+            lo = c * n // chunks
+            hi = (c + 1) * n // chunks
+            for i in range(lo, hi):
+                if i + ahead < hi:
+                    r = ids[i + ahead]
+                    for off in range(0, 512, 64):
+                        prefetch_row(src, r, off)
+                out[i, :] = src[ids[i], :]
+
+except ImportError:  # pragma: no cover
+    numba = None
+
+
+def make_ceiling(rows_per_call: list[int], gib: float, seed: int, progress: bool):
+    """Passes of the random-512-byte-row copy, one function per implementation."""
+    words = CEILING_ROW_BYTES // 8
+    nrows = max(1, int(gib * (1 << 30)) // CEILING_ROW_BYTES)
+    src = np.empty((nrows, words), dtype=np.uint64)
+    step = max(1, nrows // 64)
+    with bar(nrows * CEILING_ROW_BYTES >> 20, "ceiling buffer", "MiB", enabled=progress) as pb:
+        for s in range(0, nrows, step):  # touch every page (untouched pages read as zero page)
+            src[s : s + step] = np.arange(s, min(nrows, s + step), dtype=np.uint64)[:, None]
+            pb.update(min(step, nrows - s) * CEILING_ROW_BYTES >> 20)
+    rng = np.random.default_rng(seed + 1)
+    ids = [rng.integers(0, nrows, n, dtype=np.int64) for n in rows_per_call]
+    out = np.zeros((max(rows_per_call), words), dtype=np.uint64)  # zeros: pre-faulted
+    src_t, out_t = torch.from_numpy(src), torch.from_numpy(out)
+    ids_t = [torch.from_numpy(i) for i in ids]
+
+    def torch_pass():
+        for i in ids_t:
+            torch.index_select(src_t, 0, i, out=out_t[: len(i)])
+
+    impls = {"aten_index_select": torch_pass}
+    if numba is not None:
+
+        def numba_pass():
+            for i in ids:
+                _copy_rows_u64(src, i, out)
+
+        def numba_prefetch_pass():
+            chunks = 4 * numba.get_num_threads()
+            for i in ids:
+                _copy_rows_u64_prefetch(src, i, out, chunks, 8)
+
+        impls["numba_u64_rows"] = numba_pass
+        impls["numba_u64_rows_prefetch"] = numba_prefetch_pass
+    return impls, sum(rows_per_call) * CEILING_ROW_BYTES
+
+
+def run(args) -> dict:
+    import gnnio
+
+    from ..features import open_store
+
+    check_common(args)
+    if args.ceiling_gib <= 0:
+        raise UsageError(f"--ceiling-gib must be > 0, got {args.ceiling_gib}")
+    set_threads(args.threads)
+    ds = gnnio.load(args.dataset)
+    ids = sample_batches(ds, args)
+    store = open_store(ds, kind=args.store, num_threads=args.threads, progress=not args.no_progress)
+    rows = [int(i.shape[0]) for i in ids]
+    out = torch.zeros((max(rows), store.dim), dtype=store.dtype)  # pre-faulted, reused
+    useful = sum(rows) * store.row_bytes
+
+    def gather_pass():
+        for i in ids:
+            store.gather(i, out=out)
+
+    ceilings, ceiling_bytes = make_ceiling(rows, args.ceiling_gib, args.seed, not args.no_progress)
+    fns = {"gather": gather_pass, **ceilings}
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up: JIT, page faults, caches
+        for _ in range(args.warmup):
+            fn()
+    with bar(args.passes, "timed passes", "pass", enabled=not args.no_progress) as pb:
+        for _ in range(args.passes):  # interleaved, so all see the same machine load
+            for k, fn in fns.items():
+                times[k] += time_passes(fn, warmup=0, passes=1)
+            pb.update(1)
+    t_gather = median(times["gather"])
+    ceil = {k: ceiling_bytes / median(times[k]) / 1e9 for k in ceilings}
+    best = max(ceil, key=ceil.get)
+    gbps = useful / t_gather / 1e9
+    return {
+        "dataset": str(ds.path),
+        "store": args.store,
+        "threads": args.threads,
+        "batches": args.batches,
+        "rows_per_batch": float(np.mean(rows)),
+        "row_bytes": store.row_bytes,
+        "ms_per_batch": t_gather / args.batches * 1e3,
+        "gb_per_s": gbps,
+        "ceiling_gb_per_s": ceil[best],
+        "ceiling_impl": best,
+        **{f"ceiling_{k}_gb_per_s": v for k, v in ceil.items()},
+        "fraction_of_ceiling": gbps / ceil[best],
+        "passes": args.passes,
+        "counters": store.counters.snapshot(),
+    }

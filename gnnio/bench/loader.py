@@ -1,0 +1,133 @@
+"""``gnnio bench loader DIR``: end-to-end sample + gather through the pipelined NodeLoader.
+
+A pass iterates ``--batches`` mini-batches of one epoch through :class:`gnnio.loader.NodeLoader`
+(sampling, gathering and, on a GPU, transfer overlapped in background threads) with a consumer that
+does nothing, so the pass time is the loader's own throughput. Reported: ``ms_per_batch`` and
+``seeds_per_s`` (median pass); the loader's per-stage seconds of the same passes, whose sum
+``stage_sum_ms_per_batch`` is the time the stages would take one after another; and
+``sequential_ms_per_batch``, the same batches sampled and gathered in one thread with no pipeline
+(measured, not summed). With ``--threads 2`` on a 2-core machine the stages compete for the same
+cores, so overlap gains little; it pays where sampling and gathering leave cores or memory
+bandwidth idle, or while the consumer trains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..utils.progress import bar
+from ._timing import median, time_passes
+from .gather import check_common, make_order, parse_fanouts_arg, seed_ids, set_threads
+
+HELP = "mini-batches per second through the pipelined loader (sample + gather, overlapped)"
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
+    p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
+    p.add_argument("--batches", type=int, default=50, help="mini-batches per pass")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of sampler and gather")
+    p.add_argument("--store", choices=["memory", "mmap"], default="memory", help="feature store")
+    p.add_argument("--prefetch", type=int, default=2, help="batches ready ahead of the consumer")
+    p.add_argument("--workers", type=int, default=1, help="sampling threads of the loader")
+    p.add_argument("--device", default="cpu", help="where batches are delivered (cpu, cuda)")
+    p.add_argument("--passes", type=int, default=5, help="timed passes (the median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
+    p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+class FirstBatches:
+    """The first ``n`` batches of each epoch of an order (same interface as the order)."""
+
+    def __init__(self, order, n: int) -> None:
+        self.order, self.num_batches = order, min(int(n), int(order.num_batches))
+
+    def batches(self, epoch: int):
+        for i, b in enumerate(self.order.batches(epoch)):
+            if i == self.num_batches:
+                return
+            yield b
+
+
+def run(args) -> dict:
+    import gnnio
+
+    from ..errors import UsageError
+    from ..features import open_store
+    from ..loader import NodeLoader
+    from ..sampling import UniformSampler
+
+    check_common(args)
+    if args.prefetch < 1 or args.workers < 1:
+        raise UsageError("--prefetch and --workers must be >= 1")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
+    set_threads(args.threads)
+    ds = gnnio.load(args.dataset)
+    fanouts = parse_fanouts_arg(args.fanouts)
+    sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, num_threads=args.threads)
+    store = open_store(ds, kind=args.store, num_threads=args.threads, progress=not args.no_progress)
+    order = FirstBatches(make_order(seed_ids(ds), args.batch_size, args.seed), args.batches)
+    labels = None if ds.labels is None else np.asarray(ds.labels)
+    loader = NodeLoader(
+        sampler, store, order, labels=labels, device=device, prefetch=args.prefetch,
+        num_workers=args.workers,
+    )  # fmt: skip
+    stats = []
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    pb = bar(args.warmup + args.passes, "loader passes", "pass", enabled=not args.no_progress)
+
+    def loader_pass():
+        for _ in loader.epoch(0):
+            pass
+        stats.append(loader.stats)
+        pb.update(1)
+
+    with pb:
+        times = time_passes(loader_pass, warmup=args.warmup, passes=args.passes, sync=sync)
+    stats = stats[args.warmup :]
+    nb = loader.stats.num_batches
+    seeds = loader.stats.num_seeds
+
+    # the same batches, one stage after the other in this thread (no pipeline), for comparison
+    seed_batches = list(order.batches(0))
+    buf = torch.zeros((1, store.dim), dtype=store.dtype)
+
+    def sequential_pass():
+        nonlocal buf
+        for i, s in enumerate(seed_batches):
+            mb = sampler.sample(s, epoch_seed=i)
+            n = int(mb.input_nodes.shape[0])
+            if buf.shape[0] < n:
+                buf = torch.zeros((int(n * 1.25), store.dim), dtype=store.dtype)
+            store.gather(mb.input_nodes, out=buf)
+
+    seq = time_passes(sequential_pass, warmup=args.warmup, passes=args.passes)
+
+    def per_batch_ms(xs: list[float]) -> float:
+        return median(xs) / nb * 1e3
+
+    return {
+        "dataset": str(ds.path),
+        "store": args.store,
+        "device": str(device),
+        "threads": args.threads,
+        "batches": nb,
+        "batch_size": args.batch_size,
+        "fanouts": ",".join(map(str, fanouts)),
+        "ms_per_batch": per_batch_ms(times),
+        "seeds_per_s": seeds / median(times),
+        "input_nodes_per_batch": stats[-1].num_input_nodes / nb,
+        "sample_ms_per_batch": per_batch_ms([s.sample_s for s in stats]),
+        "gather_ms_per_batch": per_batch_ms([s.gather_s for s in stats]),
+        "transfer_ms_per_batch": per_batch_ms([s.transfer_s for s in stats]),
+        "wait_ms_per_batch": per_batch_ms([s.wait_s for s in stats]),
+        "stage_sum_ms_per_batch": per_batch_ms([s.stage_sum_s for s in stats]),
+        "sequential_ms_per_batch": per_batch_ms(seq),
+        "passes": args.passes,
+    }

@@ -1,0 +1,156 @@
+"""``gnnio bench sampling DIR``: throughput of the uniform neighbour sampler (GraphSAGE).
+
+What is measured. The first ``--batches`` batches of epoch 0 of a seeded random order over the
+training split (every node when there is none) are fixed; one pass samples all of them with
+:class:`gnnio.sampling.UniformSampler` (``--fanouts``, ``fanouts[0]`` = the seeds' hop), batch
+``i`` with ``epoch_seed=i`` so every pass samples the same subgraphs. After ``--warmup`` untimed
+passes (JIT load, page faults of the topology), ``--passes`` passes are timed and the median is
+reported:
+
+* ``ms_per_batch``: median pass time / batches;
+* ``edges_per_batch``: sampled edges per batch, all blocks together (DGL/PyG count the same way);
+* ``edges_per_s``, ``seeds_per_s``: edges and seeds of a pass / median pass time;
+* ``cpu_ms_per_batch``: median CPU time of the whole process (all threads) per batch, a check on
+  ``ms_per_batch`` when the machine is shared (busy other processes inflate wall time, not this).
+
+The whole pass is timed: seed checks, sampling, relabelling to local ids, building the blocks.
+Nothing is gathered (see ``gnnio bench gather``) and nothing is copied to a GPU unless
+``--device cuda`` (topology on the GPU; timing includes ``torch.cuda.synchronize``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..utils.progress import bar
+from ._timing import median, time_passes
+
+HELP = "sampled edges/s and ms/batch of the uniform neighbour sampler"
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
+    p.add_argument(
+        "--fanouts",
+        default="15,10,5",
+        help="neighbours per hop, hop 1 (the seeds') first; -1 = all",
+    )
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
+    p.add_argument("--batches", type=int, default=50, help="mini-batches sampled per pass")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of the sampler (and torch)")
+    p.add_argument("--passes", type=int, default=5, help="timed passes (the median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
+    p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
+    p.add_argument(
+        "--device", default="cpu", help="'cpu' (numba kernels) or 'cuda' (topology on the GPU)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _check(args) -> list[int]:
+    from ..sampling import parse_fanouts
+
+    for name in ("batch_size", "batches", "threads", "passes"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
+    try:
+        fanouts = parse_fanouts(args.fanouts)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"--device: unknown device {args.device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device: expected 'cpu' or 'cuda', got {args.device!r}")
+    return fanouts
+
+
+def fixed_batches(seeds: np.ndarray, batch_size: int, batches: int, seed: int) -> list:
+    """The first ``batches`` batches of :class:`gnnio.ordering.RandomOrder` (going round epochs
+    when there are fewer)."""
+    from ..ordering import RandomOrder
+
+    order = RandomOrder(seeds, batch_size, seed=seed)
+    out: list[torch.Tensor] = []
+    epoch = 0
+    while len(out) < batches and order.num_batches:
+        for s in order.batches(epoch):
+            out.append(s)
+            if len(out) == batches:
+                break
+        epoch += 1
+    return out
+
+
+def run(args) -> dict:
+    import gnnio
+
+    from ..sampling import UniformSampler
+
+    fanouts = _check(args)
+    ds = gnnio.load(args.dataset)
+    if ds.train_idx is not None and ds.train_idx.size:
+        seeds, seed_set = np.asarray(ds.train_idx, dtype=np.int64), "train_idx"
+    else:
+        seeds, seed_set = np.arange(ds.num_nodes, dtype=np.int64), "all nodes"
+    if seeds.size == 0:
+        raise UsageError(f"{args.dataset}: the dataset has no nodes to sample from")
+    batches = fixed_batches(seeds, args.batch_size, args.batches, args.seed)
+    torch.set_num_threads(args.threads)  # asked for by --threads (process-wide, this command only)
+    sampler = UniformSampler(
+        ds.graph, fanouts, seed=args.seed, num_threads=args.threads, device=args.device
+    )
+    sync = torch.cuda.synchronize if sampler.device.type == "cuda" else None
+    stats = {"edges": 0, "input_nodes": 0, "seeds": 0}
+    cpu_s: list[float] = []
+
+    pb = bar(args.warmup + args.passes, "sampling passes", "pass", enabled=not args.no_progress)
+
+    def one_pass() -> None:
+        c0 = time.process_time()
+        edges = nodes = n_seeds = 0
+        for i, s in enumerate(batches):
+            mb = sampler.sample(s, epoch_seed=i)
+            edges += mb.num_sampled_edges
+            nodes += int(mb.input_nodes.shape[0])
+            n_seeds += int(s.shape[0])
+        stats.update(edges=edges, input_nodes=nodes, seeds=n_seeds)
+        cpu_s.append(time.process_time() - c0)
+        pb.update(1)
+
+    try:
+        times = time_passes(one_pass, warmup=args.warmup, passes=args.passes, sync=sync)
+    finally:
+        pb.close()
+        sampler.close()
+    t = median(times)
+    nb = len(batches)
+    return {
+        "dataset": ds.name,
+        "num_nodes": ds.num_nodes,
+        "num_edges": ds.num_edges,
+        "seed_set": seed_set,
+        "device": str(sampler.device),
+        "threads": args.threads,
+        "fanouts": fanouts,
+        "batch_size": args.batch_size,
+        "batches": nb,
+        "passes": args.passes,
+        "ms_per_batch": round(t / nb * 1e3, 4),
+        "seeds_per_s": round(stats["seeds"] / t, 1),
+        "edges_per_s": round(stats["edges"] / t, 1),
+        "edges_per_batch": round(stats["edges"] / nb, 1),
+        "input_nodes_per_batch": round(stats["input_nodes"] / nb, 1),
+        "cpu_ms_per_batch": round(median(cpu_s[args.warmup :]) / nb * 1e3, 4),
+        "pass_s": [round(x, 6) for x in times],
+    }

@@ -1,0 +1,367 @@
+"""``gnnio bench tiers DIR``: host->GPU traffic of a tiered feature store against the hot fraction,
+for each hotness score (Data Tiering §5.3, Figure 10, "PCIe traffic vs. hot data portion"), and a
+GPU gather-bandwidth micro-benchmark of the three ways to read feature rows.
+
+* :func:`host_traffic_experiment` runs the real sampler over the training seeds and gathers every
+  batch's ``input_nodes`` through one :class:`~gnnio.features.tiered.TieredFeatureStore` per
+  (score, hot fraction); the store's own counters give the bytes per tier. The counts are exact on
+  simulated devices too (they do not depend on the hardware); only times would.
+* :func:`gpu_gather_bandwidth` (CUDA only) measures, on one GPU: (a) gathering GPU-resident rows
+  against a device-to-device copy, (b) zero-copy gathering of pinned host rows against a pinned
+  host->device copy, (c) CPU gather + copy; and the tiered store end to end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..features import uva
+from ..features._gather import gather_rows, row_bytes_view
+from ..features.tiered import TieredFeatureStore, hot_rows_for_fraction
+from ..utils.progress import bar
+from ._timing import median, time_passes
+
+__all__ = [
+    "DESCRIPTION",
+    "HELP",
+    "add_arguments",
+    "gpu_gather_bandwidth",
+    "host_traffic_experiment",
+    "run",
+]
+
+HELP = "host->GPU bytes of a tiered feature store vs hot fraction, per hotness score"
+DESCRIPTION = (
+    "Sample an epoch over the training nodes and gather every batch's features through a tiered "
+    "store (hot rows on the GPU, the rest read from host memory) for each hotness score and hot "
+    "fraction; report host->GPU bytes per epoch, GPU-tier hit ratio and traffic reduction against "
+    "hot fraction 0 (Data Tiering Figure 10). 'oracle' ranks nodes by the true access counts of "
+    "the measured epoch(s). Without a GPU the tiers are simulated; byte counts are exact either way."
+)
+
+DEFAULT_FRACTIONS = (0.0, 0.05, 0.1, 0.25)
+DEFAULT_SCORES = ("degree", "rpr", "wrpr", "presample")
+
+
+def host_traffic_experiment(
+    dataset: Any,
+    scores: Mapping[str, Any],
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    fanouts: Sequence[int] = (15, 10, 5),
+    batch_size: int = 1024,
+    epochs: int = 1,
+    seed: int = 0,
+    *,
+    device: str | torch.device = "cpu",
+    count_only: bool = False,
+    num_threads: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Host->GPU feature bytes per epoch for each hotness score and hot fraction.
+
+    Batches: :class:`gnnio.ordering.RandomOrder` over ``train_idx`` (seed ``seed``), sampled by
+    :class:`gnnio.sampling.UniformSampler` (seed ``seed``) with ``epoch_seed = epoch * 2**32 +
+    batch`` -- the same batches as :func:`gnnio.hotness.presample_counts` with the same arguments,
+    so ``presample_counts(..., seed=seed)`` is the exact oracle score for this run. Each batch is
+    sampled once and gathered by every store.
+
+    Args:
+        dataset: a :class:`gnnio.Dataset` (needs a train split) or its directory.
+        scores: score name -> ``[N]`` array (higher = hotter, global ids). Each score's hot set at
+            fraction ``f`` is its ``round(f * N)`` highest ids (lookup mode, ties by id).
+        fractions: hot fractions of the nodes (``0`` = everything from host memory).
+        fanouts, batch_size, epochs, seed: sampling setup (``fanouts[0]`` = hop 1).
+        device: ``"cpu"`` simulates the GPU tier; ``"cuda"`` moves real rows.
+        count_only: route and count ids without copying rows (:meth:`TieredFeatureStore.account`,
+            same counts, much faster); False gathers the rows for real.
+        num_threads: sampler threads; None = numba's setting.
+        progress: progress bar over batches.
+
+    Memory: every store holds its hot rows, i.e. ``sum(fractions) * len(scores)`` times the
+    feature bytes, plus the features themselves in RAM.
+
+    Returns:
+        ``{"dataset", "num_nodes", "num_train", "row_bytes", "fanouts", "batch_size", "epochs",
+        "seed", "batches_per_epoch", "requested_rows_per_epoch", "requested_bytes_per_epoch",
+        "simulated", "device", "count_only", "rows": [...]}`` where each row is ``{"score",
+        "fraction", "hot_rows", "host_bytes_per_epoch", "gpu_bytes_per_epoch",
+        "host_rows_per_epoch", "gpu_rows_per_epoch", "hit_ratio" (GPU-tier rows / rows, overall),
+        "hit_ratio_batch_mean" (per batch, averaged), "traffic_reduction" (1 - host bytes / host
+        bytes at fraction 0)}``. Bytes are counted by the stores (measured counts, not modeled).
+    """
+    from ..graph.dataset import load
+
+    if isinstance(dataset, (str, os.PathLike)):
+        dataset = load(dataset)
+    if dataset.train_idx is None or len(dataset.train_idx) == 0:
+        raise UsageError(f"{dataset.path}: has no train split; the experiment samples from it")
+    if epochs < 1:
+        raise UsageError(f"epochs: must be >= 1, got {epochs}")
+    if batch_size < 1:
+        raise UsageError(f"batch_size: must be >= 1, got {batch_size}")
+    if not scores:
+        raise UsageError("scores: need at least one score")
+    n = dataset.num_nodes
+    fracs = [float(f) for f in fractions]
+    for f in fracs:
+        hot_rows_for_fraction(f, n)  # validates
+    feats = np.asarray(dataset.features)
+    if isinstance(dataset.features, np.memmap):
+        feats = np.array(dataset.features)  # in RAM once, shared by all stores' host tiers
+    train = np.asarray(dataset.train_idx, dtype=np.int64)
+    from ..ordering import RandomOrder
+    from ..sampling import UniformSampler
+
+    stores: list[tuple[str, float, TieredFeatureStore]] = []
+    for name, score in scores.items():
+        for f in fracs:
+            st = TieredFeatureStore.from_scores(feats, score, f, device=device)
+            stores.append((name, f, st))
+    rb = stores[0][2].row_bytes
+
+    sampler = UniformSampler(dataset.graph, fanouts, seed=seed, num_threads=num_threads)
+    order = RandomOrder(train, batch_size, seed=seed)
+    nb = -(-train.size // batch_size)
+    hit_sums = [0.0] * len(stores)
+    batches = 0
+    requested = 0
+    out: torch.Tensor | None = None
+    dev = stores[0][2].device
+    with bar(epochs * nb, desc="tier traffic", unit="batch", enabled=progress) as pb:
+        for ep in range(epochs):
+            for b, seeds in enumerate(order.batches(ep)):
+                mb = sampler.sample(seeds, epoch_seed=(ep << 32) + b)
+                ids = mb.input_nodes.to(dev)
+                k = int(ids.shape[0])
+                requested += k
+                batches += 1
+                if not count_only and (out is None or out.shape[0] < k):
+                    out = torch.empty((max(k, 2 * (0 if out is None else out.shape[0])), feats.shape[1]),
+                                      dtype=stores[0][2].dtype, device=dev)  # fmt: skip
+                for i, (_, _, st) in enumerate(stores):
+                    if count_only:
+                        g, _ = st.account(ids)
+                    else:
+                        before = st.counters.rows.get("gpu", 0)
+                        st.gather(ids, out=out)
+                        g = st.counters.rows.get("gpu", 0) - before
+                    hit_sums[i] += g / k if k else 0.0
+                pb.update(1)
+
+    rows = []
+    host_at_zero: dict[str, float] = {}
+    for i, (name, f, st) in enumerate(stores):
+        host_b = st.counters.bytes.get("host", 0) / epochs
+        if st.num_hot == 0:
+            host_at_zero.setdefault(name, host_b)
+        rows.append(
+            {
+                "score": name,
+                "fraction": f,
+                "hot_rows": st.num_hot,
+                "host_bytes_per_epoch": host_b,
+                "gpu_bytes_per_epoch": st.counters.bytes.get("gpu", 0) / epochs,
+                "host_rows_per_epoch": st.counters.rows.get("host", 0) / epochs,
+                "gpu_rows_per_epoch": st.counters.rows.get("gpu", 0) / epochs,
+                "hit_ratio": st.counters.rows.get("gpu", 0) / requested if requested else 0.0,
+                "hit_ratio_batch_mean": hit_sums[i] / batches if batches else 0.0,
+            }
+        )
+    full = requested * rb / epochs  # host bytes with no GPU tier (fraction 0)
+    for r in rows:
+        base = host_at_zero.get(r["score"], full)
+        r["traffic_reduction"] = 1.0 - r["host_bytes_per_epoch"] / base if base else 0.0
+    simulated = stores[0][2].simulated
+    for _, _, st in stores:
+        st.close()
+    return {
+        "dataset": dataset.name,
+        "num_nodes": n,
+        "num_train": int(train.size),
+        "row_bytes": rb,
+        "fanouts": [int(k) for k in fanouts],
+        "batch_size": int(batch_size),
+        "epochs": int(epochs),
+        "seed": int(seed),
+        "batches_per_epoch": nb,
+        "requested_rows_per_epoch": requested / epochs,
+        "requested_bytes_per_epoch": full,
+        "simulated": simulated,
+        "device": str(stores[0][2].gpu_name),
+        "count_only": bool(count_only),
+        "rows": rows,
+    }
+
+
+def gpu_gather_bandwidth(
+    num_rows: int = 1_000_000,
+    dim: int = 128,
+    dtype: torch.dtype = torch.float32,
+    batch_rows: int = 200_000,
+    hot_fractions: Sequence[float] = (0.0, 0.1, 0.25, 1.0),
+    warmup: int = 2,
+    passes: int = 10,
+    device: str | torch.device = "cuda",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Measured gather bandwidth of each tier on one GPU, each held against its ceiling.
+
+    Rows: ``[num_rows, dim]`` random features; each pass gathers ``batch_rows`` uniformly random
+    ids. Bandwidth = useful bytes delivered (``batch_rows * row_bytes``) / median pass time (s),
+    in GB/s (1e9 B/s).
+
+    * ``gpu_resident``: ``index_select`` of rows in GPU memory; ceiling ``d2d_copy``: copying the
+      same number of contiguous bytes device to device.
+    * ``zero_copy``: ``index_select`` on the UVA view of pinned host rows (GPU kernel reads host
+      memory over PCIe); ceiling ``h2d_copy``: one contiguous pinned host->device copy of the
+      same bytes.
+    * ``cpu_gather_copy``: CPU gather (the numba kernel) into a pinned buffer + host->device copy;
+      ``cpu_gather_only`` times the CPU half alone.
+    * ``tiered``: :class:`TieredFeatureStore` (prefix mode, zero-copy cold path) per hot fraction;
+      with uniform ids the GPU-tier hit ratio is the hot fraction.
+
+    Raises:
+        UsageError: CUDA is not available.
+    """
+    if not uva.cuda_available():
+        raise UsageError("gpu_gather_bandwidth needs a CUDA GPU; none is available")
+    dev = torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator().manual_seed(seed)
+    host = torch.randn((num_rows, dim), generator=g).to(dtype).contiguous()
+    rb = dim * host.element_size()
+    useful = batch_rows * rb
+    ids_cpu = torch.randint(0, num_rows, (batch_rows,), generator=g)
+    ids = ids_cpu.to(dev)
+    out = torch.empty((batch_rows, dim), dtype=dtype, device=dev)
+    sync = torch.cuda.synchronize
+
+    def gbps(fn) -> float:
+        return useful / median(time_passes(fn, warmup=warmup, passes=passes, sync=sync)) / 1e9
+
+    res: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(dev),
+        "num_rows": num_rows,
+        "row_bytes": rb,
+        "batch_rows": batch_rows,
+        "passes": passes,
+        "unit": "GB/s (1e9 B/s) of useful row bytes, median of passes",
+    }
+    # (a) GPU-resident rows vs device-to-device copy
+    gfeat = host.to(dev)
+    contig = gfeat[:batch_rows]
+    res["gpu_resident"] = gbps(lambda: torch.index_select(gfeat, 0, ids, out=out))
+    res["d2d_copy"] = gbps(lambda: out.copy_(contig))
+    gfeat = contig = None  # free the GPU copy before the next measurements
+    # (b) zero-copy host rows vs pinned host->device copy
+    handle = uva.pin_host_tensor(host, dev)
+    view = uva.device_view(host, dev)
+    pinned_contig = host[:batch_rows]  # inside the registered range: a DMA-able pinned source
+    res["zero_copy"] = gbps(lambda: torch.index_select(view, 0, ids, out=out))
+    res["h2d_copy"] = gbps(lambda: out.copy_(pinned_contig, non_blocking=True))
+    # (c) CPU gather into a pinned buffer + copy
+    staging = torch.empty((batch_rows, dim), dtype=dtype, pin_memory=True)
+    src_bytes, ids_np = row_bytes_view(host), ids_cpu.numpy()
+
+    def cpu_gather_only() -> None:
+        gather_rows(src_bytes, ids_np, staging, src_tensor=host)
+
+    def cpu_gather_copy() -> None:
+        cpu_gather_only()
+        out.copy_(staging, non_blocking=True)
+
+    res["cpu_gather_copy"] = gbps(cpu_gather_copy)
+    res["cpu_gather_only"] = gbps(cpu_gather_only)
+    # the tiered store end to end (prefix mode, zero-copy cold path)
+    tiered = {}
+    for f in hot_fractions:
+        with TieredFeatureStore.from_reordered(host, f, device=dev) as st:
+            tiered[str(f)] = {
+                "gbps": gbps(lambda st=st: st.gather(ids, out=out)),
+                "cold_mode_used": st.cold_mode_used,
+            }
+    res["tiered"] = tiered
+    res["ratio"] = {
+        "gpu_resident/d2d_copy": res["gpu_resident"] / res["d2d_copy"],
+        "zero_copy/h2d_copy": res["zero_copy"] / res["h2d_copy"],
+        "cpu_gather_copy/h2d_copy": res["cpu_gather_copy"] / res["h2d_copy"],
+        "zero_copy/cpu_gather_copy": res["zero_copy"] / res["cpu_gather_copy"],
+    }
+    view = None
+    handle.release()
+    return res
+
+
+# ---- CLI (``gnnio bench tiers``) -------------------------------------------------------------------
+
+
+def _csv_fracs(text: str) -> list[float]:
+    try:
+        vals = [float(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--fractions: expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not 0 <= v <= 1 for v in vals):
+        raise UsageError(f"--fractions: each must be in [0, 1], got {text!r}")
+    return vals
+
+
+def add_arguments(p) -> None:
+    from ..sampling.uniform import parse_fanouts
+
+    p.add_argument("dir", metavar="DIR", help="dataset directory (needs a train split)")
+    p.add_argument("--scores", default=",".join(DEFAULT_SCORES),
+                   help="comma-separated hotness scores (gnnio.hotness.SCORES); 'oracle' is "
+                   "always added")  # fmt: skip
+    p.add_argument("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS),
+                   help="hot fractions of the nodes")  # fmt: skip
+    p.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5],
+                   help="per-hop fanouts, hop 1 first")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
+    p.add_argument("--epochs", type=int, default=1, help="epochs of the measured run")
+    p.add_argument("--seed", type=int, default=0, help="seed of the measured run")
+    p.add_argument("--device", default="cpu", help="'cpu' (simulated GPU tier) or 'cuda'")
+    p.add_argument("--gather", action="store_true",
+                   help="copy rows for real (default: route and count only; same bytes)")  # fmt: skip
+    p.add_argument("--bandwidth", action="store_true",
+                   help="also run the GPU gather-bandwidth micro-benchmark (needs CUDA)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=None, help="sampler threads (default: all)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args) -> dict[str, Any]:
+    from ..graph.dataset import load
+    from ..hotness import SCORES, compute_score, presample_counts
+
+    names = [s.strip() for s in str(args.scores).split(",") if s.strip() and s.strip() != "oracle"]
+    unknown = [s for s in names if s not in SCORES]
+    if unknown:
+        raise UsageError(f"--scores: '{unknown[0]}' is unknown; choose from {', '.join(SCORES)}")
+    fractions = _csv_fracs(args.fractions) if isinstance(args.fractions, str) else args.fractions
+    progress = not args.quiet
+    ds = load(args.dir)
+    fanouts = [int(k) for k in args.fanouts]
+    scores: dict[str, np.ndarray] = {}
+    for name in names:
+        scores[name] = compute_score(
+            name, ds, fanouts=fanouts, batch_size=args.batch_size, progress=progress,
+            seed=args.seed + 1, num_threads=args.threads,
+        )  # fmt: skip
+    scores["oracle"] = presample_counts(
+        ds.graph, np.asarray(ds.train_idx), fanouts, args.batch_size, epochs=args.epochs,
+        seed=args.seed, num_threads=args.threads, progress=progress,
+    )  # fmt: skip
+    result = host_traffic_experiment(
+        ds, scores, fractions, fanouts, args.batch_size, args.epochs, args.seed,
+        device=args.device, count_only=not args.gather, num_threads=args.threads,
+        progress=progress,
+    )  # fmt: skip
+    if args.bandwidth:
+        result["bandwidth"] = gpu_gather_bandwidth()
+    return result

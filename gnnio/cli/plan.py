@@ -1,0 +1,213 @@
+"""``gnnio plan DIR --topology T --buffer B [--json]``: compare feature placements before training.
+
+Runs every placement strategy for the machine described by ``--topology`` and a per-GPU buffer of
+``B * N`` rows, models each GPU's feature-loading time per epoch from a pre-sampled epoch of the
+real sampler (Song & Jiang's Eq. 3 cost model; seconds are modeled from link bandwidths, not
+measured) and recommends the cheapest. ``--json`` prints one JSON object last; see
+:class:`gnnio.placement.planner.PlanResult`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import UsageError
+from ..graph.dataset import load
+from ..placement import STRATEGIES, save_placement
+from ..placement.alg1 import resolve_alpha
+from ..placement.planner import (
+    DEFAULT_STRATEGIES,
+    PARTITION_STRATEGIES,
+    PlanResult,
+    buffer_rows_from,
+    make_plan,
+)
+from ..topology import PRESETS, load_topology
+
+__all__ = ["register", "run", "format_table"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="compare multi-GPU feature placements with a cost model and recommend one",
+        description=(
+            "Place the feature rows with every strategy (Song & Jiang Algorithm 1 and Rule 1, Data "
+            "Tiering interleaved, BGL mod-sharded, and the NAIVE/RAND/METIS/PaGraph partitioning "
+            "baselines) on a simulated machine, count every GPU's local/peer/host reads over one "
+            "sampled epoch, and model the slowest GPU's loading time (seconds are modeled from "
+            "link bandwidths, not measured)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("dir", metavar="DIR", help="dataset directory written by 'gnnio prepare'")
+    p.add_argument(
+        "--topology",
+        required=True,
+        metavar="T",
+        help="GPU groups (2, 2+2, 4, 2*4, 8, 1+1), a preset "
+        f"({', '.join(PRESETS)}) or a .toml/.json topology file",
+    )
+    p.add_argument(
+        "--buffer",
+        type=float,
+        default=None,
+        metavar="B",
+        help="feature buffer per GPU as a fraction of the nodes (e.g. 0.1); default: the "
+        "topology's feature_budget_bytes",
+    )
+    p.add_argument("--fanouts", default="15,10,5", help="sampler fanouts, hop 1 first")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch per GPU")
+    p.add_argument(
+        "--strategies",
+        default=",".join(DEFAULT_STRATEGIES),
+        help=f"comma-separated subset of {', '.join(STRATEGIES)}",
+    )
+    p.add_argument(
+        "--score",
+        default="sj",
+        help="access-probability estimate (a gnnio.hotness score: sj, sj_fanout, presample, "
+        "degree, rpr, wrpr)",
+    )
+    p.add_argument(
+        "--alpha",
+        default="paper",
+        help="Algorithm 1's threshold: a number in [0, 1], 'paper' (Song & Jiang's tuned values: "
+        "0 on all-connected GPUs, 0.2 on several NVLink groups) or 'eq7' (C_gpu/C_cpu = "
+        "host_bw/peer_bw; needs a calibrated score such as presample)",
+    )
+    p.add_argument(
+        "--replicate",
+        type=float,
+        default=0.0,
+        help="interleaved: fraction of each buffer holding replicated hottest rows",
+    )
+    p.add_argument("--host-bw", default=None, help="override host->GPU bandwidth (e.g. 12GB/s)")
+    p.add_argument("--peer-bw", default=None, help="override GPU<->GPU bandwidth (e.g. 150GB/s)")
+    p.add_argument(
+        "--local-seeds",
+        action="store_true",
+        help=f"evaluate {', '.join(PARTITION_STRATEGIES)} with partition-local training seeds "
+        "(PaGraph/DistDGL style) instead of the global shuffle",
+    )
+    p.add_argument(
+        "--pagraph-max-nodes",
+        type=int,
+        default=200_000,
+        help="skip pagraph on larger graphs (its partitioning is quadratic)",
+    )
+    p.add_argument(
+        "--trace-epochs",
+        type=int,
+        default=1,
+        help="epochs of the sampler to count reads over (costs are per epoch)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled epoch and of 'random'")
+    p.add_argument(
+        "--save", metavar="FILE", default=None, help="write the best placement to FILE (.npz)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object last")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _parse_fanouts(text: str) -> list[int]:
+    from ..sampling import parse_fanouts
+
+    try:
+        return parse_fanouts(text)
+    except ValueError as e:
+        raise UsageError(f"--fanouts: {e}") from None
+
+
+def run(args) -> int:
+    strategies = [s.strip() for s in str(args.strategies).split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise UsageError(
+            f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(STRATEGIES)}"
+        )
+    if args.trace_epochs < 1:
+        raise UsageError(f"--trace-epochs: must be >= 1, got {args.trace_epochs}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    fanouts = _parse_fanouts(args.fanouts)
+    topo = load_topology(args.topology, host_bw=args.host_bw, peer_bw=args.peer_bw)
+    ds = load(args.dir)
+    row_bytes = int(ds.feat_dim * ds.features.dtype.itemsize)
+    bsize = buffer_rows_from(args.buffer, ds.num_nodes, row_bytes, topo)
+    result = make_plan(
+        ds,
+        topo,
+        bsize,
+        strategies=strategies,
+        fanouts=fanouts,
+        batch_size=args.batch_size,
+        score=args.score,
+        alpha=resolve_alpha(args.alpha, topo),
+        replicate=args.replicate,
+        seed=args.seed,
+        trace_epochs=args.trace_epochs,
+        local_seeds=args.local_seeds,
+        pagraph_max_nodes=args.pagraph_max_nodes,
+        progress=not args.quiet and not args.json,
+    )
+    if args.save and result.best is not None:
+        save_placement(result.outcomes[result.best].placement, args.save)
+    if args.json:
+        out = result.to_dict()
+        if args.save:
+            out["saved"] = str(args.save)
+        print(json.dumps(out))
+    else:
+        print(format_table(result))
+        if args.save:
+            print(f"saved the {result.best} placement to {args.save}")
+    return 0
+
+
+def format_table(result: PlanResult) -> str:
+    """The human-readable report of ``gnnio plan``."""
+    t = result.topology
+    tr = result.trace.to_dict()
+    lines = [
+        f"dataset   {result.dataset}: {result.num_nodes:,} nodes, {result.row_bytes} bytes/row",
+        f"machine   {t.describe()}",
+        f"buffer    {result.buffer_rows:,} rows per GPU "
+        f"({result.buffer_rows / max(1, result.num_nodes):.3g} N, "
+        f"{result.buffer_rows * result.row_bytes / 2**20:,.1f} MiB)",
+        f"trace     {tr['epochs']} epoch(s), {sum(tr['batches_per_device'])} batches of {tr['batch_size']} "
+        f"seeds (fanouts {','.join(map(str, tr['fanouts']))}), "
+        f"{tr['mean_rows_per_batch']:,.0f} rows/batch, sampled in {tr['sample_s']:.1f} s",
+        f"p         score '{result.score}' computed in {result.prob_s:.2f} s",
+        "",
+        "modeled seconds per epoch of the slowest GPU (Eq. 3 on the sampled epoch; 'predicted' on p)",
+        f"{'strategy':12s} {'max cost s':>11s} {'predicted s':>12s} {'local':>7s} {'peer':>7s} "
+        f"{'host':>7s} {'prep s':>8s} {'rows on GPUs':>13s}",
+    ]
+    best = result.best
+    for name, o in result.outcomes.items():
+        if o.skipped is not None:
+            lines.append(f"{name:12s} skipped: {o.skipped}")
+            continue
+        d = o.to_dict()
+        mark = "  <- best" if name == best else ""
+        seeds = " (local seeds)" if d["seeds_mode"] == "parts" else ""
+        lines.append(
+            f"{name:12s} {d['max_cost_s']:11.4f} {d['predicted_max_cost_s']:12.4f} "
+            f"{d['local']:7.1%} {d['peer']:7.1%} {d['host']:7.1%} {d['prep_s']:8.3f} "
+            f"{d['distinct_rows']:13,d}{seeds}{mark}"
+        )
+    if best is not None:
+        f = result.feasible
+        parts = [k for k in f if k in PARTITION_STRATEGIES]
+        msg = f"best: {best}"
+        if parts and best not in PARTITION_STRATEGIES:
+            bp = min(parts, key=lambda k: f[k].trace_cost.max_s)
+            ours, theirs = f[best].trace_cost.max_s, f[bp].trace_cost.max_s
+            if ours > 0:
+                msg += f" ({theirs / ours:.2f}x less modeled loading time than {bp})"
+        lines += ["", msg]
+    return "\n".join(lines)

@@ -1,0 +1,230 @@
+"""The CPU row-gather kernel behind every host/disk feature store (one native boundary).
+
+``gather_rows(src, ids, out)`` copies ``src[ids[i]]`` to ``out[i]`` for every ``i``. Two
+implementations sit behind it:
+
+* **numba** (default when numba imports): a ``prange`` loop over output rows, ``nogil`` so the
+  loader's background thread runs it while the consumer thread keeps the GIL. Rows are copied as
+  raw bytes (``uint8`` views of ``src`` and ``out``), so one compiled kernel serves every feature
+  dtype (float32, float16, bfloat16, ...) and every row width; LLVM turns the row copy into a
+  vectorised memcpy. Measured on the 2-core development machine (shared, noisy): random 512-byte
+  rows from a 1 GiB array, 300k rows per call, median of 15: byte view 5.5 GB/s, uint32 view
+  5.4 GB/s, uint64 view 4.9 GB/s, ``torch.index_select(out=)`` 4.7 GB/s; best-of-15 all within
+  6.4-6.6 GB/s. The kernel is latency bound (one row = 8 cache lines, each thread keeps a few
+  rows in flight), so the view width hardly matters and the byte view wins on compile count.
+* **torch**: ``torch.index_select(src, 0, ids, out=out)``, the reference/fallback path (used when
+  numba is missing, on CUDA tensors, and in tests so the fallback stays tested).
+
+Id validation lives here too (:func:`as_index_array`) so every store raises the same errors.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+try:  # numba is a hard dependency, but keep the pure-torch path usable and tested
+    import numba
+    from numba import njit, prange
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised only without numba
+    numba = None
+    HAVE_NUMBA = False
+
+__all__ = [
+    "HAVE_NUMBA",
+    "KERNELS",
+    "as_index_array",
+    "check_out",
+    "gather_rows",
+    "row_bytes_view",
+    "tensor_view",
+]
+
+KERNELS = ("auto", "numba", "torch")
+
+#: rows ahead of the copy whose cache lines are prefetched, and the most bytes prefetched per row
+PREFETCH_ROWS = 8
+PREFETCH_MAX_BYTES = 1024
+
+if HAVE_NUMBA:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch_row(typingctx, arr, row, offset):
+        """``__builtin_prefetch(&arr[row, 0] + offset)`` (read, keep in all cache levels) for a
+        2-D array; a hint only: it never faults, even past the end of the array."""
+        sig = types.void(arr, row, offset)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            stride0 = cgutils.unpack_tuple(builder, ary.strides)[0]
+            i64 = ir.IntType(64)
+            row_v = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
+            off_v = builder.sext(args[2], i64) if args[2].type.width < 64 else args[2]
+            addr = builder.add(
+                builder.ptrtoint(ary.data, i64), builder.add(builder.mul(row_v, stride0), off_v)
+            )
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+            # (address, rw=0 read, locality=3 keep, cache type=1 data)
+            builder.call(fn, [builder.inttoptr(addr, i8p), i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _gather_bytes(src, ids, out):  # pragma: no cover - compiled, tested through gather_rows
+        # src: [N, R] uint8, ids: [n] int32/int64 (already bounds-checked), out: [n, R] uint8
+        for i in prange(ids.shape[0]):
+            out[i, :] = src[ids[i], :]
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _gather_bytes_prefetch(src, ids, out, chunks):  # pragma: no cover - compiled
+        # As _gather_bytes, plus a software prefetch of the row PREFETCH_ROWS ahead: each thread
+        # walks a contiguous chunk of ids, so "ahead" is known, and the next rows' cache lines are
+        # already on their way while this row is copied (random rows defeat the HW prefetcher).
+        # chunks: a few per thread (numba.get_num_threads() inside would block on-disk caching)
+        n = ids.shape[0]
+        pf_bytes = min(src.shape[1], PREFETCH_MAX_BYTES)
+        for c in prange(chunks):
+            start = c * n // chunks
+            end = (c + 1) * n // chunks
+            for i in range(start, end):
+                j = i + PREFETCH_ROWS
+                if j < end:
+                    r = ids[j]
+                    for off in range(0, pf_bytes, 64):
+                        prefetch_row(src, r, off)
+                out[i, :] = src[ids[i], :]
+
+
+_prefetch_ok: bool | None = None  # None: not tried yet; False: compiling it failed (LLVM)
+
+
+def _numba_gather(src_b: np.ndarray, ids: np.ndarray, out_b: np.ndarray) -> None:
+    """Byte-view gather, with software prefetch unless that kernel cannot compile here."""
+    global _prefetch_ok
+    if _prefetch_ok is not False:
+        try:
+            _gather_bytes_prefetch(src_b, ids, out_b, 4 * numba.get_num_threads())
+            _prefetch_ok = True
+            return
+        except Exception as e:  # an LLVM without the intrinsic: keep the plain kernel
+            if _prefetch_ok:  # it worked before, so this is a real error
+                raise
+            _prefetch_ok = False
+            warnings.warn(f"gnnio: prefetching gather kernel unavailable ({e})", stacklevel=3)
+    _gather_bytes(src_b, ids, out_b)
+
+
+def _as_bytes_2d(a: np.ndarray) -> np.ndarray:
+    """``[rows, cols]`` C-contiguous array -> ``[rows, cols * itemsize]`` uint8 view (no copy)."""
+    return a.view(np.uint8).reshape(a.shape[0], a.shape[1] * a.itemsize)
+
+
+def tensor_view(a: np.ndarray) -> torch.Tensor:
+    """A torch view of a NumPy array without copying, also when it is read-only (a memmap opened
+    with mode "r"): the gather only reads it, so torch's non-writable warning does not apply."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(a)
+
+
+def row_bytes_view(t: torch.Tensor) -> np.ndarray:
+    """A ``[rows, row_bytes]`` uint8 NumPy view of a C-contiguous 2-D CPU tensor (any dtype)."""
+    return t.view(torch.uint8).numpy().reshape(t.shape[0], t.shape[1] * t.element_size())
+
+
+def as_index_array(ids, num_rows: int) -> np.ndarray:
+    """Validate feature-row ids and return them as a 1-D int32/int64 NumPy array (CPU).
+
+    Accepts a torch tensor (any device) or anything NumPy turns into an integer array. int32 and
+    int64 are passed through without a copy; other integer types are widened to int64.
+
+    Raises:
+        TypeError: ids are not integers (bool and float ids are refused, not cast).
+        ValueError: ids are not 1-D.
+        IndexError: an id is outside ``[0, num_rows)`` (negative ids do not wrap around).
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+            raise TypeError(f"feature ids must be integers, got a tensor of {ids.dtype}")
+        arr = ids.detach().cpu().numpy()
+    else:
+        arr = np.asarray(ids)
+        if arr.size == 0 and arr.dtype.kind == "f":  # np.asarray([]) is float64: treat as empty
+            arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"feature ids must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"feature ids must be 1-D, got shape {tuple(arr.shape)}")
+    if arr.dtype not in (np.int32, np.int64):
+        arr = arr.astype(np.int64)
+    arr = np.ascontiguousarray(arr)
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= num_rows:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"feature id {bad} out of range [0, {num_rows})")
+    return arr
+
+
+def check_out(out: torch.Tensor, n: int, dim: int, dtype: torch.dtype, device: torch.device):
+    """Validate an ``out=`` buffer for ``n`` rows and return the view ``out[:n]``."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dim() != 2 or out.shape[1] != dim or out.shape[0] < n:
+        raise ValueError(f"out has shape {tuple(out.shape)}; need [>= {n}, {dim}]")
+    if out.dtype != dtype:
+        raise ValueError(f"out has dtype {out.dtype}; the store holds {dtype}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}; the store gathers to {device}")
+    view = out[:n]
+    if not view.is_contiguous():
+        raise ValueError("out must be contiguous (rows stored back to back)")
+    return view
+
+
+def gather_rows(
+    src: np.ndarray,
+    ids: np.ndarray,
+    out: torch.Tensor,
+    kernel: str = "auto",
+    num_threads: int | None = None,
+    src_tensor: torch.Tensor | None = None,
+) -> None:
+    """Copy rows ``src[ids]`` into ``out`` (``[len(ids), dim]``, contiguous CPU tensor).
+
+    Args:
+        src: ``[N, dim]`` C-contiguous NumPy array (in RAM or a memmap; a memmap is read only at
+            the rows touched).
+        ids: validated 1-D int32/int64 ids (see :func:`as_index_array`).
+        out: destination, same dtype as ``src``; written in place.
+        kernel: "auto" (numba if available), "numba" or "torch".
+        num_threads: threads for the numba kernel (numba's setting is per calling thread, so this
+            only affects the calling thread); None keeps numba's current setting.
+        src_tensor: an optional torch view of ``src`` (saves re-wrapping on the torch path).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown gather kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if ids.shape[0] == 0:
+        return
+    use_numba = kernel == "numba" or (kernel == "auto" and HAVE_NUMBA)
+    if use_numba:
+        if not HAVE_NUMBA:
+            raise RuntimeError("kernel='numba' asked for, but numba is not installed")
+        if num_threads is not None:
+            numba.set_num_threads(max(1, min(int(num_threads), numba.config.NUMBA_NUM_THREADS)))
+        _numba_gather(_as_bytes_2d(src), ids, row_bytes_view(out))
+        return
+    t = src_tensor if src_tensor is not None else tensor_view(src)
+    torch.index_select(t, 0, torch.from_numpy(ids).long(), out=out)

@@ -1,0 +1,216 @@
+"""A feature store over several GPUs' buffers plus host memory, read through a placement.
+
+Each GPU ``k`` holds the rows ``placement.buffers[k]`` (a *shard*); host memory holds every row.
+One :class:`MultiDeviceFeatureStore` serves one reading GPU (data-parallel training runs one per
+GPU; :meth:`MultiDeviceFeatureStore.for_reader` makes the others, sharing the shards). A read of
+node ``j`` goes where the reader's lookup arrays (Song & Jiang's ``dev_num`` / ``buf_pos``, see
+:mod:`gnnio.placement`) say: its own shard (tier ``"local"``), a shard of a GPU of its NVLink group
+(tier ``"peer"``), or host memory (tier ``"host"``).
+
+Counters: ``counters`` (the :class:`~gnnio.features.base.TierCounters` of every store) counts rows
+and bytes per tier -- ``local + peer + host`` rows always equal the rows requested -- and
+``source_counters`` counts them per source: ``"host"`` and ``"gpu0"``, ``"gpu1"``, ... (the link a
+row crossed, the reader's own ``"gpu<k>"`` being its local rows).
+
+Simulated devices. Without GPUs (``devices=None``) every shard is a separate tensor in CPU memory:
+the same routing, copies and counting run, only the bytes do not cross real links; turn counted
+bytes into modeled time with a :class:`~gnnio.topology.Topology`. With ``devices`` a list of torch
+devices (``cuda:0``, ``cuda:1``, ...) shard ``k`` lives on ``devices[k]`` and peer rows are copied
+device to device (NVLink when present); host rows are gathered on the CPU and copied over.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..placement import Placement
+from ..topology import Topology
+from ._gather import as_index_array, check_out, gather_rows, tensor_view
+from .base import FeatureStore, TierCounters
+
+__all__ = ["MultiDeviceFeatureStore"]
+
+
+class _Shared:
+    """State shared by the stores of all readers: host rows, shards, placement."""
+
+    def __init__(self, features, placement: Placement, devices: list[torch.device]):
+        if isinstance(features, torch.Tensor):
+            host = features.detach().cpu().contiguous()
+        else:
+            arr = np.asarray(features)
+            if not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr)
+            host = tensor_view(arr)
+        if host.dim() != 2:
+            raise ValueError(f"features must be 2-D [num_rows, dim], got shape {tuple(host.shape)}")
+        if host.shape[0] != placement.num_nodes:
+            raise ValueError(
+                f"features have {host.shape[0]} rows but the placement covers {placement.num_nodes} nodes"
+            )
+        self.host = host
+        self.host_np = host.numpy() if host.dtype != torch.bfloat16 else None
+        self.placement = placement
+        self.devices = devices
+        # shard k: rows placement.buffers[k] in buffer order, on devices[k]
+        self.shards = [
+            host.index_select(0, torch.from_numpy(b)).to(devices[k])
+            for k, b in enumerate(placement.buffers)
+        ]
+
+
+class MultiDeviceFeatureStore(FeatureStore):
+    """Rows from the reader's shard, a peer GPU's shard, or host memory (see module docstring).
+
+    Args:
+        features: ``[N, F]`` host feature matrix (NumPy array, memmap or CPU tensor); rows are read
+            from it for host reads and copied once into the shards.
+        placement: per-GPU buffers (:class:`gnnio.placement.Placement`).
+        reader: the GPU this store gathers for (0-based).
+        devices: one torch device per GPU of the placement; None = simulated devices (all shards
+            in CPU memory).
+        topology: when given, peer reads are used only if its peer links are faster than host
+            reads (Eq. 3); also checks the GPU count. None = peer reads as the placement allows.
+    """
+
+    def __init__(
+        self,
+        features,
+        placement: Placement,
+        reader: int = 0,
+        devices: list[str | torch.device] | None = None,
+        topology: Topology | None = None,
+        _shared: _Shared | None = None,
+    ) -> None:
+        super().__init__()
+        n_dev = placement.num_devices
+        if topology is not None and topology.num_gpus != n_dev:
+            raise ValueError(
+                f"placement has {n_dev} devices but topology {topology.name!r} has {topology.num_gpus}"
+            )
+        if not 0 <= int(reader) < n_dev:
+            raise ValueError(f"reader {reader} out of range [0, {n_dev})")
+        if _shared is None:
+            devs = (
+                [torch.device("cpu")] * n_dev
+                if devices is None
+                else [torch.device(d) for d in devices]
+            )
+            if len(devs) != n_dev:
+                raise ValueError(f"devices: need {n_dev} devices, got {len(devs)}")
+            _shared = _Shared(features, placement, devs)
+        self._s = _shared
+        self.topology = topology
+        self.reader = int(reader)
+        self.simulated = all(d.type == "cpu" for d in _shared.devices)
+        self.device = _shared.devices[self.reader]
+        self.num_rows = int(_shared.host.shape[0])
+        self.dim = int(_shared.host.shape[1])
+        self.dtype = _shared.host.dtype
+        self.source_counters = TierCounters()
+        peers = True if topology is None else topology.peers_cheaper
+        lk = placement.lookup(self.reader, peers=peers)
+        self.dev_num = torch.from_numpy(lk.dev_num)
+        self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int64, copy=False))
+
+    @classmethod
+    def simulated(
+        cls,
+        features,
+        topology: str | Topology = "2+2",
+        strategy: str = "alg1",
+        buffer: float = 0.25,
+        reader: int = 0,
+        probs: np.ndarray | None = None,
+        seed: int = 0,
+    ) -> MultiDeviceFeatureStore:
+        """A store on simulated devices in one call (tests, demos).
+
+        Args:
+            features: ``[N, F]`` host features.
+            topology: a :class:`~gnnio.topology.Topology` or anything
+                :func:`~gnnio.topology.load_topology` reads (``"2+2"``, a preset, a file).
+            strategy: a placement strategy that needs no graph (``alg1``, ``rule1``,
+                ``interleaved``, ``mod``, ``naive``, ``random``).
+            buffer: rows per GPU as a fraction of ``N``.
+            reader: the GPU this store reads for.
+            probs: access probabilities; None = a seeded heavy-tailed random vector.
+            seed: seed of the random ``probs`` and of ``random``.
+        """
+        from ..placement import PlacementRequest, place
+        from ..topology import load_topology
+
+        topo = topology if isinstance(topology, Topology) else load_topology(topology)
+        n = int(features.shape[0])
+        if probs is None:
+            probs = np.random.default_rng(seed).pareto(1.2, n)
+        req = PlacementRequest(
+            probs=probs, topology=topo, buffer_rows=int(round(buffer * n)), seed=seed
+        )
+        return cls(features, place(strategy, req), reader=reader, topology=topo)
+
+    @property
+    def placement(self) -> Placement:
+        return self._s.placement
+
+    def for_reader(self, reader: int) -> MultiDeviceFeatureStore:
+        """A store for another GPU sharing this one's shards (its own counters and lookups)."""
+        return MultiDeviceFeatureStore(
+            None, self._s.placement, reader, topology=self.topology, _shared=self._s
+        )
+
+    def __repr__(self) -> str:
+        kind = "simulated" if self.simulated else "real"
+        return (
+            f"MultiDeviceFeatureStore(num_rows={self.num_rows}, dim={self.dim}, dtype={self.dtype}, "
+            f"reader={self.reader}, devices={len(self._s.devices)} {kind}, "
+            f"strategy={self._s.placement.strategy!r})"
+        )
+
+    def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``ids`` (int global ids, repeats allowed) as ``[len(ids), dim]`` on the reader's
+        device; ``out[:len(ids)]`` is filled and returned when given. Counts rows and bytes per
+        tier and per source. Raises IndexError for ids outside ``[0, num_rows)``."""
+        idx_np = as_index_array(ids, self.num_rows)
+        m = int(idx_np.shape[0])
+        dst = (
+            torch.empty((m, self.dim), dtype=self.dtype, device=self.device)
+            if out is None
+            else check_out(out, m, self.dim, self.dtype, self.device)
+        )
+        rb = self.row_bytes
+        local = peer = host = 0
+        if m:
+            idx = torch.from_numpy(idx_np).long()
+            src = self.dev_num[idx]
+            pos = self.buf_pos[idx]
+            for k in torch.unique(src).tolist():
+                sel = (src == k).nonzero().squeeze(1)
+                cnt = int(sel.shape[0])
+                if k < 0:
+                    rows = self._host_rows(pos[sel])
+                    host += cnt
+                    self.source_counters.add("host", cnt, rb)
+                else:
+                    shard = self._s.shards[k]
+                    rows = shard.index_select(0, pos[sel].to(shard.device))
+                    if k == self.reader:
+                        local += cnt
+                    else:
+                        peer += cnt
+                    self.source_counters.add(f"gpu{k}", cnt, rb)
+                dst.index_copy_(0, sel.to(self.device), rows.to(self.device))
+        self.counters.add("local", local, rb)
+        self.counters.add("peer", peer, rb)
+        self.counters.add("host", host, rb)
+        return dst
+
+    def _host_rows(self, pos: torch.Tensor) -> torch.Tensor:
+        """Host rows ``pos`` (global ids) gathered on the CPU."""
+        p = pos.numpy()
+        if self._s.host_np is None:
+            return self._s.host.index_select(0, pos)
+        out = torch.empty((p.shape[0], self.dim), dtype=self.dtype)
+        gather_rows(self._s.host_np, p, out, src_tensor=self._s.host)
+        return out

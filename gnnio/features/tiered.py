@@ -1,0 +1,713 @@
+"""Tiered feature store (Data Tiering, Min et al.): hot rows in GPU memory, cold rows in pinned
+host memory read by the GPU over PCIe, behind one logical ``gather(ids)``.
+
+Tiers, as named in :attr:`TieredFeatureStore.counters` and in training summaries'
+``bytes_by_tier``:
+
+* ``"gpu"`` -- rows served from the GPU tier (the hot rows, resident in device memory);
+* ``"host"`` -- rows read from host memory and moved over the host->GPU link (the cold rows).
+  On a GPU these are the PCIe bytes of feature reads; with simulated devices the same count.
+
+Routing an id to its tier (vectorised: one mask, two gathers, one scatter):
+
+* **prefix mode** (``hot=H``; the data was reordered by score so the hot rows are ids ``[0, H)``,
+  see ``gnnio.reorder``): the paper's "hot data boundary" check ``id < H``; a hot id is its own
+  slot in the GPU tier. No extra memory.
+* **lookup mode** (``hot_ids=...``; any chosen set, no reordering): an int32 table ``id -> hot slot
+  or -1`` of ``num_rows`` entries, held in the GPU tier next to the hot rows and counted in its
+  budget (the paper reorders instead because this table costs 4 bytes per node).
+
+Cold path (``cold_mode``):
+
+* ``"zero_copy"`` (the paper's access method): the backing's host tensor is pinned in place
+  (``cudaHostRegister``) and exposed as a CUDA view (:mod:`gnnio.features.uva`); cold rows are
+  gathered by a GPU kernel straight from host memory, with no CPU gather and no staging copy.
+* ``"cpu_gather"``: the CPU gathers cold rows through the backing store into a reused (pinned)
+  staging buffer, which is then copied to the GPU (the baseline the paper compares against; the
+  only option for a disk-backed backing).
+* ``"auto"``: zero-copy when the backing holds its rows in a RAM tensor and pinning it works;
+  otherwise CPU gather + copy, saying why in :attr:`TieredFeatureStore.cold_mode_reason` (and with
+  a :class:`TieringWarning` when pinning failed).
+
+Devices: on a CUDA device rows really move. With ``device="cpu"`` (or ``simulate=True``) the GPU
+is simulated (:mod:`gnnio.features.simdevice`): the hot tier and the lookup table are CPU tensors
+allocated on a :class:`~gnnio.features.simdevice.SimulatedDevice`, zero-copy "reads" index the host
+tensor directly, and every row and byte is counted exactly as on a GPU. Only times differ.
+
+Robustness: a zero-byte pin is never requested (hot fraction 1, empty tables, zero-width rows);
+a failing pin either raises :class:`~gnnio.features.uva.PinError` (``cold_mode="zero_copy"``) or
+falls back to CPU gather + copy with a warning (``"auto"``); the GPU tier (hot rows + lookup table)
+never exceeds ``gpu_budget_bytes``: the number of hot rows is clamped, with a warning and
+:attr:`TieredFeatureStore.clamped_by_budget`.
+
+The multi-GPU extension of the paper (hot rows interleaved over NVLink peers, optionally the
+hottest replicated on every GPU) is a placement concern: it adds a "peer" tier on top of the same
+routing and lives with the placement code, which can reuse :class:`SimulatedDevice`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import GnnioError, UsageError
+from ..reorder import order_by_score
+from ..utils.progress import bar
+from . import uva
+from ._gather import as_index_array, check_out, gather_rows, row_bytes_view, tensor_view
+from .base import FeatureStore
+from .simdevice import SimulatedDevice, simulated_pin
+
+__all__ = ["COLD_MODES", "TieredFeatureStore", "TieringWarning", "hot_rows_for_fraction"]
+
+log = logging.getLogger(__name__)
+
+COLD_MODES = ("auto", "zero_copy", "cpu_gather")
+
+#: tier names (the keys of ``counters.rows`` / ``counters.bytes``)
+GPU_TIER = "gpu"
+HOST_TIER = "host"
+
+
+class TieringWarning(RuntimeWarning):
+    """The store did something other than asked: fewer hot rows (budget) or no zero-copy (pin)."""
+
+
+def hot_rows_for_fraction(fraction: float, num_rows: int) -> int:
+    """``round(fraction * num_rows)`` clamped to ``[0, num_rows]``; fractions >= 1 mean all rows.
+
+    Raises:
+        ValueError: ``fraction`` is negative or not finite.
+    """
+    f = float(fraction)
+    if not math.isfinite(f) or f < 0:
+        raise ValueError(f"hot fraction must be a finite number >= 0, got {fraction!r}")
+    return min(int(num_rows), int(round(f * num_rows)))
+
+
+class _Source:
+    """Read access to the backing rows on the CPU, whatever the backing is.
+
+    Attributes:
+        host: a contiguous CPU tensor holding all rows in RAM (indexable by global id), or None
+            when the rows are not in RAM as one tensor (memory-mapped file, opaque store).
+    """
+
+    def __init__(self, backing: Any):
+        self.store: FeatureStore | None = None
+        self.host: torch.Tensor | None = None
+        self._np: np.ndarray | None = None  # a memory-mapped array gather_rows reads from
+        self._host_bytes: np.ndarray | None = None  # uint8 [N, row_bytes] view of ``host``
+        if isinstance(backing, FeatureStore):
+            if backing.device.type != "cpu":
+                raise UsageError(
+                    f"backing store gathers to {backing.device}; TieredFeatureStore places rows "
+                    "on the GPU itself, give it a store on the CPU"
+                )
+            self.store = backing
+            self.num_rows, self.dim, self.dtype = backing.num_rows, backing.dim, backing.dtype
+            getter = getattr(backing, "host_tensor", None)
+            host = getter() if callable(getter) else None
+            if (
+                isinstance(host, torch.Tensor)
+                and host.device.type == "cpu"
+                and host.is_contiguous()
+                and tuple(host.shape) == (self.num_rows, self.dim)
+                and host.dtype == self.dtype
+            ):
+                self.host = host
+            return
+        if isinstance(backing, np.memmap):
+            arr = np.asarray(backing)  # plain ndarray view of the mapping; nothing is read
+            if arr.ndim != 2 or not arr.flags.c_contiguous:
+                raise ValueError("memory-mapped features must be 2-D and row-major (C-contiguous)")
+            self._np = arr
+            self.num_rows, self.dim = int(arr.shape[0]), int(arr.shape[1])
+            self.dtype = tensor_view(arr[:0]).dtype
+            return
+        if isinstance(backing, np.ndarray):
+            backing = tensor_view(np.ascontiguousarray(backing))
+        if not isinstance(backing, torch.Tensor):
+            raise TypeError(
+                "backing must be a FeatureStore, a NumPy array or a torch tensor, "
+                f"got {type(backing).__name__}"
+            )
+        if backing.device.type != "cpu":
+            raise UsageError(
+                f"backing tensor is on {backing.device}; TieredFeatureStore places rows on the "
+                "GPU itself, give it a CPU tensor"
+            )
+        if backing.dim() != 2:
+            raise ValueError(
+                f"features must be 2-D [num_rows, dim], got shape {tuple(backing.shape)}"
+            )
+        self.host = backing.detach().contiguous()
+        self.num_rows, self.dim = int(self.host.shape[0]), int(self.host.shape[1])
+        self.dtype = self.host.dtype
+
+    @property
+    def kind(self) -> str:
+        if self.store is not None:
+            return type(self.store).__name__
+        return "memmap" if self._np is not None else "tensor"
+
+    def read(self, ids: np.ndarray, out: torch.Tensor) -> None:
+        """Rows ``ids`` (validated int32/int64 global ids) into the CPU tensor ``out[:len(ids)]``."""
+        if ids.shape[0] == 0 or self.dim == 0:
+            return
+        if self.store is not None:
+            self.store.gather(torch.from_numpy(ids), out=out)
+        elif self.host is not None:
+            if self._host_bytes is None:
+                self._host_bytes = row_bytes_view(self.host)
+            gather_rows(self._host_bytes, ids, out[: ids.shape[0]], src_tensor=self.host)
+        else:
+            gather_rows(self._np, ids, out[: ids.shape[0]])
+
+    def read_range(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        """Rows ``[start, stop)`` as a CPU tensor (a view of ``host`` when there is one, else
+        written into ``out``)."""
+        if self.host is not None:
+            return self.host[start:stop]
+        if self._np is not None:
+            out[: stop - start].copy_(tensor_view(self._np[start:stop]))
+            return out[: stop - start]
+        self.read(np.arange(start, stop, dtype=np.int64), out)
+        return out[: stop - start]
+
+
+class TieredFeatureStore(FeatureStore):
+    """A two-tier feature store: hot rows on the GPU, cold rows in (pinned) host memory.
+
+    Args:
+        backing: where all rows come from: any CPU :class:`~gnnio.features.base.FeatureStore`
+            (composition; it keeps counting its own reads, e.g. tier "disk" for a memory-mapped
+            store), a NumPy array (a ``np.memmap`` stays on disk) or a CPU tensor ``[N, F]``.
+            Rows of an in-RAM array/tensor are shared, not copied. A store offering
+            ``host_tensor() -> torch.Tensor | None`` (its rows as one CPU tensor in RAM) can be
+            read zero-copy; other stores are read through their ``gather``.
+        hot: prefix mode: the number of hot rows ``H``; ids ``[0, H)`` are hot (after reordering
+            by score). Values above ``N`` mean all rows.
+        hot_ids: lookup mode: the hot global ids, hottest first (kept in this order when the
+            budget clamps them; repeats are dropped). Give exactly one of ``hot`` and ``hot_ids``.
+        device: ``"cuda"`` / ``"cuda:i"`` / a torch device: the GPU holding the hot tier and
+            receiving gathered rows. ``"cpu"``: the GPU is simulated in CPU memory and rows are
+            returned on the CPU.
+        gpu_budget_bytes: most bytes the GPU tier (hot rows + lookup table) may take; the number
+            of hot rows is clamped to fit (with a :class:`TieringWarning`). None = no budget.
+        cold_mode: ``"auto"``, ``"zero_copy"`` or ``"cpu_gather"`` (see module docstring).
+        simulate: None = simulate exactly when ``device`` is the CPU; True = simulate even for a
+            CUDA device (rows then return on the CPU); False = insist on a real GPU; or a
+            :class:`~gnnio.features.simdevice.SimulatedDevice` to hold the simulated GPU tier
+            (its capacity then acts as the device memory).
+        pin_fn: the function that pins the host tensor for zero-copy reads and returns a handle
+            (with an optional ``release()``); default :func:`gnnio.features.uva.pin_host_tensor`
+            on a GPU, :func:`gnnio.features.simdevice.simulated_pin` when simulated. Any
+            exception it raises counts as a pin failure. Never called with zero bytes.
+        chunk_rows: rows per chunk while loading the hot tier.
+        progress: show a progress bar while loading the hot tier.
+
+    Attributes:
+        mode: ``"prefix"`` or ``"lookup"``.
+        num_hot: hot rows actually held in the GPU tier; ``requested_hot`` before the budget clamp.
+        clamped_by_budget: True when the budget cut the hot set.
+        gpu_tier_bytes: bytes of the GPU tier (hot rows + lookup table).
+        load_bytes: one-time bytes copied host->GPU to fill the hot tier (not in ``counters``).
+        cold_mode_used: ``"zero_copy"``, ``"cpu_gather"`` or ``"none"`` (no cold rows).
+        cold_mode_reason: why ``cold_mode_used`` is what it is (one line).
+        simulated: True when the GPU is simulated; ``gpu_name`` names it (``"sim:cuda:0"``).
+        counters: rows/bytes per tier (``"gpu"``, ``"host"``) served by :meth:`gather`.
+
+    Threads: concurrent :meth:`gather` calls return correct rows (the reused staging buffer of the
+    CPU-gather path is guarded by a lock), but counter updates are not atomic across threads.
+    """
+
+    def __init__(
+        self,
+        backing: FeatureStore | np.ndarray | torch.Tensor,
+        hot: int | None = None,
+        *,
+        hot_ids: Any = None,
+        device: str | torch.device = "cpu",
+        gpu_budget_bytes: int | None = None,
+        cold_mode: str = "auto",
+        simulate: bool | SimulatedDevice | None = None,
+        pin_fn: Callable[[torch.Tensor], Any] | None = None,
+        chunk_rows: int = 1 << 16,
+        progress: bool = False,
+    ) -> None:
+        super().__init__()
+        if cold_mode not in COLD_MODES:
+            raise ValueError(f"cold_mode must be one of {', '.join(COLD_MODES)}, got {cold_mode!r}")
+        if (hot is None) == (hot_ids is None):
+            raise ValueError("give exactly one of hot (prefix mode) and hot_ids (lookup mode)")
+        if gpu_budget_bytes is not None and gpu_budget_bytes < 0:
+            raise ValueError(f"gpu_budget_bytes must be >= 0, got {gpu_budget_bytes}")
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        self._src = _Source(backing)
+        self.backing = backing
+        self.num_rows, self.dim, self.dtype = self._src.num_rows, self._src.dim, self._src.dtype
+        self._resolve_device(device, simulate)
+        self.cold_mode = cold_mode
+        self.gpu_budget_bytes = gpu_budget_bytes
+        self._pin_fn = pin_fn
+        self._pin_handle: Any = None
+        self._cold_view: torch.Tensor | None = None
+        self._staging: torch.Tensor | None = None
+        self._staging_event: Any = None
+        self._lock = threading.Lock()
+
+        # ---- which rows are hot (before the budget) ---------------------------------------------
+        n = self.num_rows
+        if hot is not None:
+            self.mode = "prefix"
+            if int(hot) != hot or hot < 0:
+                raise ValueError(f"hot must be a non-negative integer, got {hot!r}")
+            self.requested_hot = min(int(hot), n)
+            wanted = None
+        else:
+            self.mode = "lookup"
+            wanted = _unique_in_order(as_index_array(hot_ids, n).astype(np.int64, copy=False))
+            self.requested_hot = int(wanted.shape[0])
+
+        # ---- the budget clamp ------------------------------------------------------------------
+        rb = self.row_bytes
+        self._table_dtype = torch.int32 if n < 2**31 else torch.int64
+        table_bytes = n * torch.empty((), dtype=self._table_dtype).element_size()
+        h = self.requested_hot
+        if self.mode == "prefix":
+            table_bytes = 0
+        if gpu_budget_bytes is not None and _tier_bytes(h, rb, table_bytes) > gpu_budget_bytes:
+            room = gpu_budget_bytes - table_bytes
+            h = 0 if room < 0 else (h if rb == 0 else min(h, room // rb))
+            warnings.warn(
+                f"TieredFeatureStore: gpu_budget_bytes={gpu_budget_bytes} "
+                f"({uva.format_bytes(gpu_budget_bytes)}) holds {h} of the {self.requested_hot} "
+                f"requested hot rows ({rb} B/row"
+                + (f", plus a {uva.format_bytes(table_bytes)} lookup table" if table_bytes else "")
+                + f"); hot rows clamped to {h}",
+                TieringWarning,
+                stacklevel=2,
+            )
+        self.num_hot = int(h)
+        self.clamped_by_budget = self.num_hot < self.requested_hot
+        self._hot_ids = (
+            np.arange(self.num_hot, dtype=np.int64) if wanted is None else wanted[: self.num_hot]
+        )
+        self.gpu_tier_bytes = _tier_bytes(self.num_hot, rb, table_bytes)
+
+        # ---- fill the GPU tier, then set up the cold path -------------------------------------
+        self._hot = self._alloc((self.num_hot, self.dim), self.dtype)
+        self.load_bytes = self._load_hot(chunk_rows, progress)
+        self._table: torch.Tensor | None = None
+        if self.mode == "lookup" and self.num_hot > 0:
+            self._table = self._alloc((n,), self._table_dtype)
+            self._table.fill_(-1)
+            hot_dev = torch.from_numpy(self._hot_ids).to(self._table.device)
+            self._table[hot_dev] = torch.arange(
+                self.num_hot, dtype=self._table_dtype, device=self._table.device
+            )
+        self._setup_cold()
+
+    # ---------------------------------------------------------------------------------------------
+    # constructors
+    @classmethod
+    def from_scores(
+        cls,
+        backing: FeatureStore | np.ndarray | torch.Tensor,
+        score: Any,
+        fraction: float,
+        **kwargs: Any,
+    ) -> TieredFeatureStore:
+        """Lookup mode with the hot set = the ``round(fraction * N)`` highest-scoring ids, ranked by
+        :func:`gnnio.reorder.order_by_score` (ties: lower id first; non-finite scores refused).
+        ``score``: ``[N]`` numbers, higher = hotter (any hotness score, or true access counts for an
+        oracle). ``kwargs`` go to the constructor."""
+        n = _num_rows_of(backing)
+        s = score.detach().cpu().numpy() if isinstance(score, torch.Tensor) else np.asarray(score)
+        if s.ndim != 1 or s.shape[0] != n:
+            raise ValueError(f"score must have shape [{n}] (one per row), got {tuple(s.shape)}")
+        h = hot_rows_for_fraction(fraction, n)
+        # the same ranking gnnio.reorder relabels by, so prefix and lookup mode agree
+        return cls(backing, hot_ids=order_by_score(s)[:h], **kwargs)
+
+    @classmethod
+    def from_reordered(
+        cls, backing: FeatureStore | np.ndarray | torch.Tensor, fraction: float, **kwargs: Any
+    ) -> TieredFeatureStore:
+        """Prefix mode for data already reordered hottest-first: ids ``[0, round(fraction * N))``
+        are hot. ``kwargs`` go to the constructor."""
+        return cls(backing, hot=hot_rows_for_fraction(fraction, _num_rows_of(backing)), **kwargs)
+
+    # ---------------------------------------------------------------------------------------------
+    # setup helpers
+    def _resolve_device(self, device: str | torch.device, simulate: Any) -> None:
+        dev = torch.device(device)
+        sim_dev = simulate if isinstance(simulate, SimulatedDevice) else None
+        if dev.type == "cuda":
+            if simulate is True or sim_dev is not None:
+                self.simulated = True
+            elif not uva.cuda_available():
+                raise UsageError(
+                    f"device {dev} asked for but CUDA is not available; use device='cpu' "
+                    "(the GPU tier is then simulated in CPU memory)"
+                )
+            else:
+                self.simulated = False
+                if dev.index is None:
+                    dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.type == "cpu":
+            if simulate is False:
+                raise UsageError("simulate=False needs a CUDA device, got device='cpu'")
+            self.simulated = True
+        else:
+            raise UsageError(
+                f"device {dev}: TieredFeatureStore supports CUDA devices and 'cpu' (simulated GPU)"
+            )
+        if self.simulated:
+            name = f"sim:{dev}" if dev.type == "cuda" else "sim:cuda:0"
+            self.sim_device = sim_dev if sim_dev is not None else SimulatedDevice(name)
+            self.gpu_name = self.sim_device.name
+            self.device = torch.device("cpu")
+        else:
+            self.sim_device = None
+            self.gpu_name = str(dev)
+            self.device = dev
+
+    def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor in the GPU tier (real device memory, or counted on the simulated device)."""
+        if self.sim_device is not None:
+            return self.sim_device.empty(shape, dtype)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        try:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        except torch.cuda.OutOfMemoryError:
+            free, total = torch.cuda.mem_get_info(self.device)
+            raise GnnioError(
+                f"GPU tier: cannot allocate {uva.format_bytes(nbytes)} on {self.device} "
+                f"({uva.format_bytes(free)} free of {uva.format_bytes(total)}); "
+                "lower the hot fraction or set gpu_budget_bytes"
+            ) from None
+
+    def _load_hot(self, chunk_rows: int, progress: bool) -> int:
+        """Copy the hot rows into the GPU tier in chunks; returns the bytes copied."""
+        h = self.num_hot
+        if h == 0 or self.dim == 0:
+            return 0
+        buf = torch.empty((min(chunk_rows, h), self.dim), dtype=self.dtype)
+        with bar(total=h, desc="hot rows -> GPU tier", unit="row", enabled=progress) as pb:
+            for s in range(0, h, chunk_rows):
+                e = min(h, s + chunk_rows)
+                if self.mode == "prefix":
+                    rows = self._src.read_range(s, e, buf)
+                else:
+                    self._src.read(self._hot_ids[s:e], buf)
+                    rows = buf[: e - s]
+                self._hot[s:e].copy_(rows)
+                pb.update(e - s)
+        return h * self.row_bytes
+
+    def _setup_cold(self) -> None:
+        """Choose the cold path; pin + build the zero-copy view when it is zero-copy."""
+        if self.num_hot == self.num_rows:
+            self.cold_mode_used, self.cold_mode_reason = "none", "every row is in the GPU tier"
+            return
+        if self.cold_mode == "cpu_gather":
+            self.cold_mode_used, self.cold_mode_reason = "cpu_gather", "cold_mode='cpu_gather'"
+            return
+        if self.row_bytes == 0:  # nothing to read; never pin zero bytes
+            self.cold_mode_used, self.cold_mode_reason = "cpu_gather", "rows are zero bytes wide"
+            return
+        host = self._src.host
+        if host is None:
+            if self.cold_mode == "auto":
+                self.cold_mode_used = "cpu_gather"
+                self.cold_mode_reason = (
+                    f"backing ({self._src.kind}) does not hold its rows in one RAM tensor; "
+                    "cold rows are gathered through it"
+                )
+                return
+            host = self._materialize_host()
+        pin = self._pin_fn
+        if pin is None:
+            pin = (
+                simulated_pin if self.simulated else (lambda t: uva.pin_host_tensor(t, self.device))
+            )
+        handle = None
+        try:
+            handle = pin(host)
+            view = host if self.simulated else uva.device_view(host, self.device)
+        except Exception as e:  # noqa: BLE001 - any pin failure: report it in one line
+            if handle is not None and hasattr(handle, "release"):
+                handle.release()
+            if not self.simulated:
+                uva.clear_last_cuda_error(self.device)
+            msg = _pin_failure_message(e, host)
+            if self.cold_mode == "zero_copy":
+                raise uva.PinError(
+                    f"{msg}; pass cold_mode='auto' or 'cpu_gather' to gather cold rows on the CPU"
+                ) from e
+            warnings.warn(
+                f"TieredFeatureStore: {msg}; falling back to cold_mode='cpu_gather' "
+                "(CPU gather + copy)",
+                TieringWarning,
+                stacklevel=3,
+            )
+            log.warning("zero-copy cold tier unavailable, using CPU gather + copy: %s", msg)
+            self.cold_mode_used = "cpu_gather"
+            self.cold_mode_reason = f"pin failed: {msg}"
+            return
+        self._pin_handle = handle
+        self._cold_view = view
+        self.cold_mode_used = "zero_copy"
+        self.cold_mode_reason = (
+            "pinned host rows read by the GPU (simulated)"
+            if self.simulated
+            else "pinned host rows read by the GPU over PCIe (UVA)"
+        )
+
+    def _materialize_host(self) -> torch.Tensor:
+        """cold_mode='zero_copy' over a backing without a RAM tensor: read all rows into one host
+        tensor (to be pinned). Costs ``num_rows * row_bytes`` of RAM."""
+        n = self.num_rows
+        log.info(
+            "zero-copy over a %s backing: reading %s of rows into host memory",
+            self._src.kind,
+            uva.format_bytes(n * self.row_bytes),
+        )
+        host = torch.empty((n, self.dim), dtype=self.dtype)
+        step = 1 << 16
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            rows = self._src.read_range(s, e, host[s:e])
+            if rows.data_ptr() != host[s:e].data_ptr():
+                host[s:e].copy_(rows)
+        return host
+
+    # ---------------------------------------------------------------------------------------------
+    # gather
+    def _ids_on_device(self, ids: Any) -> torch.Tensor:
+        """Validated int64 global ids on ``self.device`` (IndexError/TypeError/ValueError)."""
+        if isinstance(ids, torch.Tensor) and ids.device.type == "cuda":
+            if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+                raise TypeError(f"feature ids must be integers, got a tensor of {ids.dtype}")
+            if ids.dim() != 1:
+                raise ValueError(f"feature ids must be 1-D, got shape {tuple(ids.shape)}")
+            if ids.numel():
+                lo, hi = (int(v) for v in torch.aminmax(ids))
+                if lo < 0 or hi >= self.num_rows:
+                    bad = lo if lo < 0 else hi
+                    raise IndexError(f"feature id {bad} out of range [0, {self.num_rows})")
+            return ids.to(self.device, torch.int64)
+        t = torch.from_numpy(as_index_array(ids, self.num_rows))
+        return t.to(self.device, torch.int64)
+
+    def _split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(hot_pos, hot_slots, cold_pos)``: positions in ``ids`` of hot ids, their slots in the
+        GPU tier, and positions of cold ids (all on ``self.device``)."""
+        if self.mode == "prefix":
+            mask, slots = ids < self.num_hot, ids
+        else:
+            slots = self._table[ids]
+            mask = slots >= 0
+        hot_pos = torch.nonzero(mask, as_tuple=True)[0]
+        cold_pos = torch.nonzero(~mask, as_tuple=True)[0]
+        return hot_pos, slots[hot_pos], cold_pos
+
+    def gather(self, ids: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``ids`` (global ids, int32/int64 tensor or array, any order, repeats allowed) as a
+        ``[len(ids), dim]`` tensor on :attr:`device`; into ``out[:len(ids)]`` when ``out`` is
+        given. Hot ids come from the GPU tier (counted ``"gpu"``), the others over the host link
+        (counted ``"host"``). Raises IndexError for ids outside ``[0, num_rows)``."""
+        ids_d = self._ids_on_device(ids)
+        n = int(ids_d.shape[0])
+        if out is None:
+            res = torch.empty((n, self.dim), dtype=self.dtype, device=self.device)
+        else:
+            res = check_out(out, n, self.dim, self.dtype, self.device)
+        if n == 0:
+            return res
+        h = self.num_hot
+        if h == 0:
+            self._gather_cold(res, None, ids_d)
+            self._count(0, n)
+        elif h == self.num_rows:
+            slots = ids_d if self.mode == "prefix" else self._table[ids_d]
+            torch.index_select(self._hot, 0, slots, out=res)
+            self._count(n, 0)
+        else:
+            hot_pos, hot_slots, cold_pos = self._split(ids_d)
+            if hot_pos.numel():
+                res.index_copy_(0, hot_pos, self._hot.index_select(0, hot_slots))
+            if cold_pos.numel():
+                self._gather_cold(res, cold_pos, ids_d[cold_pos])
+            self._count(hot_pos.numel(), cold_pos.numel())
+        return res
+
+    def _count(self, gpu_rows: int, host_rows: int) -> None:
+        """Book rows per tier (tiers with no rows are left out of the counters)."""
+        if gpu_rows:
+            self.counters.add(GPU_TIER, gpu_rows, self.row_bytes)
+        if host_rows:
+            self.counters.add(HOST_TIER, host_rows, self.row_bytes)
+
+    def _gather_cold(self, res: torch.Tensor, pos: torch.Tensor | None, ids: torch.Tensor) -> None:
+        """Cold rows ``ids`` into ``res[pos]`` (``pos=None``: into all of ``res``)."""
+        if self._cold_view is not None:
+            # zero-copy: a GPU gather kernel reading pinned host memory (simulated: CPU index)
+            if pos is None:
+                torch.index_select(self._cold_view, 0, ids, out=res)
+            else:
+                res.index_copy_(0, pos, self._cold_view.index_select(0, ids))
+            return
+        ids_np = ids.cpu().numpy()
+        k = int(ids_np.shape[0])
+        if self.simulated and pos is None:
+            self._src.read(ids_np, res)  # gather straight into the output (both on the CPU)
+            return
+        with self._lock:
+            buf = self._staging_buffer(k)
+            self._src.read(ids_np, buf)
+            rows = buf[:k]
+            if not self.simulated:
+                # Host->device copy from the pinned staging buffer. The copy is asynchronous: the
+                # event lets the next call wait before it overwrites the buffer the DMA engine
+                # may still be reading.
+                rows = rows.to(self.device, non_blocking=True)
+                self._staging_event.record()
+            if pos is None:
+                res.copy_(rows)
+            else:
+                res.index_copy_(0, pos, rows)
+
+    def _staging_buffer(self, k: int) -> torch.Tensor:
+        """A reused CPU buffer of at least ``k`` rows (pinned on a GPU so the copy is a DMA)."""
+        if self._staging_event is not None:
+            self._staging_event.synchronize()  # the previous copy out of the buffer is done
+        if self._staging is None or self._staging.shape[0] < k:
+            cap = max(k, 2 * (0 if self._staging is None else self._staging.shape[0]), 1024)
+            pin = not self.simulated
+            try:
+                self._staging = torch.empty((cap, self.dim), dtype=self.dtype, pin_memory=pin)
+            except RuntimeError:  # pinned allocation refused: pageable still works, slower
+                self._staging = torch.empty((cap, self.dim), dtype=self.dtype)
+            if not self.simulated and self._staging_event is None:
+                self._staging_event = torch.cuda.Event()
+        return self._staging
+
+    def account(self, ids: Any) -> tuple[int, int]:
+        """Route ``ids`` and count them exactly as :meth:`gather` would, without moving rows.
+        Returns ``(gpu_rows, host_rows)``."""
+        ids_d = self._ids_on_device(ids)
+        n = int(ids_d.shape[0])
+        if self.num_hot == 0:
+            n_hot = 0
+        elif self.num_hot == self.num_rows:
+            n_hot = n
+        elif self.mode == "prefix":
+            n_hot = int((ids_d < self.num_hot).sum())
+        else:
+            n_hot = int((self._table[ids_d] >= 0).sum())
+        self._count(n_hot, n - n_hot)
+        return n_hot, n - n_hot
+
+    # ---------------------------------------------------------------------------------------------
+    # introspection and cleanup
+    @property
+    def hot_ids(self) -> torch.Tensor:
+        """``[num_hot]`` int64 global ids held in the GPU tier, in slot order (CPU)."""
+        return torch.from_numpy(self._hot_ids)
+
+    def is_hot(self, ids: Any) -> torch.Tensor:
+        """Bool mask: which of ``ids`` the GPU tier serves (on :attr:`device`)."""
+        ids_d = self._ids_on_device(ids)
+        if self.num_hot == 0:
+            return torch.zeros(ids_d.shape, dtype=torch.bool, device=ids_d.device)
+        if self.mode == "prefix":
+            return ids_d < self.num_hot
+        return self._table[ids_d] >= 0
+
+    def describe(self) -> dict[str, Any]:
+        """The store's configuration and tier sizes, JSON-friendly."""
+        return {
+            "mode": self.mode,
+            "num_rows": self.num_rows,
+            "row_bytes": self.row_bytes,
+            "requested_hot": self.requested_hot,
+            "num_hot": self.num_hot,
+            "hot_fraction": self.num_hot / self.num_rows if self.num_rows else 0.0,
+            "clamped_by_budget": self.clamped_by_budget,
+            "gpu_budget_bytes": self.gpu_budget_bytes,
+            "gpu_tier_bytes": self.gpu_tier_bytes,
+            "load_bytes": self.load_bytes,
+            "cold_mode": self.cold_mode,
+            "cold_mode_used": self.cold_mode_used,
+            "cold_mode_reason": self.cold_mode_reason,
+            "simulated": self.simulated,
+            "gpu": self.gpu_name,
+            "backing": self._src.kind,
+        }
+
+    def close(self) -> None:
+        """Release the pinned host memory and the GPU tier (the store is unusable afterwards)."""
+        self._cold_view = None
+        if self._pin_handle is not None and hasattr(self._pin_handle, "release"):
+            self._pin_handle.release()
+        self._pin_handle = None
+        self._hot = self._alloc_empty()
+        self._table = None
+        self._staging = None
+
+    def _alloc_empty(self) -> torch.Tensor:
+        return torch.empty((0, self.dim), dtype=self.dtype, device=self.device)
+
+    def __enter__(self) -> TieredFeatureStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"TieredFeatureStore(mode={self.mode}, hot={self.num_hot}/{self.num_rows}, "
+            f"dim={self.dim}, dtype={self.dtype}, gpu={self.gpu_name}, "
+            f"cold={self.cold_mode_used})"
+        )
+
+
+def _tier_bytes(num_hot: int, row_bytes: int, table_bytes: int) -> int:
+    """Bytes of a GPU tier with ``num_hot`` rows (the lookup table only exists when num_hot > 0)."""
+    return num_hot * row_bytes + (table_bytes if num_hot > 0 else 0)
+
+
+def _unique_in_order(ids: np.ndarray) -> np.ndarray:
+    """``ids`` without repeats, first occurrences kept in their order."""
+    _, first = np.unique(ids, return_index=True)
+    return ids[np.sort(first)]
+
+
+def _num_rows_of(backing: Any) -> int:
+    if isinstance(backing, FeatureStore):
+        return int(backing.num_rows)
+    if isinstance(backing, (np.ndarray, torch.Tensor)) and backing.ndim == 2:
+        return int(backing.shape[0])
+    return _Source(backing).num_rows
+
+
+def _pin_failure_message(e: BaseException, host: torch.Tensor) -> str:
+    """One line naming the size and the limits, whatever the pin function raised."""
+    if isinstance(e, uva.PinError):
+        return str(e).splitlines()[0]
+    first = (str(e).strip().splitlines() or [""])[0]
+    return (
+        f"cannot pin {uva.format_bytes(uva.nbytes_of(host))} of host memory for zero-copy reads "
+        f"({type(e).__name__}: {first}); limit: {uva.host_memory_limits(host)}"
+    )

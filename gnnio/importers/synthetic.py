@@ -1,0 +1,742 @@
+"""Synthetic power-law graphs with planted, learnable classes (``gnnio prepare synthetic``).
+
+The generator, in its own id space ("generation ids") and then relabelled at random:
+
+1. **Noisy R-MAT edges.** Each undirected pair picks one of four quadrants per level of a
+   ``2^s x 2^s`` adjacency matrix (``s = ceil(log2 N)``) with probabilities ``(a, b, c, d)``
+   (default ``0.57, 0.19, 0.19, 0.05``). As in noisy SKG (Seshadhri, Pinar & Kolda, 2013) each level
+   gets its own perturbation ``mu ~ U[-rmat_noise, rmat_noise]``:
+   ``a - 2 mu a/(a+d), b + mu, c + mu, d - 2 mu d/(a+d)``, which removes the comb-shaped degree
+   distribution of plain R-MAT. Pairs with an endpoint ``>= N`` are rejected.
+2. **Backbone.** Plain R-MAT leaves about half the nodes isolated at 2^21 nodes and 16 edges per
+   node (and with a one-pair backbone over half the nodes have degree 1). Every node ``v`` therefore
+   gets ``backbone_degree`` (default 2) pairs ``(v, w)`` whose other ends ``w`` are drawn from the
+   R-MAT endpoint distribution (preferential attachment: hubs stay hubs); R-MAT fills the rest.
+3. **Planted classes.** Labels are balanced (``N/C`` per class, at random). A share ``r`` of the
+   pairs of each batch is rewired: their second endpoints ("stubs") are permuted among them so that
+   each first endpoint gets a stub of its own class. A permutation of stubs keeps every node's
+   degree, so the power-law skew survives; ``r = (h - 1/C) / (1 - 1/C)`` gives an edge homophily of
+   about ``h`` (pairs left unmatched by class-count fluctuations keep their stub). Duplicates fall
+   mostly on same-class hub pairs, so the top-up rounds below adapt ``r`` and the final trim
+   restores ``h``.
+4. **Symmetrise, drop self-loops, deduplicate.** Rounds of new R-MAT pairs top up the losses until
+   there are at least ``round(h * P)`` same-class and ``P - round(h * P)`` cross-class unique pairs,
+   ``P = round(N * avg_degree / 2)``; random surplus pairs (between nodes of degree >= 3 first) are
+   then dropped, leaving exactly ``P`` pairs, i.e. ``E = 2P ~ N * avg_degree`` directed edges, with
+   edge homophily ``h``. Only graphs too dense to reach this by sampling (near-complete tiny graphs)
+   are left short.
+5. **Random relabelling** of node ids (a seeded permutation) so that ids carry no degree order.
+6. **Features** ``x_v = centroid[y_v] + feature_noise * z``, ``z ~ N(0, I_F)``. The ``C``
+   centroids are orthonormal directions times sqrt(2) (pairwise distance 2) when ``F >= C``, else
+   random directions of norm sqrt(2). Two classes are hence ``1 / feature_noise`` noise standard
+   deviations from their decision boundary; the default noise makes features alone clearly weaker
+   than features plus neighbours (see ``docs/notes/synthetic.md`` for measured accuracies).
+
+Everything is seeded: one :class:`numpy.random.SeedSequence` per seed spawns independent streams for
+the graph, features and splits, so the graph does not change with ``feat_dim`` or ``split``. All
+work is vectorised numpy over chunks; features are written chunk by chunk into the output memmap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UsageError
+from ..graph.csr import index_dtype
+from ..graph.format import DatasetWriter
+from ..utils.progress import bar
+
+__all__ = [
+    "HELP",
+    "DESCRIPTION",
+    "DEFAULT_RMAT",
+    "add_arguments",
+    "run",
+    "generate_graph",
+    "generate_features",
+    "prepare_synthetic",
+]
+
+HELP = "deterministic R-MAT power-law graph with planted, learnable classes"
+DESCRIPTION = (
+    "Generate a seeded power-law graph (noisy R-MAT plus a few backbone edges per node, "
+    "symmetrised, deduplicated, no self-loops, node ids randomly permuted) with balanced classes "
+    "planted as homophilous communities, features = class centroid + Gaussian noise, and random "
+    "train/valid/test splits. Same arguments and seed give identical files."
+)
+
+#: R-MAT quadrant probabilities (a, b, c, d) of the Graph500 / Chakrabarti et al. setting
+DEFAULT_RMAT = (0.57, 0.19, 0.19, 0.05)
+DEFAULT_NUM_NODES = 1 << 20
+DEFAULT_HOMOPHILY = 0.75
+DEFAULT_FEATURE_NOISE = 1.0
+DEFAULT_RMAT_NOISE = 0.1
+DEFAULT_BACKBONE_DEGREE = 2
+DEFAULT_SPLIT = (0.10, 0.05, 0.10)
+
+_CHUNK_PAIRS = 1 << 22  # R-MAT pairs generated per vectorised step
+_FEATURE_ROWS = 1 << 16  # feature rows written per step
+_MAX_ROUNDS = 40
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _check_args(
+    num_nodes,
+    avg_degree,
+    feat_dim,
+    num_classes,
+    seed,
+    split,
+    homophily,
+    feature_noise,
+    rmat,
+    rmat_noise,
+    backbone_degree,
+) -> None:
+    def is_int(x) -> bool:
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if not is_int(num_nodes) or not 2 <= num_nodes < 2**31:
+        raise UsageError(f"--num-nodes must be an integer in [2, 2^31), got {num_nodes!r}")
+    if not is_int(num_classes) or not 2 <= num_classes <= num_nodes:
+        raise UsageError(
+            f"--num-classes must be an integer in [2, num_nodes={num_nodes}], got {num_classes!r}"
+        )
+    if not is_int(seed) or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
+    if feat_dim is not None and (not is_int(feat_dim) or feat_dim < 1):
+        raise UsageError(f"--feat-dim must be a positive integer, got {feat_dim!r}")
+    try:
+        avg = float(avg_degree)
+    except (TypeError, ValueError):
+        avg = float("nan")
+    if not (0 < avg <= num_nodes - 1):
+        raise UsageError(
+            f"--avg-degree must be in (0, num_nodes-1 = {num_nodes - 1}], got {avg_degree!r}"
+        )
+    if not (0.0 <= float(homophily) <= 1.0):
+        raise UsageError(f"--homophily must be in [0, 1], got {homophily!r}")
+    if feature_noise is not None and not (0.0 <= float(feature_noise) < float("inf")):
+        raise UsageError(f"--feature-noise must be a finite number >= 0, got {feature_noise!r}")
+    if split is not None:
+        if len(split) != 3 or any(not (0.0 <= float(s) <= 1.0) for s in split):
+            raise UsageError(f"--split needs three fractions in [0, 1], got {list(split)}")
+        if sum(float(s) for s in split) > 1.0 + 1e-9:
+            raise UsageError(f"--split fractions must sum to at most 1, got {list(split)}")
+    if len(rmat) != 4 or any(not (float(p) > 0) for p in rmat) or abs(sum(rmat) - 1) > 1e-6:
+        raise UsageError(f"rmat must be four positive probabilities summing to 1, got {rmat!r}")
+    a, b, c, d = (float(p) for p in rmat)
+    if not is_int(backbone_degree) or backbone_degree < 0:
+        raise UsageError(
+            f"--backbone-degree must be a non-negative integer, got {backbone_degree!r}"
+        )
+    lim = min(b, c, (a + d) / 2)
+    if not (0.0 <= float(rmat_noise) <= lim):
+        raise UsageError(
+            f"rmat_noise must be in [0, {lim:g}] for rmat={rmat!r}, got {rmat_noise!r}"
+        )
+
+
+# --------------------------------------------------------------------------- graph generation
+
+
+def _level_probs(rng: np.random.Generator, scale: int, rmat, noise: float) -> np.ndarray:
+    """Per-level quadrant probabilities ``[scale, 4]`` (noisy SKG perturbation, sums kept at 1)."""
+    a, b, c, d = (float(p) for p in rmat)
+    mu = rng.uniform(-noise, noise, size=scale) if noise > 0 else np.zeros(scale)
+    probs = np.stack([a - 2 * mu * a / (a + d), b + mu, c + mu, d - 2 * mu * d / (a + d)], axis=1)
+    return probs / probs.sum(axis=1, keepdims=True)
+
+
+def _rmat_pairs(
+    rng: np.random.Generator, m: int, probs: np.ndarray, dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """``m`` R-MAT pairs ``(u, v)`` in ``[0, 2^scale)`` (generation ids), one uniform per level."""
+    u = np.zeros(m, dtype=dtype)
+    v = np.zeros(m, dtype=dtype)
+    for a, b, c, _ in probs:
+        r = rng.random(m, dtype=np.float32)
+        t1 = r >= np.float32(a)
+        t2 = r >= np.float32(a + b)
+        t3 = r >= np.float32(a + b + c)
+        # quadrants (u bit, v bit): [0,a) -> 00, [a,a+b) -> 01, [a+b,a+b+c) -> 10, rest -> 11
+        u <<= 1
+        u |= t2
+        v <<= 1
+        t1 ^= t2
+        t1 ^= t3
+        v |= t1
+    return u, v
+
+
+def _rmat_endpoints(
+    rng: np.random.Generator, m: int, n: int, probs: np.ndarray, dtype
+) -> np.ndarray:
+    """``m`` draws from the R-MAT marginal of the second endpoint, restricted to ``[0, n)``."""
+    p1 = (probs[:, 1] + probs[:, 3]).astype(np.float32)  # P(v bit = 1) per level
+    out: list[np.ndarray] = [np.empty(0, dtype=dtype)]
+    have = 0
+    while have < m:
+        k = max(1024, int((m - have) * 1.3))
+        v = np.zeros(k, dtype=dtype)
+        for p in p1:
+            v <<= 1
+            v |= rng.random(k, dtype=np.float32) < p
+        v = v[v < n]
+        out.append(v)
+        have += v.size
+    return np.concatenate(out)[:m]
+
+
+def _rewire(
+    rng: np.random.Generator,
+    u: np.ndarray,
+    v: np.ndarray,
+    cls: np.ndarray,
+    num_classes: int,
+    share: float,
+) -> None:
+    """Give a random ``share`` of the pairs a same-class second endpoint, in place on ``v``.
+
+    The second endpoints ("stubs") of the chosen pairs are permuted among them, matched by class:
+    within class ``c`` the k-th chosen pair whose first endpoint is in ``c`` takes the k-th chosen
+    stub in ``c``. Pairs are i.i.d., so this matching is random; node degrees are unchanged.
+    """
+    if share <= 0 or u.size == 0:
+        return
+    sel = np.flatnonzero(rng.random(u.size, dtype=np.float32) < np.float32(share))
+    if sel.size == 0:
+        return
+    cu = cls[u[sel]]
+    stubs = v[sel]
+    cv = cls[stubs]
+    ou = np.argsort(cu, kind="stable")
+    ov = np.argsort(cv, kind="stable")
+    nu = np.bincount(cu, minlength=num_classes)
+    nv = np.bincount(cv, minlength=num_classes)
+    su = np.cumsum(nu) - nu
+    sv = np.cumsum(nv) - nv
+    cu_sorted = cu[ou]
+    rank = np.arange(sel.size) - su[cu_sorted]
+    ok = rank < nv[cu_sorted]
+    v[sel[ou[ok]]] = stubs[ov[sv[cu_sorted[ok]] + rank[ok]]]
+
+
+def _pair_keys(u: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
+    """Canonical int64 keys ``min * n + max`` of the pairs without self-loops, sorted and unique."""
+    keep = u != v
+    u, v = u[keep], v[keep]
+    lo = np.minimum(u, v).astype(np.int64)
+    hi = np.maximum(u, v).astype(np.int64)
+    del u, v, keep
+    lo *= n
+    lo += hi
+    del hi
+    lo.sort()
+    return _unique_sorted(lo)
+
+
+def _unique_sorted(keys: np.ndarray) -> np.ndarray:
+    if keys.size < 2:
+        return keys
+    mask = np.empty(keys.size, dtype=np.bool_)
+    mask[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=mask[1:])
+    return keys[mask]
+
+
+def _merge_new(keys: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of two sorted unique key arrays (linear merge via ``np.insert``) and the keys of
+    ``new`` that were not in ``keys``."""
+    if keys.size == 0:
+        return new, new
+    pos = np.searchsorted(keys, new)
+    fresh = keys[np.minimum(pos, keys.size - 1)] != new
+    new = new[fresh]
+    return np.insert(keys, pos[fresh], new), new
+
+
+def _share_for(fraction_same: float, c: int) -> float:
+    """Rewiring share that makes about ``fraction_same`` of new pairs same-class."""
+    return min(1.0, max(0.0, (fraction_same - 1.0 / c) / (1.0 - 1.0 / c)))
+
+
+def _generate(
+    num_nodes: int,
+    avg_degree: float,
+    num_classes: int,
+    seed: int,
+    homophily: float,
+    rmat,
+    rmat_noise: float,
+    backbone_degree: int,
+    progress: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    n, c, h = int(num_nodes), int(num_classes), float(homophily)
+    graph_ss, _, _ = np.random.SeedSequence(seed).spawn(3)
+    rng = np.random.default_rng(graph_ss)
+    scale = max(1, math.ceil(math.log2(n)))
+    gen_dtype = np.int32 if scale < 31 else np.int64
+    probs = _level_probs(rng, scale, rmat, rmat_noise)
+    # balanced classes in generation ids (int16 when possible: radix argsort in _rewire)
+    cls = rng.permutation(np.arange(n, dtype=np.int64) % c)
+    cls = cls.astype(np.int16 if c <= np.iinfo(np.int16).max else np.int64)
+
+    target = int(round(n * float(avg_degree) / 2))  # undirected pairs
+    want_same = int(round(h * target))
+    want_cross = target - want_same
+    keys = np.empty(0, dtype=np.int64)
+    same = 0
+    generated = 0
+    rounds = 0
+    pb = bar(total=target, desc="synthetic: edges", unit="pair", enabled=progress)
+    try:
+        # round 0: the backbone, backbone_degree pairs (v, w) per node v (fewer when the graph is
+        # sparser than that), w drawn from the R-MAT endpoint distribution
+        nb = min(n * backbone_degree, target)
+        first = np.tile(np.arange(n, dtype=gen_dtype), backbone_degree)
+        if nb < first.size:
+            first = np.sort(rng.choice(first, nb, replace=False))
+        stubs = _rmat_endpoints(rng, nb, n, probs, gen_dtype)
+        _rewire(rng, first, stubs, cls, c, _share_for(h, c))
+        keys = _pair_keys(first, stubs, n)
+        del first, stubs
+        same = _count_same(keys, cls, n)
+        pb.update(keys.size)
+        share = _share_for(h, c)
+        want = 64 + int(math.ceil(max(0, target - keys.size) * 1.06))
+        # top-up rounds until there are enough same-class and cross-class pairs for the target
+        while (same < want_same or keys.size - same < want_cross) and rounds < _MAX_ROUNDS:
+            rounds += 1
+            before, same_before = keys.size, same
+            drawn = 0
+            parts = []
+            for s in range(0, want, _CHUNK_PAIRS):
+                m = min(_CHUNK_PAIRS, want - s)
+                u, v = _rmat_pairs(rng, m, probs, gen_dtype)
+                ok = (u < n) & (v < n)
+                u, v = u[ok], v[ok]
+                _rewire(rng, u, v, cls, c, share)
+                parts.append(_pair_keys(u, v, n))
+                drawn += m
+                del u, v, ok
+            generated += drawn
+            new = np.concatenate(parts) if len(parts) != 1 else parts[0]
+            del parts
+            if drawn > _CHUNK_PAIRS:  # several chunks: sort and deduplicate their union
+                new.sort()
+                new = _unique_sorted(new)
+            keys, new = _merge_new(keys, new)
+            same += _count_same(new, cls, n)
+            del new
+            pb.update(min(keys.size, target) - min(before, target))
+            gained = keys.size - before
+            if gained == 0:
+                break  # saturated (near-complete tiny graph)
+            # next round: the missing pairs of each kind, scaled by this round's yield
+            need_same = max(0, want_same - same)
+            need_cross = max(0, want_cross - (keys.size - same))
+            need = need_same + need_cross
+            if need == 0:
+                break
+            share = _share_for(need_same / need, c)
+            y_same = (same - same_before) / drawn
+            y_cross = (gained - (same - same_before)) / drawn
+            want = 16 + int(
+                math.ceil(
+                    1.05 * max(need_same / max(y_same, 1e-3), need_cross / max(y_cross, 1e-3))
+                    if rounds < 3
+                    else 1.05 * need / (gained / drawn)
+                )
+            )
+            want = min(want, 64 * need + 1024)
+    finally:
+        pb.close()
+
+    keys, trimmed = _trim(rng, keys, cls, n, target, want_same)
+
+    # random relabelling: generation id g becomes perm[g]
+    perm = rng.permutation(n)
+    labels = np.empty(n, dtype=np.int64)
+    labels[perm] = cls
+    lo, hi = np.divmod(keys, n)
+    del keys
+    same = int(np.count_nonzero(cls[lo] == cls[hi]))
+    pairs = int(lo.size)
+    lo = perm[lo]
+    hi = perm[hi]
+    del perm, cls
+    indptr, indices = _symmetric_csr(lo, hi, n, progress)
+    info = {
+        "pairs": pairs,
+        "target_pairs": target,
+        "backbone_pairs": int(nb),
+        "rmat_pairs_drawn": int(generated),
+        "rounds": rounds,
+        "trimmed_pairs": int(trimmed),
+        "homophily_measured": same / pairs if pairs else 0.0,
+        "scale": scale,
+        "level_probs": np.round(probs, 6).tolist(),
+    }
+    return indptr, indices, labels, info
+
+
+def _count_same(keys: np.ndarray, cls: np.ndarray, n: int) -> int:
+    """Number of pairs (keys ``lo * n + hi``) whose endpoints share a class."""
+    total = 0
+    for s in range(0, keys.size, _CHUNK_PAIRS):
+        lo, hi = np.divmod(keys[s : s + _CHUNK_PAIRS], n)
+        total += int(np.count_nonzero(cls[lo] == cls[hi]))
+    return total
+
+
+def _trim(
+    rng: np.random.Generator, keys: np.ndarray, cls: np.ndarray, n: int, target: int, want_same: int
+) -> tuple[np.ndarray, int]:
+    """Drop surplus pairs at random so that ``target`` pairs remain, about ``want_same`` of them
+    same-class. One pair per node is protected (no node loses its last edge) and pairs whose
+    endpoints both have degree >= 3 go first."""
+    if keys.size <= target:
+        return keys, 0
+    lo, hi = np.divmod(keys, n)  # keys are sorted, so lo is sorted
+    deg = np.bincount(lo, minlength=n) + np.bincount(hi, minlength=n)
+    tier = np.where((deg[lo] >= 3) & (deg[hi] >= 3), 0, 1).astype(np.int8)
+    first_lo = np.flatnonzero(np.r_[True, lo[1:] != lo[:-1]])  # first pair of each lo value
+    last_hi = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(last_hi, hi, np.arange(hi.size, dtype=np.int64))  # last pair of each hi value
+    has_lo = np.zeros(n, dtype=np.bool_)
+    has_lo[lo[first_lo]] = True
+    tier[first_lo] = 2
+    only_hi = last_hi[(last_hi >= 0) & ~has_lo]
+    tier[only_hi] = 2
+    is_same = cls[lo] == cls[hi]
+    del lo, hi, deg, last_hi, has_lo, first_lo, only_hi
+    n_same = int(np.count_nonzero(is_same))
+    surplus = keys.size - target
+    drop_same = min(max(0, n_same - want_same), surplus)
+    drop_same = max(drop_same, surplus - (keys.size - n_same))  # when short of cross pairs
+    drops = []
+    for kind, k in ((is_same, drop_same), (~is_same, surplus - drop_same)):
+        for t in range(3):
+            if k == 0:
+                break
+            pool = np.flatnonzero(kind & (tier == t))
+            take = min(k, pool.size)
+            drops.append(rng.choice(pool, size=take, replace=False) if take < pool.size else pool)
+            k -= take
+    return np.delete(keys, np.concatenate(drops)), surplus
+
+
+def _symmetric_csr(
+    lo: np.ndarray, hi: np.ndarray, n: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of in-neighbours holding both directions of every pair, neighbour lists sorted.
+
+    Consumes ``lo``/``hi`` (int64 node ids of unique pairs, ``lo != hi``).
+    """
+    pb = bar(total=3, desc="synthetic: csr", unit="step", enabled=progress)
+    try:
+        e = 2 * lo.size
+        key = np.empty(e, dtype=np.int64)  # dst * n + src for both directions
+        np.multiply(hi, n, out=key[: lo.size])
+        key[: lo.size] += lo
+        np.multiply(lo, n, out=key[lo.size :])
+        key[lo.size :] += hi
+        del lo, hi
+        pb.update()
+        key.sort()
+        pb.update()
+        indptr = np.searchsorted(key, np.arange(n + 1, dtype=np.int64) * n).astype(np.int64)
+        indices = np.empty(e, dtype=index_dtype(n))
+        step = 1 << 24
+        for s in range(0, e, step):
+            np.remainder(key[s : s + step], n, out=key[s : s + step])
+            indices[s : s + step] = key[s : s + step]
+        del key
+        pb.update()
+    finally:
+        pb.close()
+    return indptr, indices
+
+
+def generate_graph(
+    num_nodes: int,
+    avg_degree: float = 16,
+    num_classes: int = 16,
+    seed: int = 0,
+    homophily: float = DEFAULT_HOMOPHILY,
+    rmat: tuple[float, float, float, float] = DEFAULT_RMAT,
+    rmat_noise: float = DEFAULT_RMAT_NOISE,
+    backbone_degree: int = DEFAULT_BACKBONE_DEGREE,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The seeded synthetic graph and its labels (see the module docstring for the model).
+
+    Args:
+        num_nodes: ``N >= 2``.
+        avg_degree: target directed edges per node after symmetrisation: the graph gets
+            ``round(N * avg_degree / 2)`` unique undirected pairs, ``E = 2 * pairs`` directed edges.
+        num_classes: ``C`` balanced classes.
+        seed: non-negative integer; same arguments and seed give identical arrays.
+        homophily: target share of edges whose two endpoints share a class (values below ``1/C``
+            give the random baseline ``1/C``).
+        rmat: quadrant probabilities ``(a, b, c, d)``.
+        rmat_noise: half-width of the per-level noise on the quadrant probabilities.
+        backbone_degree: pairs per node drawn before the R-MAT pairs (0 = plain noisy R-MAT).
+
+    Returns:
+        ``(indptr int64 [N+1], indices int32 [E], labels int64 [N])``: a symmetric CSR of
+        in-neighbours (neighbour lists sorted, no duplicates, no self-loops) over the final
+        (randomly permuted) node ids, and each node's class in ``[0, C)``.
+    """
+    _check_args(
+        num_nodes,
+        avg_degree,
+        None,
+        num_classes,
+        seed,
+        None,
+        homophily,
+        None,
+        rmat,
+        rmat_noise,
+        backbone_degree,
+    )
+    indptr, indices, labels, _ = _generate(
+        num_nodes,
+        avg_degree,
+        num_classes,
+        seed,
+        homophily,
+        rmat,
+        rmat_noise,
+        backbone_degree,
+        progress,
+    )
+    return indptr, indices, labels
+
+
+# --------------------------------------------------------------------------- features and splits
+
+
+def _centroids(rng: np.random.Generator, num_classes: int, feat_dim: int) -> np.ndarray:
+    """``[C, F]`` float64 class centroids with pairwise distance 2 (exactly when ``F >= C``)."""
+    g = rng.standard_normal((feat_dim, num_classes))
+    if feat_dim >= num_classes:
+        q, r = np.linalg.qr(g)
+        q *= np.sign(np.diag(r))  # unique orthonormal basis for the given draw
+        return math.sqrt(2.0) * q.T
+    g /= np.linalg.norm(g, axis=0, keepdims=True)
+    return math.sqrt(2.0) * g.T
+
+
+def generate_features(
+    labels: np.ndarray,
+    feat_dim: int,
+    seed: int = 0,
+    feature_noise: float = DEFAULT_FEATURE_NOISE,
+    out: np.ndarray | None = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """Features ``centroid[label] + feature_noise * N(0, I)`` as float32 ``[N, feat_dim]``.
+
+    Written in chunks of rows into ``out`` when given (e.g. a writable memmap), else into a new
+    array. ``labels`` are the node classes (int, ``[N]``, in ``[0, C)``); ``C = labels.max() + 1``.
+    The stream depends only on ``seed`` (not on the graph), and rows are generated in a fixed chunk
+    size, so the result is identical for the same ``(labels, feat_dim, seed, feature_noise)``.
+    """
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    c = int(labels.max()) + 1 if n else 1
+    if out is None:
+        out = np.empty((n, feat_dim), dtype=np.float32)
+    elif out.shape != (n, feat_dim) or out.dtype != np.float32:
+        raise ValueError(f"out must be float32 [{n}, {feat_dim}], got {out.dtype} {out.shape}")
+    _, feat_ss, _ = np.random.SeedSequence(seed).spawn(3)
+    rng = np.random.default_rng(feat_ss)
+    cent = _centroids(rng, c, feat_dim).astype(np.float32)
+    noise = np.float32(feature_noise)
+    buf = np.empty((min(_FEATURE_ROWS, max(n, 1)), feat_dim), dtype=np.float32)
+    with bar(total=n, desc="synthetic: features", unit="row", enabled=progress) as pb:
+        for s in range(0, n, _FEATURE_ROWS):
+            k = min(_FEATURE_ROWS, n - s)
+            blk = buf[:k]
+            rng.standard_normal(dtype=np.float32, out=blk)
+            blk *= noise
+            blk += cent[labels[s : s + k]]
+            out[s : s + k] = blk
+            pb.update(k)
+    return out
+
+
+def _splits(n: int, split, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    _, _, split_ss = np.random.SeedSequence(seed).spawn(3)
+    perm = np.random.default_rng(split_ss).permutation(n)
+    sizes = [int(round(float(f) * n)) for f in split]
+    if sum(sizes) > n:  # rounding at tiny n
+        sizes[0] -= sum(sizes) - n
+    a, b = sizes[0], sizes[0] + sizes[1]
+    return (
+        np.sort(perm[:a]).astype(np.int64),
+        np.sort(perm[a:b]).astype(np.int64),
+        np.sort(perm[b : b + sizes[2]]).astype(np.int64),
+    )
+
+
+# --------------------------------------------------------------------------- dataset writer
+
+
+def prepare_synthetic(
+    out: str | os.PathLike,
+    num_nodes: int = DEFAULT_NUM_NODES,
+    avg_degree: float = 16,
+    feat_dim: int = 128,
+    num_classes: int = 16,
+    seed: int = 0,
+    split: tuple[float, float, float] = DEFAULT_SPLIT,
+    homophily: float = DEFAULT_HOMOPHILY,
+    feature_noise: float = DEFAULT_FEATURE_NOISE,
+    overwrite: bool = False,
+    progress: bool = True,
+    rmat: tuple[float, float, float, float] = DEFAULT_RMAT,
+    rmat_noise: float = DEFAULT_RMAT_NOISE,
+    backbone_degree: int = DEFAULT_BACKBONE_DEGREE,
+) -> Path:
+    """Generate the synthetic dataset and write it atomically to ``out``; returns ``out``.
+
+    Graph and labels as in :func:`generate_graph`, features as in :func:`generate_features`
+    (float32 ``[N, feat_dim]``), splits: disjoint random node sets of ``round(f * N)`` nodes for
+    ``split = (train, valid, test)`` fractions (sorted ids). Every node is labelled.
+    ``meta.json`` records the arguments under ``source`` and measured figures under ``generator``
+    (e.g. the achieved homophily).
+    """
+    split = tuple(split)
+    _check_args(
+        num_nodes,
+        avg_degree,
+        feat_dim,
+        num_classes,
+        seed,
+        split,
+        homophily,
+        feature_noise,
+        tuple(rmat),
+        rmat_noise,
+        backbone_degree,
+    )
+    out = Path(out)
+    with DatasetWriter(out, name="synthetic", overwrite=overwrite) as w:
+        indptr, indices, labels, info = _generate(
+            num_nodes,
+            avg_degree,
+            num_classes,
+            seed,
+            homophily,
+            rmat,
+            rmat_noise,
+            backbone_degree,
+            progress,
+        )
+        w.save_array("indptr", indptr)
+        w.save_array("indices", indices)
+        del indptr, indices
+        w.save_array("labels", labels)
+        feats = w.create_array("features", (int(num_nodes), int(feat_dim)), np.float32)
+        generate_features(labels, int(feat_dim), seed, feature_noise, out=feats, progress=progress)
+        del feats
+        tr, va, te = _splits(int(num_nodes), split, seed)
+        w.save_array("train_idx", tr)
+        w.save_array("valid_idx", va)
+        w.save_array("test_idx", te)
+        w.meta["num_classes"] = int(num_classes)
+        w.meta["source"] = {
+            "importer": "synthetic",
+            "num_nodes": int(num_nodes),
+            "avg_degree": float(avg_degree),
+            "feat_dim": int(feat_dim),
+            "num_classes": int(num_classes),
+            "seed": int(seed),
+            "split": [float(s) for s in split],
+            "homophily": float(homophily),
+            "feature_noise": float(feature_noise),
+            "rmat": [float(p) for p in rmat],
+            "rmat_noise": float(rmat_noise),
+            "backbone_degree": int(backbone_degree),
+        }
+        w.meta["generator"] = info
+    return out
+
+
+# --------------------------------------------------------------------------- CLI glue
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--num-nodes", type=int, default=DEFAULT_NUM_NODES, metavar="N", help="number of nodes"
+    )
+    parser.add_argument(
+        "--avg-degree",
+        type=float,
+        default=16,
+        metavar="D",
+        help="directed edges per node after symmetrisation (E = N*D, exact up to rounding)",
+    )
+    parser.add_argument("--feat-dim", type=int, default=128, metavar="F", help="feature length")
+    parser.add_argument(
+        "--num-classes", type=int, default=16, metavar="C", help="number of balanced classes"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
+    parser.add_argument(
+        "--homophily",
+        type=float,
+        default=DEFAULT_HOMOPHILY,
+        metavar="H",
+        help="target share of edges whose endpoints share a class",
+    )
+    parser.add_argument(
+        "--feature-noise",
+        type=float,
+        default=DEFAULT_FEATURE_NOISE,
+        metavar="S",
+        help="std of the Gaussian feature noise; two class centroids are 1/S noise stds from their "
+        "decision boundary",
+    )
+    parser.add_argument(
+        "--backbone-degree",
+        type=int,
+        default=DEFAULT_BACKBONE_DEGREE,
+        metavar="K",
+        help="pairs per node added before the R-MAT edges (min degree about K, no isolated nodes)",
+    )
+    parser.add_argument(
+        "--split",
+        type=float,
+        nargs=3,
+        default=list(DEFAULT_SPLIT),
+        metavar=("TRAIN", "VALID", "TEST"),
+        help="fractions of the nodes in the train/valid/test splits",
+    )
+
+
+def run(args) -> Path:
+    return prepare_synthetic(
+        args.out,
+        num_nodes=args.num_nodes,
+        avg_degree=args.avg_degree,
+        feat_dim=args.feat_dim,
+        num_classes=args.num_classes,
+        seed=args.seed,
+        split=tuple(args.split),
+        homophily=args.homophily,
+        feature_noise=args.feature_noise,
+        backbone_degree=args.backbone_degree,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )

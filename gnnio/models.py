@@ -1,0 +1,388 @@
+"""GNN models over sampled mini-batch blocks: GraphSAGE (mean), GCN, GAT, GIN.
+
+Every model is a stack of PyG layers applied block by block (see :mod:`gnnio.sampling.base` for the
+id spaces). For layer ``l`` with block ``b`` the layer reads the source rows ``x[:b.num_src]`` and
+writes the destination rows; destination nodes are a prefix of the source nodes, so
+``x_dst = x[:b.num_dst]`` and the output of layer ``l`` is the input of layer ``l + 1``::
+
+    x = batch.x                                    # [S, F], rows = batch.input_nodes
+    for layer, b in zip(model.layers, batch.blocks):
+        x = layer(x[:b.num_src], b)                # [b.num_dst, hidden]
+    # x: [len(batch.seeds), num_classes] logits
+
+How each layer handles the bipartite block and per-edge weights ``b.edge_weight``:
+
+* **SAGE** — PyG ``SAGEConv(aggr="mean")``'s weights and update,
+  ``h_i = W_l · mean_{j in N(i)} x_j + W_r · x_i``, with the aggregation done by :func:`aggregate`
+  (one sparse ``[num_dst, num_src]`` by dense product, so no ``[E, in_dim]`` message buffer; equal
+  to ``SAGEConv.forward((x_src, x_dst), edge_index, size=(num_src, num_dst))``, which the tests
+  check). SAGEConv takes no edge weights; with weights two forms exist (``edge_weight_norm``):
+  ``"mean"`` (default) ``sum_j w_j x_j / sum_j w_j``, the self-normalised (Hajek) form of Song &
+  Jiang's Eq. 1 estimator — it needs only ``w_j = 1/q_j`` and no global degree, and equals the
+  plain mean when all weights are equal; ``"sum"`` ``sum_j w_j x_j``, the exact Horvitz-Thompson
+  form of Eq. 1, for samplers whose weights already hold ``1/(deg(i) q_j)``.
+* **GCN** — ``GCNConv`` has no bipartite mode and its symmetric normalisation needs each source's
+  *true* degree, which a sampled block does not carry. gnnio uses the random-walk ("GCN
+  aggregator" of Hamilton et al.) normalisation ``h_i = W · (x_i + sum_j w_j x_j) / (1 + sum_j
+  w_j)`` (``w = 1`` without weights), i.e. ``D~^-1 (A + I) X W`` with full neighbourhoods: a
+  ``GCNConv(normalize=False)`` is run on the source set with one self-loop per destination node and
+  these precomputed edge weights, and its output sliced to ``[:num_dst]``.
+* **GAT** — ``GATConv`` on ``(x_src, x_dst)`` with ``size=(num_src, num_dst)``; PyG then adds
+  self-loops only for ``i < min(size) = num_dst``, which are the right nodes because destination
+  local ids equal source local ids (prefix rule). With weights the attention becomes
+  ``softmax_j(e_ij + log w_j)`` = ``w_j exp(e_ij) / sum_k w_k exp(e_ik)`` (importance-weighted,
+  self-normalised); a self-loop gets the mean weight of its node's in-edges.
+* **GIN** — PyG ``GINConv``'s MLP and learnable ``eps``: ``h_i = MLP((1 + eps) x_i + sum_j w_j
+  x_j)``, the sum again by :func:`aggregate`; with ``w = 1/q_j`` the weighted sum is the unbiased
+  (Horvitz-Thompson) estimate of the full neighbour sum.
+
+Dropout is applied to the input of every layer (features included), ReLU between layers.
+:meth:`BlockGNN.inference` runs the same layers layer by layer over all nodes with all neighbours
+(exact evaluation, no sampling).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+from torch_geometric.utils import softmax
+
+from .errors import UsageError
+from .features.base import FeatureStore
+from .graph.csr import CSRGraph
+from .sampling.base import Block
+from .utils.progress import bar
+
+__all__ = [
+    "MODELS",
+    "BlockGNN",
+    "GATLayer",
+    "GCNLayer",
+    "GINLayer",
+    "SAGELayer",
+    "aggregate",
+    "build_model",
+    "count_parameters",
+    "full_neighbor_block",
+]
+
+MODELS = ("sage", "gcn", "gat", "gin")
+FEATURE_NORMS = ("none", "row")
+EDGE_WEIGHT_NORMS = ("mean", "sum")
+
+
+def _scatter_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """``out[i] = sum of values[e] with index[e] == i`` for ``i < n`` (values ``[E]`` or ``[E, F]``)."""
+    out = values.new_zeros((n, *values.shape[1:]))
+    return out.index_add_(0, index, values)
+
+
+def aggregate(x: torch.Tensor, block: Block, reduce: str) -> torch.Tensor:
+    """Neighbour aggregation of a block as one sparse-dense product ``A @ x[:num_src]``.
+
+    ``A`` is ``[num_dst, num_src]`` (row = destination) with, per edge ``j -> i`` of weight ``w_j``
+    (1 without ``block.edge_weight``): ``reduce="sum"`` ``A_ij = w_j``; ``reduce="mean"``
+    ``A_ij = w_j / sum_k w_k`` over the in-edges of ``i`` (the plain mean without weights).
+    Destinations without in-edges get 0. Returns ``[num_dst, F]``; differentiable in ``x``.
+    """
+    ns, nd = block.num_src, block.num_dst
+    src, dst = block.edge_index[0], block.edge_index[1]
+    w = block.edge_weight
+    w = x.new_ones(src.shape[0]) if w is None else w.to(device=x.device, dtype=x.dtype)
+    if reduce == "mean":
+        w = w / _scatter_sum(w, dst, nd).clamp_min(1e-30)[dst]
+    elif reduce != "sum":
+        raise ValueError(f"aggregate: reduce must be 'mean' or 'sum', got {reduce!r}")
+    if src.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+        order = torch.argsort(dst, stable=True)
+        src, dst, w = src[order], dst[order], w[order]
+    crow = torch.zeros(nd + 1, dtype=torch.int64, device=x.device)
+    torch.cumsum(torch.bincount(dst, minlength=nd), 0, out=crow[1:])
+    with warnings.catch_warnings():  # "sparse CSR support is in beta" is not for our users
+        warnings.simplefilter("ignore", UserWarning)
+        adj = torch.sparse_csr_tensor(crow, src.to(torch.int64), w, (nd, ns))
+    return torch.sparse.mm(adj, x[:ns])
+
+
+class SAGELayer(nn.Module):
+    """GraphSAGE-mean over one block (see module docstring for the weighted form).
+
+    Parameters and update are PyG's ``SAGEConv(aggr="mean")`` (``lin_l``, ``lin_r``); the neighbour
+    aggregation is a sparse-matrix product (:func:`aggregate`) rather than PyG's gather-scatter, so no
+    ``[E, in_dim]`` message tensor is materialised (it is the largest buffer of a batch with wide
+    features). Tests check it equals ``SAGEConv.forward`` on the same block.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, edge_weight_norm: str = "mean"):
+        super().__init__()
+        self.conv = SAGEConv(in_dim, out_dim, aggr="mean")
+        self.edge_weight_norm = edge_weight_norm
+
+    def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
+        agg = aggregate(x, block, "mean" if block.edge_weight is None else self.edge_weight_norm)
+        return self.conv.lin_l(agg) + self.conv.lin_r(x[: block.num_dst])
+
+
+class GCNLayer(nn.Module):
+    """GCN with random-walk normalisation over one block (see module docstring)."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.conv = GCNConv(in_dim, out_dim, normalize=False, add_self_loops=False)
+
+    def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
+        ns, nd = block.num_src, block.num_dst
+        loops = torch.arange(nd, device=block.edge_index.device, dtype=block.edge_index.dtype)
+        edge_index = torch.cat([block.edge_index, torch.stack([loops, loops])], dim=1)
+        w = block.edge_weight
+        w = x.new_ones(block.num_edges) if w is None else w.to(x.dtype)
+        w = torch.cat([w, x.new_ones(nd)])
+        w = w / _scatter_sum(w, edge_index[1], nd)[edge_index[1]]
+        return self.conv(x[:ns], edge_index, w)[:nd]
+
+
+class _WeightedGATConv(GATConv):
+    """GATConv whose ``edge_attr`` (when the layer has no ``edge_dim``) is a ``[E]`` weight vector
+    multiplying the unnormalised attention: ``alpha_ij = softmax_j(leaky_relu(e_ij) + log w_j)``."""
+
+    def edge_update(self, alpha_j, alpha_i, edge_attr, index, ptr, dim_size):
+        if edge_attr is None or self.lin_edge is not None:
+            return super().edge_update(alpha_j, alpha_i, edge_attr, index, ptr, dim_size)
+        alpha = alpha_j if alpha_i is None else alpha_j + alpha_i
+        alpha = F.leaky_relu(alpha, self.negative_slope)
+        alpha = alpha + torch.log(edge_attr.clamp_min(1e-30)).view(-1, 1)
+        alpha = softmax(alpha, index, ptr, dim_size)
+        return F.dropout(alpha, p=self.dropout, training=self.training)
+
+
+class GATLayer(nn.Module):
+    """GAT over one block; ``heads`` attention heads, concatenated (inner) or averaged (last)."""
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int, concat: bool, attn_dropout: float):
+        super().__init__()
+        per_head = out_dim // heads if concat else out_dim
+        self.conv = _WeightedGATConv(
+            in_dim, per_head, heads=heads, concat=concat, dropout=attn_dropout, add_self_loops=True
+        )
+
+    def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
+        ns, nd = block.num_src, block.num_dst
+        w = block.edge_weight
+        w = None if w is None else w.to(x.dtype)
+        return self.conv((x, x[:nd]), block.edge_index, edge_attr=w, size=(ns, nd))
+
+
+class GINLayer(nn.Module):
+    """GIN (learnable eps, 2-layer MLP) over one block: PyG ``GINConv``'s parameters and update,
+    with the (weighted) neighbour sum computed by :func:`aggregate` (no ``[E, in_dim]`` buffer)."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: int):
+        super().__init__()
+        mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
+        self.conv = GINConv(mlp, train_eps=True)
+
+    def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
+        agg = aggregate(x, block, "sum")
+        return self.conv.nn(agg + (1 + self.conv.eps) * x[: block.num_dst])
+
+
+class BlockGNN(nn.Module):
+    """A stack of block layers (see module docstring).
+
+    ``forward(x, blocks)``: ``x`` ``[S, in_dim]`` features of ``batch.input_nodes`` (local ids =
+    row positions), ``blocks`` ordered input layer -> output layer, ``len(blocks) == num_layers``.
+    Returns ``[blocks[-1].num_dst, out_dim]`` logits for the seeds.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        layers: list[nn.Module],
+        dropout: float = 0.5,
+        feature_norm: str = "none",
+    ):
+        super().__init__()
+        self.name = name
+        self.layers = nn.ModuleList(layers)
+        self.dropout = float(dropout)
+        self.feature_norm = feature_norm
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def normalize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature transform applied before layer 0: float32 and, with ``feature_norm="row"``,
+        each row divided by its sum of absolute values (rows that sum to 0 are left as is)."""
+        x = x.float()
+        if self.feature_norm == "row":
+            x = x / x.abs().sum(dim=1, keepdim=True).clamp_min(1e-12)
+        return x
+
+    def apply_layer(self, i: int, x: torch.Tensor, block: Block) -> torch.Tensor:
+        """Layer ``i`` on the rows ``x[:block.num_src]`` (dropout before, ReLU after unless last)."""
+        x = F.dropout(x[: block.num_src], p=self.dropout, training=self.training)
+        x = self.layers[i](x, block)
+        if i < self.num_layers - 1:
+            x = F.relu(x)
+        return x
+
+    def forward(self, x: torch.Tensor, blocks: list[Block]) -> torch.Tensor:
+        if len(blocks) != self.num_layers:
+            raise ValueError(
+                f"{self.name}: got {len(blocks)} blocks for a {self.num_layers}-layer model"
+            )
+        if x.shape[0] < blocks[0].num_src:
+            raise ValueError(
+                f"{self.name}: x has {x.shape[0]} rows but block 0 has {blocks[0].num_src} sources"
+            )
+        x = self.normalize_input(x)
+        for i, b in enumerate(blocks):
+            x = self.apply_layer(i, x, b)
+        return x
+
+    @torch.no_grad()
+    def inference(
+        self,
+        graph: CSRGraph,
+        features,
+        batch_size: int = 4096,
+        device: torch.device | str = "cpu",
+        progress: bool = True,
+    ) -> torch.Tensor:
+        """Exact full-neighbour forward pass over all nodes, layer by layer.
+
+        Each layer is computed for destination chunks of ``batch_size`` consecutive node ids with
+        all their in-neighbours (no sampling); the intermediate ``[N, hidden]`` float32 activations
+        are kept in host memory (so this needs about ``2 * N * hidden * 4`` bytes of RAM and costs
+        ``O(E * num_layers)``). ``features``: ``[N, F]`` NumPy array / memmap, torch tensor, or a
+        :class:`~gnnio.features.base.FeatureStore` (only layer 0 reads it). Runs in eval mode and
+        restores the previous mode. Returns ``[N, out_dim]`` float32 logits on the CPU.
+        """
+        was_training = self.training
+        self.eval()
+        device = torch.device(device)
+        n = graph.num_nodes
+        chunks = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+        h = None
+        try:
+            with bar(len(chunks) * self.num_layers, "inference", "chunk", enabled=progress) as pb:
+                for i in range(self.num_layers):
+                    out = None
+                    for s, e in chunks:
+                        block, src_nodes = full_neighbor_block(graph, s, e)
+                        if h is None:
+                            x = self.normalize_input(_rows(features, src_nodes)).to(device)
+                        else:
+                            x = h[torch.from_numpy(src_nodes)].to(device)
+                        y = self.layers[i](x, block.to(device))
+                        if i < self.num_layers - 1:
+                            y = F.relu(y)
+                        if out is None:
+                            out = torch.empty((n, y.shape[1]), dtype=torch.float32)
+                        out[s:e] = y.float().cpu()
+                        pb.update(1)
+                    h = out
+        finally:
+            self.train(was_training)
+        assert h is not None
+        return h
+
+
+def _rows(features, ids: np.ndarray) -> torch.Tensor:
+    """Rows ``ids`` (global ids) of a feature matrix given as array, tensor or FeatureStore."""
+    if isinstance(features, torch.Tensor):
+        return features[torch.from_numpy(ids).to(features.device)].cpu()
+    if isinstance(features, FeatureStore):
+        return features.gather(torch.from_numpy(ids)).cpu()
+    # sorted reads are kinder to memory-mapped files; restore the requested order afterwards
+    order = np.argsort(ids, kind="stable")
+    rows = np.asarray(features[ids[order]])
+    out = np.empty_like(rows)
+    out[order] = rows
+    return torch.from_numpy(out)
+
+
+def full_neighbor_block(graph: CSRGraph, start: int, end: int) -> tuple[Block, np.ndarray]:
+    """The block of destination nodes ``[start, end)`` (global ids) with all their in-neighbours.
+
+    Returns ``(block, src_nodes)``: ``src_nodes`` int64 global ids with the destination nodes first
+    (``src_nodes[:end - start] == arange(start, end)``), then every other in-neighbour once; the
+    block's ``edge_index`` uses positions in ``src_nodes`` (the mini-batch local-id convention).
+    """
+    indptr = np.asarray(graph.indptr)
+    nd = end - start
+    lo, hi = int(indptr[start]), int(indptr[end])
+    nbrs = np.asarray(graph.indices[lo:hi], dtype=np.int64)
+    dst = np.repeat(np.arange(nd, dtype=np.int64), np.diff(indptr[start : end + 1]))
+    inside = (nbrs >= start) & (nbrs < end)
+    local = np.empty_like(nbrs)
+    local[inside] = nbrs[inside] - start
+    outside, inv = np.unique(nbrs[~inside], return_inverse=True)
+    local[~inside] = nd + inv.reshape(-1)
+    src_nodes = np.concatenate([np.arange(start, end, dtype=np.int64), outside])
+    edge_index = torch.from_numpy(np.stack([local, dst]))
+    return Block(edge_index, int(src_nodes.shape[0]), nd), src_nodes
+
+
+def build_model(
+    name: str,
+    in_dim: int,
+    hidden: int,
+    out_dim: int,
+    num_layers: int,
+    dropout: float = 0.5,
+    heads: int = 4,
+    attn_dropout: float = 0.0,
+    feature_norm: str = "none",
+    edge_weight_norm: str = "mean",
+) -> BlockGNN:
+    """A ``num_layers``-layer model ``name`` in ``MODELS``: ``in_dim -> hidden -> ... -> out_dim``.
+
+    ``heads``: GAT attention heads (inner layers concatenate ``heads`` heads of ``hidden // heads``
+    channels; the output layer averages ``heads`` heads). ``attn_dropout``: GAT attention dropout.
+    ``feature_norm``: ``"none"`` or ``"row"`` (see :meth:`BlockGNN.normalize_input`).
+    ``edge_weight_norm``: how SAGE combines per-edge weights, ``"mean"`` or ``"sum"`` (module
+    docstring). Raises :class:`~gnnio.errors.UsageError` on a bad argument.
+    """
+    if name not in MODELS:
+        raise UsageError(f"--model: unknown model '{name}' (choose from {', '.join(MODELS)})")
+    if num_layers < 1:
+        raise UsageError(f"num_layers: must be >= 1, got {num_layers}")
+    if in_dim < 1 or hidden < 1 or out_dim < 1:
+        raise UsageError(f"model dims must be >= 1, got in={in_dim} hidden={hidden} out={out_dim}")
+    if not 0.0 <= dropout < 1.0:
+        raise UsageError(f"--dropout: must be in [0, 1), got {dropout}")
+    if feature_norm not in FEATURE_NORMS:
+        raise UsageError(f"feature_norm: must be one of {FEATURE_NORMS}, got '{feature_norm}'")
+    if edge_weight_norm not in EDGE_WEIGHT_NORMS:
+        raise UsageError(
+            f"edge_weight_norm: must be one of {EDGE_WEIGHT_NORMS}, got '{edge_weight_norm}'"
+        )
+    if name == "gat" and (heads < 1 or hidden % heads):
+        raise UsageError(f"--heads: GAT needs hidden ({hidden}) divisible by heads ({heads})")
+    dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+    layers: list[nn.Module] = []
+    for i in range(num_layers):
+        a, b = dims[i], dims[i + 1]
+        last = i == num_layers - 1
+        if name == "sage":
+            layers.append(SAGELayer(a, b, edge_weight_norm))
+        elif name == "gcn":
+            layers.append(GCNLayer(a, b))
+        elif name == "gat":
+            layers.append(GATLayer(a, b, heads, concat=not last, attn_dropout=attn_dropout))
+        else:
+            layers.append(GINLayer(a, b, hidden))
+    return BlockGNN(name, layers, dropout=dropout, feature_norm=feature_norm)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars."""
+    return int(sum(math.prod(p.shape) for p in model.parameters() if p.requires_grad))

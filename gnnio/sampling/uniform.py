@@ -1,0 +1,331 @@
+"""Uniform node-wise neighbour sampling (GraphSAGE, Hamilton et al. 2017, Algorithm 2).
+
+Fanout convention (the PyG ``NeighborLoader(num_neighbors=...)`` one): ``fanouts[h]`` is the number
+of in-neighbours sampled per node at hop ``h + 1``; ``fanouts[0]`` applies to the seeds themselves.
+With ``fanouts=(15, 10, 5)`` every seed gets up to 15 neighbours, every node reached so far gets up
+to 10 more at hop 2, and up to 5 at hop 3. ``-1`` takes all in-neighbours; ``0`` takes none.
+
+The returned :class:`~gnnio.sampling.base.MiniBatch` has ``len(fanouts)`` blocks ordered from the
+input layer to the output layer, so ``blocks[-1]`` (the output layer, ``num_dst == len(seeds)``) was
+sampled with ``fanouts[0]`` and ``blocks[0]`` (the input layer) with ``fanouts[-1]``:
+``blocks[L - 1 - h]`` is hop ``h + 1``. (DGL's ``MultiLayerNeighborSampler`` lists fanouts in block
+order, i.e. the reverse; ``gnnio`` follows PyG.)
+
+As in GraphSAGE and DGL, hop ``h + 1`` samples afresh for *every* destination node of its block,
+i.e. for all of ``input_nodes[:num_dst]`` (the seeds and the nodes of hops ``1..h``), not only for
+the nodes new at hop ``h``. Its block therefore has ``dst = input_nodes[:n_h]`` and
+``src = input_nodes[:n_{h+1}]``, where ``n_0 = len(seeds)``.
+
+Local ids follow :mod:`gnnio.sampling.base`: ``input_nodes`` is the seeds, then each hop's new
+nodes in order of first appearance in that hop's edge list (edges grouped by destination in
+local-id order, each row in sampling order). Seeds must be distinct: a repeated seed raises
+``ValueError`` (a batch's output rows would otherwise be ambiguous).
+
+Randomness and determinism: every row draws from a counter-based stream keyed by
+``(seed, call key, hop, destination global id)``. The call key is the sampler's internal call
+counter, or ``epoch_seed`` when given to :meth:`UniformSampler.sample`; with ``epoch_seed`` the
+result depends only on ``(seed, epoch_seed, seeds)`` -- not on thread count, thread scheduling or
+how many batches were sampled before -- which is what a multi-threaded loader should use.
+The CUDA path (:mod:`gnnio.sampling.gpu`) follows the same rules but draws different random numbers.
+
+CPU implementation, per hop (:mod:`gnnio.sampling._kernels`, numba, ``nogil``): a serial pass
+counts ``min(deg, fanout)`` per row and sizes the output exactly by prefix sums; the rows are then
+split into ``num_threads`` ranges of equal edge count, sampled in parallel (Floyd's algorithm per
+row, then a branch-free gather of the neighbour ids); a serial pass relabels global ids to local
+ids through a reusable dense ``[num_nodes]`` map, reset after the batch by touching only the
+batch's nodes. No Python runs per node, and nothing of size ``num_nodes`` is allocated per call.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+import torch
+
+from ..graph.csr import CSRGraph
+from . import _kernels
+from .base import Block, MiniBatch, Sampler
+
+__all__ = ["UniformSampler", "parse_fanouts", "check_fanouts", "check_seeds", "call_key"]
+
+_MASK64 = (1 << 64) - 1
+_DOMAIN_COUNTER = 0x5A3C_0001
+_DOMAIN_EPOCH = 0x5A3C_0002
+_PARALLEL_MIN_ROWS = 2048  # hops with fewer destination rows are sampled on the calling thread
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64 finalizer on Python ints (same function as the numba kernel)."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def call_key(seed: int, counter: int | None = None, epoch_seed: int | None = None) -> int:
+    """The 64-bit key of one ``sample`` call: from ``epoch_seed`` if given, else the counter."""
+    if epoch_seed is not None:
+        return _mix64(_mix64(_DOMAIN_EPOCH ^ _mix64(seed)) ^ _mix64(epoch_seed & _MASK64))
+    return _mix64(_mix64(_DOMAIN_COUNTER ^ _mix64(seed)) ^ _mix64(int(counter or 0)))
+
+
+def hop_key(key: int, hop: int) -> int:
+    """The 64-bit key of hop ``hop`` (0-based) of a call."""
+    return _mix64(key ^ _mix64(0x9E3779B97F4A7C15 * (hop + 1)))
+
+
+def _hop_key(key: int, hop: int) -> np.uint64:
+    return np.uint64(hop_key(key, hop))
+
+
+def parse_fanouts(text: str) -> list[int]:
+    """``"15,10,5"`` -> ``[15, 10, 5]`` (``fanouts[0]`` is hop 1, the seeds' neighbours)."""
+    try:
+        fanouts = [int(t) for t in str(text).split(",") if t.strip() != ""]
+    except ValueError:
+        raise ValueError(f"--fanouts: expected comma-separated integers, got {text!r}") from None
+    return check_fanouts(fanouts)
+
+
+def check_fanouts(fanouts: Sequence[int]) -> list[int]:
+    """Validate fanouts (each ``>= 0`` or ``-1`` for all neighbours; at least one hop)."""
+    out = [int(f) for f in fanouts]
+    if not out:
+        raise ValueError("fanouts: need at least one hop, got an empty list")
+    bad = [f for f in out if f < -1]
+    if bad:
+        raise ValueError(f"fanouts: each must be >= 0 or -1 (all neighbours), got {out}")
+    return out
+
+
+def check_seeds(seeds, num_nodes: int) -> np.ndarray:
+    """Seeds as a contiguous int64 NumPy array (global ids), with a one-line error if invalid."""
+    if isinstance(seeds, torch.Tensor):
+        if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
+            raise ValueError(f"seeds: need an integer tensor, got dtype {seeds.dtype}")
+        seeds = seeds.detach().cpu().numpy()
+    arr = np.asarray(seeds)
+    if arr.ndim != 1:
+        raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(arr.shape)}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"seeds: need integer node ids, got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    if not arr.flags.writeable:  # e.g. a slice of a read-only memmap; torch wants writeable
+        arr = arr.copy()
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= num_nodes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"seeds: node id {bad} out of range [0, {num_nodes})")
+    return arr
+
+
+class UniformSampler(Sampler):
+    """Uniform node-wise neighbour sampler with per-hop fanouts (see module docstring).
+
+    Args:
+        graph: CSR of in-neighbours. NumPy arrays (memmaps included) or CPU tensors use the numba
+            CPU kernels; torch tensors on a CUDA device use the vectorized torch path of
+            :mod:`gnnio.sampling.gpu`.
+        fanouts: neighbours per node for hop 1, 2, ... (``fanouts[0]`` = the seeds' hop; -1 = all).
+        seed: base random seed.
+        num_threads: CPU threads per :meth:`sample` call (the calling thread plus
+            ``num_threads - 1`` pool threads of this sampler); None = ``min(8, NUMBA_NUM_THREADS)``
+            (numba's default is the number of cores). Hops with fewer than 2048 destination rows
+            run on the calling thread alone. Results do not depend on the thread count.
+        device: ``"cuda"`` (or a CUDA device) moves the topology to that GPU and samples there;
+            None = the device of the graph's arrays.
+
+    Thread safety: :meth:`sample` may be called from several threads at once; each call takes its
+    own scratch array (int32 ``[num_nodes]`` global -> local map, all -1 between calls) from a small
+    pool, so memory grows by 4 bytes per node per concurrent caller. :meth:`close` stops the pool
+    threads (also done when the sampler is garbage-collected).
+    """
+
+    def __init__(
+        self,
+        graph: CSRGraph,
+        fanouts: Sequence[int],
+        seed: int = 0,
+        num_threads: int | None = None,
+        device: str | torch.device | None = None,
+    ):
+        self.fanouts = check_fanouts(fanouts)
+        if num_threads is not None and int(num_threads) < 1:
+            raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
+        if num_threads is None:
+            num_threads = min(8, int(numba.config.NUMBA_NUM_THREADS))
+        self.num_threads = int(num_threads)
+        self._seed = int(seed)
+        self._calls = 0
+        self._lock = threading.Lock()
+        self._scratch: list[np.ndarray] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._torch = None
+        indptr, indices = graph.indptr, graph.indices
+        tensor_dev = indptr.device if isinstance(indptr, torch.Tensor) else torch.device("cpu")
+        target = torch.device(device) if device is not None else tensor_dev
+        if target.type != "cpu":
+            from .gpu import TorchUniformSampler
+
+            if isinstance(indptr, torch.Tensor):
+                ip, ix = indptr, indices
+            else:  # zero-copy views (CSRGraph.to_torch copies only read-only arrays)
+                ip, ix = CSRGraph(np.asarray(indptr), np.asarray(indices)).to_torch()
+            self._torch = TorchUniformSampler(ip.to(target), ix.to(target), self.fanouts)
+            self.num_nodes = self._torch.num_nodes
+            return
+        if isinstance(indptr, torch.Tensor):
+            indptr, indices = indptr.numpy(), indices.numpy()
+        self.indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
+        self.indices = np.ascontiguousarray(np.asarray(indices))
+        if not np.issubdtype(self.indices.dtype, np.integer):
+            raise ValueError(f"graph.indices: need integer ids, got dtype {self.indices.dtype}")
+        self.num_nodes = int(self.indptr.shape[0]) - 1
+        self._loc_dtype = np.int32 if self.num_nodes < 2**31 - 1 else np.int64
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def device(self) -> torch.device:
+        return self._torch.device if self._torch is not None else torch.device("cpu")
+
+    def set_seed(self, seed: int) -> None:
+        """Restart the random streams: new base seed, call counter back to 0."""
+        with self._lock:
+            self._seed = int(seed)
+            self._calls = 0
+
+    def close(self) -> None:
+        """Stop the pool threads (a later :meth:`sample` starts them again)."""
+        with self._lock:
+            ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.shutdown(wait=True)
+
+    def _next_key(self, epoch_seed: int | None) -> int:
+        if epoch_seed is not None:
+            return call_key(self._seed, epoch_seed=int(epoch_seed))
+        with self._lock:
+            c = self._calls
+            self._calls += 1
+        return call_key(self._seed, counter=c)
+
+    def sample(self, seeds: torch.Tensor, epoch_seed: int | None = None) -> MiniBatch:
+        """Sample the ``len(fanouts)``-hop neighbourhood of ``seeds``.
+
+        Args:
+            seeds: ``[B]`` distinct int64 global node ids (tensor or array).
+            epoch_seed: optional call key; when given the batch depends only on
+                ``(seed, epoch_seed, seeds)`` (loaders pass e.g. ``epoch * 2**32 + batch_index``),
+                otherwise on ``(seed, number of earlier calls, seeds)``.
+
+        Returns:
+            A :class:`MiniBatch` (global ``seeds``/``input_nodes``, per-block local
+            ``edge_index``, ``labels=None``, ``x=None``) on this sampler's device;
+            ``meta["hop_nodes"]`` is ``[n_0, n_1, ...]``, the size of ``input_nodes`` after each
+            hop (``n_0 = len(seeds)``).
+
+        Raises:
+            ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
+        """
+        key = self._next_key(epoch_seed)
+        if self._torch is not None:
+            return self._torch.sample(seeds, key)
+        return self._sample_cpu(check_seeds(seeds, self.num_nodes), key)
+
+    # -- CPU path ------------------------------------------------------------------------------
+
+    def _take_loc(self) -> np.ndarray:
+        with self._lock:
+            if self._scratch:
+                return self._scratch.pop()
+        return np.full(self.num_nodes, -1, dtype=self._loc_dtype)
+
+    def _give_loc(self, loc: np.ndarray) -> None:
+        with self._lock:
+            self._scratch.append(loc)
+
+    def _run_split(self, fn, args_per_part: list[tuple]) -> None:
+        """Run ``fn(*args)`` for every part: part 0 on this thread, the rest on the pool."""
+        if len(args_per_part) == 1:
+            fn(*args_per_part[0])
+            return
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.num_threads - 1, thread_name_prefix="gnnio-sampler"
+                )
+                weakref.finalize(self, self._executor.shutdown, wait=False)
+            ex = self._executor
+        futures = [ex.submit(fn, *a) for a in args_per_part[1:]]
+        try:
+            fn(*args_per_part[0])
+        finally:
+            for f in futures:
+                f.result()
+
+    def _sample_cpu(self, seeds: np.ndarray, key: int) -> MiniBatch:
+        loc = self._take_loc()
+        dup = _kernels.insert_seeds(seeds, loc)
+        if dup >= 0:
+            self._give_loc(loc)
+            raise ValueError(
+                f"seeds: node id {int(seeds[dup])} appears more than once; seeds must be distinct"
+            )
+        parts = [seeds]
+        hop_nodes = [int(seeds.shape[0])]
+        hop_edges: list[np.ndarray] = []
+        dst_nodes = seeds
+        for h, fanout in enumerate(self.fanouts):
+            offs, rows = _kernels.count_rows(self.indptr, dst_nodes, np.int64(fanout))
+            n_rows, n_edges = int(dst_nodes.shape[0]), int(offs[-1])
+            edges = np.empty((2, n_edges), dtype=np.int64)
+            nparts = self.num_threads if n_rows >= _PARALLEL_MIN_ROWS else 1
+            b = _kernels.split_rows(offs, nparts).tolist()
+            args = (self.indices, dst_nodes, rows, _hop_key(key, h), offs)
+            self._run_split(
+                _kernels.sample_rows, [(*args, b[t], b[t + 1], edges) for t in range(nparts)]
+            )
+            new = _kernels.relabel(edges[0], loc, np.int64(hop_nodes[-1]))
+            parts.append(new)
+            hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
+            hop_edges.append(edges)
+            dst_nodes = np.concatenate(parts)
+        # (if anything above raised, ``loc`` is simply dropped instead of going back to the pool)
+        n = int(dst_nodes.shape[0])
+        nparts = self.num_threads if n >= 8 * _PARALLEL_MIN_ROWS else 1
+        self._run_split(
+            _kernels.reset_range,
+            [(dst_nodes, n * t // nparts, n * (t + 1) // nparts, loc) for t in range(nparts)],
+        )
+        self._give_loc(loc)
+        return _assemble(seeds, dst_nodes, hop_edges, hop_nodes)
+
+
+def _assemble(
+    seeds: np.ndarray, input_nodes: np.ndarray, hop_edges: list[np.ndarray], hop_nodes: list[int]
+) -> MiniBatch:
+    """Blocks (input layer first) from per-hop local edge arrays ``[2, E]``."""
+    blocks = []
+    for h in range(len(hop_edges) - 1, -1, -1):
+        blocks.append(
+            Block(
+                edge_index=torch.from_numpy(hop_edges[h]),
+                num_src=hop_nodes[h + 1],
+                num_dst=hop_nodes[h],
+            )
+        )
+    return MiniBatch(
+        seeds=torch.from_numpy(seeds),
+        input_nodes=torch.from_numpy(input_nodes),
+        blocks=blocks,
+        meta={"hop_nodes": list(hop_nodes)},
+    )

@@ -1,0 +1,237 @@
+"""The training loop, the summary/log/checkpoint files, the ``gnnio train`` CLI and the default dataset."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio import load
+from gnnio.errors import UsageError
+from gnnio.importers.synthetic import prepare_synthetic
+from gnnio.models import build_model
+from gnnio.train import TrainConfig, evaluate_full, evaluate_sampled, load_checkpoint, train
+
+SUMMARY_KEYS = {
+    "dataset",
+    "model",
+    "config",
+    "best_valid_acc",
+    "test_acc",
+    "best_epoch",
+    "epochs",
+    "epoch_time_s",
+    "eval_time_s",
+    "breakdown_s",
+    "bytes_by_tier",
+    "seeds_per_s",
+    "device",
+    "history",
+}
+
+
+@pytest.fixture(scope="module")
+def easy(tmp_path_factory):
+    """A small homophilous synthetic graph, 4 classes (chance = 0.25), half the nodes training."""
+    out = tmp_path_factory.mktemp("data") / "easy"
+    prepare_synthetic(
+        out,
+        num_nodes=1500,
+        avg_degree=8,
+        feat_dim=16,
+        num_classes=4,
+        seed=0,
+        split=(0.5, 0.2, 0.3),
+        progress=False,
+    )
+    return out
+
+
+def small_config(**kw) -> TrainConfig:
+    base = dict(
+        fanouts=(5, 5), batch_size=128, epochs=4, hidden=32, lr=0.01, progress=False, seed=0
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_training_learns_and_writes_files(easy, tmp_path):
+    cfg = small_config(
+        summary=str(tmp_path / "s.json"),
+        log=str(tmp_path / "log.jsonl"),
+        checkpoint=str(tmp_path / "best.pt"),
+    )
+    s = train(easy, cfg)
+    assert SUMMARY_KEYS <= set(s)
+    assert s["test_acc"] >= 0.6, s["test_acc"]  # chance is 0.25
+    assert s["best_valid_acc"] >= 0.6
+    assert set(s["breakdown_s"]) >= {"sample", "gather", "transfer", "compute"}
+    assert s["breakdown_s"]["compute"] > 0 and s["breakdown_s"]["sample"] > 0
+    ds = load(easy)
+    # feature bytes of the training passes only: at least one row per training seed per epoch
+    total = sum(s["bytes_by_tier"].values())
+    assert total >= s["epochs"] * ds.train_idx.size * ds.feat_dim * 4
+    assert s["epochs"] == 4 and len(s["history"]) == 4
+    on_disk = json.loads((tmp_path / "s.json").read_text())
+    assert on_disk["test_acc"] == s["test_acc"] and on_disk["config"]["fanouts"] == [5, 5]
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [0, 1, 2, 3]
+    assert s["test_acc"] == s["history"][s["best_epoch"]]["test_acc"]
+
+    # the checkpoint holds the best-valid model: reloaded, it reproduces the best valid accuracy
+    # on the very same evaluation batches (eval sampler seed = seed + 1, keyed by the epoch)
+    from gnnio.features import open_store
+    from gnnio.sampling import UniformSampler
+    from gnnio.train import make_node_loader
+
+    model = build_model("sage", ds.feat_dim, 32, ds.num_classes, num_layers=2)
+    load_checkpoint(tmp_path / "best.pt", model)
+    state = torch.load(tmp_path / "best.pt", weights_only=True)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    store = open_store(ds, "memory", "cpu", progress=False)
+    labels = torch.from_numpy(np.asarray(ds.labels))
+    sampler = UniformSampler(ds.graph, [5, 5], seed=cfg.seed + 1)
+    ld = make_node_loader(sampler, store, ds.valid_idx, labels, 4096, cfg.seed, "cpu", 2)
+    assert evaluate_sampled(model, ld, epoch=s["best_epoch"]) == s["best_valid_acc"]
+
+
+@pytest.mark.parametrize("name", ["gcn", "gat", "gin"])
+def test_other_models_train(easy, name):
+    s = train(easy, small_config(model=name, epochs=2, heads=2))
+    assert s["best_valid_acc"] > 0.6, (name, s["best_valid_acc"])  # chance is 0.25
+
+
+def test_full_eval_and_mmap_store(easy):
+    s = train(easy, small_config(eval="full", store="mmap", epochs=2))
+    assert s["best_valid_acc"] >= 0.5
+    assert s["config"]["eval"] == "full"
+    assert set(s["bytes_by_tier"]) == {"disk"}
+
+
+def test_sampled_eval_with_all_neighbours_equals_full_eval(easy):
+    from gnnio.features import open_store
+    from gnnio.train import make_node_loader
+
+    ds = load(easy)
+    torch.manual_seed(0)
+    model = build_model("sage", ds.feat_dim, 16, ds.num_classes, num_layers=2)
+    from gnnio.sampling import UniformSampler
+
+    store = open_store(ds, "memory", "cpu", progress=False)
+    labels = torch.from_numpy(np.asarray(ds.labels))
+    ld = make_node_loader(
+        UniformSampler(ds.graph, [-1, -1]), store, ds.valid_idx, labels, 256, 0, "cpu", 2
+    )
+    sampled = evaluate_sampled(model, ld)
+    full = evaluate_full(model, ds, {"valid": ds.valid_idx}, 300, torch.device("cpu"), False)
+    assert sampled == pytest.approx(full["valid"], abs=1e-12)
+
+
+def test_early_stopping_invariant(easy):
+    s = train(easy, small_config(epochs=30, patience=2, lr=0.05))
+    assert s["epochs"] <= s["best_epoch"] + 3
+    if s["stopped_early"]:
+        assert s["epochs"] - 1 - s["best_epoch"] == 2
+    assert s["stopped_early"], "an easy graph should plateau within 30 epochs"
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"model": "mlp"}, "--model"),
+        ({"fanouts": ()}, "fanouts"),
+        ({"batch_size": 0}, "--batch-size"),
+        ({"eval": "exact"}, "--eval"),
+        ({"store": "ssd"}, "--store"),
+        ({"lr": -1.0}, "--lr"),
+        ({"patience": 0}, "--patience"),
+        ({"device": "tpu"}, "--device"),
+    ],
+)
+def test_config_errors(kw, match):
+    with pytest.raises(UsageError, match=match):
+        small_config(**kw).validate()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error path")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_training_on_cuda(easy):
+    s = train(easy, small_config(device="cuda", epochs=2))
+    assert s["device"].startswith("cuda") and s["best_valid_acc"] > 0.6
+    assert s["breakdown_s"]["transfer"] > 0
+
+
+def test_cli_cuda_without_cuda_is_one_line_error(easy, capsys):
+    from gnnio.cli.main import main
+
+    rc = main(["train", str(easy), "--device", "cuda", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("gnnio: error: --device cuda") and "\n" not in err
+
+
+def test_cli_train_writes_summary(easy, tmp_path, capsys):
+    from gnnio.cli.main import main
+
+    f = tmp_path / "out" / "s.json"
+    rc = main(
+        [
+            "train",
+            str(easy),
+            "--epochs",
+            "2",
+            "--fanouts",
+            "4,4",
+            "--batch-size",
+            "256",
+            "--hidden",
+            "16",
+            "--summary",
+            str(f),
+            "--quiet",
+        ]  # fmt: skip
+    )
+    assert rc == 0
+    s = json.loads(f.read_text())
+    assert SUMMARY_KEYS <= set(s) and s["epochs"] == 2
+    out = capsys.readouterr().out
+    assert "test acc" in out and "gather" in out
+
+
+def test_cli_bad_fanouts(easy, capsys):
+    from gnnio.cli.main import main
+
+    assert main(["train", str(easy), "--fanouts", "5,x", "--quiet"]) == 2
+    assert "--fanouts" in capsys.readouterr().err
+
+
+def test_default_dataset_generated_once_and_regenerated_when_broken(tmp_path, monkeypatch, capsys):
+    from gnnio import defaults
+    from gnnio.cli.main import main
+
+    monkeypatch.setenv("GNNIO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        defaults,
+        "DEFAULT_DATASET",
+        {"num_nodes": 600, "avg_degree": 6, "feat_dim": 8, "num_classes": 3, "seed": 0},
+    )
+    monkeypatch.setattr(defaults, "DEFAULT_TRAIN_EPOCHS", 1)
+    path = defaults.default_dataset_path()
+    assert path.parent == tmp_path / "cache" and "n600" in path.name
+    ds = defaults.default_dataset(progress=False)
+    assert ds.path == path and ds.num_nodes == 600
+    stamp = (path / "meta.json").stat().st_mtime_ns
+    assert defaults.default_dataset(progress=False).num_nodes == 600
+    assert (path / "meta.json").stat().st_mtime_ns == stamp  # reused, not regenerated
+    (path / "indptr.npy").write_bytes(b"broken")
+    assert defaults.default_dataset(progress=False).num_nodes == 600  # regenerated
+
+    f = tmp_path / "s.json"
+    rc = main(["train", "--fanouts", "3,3", "--hidden", "8", "--summary", str(f), "--quiet"])
+    assert rc == 0
+    s = json.loads(f.read_text())
+    assert s["epochs"] == 1 and s["dataset_path"] == str(path)
+    assert "built-in synthetic dataset" in capsys.readouterr().out
