@@ -314,7 +314,7 @@ def validate_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> No
 
 
 def verify_checksums(path: Path, meta: dict) -> None:
-    for key, info in meta["arrays"].items():
+    for info in meta["arrays"].values():
         f = Path(path) / info["file"]
         if not f.is_file():
             raise DatasetError(f"{f}: missing array file")
