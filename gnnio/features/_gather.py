@@ -194,6 +194,15 @@ def check_out(out: torch.Tensor, n: int, dim: int, dtype: torch.dtype, device: t
     return view
 
 
+def output_rows(
+    out: torch.Tensor | None, n: int, dim: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The ``[n, dim]`` destination of a gather: a fresh tensor, or the checked view ``out[:n]``."""
+    if out is None:
+        return torch.empty((n, dim), dtype=dtype, device=device)
+    return check_out(out, n, dim, dtype, device)
+
+
 def gather_rows(
     src: np.ndarray,
     ids: np.ndarray,

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._gather import HAVE_NUMBA, as_index_array, check_out
+from ._gather import HAVE_NUMBA, as_index_array, output_rows
 from .base import FeatureStore
 
 __all__ = [
@@ -639,11 +639,7 @@ class FeatureCache(FeatureStore):
         ``self.device``; see the module docstring for what changes in the cache."""
         idx = ids_on(self, ids, self.device)
         n = int(idx.numel())
-        dst = (
-            torch.empty((n, self.dim), dtype=self.dtype, device=self.device)
-            if out is None
-            else check_out(out, n, self.dim, self.dtype, self.device)
-        )
+        dst = output_rows(out, n, self.dim, self.dtype, self.device)
         if n == 0:
             return dst
         with self._lock:

@@ -34,7 +34,7 @@ import threading
 import numpy as np
 import torch
 
-from ._gather import check_out
+from ._gather import output_rows
 from .base import FeatureStore, TierCounters
 from .cache import (
     CacheStats,
@@ -195,11 +195,7 @@ class ShardedFeatureCache(FeatureStore):
     def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
         idx = ids_on(self, ids, self.device)
         n = int(idx.numel())
-        dst = (
-            torch.empty((n, self.dim), dtype=self.dtype, device=self.device)
-            if out is None
-            else check_out(out, n, self.dim, self.dtype, self.device)
-        )
+        dst = output_rows(out, n, self.dim, self.dtype, self.device)
         if n:
             self._gather(idx, dst)
         return dst

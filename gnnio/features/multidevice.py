@@ -26,7 +26,7 @@ import torch
 
 from ..placement import Placement
 from ..topology import Topology
-from ._gather import as_index_array, check_out, gather_rows, tensor_view
+from ._gather import as_index_array, gather_rows, output_rows, tensor_view
 from .base import FeatureStore, TierCounters
 
 __all__ = ["MultiDeviceFeatureStore"]
@@ -174,11 +174,7 @@ class MultiDeviceFeatureStore(FeatureStore):
         tier and per source. Raises IndexError for ids outside ``[0, num_rows)``."""
         idx_np = as_index_array(ids, self.num_rows)
         m = int(idx_np.shape[0])
-        dst = (
-            torch.empty((m, self.dim), dtype=self.dtype, device=self.device)
-            if out is None
-            else check_out(out, m, self.dim, self.dtype, self.device)
-        )
+        dst = output_rows(out, m, self.dim, self.dtype, self.device)
         rb = self.row_bytes
         local = peer = host = 0
         if m:

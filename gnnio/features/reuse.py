@@ -30,7 +30,7 @@ import threading
 import numpy as np
 import torch
 
-from ._gather import check_out
+from ._gather import output_rows
 from .base import FeatureStore
 from .cache import FirstOccurrence, _Timer, counters_delta, ids_on, move_rows, snapshot_rows
 
@@ -166,11 +166,7 @@ class CrossBatchReuse(FeatureStore):
     def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
         idx = ids_on(self, ids, self.device)
         n = int(idx.numel())
-        dst = (
-            torch.empty((n, self.dim), dtype=self.dtype, device=self.device)
-            if out is None
-            else check_out(out, n, self.dim, self.dtype, self.device)
-        )
+        dst = output_rows(out, n, self.dim, self.dtype, self.device)
         if n == 0:
             return dst
         with self._lock:
