@@ -93,6 +93,25 @@ class TrainConfig:
         threads: CPU threads of the sampler and of the feature gather kernel; None = their defaults.
         prefetch: batches the loader prepares ahead.
         progress: show tqdm progress bars (stderr).
+        gpu_cache_fraction: None = no tiering; else keep this fraction of the feature rows (the
+            hottest by ``score``) in the GPU tier of a
+            :class:`~gnnio.features.tiered.TieredFeatureStore` and read the rest from (pinned) host
+            memory; simulated GPU tier without CUDA. ``bytes_by_tier`` then has ``gpu`` and
+            ``host``.
+        gpu_budget_bytes: cap on the GPU tier's bytes (hot rows clamped to fit); None = no cap.
+        score: hotness score ranking the rows for tiering and for a static cache (a key of
+            :data:`gnnio.hotness.SCORES`, default ``wrpr``).
+        placement: a placement file from ``gnnio plan --save``: features are read through a
+            :class:`~gnnio.features.multidevice.MultiDeviceFeatureStore` as GPU ``reader``
+            (tiers ``local``, ``peer``, ``host``). Exclusive with ``gpu_cache_fraction``.
+        reader: which GPU of the placement this run trains on (0-based).
+        cache_policy: ``none`` or a :class:`~gnnio.features.cache.FeatureCache` policy
+            (``static``, ``fifo``, ``lru``, ``lfu``) in front of the store (tier ``cache``).
+        cache_size: cache rows as a fraction of the nodes (``0.1`` = 10 %).
+        order: training seed order: ``random`` (seeded shuffle each epoch) or ``po`` (BGL's
+            proximity-aware order, :class:`~gnnio.ordering_po.ProximityOrder`).
+        po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the
+            shuffling-error bound.
     """
 
     model: str = "sage"
@@ -119,6 +138,15 @@ class TrainConfig:
     threads: int | None = None
     prefetch: int = 2
     progress: bool = True
+    gpu_cache_fraction: float | None = None
+    gpu_budget_bytes: int | None = None
+    score: str = "wrpr"
+    placement: str | None = None
+    reader: int = 0
+    cache_policy: str = "none"
+    cache_size: float = 0.1
+    order: str = "random"
+    po_sequences: int | None = None
 
     @property
     def num_layers(self) -> int:
@@ -165,7 +193,37 @@ class TrainConfig:
             raise UsageError(f"--seed: must be >= 0, got {self.seed}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
+        self._validate_data_options()
         check_device(self.device)
+
+    def _validate_data_options(self) -> None:
+        from .hotness import SCORES
+        from .train_setup import CACHE_POLICIES, ORDERS
+
+        f = self.gpu_cache_fraction
+        if f is not None and not (math.isfinite(f) and 0.0 <= f <= 1.0):
+            raise UsageError(f"--gpu-cache-fraction: must be in [0, 1], got {f}")
+        if self.gpu_budget_bytes is not None and self.gpu_budget_bytes < 0:
+            raise UsageError(f"--gpu-budget: must be >= 0 bytes, got {self.gpu_budget_bytes}")
+        if self.score not in SCORES:
+            raise UsageError(
+                f"--score: unknown score '{self.score}' (choose from {', '.join(SCORES)})"
+            )
+        if self.placement is not None and f is not None:
+            raise UsageError("--placement and --gpu-cache-fraction exclude each other; give one")
+        if self.reader < 0:
+            raise UsageError(f"--reader: must be >= 0, got {self.reader}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise UsageError(
+                f"--cache-policy: must be one of {', '.join(CACHE_POLICIES)}, "
+                f"got '{self.cache_policy}'"
+            )
+        if not (math.isfinite(self.cache_size) and 0.0 <= self.cache_size <= 1.0):
+            raise UsageError(f"--cache-size: must be a fraction in [0, 1], got {self.cache_size}")
+        if self.order not in ORDERS:
+            raise UsageError(f"--order: must be one of {', '.join(ORDERS)}, got '{self.order}'")
+        if self.po_sequences is not None and self.po_sequences < 1:
+            raise UsageError(f"--po-sequences: must be >= 1, got {self.po_sequences}")
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -206,12 +264,18 @@ def _counter_diff(after: dict, before: dict) -> dict[str, dict[str, int]]:
     }
 
 
-def make_node_loader(sampler, store, seeds, labels, batch_size, seed, device, prefetch=2):
-    """A :class:`gnnio.loader.NodeLoader` over ``seeds`` (global ids) in a seeded random order."""
+def make_node_loader(
+    sampler, store, seeds, labels, batch_size, seed, device, prefetch=2, order=None
+):
+    """A :class:`gnnio.loader.NodeLoader` over ``seeds`` (global ids) in ``order`` (a
+    :class:`~gnnio.ordering.SeedOrder`; None = a seeded random order of ``seeds``)."""
     from .loader import NodeLoader
     from .ordering import RandomOrder
 
-    order = RandomOrder(torch.from_numpy(np.asarray(seeds, dtype=np.int64)), batch_size, seed=seed)
+    if order is None:
+        order = RandomOrder(
+            torch.from_numpy(np.asarray(seeds, dtype=np.int64)), batch_size, seed=seed
+        )
     return NodeLoader(sampler, store, order, labels=labels, device=device, prefetch=prefetch)
 
 
@@ -287,8 +351,8 @@ def train(
     evaluation), ``history`` (per-epoch records, same as the JSONL log), ``device``,
     ``num_parameters``, ``stopped_early``.
     """
-    from .features import open_store
     from .sampling import UniformSampler
+    from .train_setup import build_order, build_store
 
     cfg = config or TrainConfig()
     cfg.validate()
@@ -307,10 +371,20 @@ def train(
     eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
     labels = torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
 
-    store = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
+    setup = build_store(ds, cfg, device)
+    store = setup.store
     sampler = UniformSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads)
+    order = build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
     train_loader = make_node_loader(
-        sampler, store, ds.train_idx, labels, cfg.batch_size, cfg.seed, device, cfg.prefetch
+        sampler,
+        store,
+        ds.train_idx,
+        labels,
+        cfg.batch_size,
+        cfg.seed,
+        device,
+        cfg.prefetch,
+        order=order,
     )
     eval_loaders = {}
     if cfg.eval == "sampled":
@@ -348,6 +422,9 @@ def train(
     try:
         for epoch in range(cfg.epochs):
             rec = _train_epoch(model, opt, train_loader, store, epoch, cfg, device)
+            for t in setup.tiers:
+                rec["bytes_by_tier"].setdefault(t, 0)
+                rec["rows_by_tier"].setdefault(t, 0)
 
             t0 = time.perf_counter()
             if cfg.eval == "sampled":
@@ -393,6 +470,8 @@ def train(
             log_f.close()
 
     summary = _summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt)
+    summary["data_setup"] = setup.info
+    summary["order"] = _order_info(order)
     if cfg.summary:
         _write_json_atomic(Path(cfg.summary), summary)
     return summary
@@ -442,6 +521,16 @@ def _summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt)
         "checkpoint": str(ckpt) if ckpt is not None else None,
         "history": history,
     }
+
+
+def _order_info(order) -> dict[str, Any]:
+    """The seed order's facts for the summary (kind; for PO the sequences and the error bound)."""
+    info: dict[str, Any] = {"kind": type(order).__name__}
+    for k in ("num_sequences", "bound_value", "bound_met"):
+        v = getattr(order, k, None)
+        if v is not None:
+            info[k] = v if not isinstance(v, (np.floating, np.integer)) else v.item()
+    return info
 
 
 def _mean(values) -> float:

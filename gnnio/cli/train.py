@@ -74,6 +74,69 @@ def register(sub) -> None:
         default=None,
         help="CPU threads of the sampler and the feature gather",
     )
+    g = p.add_argument_group(
+        "feature placement and caching",
+        "where feature rows live during training (docs: README, 'Data I/O options')",
+    )
+    g.add_argument(
+        "--gpu-cache-fraction",
+        type=float,
+        metavar="F",
+        default=None,
+        help="tiered store (Data Tiering): keep the hottest F of the feature rows (0..1) in GPU "
+        "memory and read the rest zero-copy from pinned host memory; simulated without a GPU "
+        "(bytes_by_tier gets 'gpu' and 'host') (default: no tiering)",
+    )
+    g.add_argument(
+        "--gpu-budget",
+        type=int,
+        metavar="BYTES",
+        default=None,
+        help="most bytes the GPU tier may take; hot rows are clamped to fit (default: no cap)",
+    )
+    g.add_argument(
+        "--score",
+        default="wrpr",
+        help="hotness score ranking rows for --gpu-cache-fraction and --cache-policy static: "
+        "degree, rpr, wrpr, sj, sj_fanout, presample, in_degree",
+    )
+    g.add_argument(
+        "--placement",
+        metavar="FILE",
+        default=None,
+        help="multi-GPU placement written by 'gnnio plan --save FILE'; features are read as GPU "
+        "--reader of it (tiers local/peer/host; simulated devices without enough GPUs)",
+    )
+    g.add_argument(
+        "--reader", type=int, default=0, help="which GPU of --placement this run trains on"
+    )
+    g.add_argument(
+        "--cache-policy",
+        default="none",
+        choices=["none", "static", "fifo", "lru", "lfu"],
+        help="feature cache in front of the store (BGL): static rows by --score, or a dynamic "
+        "FIFO/LRU/LFU cache updated every batch",
+    )
+    g.add_argument(
+        "--cache-size",
+        type=float,
+        metavar="F",
+        default=0.1,
+        help="cache rows as a fraction of the nodes",
+    )
+    g.add_argument(
+        "--order",
+        default="random",
+        choices=["random", "po"],
+        help="training seed order: random shuffle, or BGL's proximity-aware order (po), which "
+        "raises the hit ratio of dynamic caches",
+    )
+    g.add_argument(
+        "--po-sequences",
+        type=int,
+        default=None,
+        help="BFS sequences of --order po (default: the fewest meeting the shuffling-error bound)",
+    )
     p.add_argument("--summary", metavar="F", default=None, help="write the summary JSON to F")
     p.add_argument("--log", metavar="F", default=None, help="write one JSON line per epoch to F")
     p.add_argument(
@@ -119,6 +182,15 @@ def run(args) -> int:
         store=args.store,
         threads=args.threads,
         progress=not args.quiet,
+        gpu_cache_fraction=args.gpu_cache_fraction,
+        gpu_budget_bytes=args.gpu_budget,
+        score=args.score,
+        placement=args.placement,
+        reader=args.reader,
+        cache_policy=args.cache_policy,
+        cache_size=args.cache_size,
+        order=args.order,
+        po_sequences=args.po_sequences,
     )
     check_device(cfg.device)  # fail fast, before generating or loading anything
     cfg.validate()

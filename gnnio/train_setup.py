@@ -1,0 +1,191 @@
+"""How :func:`gnnio.train.train` builds its feature store, seed order and sampler from a
+:class:`~gnnio.train.TrainConfig`. Kept apart from the loop so each data-I/O technique is one
+readable recipe:
+
+Feature store (innermost first)::
+
+    plain store (memory | mmap)
+      -> TieredFeatureStore        --gpu-cache-fraction F --score NAME   (Data Tiering)
+         or MultiDeviceFeatureStore --placement FILE [--reader K]      (Song & Jiang)
+      -> FeatureCache              --cache-policy P --cache-size F       (BGL)
+
+* Tiering: the hot set is the top ``F * N`` nodes by ``--score``. If the dataset was reordered by
+  that same score (``gnnio prepare --reorder`` / ``gnnio reorder``), the hot rows are the id prefix
+  and routing is a boundary check; otherwise a lookup table routes each id. Without a GPU the GPU
+  tier is simulated in CPU memory; the byte counts per tier (``gpu``, ``host``) are exact either way.
+* Placement: a file written by ``gnnio plan --save``. This process reads as GPU ``reader`` of the
+  placement; tiers ``local``, ``peer``, ``host``. Devices are real GPUs when enough are present and
+  ``--device cuda``, simulated otherwise.
+* Cache: a per-batch vectorized cache in front of whatever is below; ``static`` loads the top rows
+  by ``--score`` once. Over a tiered store the cache holds rows the GPU tier does not (the tiered
+  store already serves those), i.e. a static hot part plus a dynamic part.
+
+The **GPU-resident set B** that locality-aware sampling favours is what lives on the training GPU:
+the tiered store's hot rows, the reader's placement buffer (local) plus its NVLink peers' buffers,
+or a static cache's rows. A dynamic cache's content changes every batch, so it does not define B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import UsageError
+
+__all__ = ["StoreSetup", "build_order", "build_store", "hot_score"]
+
+CACHE_POLICIES = ("none", "static", "fifo", "lru", "lfu")
+ORDERS = ("random", "po")
+
+
+@dataclass
+class StoreSetup:
+    """What :func:`build_store` made.
+
+    Attributes:
+        store: the store the loader gathers from.
+        tiers: tier names that always appear in ``bytes_by_tier`` (zero if unused).
+        gpu_ids: sorted global ids resident on the training GPU (the set B of LAS), or None.
+        info: facts for the summary (hot rows, strategy, cache capacity, ...).
+    """
+
+    store: Any
+    tiers: tuple[str, ...]
+    gpu_ids: np.ndarray | None
+    info: dict[str, Any]
+
+
+def hot_score(ds, cfg, progress: bool) -> np.ndarray:
+    """``cfg.score`` for ``ds`` (float64 [N], by global id; larger = hotter)."""
+    from .hotness import compute_score
+
+    return compute_score(
+        cfg.score, ds, fanouts=cfg.fanouts, batch_size=cfg.batch_size, progress=progress
+    )
+
+
+def build_store(ds, cfg, device: torch.device) -> StoreSetup:
+    """The feature store of a training run (module docstring)."""
+    from .features import open_store
+
+    base = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
+    store: Any = base
+    tiers: tuple[str, ...] = (getattr(base, "tier", "host"),)
+    gpu_ids: np.ndarray | None = None
+    info: dict[str, Any] = {"store": cfg.store}
+    score: np.ndarray | None = None
+    n = ds.num_nodes
+
+    def get_score() -> np.ndarray:
+        nonlocal score
+        if score is None:
+            score = hot_score(ds, cfg, cfg.progress)
+        return score
+
+    if cfg.gpu_cache_fraction is not None:
+        from .features.tiered import TieredFeatureStore, hot_rows_for_fraction
+
+        kw = {"device": device if device.type == "cuda" else "cpu", "progress": cfg.progress}
+        if cfg.gpu_budget_bytes is not None:
+            kw["gpu_budget_bytes"] = int(cfg.gpu_budget_bytes)
+        reordered = ds.meta.get("reordered_by") == cfg.score
+        if reordered:
+            store = TieredFeatureStore.from_reordered(base, cfg.gpu_cache_fraction, **kw)
+        else:
+            order_ids = _top_ids(get_score(), hot_rows_for_fraction(cfg.gpu_cache_fraction, n))
+            store = TieredFeatureStore(base, hot_ids=order_ids, **kw)
+        gpu_ids = np.sort(np.asarray(store._hot_ids, dtype=np.int64))
+        tiers = ("gpu", "host")
+        info.update(
+            tiering={
+                "score": cfg.score,
+                "fraction": cfg.gpu_cache_fraction,
+                "mode": store.mode,
+                "hot_rows": int(store.num_hot),
+                "gpu_tier_bytes": int(store.gpu_tier_bytes),
+                "cold_mode": store.cold_mode_used,
+                "simulated": bool(store.simulated),
+                "reordered_by_score": bool(reordered),
+            }
+        )
+    elif cfg.placement is not None:
+        from .features.multidevice import MultiDeviceFeatureStore
+        from .placement import load_placement
+
+        pl = load_placement(cfg.placement)
+        if pl.num_nodes != n:
+            raise UsageError(
+                f"--placement {cfg.placement}: made for {pl.num_nodes} nodes, dataset has {n}"
+            )
+        if not 0 <= cfg.reader < pl.num_devices:
+            raise UsageError(
+                f"--reader: must be in [0, {pl.num_devices}) for this placement, got {cfg.reader}"
+            )
+        devices = None
+        if device.type == "cuda" and torch.cuda.device_count() >= pl.num_devices:
+            devices = [torch.device("cuda", i) for i in range(pl.num_devices)]
+        store = MultiDeviceFeatureStore(ds.features, pl, reader=cfg.reader, devices=devices)
+        tiers = ("local", "peer", "host")
+        lk = pl.lookup(cfg.reader, peers=pl.peer_reads)
+        gpu_ids = np.flatnonzero(np.asarray(lk.dev_num) >= 0).astype(np.int64)
+        info.update(
+            placement={
+                "file": str(cfg.placement),
+                "strategy": pl.strategy,
+                "num_devices": pl.num_devices,
+                "reader": cfg.reader,
+                "buffer_rows": [int(len(b)) for b in pl.buffers],
+                "simulated": devices is None,
+            }
+        )
+
+    if cfg.cache_policy != "none" and cfg.cache_size > 0:
+        from .features.cache import FeatureCache
+        from .features.tiered import hot_rows_for_fraction
+
+        hot = None
+        if cfg.cache_policy == "static":
+            hot = _top_ids(get_score(), n)
+            if gpu_ids is not None:  # do not cache what the GPU tier already holds
+                hot = hot[~np.isin(hot, gpu_ids)]
+        cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), n)
+        store = FeatureCache(store, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
+        tiers = ("cache", *tiers)
+        if cfg.cache_policy == "static" and gpu_ids is None:
+            gpu_ids = np.sort(np.asarray(hot[: store.capacity], dtype=np.int64))
+        info.update(
+            cache={"policy": cfg.cache_policy, "size": cfg.cache_size, "capacity": store.capacity}
+        )
+    return StoreSetup(store=store, tiers=tiers, gpu_ids=gpu_ids, info=info)
+
+
+def _top_ids(score: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` highest-scoring ids, hottest first (ties: lower id first)."""
+    from .reorder import order_by_score
+
+    return order_by_score(score)[:k]
+
+
+def build_order(ds, cfg, seeds: np.ndarray, labels, batch_size: int, seed: int):
+    """The training seed order: ``random`` (seeded shuffle per epoch) or ``po`` (BGL's
+    proximity-aware order; number of BFS sequences from the shuffling-error bound unless
+    ``cfg.po_sequences`` fixes it)."""
+    seeds_t = torch.from_numpy(np.asarray(seeds, dtype=np.int64))
+    if cfg.order == "po":
+        from .ordering_po import ProximityOrder
+
+        return ProximityOrder(
+            ds.graph,
+            seeds_t,
+            np.asarray(labels),
+            batch_size,
+            seed=seed,
+            num_sequences=cfg.po_sequences,
+            progress=cfg.progress,
+        )
+    from .ordering import RandomOrder
+
+    return RandomOrder(seeds_t, batch_size, seed=seed)
