@@ -8,14 +8,17 @@ loader does. ``gb_per_s`` = useful bytes (rows x row bytes) per second of a pass
 The ceiling. ``ceiling_gb_per_s`` is the rate of the same *access pattern* stripped of everything
 gnnio-specific: uniformly random 512-byte rows copied out of a separate buffer of ``--ceiling-gib``
 GiB (default 1 GiB: far larger than the last-level cache, every page touched beforehand so reads
-hit DRAM, not the zero page) into a reused, pre-faulted buffer, with the same number of rows per
+hit DRAM, not the zero page; its first row on a 2 MiB boundary, the best case: no row straddles a
+cache line and huge pages cover it from the start) into a reused, pre-faulted buffer, with the same number of rows per
 call and calls per pass as the measured gather, on the same number of threads. Three
 implementations run and the fastest one is the ceiling: ATen's ``index_select(out=)``, and two
 numba kernels written here (uint64 words, not the store's byte-view kernel), one plain, one with
 software prefetch of the rows 8 ahead (the best technique we know; the store's kernel uses it
 too). Random rows of a power-law batch partly hit in cache (hot rows repeat across batches), so a
 real gather may beat the ceiling.
-Gather and ceiling passes are interleaved so both see the same machine load.
+Gather and ceiling passes are interleaved so both see the same machine load;
+``fraction_of_ceiling`` is the ratio of the medians, ``fraction_of_ceiling_paired`` the median of
+the per-pass ratios (steadier on a shared machine).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..features._gather import host_empty
 from ..utils.progress import bar
 from ._timing import median, time_passes
 
@@ -150,7 +154,7 @@ def make_ceiling(rows_per_call: list[int], gib: float, seed: int, progress: bool
     """Passes of the random-512-byte-row copy, one function per implementation."""
     words = CEILING_ROW_BYTES // 8
     nrows = max(1, int(gib * (1 << 30)) // CEILING_ROW_BYTES)
-    src = np.empty((nrows, words), dtype=np.uint64)
+    src = host_empty((nrows, words), np.uint64)  # 2 MiB-aligned: no row straddles a cache line
     step = max(1, nrows // 64)
     with bar(nrows * CEILING_ROW_BYTES >> 20, "ceiling buffer", "MiB", enabled=progress) as pb:
         for s in range(0, nrows, step):  # touch every page (untouched pages read as zero page)
@@ -158,7 +162,8 @@ def make_ceiling(rows_per_call: list[int], gib: float, seed: int, progress: bool
             pb.update(min(step, nrows - s) * CEILING_ROW_BYTES >> 20)
     rng = np.random.default_rng(seed + 1)
     ids = [rng.integers(0, nrows, n, dtype=np.int64) for n in rows_per_call]
-    out = np.zeros((max(rows_per_call), words), dtype=np.uint64)  # zeros: pre-faulted
+    out = host_empty((max(rows_per_call), words), np.uint64)
+    out.fill(0)  # pre-faulted
     src_t, out_t = torch.from_numpy(src), torch.from_numpy(out)
     ids_t = [torch.from_numpy(i) for i in ids]
 
@@ -198,6 +203,9 @@ def run(args) -> dict:
     rows = [int(i.shape[0]) for i in ids]
     out = torch.zeros((max(rows), store.dim), dtype=store.dtype)  # pre-faulted, reused
     useful = sum(rows) * store.row_bytes
+    get_host = getattr(store, "host_tensor", None)
+    host = get_host() if callable(get_host) else None
+    offset = None if host is None else int(host.data_ptr() % 64)
 
     def gather_pass():
         for i in ids:
@@ -225,12 +233,18 @@ def run(args) -> dict:
         "batches": args.batches,
         "rows_per_batch": float(np.mean(rows)),
         "row_bytes": store.row_bytes,
+        "store_row_offset_mod_64": offset,
         "ms_per_batch": t_gather / args.batches * 1e3,
         "gb_per_s": gbps,
         "ceiling_gb_per_s": ceil[best],
         "ceiling_impl": best,
         **{f"ceiling_{k}_gb_per_s": v for k, v in ceil.items()},
         "fraction_of_ceiling": gbps / ceil[best],
+        # the same, as the median over passes of (ceiling time / gather time) within one pass:
+        # steadier than the ratio of medians when the machine's load drifts between passes
+        "fraction_of_ceiling_paired": median(
+            [c / g * useful / ceiling_bytes for c, g in zip(times[best], times["gather"])]
+        ),
         "passes": args.passes,
         "counters": store.counters.snapshot(),
     }

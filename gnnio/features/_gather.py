@@ -3,15 +3,23 @@
 ``gather_rows(src, ids, out)`` copies ``src[ids[i]]`` to ``out[i]`` for every ``i``. Two
 implementations sit behind it:
 
-* **numba** (default when numba imports): a ``prange`` loop over output rows, ``nogil`` so the
-  loader's background thread runs it while the consumer thread keeps the GIL. Rows are copied as
-  raw bytes (``uint8`` views of ``src`` and ``out``), so one compiled kernel serves every feature
-  dtype (float32, float16, bfloat16, ...) and every row width; LLVM turns the row copy into a
-  vectorised memcpy. Measured on the 2-core development machine (shared, noisy): random 512-byte
-  rows from a 1 GiB array, 300k rows per call, median of 15: byte view 5.5 GB/s, uint32 view
-  5.4 GB/s, uint64 view 4.9 GB/s, ``torch.index_select(out=)`` 4.7 GB/s; best-of-15 all within
-  6.4-6.6 GB/s. The kernel is latency bound (one row = 8 cache lines, each thread keeps a few
-  rows in flight), so the view width hardly matters and the byte view wins on compile count.
+* **numba** (default when numba imports): a ``prange`` loop over contiguous chunks of output
+  rows, ``nogil`` so the loader's background thread runs it while the consumer thread keeps the
+  GIL, with a software prefetch of every cache line of the row ``PREFETCH_ROWS`` ahead (random
+  rows defeat the hardware prefetcher; a row that does not start on a 64-byte boundary spans one
+  line more than its size, and that line is prefetched too). Rows are copied through the widest
+  word view that the row size and both base addresses allow (:func:`word_views`: uint64 for
+  512-byte float32 rows), so at most four kernels compile and every feature dtype (float32,
+  float16, bfloat16, ...) and row width is served. The kernel is latency bound (one 512-byte row =
+  8 cache lines, each thread keeps a few rows in flight).
+
+  Why the store's gather trailed the ``gnnio bench gather`` ceiling (81% in one measurement): the
+  ceiling copies uint64 words, the store copied through a uint8 view, which measured 1-13% slower
+  on the same rows and ids in interleaved runs on the shared 2-core machine; the rest was the
+  per-call id check and the real batches' id pattern (a few percent, noisy). Separately, both
+  sides' buffers started 16 bytes past a cache line (NumPy's large allocations do), so every
+  512-byte row spanned 9 lines: :func:`host_empty` allocates feature buffers on a 2 MiB boundary,
+  which measured 5-12% faster on its own.
 * **torch**: ``torch.index_select(src, 0, ids, out=out)``, the reference/fallback path (used when
   numba is missing, on CUDA tensors, and in tests so the fallback stays tested).
 
@@ -40,8 +48,10 @@ __all__ = [
     "as_index_array",
     "check_out",
     "gather_rows",
+    "host_empty",
     "row_bytes_view",
     "tensor_view",
+    "word_views",
 ]
 
 KERNELS = ("auto", "numba", "torch")
@@ -106,16 +116,52 @@ if HAVE_NUMBA:
                         prefetch_row(src, r, off)
                 out[i, :] = src[ids[i], :]
 
+    @njit(parallel=True, nogil=True, cache=True)
+    def _gather_rows_prefetch(src, ids, out, chunks, pf_lines, last_off):  # pragma: no cover
+        # The kernel gather_rows uses: as _gather_bytes_prefetch, for any word view (uint64 /
+        # uint32 / uint16 / uint8 [N, words]) and prefetching *every* cache line of the row ahead:
+        # the ``pf_lines`` lines from its first byte on, plus the line of byte ``last_off`` (the
+        # row's last byte, or -1 for none): a row that does not start on a 64-byte boundary spans
+        # one line more than its size suggests. The usual line counts get constant-trip loops:
+        # a runtime-trip prefetch loop measured about 10% slower on 512-byte rows.
+        n = ids.shape[0]
+        for c in prange(chunks):
+            start = c * n // chunks
+            end = (c + 1) * n // chunks
+            for i in range(start, end):
+                j = i + PREFETCH_ROWS
+                if j < end:
+                    r = ids[j]
+                    if pf_lines == 8:
+                        for off in range(0, 512, 64):
+                            prefetch_row(src, r, off)
+                    elif pf_lines == 16:
+                        for off in range(0, 1024, 64):
+                            prefetch_row(src, r, off)
+                    elif pf_lines == 4:
+                        for off in range(0, 256, 64):
+                            prefetch_row(src, r, off)
+                    else:
+                        for q in range(pf_lines):
+                            prefetch_row(src, r, q * 64)
+                    if last_off >= 0:
+                        prefetch_row(src, r, last_off)
+                out[i, :] = src[ids[i], :]
+
 
 _prefetch_ok: bool | None = None  # None: not tried yet; False: compiling it failed (LLVM)
 
 
 def _numba_gather(src_b: np.ndarray, ids: np.ndarray, out_b: np.ndarray) -> None:
-    """Byte-view gather, with software prefetch unless that kernel cannot compile here."""
+    """Row gather on byte views: copied through the widest word view both sides allow, with
+    software prefetch unless that kernel cannot compile here."""
     global _prefetch_ok
+    src_w, out_w = word_views(src_b, out_b)
     if _prefetch_ok is not False:
         try:
-            _gather_bytes_prefetch(src_b, ids, out_b, 4 * numba.get_num_threads())
+            pf_lines = (min(src_b.shape[1], PREFETCH_MAX_BYTES) + 63) // 64
+            chunks = 4 * numba.get_num_threads()
+            _gather_rows_prefetch(src_w, ids, out_w, chunks, pf_lines, _last_line_offset(src_b))
             _prefetch_ok = True
             return
         except Exception as e:  # an LLVM without the intrinsic: keep the plain kernel
@@ -123,7 +169,51 @@ def _numba_gather(src_b: np.ndarray, ids: np.ndarray, out_b: np.ndarray) -> None
                 raise
             _prefetch_ok = False
             warnings.warn(f"gnnio: prefetching gather kernel unavailable ({e})", stacklevel=3)
-    _gather_bytes(src_b, ids, out_b)
+    _gather_bytes(src_w, ids, out_w)
+
+
+def _last_line_offset(src_b: np.ndarray) -> int:
+    """Byte offset of a row's last byte when the rows ahead need it prefetched on its own (their
+    last byte can sit in a cache line the 64-byte steps from the row start miss), else -1."""
+    row_bytes = src_b.shape[1]
+    if row_bytes == 0 or row_bytes > PREFETCH_MAX_BYTES:
+        return -1
+    aligned = (src_b.__array_interface__["data"][0] | row_bytes) % 64 == 0
+    return -1 if aligned else row_bytes - 1
+
+
+def word_views(src_b: np.ndarray, out_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[rows, row_bytes]`` uint8 views -> the same memory as uint64 / uint32 / uint16
+    ``[rows, words]`` views, the widest that divides the row size and both base addresses.
+
+    Why: the byte-view row copy compiles to a loop with more overhead per row than the word copy;
+    on random 512-byte rows the uint64 view measured about 5-10% faster (2-core machine, shared).
+    """
+    row_bytes = src_b.shape[1]
+    # (__array_interface__ is several times cheaper than .ctypes.data on this per-call path)
+    bits = row_bytes | src_b.__array_interface__["data"][0] | out_b.__array_interface__["data"][0]
+    bits |= src_b.strides[0] | out_b.strides[0]
+    for dt, k in ((np.uint64, 8), (np.uint32, 4), (np.uint16, 2)):
+        if bits % k == 0:
+            return src_b.view(dt), out_b.view(dt)
+    return src_b, out_b
+
+
+def host_empty(shape: tuple[int, int], dtype) -> np.ndarray:
+    """An uninitialised C-contiguous host array whose first byte sits on a 64-byte boundary
+    (on a 2 MiB one when the array is 2 MiB or more), for feature rows that are gathered.
+
+    Why: NumPy's large allocations start 16 bytes past a page boundary (glibc's mmap chunk
+    header), so a 512-byte row spans 9 cache lines instead of 8 and a random-row gather moves
+    12.5% more lines; starting on a 2 MiB boundary also lets transparent huge pages (which NumPy
+    requests for large arrays) cover the array from its first byte. Costs at most 2 MiB of slack.
+    """
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    align = (2 << 20) if nbytes >= (2 << 20) else 64
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start : start + nbytes].view(dt).reshape(shape)
 
 
 def _as_bytes_2d(a: np.ndarray) -> np.ndarray:
@@ -140,8 +230,15 @@ def tensor_view(a: np.ndarray) -> torch.Tensor:
 
 
 def row_bytes_view(t: torch.Tensor) -> np.ndarray:
-    """A ``[rows, row_bytes]`` uint8 NumPy view of a C-contiguous 2-D CPU tensor (any dtype)."""
-    return t.view(torch.uint8).numpy().reshape(t.shape[0], t.shape[1] * t.element_size())
+    """A ``[rows, row_bytes]`` uint8 NumPy view of a C-contiguous 2-D CPU tensor (any dtype).
+
+    A tensor without elements (zero rows or zero columns) gets a fresh empty array: there is no
+    memory to share, and torch refuses to reinterpret such a tensor when its last stride is not 1.
+    """
+    shape = (int(t.shape[0]), int(t.shape[1]) * t.element_size())
+    if t.numel() == 0:
+        return np.empty(shape, dtype=np.uint8)
+    return t.view(torch.uint8).numpy().reshape(shape)
 
 
 def as_index_array(ids, num_rows: int) -> np.ndarray:
@@ -225,7 +322,7 @@ def gather_rows(
     """
     if kernel not in KERNELS:
         raise ValueError(f"unknown gather kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
-    if ids.shape[0] == 0:
+    if ids.shape[0] == 0 or out.numel() == 0:  # no rows, or zero-width rows: nothing to copy
         return
     use_numba = kernel == "numba" or (kernel == "auto" and HAVE_NUMBA)
     if use_numba:

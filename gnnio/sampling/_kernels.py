@@ -14,9 +14,13 @@ Per row with degree ``d`` and fanout ``k`` (``k < 0`` = all):
   sits in L1) and a small open-addressing hash set for larger ``k``. Random integers in
   ``[0, bound)`` come from Lemire's multiply-shift with rejection, so they are exactly uniform.
 
-All kernels are serial and ``nogil``. Parallelism comes from the caller running
-:func:`sample_rows` on disjoint row ranges in several Python threads (see
-:class:`gnnio.sampling.uniform.UniformSampler`), not from ``prange``: numba's OpenMP layer shares
+All kernels are serial and ``nogil``. :class:`~gnnio.sampling.uniform.UniformSampler` uses the
+per-part kernels (:func:`count_part`, :func:`sample_part`, :func:`merge_part`, :func:`write_part`,
+:func:`insert_seeds_at`; see the comment above them); :func:`count_rows`, :func:`sample_rows`,
+:func:`relabel`, :func:`insert_seeds` and :func:`reset_range` are the earlier serial-relabel
+kernels, kept with their signatures for other samplers and as the tests' reference.
+Parallelism comes from the caller running kernels on disjoint row ranges in several Python threads,
+not from ``prange``: numba's OpenMP layer shares
 torch's libgomp, whose spin-waiting barriers made a 2-thread ``prange`` version 5-20x *slower* on a
 loaded 2-core machine (every fork/join waits for a descheduled spinning thread), and
 ``OMP_WAIT_POLICY`` can only be set before torch is imported. Plain threads blocking on a queue do
@@ -26,7 +30,10 @@ not spin, so the sampler degrades gracefully when it shares cores with training.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__ = [
     "count_rows",
@@ -36,6 +43,12 @@ __all__ = [
     "insert_seeds",
     "reset_range",
     "mix64",
+    "prefetch",
+    "count_part",
+    "sample_part",
+    "merge_part",
+    "write_part",
+    "insert_seeds_at",
 ]
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -240,3 +253,211 @@ def reset_range(nodes, lo, hi, loc):
     """Set ``loc[nodes[lo:hi]] = -1``."""
     for i in range(lo, hi):
         loc[nodes[i]] = -1
+
+
+# ---- software prefetch -------------------------------------------------------------------------
+
+_PF_ROWS = 16  # rows ahead whose indptr entry is prefetched (count)
+_PF_EDGES = 32  # edges ahead whose indices / loc entry is prefetched (gather, relabel)
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """``__builtin_prefetch(&arr[i])`` for a 1-D array: a hint that never faults (no bounds check).
+
+    The sampler's inner loops read big arrays (``indptr``, ``indices``, the ``[num_nodes]`` id
+    map) at random positions known some iterations ahead; their loads are independent, but a
+    mispredicted branch per edge (new node or not) keeps the CPU from running far enough ahead
+    to overlap the cache misses. Prefetching the entry ``_PF_EDGES`` iterations ahead measured
+    1.3-1.5x faster relabel and count loops on a 2^21-node graph.
+    """
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i64 = ir.IntType(64)
+        idx = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
+        stride = cgutils.unpack_tuple(builder, ary.strides)[0]
+        addr = builder.add(builder.ptrtoint(ary.data, i64), builder.mul(idx, stride))
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        # (address, rw=0 read, locality=3 keep in all levels, cache type=1 data)
+        builder.call(fn, [builder.inttoptr(addr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# ---- per-part kernels of a parallel hop (count + sample + relabel split over threads) ----------
+#
+# A hop with enough rows is cut into ``P`` contiguous row ranges ("parts"), one per thread. Part
+# ``p`` runs :func:`count_part` then :func:`sample_part` into its own buffers; the caller then runs
+# :func:`merge_part` for parts 1.. in order on one thread, and finally every part copies its edges
+# into the hop's ``[2, E]`` array with :func:`write_part`. Local ids come out exactly as with the
+# serial :func:`relabel` over the whole hop (first appearance in edge order), without atomics.
+#
+# The map is versioned instead of reset: a call numbers node ``g`` by writing ``loc[g] = off +
+# local id``, and any entry below the call's ``off`` means "unseen". The next call on the same map
+# uses ``off + (nodes of this call)``, so the old entries go stale without being touched; only
+# when ``off`` would overflow the map's integer type is it refilled with -1 and ``off`` restarts
+# at 0 (every ~2^31 / batch-size nodes with an int32 map).
+#
+# * part 0 numbers its new nodes directly in the shared ``loc`` map (``base, base + 1, ...``):
+#   the first appearance of a node in part 0's range is its first appearance in the hop;
+# * part ``p >= 1`` only *reads* ``loc``. An edge to a node ``g`` that ``loc`` does not know
+#   becomes the placeholder ``-1 - g``, and the first such edge per node appends ``g`` to the
+#   part's list of unseen nodes, deduplicated by a private bitmap (``num_nodes`` bits, all clear
+#   between calls: 256 KiB for 2^21 nodes, so it stays in L2). A ``loc`` entry that part 0 writes
+#   concurrently is already final, so reading it before or after that write gives the same edges;
+# * :func:`merge_part` (serial, after all parts finished, parts 1.. in order) numbers the unseen
+#   nodes that no earlier part numbered; then every placeholder resolves to ``loc[g]``.
+
+
+@njit(cache=True, nogil=True)
+def count_part(indptr, dst_nodes, lo, hi, fanout, rows, offs):
+    """:func:`count_rows` for rows ``lo <= i < hi`` into caller buffers (local row ``r = i - lo``).
+
+    Writes ``rows[0, r]`` = CSR start, ``rows[1, r]`` = degree and the prefix sums ``offs[0..n]``
+    (``offs[0] = 0``) of ``min(deg, fanout)`` (``n = hi - lo``); returns ``offs[n]``, the part's
+    edge count.
+    """
+    n = hi - lo
+    offs[0] = 0
+    acc = np.int64(0)
+    for r in range(n):
+        if r + _PF_ROWS < n:
+            prefetch(indptr, dst_nodes[lo + r + _PF_ROWS])
+        v = dst_nodes[lo + r]
+        start = indptr[v]
+        d = indptr[v + 1] - start
+        rows[0, r] = start
+        rows[1, r] = d
+        acc += d if (fanout < 0 or d <= fanout) else fanout
+        offs[r + 1] = acc
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def sample_part(
+    indices, dst_nodes, lo, n, rows, offs, hop_key, src, loc, off, seen, first, base, new
+):
+    """Sample the part's ``n`` rows (after :func:`count_part`) into ``src[:offs[n]]``, relabelled.
+
+    Random streams are those of :func:`sample_rows` (keyed by the destination's global id), so
+    the neighbours drawn do not depend on the split. Afterwards ``src[q]`` is a local id (``>= 0``)
+    when ``loc`` knows the node, else the placeholder ``-1 - g`` (``g`` its global id), and
+    ``new[:cnt]`` lists the part's unseen nodes in first-appearance order (``seen``: the part's
+    uint8 bitmap of them, clear on entry). With ``first`` (part 0) unseen nodes are numbered
+    ``base + j`` in ``loc`` at once, so no placeholders remain and ``seen`` is unused. Returns
+    ``cnt``.
+    """
+    e = offs[n]
+    for r in range(n):  # 1) chosen CSR positions (branchy, touches no big array)
+        start = rows[0, r]
+        d = rows[1, r]
+        o = offs[r]
+        k = offs[r + 1] - o
+        if k == d:
+            for q in range(k):
+                src[o + q] = start + q
+        elif k > 0:
+            state = mix64(hop_key ^ (np.uint64(dst_nodes[lo + r]) * _GAMMA))
+            if k <= _LINEAR_MAX_K:
+                _floyd_linear(src, o, d, k, state)
+            else:
+                _floyd_hashed(src, o, d, k, state)
+            for q in range(o, o + k):
+                src[q] += start
+    for q in range(e):  # 2) tight gather of the neighbour ids (see sample_rows)
+        if q + _PF_EDGES < e:
+            prefetch(indices, src[q + _PF_EDGES])
+        src[q] = indices[src[q]]
+    cnt = 0  # 3) relabel
+    if first:
+        for q in range(e):
+            if q + _PF_EDGES < e:
+                prefetch(loc, src[q + _PF_EDGES])
+            g = src[q]
+            lid = np.int64(loc[g]) - off
+            if lid < 0:
+                lid = base + cnt
+                loc[g] = off + lid
+                new[cnt] = g
+                cnt += 1
+            src[q] = lid
+    else:
+        for q in range(e):
+            if q + _PF_EDGES < e:
+                prefetch(loc, src[q + _PF_EDGES])
+            g = src[q]
+            lid = np.int64(loc[g]) - off
+            if lid < 0:
+                w = g >> 3
+                bit = np.uint8(1) << np.uint8(g & 7)
+                if not (seen[w] & bit):
+                    seen[w] |= bit
+                    new[cnt] = g
+                    cnt += 1
+                lid = -1 - g
+            src[q] = lid
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def merge_part(new, cnt, loc, off, next_id, out, out_pos):
+    """Number a part's unseen nodes ``new[:cnt]`` that no earlier part numbered (serial, parts
+    1.. in order): ``loc[g] = next_id, next_id + 1, ...``, each also appended to ``out`` from
+    ``out_pos`` on. Returns the next free id."""
+    for j in range(cnt):
+        if j + _PF_EDGES < cnt:
+            prefetch(loc, new[j + _PF_EDGES])
+        g = new[j]
+        if loc[g] < off:
+            loc[g] = off + next_id
+            out[out_pos] = g
+            out_pos += 1
+            next_id += 1
+    return next_id
+
+
+@njit(cache=True, nogil=True)
+def write_part(src, offs, n, lo, loc, off, placeholders, edges, ebase, seen, new, cnt):
+    """Copy a part's edges into ``edges[:, ebase:ebase + offs[n]]``: sources with placeholders
+    ``-1 - g`` resolved to ``loc[g]``, destinations = local row ``lo + r``; then clear the part's
+    ``seen`` bits (those of ``new[:cnt]``) when it used placeholders."""
+    e = offs[n]
+    s_out = edges[0]
+    d_out = edges[1]
+    for r in range(n):
+        for q in range(ebase + offs[r], ebase + offs[r + 1]):
+            d_out[q] = lo + r
+    if placeholders:
+        for q in range(e):
+            if q + _PF_EDGES < e:
+                v2 = src[q + _PF_EDGES]
+                if v2 < 0:
+                    prefetch(loc, -1 - v2)
+            v = src[q]
+            if v < 0:
+                v = np.int64(loc[-1 - v]) - off
+            s_out[ebase + q] = v
+        for j in range(cnt):
+            seen[new[j] >> 3] = 0
+    else:
+        for q in range(e):
+            s_out[ebase + q] = src[q]
+
+
+@njit(cache=True, nogil=True)
+def insert_seeds_at(seeds, loc, off):
+    """:func:`insert_seeds` for an offset map: ``loc[seeds[i]] = off + i``; an entry below ``off``
+    means "unseen". Returns -1, or the index of the first repeated seed (the entries written so far
+    stay, below the next call's offset)."""
+    for i in range(seeds.shape[0]):
+        g = seeds[i]
+        if loc[g] >= off:
+            return i
+        loc[g] = off + i
+    return -1

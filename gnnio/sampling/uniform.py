@@ -28,16 +28,30 @@ result depends only on ``(seed, epoch_seed, seeds)`` -- not on thread count, thr
 how many batches were sampled before -- which is what a multi-threaded loader should use.
 The CUDA path (:mod:`gnnio.sampling.gpu`) follows the same rules but draws different random numbers.
 
-CPU implementation, per hop (:mod:`gnnio.sampling._kernels`, numba, ``nogil``): a serial pass
-counts ``min(deg, fanout)`` per row and sizes the output exactly by prefix sums; the rows are then
-split into ``num_threads`` ranges of equal edge count, sampled in parallel (Floyd's algorithm per
-row, then a branch-free gather of the neighbour ids); a serial pass relabels global ids to local
-ids through a reusable dense ``[num_nodes]`` map, reset after the batch by touching only the
-batch's nodes. No Python runs per node, and nothing of size ``num_nodes`` is allocated per call.
+CPU implementation, per hop (:mod:`gnnio.sampling._kernels`, numba, ``nogil``). The destination
+rows are cut into ``num_threads`` contiguous parts (hops under 2048 rows: one part), and each
+thread, for its part: counts ``min(deg, fanout)`` per row, draws the rows' CSR positions (Floyd's
+algorithm), gathers the neighbour ids, and relabels them to local ids through a reusable dense
+``[num_nodes]`` map. Part 0 numbers the nodes it sees first right away; the other parts only read
+the map and leave placeholders for nodes it does not know yet (deduplicated in a private bitmap),
+which a short serial merge numbers in part order afterwards -- so local ids are exactly those of a
+serial first-appearance pass, independent of the thread count, with no atomics. Each part then
+copies its edges into the hop's exact-size ``[2, E]`` array, fused with the next hop's sampling.
+The random ``indptr``/``indices``/map reads are software-prefetched a few dozen iterations ahead.
+The map is never reset: entries hold ``offset + local id`` and each call on a map takes a fresh
+offset past the previous call's ids, so old entries go stale untouched. No Python runs per node,
+nothing of size ``num_nodes`` is allocated per call, and per-part buffers are reused.
+
+Measured on the 2^21-node synthetic graph (fanouts 15,10,5, batch 1024), old and new samplers
+interleaved in one process on the shared 2-core machine (load average 1.2-2): 2 threads 1.28-1.39x
+faster wall time (per-thread CPU time along the critical path 8.6 -> 6.0 ms/batch), 1 thread 1.47x.
+The previous version's stages (serial count and relabel, quiet machine, ms/batch): count 0.84,
+sample 3.04 (2 threads), relabel 2.82, map reset 0.52, rest 0.25.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Sequence
@@ -57,6 +71,7 @@ _MASK64 = (1 << 64) - 1
 _DOMAIN_COUNTER = 0x5A3C_0001
 _DOMAIN_EPOCH = 0x5A3C_0002
 _PARALLEL_MIN_ROWS = 2048  # hops with fewer destination rows are sampled on the calling thread
+_PART0_WEIGHT = 1.25  # row share of part 0 relative to the others (see _Hop)
 
 
 def _mix64(z: int) -> int:
@@ -142,8 +157,10 @@ class UniformSampler(Sampler):
             None = the device of the graph's arrays.
 
     Thread safety: :meth:`sample` may be called from several threads at once; each call takes its
-    own scratch array (int32 ``[num_nodes]`` global -> local map, all -1 between calls) from a small
-    pool, so memory grows by 4 bytes per node per concurrent caller. :meth:`close` stops the pool
+    own scratch (an int32 ``[num_nodes]`` global -> local map, versioned between calls, plus one
+    ``num_nodes``-bit map per thread beyond the first and buffers the size of the largest hop)
+    from a small pool, so memory grows by about ``4 + (num_threads - 1) / 8`` bytes per node per
+    concurrent caller. :meth:`close` stops the pool
     threads (also done when the sampler is garbage-collected).
     """
 
@@ -243,15 +260,15 @@ class UniformSampler(Sampler):
 
     # -- CPU path ------------------------------------------------------------------------------
 
-    def _take_loc(self) -> np.ndarray:
+    def _take_ws(self) -> _Workspace:
         with self._lock:
             if self._scratch:
                 return self._scratch.pop()
-        return np.full(self.num_nodes, -1, dtype=self._loc_dtype)
+        return _Workspace(self.num_nodes, self._loc_dtype)
 
-    def _give_loc(self, loc: np.ndarray) -> None:
+    def _give_ws(self, ws: _Workspace) -> None:
         with self._lock:
-            self._scratch.append(loc)
+            self._scratch.append(ws)
 
     def _run_split(self, fn, args_per_part: list[tuple]) -> None:
         """Run ``fn(*args)`` for every part: part 0 on this thread, the rest on the pool."""
@@ -273,41 +290,186 @@ class UniformSampler(Sampler):
                 f.result()
 
     def _sample_cpu(self, seeds: np.ndarray, key: int) -> MiniBatch:
-        loc = self._take_loc()
-        dup = _kernels.insert_seeds(seeds, loc)
+        ws = self._take_ws()
+        ws.begin()
+        loc, off = ws.loc, ws.off
+        dup = _kernels.insert_seeds_at(seeds, loc, off)
         if dup >= 0:
-            self._give_loc(loc)
+            ws.end(int(seeds.shape[0]))  # (the entries written so far go stale)
+            self._give_ws(ws)
             raise ValueError(
                 f"seeds: node id {int(seeds[dup])} appears more than once; seeds must be distinct"
             )
-        parts = [seeds]
-        hop_nodes = [int(seeds.shape[0])]
+        n0 = int(seeds.shape[0])
+        hop_nodes = [n0]
         hop_edges: list[np.ndarray] = []
-        dst_nodes = seeds
+        # input_nodes grow in one buffer (sized from the previous call, so it rarely moves);
+        # ``nodes`` = input_nodes so far = the destination nodes of the next hop
+        buf = np.empty(max(ws.nodes_hint, 2 * n0, 16), dtype=np.int64)
+        buf[:n0] = seeds
+        nodes = buf[:n0]
+        pending: _Hop | None = None  # the previous hop, sampled but not yet copied to its edges
         for h, fanout in enumerate(self.fanouts):
-            offs, rows = _kernels.count_rows(self.indptr, dst_nodes, np.int64(fanout))
-            n_rows, n_edges = int(dst_nodes.shape[0]), int(offs[-1])
-            edges = np.empty((2, n_edges), dtype=np.int64)
+            n_rows, base = int(nodes.shape[0]), hop_nodes[-1]
             nparts = self.num_threads if n_rows >= _PARALLEL_MIN_ROWS else 1
-            b = _kernels.split_rows(offs, nparts).tolist()
-            args = (self.indices, dst_nodes, rows, _hop_key(key, h), offs)
-            self._run_split(
-                _kernels.sample_rows, [(*args, b[t], b[t + 1], edges) for t in range(nparts)]
+            if pending is not None:
+                nparts = max(nparts, pending.nparts)
+            hop = _Hop(ws, h % 2, n_rows, nparts)
+            hkey, fo = _hop_key(key, h), np.int64(fanout)
+
+            def task(p: int, hop=hop, prev=pending, nodes=nodes, base=base, hkey=hkey, fo=fo):
+                if prev is not None and p < prev.nparts:
+                    prev.write(p)  # the previous hop's edges, while this thread is here anyway
+                lo, hi = hop.bounds[p], hop.bounds[p + 1]
+                b = hop.bufs[p]
+                b.ensure_rows(hi - lo)
+                e = int(_kernels.count_part(self.indptr, nodes, lo, hi, fo, b.rows, b.offs))
+                b.ensure_edges(e)
+                cnt = _kernels.sample_part(
+                    self.indices, nodes, lo, hi - lo, b.rows, b.offs, hkey, b.src, loc, off,
+                    hop.seen[p], p == 0, base, b.new,
+                )  # fmt: skip
+                hop.sizes[p] = (e, int(cnt))
+
+            self._run_split(task, [(p,) for p in range(nparts)])
+            buf = hop.merge(buf, base)
+            nodes = buf[: hop.n_after]
+            hop_nodes.append(int(nodes.shape[0]))
+            hop_edges.append(hop.edges)
+            pending = hop
+        last = pending  # (there is always at least one hop)
+        self._run_split(last.write, [(p,) for p in range(last.nparts)])
+        # (if anything above raised, ``ws`` is simply dropped instead of going back to the pool)
+        ws.end(int(nodes.shape[0]))
+        ws.nodes_hint = int(nodes.shape[0]) + int(nodes.shape[0]) // 4
+        self._give_ws(ws)
+        return _assemble(seeds, nodes, hop_edges, hop_nodes)
+
+
+class _Hop:
+    """One hop of a CPU sample call: its row split, per-part buffers and, after
+    :meth:`merge`, its ``[2, E]`` edge array (filled by :meth:`write`, part by part)."""
+
+    def __init__(self, ws: _Workspace, slot: int, n_rows: int, nparts: int) -> None:
+        self.nparts = nparts
+        # part 0 takes a larger share: the other parts also resolve placeholders afterwards
+        total = _PART0_WEIGHT + (nparts - 1)
+        self.bounds = [0] + [
+            int(n_rows * (_PART0_WEIGHT + p - 1) / total) for p in range(1, nparts)
+        ] + [n_rows]  # fmt: skip
+        self.bufs = [ws.part(p, slot) for p in range(nparts)]
+        self.seen = [ws.seen(p) for p in range(nparts)]  # (part 0's is a dummy)
+        self.sizes = [(0, 0)] * nparts  # (edges, unseen nodes) per part
+        self.ebase: list[int] = []
+        self.loc, self.off = ws.loc, np.int64(ws.off)
+        self.edges = np.empty((2, 0), dtype=np.int64)
+        self.n_after = 0
+
+    def merge(self, buf: np.ndarray, base: int) -> np.ndarray:
+        """Append this hop's new nodes to the input-node buffer ``buf`` (``base`` nodes so far):
+        part 0's as they are, then those of parts 1.. that no earlier part numbered (serial).
+        Sets :attr:`n_after` and allocates :attr:`edges`; returns the buffer (moved if it had to
+        grow)."""
+        need = base + sum(c for _, c in self.sizes)
+        if buf.shape[0] < need:
+            grown = np.empty(max(need, 2 * buf.shape[0]), dtype=np.int64)
+            grown[:base] = buf[:base]
+            buf = grown
+        cnt0 = self.sizes[0][1]
+        buf[base : base + cnt0] = self.bufs[0].new[:cnt0]
+        next_id = base + cnt0  # (a local id is a position in input_nodes)
+        for p in range(1, self.nparts):
+            b = self.bufs[p]
+            next_id = int(
+                _kernels.merge_part(
+                    b.new, self.sizes[p][1], self.loc, self.off, next_id, buf, next_id
+                )
             )
-            new = _kernels.relabel(edges[0], loc, np.int64(hop_nodes[-1]))
-            parts.append(new)
-            hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
-            hop_edges.append(edges)
-            dst_nodes = np.concatenate(parts)
-        # (if anything above raised, ``loc`` is simply dropped instead of going back to the pool)
-        n = int(dst_nodes.shape[0])
-        nparts = self.num_threads if n >= 8 * _PARALLEL_MIN_ROWS else 1
-        self._run_split(
-            _kernels.reset_range,
-            [(dst_nodes, n * t // nparts, n * (t + 1) // nparts, loc) for t in range(nparts)],
-        )
-        self._give_loc(loc)
-        return _assemble(seeds, dst_nodes, hop_edges, hop_nodes)
+        self.n_after = next_id
+        self.ebase = list(itertools.accumulate((e for e, _ in self.sizes), initial=0))
+        self.edges = np.empty((2, self.ebase[-1]), dtype=np.int64)
+        return buf
+
+    def write(self, p: int) -> None:
+        """Copy part ``p`` into :attr:`edges` and reset its private map."""
+        b = self.bufs[p]
+        lo, hi = self.bounds[p], self.bounds[p + 1]
+        _kernels.write_part(
+            b.src, b.offs, hi - lo, lo, self.loc, self.off, p > 0, self.edges, self.ebase[p],
+            self.seen[p], b.new, self.sizes[p][1],
+        )  # fmt: skip
+
+
+def _grow(n: int) -> int:
+    return max(16, n + n // 2)
+
+
+class _PartBuffers:
+    """Reused buffers of one part of a hop (row sizes, sampled edges, unseen nodes)."""
+
+    def __init__(self) -> None:
+        self.rows = np.empty((2, 16), dtype=np.int64)
+        self.offs = np.empty(17, dtype=np.int64)
+        self.src = np.empty(16, dtype=np.int64)
+        self.new = np.empty(16, dtype=np.int64)
+
+    def ensure_rows(self, n: int) -> None:
+        if self.rows.shape[1] < n:
+            cap = _grow(n)
+            self.rows = np.empty((2, cap), dtype=np.int64)
+            self.offs = np.empty(cap + 1, dtype=np.int64)
+
+    def ensure_edges(self, e: int) -> None:
+        if self.src.shape[0] < e:
+            cap = _grow(e)
+            self.src = np.empty(cap, dtype=np.int64)
+            self.new = np.empty(cap, dtype=np.int64)
+
+
+class _Workspace:
+    """Scratch of one :meth:`UniformSampler.sample` call, pooled between calls.
+
+    ``loc``: dense global -> local id map holding ``off + local id`` (entries below ``off`` are
+    stale: see :mod:`gnnio.sampling._kernels`); ``seen(p)``: the private bitmap
+    of part ``p >= 1`` of a parallel hop (all clear between calls), created on first use; per-part
+    buffers (two slots) that grow to the largest hop seen.
+    """
+
+    def __init__(self, num_nodes: int, dtype) -> None:
+        self.num_nodes, self.dtype = num_nodes, dtype
+        self.loc = np.full(num_nodes, -1, dtype=dtype)
+        self.off = 0
+        self.nodes_hint = 0  # input_nodes of the last call, plus a margin
+        self._limit = int(np.iinfo(dtype).max)
+        self._seen: list[np.ndarray] = []
+        self._dummy = np.zeros(1, dtype=np.uint8)
+        self._parts: list[tuple[_PartBuffers, _PartBuffers]] = []
+
+    def begin(self) -> None:
+        """Before a call: make sure ``off + num_nodes`` still fits the map's integer type (a call
+        numbers at most ``num_nodes`` nodes), else refill the map with -1 and restart at 0."""
+        if self.off + self.num_nodes >= self._limit:
+            self.loc.fill(-1)
+            self.off = 0
+
+    def end(self, used: int) -> None:
+        """After a call that numbered ``used`` nodes: retire its entries."""
+        self.off += used
+
+    def seen(self, p: int) -> np.ndarray:
+        """Part ``p``'s bitmap of unseen nodes (uint8 ``[ceil(num_nodes / 8)]``, all clear)."""
+        if p == 0:
+            return self._dummy
+        while len(self._seen) < p:
+            self._seen.append(np.zeros((self.num_nodes + 7) // 8, dtype=np.uint8))
+        return self._seen[p - 1]
+
+    def part(self, p: int, slot: int) -> _PartBuffers:
+        """Buffers of part ``p`` in ``slot`` 0 or 1 (consecutive hops alternate slots: a hop's
+        buffers are still read while the next hop samples)."""
+        while len(self._parts) <= p:
+            self._parts.append((_PartBuffers(), _PartBuffers()))
+        return self._parts[p][slot]
 
 
 def _assemble(
