@@ -15,6 +15,7 @@ BENCHES = {
     "placement": "gnnio.bench.placement",
     "tiers": "gnnio.bench.tiers",
     "cache": "gnnio.bench.cache",
+    "locality": "gnnio.bench.locality",
 }
 
 

@@ -2,9 +2,35 @@
 
 * :class:`UniformSampler` -- GraphSAGE node-wise uniform sampling with per-hop fanouts (numba on
   CPU, vectorized torch on CUDA); :func:`reference.sample_reference` is its plain-Python twin.
+* :class:`LocalitySampler` -- Song & Jiang's locality-aware sampling (neighbours near the GPU set B
+  favoured by a scale ``s``) with Horvitz-Thompson edge weights and optional HyDRA threshold
+  pruning; :class:`PrunedUniformSampler` is the pruning alone; :class:`AdaptiveScale` is their
+  Algorithm 2, fed by a measured or :func:`modeled_loading_share`.
 """
 
+from .adaptive import AdaptiveScale, modeled_loading_share, modeled_loading_time
 from .base import Block, MiniBatch, Sampler
+from .locality import (
+    LocalitySampler,
+    PrunedUniformSampler,
+    inclusion_probabilities,
+    las_sets,
+    prune_thresholds,
+)
 from .uniform import UniformSampler, parse_fanouts
 
-__all__ = ["Block", "MiniBatch", "Sampler", "UniformSampler", "parse_fanouts"]
+__all__ = [
+    "AdaptiveScale",
+    "Block",
+    "LocalitySampler",
+    "MiniBatch",
+    "PrunedUniformSampler",
+    "Sampler",
+    "UniformSampler",
+    "inclusion_probabilities",
+    "las_sets",
+    "modeled_loading_share",
+    "modeled_loading_time",
+    "parse_fanouts",
+    "prune_thresholds",
+]
