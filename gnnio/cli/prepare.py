@@ -1,11 +1,38 @@
-"""``gnnio prepare SOURCE ... --out DIR``: import a dataset into gnnio's format."""
+"""``gnnio prepare SOURCE ... --out DIR [--reorder SCORE]``: import a dataset into gnnio's format.
+
+With ``--reorder SCORE`` the imported dataset is relabelled by descending hotness score (Data
+Tiering Algorithm 2, :func:`gnnio.reorder.reorder_path`) before it appears at ``DIR``: the importer
+writes into a temporary sibling directory of ``DIR``, the reordered copy is written from there
+atomically (through :class:`gnnio.graph.DatasetWriter`) to ``DIR``, and the temporary import is
+removed. On any failure ``DIR`` is left as it was (absent, or the old dataset with
+``--overwrite``). The result is the same, array for array, as ``gnnio prepare ... --out A``
+followed by ``gnnio reorder A --by SCORE --out DIR``, including the id maps ``new2old`` /
+``old2new`` (original import ids <-> new ids).
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
+from pathlib import Path
 
+from ..errors import DatasetError, UsageError
 from ..graph.dataset import info_stats, load
+from ..hotness import SCORES
 from ..importers import IMPORTERS
+
+#: scores accepted by ``--reorder`` (all of :data:`gnnio.hotness.SCORES`, as ``gnnio reorder``)
+REORDER_SCORES = tuple(SCORES)
+
+
+def _fanouts(text: str) -> list[int]:
+    from ..sampling.uniform import parse_fanouts
+
+    try:
+        return parse_fanouts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(sub) -> None:
@@ -14,7 +41,8 @@ def register(sub) -> None:
         help="import a dataset (synthetic, planetoid, facebook, ogb, npy) into gnnio's format",
         description=(
             "Import a dataset, validate it and write it atomically into gnnio's on-disk format "
-            "(see docs/format.md). Run 'gnnio prepare SOURCE --help' for each source's options."
+            "(see docs/format.md), optionally reordered by a hotness score. Run "
+            "'gnnio prepare SOURCE --help' for each source's options."
         ),
     )
     src = p.add_subparsers(dest="source", metavar="SOURCE", required=True)
@@ -27,15 +55,86 @@ def register(sub) -> None:
         )
         mod.add_arguments(sp)
         sp.add_argument("--out", required=True, metavar="DIR", help="output dataset directory")
+        sp.add_argument("--overwrite", action="store_true", help="replace DIR if it already exists")
         sp.add_argument(
-            "--overwrite", action="store_true", help="replace DIR if it already exists"
+            "--reorder",
+            default=None,
+            metavar="SCORE",
+            help=(
+                "relabel nodes by descending hotness score before writing DIR (hottest node gets "
+                "id 0; id maps stored as arrays 'new2old' and 'old2new'), as 'gnnio reorder' "
+                f"does; SCORE is one of: {', '.join(REORDER_SCORES)}"
+            ),
+        )
+        sp.add_argument(
+            "--reorder-fanouts",
+            type=_fanouts,
+            default=[15, 10, 5],
+            metavar="K1,K2,..",
+            help="per-hop fanouts (hop 1 first) for --reorder sj, sj_fanout and presample",
+        )
+        sp.add_argument(
+            "--reorder-batch-size",
+            type=int,
+            default=1024,
+            metavar="B",
+            help="seeds per batch for --reorder presample (one epoch, seed 1)",
         )
         sp.add_argument("--quiet", action="store_true", help="no progress bars or summary")
         sp.set_defaults(func=run, importer=mod)
 
 
+def check_reorder_score(name: str | None) -> str | None:
+    """``name`` if it is a score ``--reorder`` accepts (or None), else a one-line UsageError."""
+    if name is not None and name not in REORDER_SCORES:
+        raise UsageError(
+            f"--reorder: score '{name}' is unknown; choose from {', '.join(REORDER_SCORES)}"
+        )
+    return name
+
+
+def _import_and_reorder(args) -> Path:
+    """Import into a temporary sibling of ``args.out``, write the reordered copy to ``args.out``
+    atomically, and remove the temporary import whatever happens."""
+    from ..reorder import reorder_path
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise DatasetError(f"{out}: already exists (pass --overwrite to replace it)")
+    if args.reorder_batch_size < 1:
+        raise UsageError(f"--reorder-batch-size: must be >= 1, got {args.reorder_batch_size}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
+    try:
+        iargs = argparse.Namespace(**vars(args))
+        # same folder name as DIR: importers that name the dataset after its folder (npy) agree
+        iargs.out = str(tmp / out.name)
+        iargs.overwrite = False
+        imported = args.importer.run(iargs)
+        summary = reorder_path(
+            imported,
+            args.reorder,
+            out=out,
+            overwrite=args.overwrite,
+            fanouts=args.reorder_fanouts,
+            batch_size=args.reorder_batch_size,
+            progress=not args.quiet,
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not args.quiet:
+        print(
+            f"reordered by {args.reorder} (score {summary['score_s']:.2f} s, "
+            f"reorder {summary['reorder_s']:.2f} s)"
+        )
+    return out
+
+
 def run(args) -> int:
-    out = args.importer.run(args)
+    if check_reorder_score(getattr(args, "reorder", None)) is None:
+        out = args.importer.run(args)
+    else:
+        out = _import_and_reorder(args)
     if not args.quiet:
         s = info_stats(load(out))
         print(
