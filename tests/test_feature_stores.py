@@ -22,7 +22,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnio.errors import DatasetError, UsageError
-from gnnio.features import FeatureStore, InMemoryFeatureStore, MmapFeatureStore, open_store
+from gnnio.features import (
+    CrossBatchReuse,
+    FeatureCache,
+    FeatureStore,
+    InMemoryFeatureStore,
+    MmapFeatureStore,
+    MultiDeviceFeatureStore,
+    ShardedFeatureCache,
+    TieredFeatureStore,
+    open_store,
+    static_plus_dynamic,
+    two_level_cache,
+)
 from gnnio.features._gather import HAVE_NUMBA
 from tests.helpers import write_tiny_dataset
 
@@ -60,6 +72,83 @@ STORE_FACTORIES = [
 ]
 if torch.cuda.is_available():  # the same contract on a GPU-resident store
     STORE_FACTORIES.append(("memory-cuda", lambda f: InMemoryFeatureStore(f, device="cuda")))
+
+
+# ---- wrapper stores (tiered, caches, reuse, multi-device) over the same contract -------------
+# Capacities are fractions of N or tiny row counts, so the caches are smaller than most batches
+# drawn above (evictions, and more misses than capacity, happen in every test).
+
+
+def _scores(features: np.ndarray) -> np.ndarray:
+    """A fixed pseudo-random hotness score per row (ties broken by id, as in gnnio.reorder)."""
+    return np.random.default_rng(features.shape[0]).random(features.shape[0])
+
+
+def _hot_order(features: np.ndarray) -> np.ndarray:
+    """Global ids hottest first by :func:`_scores`."""
+    return np.argsort(-_scores(features), kind="stable")
+
+
+def _tiered_prefix(fraction: float, **kw):
+    return lambda f: TieredFeatureStore.from_reordered(f, fraction, **kw)
+
+
+def _tiered_lookup(fraction: float, **kw):
+    return lambda f: TieredFeatureStore.from_scores(f, _scores(f), fraction, **kw)
+
+
+def _cache(policy: str, size: float | int = 0.3):
+    def make(f):
+        hot = _hot_order(f) if policy == "static" else None
+        return FeatureCache(InMemoryFeatureStore(f), size, policy, hot_ids=hot)
+
+    return make
+
+
+STORE_FACTORIES += [
+    ("tiered-prefix-0.3", _tiered_prefix(0.3)),
+    ("tiered-lookup-0.3", _tiered_lookup(0.3)),
+    ("tiered-prefix-0", _tiered_prefix(0.0)),
+    ("tiered-prefix-1.0", _tiered_prefix(1.0)),
+    ("tiered-lookup-0", _tiered_lookup(0.0)),
+    ("tiered-lookup-1.0", _tiered_lookup(1.0)),
+    (
+        "tiered-lookup-0.3-mmap-cpu-gather",
+        lambda f: TieredFeatureStore.from_scores(
+            MmapFeatureStore(_npy_file(f)), _scores(f), 0.3, cold_mode="cpu_gather"
+        ),
+    ),
+    ("cache-fifo", _cache("fifo")),
+    ("cache-lru", _cache("lru")),
+    ("cache-lfu", _cache("lfu")),
+    ("cache-static", _cache("static")),
+    (
+        "cache-static-plus-lru",
+        lambda f: static_plus_dynamic(InMemoryFeatureStore(f), 0.2, 0.2, _hot_order(f), "lru"),
+    ),
+    (  # 2 + 3 rows: smaller than most batches
+        "cache-two-level-fifo",
+        lambda f: two_level_cache(InMemoryFeatureStore(f), 2, 3, "fifo"),
+    ),
+    (
+        "cache-sharded-lru-reader1",
+        lambda f: ShardedFeatureCache(InMemoryFeatureStore(f), 2, 0.2, "lru", reader=1),
+    ),
+    ("reuse", lambda f: CrossBatchReuse(InMemoryFeatureStore(f))),
+    (
+        "reuse-copy-over-fifo",
+        lambda f: CrossBatchReuse(FeatureCache(InMemoryFeatureStore(f), 3, "fifo"), keep="copy"),
+    ),
+    ("multidevice-alg1-2+2", lambda f: MultiDeviceFeatureStore.simulated(f, "2+2", "alg1")),
+]
+if torch.cuda.is_available():  # the wrappers moving real bytes: zero-copy cold rows, a GPU cache
+    STORE_FACTORIES += [
+        ("tiered-cuda-lookup-0.3", _tiered_lookup(0.3, device="cuda")),
+        (
+            "cache-cuda-lru",
+            lambda f: FeatureCache(InMemoryFeatureStore(f), 0.3, "lru", device="cuda"),
+        ),
+    ]
 
 FACTORY_IDS = [name for name, _ in STORE_FACTORIES]
 FACTORIES = [fac for _, fac in STORE_FACTORIES]
@@ -125,6 +214,21 @@ def test_out_buffer_is_written_in_place(factory, data, extra):
     # the same buffer again (as the loader reuses it), with other ids
     ids2 = _np_ids(ids)[::-1].copy()
     assert _same_bits(store.gather(ids2, out=out), feats[ids2])
+
+
+@stores
+@HYP
+@given(data=st.data())
+def test_a_sequence_of_batches_stays_correct(factory, data):
+    """Stateful stores (caches, reuse) stay exact over many batches, some into one reused buffer."""
+    feats, _ = data.draw(features_and_ids(max_ids=0))
+    n = feats.shape[0]
+    store = factory(feats)
+    out = torch.empty((30, feats.shape[1]), dtype=store.dtype, device=store.device)
+    for _ in range(data.draw(st.integers(2, 6))):
+        ids = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=30)), dtype=np.int64)
+        got = store.gather(ids, out=out) if data.draw(st.booleans()) else store.gather(ids)
+        assert _same_bits(got, feats[ids])
 
 
 @stores
@@ -202,6 +306,22 @@ def test_large_gather_matches(factory):
 
 
 # ---- store-specific --------------------------------------------------------------------------
+
+
+def test_wrappers_are_exported_from_the_package():
+    import gnnio.features as features
+    from gnnio.features import cache, cache_multi, multidevice, reuse, tiered
+
+    assert features.TieredFeatureStore is tiered.TieredFeatureStore
+    assert features.FeatureCache is cache.FeatureCache
+    assert features.static_plus_dynamic is cache.static_plus_dynamic
+    assert features.two_level_cache is cache.two_level_cache
+    assert features.ShardedFeatureCache is cache_multi.ShardedFeatureCache
+    assert features.CrossBatchReuse is reuse.CrossBatchReuse
+    assert features.MultiDeviceFeatureStore is multidevice.MultiDeviceFeatureStore
+    assert all(hasattr(features, name) for name in features.__all__)
+    with pytest.raises(AttributeError, match="no attribute"):
+        features.NoSuchStore  # noqa: B018
 
 
 def test_tiers():
@@ -319,8 +439,6 @@ def test_cuda_store_accepts_device_ids():
 def test_bad_feature_arrays_are_refused(tmp_path):
     with pytest.raises(ValueError, match="2-D"):
         InMemoryFeatureStore(np.zeros(5, np.float32))
-    with pytest.raises(ValueError, match="no columns"):
-        InMemoryFeatureStore(np.zeros((5, 0), np.float32))
     with pytest.raises(ValueError, match="no columns"):
         MmapFeatureStore(_npy_file(np.zeros((5, 0), np.float32)))
     with pytest.raises(ValueError, match="2-D"):

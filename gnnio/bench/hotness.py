@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..graph.dataset import load
-from ..hotness import SCORES, compute_score, presample_counts
+from ..hotness import SCORES, compute_score, presample_counts, top_count
 from ..reorder import order_by_score
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run", "captured_shares", "cumulative_curve"]
@@ -94,7 +94,8 @@ def add_arguments(p) -> None:
 def captured_shares(
     counts: np.ndarray, score: np.ndarray, fractions: list[float] | tuple[float, ...]
 ) -> dict[str, float]:
-    """Share of ``counts.sum()`` on the top ``ceil(f * N)`` nodes by ``score``, per fraction ``f``.
+    """Share of ``counts.sum()`` on the top ``top_count(f, N)`` nodes by ``score`` (see
+    :func:`gnnio.hotness.top_count`), per fraction ``f``.
 
     Keys are ``str(f)`` (e.g. ``"0.1"``); ties in ``score`` are broken by ascending node id.
     """
@@ -104,7 +105,7 @@ def captured_shares(
     csum = np.cumsum(counts[order], dtype=np.float64)
     out = {}
     for f in fractions:
-        k = min(n, max(1, int(np.ceil(f * n))))
+        k = top_count(f, n)
         out[str(f)] = float(csum[k - 1] / total) if total > 0 and n else 0.0
     return out
 

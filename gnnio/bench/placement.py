@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from ..hotness import top_count
 from ..placement import PlacementRequest, hottest_order, place
 from ..topology import load_topology
 from ._timing import median, time_passes
@@ -85,7 +86,7 @@ def run(args) -> dict[str, Any]:
     topo = load_topology(args.topology)
     n = int(args.num_nodes)
     probs = np.random.default_rng(args.seed).pareto(args.skew, n)
-    bsize = int(round(args.buffer * n))
+    bsize = top_count(args.buffer, n)
     req = PlacementRequest(probs=probs, topology=topo, buffer_rows=bsize, alpha=args.alpha)
     result: dict[str, Any] = {
         "num_nodes": n,
@@ -168,7 +169,7 @@ def run_grid(args) -> dict[str, Any]:
             res = make_plan(
                 ds,
                 topo,
-                int(round(b * ds.num_nodes)),
+                top_count(b, ds.num_nodes),
                 strategies=strategies,
                 fanouts=fanouts,
                 batch_size=args.batch_size,

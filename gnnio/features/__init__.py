@@ -5,23 +5,84 @@ The contract is :class:`~gnnio.features.base.FeatureStore` (read it first). Impl
 * :class:`InMemoryFeatureStore` — the whole matrix in RAM (tier "host") or on a GPU (tier "gpu").
 * :class:`MmapFeatureStore` — a memory-mapped file; reads only the rows asked for (tier "disk").
 
-:func:`open_store` opens either one over a prepared dataset.
+Wrappers over another store (composition; each counts rows and bytes per tier):
+
+* :class:`TieredFeatureStore` — hot rows on the GPU, cold rows in pinned host memory (Data Tiering).
+* :class:`FeatureCache` — a static / FIFO / LRU / LFU cache (BGL, PaGraph); the compositions
+  :func:`static_plus_dynamic` and :func:`two_level_cache` build stacks of them.
+* :class:`ShardedFeatureCache` — one cache per GPU, sharded by ``id mod #GPUs`` (BGL).
+* :class:`CrossBatchReuse` — rows the previous batch already brought are not fetched again (HyDRA).
+* :class:`MultiDeviceFeatureStore` — per-GPU shards read through a placement (Song & Jiang).
+
+The wrappers are imported on first use (PEP 562 ``__getattr__``), so ``import gnnio.features``
+costs no more than the two base stores, and the placement / reorder modules the wrappers import
+never form an import cycle with this package.
+
+:func:`open_store` opens a base store over a prepared dataset.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..errors import UsageError
 from ..utils.progress import bar
+from ._gather import host_empty
 from .base import FeatureStore, TierCounters
 from .memory import InMemoryFeatureStore
 from .mmap import MmapFeatureStore
 
-__all__ = ["FeatureStore", "InMemoryFeatureStore", "MmapFeatureStore", "TierCounters", "open_store"]
+if TYPE_CHECKING:  # the lazily exported names, for type checkers and IDEs
+    from .cache import FeatureCache, static_plus_dynamic, two_level_cache
+    from .cache_multi import ShardedFeatureCache
+    from .multidevice import MultiDeviceFeatureStore
+    from .reuse import CrossBatchReuse
+    from .tiered import TieredFeatureStore
+
+__all__ = [
+    "CrossBatchReuse",
+    "FeatureCache",
+    "FeatureStore",
+    "InMemoryFeatureStore",
+    "MmapFeatureStore",
+    "MultiDeviceFeatureStore",
+    "ShardedFeatureCache",
+    "TierCounters",
+    "TieredFeatureStore",
+    "open_store",
+    "static_plus_dynamic",
+    "two_level_cache",
+]
+
+#: exported name -> submodule defining it (imported on first attribute access)
+_LAZY = {
+    "TieredFeatureStore": "tiered",
+    "FeatureCache": "cache",
+    "static_plus_dynamic": "cache",
+    "two_level_cache": "cache",
+    "ShardedFeatureCache": "cache_multi",
+    "CrossBatchReuse": "reuse",
+    "MultiDeviceFeatureStore": "multidevice",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 STORE_KINDS = ("memory", "mmap")
 
@@ -68,7 +129,7 @@ def open_store(
 
 def _read_into_memory(src: np.ndarray, progress: bool, chunk_bytes: int = 64 << 20) -> np.ndarray:
     """Copy a (memory-mapped) ``[N, F]`` array into RAM in chunks, with a progress bar in MiB."""
-    out = np.empty(src.shape, dtype=src.dtype)
+    out = host_empty(src.shape, src.dtype)
     n = src.shape[0]
     rows = max(1, chunk_bytes // max(1, src[:1].nbytes))
     with bar(

@@ -95,12 +95,15 @@ _I32_MAX = 2**31 - 1
 
 
 def capacity_rows(size: float | int, num_rows: int) -> int:
-    """Cache capacity in rows: ``size`` < 1 (a float) is a fraction of ``num_rows``, otherwise a
-    row count; the result is clipped to ``[0, num_rows]``."""
+    """Cache capacity in rows: ``size`` < 1 (a float) is a fraction of ``num_rows``, converted by
+    :func:`gnnio.hotness.top_count` (nearest count, halves up, at least 1 for a positive
+    fraction), otherwise a row count; the result is clipped to ``[0, num_rows]``."""
     if isinstance(size, float) and size < 1.0:
         if size < 0:
             raise ValueError(f"cache size must be >= 0, got {size}")
-        rows = int(round(size * num_rows))
+        from ..hotness import top_count  # here, not at the top: gnnio.hotness needs numba
+
+        rows = top_count(size, num_rows)
     else:
         rows = int(size)
         if rows < 0:

@@ -133,11 +133,12 @@ class MultiDeviceFeatureStore(FeatureStore):
                 :func:`~gnnio.topology.load_topology` reads (``"2+2"``, a preset, a file).
             strategy: a placement strategy that needs no graph (``alg1``, ``rule1``,
                 ``interleaved``, ``mod``, ``naive``, ``random``).
-            buffer: rows per GPU as a fraction of ``N``.
+            buffer: rows per GPU as a fraction of ``N`` (:func:`gnnio.hotness.top_count`).
             reader: the GPU this store reads for.
             probs: access probabilities; None = a seeded heavy-tailed random vector.
             seed: seed of the random ``probs`` and of ``random``.
         """
+        from ..hotness import top_count
         from ..placement import PlacementRequest, place
         from ..topology import load_topology
 
@@ -146,7 +147,7 @@ class MultiDeviceFeatureStore(FeatureStore):
         if probs is None:
             probs = np.random.default_rng(seed).pareto(1.2, n)
         req = PlacementRequest(
-            probs=probs, topology=topo, buffer_rows=int(round(buffer * n)), seed=seed
+            probs=probs, topology=topo, buffer_rows=top_count(buffer, n), seed=seed
         )
         return cls(features, place(strategy, req), reader=reader, topology=topo)
 

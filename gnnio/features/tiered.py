@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from ..errors import GnnioError, UsageError
+from ..hotness import top_count
 from ..reorder import order_by_score
 from ..utils.progress import bar
 from . import uva
@@ -81,15 +82,16 @@ class TieringWarning(RuntimeWarning):
 
 
 def hot_rows_for_fraction(fraction: float, num_rows: int) -> int:
-    """``round(fraction * num_rows)`` clamped to ``[0, num_rows]``; fractions >= 1 mean all rows.
+    """Hot rows for a hot ``fraction`` of ``num_rows``: :func:`gnnio.hotness.top_count` (nearest
+    count, halves up, at least 1 for a positive fraction, fractions >= 1 mean all rows).
 
     Raises:
         ValueError: ``fraction`` is negative or not finite.
     """
-    f = float(fraction)
-    if not math.isfinite(f) or f < 0:
-        raise ValueError(f"hot fraction must be a finite number >= 0, got {fraction!r}")
-    return min(int(num_rows), int(round(f * num_rows)))
+    try:
+        return top_count(fraction, num_rows)
+    except ValueError:
+        raise ValueError(f"hot fraction must be a finite number >= 0, got {fraction!r}") from None
 
 
 class _Source:
@@ -327,7 +329,7 @@ class TieredFeatureStore(FeatureStore):
         fraction: float,
         **kwargs: Any,
     ) -> TieredFeatureStore:
-        """Lookup mode with the hot set = the ``round(fraction * N)`` highest-scoring ids, ranked by
+        """Lookup mode with the hot set = the ``top_count(fraction, N)`` highest-scoring ids, ranked by
         :func:`gnnio.reorder.order_by_score` (ties: lower id first; non-finite scores refused).
         ``score``: ``[N]`` numbers, higher = hotter (any hotness score, or true access counts for an
         oracle). ``kwargs`` go to the constructor."""
@@ -343,8 +345,8 @@ class TieredFeatureStore(FeatureStore):
     def from_reordered(
         cls, backing: FeatureStore | np.ndarray | torch.Tensor, fraction: float, **kwargs: Any
     ) -> TieredFeatureStore:
-        """Prefix mode for data already reordered hottest-first: ids ``[0, round(fraction * N))``
-        are hot. ``kwargs`` go to the constructor."""
+        """Prefix mode for data already reordered hottest-first: ids ``[0, top_count(fraction, N))``
+        are hot (:func:`hot_rows_for_fraction`). ``kwargs`` go to the constructor."""
         return cls(backing, hot=hot_rows_for_fraction(fraction, _num_rows_of(backing)), **kwargs)
 
     # ---------------------------------------------------------------------------------------------

@@ -99,11 +99,15 @@ def load(path: str | os.PathLike, verify: bool = False) -> Dataset:
     )
 
 
-def info_stats(ds: Dataset, check_values: bool = False, chunk_rows: int = 1 << 16) -> dict[str, Any]:
+def info_stats(
+    ds: Dataset, check_values: bool = False, chunk_rows: int = 1 << 16
+) -> dict[str, Any]:
     """The numbers ``gnnio info`` prints (all plain JSON types)."""
     deg = ds.graph.in_degrees()
     n, e = ds.num_nodes, ds.num_edges
-    top = max(1, int(np.ceil(0.01 * n))) if n else 0
+    from ..hotness import top_count
+
+    top = top_count(0.01, n)
     top_share = float(np.sort(deg)[::-1][:top].sum() / e) if e else 0.0
     out_deg = ds.graph.out_degrees()
     stats: dict[str, Any] = {

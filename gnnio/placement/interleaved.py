@@ -4,7 +4,7 @@ The feature table is sorted by score; "instead of using a naive blocked partitio
 interleaved data loading method" so that memory and link traffic are balanced across the GPUs of
 the group: the ``k``-th hottest row of the multi-GPU tensor goes to GPU ``k mod g`` of a group of
 ``g`` GPUs. Optionally ("in case the data transfer time is still an issue, we can additionally
-replicate some hot data over multiple GPUs") the hottest ``R = round(replicate * BSIZE)`` rows are
+replicate some hot data over multiple GPUs") the hottest ``R = top_count(replicate, BSIZE)`` rows are
 replicated on every GPU; each GPU then holds ``R`` replicated rows plus ``BSIZE - R`` interleaved
 ones, so the group holds ``R + g * (BSIZE - R)`` distinct rows (the paper's own runs use
 ``replicate = 0``). Groups are independent: every group holds the same rows.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..hotness import top_count
 from . import Placement, PlacementRequest, hottest_order
 
 __all__ = ["place_interleaved", "interleave"]
@@ -31,7 +32,7 @@ def interleave(order: np.ndarray, g: int, bsize: int, replicated: int) -> list[n
 def place_interleaved(req: PlacementRequest) -> Placement:
     """Interleaved hot rows over each NVLink group, plus an optional replicated hottest part."""
     topo = req.topology
-    r = int(round(float(req.replicate) * req.buffer_rows))
+    r = top_count(req.replicate, req.buffer_rows)
     gmax = max(len(g) for g in topo.groups) if topo.peers_cheaper else 1
     V = hottest_order(req.probs, k=r + gmax * (req.buffer_rows - r))
     buffers: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * topo.num_gpus

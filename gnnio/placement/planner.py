@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DatasetError, UsageError
+from ..hotness import top_count
 from ..topology import Topology
 from . import Placement, PlacementRequest, place
 from .costmodel import CostReport, expected_reads, placement_cost
@@ -139,13 +140,13 @@ def warm_up_kernels() -> None:
 def buffer_rows_from(
     buffer: float | None, num_nodes: int, row_bytes: int, topology: Topology
 ) -> int:
-    """``BSIZE`` in rows: ``round(buffer * N)`` for a fraction in (0, 1], else the topology's
+    """``BSIZE`` in rows: ``top_count(buffer, N)`` for a fraction in (0, 1], else the topology's
     ``feature_budget_bytes // row_bytes``."""
     if buffer is not None:
         b = float(buffer)
         if not 0.0 < b <= 1.0:
             raise UsageError(f"--buffer: a fraction of the nodes in (0, 1], got {buffer}")
-        return int(round(b * num_nodes))
+        return top_count(b, num_nodes)
     rows = topology.buffer_rows(row_bytes)
     if rows is None:
         raise UsageError(
