@@ -390,6 +390,9 @@ class ProximityOrder(SeedOrder):
         pool_size: BFS regions generated once (default ``max(k, max_sequences)``, at most n).
         bound: ``"random"`` (default), ``"paper"`` or a float; see module docstring, step 3.
         slack: tolerance over the random order's error for ``bound="random"``.
+        draws: random draws averaged for each shuffling-error estimate (the random baseline and
+            every candidate k); one draw is too noisy: the first k passing by luck was chosen
+            and k varied a lot between seeds.
         progress: a progress bar over the k tried by the automatic choice.
 
     Attributes:
@@ -415,6 +418,7 @@ class ProximityOrder(SeedOrder):
         pool_size: int | None = None,
         bound: str | float = "random",
         slack: float = 0.25,
+        draws: int = 8,
         progress: bool = False,
     ):
         super().__init__(seeds, batch_size, drop_last=drop_last, rank=rank, world_size=world_size)
@@ -434,6 +438,9 @@ class ProximityOrder(SeedOrder):
         if not (isinstance(bound, (int, float)) or bound in ("random", "paper")):
             raise ValueError(f"bound: 'random', 'paper' or a number, got {bound!r}")
         self.seed = int(seed)
+        if int(draws) < 1:
+            raise ValueError(f"draws: must be >= 1, got {draws}")
+        self.draws = int(draws)
         self.labels = self._seed_labels(labels, graph.num_nodes)
         self.max_sequences = int(max_sequences)
         self.errors: dict[int, float] = {}
@@ -473,16 +480,32 @@ class ProximityOrder(SeedOrder):
         if bound == "paper":
             b = paper_bound(self.batch_size, self.world_size, n)
         elif bound == "random":
-            rnd = np.random.default_rng([self.seed, 0xE58]).permutation(n)
-            b = self._error_of(rnd) * (1.0 + slack)
+            b = float(
+                np.mean(
+                    [
+                        self._error_of(np.random.default_rng([self.seed, 0xE58, d]).permutation(n))
+                        for d in range(self.draws)
+                    ]
+                )
+            ) * (1.0 + slack)
         else:
             b = float(bound)
         self.bound_value = b
         top = min(self.max_sequences, self.regions.num_regions)
         with bar(top, "shuffling error", "k", enabled=progress) as pb:
             for k in range(1, top + 1):
-                rng = np.random.default_rng([self.seed, 0xE57, k])
-                self.errors[k] = self._error_of(combine_regions(self.regions, k, rng))
+                self.errors[k] = float(
+                    np.mean(
+                        [
+                            self._error_of(
+                                combine_regions(
+                                    self.regions, k, np.random.default_rng([self.seed, 0xE57, k, d])
+                                )
+                            )
+                            for d in range(self.draws)
+                        ]
+                    )
+                )
                 pb.update(1)
                 if self.errors[k] <= b:
                     return k

@@ -112,6 +112,18 @@ class TrainConfig:
             proximity-aware order, :class:`~gnnio.ordering_po.ProximityOrder`).
         po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the
             shuffling-error bound.
+        locality_scale: None = uniform sampling; a number ``s >= 1`` = Song & Jiang's
+            locality-aware sampling (:class:`~gnnio.sampling.LocalitySampler`) with that fixed
+            scale; ``"auto"`` = Algorithm 2 adapts ``s`` after every epoch from the data-loading
+            share (:class:`~gnnio.sampling.AdaptiveScale`, lt 0.15, ut 0.2, MAXS 8). Needs a
+            GPU-resident set: ``gpu_cache_fraction``, ``placement`` or a ``static`` cache.
+        locality_max_scale: MAXS of ``auto``.
+        locality_compute_s: for ``auto`` without a GPU: the compute seconds per epoch that the
+            *modeled* loading share assumes (None = the measured CPU compute time, which makes
+            the share small, so Algorithm 2 tends to stop at ``s = 1``).
+        prune_threshold: None, or ``(alpha, beta)`` of HyDRA's threshold pruning: a node with more
+            than ``alpha * avg_degree + beta * fanout`` neighbours samples from a random contiguous
+            window of that length of its neighbour list.
     """
 
     model: str = "sage"
@@ -147,6 +159,10 @@ class TrainConfig:
     cache_size: float = 0.1
     order: str = "random"
     po_sequences: int | None = None
+    locality_scale: float | str | None = None
+    locality_max_scale: float = 8.0
+    locality_compute_s: float | None = None
+    prune_threshold: tuple[float, float] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -224,6 +240,33 @@ class TrainConfig:
             raise UsageError(f"--order: must be one of {', '.join(ORDERS)}, got '{self.order}'")
         if self.po_sequences is not None and self.po_sequences < 1:
             raise UsageError(f"--po-sequences: must be >= 1, got {self.po_sequences}")
+        ls = self.locality_scale
+        if ls is not None and ls != "auto":
+            if isinstance(ls, str) or not (math.isfinite(ls) and ls >= 1.0):
+                raise UsageError(f"--locality-scale: must be a number >= 1 or 'auto', got {ls!r}")
+        if not (math.isfinite(self.locality_max_scale) and self.locality_max_scale >= 1.0):
+            raise UsageError(
+                f"--locality-max-scale: must be a number >= 1, got {self.locality_max_scale}"
+            )
+        if self.locality_compute_s is not None and not self.locality_compute_s > 0:
+            raise UsageError(
+                f"--locality-compute-s: must be > 0 seconds, got {self.locality_compute_s}"
+            )
+        if ls is not None and (
+            self.gpu_cache_fraction is None
+            and self.placement is None
+            and self.cache_policy != "static"
+        ):
+            raise UsageError(
+                "--locality-scale: needs nodes held on the GPU; add --gpu-cache-fraction F, "
+                "--placement FILE or --cache-policy static"
+            )
+        pt = self.prune_threshold
+        if pt is not None:
+            if len(pt) != 2 or not all(math.isfinite(float(v)) and float(v) >= 0 for v in pt):
+                raise UsageError(
+                    f"--prune-threshold: needs ALPHA,BETA (two numbers >= 0), got {pt!r}"
+                )
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -352,7 +395,7 @@ def train(
     ``num_parameters``, ``stopped_early``.
     """
     from .sampling import UniformSampler
-    from .train_setup import build_order, build_store
+    from .train_setup import build_order, build_sampler, build_store
 
     cfg = config or TrainConfig()
     cfg.validate()
@@ -373,7 +416,7 @@ def train(
 
     setup = build_store(ds, cfg, device)
     store = setup.store
-    sampler = UniformSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads)
+    sampler, adaptive = build_sampler(ds, cfg, fanouts, setup)
     order = build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
     train_loader = make_node_loader(
         sampler,
@@ -391,8 +434,9 @@ def train(
         eval_sampler = UniformSampler(ds.graph, fanouts, seed=cfg.seed + 1, num_threads=cfg.threads)
         for name, idx in (("valid", ds.valid_idx), ("test", ds.test_idx)):
             eval_loaders[name] = make_node_loader(
-                eval_sampler, store, idx, labels, eval_bs, cfg.seed, device, cfg.prefetch
-            )
+                eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
+                cfg.prefetch,
+            )  # fmt: skip
 
     model = build_model(
         cfg.model,
@@ -425,6 +469,12 @@ def train(
             for t in setup.tiers:
                 rec["bytes_by_tier"].setdefault(t, 0)
                 rec["rows_by_tier"].setdefault(t, 0)
+            if cfg.locality_scale is not None:
+                rec["locality_scale"] = float(sampler.scale)
+                if adaptive is not None:
+                    share, kind = _loading_share(rec, cfg, device)
+                    rec["loading_share"], rec["loading_share_kind"] = share, kind
+                    sampler.scale = adaptive.update(share)  # between epochs: loader is idle
 
             t0 = time.perf_counter()
             if cfg.eval == "sampled":
@@ -471,6 +521,8 @@ def train(
 
     summary = _summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt)
     summary["data_setup"] = setup.info
+    if cfg.locality_scale is not None or cfg.prune_threshold is not None:
+        summary["sampling"] = _sampling_info(sampler, adaptive, history, cfg)
     summary["order"] = _order_info(order)
     if cfg.summary:
         _write_json_atomic(Path(cfg.summary), summary)
@@ -523,6 +575,40 @@ def _summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt)
     }
 
 
+def _loading_share(rec: dict[str, Any], cfg: TrainConfig, device: torch.device):
+    """The data-loading share that drives Algorithm 2: measured ``(gather + transfer) / epoch`` on
+    a GPU, else modeled from the bytes per tier (:func:`gnnio.sampling.modeled_loading_share`)."""
+    bd, bt = rec["breakdown_s"], rec["bytes_by_tier"]
+    if device.type == "cuda" and cfg.locality_compute_s is None:
+        t = rec["epoch_time_s"]
+        return ((bd["gather"] + bd["transfer"]) / t if t > 0 else 0.0), "measured"
+    from .sampling import modeled_loading_share
+
+    compute = cfg.locality_compute_s if cfg.locality_compute_s is not None else bd["compute"]
+    share = modeled_loading_share(
+        bt.get("host", 0),
+        bt.get("gpu", 0) + bt.get("local", 0) + bt.get("cache", 0),
+        compute_s=compute,
+        peer_bytes=bt.get("peer", 0),
+    )
+    return share, "modeled"
+
+
+def _sampling_info(sampler, adaptive, history, cfg) -> dict[str, Any]:
+    info: dict[str, Any] = {"sampler": type(sampler).__name__}
+    if cfg.locality_scale is not None:
+        info["locality_scale"] = cfg.locality_scale
+        info["scale_per_epoch"] = [h.get("locality_scale") for h in history]
+        info["final_scale"] = float(sampler.scale)
+        if adaptive is not None:
+            info["algorithm2"] = adaptive.history
+            info["loading_share_kind"] = history[0].get("loading_share_kind") if history else None
+    if cfg.prune_threshold is not None:
+        info["prune_threshold"] = list(cfg.prune_threshold)
+        info["thresholds"] = [int(t) for t in getattr(sampler, "thresholds", [])]
+    return info
+
+
 def _order_info(order) -> dict[str, Any]:
     """The seed order's facts for the summary (kind; for PO the sequences and the error bound)."""
     info: dict[str, Any] = {"kind": type(order).__name__}
@@ -530,6 +616,9 @@ def _order_info(order) -> dict[str, Any]:
         v = getattr(order, k, None)
         if v is not None:
             info[k] = v if not isinstance(v, (np.floating, np.integer)) else v.item()
+    errors = getattr(order, "errors", None)
+    if errors and getattr(order, "num_sequences", None) in errors:
+        info["estimated_error"] = float(errors[order.num_sequences])
     return info
 
 

@@ -35,7 +35,7 @@ import torch
 
 from .errors import UsageError
 
-__all__ = ["StoreSetup", "build_order", "build_store", "hot_score"]
+__all__ = ["StoreSetup", "build_order", "build_sampler", "build_store", "hot_score"]
 
 CACHE_POLICIES = ("none", "static", "fifo", "lru", "lfu")
 ORDERS = ("random", "po")
@@ -50,12 +50,15 @@ class StoreSetup:
         tiers: tier names that always appear in ``bytes_by_tier`` (zero if unused).
         gpu_ids: sorted global ids resident on the training GPU (the set B of LAS), or None.
         info: facts for the summary (hot rows, strategy, cache capacity, ...).
+        eval_store: the store evaluation reads through: ``store`` without a *dynamic* cache, so
+            evaluation batches do not evict the training batches' rows.
     """
 
     store: Any
     tiers: tuple[str, ...]
     gpu_ids: np.ndarray | None
     info: dict[str, Any]
+    eval_store: Any = None
 
 
 def hot_score(ds, cfg, progress: bool) -> np.ndarray:
@@ -142,6 +145,7 @@ def build_store(ds, cfg, device: torch.device) -> StoreSetup:
             }
         )
 
+    eval_store = store
     if cfg.cache_policy != "none" and cfg.cache_size > 0:
         from .features.cache import FeatureCache
         from .features.tiered import hot_rows_for_fraction
@@ -154,12 +158,57 @@ def build_store(ds, cfg, device: torch.device) -> StoreSetup:
         cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), n)
         store = FeatureCache(store, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
         tiers = ("cache", *tiers)
+        if cfg.cache_policy == "static":
+            eval_store = store
         if cfg.cache_policy == "static" and gpu_ids is None:
             gpu_ids = np.sort(np.asarray(hot[: store.capacity], dtype=np.int64))
         info.update(
             cache={"policy": cfg.cache_policy, "size": cfg.cache_size, "capacity": store.capacity}
         )
-    return StoreSetup(store=store, tiers=tiers, gpu_ids=gpu_ids, info=info)
+    return StoreSetup(store=store, tiers=tiers, gpu_ids=gpu_ids, info=info, eval_store=eval_store)
+
+
+def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
+    """The training sampler and, for ``locality_scale="auto"``, its Algorithm 2 controller.
+
+    * neither option: :class:`~gnnio.sampling.UniformSampler`;
+    * ``prune_threshold`` only: :class:`~gnnio.sampling.PrunedUniformSampler`;
+    * ``locality_scale``: :class:`~gnnio.sampling.LocalitySampler` with ``B = setup.gpu_ids``
+      (and the pruning window when asked), weights ``1/q`` (Horvitz-Thompson; the SAGE mean
+      aggregation normalises them, see :mod:`gnnio.sampling.locality`).
+    """
+    from .sampling import AdaptiveScale, LocalitySampler, PrunedUniformSampler, UniformSampler
+
+    prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
+    if cfg.locality_scale is None:
+        if prune is None:
+            return UniformSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads), None
+        return (
+            PrunedUniformSampler(
+                ds.graph, fanouts, prune=prune, seed=cfg.seed, num_threads=cfg.threads
+            ),
+            None,
+        )
+    if setup.gpu_ids is None:
+        raise UsageError(
+            "--locality-scale: the store holds no rows on the GPU (use --gpu-cache-fraction, "
+            "--placement or --cache-policy static)"
+        )
+    adaptive = None
+    scale = cfg.locality_scale
+    if scale == "auto":
+        adaptive = AdaptiveScale(maxs=cfg.locality_max_scale)
+        scale = adaptive.s
+    sampler = LocalitySampler(
+        ds.graph,
+        fanouts,
+        hot_ids=setup.gpu_ids,
+        scale=float(scale),
+        seed=cfg.seed,
+        num_threads=cfg.threads,
+        prune=prune,
+    )
+    return sampler, adaptive
 
 
 def _top_ids(score: np.ndarray, k: int) -> np.ndarray:

@@ -197,3 +197,65 @@ def test_cli_missing_placement_is_one_line_error(data, tmp_path, capsys):
     rc = main(["train", str(data), "--placement", str(tmp_path / "none.npz"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "placement file not found" in err and "\n" not in err
+
+
+def test_locality_scale_fixed_reads_more_gpu_rows(data):
+    base = train(data, cfg(gpu_cache_fraction=0.2, score="degree", epochs=1))
+    las = train(data, cfg(gpu_cache_fraction=0.2, score="degree", epochs=1, locality_scale=8.0))
+    assert las["sampling"]["sampler"] == "LocalitySampler"
+    assert las["sampling"]["scale_per_epoch"] == [8.0]
+
+    def share(s):
+        b = s["bytes_by_tier"]
+        return b["gpu"] / (b["gpu"] + b["host"])
+
+    assert share(las) > share(base) + 0.05
+
+
+def test_locality_scale_auto_follows_algorithm2(data):
+    # a tiny modeled compute time makes loading dominate: Algorithm 2 doubles s up to MAXS
+    s = train(
+        data,
+        cfg(
+            gpu_cache_fraction=0.2,
+            score="degree",
+            epochs=5,
+            locality_scale="auto",
+            locality_max_scale=4.0,
+            locality_compute_s=1e-9,
+        ),
+    )
+    assert s["sampling"]["scale_per_epoch"] == [1.0, 2.0, 4.0, 4.0, 4.0]
+    assert all(h["loading_share_kind"] == "modeled" for h in s["history"])
+
+
+def test_prune_threshold_uses_pruned_sampler(data):
+    s = train(data, cfg(prune_threshold=(0.0, 1.0)))
+    assert s["sampling"]["sampler"] == "PrunedUniformSampler"
+    assert s["sampling"]["thresholds"] == [4, 3]
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"locality_scale": 4.0}, "needs nodes held on the GPU"),
+        ({"locality_scale": 0.5, "gpu_cache_fraction": 0.1}, "--locality-scale"),
+        ({"locality_scale": "big", "gpu_cache_fraction": 0.1}, "--locality-scale"),
+        ({"prune_threshold": (1.0, -1.0)}, "--prune-threshold"),
+    ],
+)
+def test_locality_option_errors(kw, match):
+    with pytest.raises(UsageError, match=match):
+        cfg(**kw).validate()
+
+
+def test_cli_locality_scale(data, tmp_path):
+    from gnnio.cli.main import main
+
+    f = tmp_path / "s.json"
+    argv = ["train", str(data), "--gpu-cache-fraction", "0.1", "--locality-scale", "2"]
+    argv += ["--epochs", "1", "--fanouts", "3,3", "--summary", str(f), "--quiet"]
+    assert main(argv) == 0
+    s = json.loads(f.read_text())
+    assert s["sampling"]["final_scale"] == 2.0 and {"gpu", "host"} <= set(s["bytes_by_tier"])
+    assert main(["train", str(data), "--prune-threshold", "1", "--quiet"]) == 2

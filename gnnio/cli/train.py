@@ -137,6 +137,39 @@ def register(sub) -> None:
         default=None,
         help="BFS sequences of --order po (default: the fewest meeting the shuffling-error bound)",
     )
+    g = p.add_argument_group(
+        "sampling",
+        "locality-aware sampling (Song & Jiang) and threshold pruning (HyDRA); default: uniform",
+    )
+    g.add_argument(
+        "--locality-scale",
+        metavar="S|auto",
+        default=None,
+        help="favour neighbours whose features are on the GPU by the factor S >= 1 (probabilities "
+        "renormalized, aggregation weights 1/q keep the estimate unbiased); 'auto' adapts S after "
+        "each epoch with Algorithm 2 (lt 0.15, ut 0.2, MAXS --locality-max-scale). Needs "
+        "--gpu-cache-fraction, --placement or --cache-policy static",
+    )
+    g.add_argument(
+        "--locality-max-scale", type=float, default=8.0, help="MAXS of --locality-scale auto"
+    )
+    g.add_argument(
+        "--locality-compute-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="without a GPU, --locality-scale auto uses a modeled loading share; this sets the "
+        "compute seconds per epoch it assumes (default: the measured CPU compute time)",
+    )
+    g.add_argument(
+        "--prune-threshold",
+        metavar="ALPHA,BETA",
+        nargs="?",
+        const="1,1",
+        default=None,
+        help="HyDRA threshold pruning: nodes with more than ALPHA*avg_degree + BETA*fanout "
+        "neighbours sample from a random window of that length (flag alone: 1,1)",
+    )
     p.add_argument("--summary", metavar="F", default=None, help="write the summary JSON to F")
     p.add_argument("--log", metavar="F", default=None, help="write one JSON line per epoch to F")
     p.add_argument(
@@ -154,6 +187,29 @@ def _parse_fanouts(text: str) -> tuple[int, ...]:
     except ValueError as e:
         msg = str(e)
         raise UsageError(msg if msg.startswith("--fanouts") else f"--fanouts: {msg}") from None
+
+
+def _parse_scale(text: str | None):
+    if text is None or text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(
+            f"--locality-scale: must be a number >= 1 or 'auto', got '{text}'"
+        ) from None
+
+
+def _parse_prune(text: str | None):
+    if text is None:
+        return None
+    try:
+        vals = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        vals = ()
+    if len(vals) != 2:
+        raise UsageError(f"--prune-threshold: needs ALPHA,BETA (e.g. 1,1), got '{text}'")
+    return vals
 
 
 def run(args) -> int:
@@ -191,6 +247,10 @@ def run(args) -> int:
         cache_size=args.cache_size,
         order=args.order,
         po_sequences=args.po_sequences,
+        locality_scale=_parse_scale(args.locality_scale),
+        locality_max_scale=args.locality_max_scale,
+        locality_compute_s=args.locality_compute_s,
+        prune_threshold=_parse_prune(args.prune_threshold),
     )
     check_device(cfg.device)  # fail fast, before generating or loading anything
     cfg.validate()
@@ -216,6 +276,13 @@ def run(args) -> int:
         " (loader stages run in background threads and overlap)",
         f"features gathered in training: {tiers or 'none'}",
     ]
+    smp = s.get("sampling")
+    if smp and "scale_per_epoch" in smp:
+        kind = smp.get("loading_share_kind")
+        lines.append(
+            f"locality-aware sampling: scale per epoch {smp['scale_per_epoch']}"
+            + (f" (Algorithm 2 on the {kind} loading share)" if kind else "")
+        )
     if s["checkpoint"]:
         lines.append(f"best model saved to {s['checkpoint']}")
     if cfg.summary:
