@@ -5,4 +5,12 @@ from .graph import CSRGraph, Dataset, DatasetWriter, load
 
 __version__ = "0.1.0"
 
-__all__ = ["CSRGraph", "Dataset", "DatasetError", "DatasetWriter", "GnnioError", "load", "__version__"]
+__all__ = [
+    "CSRGraph",
+    "Dataset",
+    "DatasetError",
+    "DatasetWriter",
+    "GnnioError",
+    "load",
+    "__version__",
+]

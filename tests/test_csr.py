@@ -78,7 +78,9 @@ def test_induced_subgraph(data, draw):
     assert edge_set(sub) == want
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(edge_lists(), st.sampled_from([np.float32, np.float16]))
 def test_dataset_write_read_roundtrip(tmp_path_factory, data, dtype):
     n, src, dst = data

@@ -112,9 +112,7 @@ class CSRGraph:
         src_global = np.asarray(self.indices)[np.repeat(starts, counts) + offs]
         src_local = local[src_global]
         keep = src_local >= 0
-        sub = CSRGraph.from_edges(
-            src_local[keep], dst_local[keep], nodes.shape[0], dedup=False
-        )
+        sub = CSRGraph.from_edges(src_local[keep], dst_local[keep], nodes.shape[0], dedup=False)
         return sub, nodes
 
     def to_torch(self) -> tuple[torch.Tensor, torch.Tensor]:

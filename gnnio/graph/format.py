@@ -320,4 +320,6 @@ def verify_checksums(path: Path, meta: dict) -> None:
             raise DatasetError(f"{f}: missing array file")
         got = sha256_file(f)
         if got != info["sha256"]:
-            raise DatasetError(f"{f}: sha256 mismatch (file changed or corrupt since it was written)")
+            raise DatasetError(
+                f"{f}: sha256 mismatch (file changed or corrupt since it was written)"
+            )

@@ -86,7 +86,9 @@ class MiniBatch:
             seeds=self.seeds.to(device, non_blocking=non_blocking),
             input_nodes=self.input_nodes.to(device, non_blocking=non_blocking),
             blocks=[b.to(device, non_blocking=non_blocking) for b in self.blocks],
-            labels=None if self.labels is None else self.labels.to(device, non_blocking=non_blocking),
+            labels=None
+            if self.labels is None
+            else self.labels.to(device, non_blocking=non_blocking),
             x=None if self.x is None else self.x.to(device, non_blocking=non_blocking),
             meta=dict(self.meta),
         )
