@@ -18,6 +18,8 @@ costs most of the gather bandwidth. ``prefetch + 2`` slots suffice: one held by 
 ``batch.x`` stays valid until the consumer asks for the next batch (or the iterator closes) —
 copy it (or pass ``reuse_buffers=False``) to keep it longer. On a GPU, slots are pinned host
 memory that only stages the copy: ``batch.x`` is a fresh device tensor and may be kept freely.
+A store that itself returns rows on the GPU (a CUDA tiered store or cache) gets no ring: it
+allocates each batch's rows on its device, on the loader's side stream.
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ class NodeLoader:
         order: seed order with ``num_batches`` and ``batches(epoch) -> Iterator[Tensor]`` (global
             seed ids per batch), e.g. ``gnnio.ordering.RandomOrder``.
         labels: optional ``[N]`` int64 labels (global ids); ``batch.labels = labels[batch.seeds]``.
-        device: where batches are delivered. On CUDA, rows are gathered into pinned host slots and
-            copied with ``non_blocking`` on a side stream.
+        device: where batches are delivered. On CUDA, rows of a CPU store are gathered into pinned
+            host slots and copied with ``non_blocking`` on a side stream; a store on the GPU
+            returns its rows there directly (no host slot).
         prefetch: batches ready ahead of the consumer (bound of the output queue and of each
             sampling queue); at least 1.
         num_workers: sampling threads (batch ``i`` goes to worker ``i % num_workers``; batches are
@@ -163,6 +166,10 @@ class NodeLoader:
     def epoch(self, epoch: int) -> _EpochIterator:
         """Start the background stages for ``epoch`` and return its batch iterator."""
         self.close()
+        if self._stream is not None:
+            # work queued on the caller's stream before this epoch (e.g. a store filling its GPU
+            # tier, a model update that a store reads) must finish before the side stream reads
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
         it = _EpochIterator(self, int(epoch))
         self._active = weakref.ref(it)
         return it
