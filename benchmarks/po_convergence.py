@@ -30,7 +30,7 @@ Presets (override per dataset with ``--epochs``, ``--batch-size``, ``--hidden``,
 
 All use a 2-layer GraphSAGE with fanouts 10,5 (``--fanouts``), Adam lr 0.003, dropout 0.5.
 
-Example (the command behind docs/notes/po_convergence.md)::
+Example (the command behind docs/benchmarks.md, "PO against random shuffle")::
 
     .venv/bin/python benchmarks/po_convergence.py --torch-threads 1 \\
         --out-json /tmp/po_convergence.json --plot docs/img/po_convergence.png

@@ -33,7 +33,7 @@ does each step:
    from a fixed estimation seed, and keeps the first k with ``eps <= bound``.
 
    The bound. BGL's ``sqrt(b M) / n`` (``b`` batch size, ``M`` workers = ``world_size``, ``n``
-   training seeds) is ``bound="paper"``. Measured (docs/notes/cache.md): with eps the *per-batch*
+   training seeds) is ``bound="paper"``. Measured (docs/benchmarks.md, "PO against random shuffle"): with eps the *per-batch*
    label TV, even a uniformly random order has eps of order ``sqrt(C / b)`` (the sampling noise of
    ``b`` draws over ``C`` classes), far above ``sqrt(bM)/n`` for any real training set, so the
    literal bound is reached by no order and the search always ends at ``max_sequences`` (with a

@@ -1,7 +1,7 @@
 """The machine a placement is planned for: GPUs, NVLink groups, link bandwidths, memory budget.
 
 One :class:`Topology` drives both the cost model (modeled seconds from counted bytes) and the
-simulated multi-device stores used on machines without GPUs (see docs/notes/placement.md).
+simulated multi-device stores used on machines without GPUs (see docs/design.md, "Multi-GPU feature placement").
 
 Devices are numbered ``0 .. num_gpus - 1``. An **NVLink group** is a set of GPUs that can read each
 other's memory over fast links (an NVLink bridge pair, or all GPUs behind an NVSwitch); a GPU reads

@@ -15,6 +15,10 @@ Reported per scale (keys of the JSON object are the scales as strings, ``"1"``, 
   batches (rows times ``feat_dim * itemsize``) -- counted, exact, device-independent;
 * ``host_share``: ``host_bytes / (host_bytes + gpu_bytes)``;
 * ``edges_per_batch``, ``input_nodes_per_batch``: sampled edges (all blocks) and rows per batch;
+* ``nbr_entries_per_batch``: neighbour-list entries the sampler reads per batch, summed over
+  the hops: ``deg(v)`` per destination row ``v``, or ``min(deg(v), threshold)`` under
+  ``--prune`` -- what HyDRA's threshold pruning cuts (the list a remote sampler would fetch);
+  counted;
 * ``modeled_host_s``: ``host_bytes / host_bw`` with the default PCIe 3.0 bandwidth of
   :mod:`gnnio.topology` -- **modeled**, not measured;
 * ``sample_s``: measured wall seconds of sampling the batches (CPU; shared machines inflate it).
@@ -81,13 +85,14 @@ def _prune(text: str | None) -> tuple[float, float] | None:
 def traffic_table(res: dict) -> str:
     """The per-scale numbers as an aligned text table."""
     head = f"{'s':>6} {'host MB':>12} {'gpu MB':>12} {'host share':>10} {'edges/batch':>12} "
-    head += f"{'rows/batch':>11} {'host s (modeled)':>17} {'sample s':>9}"
+    head += f"{'rows/batch':>11} {'nbr/batch':>11} {'host s (modeled)':>17} {'sample s':>9}"
     lines = [head]
     for k in res["host_bytes"]:
         lines.append(
             f"{k:>6} {res['host_bytes'][k] / 1e6:12.2f} {res['gpu_bytes'][k] / 1e6:12.2f} "
             f"{res['host_share'][k]:10.4f} {res['edges_per_batch'][k]:12.1f} "
-            f"{res['input_nodes_per_batch'][k]:11.1f} {res['modeled_host_s'][k]:17.4f} "
+            f"{res['input_nodes_per_batch'][k]:11.1f} {res['nbr_entries_per_batch'][k]:11.1f} "
+            f"{res['modeled_host_s'][k]:17.4f} "
             f"{res['sample_s'][k]:9.2f}"
         )
     return "\n".join(lines)
@@ -158,12 +163,15 @@ def run(args) -> dict:
     if batches:  # warm-up (JIT load, page faults of the topology), untimed
         sampler.sample(batches[0], epoch_seed=0)
     res: dict = {k: {} for k in ("host_bytes", "gpu_bytes", "host_share", "edges_per_batch",
-                                 "input_nodes_per_batch", "modeled_host_s", "sample_s")}  # fmt: skip
+                                 "input_nodes_per_batch", "nbr_entries_per_batch",
+                                 "modeled_host_s", "sample_s")}  # fmt: skip
+    deg = np.diff(np.asarray(ds.graph.indptr, dtype=np.int64))
+    thr = [int(t) for t in sampler.thresholds]
     pb = bar(len(scales) * nb, "LAS epochs", "batch", enabled=progress)
     try:
         for s in scales:
             sampler.scale = s
-            host = gpu = edges = rows = 0
+            host = gpu = edges = rows = nbr = 0
             t_s = 0.0
             for i, seeds in enumerate(batches):
                 t1 = time.perf_counter()
@@ -175,6 +183,10 @@ def run(args) -> dict:
                 host += inp.shape[0] - g
                 rows += inp.shape[0]
                 edges += mb.num_sampled_edges
+                hop_nodes = mb.meta["hop_nodes"]
+                for h, t in enumerate(thr):  # hop h reads the lists of its hop_nodes[h] rows
+                    d = deg[inp[: hop_nodes[h]]]
+                    nbr += int((np.minimum(d, t) if t > 0 else d).sum())
                 pb.update(1)
             k = _key(s)
             res["host_bytes"][k] = host * row_bytes
@@ -182,6 +194,7 @@ def run(args) -> dict:
             res["host_share"][k] = round(host / rows, 6) if rows else 0.0
             res["edges_per_batch"][k] = round(edges / nb, 1) if nb else 0.0
             res["input_nodes_per_batch"][k] = round(rows / nb, 1) if nb else 0.0
+            res["nbr_entries_per_batch"][k] = round(nbr / nb, 1) if nb else 0.0
             res["modeled_host_s"][k] = round(host * row_bytes / DEFAULT_HOST_BW, 6)
             res["sample_s"][k] = round(t_s, 4)
     finally:

@@ -30,7 +30,7 @@ The generator, in its own id space ("generation ids") and then relabelled at ran
    centroids are orthonormal directions times sqrt(2) (pairwise distance 2) when ``F >= C``, else
    random directions of norm sqrt(2). Two classes are hence ``1 / feature_noise`` noise standard
    deviations from their decision boundary; the default noise makes features alone clearly weaker
-   than features plus neighbours (see ``docs/notes/synthetic.md`` for measured accuracies).
+   than features plus neighbours (see ``docs/benchmarks.md``, "Synthetic generator", for measured accuracies).
 
 Everything is seeded: one :class:`numpy.random.SeedSequence` per seed spawns independent streams for
 the graph, features and splits, so the graph does not change with ``feat_dim`` or ``split``. All

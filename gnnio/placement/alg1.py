@@ -176,7 +176,7 @@ def place_alg1(req: PlacementRequest) -> Placement:
     probabilities, so it needs a calibrated ``p`` (e.g. pre-sampled counts); with a walk-count
     estimate such as ``sj``, which exaggerates the skew, it stops too early and keeps too many
     duplicates -- use the paper's tuned values (:func:`paper_alpha`) then (see
-    docs/notes/placement.md). When peer links are not faster than host reads
+    docs/benchmarks.md, "Alpha and the probability estimate"). When peer links are not faster than host reads
     (``C_gpu >= C_cpu``) every GPU gets Rule 1 (Eq. 5)."""
     topo = req.topology
     alpha = float(topo.alpha if req.alpha is None else req.alpha)
