@@ -290,3 +290,39 @@ def test_bench_gather_and_loader_run(tmp_path, store):
         else:
             assert res["batches"] == 3 and res["seeds_per_s"] > 0
             assert res["stage_sum_ms_per_batch"] > 0 and res["sequential_ms_per_batch"] > 0
+            assert res["store_device"] == "cpu"
+
+
+def test_bench_loader_store_device_errors(tmp_path):
+    import argparse
+
+    from gnnio.bench import loader as bench_loader
+    from gnnio.errors import UsageError
+    from tests.helpers import write_tiny_dataset
+
+    path = write_tiny_dataset(tmp_path / "d", num_nodes=50, num_edges=200, feat_dim=8)
+    p = argparse.ArgumentParser()
+    bench_loader.add_arguments(p)
+    base = [str(path), "--batches", "1", "--passes", "1", "--no-progress"]
+    with pytest.raises(UsageError, match="--store-device"):
+        bench_loader.run(p.parse_args(base + ["--store", "mmap", "--store-device", "meta"]))
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            bench_loader.run(p.parse_args(base + ["--store-device", "cuda"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bench_loader_with_gpu_resident_store(tmp_path):
+    import argparse
+
+    from gnnio.bench import loader as bench_loader
+    from tests.helpers import write_tiny_dataset
+
+    path = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1500, feat_dim=32)
+    p = argparse.ArgumentParser()
+    bench_loader.add_arguments(p)
+    args = [str(path), "--batch-size", "16", "--fanouts", "3,2", "--batches", "3", "--passes", "1"]
+    args += ["--device", "cuda", "--store-device", "cuda", "--no-progress"]
+    res = bench_loader.run(p.parse_args(args))
+    assert res["store_device"].startswith("cuda") and res["ms_per_batch"] > 0

@@ -34,6 +34,12 @@ def add_arguments(p) -> None:
     p.add_argument("--prefetch", type=int, default=2, help="batches ready ahead of the consumer")
     p.add_argument("--workers", type=int, default=1, help="sampling threads of the loader")
     p.add_argument("--device", default="cpu", help="where batches are delivered (cpu, cuda)")
+    p.add_argument(
+        "--store-device",
+        default="cpu",
+        help="where a 'memory' store keeps its rows (cpu, cuda): cuda measures the loader with "
+        "every feature row GPU-resident",
+    )
     p.add_argument("--passes", type=int, default=5, help="timed passes (the median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
     p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
@@ -67,11 +73,26 @@ def run(args) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
+    try:
+        store_device = torch.device(args.store_device)
+    except RuntimeError:
+        raise UsageError(
+            f"--store-device {args.store_device!r}: not a device (cpu, cuda)"
+        ) from None
+    if store_device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"--store-device {args.store_device}: CUDA is not available on this machine"
+        )
+    if store_device.type != "cpu" and args.store != "memory":
+        raise UsageError(f"--store-device {args.store_device} needs --store memory")
     set_threads(args.threads)
     ds = gnnio.load(args.dataset)
     fanouts = parse_fanouts_arg(args.fanouts)
     sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, num_threads=args.threads)
-    store = open_store(ds, kind=args.store, num_threads=args.threads, progress=not args.no_progress)
+    store = open_store(
+        ds, kind=args.store, device=store_device, num_threads=args.threads,
+        progress=not args.no_progress,
+    )  # fmt: skip
     order = FirstBatches(make_order(seed_ids(ds), args.batch_size, args.seed), args.batches)
     labels = None if ds.labels is None else np.asarray(ds.labels)
     loader = NodeLoader(
@@ -96,7 +117,7 @@ def run(args) -> dict:
 
     # the same batches, one stage after the other in this thread (no pipeline), for comparison
     seed_batches = list(order.batches(0))
-    buf = torch.zeros((1, store.dim), dtype=store.dtype)
+    buf = torch.zeros((1, store.dim), dtype=store.dtype, device=store_device)
 
     def sequential_pass():
         nonlocal buf
@@ -104,10 +125,13 @@ def run(args) -> dict:
             mb = sampler.sample(s, epoch_seed=i)
             n = int(mb.input_nodes.shape[0])
             if buf.shape[0] < n:
-                buf = torch.zeros((int(n * 1.25), store.dim), dtype=store.dtype)
+                buf = torch.zeros(
+                    (int(n * 1.25), store.dim), dtype=store.dtype, device=store_device
+                )
             store.gather(mb.input_nodes, out=buf)
 
-    seq = time_passes(sequential_pass, warmup=args.warmup, passes=args.passes)
+    sync_store = torch.cuda.synchronize if store_device.type == "cuda" else None
+    seq = time_passes(sequential_pass, warmup=args.warmup, passes=args.passes, sync=sync_store)
 
     def per_batch_ms(xs: list[float]) -> float:
         return median(xs) / nb * 1e3
@@ -115,6 +139,7 @@ def run(args) -> dict:
     return {
         "dataset": str(ds.path),
         "store": args.store,
+        "store_device": str(store_device),
         "device": str(device),
         "threads": args.threads,
         "batches": nb,

@@ -79,7 +79,7 @@ def host_traffic_experiment(
     Args:
         dataset: a :class:`gnnio.Dataset` (needs a train split) or its directory.
         scores: score name -> ``[N]`` array (higher = hotter, global ids). Each score's hot set at
-            fraction ``f`` is its ``round(f * N)`` highest ids (lookup mode, ties by id).
+            fraction ``f`` is its ``top_count(f, N)`` highest ids (lookup mode, ties by id).
         fractions: hot fractions of the nodes (``0`` = everything from host memory).
         fanouts, batch_size, epochs, seed: sampling setup (``fanouts[0]`` = hop 1).
         device: ``"cpu"`` simulates the GPU tier; ``"cuda"`` moves real rows.
@@ -344,7 +344,7 @@ def gpu_gather_bandwidth(
     dim: int = 128,
     dtype: torch.dtype = torch.float32,
     batch_rows: int = 200_000,
-    hot_fractions: Sequence[float] = (0.0, 0.1, 0.25, 1.0),
+    hot_fractions: Sequence[float] = (0.0, 0.05, 0.1, 0.25, 1.0),
     warmup: int = 2,
     passes: int = 10,
     device: str | torch.device = "cuda",
