@@ -82,7 +82,9 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=2, help="CPU threads (sampler, copies)")
     p.add_argument("--seed", type=int, default=0, help="seed of orders and sampler")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a PNG plot here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
 
 
 def _check(args) -> tuple[list[str], list[str], list[float], list[int]]:

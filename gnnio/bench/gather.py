@@ -48,7 +48,9 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
     p.add_argument("--ceiling-gib", type=float, default=1.0, help="size of the ceiling's buffer")
     p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
 
 
 def check_common(args) -> None:

@@ -88,7 +88,9 @@ def add_arguments(p) -> None:
         default=None,
         help="write the cumulative access-share curves to this PNG",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars"
+    )
 
 
 def captured_shares(

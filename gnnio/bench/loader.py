@@ -43,7 +43,9 @@ def add_arguments(p) -> None:
     p.add_argument("--passes", type=int, default=5, help="timed passes (the median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
     p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
 
 
 class FirstBatches:

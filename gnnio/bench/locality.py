@@ -54,7 +54,9 @@ def add_arguments(p) -> None:
     p.add_argument("--q-size", type=int, default=None, help="|Q'_l| for l >= 2 (default |B|)")
     p.add_argument("--threads", type=int, default=2, help="sampler threads")
     p.add_argument("--seed", type=int, default=0, help="seed of the order and the sampler")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
 
 
 def _scales(text: str) -> list[float]:

@@ -49,7 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--device", default="cpu", help="'cpu' (numba kernels) or 'cuda' (topology on the GPU)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
 
 
 def _check(args) -> list[int]:

@@ -479,7 +479,9 @@ def add_arguments(p) -> None:
     p.add_argument("--plot-add", metavar="R.json", action="append", default=[],
                    help="put an earlier run's --json output in the --plot figure as an extra "
                    "panel, before this run's (repeatable)")  # fmt: skip
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars"
+    )
 
 
 def read_result(path: str | os.PathLike) -> dict[str, Any]:

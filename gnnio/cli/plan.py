@@ -108,7 +108,9 @@ def register(sub) -> None:
         "--save", metavar="FILE", default=None, help="write the best placement to FILE (.npz)"
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object last")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars"
+    )
     p.set_defaults(func=run)
 
 
