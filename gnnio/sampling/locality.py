@@ -90,19 +90,15 @@ destination, blocks input layer first).
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 import torch
 
 from ..graph.csr import CSRGraph
 from . import _las_kernels as K
-from .base import Block, MiniBatch, Sampler
-from .uniform import call_key, check_fanouts, check_seeds, hop_key
+from .base import Block, MiniBatch
+from .uniform import ThreadedCPUSampler, check_seeds, hop_key
 
 __all__ = [
     "LocalitySampler",
@@ -233,7 +229,7 @@ def las_sets(
     return out
 
 
-class LocalitySampler(Sampler):
+class LocalitySampler(ThreadedCPUSampler):
     """Locality-aware node-wise neighbour sampler with HT weights (see module docstring).
 
     Args:
@@ -261,6 +257,8 @@ class LocalitySampler(Sampler):
         thresholds: pruning threshold per hop (``fanouts`` order; 0 = not pruned).
     """
 
+    _thread_prefix = "gnnio-las"
+
     def __init__(
         self,
         graph: CSRGraph,
@@ -273,30 +271,12 @@ class LocalitySampler(Sampler):
         q_size: int | None = None,
         weights: str = "ht",
     ):
-        self.fanouts = check_fanouts(fanouts)
-        if num_threads is not None and int(num_threads) < 1:
-            raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
-        if num_threads is None:
-            num_threads = min(8, int(numba.config.NUMBA_NUM_THREADS))
-        self.num_threads = int(num_threads)
+        self._init_threads(fanouts, seed, num_threads)
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights: choose from {', '.join(WEIGHT_MODES)}, got {weights!r}")
         self.weights = weights
         self._wmode = WEIGHT_MODES[weights]
-        self._seed = int(seed)
-        self._calls = 0
-        self._lock = threading.Lock()
-        self._scratch: list[np.ndarray] = []
-        self._executor: ThreadPoolExecutor | None = None
-        indptr, indices = graph.indptr, graph.indices
-        if isinstance(indptr, torch.Tensor):
-            indptr, indices = indptr.cpu().numpy(), indices.cpu().numpy()
-        self.indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
-        self.indices = np.ascontiguousarray(np.asarray(indices))
-        if not np.issubdtype(self.indices.dtype, np.integer):
-            raise ValueError(f"graph.indices: need integer ids, got dtype {self.indices.dtype}")
-        self.num_nodes = int(self.indptr.shape[0]) - 1
-        self._loc_dtype = np.int32 if self.num_nodes < 2**31 - 1 else np.int64
+        self._init_csr(graph)
         num_edges = int(self.indptr[-1]) if self.num_nodes >= 0 else 0
         self.avg_degree = num_edges / self.num_nodes if self.num_nodes > 0 else 0.0
         if prune is True:
@@ -341,10 +321,6 @@ class LocalitySampler(Sampler):
         self._scale = s
 
     @property
-    def seed(self) -> int:
-        return self._seed
-
-    @property
     def device(self) -> torch.device:
         return torch.device("cpu")
 
@@ -352,27 +328,6 @@ class LocalitySampler(Sampler):
         """Song & Jiang's layer number ``l`` (1 = input layer) of hop ``hop`` (0-based index into
         ``fanouts``): ``L - hop``. Its block is ``blocks[l - 1]``, its set ``q_sets[l - 1]``."""
         return len(self.fanouts) - int(hop)
-
-    def set_seed(self, seed: int) -> None:
-        """Restart the random streams: new base seed, call counter back to 0."""
-        with self._lock:
-            self._seed = int(seed)
-            self._calls = 0
-
-    def close(self) -> None:
-        """Stop the pool threads (a later :meth:`sample` starts them again)."""
-        with self._lock:
-            ex, self._executor = self._executor, None
-        if ex is not None:
-            ex.shutdown(wait=True)
-
-    def _next_key(self, epoch_seed: int | None) -> int:
-        if epoch_seed is not None:
-            return call_key(self._seed, epoch_seed=int(epoch_seed))
-        with self._lock:
-            c = self._calls
-            self._calls += 1
-        return call_key(self._seed, counter=c)
 
     # -- sampling ------------------------------------------------------------------------------
 
@@ -458,27 +413,8 @@ class LocalitySampler(Sampler):
                 use_q, qpos, self._wmode, edges[0], edges[1], w,
             )  # fmt: skip
 
-        self._run_split(task, nparts)
+        self._run_split(task, [(p,) for p in range(nparts)])
         return edges, (w if want_w else None)
-
-    def _run_split(self, fn, nparts: int) -> None:
-        """``fn(p)`` for every part: part 0 on this thread, the rest on the pool."""
-        if nparts == 1:
-            fn(0)
-            return
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self.num_threads - 1, thread_name_prefix="gnnio-las"
-                )
-                weakref.finalize(self, self._executor.shutdown, wait=False)
-            ex = self._executor
-        futures = [ex.submit(fn, p) for p in range(1, nparts)]
-        try:
-            fn(0)
-        finally:
-            for f in futures:
-                f.result()
 
     def _take_loc(self) -> np.ndarray:
         with self._lock:

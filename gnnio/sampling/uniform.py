@@ -65,7 +65,14 @@ from ..graph.csr import CSRGraph
 from . import _kernels
 from .base import Block, MiniBatch, Sampler
 
-__all__ = ["UniformSampler", "parse_fanouts", "check_fanouts", "check_seeds", "call_key"]
+__all__ = [
+    "UniformSampler",
+    "ThreadedCPUSampler",
+    "parse_fanouts",
+    "check_fanouts",
+    "check_seeds",
+    "call_key",
+]
 
 _MASK64 = (1 << 64) - 1
 _DOMAIN_COUNTER = 0x5A3C_0001
@@ -140,7 +147,83 @@ def check_seeds(seeds, num_nodes: int) -> np.ndarray:
     return arr
 
 
-class UniformSampler(Sampler):
+class ThreadedCPUSampler(Sampler):
+    """What the numba CPU samplers share: fanouts, the random stream (:meth:`set_seed`, one key
+    per :meth:`sample` call), the CSR as contiguous NumPy arrays, a pool of reusable scratch
+    buffers and a lazily started thread pool that runs one part of a hop per thread."""
+
+    _thread_prefix = "gnnio-sampler"
+
+    def _init_threads(self, fanouts: Sequence[int], seed: int, num_threads: int | None) -> None:
+        self.fanouts = check_fanouts(fanouts)
+        if num_threads is not None and int(num_threads) < 1:
+            raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
+        if num_threads is None:
+            num_threads = min(8, int(numba.config.NUMBA_NUM_THREADS))
+        self.num_threads = int(num_threads)
+        self._seed = int(seed)
+        self._calls = 0
+        self._lock = threading.Lock()
+        self._scratch: list = []
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _init_csr(self, graph) -> None:
+        indptr, indices = graph.indptr, graph.indices
+        if isinstance(indptr, torch.Tensor):
+            indptr, indices = indptr.cpu().numpy(), indices.cpu().numpy()
+        self.indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
+        self.indices = np.ascontiguousarray(np.asarray(indices))
+        if not np.issubdtype(self.indices.dtype, np.integer):
+            raise ValueError(f"graph.indices: need integer ids, got dtype {self.indices.dtype}")
+        self.num_nodes = int(self.indptr.shape[0]) - 1
+        self._loc_dtype = np.int32 if self.num_nodes < 2**31 - 1 else np.int64
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    def set_seed(self, seed: int) -> None:
+        """Restart the random streams: new base seed, call counter back to 0."""
+        with self._lock:
+            self._seed = int(seed)
+            self._calls = 0
+
+    def close(self) -> None:
+        """Stop the pool threads (a later :meth:`sample` starts them again)."""
+        with self._lock:
+            ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.shutdown(wait=True)
+
+    def _next_key(self, epoch_seed: int | None) -> int:
+        if epoch_seed is not None:
+            return call_key(self._seed, epoch_seed=int(epoch_seed))
+        with self._lock:
+            c = self._calls
+            self._calls += 1
+        return call_key(self._seed, counter=c)
+
+    def _run_split(self, fn, args_per_part: list[tuple]) -> None:
+        """Run ``fn(*args)`` for every part: part 0 on this thread, the rest on the pool."""
+        if len(args_per_part) == 1:
+            fn(*args_per_part[0])
+            return
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.num_threads - 1, thread_name_prefix=self._thread_prefix
+                )
+                weakref.finalize(self, self._executor.shutdown, wait=False)
+            ex = self._executor
+        futures = [ex.submit(fn, *a) for a in args_per_part[1:]]
+        try:
+            fn(*args_per_part[0])
+        finally:
+            for f in futures:
+                f.result()
+
+
+class UniformSampler(ThreadedCPUSampler):
     """Uniform node-wise neighbour sampler with per-hop fanouts (see module docstring).
 
     Args:
@@ -172,17 +255,7 @@ class UniformSampler(Sampler):
         num_threads: int | None = None,
         device: str | torch.device | None = None,
     ):
-        self.fanouts = check_fanouts(fanouts)
-        if num_threads is not None and int(num_threads) < 1:
-            raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
-        if num_threads is None:
-            num_threads = min(8, int(numba.config.NUMBA_NUM_THREADS))
-        self.num_threads = int(num_threads)
-        self._seed = int(seed)
-        self._calls = 0
-        self._lock = threading.Lock()
-        self._scratch: list[np.ndarray] = []
-        self._executor: ThreadPoolExecutor | None = None
+        self._init_threads(fanouts, seed, num_threads)
         self._torch = None
         indptr, indices = graph.indptr, graph.indices
         tensor_dev = indptr.device if isinstance(indptr, torch.Tensor) else torch.device("cpu")
@@ -197,43 +270,11 @@ class UniformSampler(Sampler):
             self._torch = TorchUniformSampler(ip.to(target), ix.to(target), self.fanouts)
             self.num_nodes = self._torch.num_nodes
             return
-        if isinstance(indptr, torch.Tensor):
-            indptr, indices = indptr.numpy(), indices.numpy()
-        self.indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
-        self.indices = np.ascontiguousarray(np.asarray(indices))
-        if not np.issubdtype(self.indices.dtype, np.integer):
-            raise ValueError(f"graph.indices: need integer ids, got dtype {self.indices.dtype}")
-        self.num_nodes = int(self.indptr.shape[0]) - 1
-        self._loc_dtype = np.int32 if self.num_nodes < 2**31 - 1 else np.int64
-
-    @property
-    def seed(self) -> int:
-        return self._seed
+        self._init_csr(graph)
 
     @property
     def device(self) -> torch.device:
         return self._torch.device if self._torch is not None else torch.device("cpu")
-
-    def set_seed(self, seed: int) -> None:
-        """Restart the random streams: new base seed, call counter back to 0."""
-        with self._lock:
-            self._seed = int(seed)
-            self._calls = 0
-
-    def close(self) -> None:
-        """Stop the pool threads (a later :meth:`sample` starts them again)."""
-        with self._lock:
-            ex, self._executor = self._executor, None
-        if ex is not None:
-            ex.shutdown(wait=True)
-
-    def _next_key(self, epoch_seed: int | None) -> int:
-        if epoch_seed is not None:
-            return call_key(self._seed, epoch_seed=int(epoch_seed))
-        with self._lock:
-            c = self._calls
-            self._calls += 1
-        return call_key(self._seed, counter=c)
 
     def sample(self, seeds: torch.Tensor, epoch_seed: int | None = None) -> MiniBatch:
         """Sample the ``len(fanouts)``-hop neighbourhood of ``seeds``.
@@ -269,25 +310,6 @@ class UniformSampler(Sampler):
     def _give_ws(self, ws: _Workspace) -> None:
         with self._lock:
             self._scratch.append(ws)
-
-    def _run_split(self, fn, args_per_part: list[tuple]) -> None:
-        """Run ``fn(*args)`` for every part: part 0 on this thread, the rest on the pool."""
-        if len(args_per_part) == 1:
-            fn(*args_per_part[0])
-            return
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self.num_threads - 1, thread_name_prefix="gnnio-sampler"
-                )
-                weakref.finalize(self, self._executor.shutdown, wait=False)
-            ex = self._executor
-        futures = [ex.submit(fn, *a) for a in args_per_part[1:]]
-        try:
-            fn(*args_per_part[0])
-        finally:
-            for f in futures:
-                f.result()
 
     def _sample_cpu(self, seeds: np.ndarray, key: int) -> MiniBatch:
         ws = self._take_ws()
