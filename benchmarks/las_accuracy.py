@@ -56,6 +56,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _accuracy_common import DEFAULT_DIRS, dataset_dir, mean_std, per_dataset
 
 DATASETS = ("cora", "synthetic", "facebook")
 VARIANTS = ("uniform", "las8", "auto", "auto_gpu", "prune")
@@ -66,7 +67,6 @@ PRESETS = {
     "synthetic": {"batch_size": 64, "epochs": 10, "hidden": 256, "seeds": 3},
     "facebook": {"batch_size": 64, "epochs": 10, "hidden": 64, "seeds": 3},
 }
-DEFAULT_DIRS = {"cora": "/tmp/cora", "facebook": "/tmp/fb", "synthetic": None}
 COLORS = {
     "uniform": "tab:blue",
     "las8": "tab:red",
@@ -74,28 +74,6 @@ COLORS = {
     "auto_gpu": "tab:purple",
     "prune": "tab:orange",
 }
-
-
-def _per_dataset(text: str | None, key: str, cast=int) -> dict:
-    """``"N"`` (all datasets) or ``"cora=N,facebook=M"`` -> {dataset: value}; preset otherwise."""
-    out = {d: PRESETS[d][key] for d in DATASETS}
-    if not text:
-        return out
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" in part:
-            name, val = part.split("=", 1)
-            if name not in DATASETS:
-                raise SystemExit(f"las_accuracy: error: --{key}: unknown dataset '{name}'")
-            out[name] = cast(val)
-        else:
-            out = {d: cast(part) for d in DATASETS}
-    for d, v in out.items():
-        if v < 1:
-            raise SystemExit(f"las_accuracy: error: --{key}: must be >= 1, got {v} for {d}")
-    return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -180,10 +158,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                 key, _, val = t.partition("=")
                 a.seed_override[tuple(key.split(":", 1))] = int(val)
         a.seeds = ",".join(t for t in parts if ":" not in t)
-    a.seeds = _per_dataset(a.seeds, "seeds")
-    a.epochs = _per_dataset(a.epochs, "epochs")
-    a.batch_size = _per_dataset(a.batch_size, "batch_size")
-    a.hidden = _per_dataset(a.hidden, "hidden")
+    a.seeds = per_dataset(a.seeds, "seeds", PRESETS, "las_accuracy")
+    a.epochs = per_dataset(a.epochs, "epochs", PRESETS, "las_accuracy")
+    a.batch_size = per_dataset(a.batch_size, "batch_size", PRESETS, "las_accuracy")
+    a.hidden = per_dataset(a.hidden, "hidden", PRESETS, "las_accuracy")
     a.compute_s = _compute_s(a.compute_s, p)
     return a
 
@@ -204,22 +182,6 @@ def _compute_s(text: str | None, p) -> dict[str, float]:
             out[name] = v
         else:
             out = {d: v for d in DATASETS}
-    return out
-
-
-def dataset_dir(name: str, args) -> str:
-    if name == "synthetic":
-        if args.synthetic_dir:
-            return args.synthetic_dir
-        from gnnio.defaults import default_dataset
-
-        return str(default_dataset(progress=False).path)
-    out = args.cora_dir if name == "cora" else args.facebook_dir
-    if not (Path(out) / "meta.json").exists():
-        raise SystemExit(
-            f"las_accuracy: error: {out}: not a prepared dataset (run 'gnnio prepare "
-            f"{'planetoid --name cora' if name == 'cora' else 'facebook'} ... --out {out}')"
-        )
     return out
 
 
@@ -307,11 +269,6 @@ def run_one(path: str, name: str, variant: str, seed: int, args, compute_s=None)
     }
 
 
-def _ms(values) -> tuple[float, float]:
-    v = np.asarray(list(values), dtype=np.float64)
-    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
-
-
 def summarize(runs: list[dict], tolerance: float) -> dict:
     """Per dataset and variant: accuracy mean/std, difference to uniform (also paired by seed),
     host MB per epoch, scale trajectories."""
@@ -322,9 +279,9 @@ def summarize(runs: list[dict], tolerance: float) -> dict:
         per: dict = {}
         for variant in dict.fromkeys(r["variant"] for r in rs):
             rv = sorted((r for r in rs if r["variant"] == variant), key=lambda r: r["seed"])
-            m, s = _ms(100 * r["test_acc"] for r in rv)
-            lm, ls = _ms(100 * r["last_test_acc"] for r in rv)
-            hm, hs = _ms(r["host_bytes_per_epoch"] / 1e6 for r in rv)
+            m, s = mean_std(100 * r["test_acc"] for r in rv)
+            lm, ls = mean_std(100 * r["last_test_acc"] for r in rv)
+            hm, hs = mean_std(r["host_bytes_per_epoch"] / 1e6 for r in rv)
             d = {
                 "seeds": [r["seed"] for r in rv],
                 "test_acc_mean": m,
@@ -333,7 +290,7 @@ def summarize(runs: list[dict], tolerance: float) -> dict:
                 "last_test_acc_std": ls,
                 "host_mb_per_epoch_mean": hm,
                 "host_mb_per_epoch_std": hs,
-                "final_loss_mean": _ms(r["history"][-1]["loss"] for r in rv)[0],
+                "final_loss_mean": mean_std(r["history"][-1]["loss"] for r in rv)[0],
                 "cpu_s": float(sum(r["cpu_s"] for r in rv)),
             }
             if variant != "uniform" and any(("uniform", r["seed"]) in by for r in rv):
@@ -341,7 +298,7 @@ def summarize(runs: list[dict], tolerance: float) -> dict:
                 common = [r["seed"] for r in rv if ("uniform", r["seed"]) in by]
                 paired = [100 * (by[variant, k]["test_acc"] - by["uniform", k]["test_acc"])
                           for k in common]  # fmt: skip
-                pm, ps = _ms(paired)
+                pm, ps = mean_std(paired)
                 diff = m - u["test_acc_mean"] if u else float("nan")
                 d.update(
                     diff_points=diff,

@@ -41,13 +41,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+from _accuracy_common import DEFAULT_DIRS, dataset_dir, mean_std, per_dataset
 
 DATASETS = ("cora", "facebook", "synthetic")
 
@@ -57,31 +57,6 @@ PRESETS = {
     "facebook": {"batch_size": 64, "epochs": 10, "hidden": 64, "seeds": 3},
     "synthetic": {"batch_size": 64, "epochs": 10, "hidden": 256, "seeds": 5},
 }
-
-DEFAULT_DIRS = {"cora": "/tmp/cora", "facebook": "/tmp/fb", "synthetic": None}
-SHARED = Path("/work/shared/datasets")
-
-
-def _per_dataset(text: str | None, key: str, cast=int) -> dict[str, int]:
-    """``"N"`` (all datasets) or ``"cora=N,facebook=M"`` -> {dataset: value}; preset otherwise."""
-    out = {d: PRESETS[d][key] for d in DATASETS}
-    if not text:
-        return out
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" in part:
-            name, val = part.split("=", 1)
-            if name not in DATASETS:
-                raise SystemExit(f"po_convergence: error: --{key}: unknown dataset '{name}'")
-            out[name] = cast(val)
-        else:
-            out = {d: cast(part) for d in DATASETS}
-    for d, v in out.items():
-        if v < 1:
-            raise SystemExit(f"po_convergence: error: --{key}: must be >= 1, got {v} for {d}")
-    return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -137,33 +112,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         a.fanouts = tuple(int(x) for x in a.fanouts.split(","))
     except ValueError:
         p.error(f"--fanouts: need comma-separated integers, got '{a.fanouts}'")
-    a.seeds = _per_dataset(a.seeds, "seeds")
-    a.epochs = _per_dataset(a.epochs, "epochs")
-    a.batch_size = _per_dataset(a.batch_size, "batch_size")
-    a.hidden = _per_dataset(a.hidden, "hidden")
+    a.seeds = per_dataset(a.seeds, "seeds", PRESETS, "po_convergence")
+    a.epochs = per_dataset(a.epochs, "epochs", PRESETS, "po_convergence")
+    a.batch_size = per_dataset(a.batch_size, "batch_size", PRESETS, "po_convergence")
+    a.hidden = per_dataset(a.hidden, "hidden", PRESETS, "po_convergence")
     return a
-
-
-def dataset_dir(name: str, args) -> str:
-    """The prepared dataset directory, preparing Cora/Facebook from /work/shared or generating the
-    default synthetic dataset when missing."""
-    if name == "synthetic":
-        if args.synthetic_dir:
-            return args.synthetic_dir
-        from gnnio.defaults import default_dataset
-
-        return str(default_dataset(progress=False).path)
-    out = args.cora_dir if name == "cora" else args.facebook_dir
-    if (Path(out) / "meta.json").exists():
-        return out
-    if name == "cora":
-        cmd = ["planetoid", "--name", "cora", "--root", str(SHARED / "cora")]
-    else:
-        cmd = ["facebook", "--root", str(SHARED / "facebook_page_page")]
-    cmd = [sys.executable, "-m", "gnnio", "prepare", *cmd, "--out", out]
-    print("preparing:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
-    return out
 
 
 def order_facts(
@@ -300,11 +253,6 @@ def run_one(path: str, name: str, order: str, seed: int, args) -> dict:
     }
 
 
-def _ms(values) -> tuple[float, float]:
-    v = np.asarray(list(values), dtype=np.float64)
-    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
-
-
 def summarize(runs: list[dict], facts: dict, tolerance: float) -> dict:
     """Per dataset: mean/std per order, PO - random (points), paired by seed, within tolerance."""
     out = {}
@@ -313,9 +261,9 @@ def summarize(runs: list[dict], facts: dict, tolerance: float) -> dict:
         per = {}
         for order in dict.fromkeys(r["order"] for r in rs):
             ro = sorted((r for r in rs if r["order"] == order), key=lambda r: r["seed"])
-            m, s = _ms(100 * r["test_acc"] for r in ro)
-            lm, ls = _ms(100 * r["last_test_acc"] for r in ro)
-            hm, hs = _ms(100 * r["cache_hit_share"] for r in ro)
+            m, s = mean_std(100 * r["test_acc"] for r in ro)
+            lm, ls = mean_std(100 * r["last_test_acc"] for r in ro)
+            hm, hs = mean_std(100 * r["cache_hit_share"] for r in ro)
             per[order] = {
                 "seeds": [r["seed"] for r in ro],
                 "test_acc_mean": m,
@@ -331,7 +279,7 @@ def summarize(runs: list[dict], facts: dict, tolerance: float) -> dict:
             by = {(r["order"], r["seed"]): r for r in rs}
             common = sorted(set(per["random"]["seeds"]) & set(per["po"]["seeds"]))
             paired = [100 * (by["po", s]["test_acc"] - by["random", s]["test_acc"]) for s in common]
-            pm, ps = _ms(paired)
+            pm, ps = mean_std(paired)
             diff = per["po"]["test_acc_mean"] - per["random"]["test_acc_mean"]
             d.update(
                 diff_points=diff,
