@@ -235,3 +235,18 @@ def test_default_dataset_generated_once_and_regenerated_when_broken(tmp_path, mo
     s = json.loads(f.read_text())
     assert s["epochs"] == 1 and s["dataset_path"] == str(path)
     assert "built-in synthetic dataset" in capsys.readouterr().out
+
+
+def test_cli_help_states_each_default_once():
+    import argparse
+
+    from gnnio.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    p.add_argument("--a", default=None, help="unset = automatic")
+    p.add_argument("--b", default=3, help="three")
+    p.add_argument("--c", default=5, help="five (default: the fifth)")
+    text = p.format_help()
+    assert "(default: None)" not in text
+    assert "three (default: 3)" in text
+    assert text.count("(default") == 2

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
+
+from . import HelpFormatter
 
 #: benchmark name -> module under gnnio.bench providing HELP, add_arguments(p) and run(args) -> dict
 BENCHES = {
@@ -38,7 +39,7 @@ def register(sub) -> None:
             name,
             help=mod.HELP,
             description=getattr(mod, "DESCRIPTION", mod.HELP),
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         mod.add_arguments(sp)
         sp.add_argument("--json", action="store_true", help="print the result as JSON (last line)")

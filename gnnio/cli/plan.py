@@ -9,7 +9,6 @@ measured) and recommends the cheapest. ``--json`` prints one JSON object last; s
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from ..errors import UsageError
@@ -24,6 +23,7 @@ from ..placement.planner import (
     make_plan,
 )
 from ..topology import PRESETS, load_topology
+from . import HelpFormatter
 
 __all__ = ["register", "run", "format_table"]
 
@@ -39,7 +39,7 @@ def register(sub) -> None:
             "sampled epoch, and model the slowest GPU's loading time (seconds are modeled from "
             "link bandwidths, not measured)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("dir", metavar="DIR", help="dataset directory written by 'gnnio prepare'")
     p.add_argument(

@@ -21,6 +21,7 @@ from ..errors import DatasetError, UsageError
 from ..graph.dataset import info_stats, load
 from ..hotness import SCORES
 from ..importers import IMPORTERS
+from . import HelpFormatter
 
 #: scores accepted by ``--reorder`` (all of :data:`gnnio.hotness.SCORES`, as ``gnnio reorder``)
 REORDER_SCORES = tuple(SCORES)
@@ -51,7 +52,7 @@ def register(sub) -> None:
             name,
             help=mod.HELP,
             description=mod.DESCRIPTION,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         mod.add_arguments(sp)
         sp.add_argument("--out", required=True, metavar="DIR", help="output dataset directory")

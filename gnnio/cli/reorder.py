@@ -8,6 +8,7 @@ import json
 from ..errors import UsageError
 from ..hotness import SCORES
 from ..reorder import reorder_path
+from . import HelpFormatter
 
 
 def _fanouts(text: str) -> list[int]:
@@ -30,7 +31,7 @@ def register(sub) -> None:
             "splits are relabelled together and the id maps are stored as arrays 'new2old' and "
             "'old2new'."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("dir", metavar="DIR", help="dataset directory to reorder")
     p.add_argument(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
-
 from ..errors import UsageError
+from . import HelpFormatter
 
 
 def register(sub) -> None:
@@ -18,7 +17,7 @@ def register(sub) -> None:
             "model (by valid accuracy). Without DIR a small built-in synthetic dataset is generated "
             "on first use into $GNNIO_CACHE (default ~/.cache/gnnio) and trained on."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "dir",
