@@ -1,18 +1,33 @@
 """Helpers shared by the accuracy scripts of ``benchmarks/`` (``po_convergence.py``,
-``las_accuracy.py``): per-dataset option parsing, locating or preparing the datasets, and the
-mean/std of a list of results. Imported by the scripts run as ``python benchmarks/NAME.py`` (their
-own folder is then first on ``sys.path``)."""
+``las_accuracy.py``): option parsing, locating or preparing the datasets, one timed training run,
+the mean/std and paired differences of the results, and writing the JSON and figures. Imported by
+the scripts run as ``python benchmarks/NAME.py`` (their own folder is then first on
+``sys.path``)."""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 SHARED = Path("/work/shared/datasets")
 DEFAULT_DIRS = {"cora": "/tmp/cora", "facebook": "/tmp/fb", "synthetic": None}
+
+
+def comma_list(p, text: str, choices, option: str, what: str) -> list[str]:
+    """The items of the comma list ``text``; one not in ``choices`` fails with ``p.error``
+    (``p``: the script's ``argparse`` parser) naming ``--option`` and the unknown ``what``."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    for t in items:
+        if t not in choices:
+            p.error(f"--{option}: unknown {what} '{t}' (choose from {', '.join(choices)})")
+    return items
 
 
 def per_dataset(text: str | None, key: str, presets: dict, prog: str, cast=int) -> dict[str, int]:
@@ -67,3 +82,70 @@ def mean_std(values) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     v = np.asarray(list(values), dtype=np.float64)
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def dataset_line(name: str, path: str, ds, args, extra: str = "") -> str:
+    """The ``== name: ...`` line a script prints before the runs of one dataset (``ds``: the
+    loaded dataset; ``extra`` is appended inside the parentheses)."""
+    b, ns = args.batch_size[name], args.seeds[name]
+    return (
+        f"== {name}: {path} ({ds.num_nodes} nodes, {ds.train_idx.size} training seeds, "
+        f"batch {b} -> {math.ceil(ds.train_idx.size / b)} batches/epoch, {args.epochs[name]} "
+        f"epochs, hidden {args.hidden[name]}, fanouts {args.fanouts}, seeds 0..{ns - 1}{extra})"
+    )
+
+
+def timed_train(path: str, cfg) -> tuple[dict, float, float, list[str]]:
+    """``gnnio.train.train(path, cfg)`` -> ``(summary, wall_s, cpu_s, warnings)``: its summary,
+    the wall and CPU seconds it took and the distinct messages of the warnings it raised."""
+    from gnnio.train import train
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = train(path, cfg)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return s, wall, cpu, sorted({str(w.message) for w in caught})
+
+
+def paired_diff(diff: float, paired: list[float], tolerance: float) -> dict:
+    """The comparison fields of a summary: ``diff_points`` (``diff``, the difference of the
+    means), the mean, sample std and standard error of the per-seed differences ``paired``, and
+    whether ``|diff| <= tolerance``."""
+    pm, ps = mean_std(paired)
+    return {
+        "diff_points": diff,
+        "paired_diff_mean": pm,
+        "paired_diff_std": ps,
+        "paired_diff_sem": ps / math.sqrt(len(paired)) if paired else 0.0,
+        "within_tolerance": bool(abs(diff) <= tolerance),
+    }
+
+
+def write_json(path: str, **fields) -> None:
+    """Write ``{"command": this script's command line, **fields}`` to ``path`` as JSON (parent
+    folders created) and say so."""
+    obj = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), **fields}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    print("wrote", path)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str) -> None:
+    """Lay out ``fig``, save it to ``path`` (parent folders created, 110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

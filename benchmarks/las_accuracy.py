@@ -49,14 +49,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
-from _accuracy_common import DEFAULT_DIRS, dataset_dir, mean_std, per_dataset
+from _accuracy_common import (
+    DEFAULT_DIRS,
+    comma_list,
+    dataset_dir,
+    dataset_line,
+    mean_std,
+    paired_diff,
+    per_dataset,
+    pyplot,
+    save_figure,
+    timed_train,
+    write_json,
+)
 
 DATASETS = ("cora", "synthetic", "facebook")
 VARIANTS = ("uniform", "las8", "auto", "auto_gpu", "prune")
@@ -132,14 +142,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--progress", action="store_true", help="gnnio's per-batch progress bars")
     a = p.parse_args(argv)
-    a.datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
-    for d in a.datasets:
-        if d not in DATASETS:
-            p.error(f"--datasets: unknown dataset '{d}' (choose from {', '.join(DATASETS)})")
-    a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    for v in a.variants:
-        if v not in VARIANTS:
-            p.error(f"--variants: unknown variant '{v}' (choose from {', '.join(VARIANTS)})")
+    a.datasets = comma_list(p, a.datasets, DATASETS, "datasets", "dataset")
+    a.variants = comma_list(p, a.variants, VARIANTS, "variants", "variant")
     a.skip = {tuple(s.strip().split(":", 1)) for s in a.skip.split(",") if ":" in s}
     try:
         a.fanouts = tuple(int(x) for x in a.fanouts.split(","))
@@ -228,14 +232,8 @@ def config_for(name: str, variant: str, seed: int, args, compute_s: float | None
 
 
 def run_one(path: str, name: str, variant: str, seed: int, args, compute_s=None) -> dict:
-    from gnnio.train import train
-
     cfg = config_for(name, variant, seed, args, compute_s)
-    t0, c0 = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        s = train(path, cfg)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s, wall, cpu, warns = timed_train(path, cfg)
     hist = []
     for h in s["history"]:
         rec = {k: h[k] for k in ("epoch", "loss", "train_acc", "valid_acc", "test_acc")}
@@ -264,7 +262,7 @@ def run_one(path: str, name: str, variant: str, seed: int, args, compute_s=None)
         "epoch_time_s": s["epoch_time_s"],
         "wall_s": wall,
         "cpu_s": cpu,
-        "warnings": sorted({str(w.message) for w in caught}),
+        "warnings": warns,
         "history": hist,
     }
 
@@ -298,15 +296,8 @@ def summarize(runs: list[dict], tolerance: float) -> dict:
                 common = [r["seed"] for r in rv if ("uniform", r["seed"]) in by]
                 paired = [100 * (by[variant, k]["test_acc"] - by["uniform", k]["test_acc"])
                           for k in common]  # fmt: skip
-                pm, ps = mean_std(paired)
                 diff = m - u["test_acc_mean"] if u else float("nan")
-                d.update(
-                    diff_points=diff,
-                    paired_diff_mean=pm,
-                    paired_diff_std=ps,
-                    paired_diff_sem=ps / math.sqrt(len(paired)) if paired else 0.0,
-                    within_tolerance=bool(abs(diff) <= tolerance),
-                )
+                d.update(paired_diff(diff, paired, tolerance))
             if variant in ("auto", "auto_gpu", "las8"):
                 d["scale_per_epoch"] = [r["sampling"]["scale_per_epoch"] for r in rv]
             if variant in ("auto", "auto_gpu"):
@@ -347,11 +338,7 @@ def print_table(summary: dict, tolerance: float) -> None:
 def plot(runs: list[dict], path: str, variants: tuple[str, ...], title: str) -> None:
     """Two rows (training loss, log scale: geometric mean over seeds, band = x/ exp(std of log);
     test accuracy: mean, band = +-1 std) x one column per dataset."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(dict.fromkeys(r["dataset"] for r in runs))
     fig, axes = plt.subplots(2, len(names), figsize=(4.8 * len(names), 6.6), squeeze=False)
     for j, name in enumerate(names):
@@ -391,10 +378,7 @@ def plot(runs: list[dict], path: str, variants: tuple[str, ...], title: str) -> 
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def draw_plots(runs: list[dict], args) -> None:
@@ -434,14 +418,9 @@ def main(argv=None) -> int:
     for name in args.datasets:
         path = dataset_dir(name, args)
         ds = gnnio.load(path)
-        b, ep, ns = args.batch_size[name], args.epochs[name], args.seeds[name]
-        print(
-            f"== {name}: {path} ({ds.num_nodes} nodes, {ds.train_idx.size} training seeds, "
-            f"batch {b} -> {math.ceil(ds.train_idx.size / b)} batches/epoch, {ep} epochs, "
-            f"hidden {args.hidden[name]}, fanouts {args.fanouts}, seeds 0..{ns - 1}, "
-            f"GPU set {args.gpu_cache_fraction:g} by {args.score})",
-            flush=True,
-        )
+        ns = args.seeds[name]
+        extra = f", GPU set {args.gpu_cache_fraction:g} by {args.score}"
+        print(dataset_line(name, path, ds, args, extra), flush=True)
         # uniform first: auto_gpu derives its modeled compute time from it
         order = sorted(args.variants, key=lambda v: VARIANTS.index(v))
         for variant in order:
@@ -494,17 +473,14 @@ def main(argv=None) -> int:
         cfg = {k: v for k, v in vars(args).items() if k not in ("out_json", "progress", "replot")}
         cfg["skip"] = sorted(":".join(s) for s in args.skip)
         cfg["seed_override"] = {":".join(k): v for k, v in args.seed_override.items()}
-        obj = {
-            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "config": cfg,
-            "modeled_compute": compute,
-            "summary": summary,
-            "runs": runs,
-            "total": total,
-        }
-        Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out_json).write_text(json.dumps(obj, indent=1, default=str) + "\n")
-        print("wrote", args.out_json)
+        write_json(
+            args.out_json,
+            config=cfg,
+            modeled_compute=compute,
+            summary=summary,
+            runs=runs,
+            total=total,
+        )
     if runs:
         draw_plots(runs, args)
     return 0

@@ -39,15 +39,24 @@ Example (the command behind docs/benchmarks.md, "PO against random shuffle")::
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
-from _accuracy_common import DEFAULT_DIRS, dataset_dir, mean_std, per_dataset
+from _accuracy_common import (
+    DEFAULT_DIRS,
+    comma_list,
+    dataset_dir,
+    dataset_line,
+    mean_std,
+    paired_diff,
+    per_dataset,
+    pyplot,
+    save_figure,
+    timed_train,
+    write_json,
+)
 
 DATASETS = ("cora", "facebook", "synthetic")
 
@@ -100,10 +109,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-train", action="store_true", help="only the order facts, no training")
     p.add_argument("--progress", action="store_true", help="gnnio's per-batch progress bars")
     a = p.parse_args(argv)
-    a.datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
-    for d in a.datasets:
-        if d not in DATASETS:
-            p.error(f"--datasets: unknown dataset '{d}' (choose from {', '.join(DATASETS)})")
+    a.datasets = comma_list(p, a.datasets, DATASETS, "datasets", "dataset")
     a.orders = [o.strip() for o in a.orders.split(",") if o.strip()]
     for o in a.orders:
         if o not in ("random", "po"):
@@ -207,7 +213,7 @@ def _k_check(po, seed_labels, batch_size: int, seed: int, k: int, draws: int) ->
 
 
 def run_one(path: str, name: str, order: str, seed: int, args) -> dict:
-    from gnnio.train import TrainConfig, train
+    from gnnio.train import TrainConfig
 
     cfg = TrainConfig(
         model="sage",
@@ -223,11 +229,7 @@ def run_one(path: str, name: str, order: str, seed: int, args) -> dict:
         cache_size=args.cache_size,
         progress=args.progress,
     )
-    t0, c0 = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        s = train(path, cfg)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s, wall, cpu, warns = timed_train(path, cfg)
     tiers = s["bytes_by_tier"]
     total = sum(tiers.values())
     return {
@@ -245,7 +247,7 @@ def run_one(path: str, name: str, order: str, seed: int, args) -> dict:
         "epoch_time_s": s["epoch_time_s"],
         "wall_s": wall,
         "cpu_s": cpu,
-        "warnings": sorted({str(w.message) for w in caught}),
+        "warnings": warns,
         "history": [
             {k: h[k] for k in ("epoch", "loss", "train_acc", "valid_acc", "test_acc")}
             for h in s["history"]
@@ -279,16 +281,8 @@ def summarize(runs: list[dict], facts: dict, tolerance: float) -> dict:
             by = {(r["order"], r["seed"]): r for r in rs}
             common = sorted(set(per["random"]["seeds"]) & set(per["po"]["seeds"]))
             paired = [100 * (by["po", s]["test_acc"] - by["random", s]["test_acc"]) for s in common]
-            pm, ps = mean_std(paired)
             diff = per["po"]["test_acc_mean"] - per["random"]["test_acc_mean"]
-            d.update(
-                diff_points=diff,
-                paired_diff_mean=pm,
-                paired_diff_std=ps,
-                paired_diff_sem=ps / math.sqrt(len(paired)) if paired else 0.0,
-                within_tolerance=abs(diff) <= tolerance,
-                po_not_worse=diff >= -tolerance,
-            )
+            d.update(paired_diff(diff, paired, tolerance), po_not_worse=diff >= -tolerance)
         fs = facts.get(name, [])
         if fs:
             d["po_order"] = {
@@ -310,11 +304,7 @@ def summarize(runs: list[dict], facts: dict, tolerance: float) -> dict:
 def plot(runs: list[dict], path: str) -> None:
     """Two rows (test/valid accuracy; training loss) x one column per dataset; mean over seeds,
     band = +-1 std."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(dict.fromkeys(r["dataset"] for r in runs))
     fig, axes = plt.subplots(2, len(names), figsize=(4.6 * len(names), 6.4), squeeze=False)
     colors = {"random": "tab:blue", "po": "tab:orange"}
@@ -355,10 +345,7 @@ def plot(runs: list[dict], path: str) -> None:
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)
     fig.suptitle("Proximity-aware order (PO) vs random shuffle: GraphSAGE, mean over seeds +-1 std")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def print_table(summary: dict, tolerance: float) -> None:
@@ -401,12 +388,7 @@ def main(argv=None) -> int:
         path = dataset_dir(name, args)
         ds = gnnio.load(path)
         b, ep, ns = args.batch_size[name], args.epochs[name], args.seeds[name]
-        print(
-            f"== {name}: {path} ({ds.num_nodes} nodes, {ds.train_idx.size} training seeds, "
-            f"batch {b} -> {math.ceil(ds.train_idx.size / b)} batches/epoch, {ep} epochs, "
-            f"hidden {args.hidden[name]}, fanouts {args.fanouts}, seeds 0..{ns - 1})",
-            flush=True,
-        )
+        print(dataset_line(name, path, ds, args), flush=True)
         if "po" in args.orders:
             facts[name] = []
             for seed in range(ns):
@@ -457,17 +439,9 @@ def main(argv=None) -> int:
     print(f"\ntotal: {total['wall_s']:.0f} s wall, {total['cpu_s']:.0f} s CPU (this process)")
     if args.out_json:
         cfg = {k: v for k, v in vars(args).items() if k not in ("out_json", "plot", "progress")}
-        obj = {
-            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "config": cfg,
-            "summary": summary,
-            "order_facts": facts,
-            "runs": runs,
-            "total": total,
-        }
-        Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out_json).write_text(json.dumps(obj, indent=1, default=str) + "\n")
-        print("wrote", args.out_json)
+        write_json(
+            args.out_json, config=cfg, summary=summary, order_facts=facts, runs=runs, total=total
+        )
     if args.plot and runs:
         plot(runs, args.plot)
         print("wrote", args.plot)

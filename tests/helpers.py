@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+from math import comb
 from pathlib import Path
 
 import numpy as np
 
 from gnnio.graph import DatasetWriter, edges_to_csr
+from gnnio.graph.csr import CSRGraph
 
 
 def write_tiny_dataset(
@@ -37,3 +40,27 @@ def write_tiny_dataset(
         w.save_array("test_idx", np.sort(perm[n_tr + n_va : -1]).astype(np.int64))
         w.meta["num_classes"] = num_classes
     return out
+
+
+def random_graph(n: int, m: int, seed: int) -> CSRGraph:
+    """``n`` nodes, ``m`` uniformly random directed edges (repeats and self-loops possible)."""
+    rng = np.random.default_rng(seed)
+    return CSRGraph.from_edges(rng.integers(0, n, m), rng.integers(0, n, m), n)
+
+
+def shared_neighbourhood_graph(num_rows: int, deg: int, extra: int = 0) -> CSRGraph:
+    """Nodes ``deg .. deg + num_rows - 1`` all have in-neighbours ``0 .. deg - 1`` (in that CSR
+    order); ``extra`` isolated nodes after them (they lower the average degree)."""
+    dst = np.repeat(np.arange(deg, deg + num_rows), deg)
+    src = np.tile(np.arange(deg), num_rows)
+    return CSRGraph.from_edges(src, dst, deg + num_rows + extra)
+
+
+def subset_counts(picks: np.ndarray, deg: int) -> np.ndarray:
+    """Counts of each k-subset (rows of ``picks``, neighbour ids ``0..deg-1``)."""
+    k = picks.shape[1]
+    index = {c: i for i, c in enumerate(itertools.combinations(range(deg), k))}
+    counts = np.zeros(comb(deg, k), dtype=np.int64)
+    for row in np.sort(picks, axis=1).tolist():
+        counts[index[tuple(row)]] += 1
+    return counts

@@ -3,9 +3,6 @@ invariants and determinism."""
 
 from __future__ import annotations
 
-import itertools
-from math import comb
-
 import numpy as np
 import pytest
 import torch
@@ -25,20 +22,9 @@ from gnnio.sampling import (
 )
 from gnnio.sampling import _las_kernels as K
 
+from .helpers import random_graph, shared_neighbourhood_graph, subset_counts
+
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def random_graph(n: int, m: int, seed: int) -> CSRGraph:
-    rng = np.random.default_rng(seed)
-    return CSRGraph.from_edges(rng.integers(0, n, m), rng.integers(0, n, m), n)
-
-
-def shared_graph(rows: int, deg: int, extra: int = 0) -> CSRGraph:
-    """Nodes ``deg .. deg + rows - 1`` all have in-neighbours ``0 .. deg - 1`` (in that CSR order);
-    ``extra`` isolated nodes after them (they lower the average degree)."""
-    dst = np.repeat(np.arange(deg, deg + rows), deg)
-    src = np.tile(np.arange(deg), rows)
-    return CSRGraph.from_edges(src, dst, deg + rows + extra)
 
 
 def one_hop(sampler, rows: int, deg: int, epoch_seed: int = 0) -> MiniBatch:
@@ -93,15 +79,6 @@ def check_batch(mb: MiniBatch, graph: CSRGraph, seeds, fanouts, thresholds) -> N
         w = blk.edge_weight.numpy()
         assert w.dtype == np.float32 and w.shape == src.shape
         assert np.isfinite(w).all() and (w >= 1 - 1e-6).all(), "1/pi >= 1"
-
-
-def subset_counts(picks: np.ndarray, deg: int) -> np.ndarray:
-    k = picks.shape[1]
-    index = {c: i for i, c in enumerate(itertools.combinations(range(deg), k))}
-    counts = np.zeros(comb(deg, k), dtype=np.int64)
-    for row in np.sort(picks, axis=1).tolist():
-        counts[index[tuple(row)]] += 1
-    return counts
 
 
 # ---- inclusion probabilities and the design ------------------------------------------------------
@@ -165,7 +142,8 @@ def _estimates(sampler, x: np.ndarray) -> np.ndarray:
 def test_ht_estimate_is_unbiased(s, prune):
     """Mean over ROWS independent draws of sum_j x_j / pi_j lies within 4 standard errors of the
     exact neighbour sum, for several s (and with threshold pruning)."""
-    g = shared_graph(ROWS, DEG, extra=3 * ROWS)  # avg degree ~6 -> threshold 0.2*6+2*5 = 12 < 24
+    # avg degree ~6 -> threshold 0.2*6+2*5 = 12 < 24
+    g = shared_neighbourhood_graph(ROWS, DEG, extra=3 * ROWS)
     sampler = LocalitySampler(g, [FAN], hot_ids=np.arange(HOT), scale=s, seed=3, prune=prune)
     if prune is not None:
         assert 0 < sampler.thresholds[0] < DEG
@@ -189,7 +167,7 @@ def test_ht_estimate_is_unbiased(s, prune):
 
 def test_unbiasedness_test_can_fail():
     """Plain uniform weights deg/k on a skewed (s = 8) sample are biased: the same check fails."""
-    g = shared_graph(ROWS, DEG)
+    g = shared_neighbourhood_graph(ROWS, DEG)
     sampler = LocalitySampler(g, [FAN], hot_ids=np.arange(HOT), scale=8.0, seed=3)
     x = _features(DEG)
     mb = one_hop(sampler, ROWS, DEG)
@@ -204,7 +182,7 @@ def test_unbiasedness_test_can_fail():
     [(DEG, HOT, 2.0), (DEG, HOT, 8.0), (200, 180, 2.0)],  # the last maps ranks by binary search
 )
 def test_realized_inclusion_frequencies_match_q(deg, hot, s):
-    g = shared_graph(ROWS, deg)
+    g = shared_neighbourhood_graph(ROWS, deg)
     members = np.random.default_rng(deg).permutation(deg)[:hot]  # interleaved with the others
     sampler = LocalitySampler(g, [FAN], hot_ids=members, scale=s, seed=11)
     mb = one_hop(sampler, ROWS, deg)
@@ -221,7 +199,8 @@ def test_unbiased_with_long_member_lists_and_windows():
     """Rows of 200 with 150 members, pruned to windows of 100: the rank-to-position mapping takes
     the binary-search path inside wrapped windows; the estimate stays unbiased."""
     deg = 200
-    g = shared_graph(ROWS, deg, extra=60 * ROWS)  # avg degree < 4 -> threshold = 20 * 5 + 1
+    # avg degree < 4 -> threshold = 20 * 5 + 1
+    g = shared_neighbourhood_graph(ROWS, deg, extra=60 * ROWS)
     rng = np.random.default_rng(3)
     members = rng.permutation(deg)[:150]
     sampler = LocalitySampler(g, [FAN], hot_ids=members, scale=4.0, seed=5, prune=(0.1, 20))
@@ -238,7 +217,7 @@ def test_unbiased_with_long_member_lists_and_windows():
 def test_capped_member_always_taken():
     """s = 8 with a single member among 24 neighbours and k = 5: Eq. 8 gives q_in > 1, so the
     member is taken every time (q_in = 1) and the others share k - 1."""
-    g = shared_graph(500, DEG)
+    g = shared_neighbourhood_graph(500, DEG)
     sampler = LocalitySampler(g, [FAN], hot_ids=[0], scale=8.0, seed=1)
     gp, w = picks_and_weights(one_hop(sampler, 500, DEG), FAN)
     assert (gp == 0).any(axis=1).all()
@@ -250,7 +229,7 @@ def test_capped_member_always_taken():
 
 def test_scale_one_is_uniform_without_replacement():
     rows, deg, k = 6000, 6, 2
-    g = shared_graph(rows, deg)
+    g = shared_neighbourhood_graph(rows, deg)
     las = LocalitySampler(g, [k], hot_ids=[0, 1, 2], scale=1.0, seed=5)
     picks_las, w = picks_and_weights(one_hop(las, rows, deg), k)
     assert np.allclose(w, deg / k)
@@ -373,7 +352,7 @@ def _fits_circular_window(pos: np.ndarray, d: int, theta: int) -> bool:
 @pytest.mark.parametrize("hot", [None, [3, 17, 30, 44]])
 def test_pruning_draws_from_a_circular_window(hot):
     rows, deg, k = 3000, 50, 5
-    g = shared_graph(rows, deg)
+    g = shared_neighbourhood_graph(rows, deg)
     sampler = LocalitySampler(g, [k], hot_ids=hot, scale=4.0, seed=2, prune=(0.0, 2.0))
     theta = sampler.thresholds[0]
     assert theta == 10

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
-from math import comb
 
 import numpy as np
 import pytest
@@ -21,21 +19,9 @@ from gnnio.sampling.gpu import DENSE_FACTOR, TorchUniformSampler, sample_hop_tor
 from gnnio.sampling.reference import sample_reference
 from gnnio.sampling.uniform import call_key
 
-from .helpers import write_tiny_dataset
+from .helpers import random_graph, shared_neighbourhood_graph, subset_counts, write_tiny_dataset
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def random_graph(n: int, m: int, seed: int) -> CSRGraph:
-    rng = np.random.default_rng(seed)
-    return CSRGraph.from_edges(rng.integers(0, n, m), rng.integers(0, n, m), n)
-
-
-def shared_neighbourhood_graph(num_rows: int, deg: int) -> CSRGraph:
-    """Nodes ``deg .. deg + num_rows - 1`` all have in-neighbours ``0 .. deg - 1``."""
-    dst = np.repeat(np.arange(deg, deg + num_rows), deg)
-    src = np.tile(np.arange(deg), num_rows)
-    return CSRGraph.from_edges(src, dst, deg + num_rows)
 
 
 def check_batch(mb: MiniBatch, graph: CSRGraph, seeds, fanouts) -> None:
@@ -80,16 +66,6 @@ def check_batch(mb: MiniBatch, graph: CSRGraph, seeds, fanouts) -> None:
                 assert s == nxt, "new nodes must be numbered in order of first appearance"
                 nxt += 1
         assert nxt == hop_nodes[h + 1]
-
-
-def subset_counts(picks: np.ndarray, deg: int) -> np.ndarray:
-    """Counts of each k-subset (rows of ``picks``, neighbour ids ``0..deg-1``)."""
-    k = picks.shape[1]
-    index = {c: i for i, c in enumerate(itertools.combinations(range(deg), k))}
-    counts = np.zeros(comb(deg, k), dtype=np.int64)
-    for row in np.sort(picks, axis=1).tolist():
-        counts[index[tuple(row)]] += 1
-    return counts
 
 
 def picks_of(mb: MiniBatch, deg: int, fanout: int) -> np.ndarray:

@@ -61,35 +61,7 @@ PREFETCH_ROWS = 8
 PREFETCH_MAX_BYTES = 1024
 
 if HAVE_NUMBA:
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def prefetch_row(typingctx, arr, row, offset):
-        """``__builtin_prefetch(&arr[row, 0] + offset)`` (read, keep in all cache levels) for a
-        2-D array; a hint only: it never faults, even past the end of the array."""
-        sig = types.void(arr, row, offset)
-
-        def codegen(context, builder, signature, args):
-            ary = context.make_array(signature.args[0])(context, builder, args[0])
-            stride0 = cgutils.unpack_tuple(builder, ary.strides)[0]
-            i64 = ir.IntType(64)
-            row_v = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
-            off_v = builder.sext(args[2], i64) if args[2].type.width < 64 else args[2]
-            addr = builder.add(
-                builder.ptrtoint(ary.data, i64), builder.add(builder.mul(row_v, stride0), off_v)
-            )
-            i8p = ir.IntType(8).as_pointer()
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-            # (address, rw=0 read, locality=3 keep, cache type=1 data)
-            builder.call(fn, [builder.inttoptr(addr, i8p), i32(0), i32(3), i32(1)])
-            return context.get_dummy_value()
-
-        return sig, codegen
+    from ..utils.prefetch import prefetch_row
 
     @njit(parallel=True, nogil=True, cache=True)
     def _gather_bytes(src, ids, out):  # pragma: no cover - compiled, tested through gather_rows
@@ -98,32 +70,17 @@ if HAVE_NUMBA:
             out[i, :] = src[ids[i], :]
 
     @njit(parallel=True, nogil=True, cache=True)
-    def _gather_bytes_prefetch(src, ids, out, chunks):  # pragma: no cover - compiled
-        # As _gather_bytes, plus a software prefetch of the row PREFETCH_ROWS ahead: each thread
+    def _gather_rows_prefetch(src, ids, out, chunks, pf_lines, last_off):  # pragma: no cover
+        # The kernel gather_rows uses: as _gather_bytes (any word view: uint64 / uint32 / uint16 /
+        # uint8 [N, words]), plus a software prefetch of the row PREFETCH_ROWS ahead: each thread
         # walks a contiguous chunk of ids, so "ahead" is known, and the next rows' cache lines are
         # already on their way while this row is copied (random rows defeat the HW prefetcher).
-        # chunks: a few per thread (numba.get_num_threads() inside would block on-disk caching)
-        n = ids.shape[0]
-        pf_bytes = min(src.shape[1], PREFETCH_MAX_BYTES)
-        for c in prange(chunks):
-            start = c * n // chunks
-            end = (c + 1) * n // chunks
-            for i in range(start, end):
-                j = i + PREFETCH_ROWS
-                if j < end:
-                    r = ids[j]
-                    for off in range(0, pf_bytes, 64):
-                        prefetch_row(src, r, off)
-                out[i, :] = src[ids[i], :]
-
-    @njit(parallel=True, nogil=True, cache=True)
-    def _gather_rows_prefetch(src, ids, out, chunks, pf_lines, last_off):  # pragma: no cover
-        # The kernel gather_rows uses: as _gather_bytes_prefetch, for any word view (uint64 /
-        # uint32 / uint16 / uint8 [N, words]) and prefetching *every* cache line of the row ahead:
-        # the ``pf_lines`` lines from its first byte on, plus the line of byte ``last_off`` (the
-        # row's last byte, or -1 for none): a row that does not start on a 64-byte boundary spans
-        # one line more than its size suggests. The usual line counts get constant-trip loops:
-        # a runtime-trip prefetch loop measured about 10% slower on 512-byte rows.
+        # chunks: a few per thread (numba.get_num_threads() inside would block on-disk caching).
+        # It prefetches *every* cache line of the row ahead: the ``pf_lines`` lines from its
+        # first byte on, plus the line of byte ``last_off`` (the row's last byte, or -1 for none):
+        # a row that does not start on a 64-byte boundary spans one line more than its size
+        # suggests. The usual line counts get constant-trip loops: a runtime-trip prefetch loop
+        # measured about 10% slower on 512-byte rows.
         n = ids.shape[0]
         for c in prange(chunks):
             start = c * n // chunks
@@ -147,6 +104,12 @@ if HAVE_NUMBA:
                     if last_off >= 0:
                         prefetch_row(src, r, last_off)
                 out[i, :] = src[ids[i], :]
+
+    def _gather_bytes_prefetch(src, ids, out, chunks) -> None:
+        """:func:`_gather_rows_prefetch` prefetching the first ``PREFETCH_MAX_BYTES`` of each row
+        ahead from its start only (the byte-view kernel before word views and ``last_off``)."""
+        pf_lines = (min(src.shape[1], PREFETCH_MAX_BYTES) + 63) // 64
+        _gather_rows_prefetch(src, ids, out, chunks, pf_lines, -1)
 
 
 _prefetch_ok: bool | None = None  # None: not tried yet; False: compiling it failed (LLVM)

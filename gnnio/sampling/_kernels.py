@@ -18,7 +18,9 @@ All kernels are serial and ``nogil``. :class:`~gnnio.sampling.uniform.UniformSam
 per-part kernels (:func:`count_part`, :func:`sample_part`, :func:`merge_part`, :func:`write_part`,
 :func:`insert_seeds_at`; see the comment above them); :func:`count_rows`, :func:`sample_rows`,
 :func:`relabel`, :func:`insert_seeds` and :func:`reset_range` are the earlier serial-relabel
-kernels, kept with their signatures for other samplers and as the tests' reference.
+kernels, kept with their signatures for other samplers and as the tests' reference (the
+locality-aware sampler's kernels, :mod:`gnnio.sampling._las_kernels`, share the random stream, the
+Floyd draws, :func:`insert_seeds` and :func:`relabel_into`).
 Parallelism comes from the caller running kernels on disjoint row ranges in several Python threads,
 not from ``prange``: numba's OpenMP layer shares
 torch's libgomp, whose spin-waiting barriers made a 2-thread ``prange`` version 5-20x *slower* on a
@@ -30,16 +32,16 @@ not spin, so the sampler degrades gracefully when it shares cores with training.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
+
+from ..utils.prefetch import prefetch
 
 __all__ = [
     "count_rows",
     "sample_rows",
     "split_rows",
     "relabel",
+    "relabel_into",
     "insert_seeds",
     "reset_range",
     "mix64",
@@ -91,7 +93,8 @@ def _bounded(state, bound):
 
 @njit(cache=True, nogil=True)
 def _floyd_linear(out, off, d, k, state):
-    """Write ``k`` distinct positions in ``[0, d)`` to ``out[off:off+k]`` (small ``k``)."""
+    """Write ``k`` distinct positions in ``[0, d)`` to ``out[off:off+k]`` (small ``k``); returns
+    the new state."""
     cnt = 0
     for j in range(d - k, d):
         t, state = _bounded(state, j + 1)
@@ -101,11 +104,12 @@ def _floyd_linear(out, off, d, k, state):
                 break
         out[off + cnt] = t
         cnt += 1
+    return state
 
 
 @njit(cache=True, nogil=True)
 def _floyd_hashed(out, off, d, k, state):
-    """Floyd's algorithm with an open-addressing hash set (large ``k``)."""
+    """Floyd's algorithm with an open-addressing hash set (large ``k``); returns the new state."""
     size = 1
     while size < 2 * k:
         size *= 2
@@ -125,6 +129,7 @@ def _floyd_hashed(out, off, d, k, state):
         table[h] = t
         out[off + cnt] = t
         cnt += 1
+    return state
 
 
 @njit(cache=True, nogil=True)
@@ -233,10 +238,16 @@ def relabel(src, loc, base):
     Serial: first-appearance order is inherently sequential. (Reading ``loc`` ahead in a parallel,
     branch-free pass saved little on 2 threads and cost CPU, so it is not done.)
     """
-    e = src.shape[0]
-    new = np.empty(e, dtype=np.int64)
+    new = np.empty(src.shape[0], dtype=np.int64)
+    return new[: relabel_into(src, loc, base, new)].copy()
+
+
+@njit(cache=True, nogil=True)
+def relabel_into(src, loc, base, new):
+    """:func:`relabel` into a caller buffer: the new nodes are appended to ``new`` (room for
+    ``len(src)``); returns how many were new."""
     cnt = 0
-    for q in range(e):
+    for q in range(src.shape[0]):
         g = src[q]
         lid = np.int64(loc[g])
         if lid < 0:
@@ -245,7 +256,7 @@ def relabel(src, loc, base):
             new[cnt] = g
             cnt += 1
         src[q] = lid
-    return new[:cnt].copy()
+    return cnt
 
 
 @njit(cache=True, nogil=True)
@@ -259,35 +270,7 @@ def reset_range(nodes, lo, hi, loc):
 
 _PF_ROWS = 16  # rows ahead whose indptr entry is prefetched (count)
 _PF_EDGES = 32  # edges ahead whose indices / loc entry is prefetched (gather, relabel)
-
-
-@intrinsic
-def prefetch(typingctx, arr, i):
-    """``__builtin_prefetch(&arr[i])`` for a 1-D array: a hint that never faults (no bounds check).
-
-    The sampler's inner loops read big arrays (``indptr``, ``indices``, the ``[num_nodes]`` id
-    map) at random positions known some iterations ahead; their loads are independent, but a
-    mispredicted branch per edge (new node or not) keeps the CPU from running far enough ahead
-    to overlap the cache misses. Prefetching the entry ``_PF_EDGES`` iterations ahead measured
-    1.3-1.5x faster relabel and count loops on a 2^21-node graph.
-    """
-    sig = types.void(arr, i)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        i64 = ir.IntType(64)
-        idx = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
-        stride = cgutils.unpack_tuple(builder, ary.strides)[0]
-        addr = builder.add(builder.ptrtoint(ary.data, i64), builder.mul(idx, stride))
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        # (address, rw=0 read, locality=3 keep in all levels, cache type=1 data)
-        builder.call(fn, [builder.inttoptr(addr, i8p), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
+# (:func:`prefetch` is :func:`gnnio.utils.prefetch.prefetch`, re-exported here)
 
 
 # ---- per-part kernels of a parallel hop (count + sample + relabel split over threads) ----------

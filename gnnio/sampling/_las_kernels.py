@@ -7,7 +7,9 @@ numba's OpenMP layer shares torch's spinning libgomp).
 Randomness is counter-based: the stream of a destination row is ``splitmix64(hop_key ^ g * GAMMA)``
 stepped by ``GAMMA`` (``g`` = the destination's global id), so results never depend on how rows are
 split over threads. Random integers in ``[0, n)`` use Lemire's multiply-shift with rejection
-(exactly uniform); uniform reals use the top 53 bits.
+(exactly uniform); uniform reals use the top 53 bits. The stream (:func:`mix64`, ``_bounded``), the
+Floyd draws, :func:`insert_seeds` and :func:`relabel` (``_kernels.relabel_into``) are those of
+:mod:`gnnio.sampling._kernels`, imported from there.
 
 Per-row scheme (documented in full in :mod:`gnnio.sampling.locality`): a row (or its pruned
 window) of ``L`` neighbours, ``a`` of them in the layer's set Q', fanout ``k < L``:
@@ -26,6 +28,17 @@ import math
 import numpy as np
 from numba import njit
 
+from ._kernels import (
+    _GAMMA,
+    _LINEAR_MAX_K,
+    _bounded,
+    _floyd_hashed,
+    _floyd_linear,
+    insert_seeds,
+    mix64,
+)
+from ._kernels import relabel_into as relabel
+
 __all__ = [
     "mix64",
     "cap_probs",
@@ -40,12 +53,6 @@ __all__ = [
     "member_fill",
 ]
 
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_LOW32 = np.uint64(0xFFFFFFFF)
-_TWO32 = np.uint64(1 << 32)
-_LINEAR_MAX = 32  # Floyd with a linear membership scan up to this many picks, hashed above
 _NCH_TOL = 1e-12  # |E[m] - a * q_in| after solving, relative to max(1, a * q_in)
 _NCH_MAX_ITER = 200
 _CACHE_N = 128  # rows (windows) shorter than this share solved laws of m within a call
@@ -56,34 +63,6 @@ _CACHE_FLOATS = 1 << 19  # at most this many cached CDF values (4 MiB) per call
 W_HT = 0  # 1 / pi_j  (Horvitz-Thompson weight of the neighbour *sum*)
 W_HT_MEAN = 1  # 1 / (deg * pi_j)  (of the neighbour *mean*)
 W_NONE = 2  # no weights written
-
-
-@njit(cache=True, nogil=True, inline="always")
-def mix64(z):
-    """SplitMix64 finalizer of a uint64."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _bounded(state, bound):
-    """Uniform integer in ``[0, bound)`` (``bound >= 1``); returns ``(value, new_state)``."""
-    b = np.uint64(bound)
-    if b <= _LOW32:
-        while True:
-            state = state + _GAMMA
-            r = mix64(state) >> np.uint64(32)
-            m = r * b
-            low = m & _LOW32
-            if low >= b or low >= (_TWO32 - b) % b:
-                return np.int64(m >> np.uint64(32)), state
-    threshold = (np.uint64(0) - b) % b
-    while True:
-        state = state + _GAMMA
-        r = mix64(state)
-        if r >= threshold:
-            return np.int64(r % b), state
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -103,36 +82,9 @@ def _choose(n, t, out, off, state):
         for j in range(n):
             out[off + j] = j
         return state
-    cnt = 0
-    if t <= _LINEAR_MAX:
-        for j in range(n - t, n):
-            v, state = _bounded(state, j + 1)
-            for q in range(off, off + cnt):
-                if out[q] == v:
-                    v = j
-                    break
-            out[off + cnt] = v
-            cnt += 1
-        return state
-    size = 1
-    while size < 2 * t:
-        size *= 2
-    mask = size - 1
-    table = np.full(size, -1, dtype=np.int64)
-    for j in range(n - t, n):
-        v, state = _bounded(state, j + 1)
-        h = np.int64(mix64(np.uint64(v)) & np.uint64(mask))
-        while table[h] != -1 and table[h] != v:
-            h = (h + 1) & mask
-        if table[h] == v:  # already chosen: take j, which cannot be in the set yet
-            v = j
-            h = np.int64(mix64(np.uint64(v)) & np.uint64(mask))
-            while table[h] != -1:
-                h = (h + 1) & mask
-        table[h] = v
-        out[off + cnt] = v
-        cnt += 1
-    return state
+    if t <= _LINEAR_MAX_K:
+        return _floyd_linear(out, off, n, t, state)
+    return _floyd_hashed(out, off, n, t, state)
 
 
 @njit(cache=True, nogil=True)
@@ -459,37 +411,6 @@ def sample_rows(
                 src[q] = rows[0, dst[q]] + qpos[-1 - x]
     for q in range(offs[lo], offs[hi]):
         src[q] = indices[src[q]]
-
-
-@njit(cache=True, nogil=True)
-def insert_seeds(seeds, loc):
-    """Give ``seeds[i]`` local id ``i`` in ``loc``; returns -1, or the index of the first repeated
-    seed (then ``loc`` is restored to all -1 for the seeds)."""
-    for i in range(seeds.shape[0]):
-        g = seeds[i]
-        if loc[g] >= 0:
-            for j in range(i):
-                loc[seeds[j]] = -1
-            return i
-        loc[g] = i
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def relabel(src, loc, base, new):
-    """Global ids in ``src`` to local ids in place; unseen nodes get ``base, base + 1, ...`` in
-    order of first appearance and are appended to ``new``; returns how many were new."""
-    cnt = 0
-    for q in range(src.shape[0]):
-        g = src[q]
-        lid = np.int64(loc[g])
-        if lid < 0:
-            lid = base + cnt
-            loc[g] = lid
-            new[cnt] = g
-            cnt += 1
-        src[q] = lid
-    return cnt
 
 
 @njit(cache=True, nogil=True)
