@@ -62,7 +62,7 @@ def dataset_dir(name: str, args) -> str:
     if name == "synthetic":
         if args.synthetic_dir:
             return args.synthetic_dir
-        from gnnio.defaults import default_dataset
+        from gnnio.train.defaults import default_dataset
 
         return str(default_dataset(progress=False).path)
     out = args.cora_dir if name == "cora" else args.facebook_dir

@@ -30,7 +30,7 @@ Presets (2-layer GraphSAGE, fanouts 10,5, Adam lr 0.003, dropout 0.5, as
 benchmarks/po_convergence.py):
 
 * ``cora``: public split (140 training nodes), batch 16 (9 batches/epoch), 50 epochs, hidden 256;
-* ``synthetic``: ``gnnio.defaults.default_dataset()`` (30,000 nodes, 3,000 training nodes),
+* ``synthetic``: ``gnnio.train.defaults.default_dataset()`` (30,000 nodes, 3,000 training nodes),
   batch 64 (47 batches/epoch), 10 epochs, hidden 256;
 * ``facebook``: 10 % train (2,248 nodes), batch 64 (36 batches/epoch), 10 epochs, hidden 64.
 
@@ -132,7 +132,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cora-dir", default=DEFAULT_DIRS["cora"])
     p.add_argument("--facebook-dir", default=DEFAULT_DIRS["facebook"])
     p.add_argument(
-        "--synthetic-dir", default=None, help="default: gnnio.defaults.default_dataset()'s path"
+        "--synthetic-dir",
+        default=None,
+        help="default: gnnio.train.defaults.default_dataset()'s path",
     )
     p.add_argument("--out-json", default=None, help="write all runs and the summary here")
     p.add_argument("--plot", default=None, help="PNG: loss / accuracy, LAS variants vs uniform")

@@ -7,7 +7,7 @@ last-epoch test accuracy, the PO - random difference (in accuracy points, also p
 the same seed gives the same model initialisation in both orders), and whether it is within
 ``--tolerance`` points. For PO it records the number of BFS sequences chosen and the estimated
 shuffling error against the bound it had to meet (rebuilt with exactly the arguments
-``gnnio.train_setup.build_order`` uses, so the same k), plus the measured shuffling error of the
+``gnnio.train.setup.build_order`` uses, so the same k), plus the measured shuffling error of the
 epochs actually trained, for both orders.
 
 A FIFO feature cache of ``--cache-size`` (default 10 % of the nodes) sits in front of the feature
@@ -24,7 +24,7 @@ Presets (override per dataset with ``--epochs``, ``--batch-size``, ``--hidden``,
   50 epochs, 5 seeds.
 * ``facebook``: Facebook page-page (MUSAE), 10 % train (2,248 nodes): batch 64 (36 batches/epoch),
   10 epochs, hidden 64 (its 4,714-dim input layer dominates the CPU time), 3 seeds.
-* ``synthetic``: gnnio's built-in default dataset (``gnnio.defaults.default_dataset()``: R-MAT
+* ``synthetic``: gnnio's built-in default dataset (``gnnio.train.defaults.default_dataset()``: R-MAT
   power law with planted classes, 30,000 nodes, ~300,000 directed edges, 64 features, 8 classes,
   homophily 0.75, 3,000 training nodes): batch 64 (47 batches/epoch), 10 epochs, 5 seeds.
 
@@ -96,7 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cora-dir", default=DEFAULT_DIRS["cora"], help="prepared on first use")
     p.add_argument("--facebook-dir", default=DEFAULT_DIRS["facebook"], help="prepared on first use")
     p.add_argument(
-        "--synthetic-dir", default=None, help="default: gnnio.defaults.default_dataset()'s path"
+        "--synthetic-dir",
+        default=None,
+        help="default: gnnio.train.defaults.default_dataset()'s path",
     )
     p.add_argument("--out-json", default=None, help="write all runs and the summary here")
     p.add_argument("--plot", default=None, help="PNG: accuracy and loss per epoch, per dataset")
@@ -137,7 +139,7 @@ def order_facts(
     the same rule (smallest k with error <= (1 + slack) x random error, slack 0.25) picks when
     both sides are ``k_draws``-draw means instead of single draws."""
     from gnnio.ordering import RandomOrder
-    from gnnio.ordering_po import ProximityOrder, paper_bound, shuffling_error
+    from gnnio.ordering.po import ProximityOrder, paper_bound, shuffling_error
 
     labels = np.asarray(ds.labels, dtype=np.int64)
     seeds = np.asarray(ds.train_idx, dtype=np.int64)
@@ -167,7 +169,7 @@ def order_facts(
 
 def _k_check(po, seed_labels, batch_size: int, seed: int, k: int, draws: int) -> dict:
     """Multi-draw estimates for :func:`order_facts` (draw seeds independent of training's)."""
-    from gnnio.ordering_po import combine_regions, shuffling_error
+    from gnnio.ordering.po import combine_regions, shuffling_error
 
     n = seed_labels.shape[0]
 

@@ -11,8 +11,8 @@ from gnnio.bench import tiers
 from gnnio.cli.main import main
 from gnnio.errors import UsageError
 from gnnio.features.tiered import hot_rows_for_fraction
-from gnnio.hotness import out_degree, presample_counts
 from gnnio.ordering import RandomOrder
+from gnnio.preprocess.hotness import out_degree, presample_counts
 from gnnio.sampling import UniformSampler
 
 FANOUTS, BS, SEED = (4, 3), 16, 5

@@ -80,7 +80,7 @@ if torch.cuda.is_available():  # the same contract on a GPU-resident store
 
 
 def _scores(features: np.ndarray) -> np.ndarray:
-    """A fixed pseudo-random hotness score per row (ties broken by id, as in gnnio.reorder)."""
+    """A fixed pseudo-random hotness score per row (ties broken by id, as in gnnio.preprocess.reorder)."""
     return np.random.default_rng(features.shape[0]).random(features.shape[0])
 
 

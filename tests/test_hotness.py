@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnnio import hotness
 from gnnio.errors import DatasetError, UsageError
 from gnnio.graph import CSRGraph, load
+from gnnio.preprocess import hotness
 from tests.helpers import write_tiny_dataset
 
 # The hand example. Edges u -> v ("v aggregates from u"):

@@ -11,8 +11,8 @@ import torch
 
 from gnnio.features import InMemoryFeatureStore, MmapFeatureStore
 from gnnio.graph import CSRGraph
-from gnnio.loader import LoaderStats, NodeLoader
 from gnnio.ordering import RandomOrder
+from gnnio.pipeline.loader import LoaderStats, NodeLoader
 from gnnio.sampling import MiniBatch, UniformSampler
 
 N, F = 600, 12

@@ -464,7 +464,7 @@ def test_empty_seeds_and_zero_fanout():
 def test_models_consume_the_weights(model):
     """Every model runs on a LAS batch; SAGE's default (Hajek) mean equals the plain mean at
     s = 1 (equal weights per row), and SAGE 'sum' with 'ht_mean' weights is the HT mean."""
-    from gnnio.models import SAGELayer, aggregate, build_model
+    from gnnio.train.models import SAGELayer, aggregate, build_model
 
     g = random_graph(300, 3000, seed=8)
     seeds = np.arange(25)

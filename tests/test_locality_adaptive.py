@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from gnnio.placement.topology import DEFAULT_HOST_BW, GB, Topology
 from gnnio.sampling import AdaptiveScale, modeled_loading_share, modeled_loading_time
 from gnnio.sampling.adaptive import DEFAULT_GPU_BW
-from gnnio.topology import DEFAULT_HOST_BW, GB, Topology
 
 from .helpers import write_tiny_dataset
 

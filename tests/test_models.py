@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from gnnio.errors import UsageError
 from gnnio.graph.csr import CSRGraph
-from gnnio.models import MODELS, build_model, full_neighbor_block
 from gnnio.sampling import UniformSampler
 from gnnio.sampling.base import Block, MiniBatch
+from gnnio.train.models import MODELS, build_model, full_neighbor_block
 
 
 def directed_graph(n: int = 40, e: int = 160, seed: int = 0) -> CSRGraph:

@@ -13,7 +13,7 @@ from gnnio.features import InMemoryFeatureStore
 from gnnio.features.multidevice import MultiDeviceFeatureStore
 from gnnio.placement import PlacementRequest, place
 from gnnio.placement.costmodel import placement_cost
-from gnnio.topology import load_topology
+from gnnio.placement.topology import load_topology
 
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GRAPHLESS = ("alg1", "rule1", "interleaved", "mod", "naive", "random")

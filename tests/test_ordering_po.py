@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gnnio.graph.csr import CSRGraph
 from gnnio.ordering import SeedOrder
-from gnnio.ordering_po import (
+from gnnio.ordering.po import (
     ProximityOrder,
     bfs_regions,
     combine_regions,
@@ -103,7 +103,7 @@ def test_regions_are_bfs_blocks_inside_components():
     seed=st.integers(0, 1000),
 )
 def test_combine_regions_is_a_round_robin_permutation(sizes, k, seed):
-    from gnnio.ordering_po import BFSRegions
+    from gnnio.ordering.po import BFSRegions
 
     sizes = np.array(sizes, dtype=np.int64)
     n = int(sizes.sum())

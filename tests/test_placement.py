@@ -23,8 +23,8 @@ from gnnio.placement import (
 )
 from gnnio.placement.alg1 import algorithm1, algorithm1_reference
 from gnnio.placement.costmodel import expected_reads, placement_cost
+from gnnio.placement.topology import Topology, load_topology
 from gnnio.placement.trace import regroup, sample_trace
-from gnnio.topology import Topology, load_topology
 from tests.helpers import write_tiny_dataset
 
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gnnio import reorder as reorder_mod
 from gnnio.cli import prepare as cli_prepare
 from gnnio.cli.main import build_parser, main
 from gnnio.graph import load
 from gnnio.graph.format import read_meta
-from gnnio.hotness import SCORES, compute_score
 from gnnio.importers import IMPORTERS
+from gnnio.preprocess import reorder as reorder_mod
+from gnnio.preprocess.hotness import SCORES, compute_score
 
 CORA = Path("/work/shared/datasets/cora")
 

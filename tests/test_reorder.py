@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnnio import reorder
 from gnnio.cli import reorder as cli_reorder
 from gnnio.errors import DatasetError, UsageError
 from gnnio.graph import CSRGraph, DatasetWriter, load
+from gnnio.preprocess import reorder
 from gnnio.sampling import UniformSampler
 from tests.helpers import write_tiny_dataset
 

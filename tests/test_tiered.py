@@ -474,7 +474,7 @@ def tiny_dataset(tmp_path_factory):
 
 def test_host_traffic_experiment_counts_match_the_access_counts(tiny_dataset):
     from gnnio.bench.tiers import host_traffic_experiment
-    from gnnio.hotness import out_degree, presample_counts
+    from gnnio.preprocess.hotness import out_degree, presample_counts
 
     ds = tiny_dataset
     fanouts, bs, epochs, seed = (4, 3), 16, 2, 5

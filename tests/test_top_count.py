@@ -1,4 +1,4 @@
-"""One rule for "the top fraction f of N nodes": gnnio.hotness.top_count, used by the tiered store,
+"""One rule for "the top fraction f of N nodes": gnnio.utils.counts.top_count, used by the tiered store,
 the caches, the placement planner and the hotness benchmark."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnnio.hotness import top_count
+from gnnio.preprocess.hotness import top_count
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_every_fraction_to_count_conversion_uses_the_rule():
     from gnnio.features.cache import capacity_rows
     from gnnio.features.tiered import hot_rows_for_fraction
     from gnnio.placement.planner import buffer_rows_from
-    from gnnio.topology import load_topology
+    from gnnio.placement.topology import load_topology
 
     topo = load_topology("2+2")
     for f, n in [(0.25, 10), (0.15, 10), (0.1, 11), (0.001, 10), (0.5, 7)]:

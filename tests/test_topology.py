@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gnnio.errors import UsageError
-from gnnio.topology import (
+from gnnio.placement.topology import (
     PRESETS,
     Topology,
     load_topology,

@@ -11,8 +11,8 @@ import torch
 from gnnio import load
 from gnnio.errors import UsageError
 from gnnio.importers.synthetic import prepare_synthetic
-from gnnio.models import build_model
 from gnnio.train import TrainConfig, evaluate_full, evaluate_sampled, load_checkpoint, train
+from gnnio.train.models import build_model
 
 SUMMARY_KEYS = {
     "dataset",
@@ -209,8 +209,8 @@ def test_cli_bad_fanouts(easy, capsys):
 
 
 def test_default_dataset_generated_once_and_regenerated_when_broken(tmp_path, monkeypatch, capsys):
-    from gnnio import defaults
     from gnnio.cli.main import main
+    from gnnio.train import defaults
 
     monkeypatch.setenv("GNNIO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(

@@ -17,8 +17,8 @@ from gnnio import load
 from gnnio.errors import UsageError
 from gnnio.features import open_store
 from gnnio.importers.synthetic import prepare_synthetic
-from gnnio.loader import NodeLoader
 from gnnio.ordering import RandomOrder
+from gnnio.pipeline.loader import NodeLoader
 from gnnio.sampling import UniformSampler
 from gnnio.train import TrainConfig, train
 
@@ -79,8 +79,8 @@ def test_tiered_same_rows_and_bytes_split(data, plain, fraction):
 
 def test_tiered_gpu_bytes_are_the_hot_rows(data):
     """The gpu tier serves exactly the reads of the top-scored ids: recount from the loader."""
-    from gnnio.hotness import compute_score
-    from gnnio.reorder import order_by_score
+    from gnnio.preprocess.hotness import compute_score
+    from gnnio.preprocess.reorder import order_by_score
 
     s = train(data, cfg(gpu_cache_fraction=0.2, score="degree", epochs=1))
     ds = load(data)
@@ -103,7 +103,7 @@ def test_tiered_gpu_bytes_are_the_hot_rows(data):
 
 def test_placement_file(data, plain, tmp_path):
     from gnnio.placement import PlacementRequest, place, save_placement
-    from gnnio.topology import load_topology
+    from gnnio.placement.topology import load_topology
 
     ds = load(data)
     probs = np.random.default_rng(0).random(ds.num_nodes)
@@ -147,8 +147,8 @@ def test_po_order_covers_every_seed(data):
 
 
 def test_reordered_dataset_uses_prefix_mode(data, plain, tmp_path):
-    from gnnio.hotness import compute_score
-    from gnnio.reorder import order_by_score, reorder_dataset
+    from gnnio.preprocess.hotness import compute_score
+    from gnnio.preprocess.reorder import order_by_score, reorder_dataset
 
     out = tmp_path / "re"
     ds = load(data)

@@ -2,8 +2,8 @@
 and seed order (BGL Figure 5), and the cross-batch redundancy rate eta1 per batch size (HyDRA
 Figure 4).
 
-Protocol. For every seed order (``random`` = :class:`gnnio.ordering.RandomOrder`, ``po`` =
-:class:`gnnio.ordering_po.ProximityOrder` with the automatic number of sequences) the first
+Protocol. For every seed order (``random`` = :class:`gnnio.ordering.shuffle.RandomOrder`, ``po`` =
+:class:`gnnio.ordering.po.ProximityOrder` with the automatic number of sequences) the first
 ``--warmup + --batches`` batches (continuing into the next epochs if needed) are sampled once with
 :class:`gnnio.sampling.UniformSampler` (``--fanouts``, ``epoch_seed`` = batch index) -- the access
 trace. Every (policy, size) cache is then a real :class:`gnnio.features.cache.FeatureCache` over
@@ -123,7 +123,7 @@ def _make_order(name, ds, seeds, batch_size, args):
 
     if name == "random":
         return RandomOrder(seeds, batch_size, seed=args.seed)
-    from ..ordering_po import ProximityOrder
+    from ..ordering.po import ProximityOrder
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bound_met is reported instead
@@ -156,7 +156,7 @@ def _trace(order, sampler, count: int, desc: str, progress: bool) -> list[torch.
 
 
 def _static_hot(ds, args) -> tuple[np.ndarray, str]:
-    from ..hotness import compute_score
+    from ..preprocess.hotness import compute_score
 
     name = args.score
     try:
@@ -182,7 +182,7 @@ def run(args) -> dict:
     from ..features.cache import FeatureCache, capacity_rows
     from ..features.reuse import redundancy_rates
     from ..graph.dataset import load
-    from ..ordering_po import shuffling_error
+    from ..ordering.po import shuffling_error
     from ..sampling import UniformSampler, parse_fanouts
     from .gather import seed_ids, set_threads
 

@@ -1,7 +1,7 @@
 """``gnnio bench hotness DIR``: how well each hotness score predicts the real feature reads.
 
 Protocol (Data Tiering §5.2, Figure 7): run the real sampler (:class:`gnnio.sampling.UniformSampler`
-over :class:`gnnio.ordering.RandomOrder` batches of ``train_idx``) for ``--epochs`` epochs with
+over :class:`gnnio.ordering.shuffle.RandomOrder` batches of ``train_idx``) for ``--epochs`` epochs with
 ``--seed`` and count, per node, the batches whose ``input_nodes`` contain it: these are the *true*
 access counts. Rank the nodes by each score (descending, ties by id) and report the share of all
 accesses that falls on the top 1 / 5 / 10 / 25 % of nodes -- the hit ratio a static hot tier of
@@ -21,8 +21,8 @@ import numpy as np
 
 from ..errors import UsageError
 from ..graph.dataset import load
-from ..hotness import SCORES, compute_score, presample_counts, top_count
-from ..reorder import order_by_score
+from ..preprocess.hotness import SCORES, compute_score, presample_counts, top_count
+from ..preprocess.reorder import order_by_score
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run", "captured_shares", "cumulative_curve"]
 
@@ -97,7 +97,7 @@ def captured_shares(
     counts: np.ndarray, score: np.ndarray, fractions: list[float] | tuple[float, ...]
 ) -> dict[str, float]:
     """Share of ``counts.sum()`` on the top ``top_count(f, N)`` nodes by ``score`` (see
-    :func:`gnnio.hotness.top_count`), per fraction ``f``.
+    :func:`gnnio.utils.counts.top_count`), per fraction ``f``.
 
     Keys are ``str(f)`` (e.g. ``"0.1"``); ties in ``score`` are broken by ascending node id.
     """

@@ -1,6 +1,6 @@
 """``gnnio bench loader DIR``: end-to-end sample + gather through the pipelined NodeLoader.
 
-A pass iterates ``--batches`` mini-batches of one epoch through :class:`gnnio.loader.NodeLoader`
+A pass iterates ``--batches`` mini-batches of one epoch through :class:`gnnio.pipeline.loader.NodeLoader`
 (sampling, gathering and, on a GPU, transfer overlapped in background threads) with a consumer that
 does nothing, so the pass time is the loader's own throughput. Reported: ``ms_per_batch`` and
 ``seeds_per_s`` (median pass); the loader's per-stage seconds of the same passes, whose sum
@@ -66,7 +66,7 @@ def run(args) -> dict:
 
     from ..errors import UsageError
     from ..features import open_store
-    from ..loader import NodeLoader
+    from ..pipeline.loader import NodeLoader
     from ..sampling import UniformSampler
 
     check_common(args)

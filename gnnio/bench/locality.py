@@ -20,7 +20,7 @@ Reported per scale (keys of the JSON object are the scales as strings, ``"1"``, 
   ``--prune`` -- what HyDRA's threshold pruning cuts (the list a remote sampler would fetch);
   counted;
 * ``modeled_host_s``: ``host_bytes / host_bw`` with the default PCIe 3.0 bandwidth of
-  :mod:`gnnio.topology` -- **modeled**, not measured;
+  :mod:`gnnio.placement.topology` -- **modeled**, not measured;
 * ``sample_s``: measured wall seconds of sampling the batches (CPU; shared machines inflate it).
 
 ``monotone`` says whether host bytes never rise as the scale grows. Nothing is gathered: the bytes
@@ -44,7 +44,9 @@ def add_arguments(p) -> None:
     p.add_argument("--scales", default="1,2,4,8", help="comma-separated LAS scales s (> 0)")
     p.add_argument("--gpu-cache-fraction", type=float, default=0.1,
                    help="fraction of the nodes in the GPU set B (top by --score)")  # fmt: skip
-    p.add_argument("--score", default="wrpr", help="hotness score choosing B (gnnio.hotness)")
+    p.add_argument(
+        "--score", default="wrpr", help="hotness score choosing B (gnnio.preprocess.hotness)"
+    )
     p.add_argument("--fanouts", default="15,10,5", help="neighbours per hop, hop 1 first")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
     p.add_argument("--batches", type=int, default=None,
@@ -104,11 +106,11 @@ def run(args) -> dict:
     import gnnio
 
     from ..features.tiered import hot_rows_for_fraction
-    from ..hotness import SCORES, compute_score
     from ..ordering import RandomOrder
-    from ..reorder import order_by_score
+    from ..placement.topology import DEFAULT_HOST_BW
+    from ..preprocess.hotness import SCORES, compute_score
+    from ..preprocess.reorder import order_by_score
     from ..sampling import LocalitySampler, parse_fanouts
-    from ..topology import DEFAULT_HOST_BW
     from ..utils.progress import bar
 
     scales = _scales(args.scales)

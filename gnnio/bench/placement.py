@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..hotness import top_count
 from ..placement import PlacementRequest, hottest_order, place
-from ..topology import load_topology
+from ..placement.topology import load_topology
+from ..utils.counts import top_count
 from ._timing import median, time_passes
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]
@@ -129,10 +129,10 @@ def run_grid(args) -> dict[str, Any]:
     import math
 
     from ..graph.dataset import load
-    from ..hotness import compute_score
     from ..placement.alg1 import resolve_alpha
     from ..placement.planner import make_plan, warm_up_kernels
     from ..placement.trace import sample_trace
+    from ..preprocess.hotness import compute_score
     from ..sampling import parse_fanouts
 
     ds = load(args.dataset)

@@ -1,6 +1,6 @@
 """``gnnio bench reorder``: throughput of the CSR relabel (Data Tiering Algorithm 2).
 
-Times :func:`gnnio.reorder.relabel_csr` with each implementation -- numba-parallel (default),
+Times :func:`gnnio.preprocess.reorder.relabel_csr` with each implementation -- numba-parallel (default),
 vectorized numpy, and the plain row-by-row reference (the sequential approach the paper compares
 against) -- on one graph relabelled by descending paper out-degree (what reordering by a hotness
 score produces: long rows first). Reports the median wall time of ``--passes`` timed passes after
@@ -15,7 +15,7 @@ import numba
 import numpy as np
 
 from ..graph.csr import CSRGraph
-from ..reorder import IMPLS, order_by_score, relabel_csr
+from ..preprocess.reorder import IMPLS, order_by_score, relabel_csr
 from ._timing import median, time_passes
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]

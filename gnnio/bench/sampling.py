@@ -78,7 +78,7 @@ def _check(args) -> list[int]:
 
 
 def fixed_batches(seeds: np.ndarray, batch_size: int, batches: int, seed: int) -> list:
-    """The first ``batches`` batches of :class:`gnnio.ordering.RandomOrder` (going round epochs
+    """The first ``batches`` batches of :class:`gnnio.ordering.shuffle.RandomOrder` (going round epochs
     when there are fewer)."""
     from ..ordering import RandomOrder
 

@@ -69,9 +69,9 @@ def host_traffic_experiment(
 ) -> dict[str, Any]:
     """Host->GPU feature bytes per epoch for each hotness score and hot fraction.
 
-    Batches: :class:`gnnio.ordering.RandomOrder` over ``train_idx`` (seed ``seed``), sampled by
+    Batches: :class:`gnnio.ordering.shuffle.RandomOrder` over ``train_idx`` (seed ``seed``), sampled by
     :class:`gnnio.sampling.UniformSampler` (seed ``seed``) with ``epoch_seed = epoch * 2**32 +
-    batch`` -- the same batches as :func:`gnnio.hotness.presample_counts` with the same arguments,
+    batch`` -- the same batches as :func:`gnnio.preprocess.hotness.presample_counts` with the same arguments,
     so ``presample_counts(..., seed=seed)`` is the exact oracle score for this run. Each batch is
     sampled once and gathered by every store. A batch's ``input_nodes`` are distinct, so the bytes
     counted are those of the *unique* rows of each batch (rows shared by two batches count twice).
@@ -457,7 +457,7 @@ def add_arguments(p) -> None:
 
     p.add_argument("dir", metavar="DIR", help="dataset directory (needs a train split)")
     p.add_argument("--scores", default=",".join(DEFAULT_SCORES),
-                   help="comma-separated hotness scores (gnnio.hotness.SCORES); 'oracle' (the "
+                   help="comma-separated hotness scores (gnnio.preprocess.hotness.SCORES); 'oracle' (the "
                    "access counts of the measured run itself) is always added")  # fmt: skip
     p.add_argument("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS),
                    help="hot fractions of the nodes")  # fmt: skip
@@ -502,7 +502,7 @@ def read_result(path: str | os.PathLike) -> dict[str, Any]:
 
 def run(args) -> dict[str, Any]:
     from ..graph.dataset import load
-    from ..hotness import SCORES, compute_score
+    from ..preprocess.hotness import SCORES, compute_score
 
     names = [s.strip() for s in str(args.scores).split(",") if s.strip() and s.strip() != "oracle"]
     unknown = [s for s in names if s not in SCORES]

@@ -22,7 +22,7 @@ from ..placement.planner import (
     buffer_rows_from,
     make_plan,
 )
-from ..topology import PRESETS, load_topology
+from ..placement.topology import PRESETS, load_topology
 from . import HelpFormatter
 
 __all__ = ["register", "run", "format_table"]
@@ -67,7 +67,7 @@ def register(sub) -> None:
     p.add_argument(
         "--score",
         default="sj",
-        help="access-probability estimate (a gnnio.hotness score: sj, sj_fanout, presample, "
+        help="access-probability estimate (a gnnio.preprocess.hotness score: sj, sj_fanout, presample, "
         "degree, rpr, wrpr)",
     )
     p.add_argument(

@@ -1,7 +1,7 @@
 """``gnnio prepare SOURCE ... --out DIR [--reorder SCORE]``: import a dataset into gnnio's format.
 
 With ``--reorder SCORE`` the imported dataset is relabelled by descending hotness score (Data
-Tiering Algorithm 2, :func:`gnnio.reorder.reorder_path`) before it appears at ``DIR``: the importer
+Tiering Algorithm 2, :func:`gnnio.preprocess.reorder.reorder_path`) before it appears at ``DIR``: the importer
 writes into a temporary sibling directory of ``DIR``, the reordered copy is written from there
 atomically (through :class:`gnnio.graph.DatasetWriter`) to ``DIR``, and the temporary import is
 removed. On any failure ``DIR`` is left as it was (absent, or the old dataset with
@@ -19,11 +19,11 @@ from pathlib import Path
 
 from ..errors import DatasetError, UsageError
 from ..graph.dataset import info_stats, load
-from ..hotness import SCORES
 from ..importers import IMPORTERS
+from ..preprocess.hotness import SCORES
 from . import HelpFormatter
 
-#: scores accepted by ``--reorder`` (all of :data:`gnnio.hotness.SCORES`, as ``gnnio reorder``)
+#: scores accepted by ``--reorder`` (all of :data:`gnnio.preprocess.hotness.SCORES`, as ``gnnio reorder``)
 REORDER_SCORES = tuple(SCORES)
 
 
@@ -97,7 +97,7 @@ def check_reorder_score(name: str | None) -> str | None:
 def _import_and_reorder(args) -> Path:
     """Import into a temporary sibling of ``args.out``, write the reordered copy to ``args.out``
     atomically, and remove the temporary import whatever happens."""
-    from ..reorder import reorder_path
+    from ..preprocess.reorder import reorder_path
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:

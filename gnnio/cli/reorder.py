@@ -6,8 +6,8 @@ import argparse
 import json
 
 from ..errors import UsageError
-from ..hotness import SCORES
-from ..reorder import reorder_path
+from ..preprocess.hotness import SCORES
+from ..preprocess.reorder import reorder_path
 from . import HelpFormatter
 
 

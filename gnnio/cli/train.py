@@ -212,8 +212,8 @@ def _parse_prune(text: str | None):
 
 
 def run(args) -> int:
-    from ..defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
     from ..train import TrainConfig, check_device, train
+    from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
 
     cfg = TrainConfig(
         model=args.model,

@@ -96,12 +96,12 @@ _I32_MAX = 2**31 - 1
 
 def capacity_rows(size: float | int, num_rows: int) -> int:
     """Cache capacity in rows: ``size`` < 1 (a float) is a fraction of ``num_rows``, converted by
-    :func:`gnnio.hotness.top_count` (nearest count, halves up, at least 1 for a positive
+    :func:`gnnio.utils.counts.top_count` (nearest count, halves up, at least 1 for a positive
     fraction), otherwise a row count; the result is clipped to ``[0, num_rows]``."""
     if isinstance(size, float) and size < 1.0:
         if size < 0:
             raise ValueError(f"cache size must be >= 0, got {size}")
-        from ..hotness import top_count  # here, not at the top: gnnio.hotness needs numba
+        from ..utils.counts import top_count
 
         rows = top_count(size, num_rows)
     else:

@@ -23,7 +23,7 @@ The shards share one clock, so a policy's recency ticks are comparable across re
 
 Simulated devices: with ``devices=None`` every shard lives in CPU memory; the routing, copies and
 counting are the same, only no bytes cross real links (turn counted bytes per link into modeled
-time with a :class:`~gnnio.topology.Topology`). With real devices, shard ``k`` lives on
+time with a :class:`~gnnio.placement.topology.Topology`). With real devices, shard ``k`` lives on
 ``devices[k]`` and peer rows are copied device to device.
 """
 

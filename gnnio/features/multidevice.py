@@ -14,7 +14,7 @@ row crossed, the reader's own ``"gpu<k>"`` being its local rows).
 
 Simulated devices. Without GPUs (``devices=None``) every shard is a separate tensor in CPU memory:
 the same routing, copies and counting run, only the bytes do not cross real links; turn counted
-bytes into modeled time with a :class:`~gnnio.topology.Topology`. With ``devices`` a list of torch
+bytes into modeled time with a :class:`~gnnio.placement.topology.Topology`. With ``devices`` a list of torch
 devices (``cuda:0``, ``cuda:1``, ...) shard ``k`` lives on ``devices[k]`` and peer rows are copied
 device to device (NVLink when present); host rows are gathered on the CPU and copied over.
 """
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..placement import Placement
-from ..topology import Topology
+from ..placement.topology import Topology
 from ._gather import as_index_array, gather_rows, output_rows, tensor_view
 from .base import FeatureStore, TierCounters
 
@@ -129,18 +129,18 @@ class MultiDeviceFeatureStore(FeatureStore):
 
         Args:
             features: ``[N, F]`` host features.
-            topology: a :class:`~gnnio.topology.Topology` or anything
-                :func:`~gnnio.topology.load_topology` reads (``"2+2"``, a preset, a file).
+            topology: a :class:`~gnnio.placement.topology.Topology` or anything
+                :func:`~gnnio.placement.topology.load_topology` reads (``"2+2"``, a preset, a file).
             strategy: a placement strategy that needs no graph (``alg1``, ``rule1``,
                 ``interleaved``, ``mod``, ``naive``, ``random``).
-            buffer: rows per GPU as a fraction of ``N`` (:func:`gnnio.hotness.top_count`).
+            buffer: rows per GPU as a fraction of ``N`` (:func:`gnnio.utils.counts.top_count`).
             reader: the GPU this store reads for.
             probs: access probabilities; None = a seeded heavy-tailed random vector.
             seed: seed of the random ``probs`` and of ``random``.
         """
-        from ..hotness import top_count
         from ..placement import PlacementRequest, place
-        from ..topology import load_topology
+        from ..placement.topology import load_topology
+        from ..utils.counts import top_count
 
         topo = topology if isinstance(topology, Topology) else load_topology(topology)
         n = int(features.shape[0])

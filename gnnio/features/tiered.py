@@ -11,7 +11,7 @@ Tiers, as named in :attr:`TieredFeatureStore.counters` and in training summaries
 Routing an id to its tier (vectorised: one mask, two gathers, one scatter):
 
 * **prefix mode** (``hot=H``; the data was reordered by score so the hot rows are ids ``[0, H)``,
-  see ``gnnio.reorder``): the paper's "hot data boundary" check ``id < H``; a hot id is its own
+  see ``gnnio.preprocess.reorder``): the paper's "hot data boundary" check ``id < H``; a hot id is its own
   slot in the GPU tier. No extra memory.
 * **lookup mode** (``hot_ids=...``; any chosen set, no reordering): an int32 table ``id -> hot slot
   or -1`` of ``num_rows`` entries, held in the GPU tier next to the hot rows and counted in its
@@ -58,8 +58,8 @@ import numpy as np
 import torch
 
 from ..errors import GnnioError, UsageError
-from ..hotness import top_count
-from ..reorder import order_by_score
+from ..preprocess.reorder import order_by_score
+from ..utils.counts import top_count
 from ..utils.progress import bar
 from . import uva
 from ._gather import as_index_array, check_out, gather_rows, row_bytes_view, tensor_view
@@ -82,7 +82,7 @@ class TieringWarning(RuntimeWarning):
 
 
 def hot_rows_for_fraction(fraction: float, num_rows: int) -> int:
-    """Hot rows for a hot ``fraction`` of ``num_rows``: :func:`gnnio.hotness.top_count` (nearest
+    """Hot rows for a hot ``fraction`` of ``num_rows``: :func:`gnnio.utils.counts.top_count` (nearest
     count, halves up, at least 1 for a positive fraction, fractions >= 1 mean all rows).
 
     Raises:
@@ -330,7 +330,7 @@ class TieredFeatureStore(FeatureStore):
         **kwargs: Any,
     ) -> TieredFeatureStore:
         """Lookup mode with the hot set = the ``top_count(fraction, N)`` highest-scoring ids, ranked by
-        :func:`gnnio.reorder.order_by_score` (ties: lower id first; non-finite scores refused).
+        :func:`gnnio.preprocess.reorder.order_by_score` (ties: lower id first; non-finite scores refused).
         ``score``: ``[N]`` numbers, higher = hotter (any hotness score, or true access counts for an
         oracle). ``kwargs`` go to the constructor."""
         n = _num_rows_of(backing)
@@ -338,7 +338,7 @@ class TieredFeatureStore(FeatureStore):
         if s.ndim != 1 or s.shape[0] != n:
             raise ValueError(f"score must have shape [{n}] (one per row), got {tuple(s.shape)}")
         h = hot_rows_for_fraction(fraction, n)
-        # the same ranking gnnio.reorder relabels by, so prefix and lookup mode agree
+        # the same ranking gnnio.preprocess.reorder relabels by, so prefix and lookup mode agree
         return cls(backing, hot_ids=order_by_score(s)[:h], **kwargs)
 
     @classmethod

@@ -105,7 +105,7 @@ def info_stats(
     """The numbers ``gnnio info`` prints (all plain JSON types)."""
     deg = ds.graph.in_degrees()
     n, e = ds.num_nodes, ds.num_edges
-    from ..hotness import top_count
+    from ..utils.counts import top_count
 
     top = top_count(0.01, n)
     top_share = float(np.sort(deg)[::-1][:top].sum() / e) if e else 0.0

@@ -28,7 +28,7 @@ Strategies (:data:`STRATEGIES`; each a function ``PlacementRequest -> Placement`
 =============== ================================================================================
 
 "Hottest" always means the largest access probability ``probs`` given in the request (e.g.
-:func:`gnnio.hotness.sj_estimate`). The cost of a placement is modeled by
+:func:`gnnio.preprocess.hotness.sj_estimate`). The cost of a placement is modeled by
 :mod:`gnnio.placement.costmodel`; :class:`gnnio.features.multidevice.MultiDeviceFeatureStore`
 serves reads through it.
 """
@@ -48,7 +48,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..graph.csr import CSRGraph
-from ..topology import Topology
+from ..placement.topology import Topology
 
 __all__ = [
     "Placement",

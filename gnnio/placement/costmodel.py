@@ -16,7 +16,7 @@ or ``C_cpu`` by where GPU ``i`` reads ``j`` (Eq. 5 and 6 are this sum rearranged
 :func:`placement_cost` evaluates that sum for any per-node weights: expected reads per GPU from a
 probability estimate (the *predicted* cost), or the counted reads of every GPU over an epoch of
 sampled mini-batches (Eq. 3 summed over the epoch's iterations: the *trace* cost). Either way the
-seconds are **modeled** from the link bandwidths of the :class:`~gnnio.topology.Topology`, not
+seconds are **modeled** from the link bandwidths of the :class:`~gnnio.placement.topology.Topology`, not
 measured; contention of several GPUs on one link is not modeled.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..topology import Topology
+from ..placement.topology import Topology
 from . import Placement
 
 __all__ = ["DeviceCost", "CostReport", "placement_cost", "expected_reads"]
@@ -152,7 +152,7 @@ def placement_cost(
 def expected_reads(probs: np.ndarray, reads_per_gpu: float) -> np.ndarray:
     """Scale a probability estimate to expected reads per GPU: ``probs / sum(probs) * reads``.
 
-    A score such as :func:`gnnio.hotness.sj_estimate` ranks nodes but is not calibrated to the
+    A score such as :func:`gnnio.preprocess.hotness.sj_estimate` ranks nodes but is not calibrated to the
     sampler (it counts walks over full neighbourhoods); scaling it to the number of rows a GPU
     actually reads per epoch keeps its *distribution* and makes the predicted cost comparable in
     seconds. (For a calibrated ``p`` -- probability per iteration -- use ``reads = E|S| * iters``.)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..hotness import top_count
+from ..utils.counts import top_count
 from . import Placement, PlacementRequest, hottest_order
 
 __all__ = ["place_interleaved", "interleave"]

@@ -2,7 +2,7 @@
 
 The steps of ``gnnio plan`` (all on CPU; the seconds it reports are **modeled** from bytes):
 
-1. the access probabilities ``p`` (default: Song & Jiang §3.2, :func:`gnnio.hotness.sj_estimate`
+1. the access probabilities ``p`` (default: Song & Jiang §3.2, :func:`gnnio.preprocess.hotness.sj_estimate`
    via the ``"sj"`` score), timed as ``prob_s``;
 2. one epoch of the real sampler, dealt to the GPUs (:mod:`gnnio.placement.trace`): every GPU's
    read count of every node;
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DatasetError, UsageError
-from ..hotness import top_count
-from ..topology import Topology
+from ..placement.topology import Topology
+from ..utils.counts import top_count
 from . import Placement, PlacementRequest, place
 from .costmodel import CostReport, expected_reads, placement_cost
 from .trace import AccessTrace, regroup, sample_trace
@@ -125,7 +125,7 @@ def warm_up_kernels() -> None:
     """Compile (or load from numba's cache) the placement and hotness kernels on a tiny input, so
     that ``prep_s`` and ``prob_s`` measure the work and not the JIT."""
     from ..graph.csr import CSRGraph
-    from ..hotness import propagate
+    from ..preprocess.hotness import propagate
     from .alg1 import algorithm1
     from .baselines import pagraph_partition
 
@@ -185,7 +185,7 @@ def make_plan(
         buffer_rows: ``BSIZE``, rows per GPU.
         strategies: names from :data:`gnnio.placement.STRATEGIES`.
         fanouts, batch_size: the sampler of the trace (and of fanout-aware scores).
-        score: hotness score for ``p`` (:data:`gnnio.hotness.SCORES`), unless ``probs`` is given.
+        score: hotness score for ``p`` (:data:`gnnio.preprocess.hotness.SCORES`), unless ``probs`` is given.
         alpha: Algorithm 1's threshold; None = ``C_gpu / C_cpu`` of the topology.
         replicate: replicated fraction of the ``interleaved`` buffers.
         seed: seed of the trace (and of ``random``); a ``presample`` score uses ``seed + 1``.
@@ -201,7 +201,7 @@ def make_plan(
             (keyed by strategy and GPU count; valid while the partitions are reused too).
         progress: progress bars.
     """
-    from ..hotness import compute_score
+    from ..preprocess.hotness import compute_score
 
     warm_up_kernels()
     ds = dataset

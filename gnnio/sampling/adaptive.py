@@ -23,7 +23,7 @@ each epoch). Points the paper leaves open, and what we do:
 
 The loading share that drives it: on a real GPU, the measured (gather + transfer) / epoch time. On
 simulated devices (no GPU), :func:`modeled_loading_share` turns the bytes each tier served into
-modeled seconds with the link bandwidths of :mod:`gnnio.topology` -- label such shares *modeled*.
+modeled seconds with the link bandwidths of :mod:`gnnio.placement.topology` -- label such shares *modeled*.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..topology import DEFAULT_HOST_BW, DEFAULT_PEER_BW, GB, Topology
+from ..placement.topology import DEFAULT_HOST_BW, DEFAULT_PEER_BW, GB, Topology
 
 __all__ = [
     "AdaptiveScale",
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: GPU-local memory bandwidth for the model, bytes/s: V100 HBM2, 900 GB/s nominal (Song & Jiang's
-#: platform, as :mod:`gnnio.topology`'s defaults). Local reads are "free" in the placement cost
+#: platform, as :mod:`gnnio.placement.topology`'s defaults). Local reads are "free" in the placement cost
 #: model (Eq. 3); here they get this small cost so a share never divides 0 by 0.
 DEFAULT_GPU_BW = 900 * GB
 

@@ -7,7 +7,7 @@ The Horvitz-Thompson sum ``sum_{j in S} x_j / pi_j`` is an unbiased estimate of
 ``sum_{j in N(i)} x_j`` for any design, whatever the joint law of ``S``: its expectation is
 ``sum_j P(j in S) x_j / pi_j``. ``Block.edge_weight`` carries these weights (``weights="ht"``:
 ``1 / pi_j``; ``weights="ht_mean"``: ``1 / (deg(i) pi_j)``, the unbiased estimate of the neighbour
-*mean*). How the layers of :mod:`gnnio.models` use them:
+*mean*). How the layers of :mod:`gnnio.train.models` use them:
 
 * GIN sums ``sum_j w_j x_j``: with ``"ht"`` that is the unbiased neighbour sum;
 * SAGE with ``edge_weight_norm="sum"`` computes ``sum_j w_j x_j``: with ``"ht_mean"`` that is the
@@ -17,7 +17,7 @@ The Horvitz-Thompson sum ``sum_{j in S} x_j / pi_j`` is an unbiased estimate of
   when a rare neighbour with a large weight is drawn, and it equals the plain mean of the uniform
   sampler when all weights of a row are equal (``s = 1``). Either weight mode gives the same
   result there (the row's ``1 / deg`` cancels);
-* GCN and GAT normalise the weights per row as well (see :mod:`gnnio.models`).
+* GCN and GAT normalise the weights per row as well (see :mod:`gnnio.train.models`).
 
 **Sampling design.** Each row (destination) draws exactly ``k = min(deg, fanout)`` distinct
 neighbours -- as many as the uniform sampler -- with inclusion probabilities that follow Eq. 8.

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .features.base import FeatureStore
-from .sampling.base import MiniBatch, Sampler
+from ..features.base import FeatureStore
+from ..sampling.base import MiniBatch, Sampler
 
 __all__ = ["LoaderStats", "NodeLoader"]
 
@@ -95,7 +95,7 @@ class NodeLoader:
             epoch and the batch's seeds -- not on thread scheduling or ``num_workers``.
         store: the feature store; ``batch.x = store.gather(batch.input_nodes)``.
         order: seed order with ``num_batches`` and ``batches(epoch) -> Iterator[Tensor]`` (global
-            seed ids per batch), e.g. ``gnnio.ordering.RandomOrder``.
+            seed ids per batch), e.g. ``gnnio.ordering.shuffle.RandomOrder``.
         labels: optional ``[N]`` int64 labels (global ids); ``batch.labels = labels[batch.seeds]``.
         device: where batches are delivered. On CUDA, rows of a CPU store are gathered into pinned
             host slots and copied with ``non_blocking`` on a side stream; a store on the GPU

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import DatasetError
-from .graph.dataset import Dataset, load
-from .graph.format import FORMAT_VERSION
+from ..errors import DatasetError
+from ..graph.dataset import Dataset, load
+from ..graph.format import FORMAT_VERSION
 
 __all__ = [
     "DEFAULT_DATASET",
@@ -66,7 +66,7 @@ def default_dataset_path() -> Path:
 
 def default_dataset(progress: bool = True) -> Dataset:
     """Open the default dataset, generating it first if it is missing or invalid."""
-    from .importers.synthetic import prepare_synthetic
+    from ..importers.synthetic import prepare_synthetic
 
     path = default_dataset_path()
     if path.exists():

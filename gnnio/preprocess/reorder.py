@@ -30,11 +30,11 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .errors import DatasetError, UsageError
-from .graph.csr import index_dtype
-from .graph.dataset import Dataset, load
-from .graph.format import SPLITS, DatasetWriter
-from .utils.progress import bar
+from ..errors import DatasetError, UsageError
+from ..graph.csr import index_dtype
+from ..graph.dataset import Dataset, load
+from ..graph.format import SPLITS, DatasetWriter
+from ..utils.progress import bar
 
 __all__ = [
     "IMPLS",
@@ -350,7 +350,7 @@ def reorder_path(
     progress: bool = True,
     **score_options: Any,
 ) -> dict[str, Any]:
-    """Score the dataset at ``path`` with ``by`` (a key of :data:`gnnio.hotness.SCORES`) and write
+    """Score the dataset at ``path`` with ``by`` (a key of :data:`gnnio.preprocess.hotness.SCORES`) and write
     it reordered (hottest node first) to ``out``.
 
     ``out=None`` replaces ``path`` in place. An existing ``out`` (``path`` itself included) is
@@ -358,7 +358,7 @@ def reorder_path(
 
     Returns ``{"out", "by", "num_nodes", "num_edges", "score_s", "reorder_s"}`` (wall seconds).
     """
-    from .hotness import compute_score
+    from ..preprocess.hotness import compute_score
 
     ds = load(path)
     in_place = out is None or Path(out).resolve() == Path(path).resolve()

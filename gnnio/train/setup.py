@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 __all__ = ["StoreSetup", "build_order", "build_sampler", "build_store", "hot_score"]
 
@@ -63,7 +63,7 @@ class StoreSetup:
 
 def hot_score(ds, cfg, progress: bool) -> np.ndarray:
     """``cfg.score`` for ``ds`` (float64 [N], by global id; larger = hotter)."""
-    from .hotness import compute_score
+    from ..preprocess.hotness import compute_score
 
     return compute_score(
         cfg.score, ds, fanouts=cfg.fanouts, batch_size=cfg.batch_size, progress=progress
@@ -72,7 +72,7 @@ def hot_score(ds, cfg, progress: bool) -> np.ndarray:
 
 def build_store(ds, cfg, device: torch.device) -> StoreSetup:
     """The feature store of a training run (module docstring)."""
-    from .features import open_store
+    from ..features import open_store
 
     base = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
     store: Any = base
@@ -89,7 +89,7 @@ def build_store(ds, cfg, device: torch.device) -> StoreSetup:
         return score
 
     if cfg.gpu_cache_fraction is not None:
-        from .features.tiered import TieredFeatureStore, hot_rows_for_fraction
+        from ..features.tiered import TieredFeatureStore, hot_rows_for_fraction
 
         kw = {"device": device if device.type == "cuda" else "cpu", "progress": cfg.progress}
         if cfg.gpu_budget_bytes is not None:
@@ -115,8 +115,8 @@ def build_store(ds, cfg, device: torch.device) -> StoreSetup:
             }
         )
     elif cfg.placement is not None:
-        from .features.multidevice import MultiDeviceFeatureStore
-        from .placement import load_placement
+        from ..features.multidevice import MultiDeviceFeatureStore
+        from ..placement import load_placement
 
         pl = load_placement(cfg.placement)
         if pl.num_nodes != n:
@@ -147,8 +147,8 @@ def build_store(ds, cfg, device: torch.device) -> StoreSetup:
 
     eval_store = store
     if cfg.cache_policy != "none" and cfg.cache_size > 0:
-        from .features.cache import FeatureCache
-        from .features.tiered import hot_rows_for_fraction
+        from ..features.cache import FeatureCache
+        from ..features.tiered import hot_rows_for_fraction
 
         hot = None
         if cfg.cache_policy == "static":
@@ -177,7 +177,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
       (and the pruning window when asked), weights ``1/q`` (Horvitz-Thompson; the SAGE mean
       aggregation normalises them, see :mod:`gnnio.sampling.locality`).
     """
-    from .sampling import AdaptiveScale, LocalitySampler, PrunedUniformSampler, UniformSampler
+    from ..sampling import AdaptiveScale, LocalitySampler, PrunedUniformSampler, UniformSampler
 
     prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
     if cfg.locality_scale is None:
@@ -213,7 +213,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
 
 def _top_ids(score: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` highest-scoring ids, hottest first (ties: lower id first)."""
-    from .reorder import order_by_score
+    from ..preprocess.reorder import order_by_score
 
     return order_by_score(score)[:k]
 
@@ -224,7 +224,7 @@ def build_order(ds, cfg, seeds: np.ndarray, labels, batch_size: int, seed: int):
     ``cfg.po_sequences`` fixes it)."""
     seeds_t = torch.from_numpy(np.asarray(seeds, dtype=np.int64))
     if cfg.order == "po":
-        from .ordering_po import ProximityOrder
+        from ..ordering.po import ProximityOrder
 
         return ProximityOrder(
             ds.graph,
@@ -235,6 +235,6 @@ def build_order(ds, cfg, seeds: np.ndarray, labels, batch_size: int, seed: int):
             num_sequences=cfg.po_sequences,
             progress=cfg.progress,
         )
-    from .ordering import RandomOrder
+    from ..ordering import RandomOrder
 
     return RandomOrder(seeds_t, batch_size, seed=seed)

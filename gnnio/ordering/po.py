@@ -51,9 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .graph.csr import CSRGraph
-from .ordering import SeedOrder
-from .utils.progress import bar
+from ..graph.csr import CSRGraph
+from ..utils.progress import bar
+from .shuffle import SeedOrder
 
 __all__ = [
     "BFSRegions",

@@ -53,11 +53,11 @@ from torch import nn
 from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 from torch_geometric.utils import softmax
 
-from .errors import UsageError
-from .features.base import FeatureStore
-from .graph.csr import CSRGraph
-from .sampling.base import Block
-from .utils.progress import bar
+from ..errors import UsageError
+from ..features.base import FeatureStore
+from ..graph.csr import CSRGraph
+from ..sampling.base import Block
+from ..utils.progress import bar
 
 __all__ = [
     "MODELS",

@@ -42,19 +42,18 @@ Scores (registry :data:`SCORES`, dispatcher :func:`compute_score`):
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numba import njit
 
-from .errors import DatasetError, UsageError
-from .graph.csr import CSRGraph
-from .utils.progress import bar
+from ..errors import DatasetError, UsageError
+from ..graph.csr import CSRGraph
+from ..utils.counts import top_count
+from ..utils.progress import bar
 
 __all__ = [
     "DEFAULT_DAMPING",
@@ -78,38 +77,6 @@ DEFAULT_DAMPING = 0.85
 
 #: graphs with at least this many edges show progress bars (when ``progress=True``)
 _PROGRESS_MIN_EDGES = 1 << 20
-
-
-def top_count(fraction: float, n: int) -> int:
-    """How many nodes "the top ``fraction`` of ``n`` nodes" is -- the one rule gnnio uses for hot
-    tiers, cache capacities, placement buffers and the hotness benchmark.
-
-    The count nearest to ``fraction * n``, halves rounded **up** (not Python's round-half-to-even,
-    so ``top_count(0.25, 10) == 3`` like ``top_count(0.35, 10) == 4``), computed exactly on the
-    decimal value of ``fraction`` (``top_count(0.15, 10) == 2`` although ``0.15 * 10`` is not 1.5
-    in binary floating point); then clamped: at least 1 when ``fraction > 0`` and ``n > 0`` (a
-    positive fraction never means an empty tier), at most ``n`` (fractions >= 1 mean all nodes).
-    ``fraction == 0`` or ``n == 0`` gives 0.
-
-    Why not ``ceil``: it overshoots by up to one node per call (``ceil(0.1 * 11) == 2``, 18 %);
-    nearest-with-a-floor-of-one is never more than half a node off except for that floor.
-
-    Raises:
-        ValueError: ``fraction`` is negative or not finite, or ``n`` is negative.
-    """
-    f = float(fraction)
-    if not math.isfinite(f) or f < 0:
-        raise ValueError(f"fraction must be a finite number >= 0, got {fraction!r}")
-    n = int(n)
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if f == 0 or n == 0:
-        return 0
-    if f >= 1:
-        return n
-    # repr(f) is the shortest decimal that reads back as f: the value the user wrote
-    k = math.floor(Fraction(repr(f)) * n + Fraction(1, 2))
-    return min(n, max(1, k))
 
 
 def _show(graph: CSRGraph, progress: bool) -> bool:
@@ -420,7 +387,7 @@ def presample_counts(
     """Access counts from running the real sampler: how many mini-batches read each node.
 
     Runs :class:`gnnio.sampling.UniformSampler` over the batches of
-    :class:`gnnio.ordering.RandomOrder` for ``epochs`` epochs (epochs ``0 .. epochs-1`` of the
+    :class:`gnnio.ordering.shuffle.RandomOrder` for ``epochs`` epochs (epochs ``0 .. epochs-1`` of the
     order seeded with ``seed``; the sampler is seeded with ``seed`` too) and counts, per node, the
     batches whose ``input_nodes`` contain it (a node appears at most once per batch). Batch ``b``
     of epoch ``e`` is sampled with ``epoch_seed = e * 2**32 + b``, so the counts do not depend on
@@ -440,8 +407,8 @@ def presample_counts(
     Returns:
         float64 ``[N]`` access counts (number of batches) by global id.
     """
-    from .ordering import RandomOrder
-    from .sampling import UniformSampler
+    from ..ordering import RandomOrder
+    from ..sampling import UniformSampler
 
     n = graph.num_nodes
     t = _check_train_idx(train_idx, n)
@@ -537,7 +504,7 @@ def compute_score(
     if name not in SCORES:
         raise UsageError(f"score '{name}' is unknown; choose from {', '.join(SCORES)}")
     if isinstance(dataset, (str, os.PathLike, Path)):
-        from .graph.dataset import load
+        from ..graph.dataset import load
 
         dataset = load(dataset)
     opts = dict(options)

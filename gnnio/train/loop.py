@@ -3,7 +3,7 @@
 ``train(dataset, TrainConfig(...)) -> dict`` wires the pieces together::
 
     RandomOrder(train_idx) -> UniformSampler(fanouts) -> feature store gather -> NodeLoader
-        -> model (gnnio.models) -> Adam step
+        -> model (gnnio.train.models) -> Adam step
 
 Every epoch it trains over all training seeds, evaluates accuracy on the valid and test splits, writes
 one JSON line to the log, keeps the best model (highest valid accuracy) as a checkpoint and stops
@@ -43,10 +43,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import DatasetError, UsageError
-from .graph.dataset import Dataset, load
+from ..errors import DatasetError, UsageError
+from ..graph.dataset import Dataset, load
+from ..utils.progress import bar
 from .models import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS, BlockGNN, build_model
-from .utils.progress import bar
 
 __all__ = [
     "TrainConfig",
@@ -75,7 +75,7 @@ class TrainConfig:
         batch_size: training seeds per mini-batch.
         epochs: maximum number of epochs.
         lr, weight_decay: Adam learning rate and L2 weight decay.
-        hidden, dropout, heads, attn_dropout: model sizes (see :func:`gnnio.models.build_model`).
+        hidden, dropout, heads, attn_dropout: model sizes (see :func:`gnnio.train.models.build_model`).
         feature_norm: ``"none"`` or ``"row"`` (divide each feature row by its L1 norm).
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` accepted); where the model runs.
         seed: seeds the model init and dropout (``torch.manual_seed``, i.e. torch's global
@@ -100,7 +100,7 @@ class TrainConfig:
             ``host``.
         gpu_budget_bytes: cap on the GPU tier's bytes (hot rows clamped to fit); None = no cap.
         score: hotness score ranking the rows for tiering and for a static cache (a key of
-            :data:`gnnio.hotness.SCORES`, default ``wrpr``).
+            :data:`gnnio.preprocess.hotness.SCORES`, default ``wrpr``).
         placement: a placement file from ``gnnio plan --save``: features are read through a
             :class:`~gnnio.features.multidevice.MultiDeviceFeatureStore` as GPU ``reader``
             (tiers ``local``, ``peer``, ``host``). Exclusive with ``gpu_cache_fraction``.
@@ -109,7 +109,7 @@ class TrainConfig:
             (``static``, ``fifo``, ``lru``, ``lfu``) in front of the store (tier ``cache``).
         cache_size: cache rows as a fraction of the nodes (``0.1`` = 10 %).
         order: training seed order: ``random`` (seeded shuffle each epoch) or ``po`` (BGL's
-            proximity-aware order, :class:`~gnnio.ordering_po.ProximityOrder`).
+            proximity-aware order, :class:`~gnnio.ordering.po.ProximityOrder`).
         po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the
             shuffling-error bound.
         locality_scale: None = uniform sampling; a number ``s >= 1`` = Song & Jiang's
@@ -174,7 +174,7 @@ class TrainConfig:
             raise UsageError(
                 f"--model: unknown model '{self.model}' (choose from {', '.join(MODELS)})"
             )
-        from .sampling.uniform import check_fanouts
+        from ..sampling.uniform import check_fanouts
 
         try:
             check_fanouts(self.fanouts)
@@ -213,8 +213,8 @@ class TrainConfig:
         check_device(self.device)
 
     def _validate_data_options(self) -> None:
-        from .hotness import SCORES
-        from .train_setup import CACHE_POLICIES, ORDERS
+        from ..preprocess.hotness import SCORES
+        from .setup import CACHE_POLICIES, ORDERS
 
         f = self.gpu_cache_fraction
         if f is not None and not (math.isfinite(f) and 0.0 <= f <= 1.0):
@@ -310,10 +310,10 @@ def _counter_diff(after: dict, before: dict) -> dict[str, dict[str, int]]:
 def make_node_loader(
     sampler, store, seeds, labels, batch_size, seed, device, prefetch=2, order=None
 ):
-    """A :class:`gnnio.loader.NodeLoader` over ``seeds`` (global ids) in ``order`` (a
-    :class:`~gnnio.ordering.SeedOrder`; None = a seeded random order of ``seeds``)."""
-    from .loader import NodeLoader
-    from .ordering import RandomOrder
+    """A :class:`gnnio.pipeline.loader.NodeLoader` over ``seeds`` (global ids) in ``order`` (a
+    :class:`~gnnio.ordering.shuffle.SeedOrder`; None = a seeded random order of ``seeds``)."""
+    from ..ordering import RandomOrder
+    from ..pipeline.loader import NodeLoader
 
     if order is None:
         order = RandomOrder(
@@ -394,8 +394,8 @@ def train(
     evaluation), ``history`` (per-epoch records, same as the JSONL log), ``device``,
     ``num_parameters``, ``stopped_early``.
     """
-    from .sampling import UniformSampler
-    from .train_setup import build_order, build_sampler, build_store
+    from ..sampling import UniformSampler
+    from .setup import build_order, build_sampler, build_store
 
     cfg = config or TrainConfig()
     cfg.validate()
@@ -582,7 +582,7 @@ def _loading_share(rec: dict[str, Any], cfg: TrainConfig, device: torch.device):
     if device.type == "cuda" and cfg.locality_compute_s is None:
         t = rec["epoch_time_s"]
         return ((bd["gather"] + bd["transfer"]) / t if t > 0 else 0.0), "measured"
-    from .sampling import modeled_loading_share
+    from ..sampling import modeled_loading_share
 
     compute = cfg.locality_compute_s if cfg.locality_compute_s is not None else bd["compute"]
     share = modeled_loading_share(
@@ -636,7 +636,7 @@ def _status(msg: str) -> None:
 
 def _stage_seconds(stats) -> dict[str, float]:
     """``{sample, gather, transfer}`` seconds from the loader's last-epoch stats (a
-    :class:`gnnio.loader.LoaderStats`, or a plain dict keyed by stage name)."""
+    :class:`gnnio.pipeline.loader.LoaderStats`, or a plain dict keyed by stage name)."""
     out = {}
     for k in ("sample", "gather", "transfer"):
         if stats is None:
