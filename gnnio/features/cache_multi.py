@@ -35,19 +35,11 @@ import numpy as np
 import torch
 
 from ._gather import output_rows
+from .accounting import CacheStats, _Timer, counters_delta, snapshot_rows
 from .base import FeatureStore, TierCounters
-from .cache import (
-    CacheStats,
-    FeatureCache,
-    FirstOccurrence,
-    _Timer,
-    capacity_rows,
-    counters_delta,
-    ids_on,
-    make_policy,
-    move_rows,
-    snapshot_rows,
-)
+from .batch_ops import FirstOccurrence, ids_on, move_rows
+from .cache import FeatureCache, capacity_rows
+from .cache_policy import make_policy
 
 __all__ = ["ShardedFeatureCache"]
 

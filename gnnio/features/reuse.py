@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from ._gather import output_rows
+from .accounting import _Timer, counters_delta, snapshot_rows
 from .base import FeatureStore
-from .cache import FirstOccurrence, _Timer, counters_delta, ids_on, move_rows, snapshot_rows
+from .batch_ops import FirstOccurrence, ids_on, move_rows
 
 __all__ = ["CrossBatchReuse", "ReuseTracker", "redundancy_rates"]
 
