@@ -40,6 +40,10 @@ falls back to CPU gather + copy with a warning (``"auto"``); the GPU tier (hot r
 never exceeds ``gpu_budget_bytes``: the number of hot rows is clamped, with a warning and
 :attr:`TieredFeatureStore.clamped_by_budget`.
 
+Code: the store (routing, the hot tier, the budget) is here; the cold path (pinning, zero-copy,
+CPU gather + staging) is :class:`~gnnio.features.tiered_cold.ColdPath`; reading the backing rows on
+the CPU, whatever holds them, is :class:`~gnnio.features.row_source.RowSource`.
+
 The multi-GPU extension of the paper (hot rows interleaved over NVLink peers, optionally the
 hottest replicated on every GPU) is a placement concern: it adds a "peer" tier on top of the same
 routing and lives with the placement code, which can reuse :class:`SimulatedDevice`.
@@ -47,9 +51,7 @@ routing and lives with the placement code, which can reuse :class:`SimulatedDevi
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -62,23 +64,19 @@ from ..preprocess.reorder import order_by_score
 from ..utils.counts import top_count
 from ..utils.progress import bar
 from . import uva
-from ._gather import as_index_array, check_out, gather_rows, row_bytes_view, tensor_view
+from ._gather import as_index_array, check_out
 from .base import FeatureStore
-from .simdevice import SimulatedDevice, simulated_pin
+from .row_source import RowSource, num_rows_of
+from .simdevice import SimulatedDevice
+from .tiered_cold import ColdPath, TieringWarning
 
 __all__ = ["COLD_MODES", "TieredFeatureStore", "TieringWarning", "hot_rows_for_fraction"]
-
-log = logging.getLogger(__name__)
 
 COLD_MODES = ("auto", "zero_copy", "cpu_gather")
 
 #: tier names (the keys of ``counters.rows`` / ``counters.bytes``)
 GPU_TIER = "gpu"
 HOST_TIER = "host"
-
-
-class TieringWarning(RuntimeWarning):
-    """The store did something other than asked: fewer hot rows (budget) or no zero-copy (pin)."""
 
 
 def hot_rows_for_fraction(fraction: float, num_rows: int) -> int:
@@ -92,97 +90,6 @@ def hot_rows_for_fraction(fraction: float, num_rows: int) -> int:
         return top_count(fraction, num_rows)
     except ValueError:
         raise ValueError(f"hot fraction must be a finite number >= 0, got {fraction!r}") from None
-
-
-class _Source:
-    """Read access to the backing rows on the CPU, whatever the backing is.
-
-    Attributes:
-        host: a contiguous CPU tensor holding all rows in RAM (indexable by global id), or None
-            when the rows are not in RAM as one tensor (memory-mapped file, opaque store).
-    """
-
-    def __init__(self, backing: Any):
-        self.store: FeatureStore | None = None
-        self.host: torch.Tensor | None = None
-        self._np: np.ndarray | None = None  # a memory-mapped array gather_rows reads from
-        self._host_bytes: np.ndarray | None = None  # uint8 [N, row_bytes] view of ``host``
-        if isinstance(backing, FeatureStore):
-            if backing.device.type != "cpu":
-                raise UsageError(
-                    f"backing store gathers to {backing.device}; TieredFeatureStore places rows "
-                    "on the GPU itself, give it a store on the CPU"
-                )
-            self.store = backing
-            self.num_rows, self.dim, self.dtype = backing.num_rows, backing.dim, backing.dtype
-            getter = getattr(backing, "host_tensor", None)
-            host = getter() if callable(getter) else None
-            if (
-                isinstance(host, torch.Tensor)
-                and host.device.type == "cpu"
-                and host.is_contiguous()
-                and tuple(host.shape) == (self.num_rows, self.dim)
-                and host.dtype == self.dtype
-            ):
-                self.host = host
-            return
-        if isinstance(backing, np.memmap):
-            arr = np.asarray(backing)  # plain ndarray view of the mapping; nothing is read
-            if arr.ndim != 2 or not arr.flags.c_contiguous:
-                raise ValueError("memory-mapped features must be 2-D and row-major (C-contiguous)")
-            self._np = arr
-            self.num_rows, self.dim = int(arr.shape[0]), int(arr.shape[1])
-            self.dtype = tensor_view(arr[:0]).dtype
-            return
-        if isinstance(backing, np.ndarray):
-            backing = tensor_view(np.ascontiguousarray(backing))
-        if not isinstance(backing, torch.Tensor):
-            raise TypeError(
-                "backing must be a FeatureStore, a NumPy array or a torch tensor, "
-                f"got {type(backing).__name__}"
-            )
-        if backing.device.type != "cpu":
-            raise UsageError(
-                f"backing tensor is on {backing.device}; TieredFeatureStore places rows on the "
-                "GPU itself, give it a CPU tensor"
-            )
-        if backing.dim() != 2:
-            raise ValueError(
-                f"features must be 2-D [num_rows, dim], got shape {tuple(backing.shape)}"
-            )
-        self.host = backing.detach().contiguous()
-        self.num_rows, self.dim = int(self.host.shape[0]), int(self.host.shape[1])
-        self.dtype = self.host.dtype
-
-    @property
-    def kind(self) -> str:
-        if self.store is not None:
-            return type(self.store).__name__
-        return "memmap" if self._np is not None else "tensor"
-
-    def read(self, ids: np.ndarray, out: torch.Tensor) -> None:
-        """Rows ``ids`` (validated int32/int64 global ids) into the CPU tensor ``out[:len(ids)]``."""
-        if ids.shape[0] == 0 or self.dim == 0:
-            return
-        if self.store is not None:
-            self.store.gather(torch.from_numpy(ids), out=out)
-        elif self.host is not None:
-            if self._host_bytes is None:
-                self._host_bytes = row_bytes_view(self.host)
-            gather_rows(self._host_bytes, ids, out[: ids.shape[0]], src_tensor=self.host)
-        else:
-            gather_rows(self._np, ids, out[: ids.shape[0]])
-
-    def read_range(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
-        """Rows ``[start, stop)`` as a CPU tensor (a view of ``host`` when there is one, else
-        written into ``out``)."""
-        if self.host is not None:
-            return self.host[start:stop]
-        if self._np is not None:
-            out[: stop - start].copy_(tensor_view(self._np[start:stop]))
-            return out[: stop - start]
-        self.read(np.arange(start, stop, dtype=np.int64), out)
-        return out[: stop - start]
 
 
 class TieredFeatureStore(FeatureStore):
@@ -254,18 +161,12 @@ class TieredFeatureStore(FeatureStore):
             raise ValueError(f"gpu_budget_bytes must be >= 0, got {gpu_budget_bytes}")
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-        self._src = _Source(backing)
+        self._src = RowSource(backing)
         self.backing = backing
         self.num_rows, self.dim, self.dtype = self._src.num_rows, self._src.dim, self._src.dtype
         self._resolve_device(device, simulate)
         self.cold_mode = cold_mode
         self.gpu_budget_bytes = gpu_budget_bytes
-        self._pin_fn = pin_fn
-        self._pin_handle: Any = None
-        self._cold_view: torch.Tensor | None = None
-        self._staging: torch.Tensor | None = None
-        self._staging_event: Any = None
-        self._lock = threading.Lock()
 
         # ---- which rows are hot (before the budget) ---------------------------------------------
         n = self.num_rows
@@ -317,7 +218,9 @@ class TieredFeatureStore(FeatureStore):
             self._table[hot_dev] = torch.arange(
                 self.num_hot, dtype=self._table_dtype, device=self._table.device
             )
-        self._setup_cold()
+        self._cold = ColdPath(self._src, self.device, self.simulated)
+        self._cold.setup(cold_mode, pin_fn, all_hot=self.num_hot == self.num_rows)
+        self.cold_mode_used, self.cold_mode_reason = self._cold.mode_used, self._cold.reason
 
     # ---------------------------------------------------------------------------------------------
     # constructors
@@ -333,7 +236,7 @@ class TieredFeatureStore(FeatureStore):
         :func:`gnnio.preprocess.reorder.order_by_score` (ties: lower id first; non-finite scores refused).
         ``score``: ``[N]`` numbers, higher = hotter (any hotness score, or true access counts for an
         oracle). ``kwargs`` go to the constructor."""
-        n = _num_rows_of(backing)
+        n = num_rows_of(backing)
         s = score.detach().cpu().numpy() if isinstance(score, torch.Tensor) else np.asarray(score)
         if s.ndim != 1 or s.shape[0] != n:
             raise ValueError(f"score must have shape [{n}] (one per row), got {tuple(s.shape)}")
@@ -347,7 +250,7 @@ class TieredFeatureStore(FeatureStore):
     ) -> TieredFeatureStore:
         """Prefix mode for data already reordered hottest-first: ids ``[0, top_count(fraction, N))``
         are hot (:func:`hot_rows_for_fraction`). ``kwargs`` go to the constructor."""
-        return cls(backing, hot=hot_rows_for_fraction(fraction, _num_rows_of(backing)), **kwargs)
+        return cls(backing, hot=hot_rows_for_fraction(fraction, num_rows_of(backing)), **kwargs)
 
     # ---------------------------------------------------------------------------------------------
     # setup helpers
@@ -417,83 +320,6 @@ class TieredFeatureStore(FeatureStore):
                 pb.update(e - s)
         return h * self.row_bytes
 
-    def _setup_cold(self) -> None:
-        """Choose the cold path; pin + build the zero-copy view when it is zero-copy."""
-        if self.num_hot == self.num_rows:
-            self.cold_mode_used, self.cold_mode_reason = "none", "every row is in the GPU tier"
-            return
-        if self.cold_mode == "cpu_gather":
-            self.cold_mode_used, self.cold_mode_reason = "cpu_gather", "cold_mode='cpu_gather'"
-            return
-        if self.row_bytes == 0:  # nothing to read; never pin zero bytes
-            self.cold_mode_used, self.cold_mode_reason = "cpu_gather", "rows are zero bytes wide"
-            return
-        host = self._src.host
-        if host is None:
-            if self.cold_mode == "auto":
-                self.cold_mode_used = "cpu_gather"
-                self.cold_mode_reason = (
-                    f"backing ({self._src.kind}) does not hold its rows in one RAM tensor; "
-                    "cold rows are gathered through it"
-                )
-                return
-            host = self._materialize_host()
-        pin = self._pin_fn
-        if pin is None:
-            pin = (
-                simulated_pin if self.simulated else (lambda t: uva.pin_host_tensor(t, self.device))
-            )
-        handle = None
-        try:
-            handle = pin(host)
-            view = host if self.simulated else uva.device_view(host, self.device)
-        except Exception as e:  # noqa: BLE001 - any pin failure: report it in one line
-            if handle is not None and hasattr(handle, "release"):
-                handle.release()
-            if not self.simulated:
-                uva.clear_last_cuda_error(self.device)
-            msg = _pin_failure_message(e, host)
-            if self.cold_mode == "zero_copy":
-                raise uva.PinError(
-                    f"{msg}; pass cold_mode='auto' or 'cpu_gather' to gather cold rows on the CPU"
-                ) from e
-            warnings.warn(
-                f"TieredFeatureStore: {msg}; falling back to cold_mode='cpu_gather' "
-                "(CPU gather + copy)",
-                TieringWarning,
-                stacklevel=3,
-            )
-            log.warning("zero-copy cold tier unavailable, using CPU gather + copy: %s", msg)
-            self.cold_mode_used = "cpu_gather"
-            self.cold_mode_reason = f"pin failed: {msg}"
-            return
-        self._pin_handle = handle
-        self._cold_view = view
-        self.cold_mode_used = "zero_copy"
-        self.cold_mode_reason = (
-            "pinned host rows read by the GPU (simulated)"
-            if self.simulated
-            else "pinned host rows read by the GPU over PCIe (UVA)"
-        )
-
-    def _materialize_host(self) -> torch.Tensor:
-        """cold_mode='zero_copy' over a backing without a RAM tensor: read all rows into one host
-        tensor (to be pinned). Costs ``num_rows * row_bytes`` of RAM."""
-        n = self.num_rows
-        log.info(
-            "zero-copy over a %s backing: reading %s of rows into host memory",
-            self._src.kind,
-            uva.format_bytes(n * self.row_bytes),
-        )
-        host = torch.empty((n, self.dim), dtype=self.dtype)
-        step = 1 << 16
-        for s in range(0, n, step):
-            e = min(n, s + step)
-            rows = self._src.read_range(s, e, host[s:e])
-            if rows.data_ptr() != host[s:e].data_ptr():
-                host[s:e].copy_(rows)
-        return host
-
     # ---------------------------------------------------------------------------------------------
     # gather
     def _ids_on_device(self, ids: Any) -> torch.Tensor:
@@ -539,7 +365,7 @@ class TieredFeatureStore(FeatureStore):
             return res
         h = self.num_hot
         if h == 0:
-            self._gather_cold(res, None, ids_d)
+            self._cold.gather(res, None, ids_d)
             self._count(0, n)
         elif h == self.num_rows:
             slots = ids_d if self.mode == "prefix" else self._table[ids_d]
@@ -550,7 +376,7 @@ class TieredFeatureStore(FeatureStore):
             if hot_pos.numel():
                 res.index_copy_(0, hot_pos, self._hot.index_select(0, hot_slots))
             if cold_pos.numel():
-                self._gather_cold(res, cold_pos, ids_d[cold_pos])
+                self._cold.gather(res, cold_pos, ids_d[cold_pos])
             self._count(hot_pos.numel(), cold_pos.numel())
         return res
 
@@ -560,50 +386,6 @@ class TieredFeatureStore(FeatureStore):
             self.counters.add(GPU_TIER, gpu_rows, self.row_bytes)
         if host_rows:
             self.counters.add(HOST_TIER, host_rows, self.row_bytes)
-
-    def _gather_cold(self, res: torch.Tensor, pos: torch.Tensor | None, ids: torch.Tensor) -> None:
-        """Cold rows ``ids`` into ``res[pos]`` (``pos=None``: into all of ``res``)."""
-        if self._cold_view is not None:
-            # zero-copy: a GPU gather kernel reading pinned host memory (simulated: CPU index)
-            if pos is None:
-                torch.index_select(self._cold_view, 0, ids, out=res)
-            else:
-                res.index_copy_(0, pos, self._cold_view.index_select(0, ids))
-            return
-        ids_np = ids.cpu().numpy()
-        k = int(ids_np.shape[0])
-        if self.simulated and pos is None:
-            self._src.read(ids_np, res)  # gather straight into the output (both on the CPU)
-            return
-        with self._lock:
-            buf = self._staging_buffer(k)
-            self._src.read(ids_np, buf)
-            rows = buf[:k]
-            if not self.simulated:
-                # Host->device copy from the pinned staging buffer. The copy is asynchronous: the
-                # event lets the next call wait before it overwrites the buffer the DMA engine
-                # may still be reading.
-                rows = rows.to(self.device, non_blocking=True)
-                self._staging_event.record()
-            if pos is None:
-                res.copy_(rows)
-            else:
-                res.index_copy_(0, pos, rows)
-
-    def _staging_buffer(self, k: int) -> torch.Tensor:
-        """A reused CPU buffer of at least ``k`` rows (pinned on a GPU so the copy is a DMA)."""
-        if self._staging_event is not None:
-            self._staging_event.synchronize()  # the previous copy out of the buffer is done
-        if self._staging is None or self._staging.shape[0] < k:
-            cap = max(k, 2 * (0 if self._staging is None else self._staging.shape[0]), 1024)
-            pin = not self.simulated
-            try:
-                self._staging = torch.empty((cap, self.dim), dtype=self.dtype, pin_memory=pin)
-            except RuntimeError:  # pinned allocation refused: pageable still works, slower
-                self._staging = torch.empty((cap, self.dim), dtype=self.dtype)
-            if not self.simulated and self._staging_event is None:
-                self._staging_event = torch.cuda.Event()
-        return self._staging
 
     def account(self, ids: Any) -> tuple[int, int]:
         """Route ``ids`` and count them exactly as :meth:`gather` would, without moving rows.
@@ -660,13 +442,9 @@ class TieredFeatureStore(FeatureStore):
 
     def close(self) -> None:
         """Release the pinned host memory and the GPU tier (the store is unusable afterwards)."""
-        self._cold_view = None
-        if self._pin_handle is not None and hasattr(self._pin_handle, "release"):
-            self._pin_handle.release()
-        self._pin_handle = None
+        self._cold.release()
         self._hot = self._alloc_empty()
         self._table = None
-        self._staging = None
 
     def _alloc_empty(self) -> torch.Tensor:
         return torch.empty((0, self.dim), dtype=self.dtype, device=self.device)
@@ -694,22 +472,3 @@ def _unique_in_order(ids: np.ndarray) -> np.ndarray:
     """``ids`` without repeats, first occurrences kept in their order."""
     _, first = np.unique(ids, return_index=True)
     return ids[np.sort(first)]
-
-
-def _num_rows_of(backing: Any) -> int:
-    if isinstance(backing, FeatureStore):
-        return int(backing.num_rows)
-    if isinstance(backing, (np.ndarray, torch.Tensor)) and backing.ndim == 2:
-        return int(backing.shape[0])
-    return _Source(backing).num_rows
-
-
-def _pin_failure_message(e: BaseException, host: torch.Tensor) -> str:
-    """One line naming the size and the limits, whatever the pin function raised."""
-    if isinstance(e, uva.PinError):
-        return str(e).splitlines()[0]
-    first = (str(e).strip().splitlines() or [""])[0]
-    return (
-        f"cannot pin {uva.format_bytes(uva.nbytes_of(host))} of host memory for zero-copy reads "
-        f"({type(e).__name__}: {first}); limit: {uva.host_memory_limits(host)}"
-    )
