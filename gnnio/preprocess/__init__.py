@@ -1,7 +1,8 @@
 """Preprocessing: what gnnio computes once per dataset before training.
 
 - :mod:`.hotness` -- per-node scores that predict how often a feature row is read (degree, reverse
-  PageRank, weighted reverse PageRank, Song & Jiang's L-hop estimate, pre-sampling counts);
+  PageRank, weighted reverse PageRank, Song & Jiang's L-hop estimate, pre-sampling counts): the
+  registry; the scores themselves are in :mod:`.graph_scores` and :mod:`.presample`;
 - :mod:`.reorder` -- relabel the graph and features hottest-first (Data Tiering Algorithm 2).
 
 Partitioning (the topology split over devices or machines) also belongs to this stage; placement
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["hotness", "reorder"]
+__all__ = ["graph_scores", "hotness", "presample", "reorder"]
 
 
 def __getattr__(name: str):
