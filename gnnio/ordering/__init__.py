@@ -2,8 +2,9 @@
 
 - :mod:`.shuffle` -- the :class:`SeedOrder` contract (sharding over ranks, batching) and
   :class:`RandomOrder`, the seeded shuffle;
-- :mod:`.po` -- BGL's proximity-aware order (:class:`ProximityOrder`, BFS sequences) and the
-  shuffling error it is bounded by (needs numba; imported on first use).
+- :mod:`.po` -- BGL's proximity-aware order (:class:`ProximityOrder`, BFS sequences, needs numba;
+  imported on first use), built from :mod:`.bfs` (BFS regions and their combination) and
+  :mod:`.quality` (the shuffling error it is bounded by).
 """
 
 from __future__ import annotations
