@@ -98,7 +98,7 @@ import torch
 from ..graph.csr import CSRGraph
 from . import _las_kernels as K
 from .base import Block, MiniBatch
-from .uniform import ThreadedCPUSampler, check_seeds, hop_key
+from .threaded import ThreadedCPUSampler, check_seeds, hop_key
 
 __all__ = [
     "LocalitySampler",
