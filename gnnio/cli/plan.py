@@ -157,7 +157,9 @@ def run(args) -> int:
         progress=not args.quiet and not args.json,
     )
     if args.save and result.best is not None:
-        save_placement(result.outcomes[result.best].placement, args.save)
+        best = result.outcomes[result.best].placement
+        best.params.update(dataset=ds.name, dataset_fingerprint=ds.fingerprint)
+        save_placement(best, args.save)
     if args.json:
         out = result.to_dict()
         if args.save:

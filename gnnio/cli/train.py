@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+
 from ..errors import UsageError
 from . import HelpFormatter
 
@@ -107,7 +110,11 @@ def register(sub) -> None:
         "--reader of it (tiers local/peer/host; simulated devices without enough GPUs)",
     )
     g.add_argument(
-        "--reader", type=int, default=0, help="which GPU of --placement this run trains on"
+        "--reader",
+        type=int,
+        default=None,
+        help="which GPU of --placement this single-process run trains on (default 0; with "
+        "several ranks each rank reads as its own GPU)",
     )
     g.add_argument(
         "--cache-policy",
@@ -169,6 +176,7 @@ def register(sub) -> None:
         help="HyDRA threshold pruning: nodes with more than ALPHA*avg_degree + BETA*fanout "
         "neighbours sample from a random window of that length (flag alone: 1,1)",
     )
+    _add_dist_arguments(p)
     p.add_argument("--summary", metavar="F", default=None, help="write the summary JSON to F")
     p.add_argument("--log", metavar="F", default=None, help="write one JSON line per epoch to F")
     p.add_argument(
@@ -176,6 +184,61 @@ def register(sub) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     p.set_defaults(func=run)
+
+
+def _add_dist_arguments(p) -> None:
+    g = p.add_argument_group(
+        "several GPUs or machines (torch.distributed)",
+        "data-parallel training, feature rows sharded across ranks by a placement and fetched "
+        "with collectives; also runs unchanged under 'torchrun ... -m gnnio train'",
+    )
+    g.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="local processes to start (one per GPU with --device cuda; else CPU processes, each "
+        "a simulated device, on gloo)",
+    )
+    g.add_argument(
+        "--topology",
+        default=None,
+        help="NVLink groups of the ranks as 'gnnio plan' takes them (e.g. 2*2); default: one "
+        "group per machine",
+    )
+    g.add_argument(
+        "--placement-strategy",
+        default=None,
+        choices=["alg1", "interleaved", "mod", "rule1", "metis", "naive", "random"],
+        help="placement computed at start-up on rank 0 when no --placement FILE is given "
+        "(default alg1)",
+    )
+    g.add_argument(
+        "--buffer",
+        type=float,
+        metavar="B",
+        default=0.1,
+        help="feature rows each rank holds, as a fraction of the nodes (--placement-strategy)",
+    )
+    g.add_argument(
+        "--local-seeds",
+        action="store_true",
+        help="each rank trains on its own partition's training nodes (metis/naive/random "
+        "placements) instead of a slice of one global shuffle",
+    )
+    g.add_argument(
+        "--reuse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="HyDRA cross-batch reuse: rows fetched for the previous batch are not fetched again",
+    )
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="rendezvous and collective timeout; a missing or dead rank ends the run after it "
+        "(default 120)",
+    )
 
 
 def _parse_fanouts(text: str) -> tuple[int, ...]:
@@ -241,7 +304,7 @@ def run(args) -> int:
         gpu_budget_bytes=args.gpu_budget,
         score=args.score,
         placement=args.placement,
-        reader=args.reader,
+        reader=args.reader if args.reader is not None else 0,
         cache_policy=args.cache_policy,
         cache_size=args.cache_size,
         order=args.order,
@@ -250,18 +313,39 @@ def run(args) -> int:
         locality_max_scale=args.locality_max_scale,
         locality_compute_s=args.locality_compute_s,
         prune_threshold=_parse_prune(args.prune_threshold),
+        nproc=args.nproc,
+        topology=args.topology,
+        dist_timeout=args.dist_timeout,
+        placement_strategy=args.placement_strategy,
+        buffer=args.buffer,
+        local_seeds=args.local_seeds,
+        reuse=args.reuse,
     )
+    from ..dist.context import env_world_size
+
+    world = env_world_size()
     check_device(cfg.device)  # fail fast, before generating or loading anything
     cfg.validate()
+    cfg.validate_dist(max(world, args.nproc))
+    if max(world, args.nproc) > 1 and args.reader is not None:
+        raise UsageError("--reader: single-process only; with several ranks rank k reads as GPU k")
     if args.dir is None:
         if args.epochs is None:
             cfg.epochs = DEFAULT_TRAIN_EPOCHS
         ds = default_dataset(progress=not args.quiet)
-        print(f"no DIR given: training on the built-in synthetic dataset at {ds.path}")
+        if world <= 1:
+            print(f"no DIR given: training on the built-in synthetic dataset at {ds.path}")
         dataset = ds
     else:
         dataset = args.dir
-    s = train(dataset, cfg)
+    if world <= 1 and args.nproc > 1:
+        return _launch(args, cfg, dataset)
+    if world > 1:
+        s = _train_rank(dataset, cfg)
+        if s is None:
+            return 0
+    else:
+        s = train(dataset, cfg)
     bd = s["breakdown_s"]
     tiers = ", ".join(f"{t} {b / 2**20:,.1f} MiB" for t, b in sorted(s["bytes_by_tier"].items()))
     lines = [
@@ -282,9 +366,53 @@ def run(args) -> int:
             f"locality-aware sampling: scale per epoch {smp['scale_per_epoch']}"
             + (f" (Algorithm 2 on the {kind} loading share)" if kind else "")
         )
+    if "world_size" in s:
+        bl = s["bytes_by_link"]
+        links = ", ".join(
+            f"{t} {bl[t] / 2**20:,.1f} MiB" for t in ("local", "peer", "host", "network")
+        )
+        lines.append(
+            f"{s['world_size']} ranks ({s['topology']}, placement {s['placement']}, "
+            f"{'simulated devices on gloo' if s['simulated_devices'] else s['backend']}): {links} "
+            "(features + gradients, all ranks)"
+        )
     if s["checkpoint"]:
         lines.append(f"best model saved to {s['checkpoint']}")
     if cfg.summary:
         lines.append(f"summary written to {cfg.summary}")
     print("\n".join(lines))
     return 0
+
+
+def _launch(args, cfg, dataset) -> int:
+    """``--nproc N`` outside a launcher: start N ranks running this same command line."""
+    from ..dist.launch import launch
+    from ..graph.dataset import Dataset, load
+
+    ds = dataset if isinstance(dataset, Dataset) else load(dataset)  # fail here, not N times
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    if args.dir is None:
+        argv.append(str(ds.path))  # the built-in dataset, generated once above
+    launch(args.nproc, argv, timeout_s=cfg.dist_timeout)
+    return 0
+
+
+def _train_rank(dataset, cfg):
+    """One rank of a distributed run (``WORLD_SIZE`` > 1 in the environment): join the group,
+    train, and return the summary on rank 0 (None on the others)."""
+    from ..dist.context import init, shutdown
+    from ..dist.train import DistRun
+    from ..train import train
+
+    ctx = init(timeout_s=cfg.dist_timeout, device=cfg.device, topology=cfg.topology)
+    try:
+        cfg.progress = cfg.progress and ctx.is_main
+        if cfg.threads is None:
+            import os
+
+            cfg.threads = int(os.environ.get("NUMBA_NUM_THREADS", "0")) or None
+        s = train(dataset, cfg, run=DistRun(ctx))
+        ctx.barrier()
+    finally:
+        shutdown()
+    return s if ctx.is_main else None

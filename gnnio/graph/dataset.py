@@ -50,6 +50,18 @@ class Dataset:
         return self.graph.num_nodes
 
     @property
+    def fingerprint(self) -> str:
+        """16 hex digits identifying the dataset's content: a sha256 over the names and sha256
+        checksums of its arrays (from the metadata; nothing is re-read). Files derived from a
+        dataset (placements) record it, so they are not used with another dataset."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name in sorted(self.meta.get("arrays", {})):
+            h.update(f"{name}:{self.meta['arrays'][name].get('sha256', '')};".encode())
+        return h.hexdigest()[:16]
+
+    @property
     def num_edges(self) -> int:
         return self.graph.num_edges
 

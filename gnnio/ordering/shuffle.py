@@ -9,7 +9,10 @@ Sharding: rank ``r`` of ``W`` takes the contiguous slice ``[r * n // W, (r + 1) 
 epoch's sequence, so ranks never share a seed and together cover all ``n`` seeds. Shares differ by
 at most one seed, so with ``drop_last=False`` their batch counts can differ by one when
 ``n % W != 0``; DDP training (which needs equal counts) should use ``drop_last=True``, which gives
-every rank ``(n // W) // batch_size`` full batches.
+every rank ``(n // W) // batch_size`` full batches, or ``equal_batches=True``, which keeps every
+seed: each rank cuts its share into the same ``ceil(ceil(n / W) / batch_size)`` batches of
+near-equal size (sizes differ by at most one), so every training node is a seed exactly once per
+epoch and every rank takes the same number of steps.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class SeedOrder(ABC):
         batch_size: seeds per batch (the last batch of a rank may be smaller unless ``drop_last``).
         drop_last: drop each rank's last, incomplete batch.
         rank, world_size: this process's share; see module docstring.
+        equal_batches: the same number of batches on every rank, no seed dropped (module
+            docstring); excludes ``drop_last``.
     """
 
     def __init__(
@@ -40,6 +45,7 @@ class SeedOrder(ABC):
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        equal_batches: bool = False,
     ):
         if isinstance(seeds, torch.Tensor):
             seeds = seeds.detach().cpu().numpy()
@@ -61,6 +67,14 @@ class SeedOrder(ABC):
         self.drop_last = bool(drop_last)
         self.rank = int(rank)
         self.world_size = int(world_size)
+        self.equal_batches = bool(equal_batches)
+        if self.equal_batches and self.drop_last:
+            raise ValueError("equal_batches and drop_last exclude each other")
+        if self.equal_batches and 0 < self.num_seeds < self.world_size:
+            raise ValueError(
+                f"equal_batches: {self.num_seeds} seeds cannot give each of {self.world_size} "
+                "ranks a batch"
+            )
 
     @abstractmethod
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -86,6 +100,9 @@ class SeedOrder(ABC):
     def num_batches(self) -> int:
         """Batches this rank yields per epoch."""
         s, b = self.shard_size, self.batch_size
+        if self.equal_batches:
+            most = -(-self.num_seeds // self.world_size)  # the largest rank share
+            return -(-most // b)
         return s // b if self.drop_last else -(-s // b)
 
     def __len__(self) -> int:
@@ -100,6 +117,9 @@ class SeedOrder(ABC):
         """This rank's batches for ``epoch`` as int64 tensors of global ids."""
         share = torch.from_numpy(np.ascontiguousarray(self.shard(epoch)))
         b = self.batch_size
+        if self.equal_batches:
+            yield from torch.tensor_split(share, self.num_batches)
+            return
         for i in range(self.num_batches):
             yield share[i * b : (i + 1) * b]
 
@@ -120,8 +140,16 @@ class RandomOrder(SeedOrder):
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        equal_batches: bool = False,
     ):
-        super().__init__(seeds, batch_size, drop_last=drop_last, rank=rank, world_size=world_size)
+        super().__init__(
+            seeds,
+            batch_size,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=equal_batches,
+        )
         if int(seed) < 0:
             raise ValueError(f"seed: must be >= 0, got {seed}")
         self.seed = int(seed)

@@ -35,7 +35,14 @@ import torch
 
 from ..errors import UsageError
 
-__all__ = ["StoreSetup", "build_order", "build_sampler", "build_store", "hot_score"]
+__all__ = [
+    "StoreSetup",
+    "build_order",
+    "build_sampler",
+    "build_store",
+    "hot_score",
+    "needs_score",
+]
 
 CACHE_POLICIES = ("none", "static", "fifo", "lru", "lfu")
 ORDERS = ("random", "po")
@@ -61,6 +68,13 @@ class StoreSetup:
     eval_store: Any = None
 
 
+def needs_score(ds, cfg) -> bool:
+    """Whether :func:`build_store` needs the hotness score ``cfg.score``: to rank rows for a GPU
+    tier of a dataset not already reordered by that score, or for a static cache."""
+    tiered = cfg.gpu_cache_fraction is not None and ds.meta.get("reordered_by") != cfg.score
+    return tiered or (cfg.cache_policy == "static" and cfg.cache_size > 0)
+
+
 def hot_score(ds, cfg, progress: bool) -> np.ndarray:
     """``cfg.score`` for ``ds`` (float64 [N], by global id; larger = hotter)."""
     from ..preprocess.hotness import compute_score
@@ -70,8 +84,12 @@ def hot_score(ds, cfg, progress: bool) -> np.ndarray:
     )
 
 
-def build_store(ds, cfg, device: torch.device) -> StoreSetup:
-    """The feature store of a training run (module docstring)."""
+def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) -> StoreSetup:
+    """The feature store of a training run (module docstring).
+
+    ``score``: the hotness score ``cfg.score`` by global id, computed once by the caller
+    (:func:`hot_score`) when :func:`needs_score` says the store needs it; None otherwise.
+    """
     from ..features import open_store
 
     base = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
@@ -79,13 +97,11 @@ def build_store(ds, cfg, device: torch.device) -> StoreSetup:
     tiers: tuple[str, ...] = (getattr(base, "tier", "host"),)
     gpu_ids: np.ndarray | None = None
     info: dict[str, Any] = {"store": cfg.store}
-    score: np.ndarray | None = None
     n = ds.num_nodes
 
     def get_score() -> np.ndarray:
-        nonlocal score
         if score is None:
-            score = hot_score(ds, cfg, cfg.progress)
+            raise ValueError(f"build_store: needs the '{cfg.score}' score (see needs_score)")
         return score
 
     if cfg.gpu_cache_fraction is not None:

@@ -1,0 +1,231 @@
+"""The rank context of a distributed run: who am I, who shares my machine, which links I use.
+
+A run is distributed when ``WORLD_SIZE`` > 1 is in the environment, as PyTorch's launchers set it
+(``torchrun``, or ``gnnio train --nproc N``, which starts the same workers through
+``torch.distributed.run``'s elastic launcher; see :mod:`gnnio.dist.launch`). :func:`init` joins the
+process group from ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT`` (``env://``) and
+learns every rank's machine with one ``all_gather`` of ``GROUP_RANK`` (torchrun's node rank).
+
+Backends: NCCL when CUDA has a device for every local rank, else gloo; on gloo each rank is a
+**simulated** device: its shard of feature rows is a CPU tensor and every byte that crosses a rank
+boundary goes through a real gloo collective (loopback TCP between local processes) and is
+counted per link.
+
+Links (the ``bytes_by_link`` keys): ``local`` (the rank's own shard), ``peer`` (another rank of the
+same machine), ``host`` (the machine's host memory), ``network`` (a rank on another machine).
+
+Topology: a :class:`~gnnio.placement.topology.Topology` with one device per rank (rank ``k`` is
+device ``k``). Given as ``--topology`` (``gnnio plan``'s strings), each NVLink group must lie
+within one machine; by default it is inferred: one group per machine (``"P"`` on one machine,
+``"P*M"`` for ``M`` machines of ``P`` ranks).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import UsageError
+
+__all__ = ["DistContext", "env_world_size", "init", "infer_topology_spec"]
+
+#: collective / rendezvous timeout (seconds) when ``--dist-timeout`` is not given
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def env_world_size() -> int:
+    """``WORLD_SIZE`` from the environment (1 when unset)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise UsageError(f"WORLD_SIZE: not an integer: {os.environ['WORLD_SIZE']!r}") from None
+
+
+def infer_topology_spec(machine_of: list[int]) -> str:
+    """Default topology string: one NVLink group per machine (ranks numbered machine-major)."""
+    machines = sorted(set(machine_of))
+    sizes = [machine_of.count(m) for m in machines]
+    if len(machines) == 1:
+        return str(sizes[0])
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]}*{len(machines)}"
+    return "+".join(str(s) for s in sizes)
+
+
+@dataclass
+class DistContext:
+    """One rank's view of the run.
+
+    Attributes:
+        rank, world_size, local_rank: from the launcher's environment.
+        machine_of: machine (torchrun node rank) of every rank.
+        backend: ``"nccl"`` or ``"gloo"``.
+        device: this rank's compute device (``cuda:<local_rank>`` with NCCL, else the CPU).
+        simulated: True on gloo: devices are simulated in CPU memory.
+        timeout_s: collective timeout.
+        fetch_group: a second process group with the same ranks for the feature exchange, so the
+            loader thread's collectives never interleave with DDP's on the default group.
+        topology: the machine description (one device per rank).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    machine_of: list[int]
+    backend: str
+    device: torch.device
+    simulated: bool
+    timeout_s: float
+    fetch_group: object = None
+    topology: object = None
+    topology_spec: str = ""
+    inferred_topology: bool = True
+    _extra: dict = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def machine(self) -> int:
+        return self.machine_of[self.rank]
+
+    @property
+    def num_machines(self) -> int:
+        return len(set(self.machine_of))
+
+    def link_to(self, other: int) -> str:
+        """Link a row crosses from rank ``other`` to this rank."""
+        if other == self.rank:
+            return "local"
+        return "peer" if self.machine_of[other] == self.machine else "network"
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.fetch_group)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (float64, on the fetch group's device)."""
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
+        dist.all_reduce(t, group=self.fetch_group)
+        return t.cpu().tolist()
+
+    def all_gather_object(self, obj) -> list:
+        import torch.distributed as dist
+
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.fetch_group)
+        return out
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where collective buffers live: the GPU for NCCL, the CPU for gloo."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def describe(self) -> str:
+        kind = (
+            "simulated devices (gloo, CPU)"
+            if self.simulated
+            else f"{self.backend} on {self.device}"
+        )
+        return (
+            f"{self.world_size} ranks on {self.num_machines} machine(s), topology "
+            f"{self.topology_spec}, {kind}"
+        )
+
+
+def init(
+    timeout_s: float | None = None,
+    device: str = "cpu",
+    topology: str | None = None,
+) -> DistContext:
+    """Join the process group described by the environment and build the context.
+
+    Args:
+        timeout_s: rendezvous and collective timeout; None = :data:`DEFAULT_TIMEOUT_S`.
+        device: ``"cpu"`` (gloo, simulated devices) or ``"cuda"`` (NCCL when CUDA has a device
+            for every local rank).
+        topology: NVLink groups as ``gnnio plan`` takes them, or None (inferred).
+    """
+    import torch.distributed as dist
+
+    from ..placement.topology import load_topology
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if var not in os.environ:
+            raise UsageError(
+                f"distributed run: {var} is not set (launch with gnnio train --nproc N or torchrun)"
+            )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    node = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
+    timeout = float(timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
+    want_cuda = torch.device(device).type == "cuda"
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    use_nccl = want_cuda and torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    if want_cuda and not use_nccl:
+        raise UsageError(
+            f"--device cuda: {local_world} rank(s) on this machine need as many CUDA devices, "
+            f"found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+        )
+    backend = "nccl" if use_nccl else "gloo"
+    dev = torch.device("cuda", local_rank) if use_nccl else torch.device("cpu")
+    if use_nccl:
+        torch.cuda.set_device(dev)
+    td = _dt.timedelta(seconds=timeout)
+    try:
+        dist.init_process_group(backend, init_method="env://", timeout=td)
+    except Exception as e:  # noqa: BLE001 - a rendezvous failure becomes one line
+        raise UsageError(
+            f"rank {rank}: could not join the process group at "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within {timeout:g} s "
+            f"(--dist-timeout): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
+    fetch_group = dist.new_group(backend=backend, timeout=td)
+    machines = [None] * world
+    dist.all_gather_object(machines, node)
+    machine_of = [int(m) for m in machines]
+    inferred = topology is None
+    spec = infer_topology_spec(machine_of) if inferred else str(topology)
+    try:
+        topo = load_topology(spec)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"--topology {spec}: {e}") from None
+    if topo.num_gpus != world:
+        raise UsageError(
+            f"--topology {spec}: describes {topo.num_gpus} devices but the run has {world} ranks"
+        )
+    for g in topo.groups:
+        if len({machine_of[d] for d in g}) > 1:
+            raise UsageError(
+                f"--topology {spec}: NVLink group {list(g)} spans several machines "
+                f"(ranks per machine: {machine_of})"
+            )
+    return DistContext(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        machine_of=machine_of,
+        backend=backend,
+        device=dev,
+        simulated=not use_nccl,
+        timeout_s=timeout,
+        fetch_group=fetch_group,
+        topology=topo,
+        topology_spec=spec,
+        inferred_topology=inferred,
+    )
+
+
+def shutdown() -> None:
+    """Leave the process group (no-op when none)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

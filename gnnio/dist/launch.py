@@ -1,0 +1,139 @@
+"""``gnnio train --nproc N``: start N local ranks with PyTorch's elastic launcher.
+
+The workers are started by ``torch.distributed.launcher.api.elastic_launch`` -- the machinery
+behind ``torchrun`` (c10d rendezvous on 127.0.0.1, ``max_restarts=0``) -- so a ``--nproc`` run and
+a ``torchrun ... -m gnnio train`` run execute the same worker code with the same environment
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ...). gnnio writes no supervisor of its
+own: when a worker raises or dies (even by SIGKILL) the elastic agent stops the others and raises
+``ChildFailedError``, which :func:`launch` turns into one line naming the rank and the reason.
+
+Each worker runs ``gnnio train`` with the same arguments (``--nproc`` is ignored inside a worker,
+which sees ``WORLD_SIZE`` set). Worker exceptions are recorded by the ``record`` decorator of
+``torch.distributed.elastic`` into the error file the agent reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from ..errors import GnnioError
+
+__all__ = ["DistRunError", "launch", "failure_line"]
+
+
+class DistRunError(GnnioError):
+    """A rank of a distributed run failed; the message names it."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(argv: list[str]) -> int:
+    """Entry point of one rank: the ``gnnio`` command line, exceptions propagated (so the elastic
+    agent's error file records them)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def run() -> int:
+        from ..cli.main import build_parser
+
+        args = build_parser().parse_args(argv)
+        rc = int(args.func(args) or 0)
+        if rc != 0:
+            raise DistRunError(f"gnnio {' '.join(argv[:1])} exited with status {rc}")
+        return rc
+
+    return run()
+
+
+def failure_line(err) -> str:
+    """One line for a ``ChildFailedError``: the rank that failed first (a killed rank before a
+    rank that only saw its peer disappear), how, and the other failed ranks."""
+    failures = dict(getattr(err, "failures", {}) or {})
+    if not failures:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+    def describe(rank: int, f) -> str:
+        if f.exitcode is not None and f.exitcode < 0:
+            try:
+                sig = f.signal_name()
+            except Exception:  # noqa: BLE001
+                sig = f"signal {-f.exitcode}"
+            return f"rank {rank} (pid {f.pid}) was killed by {sig}"
+        msg = f.message if isinstance(f.message, str) else str(f.message)
+        msg = _last_error_line(msg)
+        return (
+            f"rank {rank} (pid {f.pid}) failed: {msg}"
+            if msg
+            else (f"rank {rank} (pid {f.pid}) exited with code {f.exitcode}")
+        )
+
+    def peer_loss(f) -> bool:
+        m = str(getattr(f, "message", "")).lower()
+        return any(k in m for k in ("connection closed", "connection reset", "broken pipe",
+                                    "peer", "timed out", "timeout"))  # fmt: skip
+
+    ranked = sorted(
+        failures.items(),
+        key=lambda kv: (
+            not (kv[1].exitcode is not None and kv[1].exitcode < 0),  # killed first
+            peer_loss(kv[1]),  # then a real error before "my peer went away"
+            kv[1].timestamp,
+            kv[0],
+        ),
+    )
+    first_rank, first = ranked[0]
+    line = describe(first_rank, first)
+    others = [r for r, _ in ranked[1:]]
+    if others:
+        line += f"; stopped rank(s) {', '.join(map(str, sorted(others)))} too"
+    return line
+
+
+def _last_error_line(msg: str) -> str:
+    lines = [ln.strip() for ln in str(msg).strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):  # the exception line of a traceback is last
+        if not ln.startswith(("File ", "^", "~")):
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def launch(nproc: int, argv: list[str], timeout_s: float | None = None) -> None:
+    """Run ``gnnio`` with ``argv`` on ``nproc`` local ranks and wait for them.
+
+    Raises:
+        DistRunError: a rank failed (one line naming it).
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # one thread per rank unless the user set it: N ranks on a few cores must not oversubscribe
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(max(1, cores // nproc)))
+    port = _free_port()
+    timeout = int(timeout_s) if timeout_s else 120
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=int(nproc),
+        run_id=f"gnnio-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_configs={"timeout": timeout, "join_timeout": timeout},
+        max_restarts=0,
+        monitor_interval=0.2,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(config, _worker)(list(argv))
+    except ChildFailedError as e:
+        raise DistRunError(failure_line(e)) from None

@@ -1,0 +1,250 @@
+"""Feature rows sharded across ranks by a placement, fetched from each other with collectives.
+
+Rank ``r`` holds the rows ``placement.buffers[r]`` (its *shard*) in its device memory (a CPU
+tensor on simulated devices) and reads every other row through its lookup arrays (Song & Jiang's
+``dev_num`` / ``buf_pos``, :meth:`gnnio.placement.Placement.lookup`): its own shard (link
+``local``), the shard of a rank of its NVLink group (``peer``; ``network`` if that rank is on
+another machine), or host memory (``host``: each process memory-maps the dataset's feature file,
+so one machine keeps one copy in its page cache; a per-rank cache may sit in front of it).
+
+One :meth:`ShardedFeatureStore.gather` is **one collective step on every rank**: the batch's ids
+are deduplicated, the remote ones grouped by owner, and three ``all_to_all_single`` calls on the
+fetch group move the request counts, the requested buffer positions and the rows (as bytes, so any
+dtype works on gloo and NCCL). Every rank must therefore call ``gather`` the same number of times
+in the same order -- the loader does (one gather per batch, one gather thread), and the training
+loop gives every rank the same number of batches. A call with no remote ids still takes part.
+
+Counting happens where the bytes are: rows received in the all_to_all's output buffer, per source
+rank (``peer`` / ``network``), rows copied from the own shard (``local``), rows read from host memory
+(``host``; a cache in front of it adds ``cache``). ``control_bytes`` counts the request traffic
+(counts and positions). With ``reuse=True`` (HyDRA's cross-batch reuse), rows the rank obtained
+for the previous batch from a peer, the network or the host are copied from that batch's buffer
+instead (``reuse`` rows) and not fetched again.
+
+For the cost model's view of the same reads, :attr:`ShardedFeatureStore.trace` (when
+``record_trace``) counts every node read after deduplication (reuse not applied), ready for
+:func:`gnnio.placement.costmodel.placement_cost`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..features._gather import as_index_array, output_rows
+from ..features.base import FeatureStore
+from .context import DistContext
+
+__all__ = ["LINKS", "ShardedFeatureStore"]
+
+LINKS = ("local", "peer", "host", "network")
+
+
+class ShardedFeatureStore(FeatureStore):
+    """This rank's shard of a placement; other rows from peers' shards or host memory.
+
+    Args:
+        host_store: a store serving *every* row from this machine's host memory (e.g. the
+            memory-mapped dataset, optionally behind a cache); the shard is filled from it once.
+        placement: the placement (one buffer per rank).
+        ctx: the rank context (rank, links, fetch group).
+        reuse: HyDRA cross-batch reuse of the previous batch's non-local rows.
+        record_trace: count reads per node for the cost model (an ``[N]`` int64 array).
+    """
+
+    def __init__(
+        self,
+        host_store: FeatureStore,
+        placement,
+        ctx: DistContext,
+        reuse: bool = False,
+        record_trace: bool = True,
+    ) -> None:
+        super().__init__()
+        if placement.num_devices != ctx.world_size:
+            raise ValueError(
+                f"placement has {placement.num_devices} devices, the run has {ctx.world_size} ranks"
+            )
+        if placement.num_nodes != host_store.num_rows:
+            raise ValueError(
+                f"placement covers {placement.num_nodes} nodes, the features have "
+                f"{host_store.num_rows} rows"
+            )
+        self.host_store = host_store
+        self.placement = placement
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.num_rows = int(host_store.num_rows)
+        self.dim = int(host_store.dim)
+        self.dtype = host_store.dtype
+        self.device = ctx.device
+        self.reuse = bool(reuse)
+        peers = bool(placement.peer_reads) and bool(ctx.topology.peers_cheaper)
+        lk = placement.lookup(self.rank, peers=peers)
+        self.dev_num = torch.from_numpy(lk.dev_num.astype(np.int64))
+        self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int64, copy=False))
+        own = torch.from_numpy(np.asarray(placement.buffers[self.rank], dtype=np.int64))
+        self.shard = host_store.gather(own).to(self.device).contiguous()
+        host_store.counters.reset()  # filling the shard is set-up, not a batch's traffic
+        self.shard_bytes = int(self.shard.numel() * self.shard.element_size())
+        self.control_bytes = 0
+        self.collective_s = 0.0
+        self.num_gathers = 0
+        self.trace = np.zeros(self.num_rows, dtype=np.int64) if record_trace else None
+        self._prev_ids: torch.Tensor | None = None  # sorted unique non-local ids of last batch
+        self._prev_rows: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedFeatureStore(rank={self.rank}/{self.ctx.world_size}, rows={self.num_rows}, "
+            f"dim={self.dim}, shard_rows={self.shard.shape[0]}, strategy="
+            f"{self.placement.strategy!r}, {'simulated' if self.ctx.simulated else 'real'})"
+        )
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        extra = tuple(t for t in getattr(self.host_store, "tiers", ()) if t == "cache")
+        return (*LINKS, *extra, *(("reuse",) if self.reuse else ()))
+
+    def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``ids`` on this rank's device; a collective step (module docstring)."""
+        idx_np = as_index_array(ids, self.num_rows)
+        m = int(idx_np.shape[0])
+        dst = output_rows(out, m, self.dim, self.dtype, self.device)
+        idx = torch.from_numpy(np.ascontiguousarray(idx_np)).long()
+        uniq, inv = torch.unique(idx, sorted=True, return_inverse=True)
+        u = int(uniq.shape[0])
+        if self.trace is not None and u:
+            self.trace[uniq.numpy()] += 1
+        rows_u = torch.empty((u, self.dim), dtype=self.dtype, device=self.device)
+        rb = self.row_bytes
+        src = self.dev_num[uniq]
+        pos = self.buf_pos[uniq]
+
+        # local shard
+        is_local = src == self.rank
+        sel = is_local.nonzero().squeeze(1)
+        if sel.numel():
+            rows_u.index_copy_(
+                0, sel.to(self.device), self.shard.index_select(0, pos[sel].to(self.device))
+            )
+        self.counters.add("local", int(sel.numel()), rb)
+
+        # cross-batch reuse of non-local rows
+        need = ~is_local
+        if self.reuse and self._prev_ids is not None and self._prev_ids.numel():
+            p = torch.searchsorted(self._prev_ids, uniq).clamp_(max=self._prev_ids.numel() - 1)
+            hit = need & (self._prev_ids[p] == uniq)
+            hsel = hit.nonzero().squeeze(1)
+            if hsel.numel():
+                rows_u.index_copy_(
+                    0,
+                    hsel.to(self.device),
+                    self._prev_rows.index_select(0, p[hsel].to(self.device)),
+                )
+            self.counters.add("reuse", int(hsel.numel()), rb)
+            need &= ~hit
+
+        # host memory
+        hsel = (need & (src < 0)).nonzero().squeeze(1)
+        if hsel.numel():
+            before = dict(self.host_store.counters.rows)
+            rows = self.host_store.gather(uniq[hsel])
+            rows_u.index_copy_(0, hsel.to(self.device), rows.to(self.device))
+            for t, r in self.host_store.counters.rows.items():
+                d = int(r) - int(before.get(t, 0))
+                if d:
+                    self.counters.add("host" if t not in ("cache",) else "cache", d, rb)
+
+        # other ranks: one exchange, even when nothing is needed from them
+        rsel = (need & (src >= 0)).nonzero().squeeze(1)
+        self._exchange(src[rsel], pos[rsel], rsel, rows_u)
+
+        if self.reuse:
+            keep = (~is_local).nonzero().squeeze(1)
+            self._prev_ids = uniq[keep]
+            self._prev_rows = rows_u.index_select(0, keep.to(self.device))
+        torch.index_select(rows_u, 0, inv.to(self.device), out=dst)
+        self.num_gathers += 1
+        return dst
+
+    def _exchange(
+        self, owner: torch.Tensor, pos: torch.Tensor, where: torch.Tensor, rows_u: torch.Tensor
+    ) -> None:
+        """Fetch rows ``pos`` of the shards of ranks ``owner`` into ``rows_u[where]`` and serve
+        the other ranks' requests from this rank's shard (three ``all_to_all_single`` calls)."""
+        import torch.distributed as dist
+
+        ctx, w, cdev = self.ctx, self.ctx.world_size, self.ctx.comm_device
+        grp = ctx.fetch_group
+        t0 = time.perf_counter()
+        order = torch.argsort(owner, stable=True)
+        owner, pos, where = owner[order], pos[order], where[order]
+        send_counts = torch.bincount(owner, minlength=w).to(torch.int64)
+        recv_counts = torch.empty(w, dtype=torch.int64, device=cdev)
+        dist.all_to_all_single(recv_counts, send_counts.to(cdev), group=grp)
+        recv_counts = recv_counts.cpu()
+        sc, rc = send_counts.tolist(), recv_counts.tolist()
+        # positions requested from each owner -> positions other ranks request from me
+        req = torch.empty(sum(rc), dtype=torch.int64, device=cdev)
+        dist.all_to_all_single(
+            req, pos.to(cdev), output_split_sizes=rc, input_split_sizes=sc, group=grp
+        )
+        self.control_bytes += 8 * (w + sum(sc))
+        # serve: rows of my shard, as bytes
+        rb = self.row_bytes
+        served = self.shard.index_select(0, req.to(self.shard.device))
+        send_b = served.contiguous().view(torch.uint8).reshape(-1, rb).to(cdev)
+        got_b = torch.empty((sum(sc), rb), dtype=torch.uint8, device=cdev)
+        dist.all_to_all_single(
+            got_b, send_b, output_split_sizes=sc, input_split_sizes=rc, group=grp
+        )
+        if where.numel():
+            got = got_b.to(self.device).view(self.dtype).reshape(-1, self.dim)
+            rows_u.index_copy_(0, where.to(self.device), got)
+        for k, c in enumerate(sc):
+            if c:
+                self.counters.add(ctx.link_to(k), c, rb)
+        self.collective_s += time.perf_counter() - t0
+
+    def modeled_rows(self) -> dict[str, float]:
+        """Rows per link that the cost model (Eq. 3) counts for this rank's trace so far."""
+        from ..placement.costmodel import placement_cost
+
+        if self.trace is None:
+            raise RuntimeError("record_trace=False: no trace to model")
+        n = self.placement.num_devices
+        w = np.zeros((n, self.num_rows), dtype=np.float64)
+        w[self.rank] = self.trace
+        rep = placement_cost(self.placement, self.ctx.topology, w, self.row_bytes)
+        dc = rep.devices[self.rank]
+        rows = {t: float(dc.rows.get(t, 0.0)) for t in ("local", "peer", "host")}
+        rows["network"] = 0.0
+        if self.ctx.num_machines > 1 and rows["peer"]:
+            # peers on another machine: split the modeled peer rows by the owner's machine
+            by_src = dc.rows_by_source  # [1 + n]: host, then device k
+            net = sum(
+                float(by_src[k + 1])
+                for k in range(n)
+                if k != self.rank and self.ctx.machine_of[k] != self.ctx.machine
+            )
+            rows["peer"] -= net
+            rows["network"] = net
+        return rows
+
+    def modeled_seconds(self, rows: dict[str, float] | None = None) -> float:
+        """Modeled read seconds (Eq. 3 with the topology's bandwidths; network rows at
+        ``network_bw``) for ``rows`` (default: :meth:`modeled_rows`)."""
+        r = self.modeled_rows() if rows is None else rows
+        t, rb = self.ctx.topology, self.row_bytes
+        return (
+            r.get("peer", 0.0) * rb / t.peer_bw
+            + r.get("host", 0.0) * rb / t.host_bw
+            + r.get("network", 0.0) * rb / t.network_bw
+        )
+
+    def reset_trace(self) -> None:
+        if self.trace is not None:
+            self.trace[:] = 0

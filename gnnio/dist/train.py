@@ -1,0 +1,394 @@
+"""Data-parallel training on several ranks: the hooks :func:`gnnio.train.train` runs with.
+
+:class:`DistRun` is :class:`gnnio.train.loop.LocalRun` for one rank of a torch.distributed run:
+
+* **store**: a :class:`~gnnio.dist.store.ShardedFeatureStore` over the placement (``--placement
+  FILE`` from ``gnnio plan --save``, or ``--placement-strategy S --buffer B`` computed on rank 0
+  and broadcast); host rows from the memory-mapped feature file, optionally behind a per-rank
+  cache (``--cache-policy``; tier ``cache``); cross-batch reuse (``--reuse``, default on).
+* **seeds**: one seeded global shuffle (or BGL's PO order) per epoch, cut into disjoint per-rank
+  slices with the same number of batches on every rank (``equal_batches``: no seed is dropped or
+  repeated; batch sizes differ by at most one), or with ``--local-seeds`` the training nodes of
+  the rank's own partition, shuffled, in as many batches as the largest partition needs.
+* **model**: wrapped in ``DistributedDataParallel`` (identical initial parameters: same seed, and
+  DDP broadcasts rank 0's); a communication hook counts the gradient bytes handed to all-reduce.
+* **evaluation**: each rank evaluates a slice of the valid/test seeds; correct and labelled counts
+  are summed over ranks, so every rank reports the same accuracy (and early stopping agrees).
+* **summary** (written by rank 0): ``world_size``, ``topology``, ``placement``,
+  ``bytes_by_link`` (``local``/``peer``/``host``/``network``, summed and ``per_rank``),
+  ``feature_bytes_by_link``, ``gradient_bytes_by_link``, ``modeled_bytes_by_link`` (the cost
+  model's rows for the same reads), per-rank stage times, collective seconds and the share of
+  the fetch the loader hid behind compute.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..ordering import RandomOrder
+from ..train.evaluate import evaluate_sampled_counts
+from ..train.loop import LocalRun
+from ..train.setup import StoreSetup
+from .context import DistContext
+from .store import LINKS, ShardedFeatureStore
+
+__all__ = ["DistRun", "LocalSeedsOrder", "get_placement"]
+
+
+class LocalSeedsOrder(RandomOrder):
+    """This rank's own seeds, shuffled per epoch, cut into exactly ``num_batches`` batches (the
+    same count on every rank, so collectives and DDP steps stay matched)."""
+
+    def __init__(self, seeds, batch_size: int, num_batches: int, seed: int = 0):
+        super().__init__(seeds, batch_size, seed=seed)
+        if self.num_seeds < num_batches:
+            raise UsageError(
+                f"--local-seeds: a partition has {self.num_seeds} training nodes, fewer than "
+                f"the {num_batches} batches every rank must take"
+            )
+        self._num_batches = int(num_batches)
+
+    @property
+    def num_batches(self) -> int:
+        return self._num_batches
+
+    def batches(self, epoch: int):
+        share = torch.from_numpy(np.ascontiguousarray(self.shard(epoch)))
+        yield from torch.tensor_split(share, self._num_batches)
+
+
+def get_placement(ds, cfg, ctx: DistContext):
+    """The run's placement: ``cfg.placement`` (checked against the dataset and the ranks) or
+    ``cfg.placement_strategy`` (default ``alg1``) computed on rank 0 and broadcast."""
+    import torch.distributed as dist
+
+    from ..placement import Placement, PlacementRequest, load_placement, place
+    from ..utils.counts import top_count
+
+    n = ds.num_nodes
+    if cfg.placement is not None:
+        pl = load_placement(cfg.placement)
+        if pl.num_nodes != n:
+            raise UsageError(
+                f"--placement {cfg.placement}: made for a dataset of {pl.num_nodes} nodes, "
+                f"{ds.name} has {n}"
+            )
+        fp = pl.params.get("dataset_fingerprint")
+        if fp is not None and fp != ds.fingerprint:
+            raise UsageError(
+                f"--placement {cfg.placement}: made for dataset "
+                f"'{pl.params.get('dataset', '?')}' ({fp}), not {ds.name} ({ds.fingerprint})"
+            )
+        if pl.num_devices != ctx.world_size:
+            raise UsageError(
+                f"--placement {cfg.placement}: made for {pl.num_devices} devices, the run has "
+                f"{ctx.world_size} ranks"
+            )
+        return pl
+    strategy = cfg.placement_strategy or "alg1"
+    payload: list[Any] = [None]
+    if ctx.is_main:
+        from ..preprocess.hotness import compute_score
+
+        try:
+            probs = compute_score(
+                "sj", ds, fanouts=cfg.fanouts, batch_size=cfg.batch_size, progress=cfg.progress
+            )
+            req = PlacementRequest(
+                probs=probs,
+                topology=ctx.topology,
+                buffer_rows=top_count(cfg.buffer, n),
+                graph=ds.graph,
+                train_idx=np.asarray(ds.train_idx, dtype=np.int64),
+                num_layers=cfg.num_layers,
+                seed=cfg.seed,
+                progress=cfg.progress,
+            )
+            pl = place(strategy, req)
+            payload = [
+                {
+                    "strategy": pl.strategy,
+                    "groups": [list(g) for g in pl.groups],
+                    "buffers": [np.asarray(b, dtype=np.int64) for b in pl.buffers],
+                    "peer_reads": bool(pl.peer_reads),
+                    "params": dict(pl.params),
+                    "prep_s": float(pl.prep_s),
+                    "parts": None if pl.parts is None else np.asarray(pl.parts),
+                }
+            ]
+        except Exception as e:  # noqa: BLE001 - tell the other ranks, then fail everywhere
+            payload = [{"error": f"--placement-strategy {strategy}: {e}".splitlines()[0]}]
+    dist.broadcast_object_list(payload, src=0, group=ctx.fetch_group)
+    p = payload[0]
+    if "error" in p:
+        raise UsageError(p["error"])
+    return Placement(
+        strategy=p["strategy"],
+        num_nodes=n,
+        groups=tuple(tuple(g) for g in p["groups"]),
+        buffers=p["buffers"],
+        peer_reads=p["peer_reads"],
+        params=p["params"],
+        prep_s=p["prep_s"],
+        parts=p["parts"],
+    )
+
+
+class _GradCounter:
+    """State of the DDP communication hook: gradient bytes handed to all-reduce, and seconds
+    from each bucket's hand-off to its completion (buckets overlap, so the sum can exceed the
+    backward time)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.bytes = 0
+        self.seconds = 0.0
+
+
+def _counting_allreduce(state: _GradCounter, bucket):
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    state.bytes += buf.numel() * buf.element_size()
+    t0 = time.perf_counter()
+    buf.div_(state.world_size)
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+
+    def done(f):
+        state.seconds += time.perf_counter() - t0
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+class DistRun(LocalRun):
+    """One rank's hooks (module docstring)."""
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.world_size = ctx.world_size
+        self.is_main = ctx.is_main
+        self.grad = _GradCounter(ctx.world_size)
+        self.placement = None
+        self._last = {"collective_s": 0.0, "grad_bytes": 0, "grad_s": 0.0}
+
+    # -- building -------------------------------------------------------------------------
+    def build_store(self, ds, cfg, device):
+        from ..features import open_store
+
+        ctx = self.ctx
+        pl = get_placement(ds, cfg, ctx)
+        self.placement = pl
+        host = open_store(ds, "mmap", "cpu", num_threads=cfg.threads, progress=False)
+        info: dict[str, Any] = {"store": "mmap (every rank maps the dataset's feature file)"}
+        if cfg.cache_policy != "none" and cfg.cache_size > 0:
+            from ..features.cache import FeatureCache
+            from ..features.tiered import hot_rows_for_fraction
+
+            hot = None
+            if cfg.cache_policy == "static":
+                from ..train.setup import hot_score
+
+                score = hot_score(ds, cfg, progress=False)
+                own = np.asarray(pl.lookup(ctx.rank).dev_num) >= 0
+                hot = np.argsort(-score, kind="stable")
+                hot = hot[~own[hot]]  # rows the rank reads from peers or host only
+            cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), ds.num_nodes)
+            host = FeatureCache(host, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
+            info["cache"] = {
+                "policy": cfg.cache_policy,
+                "size": cfg.cache_size,
+                "capacity": host.capacity,
+                "where": "in front of host memory, per rank",
+            }
+        store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse)
+        eval_store = ShardedFeatureStore.__new__(ShardedFeatureStore)
+        eval_store.__dict__.update(store.__dict__)
+        eval_store.counters = type(store.counters)()
+        eval_store.reuse, eval_store.trace = False, None
+        eval_store._prev_ids = eval_store._prev_rows = None
+        lk = pl.lookup(ctx.rank, peers=bool(pl.peer_reads) and ctx.topology.peers_cheaper)
+        gpu_ids = np.flatnonzero(np.asarray(lk.dev_num) >= 0).astype(np.int64)
+        info["placement"] = {
+            "file": cfg.placement,
+            "strategy": pl.strategy,
+            "num_devices": pl.num_devices,
+            "buffer_rows": [int(len(b)) for b in pl.buffers],
+            "prep_s": pl.prep_s,
+            "simulated": ctx.simulated,
+        }
+        return StoreSetup(
+            store=store, tiers=store.tiers, gpu_ids=gpu_ids, info=info, eval_store=eval_store
+        )
+
+    def build_order(self, ds, cfg, seeds, labels, batch_size: int, seed: int):
+        ctx = self.ctx
+        seeds = np.asarray(seeds, dtype=np.int64)
+        if cfg.local_seeds:
+            parts = None if self.placement is None else self.placement.parts
+            if parts is None:
+                raise UsageError(
+                    f"--local-seeds: placement '{getattr(self.placement, 'strategy', '?')}' has "
+                    "no partition; use --placement-strategy metis|naive|random"
+                )
+            mine = seeds[np.asarray(parts)[seeds] == ctx.rank]
+            counts = ctx.all_reduce_sum(
+                [0.0] * ctx.rank + [float(mine.size)] + [0.0] * (ctx.world_size - ctx.rank - 1)
+            )
+            if min(counts) == 0:
+                raise UsageError(
+                    f"--local-seeds: rank {counts.index(0)}'s partition holds no training node"
+                )
+            nb = max(-(-int(c) // batch_size) for c in counts)
+            return LocalSeedsOrder(mine, batch_size, nb, seed=seed)
+        if cfg.order == "po":
+            from ..train.setup import build_order
+
+            order = build_order(ds, cfg, seeds, labels, batch_size, seed)
+            order.rank, order.world_size, order.equal_batches = ctx.rank, ctx.world_size, True
+            return order
+        return RandomOrder(
+            seeds,
+            batch_size,
+            seed=seed,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            equal_batches=True,
+        )
+
+    def eval_order(self, seeds, batch_size: int, seed: int):
+        return RandomOrder(
+            np.asarray(seeds, dtype=np.int64),
+            batch_size,
+            seed=seed,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            equal_batches=True,
+        )
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dev = self.ctx.device
+        ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        ddp.register_comm_hook(self.grad, _counting_allreduce)
+        return ddp
+
+    # -- per epoch ------------------------------------------------------------------------
+    def evaluate(self, model, loaders: dict, epoch: int) -> dict[str, float]:
+        names = list(loaders)
+        counts: list[float] = []
+        for k in names:
+            c, t = evaluate_sampled_counts(model, loaders[k], epoch)
+            counts += [float(c), float(t)]
+        tot = self.ctx.all_reduce_sum(counts)
+        return {k: tot[2 * i] / max(tot[2 * i + 1], 1.0) for i, k in enumerate(names)}
+
+    def mean_over_ranks(self, value: float) -> float:
+        return self.ctx.all_reduce_sum([float(value)])[0] / self.world_size
+
+    def epoch_record(self, rec: dict[str, Any], setup) -> None:
+        store = setup.store
+        last = self._last
+        coll = store.collective_s - last["collective_s"]
+        gb = self.grad.bytes - last["grad_bytes"]
+        gs = self.grad.seconds - last["grad_s"]
+        last.update(
+            collective_s=store.collective_s, grad_bytes=self.grad.bytes, grad_s=self.grad.seconds
+        )
+        bd = rec["breakdown_s"]
+        fetch = bd["gather"]
+        rec["rank"] = self.rank
+        rec["collective_s"] = coll
+        rec["gradient_bytes"] = gb
+        rec["gradient_allreduce_s"] = gs
+        rec["fetch_hidden_share"] = max(0.0, 1.0 - bd["wait"] / fetch) if fetch > 0 else 1.0
+
+    # -- summary --------------------------------------------------------------------------
+    def _gradient_links(self, handed: int) -> dict[str, int]:
+        """Gradient bytes this rank sends, as a ring all-reduce moves them (``2 (W-1) / W`` of
+        the bytes handed to it), on the network when the ranks span machines, else peer links."""
+        w = self.world_size
+        sent = int(round(handed * 2 * (w - 1) / w))
+        out = dict.fromkeys(LINKS, 0)
+        out["network" if self.ctx.num_machines > 1 else "peer"] = sent
+        return out
+
+    def finish(self, summary: dict[str, Any], setup, model) -> dict[str, Any]:
+        ctx, store = self.ctx, setup.store
+        hist = summary["history"]
+        feat = {t: int(summary["bytes_by_tier"].get(t, 0)) for t in LINKS}
+        modeled_rows = store.modeled_rows()
+        modeled = {t: int(round(r * store.row_bytes)) for t, r in modeled_rows.items()}
+        grad_handed = sum(int(h.get("gradient_bytes", 0)) for h in hist)
+        mine = {
+            "rank": self.rank,
+            "machine": ctx.machine,
+            "feature_bytes_by_link": feat,
+            "gradient_bytes_by_link": self._gradient_links(grad_handed),
+            "gradient_bytes_handed": grad_handed,
+            "modeled_bytes_by_link": modeled,
+            "modeled_fetch_s": store.modeled_seconds(modeled_rows),
+            "bytes_by_tier": {t: int(v) for t, v in summary["bytes_by_tier"].items()},
+            "rows_by_tier": {t: int(v) for t, v in summary["rows_by_tier"].items()},
+            "control_bytes": int(store.control_bytes),
+            "breakdown_s": summary["breakdown_s"],
+            "epoch_time_s": summary["epoch_time_s"],
+            "collective_s": float(sum(h.get("collective_s", 0.0) for h in hist)),
+            "gradient_allreduce_s": float(sum(h.get("gradient_allreduce_s", 0.0) for h in hist)),
+            "fetch_hidden_share": float(
+                np.mean([h.get("fetch_hidden_share", 1.0) for h in hist]) if hist else 1.0
+            ),
+            "batches_per_epoch": summary["batches_per_epoch"],
+            "seeds_per_epoch": int(hist[0]["seeds"]) if hist else 0,
+        }
+        ranks = ctx.all_gather_object(mine)
+
+        def total(key: str) -> dict[str, Any]:
+            d: dict[str, Any] = {t: sum(r[key][t] for r in ranks) for t in LINKS}
+            d["per_rank"] = [r[key] for r in ranks]
+            return d
+
+        feat_t, grad_t = total("feature_bytes_by_link"), total("gradient_bytes_by_link")
+        both = {t: feat_t[t] + grad_t[t] for t in LINKS}
+        both["per_rank"] = [
+            {t: r["feature_bytes_by_link"][t] + r["gradient_bytes_by_link"][t] for t in LINKS}
+            for r in ranks
+        ]
+        tiers: dict[str, int] = {}
+        rows: dict[str, int] = {}
+        for r in ranks:
+            for t, v in r["bytes_by_tier"].items():
+                tiers[t] = tiers.get(t, 0) + v
+            for t, v in r["rows_by_tier"].items():
+                rows[t] = rows.get(t, 0) + v
+        summary.update(
+            world_size=ctx.world_size,
+            num_machines=ctx.num_machines,
+            topology=ctx.topology_spec,
+            topology_inferred=ctx.inferred_topology,
+            backend=ctx.backend,
+            simulated_devices=ctx.simulated,
+            placement=self.placement.strategy,
+            bytes_by_link=both,
+            feature_bytes_by_link=feat_t,
+            gradient_bytes_by_link=grad_t,
+            modeled_bytes_by_link=total("modeled_bytes_by_link"),
+            bytes_by_link_scope=(
+                "feature rows received per link during training passes (counted at the "
+                "all_to_all buffers, the own shard and host reads; evaluation excluded) plus "
+                "gradient all-reduce bytes (bucket bytes x 2(W-1)/W, the ring volume)"
+            ),
+            bytes_by_tier=tiers,
+            rows_by_tier=rows,
+            per_rank=ranks,
+            collective_s=max(r["collective_s"] for r in ranks),
+            seeds_per_epoch_per_rank=[r["seeds_per_epoch"] for r in ranks],
+        )
+        return summary

@@ -1,0 +1,316 @@
+"""The options of a training run (:class:`TrainConfig`, the ``gnnio train`` flags), their
+validation (one-line :class:`~gnnio.errors.UsageError` naming the option) and the device check."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..errors import UsageError
+from .models import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
+
+__all__ = [
+    "DIST_STRATEGIES",
+    "EVAL_MODES",
+    "STAGES",
+    "STORE_KINDS",
+    "TrainConfig",
+    "check_device",
+]
+
+EVAL_MODES = ("sampled", "full")
+STORE_KINDS = ("memory", "mmap")
+STAGES = ("sample", "gather", "transfer", "compute", "wait")
+#: placements a distributed run can compute at start-up (``--placement-strategy``)
+DIST_STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
+
+
+@dataclass
+class TrainConfig:
+    """Options of :func:`train` (the ``gnnio train`` flags).
+
+    Attributes:
+        model: one of ``sage``, ``gcn``, ``gat``, ``gin``.
+        fanouts: neighbours sampled per hop, passed to the sampler as given (see
+            :class:`gnnio.sampling.UniformSampler` for which hop comes first);
+            ``num_layers == len(fanouts)``.
+        batch_size: training seeds per mini-batch.
+        epochs: maximum number of epochs.
+        lr, weight_decay: Adam learning rate and L2 weight decay.
+        hidden, dropout, heads, attn_dropout: model sizes (see :func:`gnnio.train.models.build_model`).
+        feature_norm: ``"none"`` or ``"row"`` (divide each feature row by its L1 norm).
+        device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` accepted); where the model runs.
+        seed: seeds the model init and dropout (``torch.manual_seed``, i.e. torch's global
+            generator), the seed order and the sampler (evaluation sampler: ``seed + 1``).
+        eval: ``"sampled"`` (default) or ``"full"`` (module docstring says why).
+        eval_batch_size: seeds per evaluation batch (sampled) or nodes per chunk (full);
+            None = ``max(batch_size, 4096)``.
+        patience: stop after this many epochs without a better valid accuracy; None = never.
+        checkpoint: path for the best model's ``state_dict`` (``torch.save``); None = not saved.
+        summary: path for the summary JSON; None = not written.
+        log: path for the JSONL log (one line per epoch); None = not written.
+        store: feature store kind, ``"memory"`` (features read into host RAM) or ``"mmap"`` (rows
+            read from the memory-mapped file on every gather); either way the loader copies each
+            batch's rows to ``device``.
+        threads: CPU threads of the sampler and of the feature gather kernel; None = their defaults.
+        prefetch: batches the loader prepares ahead.
+        progress: show tqdm progress bars (stderr).
+        gpu_cache_fraction: None = no tiering; else keep this fraction of the feature rows (the
+            hottest by ``score``) in the GPU tier of a
+            :class:`~gnnio.features.tiered.TieredFeatureStore` and read the rest from (pinned) host
+            memory; simulated GPU tier without CUDA. ``bytes_by_tier`` then has ``gpu`` and
+            ``host``.
+        gpu_budget_bytes: cap on the GPU tier's bytes (hot rows clamped to fit); None = no cap.
+        score: hotness score ranking the rows for tiering and for a static cache (a key of
+            :data:`gnnio.preprocess.hotness.SCORES`, default ``wrpr``).
+        placement: a placement file from ``gnnio plan --save``: features are read through a
+            :class:`~gnnio.features.multidevice.MultiDeviceFeatureStore` as GPU ``reader``
+            (tiers ``local``, ``peer``, ``host``). Exclusive with ``gpu_cache_fraction``.
+        reader: which GPU of the placement this run trains on (0-based).
+        cache_policy: ``none`` or a :class:`~gnnio.features.cache.FeatureCache` policy
+            (``static``, ``fifo``, ``lru``, ``lfu``) in front of the store (tier ``cache``).
+        cache_size: cache rows as a fraction of the nodes (``0.1`` = 10 %).
+        order: training seed order: ``random`` (seeded shuffle each epoch) or ``po`` (BGL's
+            proximity-aware order, :class:`~gnnio.ordering.po.ProximityOrder`).
+        po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the
+            shuffling-error bound.
+        locality_scale: None = uniform sampling; a number ``s >= 1`` = Song & Jiang's
+            locality-aware sampling (:class:`~gnnio.sampling.LocalitySampler`) with that fixed
+            scale; ``"auto"`` = Algorithm 2 adapts ``s`` after every epoch from the data-loading
+            share (:class:`~gnnio.sampling.AdaptiveScale`, lt 0.15, ut 0.2, MAXS 8). Needs a
+            GPU-resident set: ``gpu_cache_fraction``, ``placement`` or a ``static`` cache.
+        locality_max_scale: MAXS of ``auto``.
+        locality_compute_s: for ``auto`` without a GPU: the compute seconds per epoch that the
+            *modeled* loading share assumes (None = the measured CPU compute time, which makes
+            the share small, so Algorithm 2 tends to stop at ``s = 1``).
+        prune_threshold: None, or ``(alpha, beta)`` of HyDRA's threshold pruning: a node with more
+            than ``alpha * avg_degree + beta * fanout`` neighbours samples from a random contiguous
+            window of that length of its neighbour list.
+
+    Several ranks (``gnnio train --nproc N`` or ``torchrun``; :mod:`gnnio.dist`):
+
+    Attributes:
+        nproc: local processes to start (1 = this process only; ignored under ``torchrun``).
+        topology: NVLink groups of the ranks (``gnnio plan``'s strings); None = one group per
+            machine.
+        dist_timeout: seconds a rendezvous or a collective may wait before the run fails;
+            None = :data:`gnnio.dist.context.DEFAULT_TIMEOUT_S`.
+        placement_strategy: the placement computed at start-up on rank 0 and broadcast
+            (``alg1``, ``interleaved``, ``mod``, ``rule1``, ``metis``, ``naive``, ``random``) when
+            no ``placement`` file is given; default ``alg1``.
+        buffer: rows each rank holds, as a fraction of the nodes (``placement_strategy``).
+        local_seeds: each rank trains on the training nodes of its own partition (partitioning
+            strategies: ``metis``, ``naive``, ``random``, or a file with parts) instead of a slice
+            of one global shuffle.
+        reuse: HyDRA cross-batch reuse: rows fetched for the previous batch are not fetched again.
+    """
+
+    model: str = "sage"
+    fanouts: tuple[int, ...] = (15, 10, 5)
+    batch_size: int = 1024
+    epochs: int = 20
+    lr: float = 0.003
+    weight_decay: float = 0.0
+    hidden: int = 256
+    dropout: float = 0.5
+    heads: int = 4
+    attn_dropout: float = 0.0
+    feature_norm: str = "none"
+    edge_weight_norm: str = "mean"
+    device: str = "cpu"
+    seed: int = 0
+    eval: str = "sampled"
+    eval_batch_size: int | None = None
+    patience: int | None = None
+    checkpoint: str | None = None
+    summary: str | None = None
+    log: str | None = None
+    store: str = "memory"
+    threads: int | None = None
+    prefetch: int = 2
+    progress: bool = True
+    gpu_cache_fraction: float | None = None
+    gpu_budget_bytes: int | None = None
+    score: str = "wrpr"
+    placement: str | None = None
+    reader: int = 0
+    cache_policy: str = "none"
+    cache_size: float = 0.1
+    order: str = "random"
+    po_sequences: int | None = None
+    locality_scale: float | str | None = None
+    locality_max_scale: float = 8.0
+    locality_compute_s: float | None = None
+    prune_threshold: tuple[float, float] | None = None
+    nproc: int = 1
+    topology: str | None = None
+    dist_timeout: float | None = None
+    placement_strategy: str | None = None
+    buffer: float = 0.1
+    local_seeds: bool = False
+    reuse: bool = True
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.fanouts)
+
+    def validate(self) -> None:
+        """Raise :class:`~gnnio.errors.UsageError` (one line, naming the option) on a bad value."""
+        if self.model not in MODELS:
+            raise UsageError(
+                f"--model: unknown model '{self.model}' (choose from {', '.join(MODELS)})"
+            )
+        from ..sampling.uniform import check_fanouts
+
+        try:
+            check_fanouts(self.fanouts)
+        except ValueError as e:
+            raise UsageError(f"--{e}") from None
+        for name in ("batch_size", "epochs", "hidden", "heads", "prefetch"):
+            if int(getattr(self, name)) < 1:
+                raise UsageError(
+                    f"--{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}"
+                )
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            raise UsageError(f"--eval-batch-size: must be >= 1, got {self.eval_batch_size}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UsageError(f"--lr: must be a positive number, got {self.lr}")
+        if self.weight_decay < 0:
+            raise UsageError(f"--weight-decay: must be >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UsageError(f"--dropout: must be in [0, 1), got {self.dropout}")
+        if self.eval not in EVAL_MODES:
+            raise UsageError(f"--eval: must be one of {', '.join(EVAL_MODES)}, got '{self.eval}'")
+        if self.store not in STORE_KINDS:
+            raise UsageError(
+                f"--store: must be one of {', '.join(STORE_KINDS)}, got '{self.store}'"
+            )
+        if self.feature_norm not in FEATURE_NORMS:
+            raise UsageError(f"--feature-norm: must be one of {', '.join(FEATURE_NORMS)}")
+        if self.edge_weight_norm not in EDGE_WEIGHT_NORMS:
+            raise UsageError(f"edge_weight_norm: must be one of {', '.join(EDGE_WEIGHT_NORMS)}")
+        if self.patience is not None and self.patience < 1:
+            raise UsageError(f"--patience: must be >= 1, got {self.patience}")
+        if self.seed < 0:
+            raise UsageError(f"--seed: must be >= 0, got {self.seed}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads: must be >= 1, got {self.threads}")
+        self._validate_data_options()
+        check_device(self.device)
+
+    def _validate_data_options(self) -> None:
+        from ..preprocess.hotness import SCORES
+        from .setup import CACHE_POLICIES, ORDERS
+
+        f = self.gpu_cache_fraction
+        if f is not None and not (math.isfinite(f) and 0.0 <= f <= 1.0):
+            raise UsageError(f"--gpu-cache-fraction: must be in [0, 1], got {f}")
+        if self.gpu_budget_bytes is not None and self.gpu_budget_bytes < 0:
+            raise UsageError(f"--gpu-budget: must be >= 0 bytes, got {self.gpu_budget_bytes}")
+        if self.score not in SCORES:
+            raise UsageError(
+                f"--score: unknown score '{self.score}' (choose from {', '.join(SCORES)})"
+            )
+        if self.placement is not None and f is not None:
+            raise UsageError("--placement and --gpu-cache-fraction exclude each other; give one")
+        if self.reader < 0:
+            raise UsageError(f"--reader: must be >= 0, got {self.reader}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise UsageError(
+                f"--cache-policy: must be one of {', '.join(CACHE_POLICIES)}, "
+                f"got '{self.cache_policy}'"
+            )
+        if not (math.isfinite(self.cache_size) and 0.0 <= self.cache_size <= 1.0):
+            raise UsageError(f"--cache-size: must be a fraction in [0, 1], got {self.cache_size}")
+        if self.order not in ORDERS:
+            raise UsageError(f"--order: must be one of {', '.join(ORDERS)}, got '{self.order}'")
+        if self.po_sequences is not None and self.po_sequences < 1:
+            raise UsageError(f"--po-sequences: must be >= 1, got {self.po_sequences}")
+        ls = self.locality_scale
+        if ls is not None and ls != "auto":
+            if isinstance(ls, str) or not (math.isfinite(ls) and ls >= 1.0):
+                raise UsageError(f"--locality-scale: must be a number >= 1 or 'auto', got {ls!r}")
+        if not (math.isfinite(self.locality_max_scale) and self.locality_max_scale >= 1.0):
+            raise UsageError(
+                f"--locality-max-scale: must be a number >= 1, got {self.locality_max_scale}"
+            )
+        if self.locality_compute_s is not None and not self.locality_compute_s > 0:
+            raise UsageError(
+                f"--locality-compute-s: must be > 0 seconds, got {self.locality_compute_s}"
+            )
+        if ls is not None and (
+            self.gpu_cache_fraction is None
+            and self.placement is None
+            and self.cache_policy != "static"
+        ):
+            raise UsageError(
+                "--locality-scale: needs nodes held on the GPU; add --gpu-cache-fraction F, "
+                "--placement FILE or --cache-policy static"
+            )
+        pt = self.prune_threshold
+        if pt is not None:
+            if len(pt) != 2 or not all(math.isfinite(float(v)) and float(v) >= 0 for v in pt):
+                raise UsageError(
+                    f"--prune-threshold: needs ALPHA,BETA (two numbers >= 0), got {pt!r}"
+                )
+
+    def validate_dist(self, world_size: int) -> None:
+        """Refuse, with one line naming the option, what makes no sense with several ranks."""
+        if self.nproc < 1:
+            raise UsageError(f"--nproc: must be >= 1, got {self.nproc}")
+        if self.dist_timeout is not None and not self.dist_timeout > 0:
+            raise UsageError(f"--dist-timeout: must be > 0 seconds, got {self.dist_timeout}")
+        if not (math.isfinite(self.buffer) and 0.0 <= self.buffer <= 1.0):
+            raise UsageError(f"--buffer: must be a fraction in [0, 1], got {self.buffer}")
+        if world_size <= 1:
+            for name, bad in (
+                ("--topology", self.topology is not None),
+                ("--placement-strategy", self.placement_strategy is not None),
+                ("--local-seeds", self.local_seeds),
+            ):
+                if bad:
+                    raise UsageError(f"{name}: needs several ranks (--nproc N or torchrun)")
+            return
+        if self.gpu_cache_fraction is not None or self.gpu_budget_bytes is not None:
+            raise UsageError(
+                "--gpu-cache-fraction/--gpu-budget: single-process options; with several ranks "
+                "use --placement-strategy rule1 --buffer F (every rank keeps the top F rows)"
+            )
+        if self.eval == "full":
+            raise UsageError("--eval full: single-process only; use --eval sampled with ranks")
+        if self.placement is not None and self.placement_strategy is not None:
+            raise UsageError("--placement and --placement-strategy exclude each other; give one")
+        if self.placement_strategy is not None and self.placement_strategy not in DIST_STRATEGIES:
+            raise UsageError(
+                f"--placement-strategy: unknown '{self.placement_strategy}' "
+                f"(choose from {', '.join(DIST_STRATEGIES)})"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fanouts"] = list(self.fanouts)
+        d["num_layers"] = self.num_layers
+        return d
+
+
+def check_device(device: str) -> torch.device:
+    """``torch.device(device)``, or a one-line UsageError if it is malformed or CUDA is missing."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device: unknown device '{device}' (use cpu or cuda)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(
+                "--device cuda: CUDA is not available on this machine (use --device cpu)"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(
+                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present"
+            )
+    elif dev.type != "cpu":
+        raise UsageError(f"--device: unsupported device '{device}' (use cpu or cuda)")
+    return dev
