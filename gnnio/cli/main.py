@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import __version__
@@ -31,15 +32,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
+    args.rank_entry = rank_main
     try:
         rc = args.func(args)
     except GnnioError as e:
         print(f"gnnio: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         print("gnnio: interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
+
+
+def rank_main(argv: list[str]) -> int:
+    """One rank of ``gnnio train --nproc N`` (started by :func:`gnnio.dist.launch.launch`): the
+    command line with exceptions propagated and recorded for the elastic agent."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def run() -> int:
+        args = build_parser().parse_args(argv)
+        args.argv, args.rank_entry = list(argv), rank_main
+        rc = int(args.func(args) or 0)
+        if rc != 0:
+            raise SystemExit(rc)
+        return rc
+
+    return run()
 
 
 if __name__ == "__main__":

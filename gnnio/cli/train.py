@@ -393,7 +393,7 @@ def _launch(args, cfg, dataset) -> int:
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
         argv.append(str(ds.path))  # the built-in dataset, generated once above
-    launch(args.nproc, argv, timeout_s=cfg.dist_timeout)
+    launch(args.nproc, args.rank_entry, argv, timeout_s=cfg.dist_timeout)
     return 0
 
 
@@ -407,10 +407,12 @@ def _train_rank(dataset, cfg):
     ctx = init(timeout_s=cfg.dist_timeout, device=cfg.device, topology=cfg.topology)
     try:
         cfg.progress = cfg.progress and ctx.is_main
-        if cfg.threads is None:
+        if cfg.threads is None:  # share the cores among this machine's ranks
             import os
 
-            cfg.threads = int(os.environ.get("NUMBA_NUM_THREADS", "0")) or None
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            env = int(os.environ.get("NUMBA_NUM_THREADS", "0"))
+            cfg.threads = env or max(1, (os.cpu_count() or 1) // local)
         s = train(dataset, cfg, run=DistRun(ctx))
         ctx.barrier()
     finally:

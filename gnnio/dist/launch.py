@@ -8,7 +8,8 @@ own: when a worker raises or dies (even by SIGKILL) the elastic agent stops the 
 ``ChildFailedError``, which :func:`launch` turns into one line naming the rank and the reason.
 
 Each worker runs ``gnnio train`` with the same arguments (``--nproc`` is ignored inside a worker,
-which sees ``WORLD_SIZE`` set). Worker exceptions are recorded by the ``record`` decorator of
+which sees ``WORLD_SIZE`` set) through :func:`gnnio.cli.main.rank_main`, passed in by the CLI (so
+``dist`` never imports ``cli``). Worker exceptions are recorded by the ``record`` decorator of
 ``torch.distributed.elastic`` into the error file the agent reads.
 """
 
@@ -34,24 +35,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(argv: list[str]) -> int:
-    """Entry point of one rank: the ``gnnio`` command line, exceptions propagated (so the elastic
-    agent's error file records them)."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    @record
-    def run() -> int:
-        from ..cli.main import build_parser
-
-        args = build_parser().parse_args(argv)
-        rc = int(args.func(args) or 0)
-        if rc != 0:
-            raise DistRunError(f"gnnio {' '.join(argv[:1])} exited with status {rc}")
-        return rc
-
-    return run()
-
-
 def failure_line(err) -> str:
     """One line for a ``ChildFailedError``: the rank that failed first (a killed rank before a
     rank that only saw its peer disappear), how, and the other failed ranks."""
@@ -66,8 +49,10 @@ def failure_line(err) -> str:
             except Exception:  # noqa: BLE001
                 sig = f"signal {-f.exitcode}"
             return f"rank {rank} (pid {f.pid}) was killed by {sig}"
-        msg = f.message if isinstance(f.message, str) else str(f.message)
-        msg = _last_error_line(msg)
+        msg = f.message
+        if isinstance(msg, dict):  # the error file's {"message": ..., "extraInfo": ...}
+            msg = msg.get("message", "")
+        msg = _last_error_line(str(msg))
         return (
             f"rank {rank} (pid {f.pid}) failed: {msg}"
             if msg
@@ -75,7 +60,8 @@ def failure_line(err) -> str:
         )
 
     def peer_loss(f) -> bool:
-        m = str(getattr(f, "message", "")).lower()
+        m = f.message.get("message", "") if isinstance(f.message, dict) else f.message
+        m = str(m).lower()
         return any(k in m for k in ("connection closed", "connection reset", "broken pipe",
                                     "peer", "timed out", "timeout"))  # fmt: skip
 
@@ -104,8 +90,11 @@ def _last_error_line(msg: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def launch(nproc: int, argv: list[str], timeout_s: float | None = None) -> None:
-    """Run ``gnnio`` with ``argv`` on ``nproc`` local ranks and wait for them.
+def launch(nproc: int, entrypoint, argv: list[str], timeout_s: float | None = None) -> None:
+    """Run ``entrypoint(argv)`` on ``nproc`` local ranks and wait for them.
+
+    ``entrypoint``: a module-level function (pickled for ``spawn``), in gnnio
+    :func:`gnnio.cli.main.rank_main`, which runs the command line with exceptions recorded.
 
     Raises:
         DistRunError: a rank failed (one line naming it).
@@ -113,8 +102,13 @@ def launch(nproc: int, argv: list[str], timeout_s: float | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    # the agent logs each failure's traceback and every signal it sends; gnnio prints one line
+    for name in (
+        "torch.distributed.elastic",
+        "torch.distributed.launcher",
+        "torch.multiprocessing",
+    ):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     # one thread per rank unless the user set it: N ranks on a few cores must not oversubscribe
     cores = os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
@@ -134,6 +128,6 @@ def launch(nproc: int, argv: list[str], timeout_s: float | None = None) -> None:
         start_method="spawn",
     )
     try:
-        elastic_launch(config, _worker)(list(argv))
+        elastic_launch(config, entrypoint)(list(argv))
     except ChildFailedError as e:
         raise DistRunError(failure_line(e)) from None

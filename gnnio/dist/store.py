@@ -93,6 +93,7 @@ class ShardedFeatureStore(FeatureStore):
         self.collective_s = 0.0
         self.num_gathers = 0
         self.trace = np.zeros(self.num_rows, dtype=np.int64) if record_trace else None
+        self.fault: tuple[int, str] | None = None  # (gather number, "kill"|"raise"): tests only
         self._prev_ids: torch.Tensor | None = None  # sorted unique non-local ids of last batch
         self._prev_rows: torch.Tensor | None = None
 
@@ -110,6 +111,8 @@ class ShardedFeatureStore(FeatureStore):
 
     def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows ``ids`` on this rank's device; a collective step (module docstring)."""
+        if self.fault is not None and self.num_gathers == self.fault[0]:
+            _inject(self.fault[1], self.rank)
         idx_np = as_index_array(ids, self.num_rows)
         m = int(idx_np.shape[0])
         dst = output_rows(out, m, self.dim, self.dtype, self.device)
@@ -248,3 +251,32 @@ class ShardedFeatureStore(FeatureStore):
     def reset_trace(self) -> None:
         if self.trace is not None:
             self.trace[:] = 0
+
+
+def _inject(kind: str, rank: int) -> None:
+    """The fault a test asked for with ``GNNIO_FAULT`` (see :func:`fault_from_env`)."""
+    import os
+    import signal
+
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault on rank {rank} (GNNIO_FAULT)")
+
+
+def fault_from_env(rank: int) -> tuple[int, str] | None:
+    """``GNNIO_FAULT=RANK:GATHER:kill|raise`` (for tests of the failure path): rank ``RANK``
+    SIGKILLs itself, or raises, at its ``GATHER``-th feature gather (0-based). None otherwise."""
+    import os
+
+    spec = os.environ.get("GNNIO_FAULT")
+    if not spec:
+        return None
+    try:
+        r, g, kind = spec.split(":")
+        if int(r) != rank:
+            return None
+        if kind not in ("kill", "raise"):
+            raise ValueError(kind)
+        return int(g), kind
+    except ValueError:
+        raise ValueError(f"GNNIO_FAULT: need RANK:GATHER:kill|raise, got {spec!r}") from None

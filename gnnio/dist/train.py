@@ -35,9 +35,9 @@ from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
 from .context import DistContext
-from .store import LINKS, ShardedFeatureStore
+from .store import LINKS, ShardedFeatureStore, fault_from_env
 
-__all__ = ["DistRun", "LocalSeedsOrder", "get_placement"]
+__all__ = ["DistRun", "LocalSeedsOrder", "get_placement", "param_digest"]
 
 
 class LocalSeedsOrder(RandomOrder):
@@ -139,6 +139,17 @@ def get_placement(ds, cfg, ctx: DistContext):
     )
 
 
+def param_digest(model: torch.nn.Module) -> str:
+    """sha256 of a model's parameters and buffers, in ``state_dict`` order (bit-exact)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 class _GradCounter:
     """State of the DDP communication hook: gradient bytes handed to all-reduce, and seconds
     from each bucket's hand-off to its completion (buckets overlap, so the sum can exceed the
@@ -177,6 +188,7 @@ class DistRun(LocalRun):
         self.grad = _GradCounter(ctx.world_size)
         self.placement = None
         self._last = {"collective_s": 0.0, "grad_bytes": 0, "grad_s": 0.0}
+        self._model: torch.nn.Module | None = None
 
     # -- building -------------------------------------------------------------------------
     def build_store(self, ds, cfg, device):
@@ -208,10 +220,11 @@ class DistRun(LocalRun):
                 "where": "in front of host memory, per rank",
             }
         store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse)
+        store.fault = fault_from_env(ctx.rank)
         eval_store = ShardedFeatureStore.__new__(ShardedFeatureStore)
         eval_store.__dict__.update(store.__dict__)
         eval_store.counters = type(store.counters)()
-        eval_store.reuse, eval_store.trace = False, None
+        eval_store.reuse, eval_store.trace, eval_store.fault = False, None, None
         eval_store._prev_ids = eval_store._prev_rows = None
         lk = pl.lookup(ctx.rank, peers=bool(pl.peer_reads) and ctx.topology.peers_cheaper)
         gpu_ids = np.flatnonzero(np.asarray(lk.dev_num) >= 0).astype(np.int64)
@@ -276,6 +289,7 @@ class DistRun(LocalRun):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         dev = self.ctx.device
+        self._model = model
         ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
         ddp.register_comm_hook(self.grad, _counting_allreduce)
         return ddp
@@ -309,6 +323,9 @@ class DistRun(LocalRun):
         rec["gradient_bytes"] = gb
         rec["gradient_allreduce_s"] = gs
         rec["fetch_hidden_share"] = max(0.0, 1.0 - bd["wait"] / fetch) if fetch > 0 else 1.0
+        if self._model is not None:  # DDP's promise, checked: one digest per rank per epoch
+            digests = self.ctx.all_gather_object(param_digest(self._model))
+            rec["params_identical"] = len(set(digests)) == 1
 
     # -- summary --------------------------------------------------------------------------
     def _gradient_links(self, handed: int) -> dict[str, int]:
@@ -390,5 +407,6 @@ class DistRun(LocalRun):
             per_rank=ranks,
             collective_s=max(r["collective_s"] for r in ranks),
             seeds_per_epoch_per_rank=[r["seeds_per_epoch"] for r in ranks],
+            params_identical=all(h.get("params_identical", True) for h in hist),
         )
         return summary

@@ -75,6 +75,12 @@ class SeedOrder(ABC):
                 f"equal_batches: {self.num_seeds} seeds cannot give each of {self.world_size} "
                 "ranks a batch"
             )
+        if self.equal_batches and self.batch_size == 1 and self.num_seeds % self.world_size:
+            # shares of c and c - 1 seeds in c batches of one: a rank would get an empty batch
+            raise ValueError(
+                f"equal_batches: batch size 1 needs a seed count divisible by the {world_size} "
+                f"ranks, got {self.num_seeds}"
+            )
 
     @abstractmethod
     def epoch_order(self, epoch: int) -> np.ndarray:
