@@ -17,6 +17,7 @@ BENCHES = {
     "tiers": "gnnio.bench.tiers",
     "cache": "gnnio.bench.cache",
     "locality": "gnnio.bench.locality",
+    "dist": "gnnio.bench.dist",
 }
 
 

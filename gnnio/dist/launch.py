@@ -90,8 +90,9 @@ def _last_error_line(msg: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def launch(nproc: int, entrypoint, argv: list[str], timeout_s: float | None = None) -> None:
-    """Run ``entrypoint(argv)`` on ``nproc`` local ranks and wait for them.
+def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict:
+    """Run ``entrypoint(argv)`` on ``nproc`` local ranks and wait for them; returns each rank's
+    return value by rank.
 
     ``entrypoint``: a module-level function (pickled for ``spawn``), in gnnio
     :func:`gnnio.cli.main.rank_main`, which runs the command line with exceptions recorded.
@@ -128,6 +129,6 @@ def launch(nproc: int, entrypoint, argv: list[str], timeout_s: float | None = No
         start_method="spawn",
     )
     try:
-        elastic_launch(config, entrypoint)(list(argv))
+        return dict(elastic_launch(config, entrypoint)(argv))
     except ChildFailedError as e:
         raise DistRunError(failure_line(e)) from None

@@ -35,6 +35,7 @@ import torch
 
 from ..features._gather import as_index_array, output_rows
 from ..features.base import FeatureStore
+from ..features.batch_ops import move_rows
 from .context import DistContext
 
 __all__ = ["LINKS", "ShardedFeatureStore"]
@@ -96,6 +97,8 @@ class ShardedFeatureStore(FeatureStore):
         self.fault: tuple[int, str] | None = None  # (gather number, "kill"|"raise"): tests only
         self._prev_ids: torch.Tensor | None = None  # sorted unique non-local ids of last batch
         self._prev_rows: torch.Tensor | None = None
+        self._flip = 0
+        self._buffers: dict[str, torch.Tensor] = {}
 
     def __repr__(self) -> str:
         return (
@@ -121,7 +124,7 @@ class ShardedFeatureStore(FeatureStore):
         u = int(uniq.shape[0])
         if self.trace is not None and u:
             self.trace[uniq.numpy()] += 1
-        rows_u = torch.empty((u, self.dim), dtype=self.dtype, device=self.device)
+        rows_u = self._scratch("rows", u)
         rb = self.row_bytes
         src = self.dev_num[uniq]
         pos = self.buf_pos[uniq]
@@ -129,10 +132,7 @@ class ShardedFeatureStore(FeatureStore):
         # local shard
         is_local = src == self.rank
         sel = is_local.nonzero().squeeze(1)
-        if sel.numel():
-            rows_u.index_copy_(
-                0, sel.to(self.device), self.shard.index_select(0, pos[sel].to(self.device))
-            )
+        move_rows(self.shard, pos[sel].to(self.device), rows_u, sel.to(self.device))
         self.counters.add("local", int(sel.numel()), rb)
 
         # cross-batch reuse of non-local rows
@@ -141,12 +141,7 @@ class ShardedFeatureStore(FeatureStore):
             p = torch.searchsorted(self._prev_ids, uniq).clamp_(max=self._prev_ids.numel() - 1)
             hit = need & (self._prev_ids[p] == uniq)
             hsel = hit.nonzero().squeeze(1)
-            if hsel.numel():
-                rows_u.index_copy_(
-                    0,
-                    hsel.to(self.device),
-                    self._prev_rows.index_select(0, p[hsel].to(self.device)),
-                )
+            move_rows(self._prev_rows, p[hsel].to(self.device), rows_u, hsel.to(self.device))
             self.counters.add("reuse", int(hsel.numel()), rb)
             need &= ~hit
 
@@ -154,8 +149,11 @@ class ShardedFeatureStore(FeatureStore):
         hsel = (need & (src < 0)).nonzero().squeeze(1)
         if hsel.numel():
             before = dict(self.host_store.counters.rows)
-            rows = self.host_store.gather(uniq[hsel])
-            rows_u.index_copy_(0, hsel.to(self.device), rows.to(self.device))
+            hbuf = self._scratch("host", hsel.numel()) if self.device.type == "cpu" else None
+            rows = self.host_store.gather(uniq[hsel], out=hbuf).to(self.device)
+            move_rows(
+                rows, torch.arange(rows.shape[0], device=self.device), rows_u, hsel.to(self.device)
+            )
             for t, r in self.host_store.counters.rows.items():
                 d = int(r) - int(before.get(t, 0))
                 if d:
@@ -168,10 +166,22 @@ class ShardedFeatureStore(FeatureStore):
         if self.reuse:
             keep = (~is_local).nonzero().squeeze(1)
             self._prev_ids = uniq[keep]
-            self._prev_rows = rows_u.index_select(0, keep.to(self.device))
-        torch.index_select(rows_u, 0, inv.to(self.device), out=dst)
+            self._flip ^= 1  # two buffers: the previous batch's rows stay intact while read
+            self._prev_rows = self._scratch(f"prev{self._flip}", keep.numel())
+            move_rows(rows_u, keep.to(self.device), self._prev_rows, None)
+        move_rows(rows_u, inv.to(self.device), dst, None)
         self.num_gathers += 1
         return dst
+
+    def _scratch(self, name: str, n: int) -> torch.Tensor:
+        """``[n, dim]`` rows of a buffer kept across batches (grown by half again when short): a
+        fresh multi-MB tensor per batch would page-fault on first touch, which costs more than
+        the copy itself."""
+        b = self._buffers.get(name)
+        if b is None or b.shape[0] < n:
+            b = torch.empty((max(n, n * 3 // 2), self.dim), dtype=self.dtype, device=self.device)
+            self._buffers[name] = b
+        return b[:n]
 
     def _exchange(
         self, owner: torch.Tensor, pos: torch.Tensor, where: torch.Tensor, rows_u: torch.Tensor
@@ -198,15 +208,18 @@ class ShardedFeatureStore(FeatureStore):
         self.control_bytes += 8 * (w + sum(sc))
         # serve: rows of my shard, as bytes
         rb = self.row_bytes
-        served = self.shard.index_select(0, req.to(self.shard.device))
-        send_b = served.contiguous().view(torch.uint8).reshape(-1, rb).to(cdev)
+        served = self._scratch("served", req.numel())
+        move_rows(self.shard, req.to(self.device), served, None)
+        send_b = served.view(torch.uint8).reshape(-1, rb).to(cdev)
         got_b = torch.empty((sum(sc), rb), dtype=torch.uint8, device=cdev)
         dist.all_to_all_single(
             got_b, send_b, output_split_sizes=sc, input_split_sizes=rc, group=grp
         )
         if where.numel():
             got = got_b.to(self.device).view(self.dtype).reshape(-1, self.dim)
-            rows_u.index_copy_(0, where.to(self.device), got)
+            move_rows(
+                got, torch.arange(got.shape[0], device=self.device), rows_u, where.to(self.device)
+            )
         for k, c in enumerate(sc):
             if c:
                 self.counters.add(ctx.link_to(k), c, rb)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._gather import HAVE_NUMBA, as_index_array
+from ._gather import HAVE_NUMBA, as_index_array, word_views
 from .base import FeatureStore
 
 __all__ = ["FirstOccurrence", "ids_on", "move_rows"]
@@ -89,7 +89,8 @@ def move_rows(
     cpu = src.device.type == "cpu" and dst.device.type == "cpu"
     if HAVE_NUMBA and cpu and src.is_contiguous() and dst.is_contiguous():
         di = np.arange(src_idx.numel(), dtype=np.int64) if dst_idx is None else dst_idx.numpy()
-        _move_bytes(_bytes2d(src), src_idx.numpy(), _bytes2d(dst), di)
+        s_w, d_w = word_views(_bytes2d(src), _bytes2d(dst))  # 8-byte words where rows allow
+        _move_bytes(s_w, src_idx.numpy(), d_w, di)
         return
     rows = src.index_select(0, src_idx.to(src.device)).to(dst.device)
     if dst_idx is None:
