@@ -69,7 +69,13 @@ def register(sub) -> None:
     p.add_argument(
         "--patience", type=int, default=None, help="stop after N epochs without better valid acc"
     )
-    p.add_argument("--store", default="memory", choices=["memory", "mmap"], help="feature store")
+    p.add_argument(
+        "--store",
+        default=None,
+        choices=["memory", "mmap"],
+        help="feature store: rows read into memory, or read from the memory-mapped file "
+        "(default: memory; with several ranks mmap, one page-cache copy per machine)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -275,9 +281,12 @@ def _parse_prune(text: str | None):
 
 
 def run(args) -> int:
+    from ..dist.context import env_world_size
     from ..train import TrainConfig, check_device, train
     from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
 
+    world = env_world_size()
+    ranks = max(world, args.nproc)
     cfg = TrainConfig(
         model=args.model,
         fanouts=_parse_fanouts(args.fanouts),
@@ -297,7 +306,7 @@ def run(args) -> int:
         checkpoint=args.checkpoint,
         summary=args.summary,
         log=args.log,
-        store=args.store,
+        store=args.store or ("mmap" if ranks > 1 else "memory"),
         threads=args.threads,
         progress=not args.quiet,
         gpu_cache_fraction=args.gpu_cache_fraction,
@@ -321,13 +330,10 @@ def run(args) -> int:
         local_seeds=args.local_seeds,
         reuse=args.reuse,
     )
-    from ..dist.context import env_world_size
-
-    world = env_world_size()
     check_device(cfg.device)  # fail fast, before generating or loading anything
-    cfg.validate()
-    cfg.validate_dist(max(world, args.nproc))
-    if max(world, args.nproc) > 1 and args.reader is not None:
+    cfg.validate(ranks)
+    cfg.validate_dist(ranks)
+    if ranks > 1 and args.reader is not None:
         raise UsageError("--reader: single-process only; with several ranks rank k reads as GPU k")
     if args.dir is None:
         if args.epochs is None:
@@ -390,6 +396,12 @@ def _launch(args, cfg, dataset) -> int:
     from ..graph.dataset import Dataset, load
 
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)  # fail here, not N times
+    if cfg.placement is not None:  # a file for another dataset or device count: refuse now
+        from ..dist.train import check_placement_file
+        from ..placement import load_placement
+
+        pl = load_placement(cfg.placement)
+        check_placement_file(pl, cfg.placement, ds, args.nproc, cfg.local_seeds)
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
         argv.append(str(ds.path))  # the built-in dataset, generated once above

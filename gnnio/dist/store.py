@@ -109,7 +109,8 @@ class ShardedFeatureStore(FeatureStore):
 
     @property
     def tiers(self) -> tuple[str, ...]:
-        extra = tuple(t for t in getattr(self.host_store, "tiers", ()) if t == "cache")
+        # a cache in front of host memory (FeatureCache(tier="cache")): its tier always shows
+        extra = ("cache",) if getattr(self.host_store, "tier", None) == "cache" else ()
         return (*LINKS, *extra, *(("reuse",) if self.reuse else ()))
 
     def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,12 +4,15 @@
 
 * **store**: a :class:`~gnnio.dist.store.ShardedFeatureStore` over the placement (``--placement
   FILE`` from ``gnnio plan --save``, or ``--placement-strategy S --buffer B`` computed on rank 0
-  and broadcast); host rows from the memory-mapped feature file, optionally behind a per-rank
-  cache (``--cache-policy``; tier ``cache``); cross-batch reuse (``--reuse``, default on).
+  and broadcast); host rows from the memory-mapped feature file (``--store mmap``, the default
+  with ranks) or a per-rank copy in memory (``--store memory``), optionally behind a per-rank
+  cache (``--cache-policy``; tier ``cache``; it serves host reads only, so every gather still
+  takes part in the exchange); cross-batch reuse (``--reuse``, default on).
 * **seeds**: one seeded global shuffle (or BGL's PO order) per epoch, cut into disjoint per-rank
   slices with the same number of batches on every rank (``equal_batches``: no seed is dropped or
   repeated; batch sizes differ by at most one), or with ``--local-seeds`` the training nodes of
-  the rank's own partition, shuffled, in as many batches as the largest partition needs.
+  the rank's own partition, shuffled (or in PO order), in as many batches as the largest
+  partition needs.
 * **model**: wrapped in ``DistributedDataParallel`` (identical initial parameters: same seed, and
   DDP broadcasts rank 0's); a communication hook counts the gradient bytes handed to all-reduce.
 * **evaluation**: each rank evaluates a slice of the valid/test seeds; correct and labelled counts
@@ -37,14 +40,21 @@ from ..train.setup import StoreSetup
 from .context import DistContext
 from .store import LINKS, ShardedFeatureStore, fault_from_env
 
-__all__ = ["DistRun", "LocalSeedsOrder", "get_placement", "param_digest"]
+__all__ = [
+    "DistRun",
+    "LocalSeedsOrder",
+    "check_placement_file",
+    "get_placement",
+    "param_digest",
+]
 
 
 class LocalSeedsOrder(RandomOrder):
-    """This rank's own seeds, shuffled per epoch, cut into exactly ``num_batches`` batches (the
-    same count on every rank, so collectives and DDP steps stay matched)."""
+    """This rank's own seeds, shuffled per epoch (or in ``order``'s epoch order, e.g. BGL's PO
+    order over the same seeds), cut into exactly ``num_batches`` batches (the same count on every
+    rank, so collectives and DDP steps stay matched)."""
 
-    def __init__(self, seeds, batch_size: int, num_batches: int, seed: int = 0):
+    def __init__(self, seeds, batch_size: int, num_batches: int, seed: int = 0, order=None):
         super().__init__(seeds, batch_size, seed=seed)
         if self.num_seeds < num_batches:
             raise UsageError(
@@ -52,14 +62,49 @@ class LocalSeedsOrder(RandomOrder):
                 f"the {num_batches} batches every rank must take"
             )
         self._num_batches = int(num_batches)
+        self.inner = order  # a one-rank SeedOrder over the same seeds, or None (random)
+        for k in ("num_sequences", "bound_value", "bound_met", "errors"):  # PO facts, summary
+            if hasattr(order, k):
+                setattr(self, k, getattr(order, k))
 
     @property
     def num_batches(self) -> int:
         return self._num_batches
 
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        if self.inner is not None:
+            return self.inner.epoch_order(epoch)
+        return super().epoch_order(epoch)
+
     def batches(self, epoch: int):
         share = torch.from_numpy(np.ascontiguousarray(self.shard(epoch)))
         yield from torch.tensor_split(share, self._num_batches)
+
+
+def check_placement_file(pl, path, ds, world_size: int, local_seeds: bool = False) -> None:
+    """Refuse (one line, saying which) a placement file made for another dataset or another
+    number of devices, or one without a partition for ``--local-seeds``."""
+    n = ds.num_nodes
+    if pl.num_nodes != n:
+        raise UsageError(
+            f"--placement {path}: made for a dataset of {pl.num_nodes} nodes, {ds.name} has {n}"
+        )
+    fp = pl.params.get("dataset_fingerprint")
+    if fp is not None and fp != ds.fingerprint:
+        raise UsageError(
+            f"--placement {path}: made for dataset '{pl.params.get('dataset', '?')}' ({fp}), "
+            f"not {ds.name} ({ds.fingerprint})"
+        )
+    if pl.num_devices != world_size:
+        raise UsageError(
+            f"--placement {path}: made for {pl.num_devices} devices, the run has {world_size} "
+            "ranks"
+        )
+    if local_seeds and pl.parts is None:
+        raise UsageError(
+            f"--local-seeds: placement '{pl.strategy}' in {path} has no partition; save a "
+            "metis, naive or random placement, or use --placement-strategy metis|naive|random"
+        )
 
 
 def get_placement(ds, cfg, ctx: DistContext):
@@ -73,22 +118,7 @@ def get_placement(ds, cfg, ctx: DistContext):
     n = ds.num_nodes
     if cfg.placement is not None:
         pl = load_placement(cfg.placement)
-        if pl.num_nodes != n:
-            raise UsageError(
-                f"--placement {cfg.placement}: made for a dataset of {pl.num_nodes} nodes, "
-                f"{ds.name} has {n}"
-            )
-        fp = pl.params.get("dataset_fingerprint")
-        if fp is not None and fp != ds.fingerprint:
-            raise UsageError(
-                f"--placement {cfg.placement}: made for dataset "
-                f"'{pl.params.get('dataset', '?')}' ({fp}), not {ds.name} ({ds.fingerprint})"
-            )
-        if pl.num_devices != ctx.world_size:
-            raise UsageError(
-                f"--placement {cfg.placement}: made for {pl.num_devices} devices, the run has "
-                f"{ctx.world_size} ranks"
-            )
+        check_placement_file(pl, cfg.placement, ds, ctx.world_size, cfg.local_seeds)
         return pl
     strategy = cfg.placement_strategy or "alg1"
     payload: list[Any] = [None]
@@ -197,8 +227,18 @@ class DistRun(LocalRun):
         ctx = self.ctx
         pl = get_placement(ds, cfg, ctx)
         self.placement = pl
-        host = open_store(ds, "mmap", "cpu", num_threads=cfg.threads, progress=False)
-        info: dict[str, Any] = {"store": "mmap (every rank maps the dataset's feature file)"}
+        # host memory: the memory-mapped feature file (one copy per machine, in the page cache),
+        # or with --store memory a private copy per rank
+        base = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
+        info: dict[str, Any] = {
+            "store": "mmap (every rank maps the dataset's feature file)"
+            if cfg.store == "mmap"
+            else "memory (every rank reads the features into its own host memory)"
+        }
+        # the same lookup as the store's: rows this rank reads from its shard or a peer's
+        lk = pl.lookup(ctx.rank, peers=bool(pl.peer_reads) and ctx.topology.peers_cheaper)
+        gpu_ids = np.flatnonzero(np.asarray(lk.dev_num) >= 0).astype(np.int64)
+        host = base
         if cfg.cache_policy != "none" and cfg.cache_size > 0:
             from ..features.cache import FeatureCache
             from ..features.tiered import hot_rows_for_fraction
@@ -208,26 +248,30 @@ class DistRun(LocalRun):
                 from ..train.setup import hot_score
 
                 score = hot_score(ds, cfg, progress=False)
-                own = np.asarray(pl.lookup(ctx.rank).dev_num) >= 0
+                held = np.asarray(lk.dev_num) >= 0
                 hot = np.argsort(-score, kind="stable")
-                hot = hot[~own[hot]]  # rows the rank reads from peers or host only
+                hot = hot[~held[hot]]  # rows the rank reads from host memory only
             cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), ds.num_nodes)
-            host = FeatureCache(host, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
+            host = FeatureCache(base, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
             info["cache"] = {
                 "policy": cfg.cache_policy,
                 "size": cfg.cache_size,
                 "capacity": host.capacity,
                 "where": "in front of host memory, per rank",
             }
+        # the cache only serves the host reads: every gather still takes part in the exchange
         store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse)
         store.fault = fault_from_env(ctx.rank)
+        # evaluation: the same shard and exchange, without cross-batch reuse and, as in one
+        # process, without a dynamic cache (evaluation batches do not evict training rows)
         eval_store = ShardedFeatureStore.__new__(ShardedFeatureStore)
         eval_store.__dict__.update(store.__dict__)
         eval_store.counters = type(store.counters)()
         eval_store.reuse, eval_store.trace, eval_store.fault = False, None, None
         eval_store._prev_ids = eval_store._prev_rows = None
-        lk = pl.lookup(ctx.rank, peers=bool(pl.peer_reads) and ctx.topology.peers_cheaper)
-        gpu_ids = np.flatnonzero(np.asarray(lk.dev_num) >= 0).astype(np.int64)
+        eval_store._buffers = {}
+        if cfg.cache_policy in ("fifo", "lru", "lfu"):
+            eval_store.host_store = base
         info["placement"] = {
             "file": cfg.placement,
             "strategy": pl.strategy,
@@ -259,31 +303,58 @@ class DistRun(LocalRun):
                     f"--local-seeds: rank {counts.index(0)}'s partition holds no training node"
                 )
             nb = max(-(-int(c) // batch_size) for c in counts)
-            return LocalSeedsOrder(mine, batch_size, nb, seed=seed)
-        if cfg.order == "po":
-            from ..train.setup import build_order
+            inner = None
+            if cfg.order == "po":  # BGL's order over the rank's own seeds
+                inner = self._po(ds, cfg, mine, labels, -(-mine.size // nb), seed, 0, 1, False)
+            return LocalSeedsOrder(mine, batch_size, nb, seed=seed, order=inner)
+        try:
+            if cfg.order == "po":
+                return self._po(
+                    ds, cfg, seeds, labels, batch_size, seed, ctx.rank, ctx.world_size, True
+                )
+            return RandomOrder(
+                seeds,
+                batch_size,
+                seed=seed,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                equal_batches=True,
+            )
+        except ValueError as e:  # too few seeds for the ranks, or batch size 1
+            raise UsageError(f"--batch-size {batch_size} on {ctx.world_size} ranks: {e}") from None
 
-            order = build_order(ds, cfg, seeds, labels, batch_size, seed)
-            order.rank, order.world_size, order.equal_batches = ctx.rank, ctx.world_size, True
-            return order
-        return RandomOrder(
+    @staticmethod
+    def _po(ds, cfg, seeds, labels, batch_size, seed, rank, world_size, equal_batches):
+        """BGL's proximity-aware order; every rank builds the same one and takes its slice."""
+        from ..ordering.po import ProximityOrder
+
+        return ProximityOrder(
+            ds.graph,
             seeds,
+            np.asarray(labels),
             batch_size,
             seed=seed,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            equal_batches=True,
+            num_sequences=cfg.po_sequences,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=equal_batches,
+            progress=cfg.progress,
         )
 
     def eval_order(self, seeds, batch_size: int, seed: int):
-        return RandomOrder(
-            np.asarray(seeds, dtype=np.int64),
-            batch_size,
-            seed=seed,
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
-            equal_batches=True,
-        )
+        try:
+            return RandomOrder(
+                np.asarray(seeds, dtype=np.int64),
+                batch_size,
+                seed=seed,
+                rank=self.ctx.rank,
+                world_size=self.ctx.world_size,
+                equal_batches=True,
+            )
+        except ValueError as e:
+            raise UsageError(
+                f"--eval-batch-size {batch_size} on {self.world_size} ranks: {e}"
+            ) from None
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -364,6 +435,7 @@ class DistRun(LocalRun):
             ),
             "batches_per_epoch": summary["batches_per_epoch"],
             "seeds_per_epoch": int(hist[0]["seeds"]) if hist else 0,
+            "epochs": len(hist),  # the same on every rank: early stopping reads reduced accs
         }
         ranks = ctx.all_gather_object(mine)
 
@@ -407,6 +479,7 @@ class DistRun(LocalRun):
             per_rank=ranks,
             collective_s=max(r["collective_s"] for r in ranks),
             seeds_per_epoch_per_rank=[r["seeds_per_epoch"] for r in ranks],
+            epochs_per_rank=[r["epochs"] for r in ranks],
             params_identical=all(h.get("params_identical", True) for h in hist),
         )
         return summary

@@ -82,7 +82,9 @@ class ProximityOrder(SeedOrder):
         batch_size: seeds per batch.
         seed: seed of everything random (BFS roots, per-epoch dealing, shifts and offsets).
         num_sequences: k; None = the smallest k meeting ``bound`` (``errors`` keeps the estimates).
-        rank, world_size, drop_last: sharding, as :class:`~gnnio.ordering.SeedOrder`.
+        rank, world_size, drop_last, equal_batches: sharding, as
+            :class:`~gnnio.ordering.SeedOrder` (every rank builds the same order from the same
+            arguments and takes its slice; ``world_size`` also enters the shuffling error).
         max_sequences: largest k the automatic choice tries (default ``min(batch_size, 1024)``:
             beyond ``batch_size`` a sequence gives less than one seed per batch).
         pool_size: BFS regions generated once (default ``max(k, max_sequences)``, at most n).
@@ -112,6 +114,7 @@ class ProximityOrder(SeedOrder):
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
+        equal_batches: bool = False,
         max_sequences: int | None = None,
         pool_size: int | None = None,
         bound: str | float = "random",
@@ -119,7 +122,14 @@ class ProximityOrder(SeedOrder):
         draws: int = 8,
         progress: bool = False,
     ):
-        super().__init__(seeds, batch_size, drop_last=drop_last, rank=rank, world_size=world_size)
+        super().__init__(
+            seeds,
+            batch_size,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=equal_batches,
+        )
         if int(seed) < 0:
             raise ValueError(f"seed: must be >= 0, got {seed}")
         n = self.num_seeds

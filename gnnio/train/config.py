@@ -26,6 +26,8 @@ STORE_KINDS = ("memory", "mmap")
 STAGES = ("sample", "gather", "transfer", "compute", "wait")
 #: placements a distributed run can compute at start-up (``--placement-strategy``)
 DIST_STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
+#: the placements that partition the nodes (``--local-seeds`` trains each rank on its part)
+PARTITION_STRATEGIES = ("metis", "naive", "random")
 
 
 @dataclass
@@ -157,8 +159,11 @@ class TrainConfig:
     def num_layers(self) -> int:
         return len(self.fanouts)
 
-    def validate(self) -> None:
-        """Raise :class:`~gnnio.errors.UsageError` (one line, naming the option) on a bad value."""
+    def validate(self, world_size: int = 1) -> None:
+        """Raise :class:`~gnnio.errors.UsageError` (one line, naming the option) on a bad value.
+
+        ``world_size``: ranks of the run (with several, the placement is always there, so it is
+        the GPU-resident set of ``locality_scale``); :meth:`validate_dist` checks the rest."""
         if self.model not in MODELS:
             raise UsageError(
                 f"--model: unknown model '{self.model}' (choose from {', '.join(MODELS)})"
@@ -198,10 +203,10 @@ class TrainConfig:
             raise UsageError(f"--seed: must be >= 0, got {self.seed}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
-        self._validate_data_options()
+        self._validate_data_options(world_size)
         check_device(self.device)
 
-    def _validate_data_options(self) -> None:
+    def _validate_data_options(self, world_size: int = 1) -> None:
         from ..preprocess.hotness import SCORES
         from .setup import CACHE_POLICIES, ORDERS
 
@@ -242,7 +247,8 @@ class TrainConfig:
                 f"--locality-compute-s: must be > 0 seconds, got {self.locality_compute_s}"
             )
         if ls is not None and (
-            self.gpu_cache_fraction is None
+            world_size <= 1
+            and self.gpu_cache_fraction is None
             and self.placement is None
             and self.cache_policy != "static"
         ):
@@ -287,6 +293,12 @@ class TrainConfig:
             raise UsageError(
                 f"--placement-strategy: unknown '{self.placement_strategy}' "
                 f"(choose from {', '.join(DIST_STRATEGIES)})"
+            )
+        strategy = self.placement_strategy or ("alg1" if self.placement is None else None)
+        if self.local_seeds and strategy not in (None, *PARTITION_STRATEGIES):
+            raise UsageError(
+                f"--local-seeds: placement '{strategy}' has no partition; use "
+                f"--placement-strategy {'|'.join(PARTITION_STRATEGIES)}"
             )
 
     def to_json(self) -> dict[str, Any]:

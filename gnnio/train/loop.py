@@ -136,7 +136,7 @@ def train(
 
     cfg = config or TrainConfig()
     run = run or LocalRun()
-    cfg.validate()
+    cfg.validate(run.world_size)
     cfg.validate_dist(run.world_size)
     device = check_device(cfg.device)
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)
