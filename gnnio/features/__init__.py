@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..utils.devices import resolve_device
 from ..utils.progress import bar
 from ._gather import host_empty
 from .base import FeatureStore, TierCounters
@@ -115,7 +116,7 @@ def open_store(
         raise UsageError(
             f"unknown feature store kind {kind!r}; choose one of {', '.join(STORE_KINDS)}"
         )
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if kind == "mmap":
         if dev.type != "cpu":
             raise UsageError(

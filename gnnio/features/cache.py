@@ -71,6 +71,7 @@ import threading
 import numpy as np
 import torch
 
+from ..utils.devices import resolve_device
 from ._gather import output_rows
 from .accounting import CacheStats, _Timer, counters_delta, snapshot_rows
 from .base import FeatureStore
@@ -153,7 +154,7 @@ class FeatureCache(FeatureStore):
             raise TypeError(f"backing must be a FeatureStore, got {type(backing).__name__}")
         self.backing = backing
         self.num_rows, self.dim, self.dtype = backing.num_rows, backing.dim, backing.dtype
-        self.device = torch.device(device) if device is not None else backing.device
+        self.device = resolve_device(device) if device is not None else backing.device
         self.tier = tier or ("gpu_cache" if self.device.type == "cuda" else "cache")
         self.timing = bool(timing)
         cap = capacity_rows(capacity, self.num_rows) if capacity else 0

@@ -34,6 +34,7 @@ import threading
 import numpy as np
 import torch
 
+from ..utils.devices import resolve_device
 from ._gather import output_rows
 from .accounting import CacheStats, _Timer, counters_delta, snapshot_rows
 from .base import FeatureStore, TierCounters
@@ -141,7 +142,7 @@ class ShardedFeatureCache(FeatureStore):
             devs = (
                 [torch.device("cpu")] * int(num_shards)
                 if devices is None
-                else [torch.device(d) for d in devices]
+                else [resolve_device(d) for d in devices]
             )
             if len(devs) != int(num_shards):
                 raise ValueError(f"devices: need {num_shards} devices, got {len(devs)}")

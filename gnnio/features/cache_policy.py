@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
+from ..utils.devices import resolve_device
+
 __all__ = [
     "POLICIES",
     "CachePolicy",
@@ -57,7 +59,7 @@ class CachePolicy(ABC):
             raise ValueError(f"capacity and num_keys must be >= 0, got {capacity}, {num_keys}")
         self.capacity = int(min(capacity, num_keys))
         self.num_keys = int(num_keys)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.slot_of = torch.full((num_keys,), -1, dtype=_map_dtype(self.capacity), device=device)
         self.key_of = torch.full((self.capacity,), -1, dtype=torch.int64, device=device)
         self.filled = 0

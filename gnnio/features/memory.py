@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..utils.devices import resolve_device
 from ._gather import (
     KERNELS,
     as_index_array,
@@ -57,7 +58,7 @@ class InMemoryFeatureStore(FeatureStore):
             raise ValueError(
                 f"unknown gather kernel {kernel!r}; choose one of {', '.join(KERNELS)}"
             )
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         if not isinstance(features, torch.Tensor):
             arr = features if isinstance(features, np.memmap) else np.asarray(features)
             if arr.ndim != 2:

@@ -26,6 +26,7 @@ import torch
 
 from ..placement import Placement
 from ..placement.topology import Topology
+from ..utils.devices import resolve_device
 from ._gather import as_index_array, gather_rows, output_rows, tensor_view
 from .base import FeatureStore, TierCounters
 
@@ -95,7 +96,7 @@ class MultiDeviceFeatureStore(FeatureStore):
             devs = (
                 [torch.device("cpu")] * n_dev
                 if devices is None
-                else [torch.device(d) for d in devices]
+                else [resolve_device(d) for d in devices]
             )
             if len(devs) != n_dev:
                 raise ValueError(f"devices: need {n_dev} devices, got {len(devs)}")

@@ -30,6 +30,7 @@ import threading
 import numpy as np
 import torch
 
+from ..utils.devices import resolve_device
 from ._gather import output_rows
 from .accounting import _Timer, counters_delta, snapshot_rows
 from .base import FeatureStore
@@ -42,7 +43,7 @@ class ReuseTracker:
     """HyDRA's ValPt / LocPt over ``num_rows`` ids on ``device`` (module docstring)."""
 
     def __init__(self, num_rows: int, device: str | torch.device = "cpu"):
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.valpt = torch.zeros(num_rows, dtype=torch.int8, device=self.device)
         loc_dtype = torch.int32 if num_rows < 2**31 else torch.int64
         self.locpt = torch.zeros(num_rows, dtype=loc_dtype, device=self.device)
@@ -123,7 +124,7 @@ class CrossBatchReuse(FeatureStore):
             raise ValueError(f"keep must be 'reference' or 'copy', got {keep!r}")
         self.backing = backing
         self.num_rows, self.dim, self.dtype = backing.num_rows, backing.dim, backing.dtype
-        self.device = torch.device(device) if device is not None else backing.device
+        self.device = resolve_device(device) if device is not None else backing.device
         self.tier, self.keep, self.timing = tier, keep, bool(timing)
         self.tracker = ReuseTracker(self.num_rows, self.device)
         self._dedup = FirstOccurrence(self.num_rows, self.device)

@@ -62,6 +62,7 @@ import torch
 from ..errors import GnnioError, UsageError
 from ..preprocess.reorder import order_by_score
 from ..utils.counts import top_count
+from ..utils.devices import resolve_device
 from ..utils.progress import bar
 from . import uva
 from ._gather import as_index_array, check_out
@@ -267,8 +268,7 @@ class TieredFeatureStore(FeatureStore):
                 )
             else:
                 self.simulated = False
-                if dev.index is None:
-                    dev = torch.device("cuda", torch.cuda.current_device())
+                dev = resolve_device(dev)
         elif dev.type == "cpu":
             if simulate is False:
                 raise UsageError("simulate=False needs a CUDA device, got device='cpu'")

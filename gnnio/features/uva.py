@@ -42,6 +42,7 @@ import weakref
 import torch
 
 from ..errors import GnnioError
+from ..utils.devices import resolve_device
 
 __all__ = [
     "PinError",
@@ -231,7 +232,7 @@ def pin_host_tensor(t: torch.Tensor, device: torch.device | str | None = None) -
             return PinnedHost(t, registered=True)
     if t.is_pinned():  # allocated pinned (cudaHostAlloc) or registered by someone else
         return PinnedHost(t, registered=False)
-    dev = torch.device(device) if device is not None else torch.device("cuda")
+    dev = resolve_device("cuda" if device is None else device)
     with torch.cuda.device(dev):
         flags = CUDA_HOST_REGISTER_PORTABLE | CUDA_HOST_REGISTER_MAPPED
         err = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, flags))
@@ -273,7 +274,7 @@ def device_view(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """
     if host.dim() != 2 or not host.is_contiguous() or nbytes_of(host) == 0:
         raise ValueError("device_view: need a non-empty contiguous 2-D host tensor")
-    dev = torch.device(device)
+    dev = resolve_device(device)
     raw = host.view(torch.uint8)  # [rows, row_bytes]
     with torch.cuda.device(dev):
         view = torch.as_tensor(_CudaArrayView(host, tuple(raw.shape)), device=dev)

@@ -37,6 +37,7 @@ import torch
 
 from ..features.base import FeatureStore
 from ..sampling.base import MiniBatch, Sampler
+from ..utils.devices import resolve_device
 
 __all__ = ["LoaderStats", "NodeLoader"]
 
@@ -136,7 +137,7 @@ class NodeLoader:
         self._keyed = "epoch_seed" in params
         self.store = store
         self.order = order
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available")
         self.prefetch = int(prefetch)

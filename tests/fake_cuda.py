@@ -1,0 +1,95 @@
+"""Test doubles that let CPU tests walk gnnio's CUDA code paths (issue 15).
+
+* :func:`fake_cuda` makes ``torch.cuda`` report devices (``is_available``, ``current_device``,
+  ``device_count``) without any being there;
+* :class:`FakeCudaTensor` is a CPU tensor that reports ``cuda:<index>`` as its device, the way a
+  real CUDA tensor does (always with an index);
+* :class:`FakeEvent` / :class:`FakeStream` stand in for ``torch.cuda.Event`` / ``Stream`` and log
+  what was recorded, waited on and synchronized, into a shared list.
+
+Nothing here moves a byte to a GPU: these doubles check *which* device names, events and waits
+gnnio's code uses; the ``gpu``-marked tests check the real thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A CPU tensor whose ``device`` says ``cuda:0`` (set ``fake_index`` for another index)."""
+
+    fake_index = 0
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", self.fake_index)
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def fake_cuda(monkeypatch, current: int = 0, count: int = 2) -> None:
+    """``torch.cuda`` reports ``count`` devices, ``current`` the current one."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev=None: contextlib.nullcontext())
+
+
+class FakeStream:
+    """A named stream; records nothing itself."""
+
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"FakeStream({self.name})"
+
+
+class FakeEvent:
+    """``torch.cuda.Event`` stand-in: ``record`` / ``synchronize`` / ``query`` / ``elapsed_time``
+    append ``(action, event id, stream)`` to ``log``; ``elapsed_time`` is 1 ms per event id step."""
+
+    log: list = []
+    _next = 0
+
+    def __init__(self, enable_timing: bool = False, **_kw) -> None:
+        FakeEvent._next += 1
+        self.id = FakeEvent._next
+        self.enable_timing = enable_timing
+        self.recorded = False
+        self.done = False
+
+    def record(self, stream=None) -> None:
+        self.recorded = True
+        FakeEvent.log.append(("record", self.id, getattr(stream, "name", None)))
+
+    def synchronize(self) -> None:
+        self.done = True
+        FakeEvent.log.append(("synchronize", self.id, None))
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        if not (self.done or end.done):
+            raise RuntimeError("elapsed_time before the end event completed")
+        return float(end.id - self.id)
+
+
+def fake_events(monkeypatch) -> list:
+    """Replace ``torch.cuda.Event`` / ``current_stream`` with the fakes; forbid device-wide
+    ``torch.cuda.synchronize``. Returns the shared log."""
+    FakeEvent.log = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream("current"))
+
+    def no_device_sync(device=None):
+        raise AssertionError("torch.cuda.synchronize(): a device-wide sync cancels the overlap")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_device_sync)
+    return FakeEvent.log
