@@ -1,5 +1,7 @@
 """Neighbour sampling: the contract in :mod:`.base`, strategies beside it.
 
+* :class:`LaborSampler` -- LABOR-0 (Balın & Çatalyürek): node-wise marginals, one shared variate
+  per source vertex, so far fewer distinct input nodes per batch.
 * :class:`UniformSampler` -- GraphSAGE node-wise uniform sampling with per-hop fanouts (numba on
   CPU, vectorized torch on CUDA); :func:`reference.sample_reference` is its plain-Python twin.
 * :class:`LocalitySampler` -- Song & Jiang's locality-aware sampling (neighbours near the GPU set B
@@ -10,6 +12,7 @@
 
 from .adaptive import AdaptiveScale, modeled_loading_share, modeled_loading_time
 from .base import Block, MiniBatch, Sampler
+from .labor import LaborSampler
 from .locality import (
     LocalitySampler,
     PrunedUniformSampler,
@@ -22,6 +25,7 @@ from .uniform import UniformSampler, parse_fanouts
 __all__ = [
     "AdaptiveScale",
     "Block",
+    "LaborSampler",
     "LocalitySampler",
     "MiniBatch",
     "PrunedUniformSampler",

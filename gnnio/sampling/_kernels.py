@@ -51,6 +51,7 @@ __all__ = [
     "merge_part",
     "write_part",
     "insert_seeds_at",
+    "relabel_part",
 ]
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -323,6 +324,44 @@ def count_part(indptr, dst_nodes, lo, hi, fanout, rows, offs):
 
 
 @njit(cache=True, nogil=True)
+def relabel_part(src, e, loc, off, seen, first, base, new):
+    """Step 3 of :func:`sample_part` (also used by other samplers' per-part kernels): relabel the
+    global ids ``src[:e]`` in place -- a local id when ``loc`` knows the node, else (parts >= 1)
+    the placeholder ``-1 - g``; ``new[:cnt]`` gets the part's unseen nodes in first-appearance
+    order (``seen`` dedups them for parts >= 1; with ``first`` they are numbered ``base + j`` in
+    ``loc`` at once). Returns ``cnt``."""
+    cnt = 0
+    if first:
+        for q in range(e):
+            if q + _PF_EDGES < e:
+                prefetch(loc, src[q + _PF_EDGES])
+            g = src[q]
+            lid = np.int64(loc[g]) - off
+            if lid < 0:
+                lid = base + cnt
+                loc[g] = off + lid
+                new[cnt] = g
+                cnt += 1
+            src[q] = lid
+    else:
+        for q in range(e):
+            if q + _PF_EDGES < e:
+                prefetch(loc, src[q + _PF_EDGES])
+            g = src[q]
+            lid = np.int64(loc[g]) - off
+            if lid < 0:
+                w = g >> 3
+                bit = np.uint8(1) << np.uint8(g & 7)
+                if not (seen[w] & bit):
+                    seen[w] |= bit
+                    new[cnt] = g
+                    cnt += 1
+                lid = -1 - g
+            src[q] = lid
+    return cnt
+
+
+@njit(cache=True, nogil=True)
 def sample_part(
     indices, dst_nodes, lo, n, rows, offs, hop_key, src, loc, off, seen, first, base, new
 ):
@@ -357,35 +396,7 @@ def sample_part(
         if q + _PF_EDGES < e:
             prefetch(indices, src[q + _PF_EDGES])
         src[q] = indices[src[q]]
-    cnt = 0  # 3) relabel
-    if first:
-        for q in range(e):
-            if q + _PF_EDGES < e:
-                prefetch(loc, src[q + _PF_EDGES])
-            g = src[q]
-            lid = np.int64(loc[g]) - off
-            if lid < 0:
-                lid = base + cnt
-                loc[g] = off + lid
-                new[cnt] = g
-                cnt += 1
-            src[q] = lid
-    else:
-        for q in range(e):
-            if q + _PF_EDGES < e:
-                prefetch(loc, src[q + _PF_EDGES])
-            g = src[q]
-            lid = np.int64(loc[g]) - off
-            if lid < 0:
-                w = g >> 3
-                bit = np.uint8(1) << np.uint8(g & 7)
-                if not (seen[w] & bit):
-                    seen[w] |= bit
-                    new[cnt] = g
-                    cnt += 1
-                lid = -1 - g
-            src[q] = lid
-    return cnt
+    return relabel_part(src, e, loc, off, seen, first, base, new)  # 3) relabel
 
 
 @njit(cache=True, nogil=True)

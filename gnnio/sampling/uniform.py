@@ -200,21 +200,15 @@ class UniformSampler(ThreadedCPUSampler):
             if pending is not None:
                 nparts = max(nparts, pending.nparts)
             hop = _Hop(ws, h % 2, n_rows, nparts)
-            hkey, fo = _hop_key(key, h), np.int64(fanout)
+            hkey, fo = self._hkey(key, h), np.int64(fanout)
 
             def task(p: int, hop=hop, prev=pending, nodes=nodes, base=base, hkey=hkey, fo=fo):
                 if prev is not None and p < prev.nparts:
                     prev.write(p)  # the previous hop's edges, while this thread is here anyway
                 lo, hi = hop.bounds[p], hop.bounds[p + 1]
-                b = hop.bufs[p]
-                b.ensure_rows(hi - lo)
-                e = int(_kernels.count_part(self.indptr, nodes, lo, hi, fo, b.rows, b.offs))
-                b.ensure_edges(e)
-                cnt = _kernels.sample_part(
-                    self.indices, nodes, lo, hi - lo, b.rows, b.offs, hkey, b.src, loc, off,
-                    hop.seen[p], p == 0, base, b.new,
-                )  # fmt: skip
-                hop.sizes[p] = (e, int(cnt))
+                hop.sizes[p] = self._sample_part(
+                    nodes, lo, hi, fo, hkey, hop.bufs[p], loc, off, hop.seen[p], p == 0, base
+                )
 
             self._run_split(task, [(p,) for p in range(nparts)])
             buf = hop.merge(buf, base)
@@ -229,6 +223,26 @@ class UniformSampler(ThreadedCPUSampler):
         ws.nodes_hint = int(nodes.shape[0]) + int(nodes.shape[0]) // 4
         self._give_ws(ws)
         return _assemble(seeds, nodes, hop_edges, hop_nodes)
+
+    def _hkey(self, key: int, h: int) -> np.uint64:
+        """The random key of hop ``h`` (0-based) of the call with key ``key``."""
+        return _hop_key(key, h)
+
+    def _sample_part(
+        self, nodes, lo, hi, fo, hkey, b: _PartBuffers, loc, off, seen, first: bool, base: int
+    ) -> tuple[int, int]:
+        """Count and sample rows ``lo <= i < hi`` of one hop into the part buffers ``b``, relabelled
+        (:func:`~gnnio.sampling._kernels.count_part`, :func:`~gnnio.sampling._kernels.sample_part`);
+        returns ``(edges, unseen nodes)``. Subclasses with another per-row design (e.g.
+        :class:`~gnnio.sampling.labor.LaborSampler`) override this and keep the rest."""
+        b.ensure_rows(hi - lo)
+        e = int(_kernels.count_part(self.indptr, nodes, lo, hi, fo, b.rows, b.offs))
+        b.ensure_edges(e)
+        cnt = _kernels.sample_part(
+            self.indices, nodes, lo, hi - lo, b.rows, b.offs, hkey, b.src, loc, off, seen, first,
+            base, b.new,
+        )  # fmt: skip
+        return e, int(cnt)
 
 
 class _Hop:

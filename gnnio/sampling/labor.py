@@ -1,0 +1,171 @@
+"""LABOR-0: layer-neighbour sampling (Balın & Çatalyürek, "Layer-Neighbor Sampling -- Defusing
+Neighborhood Explosion in GNNs", NeurIPS 2023).
+
+**Idea.** Node-wise sampling (GraphSAGE, :class:`~gnnio.sampling.UniformSampler`) draws each
+destination's neighbours independently, so two destinations that share a neighbour ``t`` rarely
+both pick it and a batch touches many distinct nodes (neighbourhood explosion). LABOR draws *one*
+uniform variate ``r_t`` per candidate source vertex ``t``, shared by every destination of the
+batch in that hop: destination ``s`` with in-degree ``d_s`` keeps ``t`` when ``r_t`` is small for
+``s``, so destinations with common neighbours keep the *same* ones. From a single destination's
+point of view nothing changes -- neighbour ``t`` is kept with probability ``min(1, k / d_s)``, as
+in node-wise sampling with fanout ``k`` -- so the per-destination estimator keeps its variance, but
+the batch needs far fewer distinct input nodes (feature rows).
+
+**Designs** (``design=``; kernels in :mod:`gnnio.sampling._labor_kernels`):
+
+* ``"fixed"`` (default): each destination keeps the ``k`` neighbours with the smallest ``r_t``
+  -- the paper's Appendix A.3 "sequential Poisson" variant, the one GraphBolt's
+  ``LayerNeighborSampler`` ships. For LABOR-0 (all ``pi_t`` equal) the ``k`` smallest of ``d``
+  i.i.d. uniforms form a uniform ``k``-subset, so every row is *exactly* uniform sampling without
+  replacement (marginal ``k / d``, every ``k``-subset equally likely) and has exactly
+  ``min(d, k)`` edges, like :class:`~gnnio.sampling.UniformSampler`: a drop-in replacement.
+* ``"poisson"``: keep ``t`` iff ``r_t < k / d_s`` -- the paper's §3 Poisson sampling. Same
+  marginals; the row's count is random with mean ``min(d, k)``.
+
+Exactness of the fixed design assumes rows without repeated neighbours (gnnio's importers and
+:meth:`~gnnio.graph.csr.CSRGraph.from_edges` deduplicate edges); a repeated neighbour has one
+``r_t`` for all its copies. The Poisson design is exact on any graph.
+
+**Weights.** The inclusion probability of edge ``t -> s`` is ``pi = min(1, k / d_s)`` in both
+designs (``k < 0``: 1), so the Horvitz-Thompson weights ``Block.edge_weight`` are
+``weights="ht"``: ``1 / pi = max(1, d_s / k)`` (unbiased neighbour *sum*), ``"ht_mean"``:
+``1 / (d_s pi) = 1 / min(d_s, k)`` (unbiased neighbour *mean*; the paper's estimator
+``1/d_s sum_t A_ts M_t / pi_ts``), or ``"none"``. They are equal within a row, so SAGE's default
+self-normalised mean (:mod:`gnnio.train.models`) is the plain mean of the kept neighbours either
+way; GCN's ``(x_i + sum w x) / (1 + sum w)`` with ``"ht"`` matches the full-neighbourhood
+normalisation in expectation.
+
+**Layers.** With ``layer_dependency=False`` (default, as DGL's) every hop draws fresh ``r_t``;
+``True`` reuses hop 1's ``r_t`` in every hop (the paper's layer-dependent variant: fewer distinct
+nodes again, more correlation between layers). Hops, blocks, id spaces, threads and determinism
+are those of :class:`~gnnio.sampling.UniformSampler` (this class reuses its parallel
+count / sample / merge / write pipeline and only swaps the per-row kernels): every hop samples for
+all nodes so far, seeds first, new nodes in first-appearance order, and with ``epoch_seed`` a batch
+depends only on ``(seed, epoch_seed, seeds)``, not on the thread count.
+
+**Not built** (issue 19): LABOR-i / LABOR-* (importance sampling with ``pi_t`` optimised by the
+fixed-point iteration) and a GPU version; this sampler runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..graph.csr import CSRGraph
+from . import _labor_kernels as LK
+from .base import MiniBatch
+from .threaded import _hop_key
+from .uniform import UniformSampler, _PartBuffers
+
+__all__ = ["LaborSampler", "LABOR_DESIGNS", "labor_weights"]
+
+#: ``design`` argument of :class:`LaborSampler`
+LABOR_DESIGNS = ("fixed", "poisson")
+_WEIGHTS = ("ht", "ht_mean", "none")
+_DOMAIN_LABOR = 0x1AB0_0000_0000_0001  # keeps r_t apart from the uniform sampler's row streams
+
+
+def labor_weights(degrees: np.ndarray, fanout: int, weights: str = "ht") -> np.ndarray:
+    """Per-destination edge weight of LABOR-0 (module docstring) for destinations of in-degree
+    ``degrees`` (float32): ``"ht"`` ``1 / min(1, k / d)``, ``"ht_mean"`` ``1 / min(d, k)``
+    (``fanout < 0``: ``1`` and ``1 / d``; rows without neighbours get 1)."""
+    d = np.asarray(degrees, dtype=np.float64)
+    k = d if fanout < 0 else np.minimum(d, float(fanout))
+    safe_k = np.maximum(k, 1.0)
+    if weights == "ht":
+        w = np.where(k > 0, np.maximum(d, 1.0) / safe_k, 1.0)
+    elif weights == "ht_mean":
+        w = 1.0 / safe_k
+    else:
+        raise ValueError(f"weights: choose from ht, ht_mean (or none), got {weights!r}")
+    return w.astype(np.float32)
+
+
+class LaborSampler(UniformSampler):
+    """LABOR-0 neighbour sampler (see module docstring).
+
+    Args:
+        graph: CSR of in-neighbours (NumPy arrays, memmaps or CPU tensors; runs on the CPU).
+        fanouts: neighbours per destination for hop 1, 2, ... (``fanouts[0]`` = the seeds' hop;
+            -1 = all), as :class:`~gnnio.sampling.UniformSampler`.
+        seed: base random seed.
+        num_threads: CPU threads per :meth:`sample` call (None = ``min(8, NUMBA_NUM_THREADS)``);
+            results do not depend on it.
+        design: ``"fixed"`` (exactly ``min(d, k)`` neighbours per row) or ``"poisson"``.
+        layer_dependency: reuse hop 1's ``r_t`` in every hop.
+        weights: ``"ht"`` (default), ``"ht_mean"`` or ``"none"`` (``Block.edge_weight``).
+
+    Memory and thread safety: as :class:`~gnnio.sampling.UniformSampler`.
+    """
+
+    _thread_prefix = "gnnio-labor"
+
+    def __init__(
+        self,
+        graph: CSRGraph,
+        fanouts: Sequence[int],
+        seed: int = 0,
+        num_threads: int | None = None,
+        design: str = "fixed",
+        layer_dependency: bool = False,
+        weights: str = "ht",
+    ):
+        if design not in LABOR_DESIGNS:
+            raise ValueError(f"design: choose from {', '.join(LABOR_DESIGNS)}, got {design!r}")
+        if weights not in _WEIGHTS:
+            raise ValueError(f"weights: choose from {', '.join(_WEIGHTS)}, got {weights!r}")
+        indptr = graph.indptr
+        if isinstance(indptr, torch.Tensor) and indptr.device.type != "cpu":
+            raise ValueError("LaborSampler: runs on the CPU; pass the graph's CPU arrays")
+        self._init_threads(fanouts, seed, num_threads)
+        self._torch = None
+        self._init_csr(graph)
+        self.design = design
+        self.layer_dependency = bool(layer_dependency)
+        self.weights = weights
+
+    def _sample_part(
+        self, nodes, lo, hi, fo, hkey, b: _PartBuffers, loc, off, seen, first: bool, base: int
+    ) -> tuple[int, int]:
+        rkey = np.uint64(int(hkey) ^ _DOMAIN_LABOR)
+        poisson = self.design == "poisson"
+        b.ensure_rows(hi - lo)
+        e = int(
+            LK.count_part(self.indptr, self.indices, nodes, lo, hi, fo, rkey, poisson, b.rows,
+                          b.offs)
+        )  # fmt: skip
+        b.ensure_edges(e)
+        cnt = LK.sample_part(
+            self.indices, hi - lo, b.rows, b.offs, fo, rkey, poisson, b.src, loc, off, seen, first,
+            base, b.new,
+        )  # fmt: skip
+        return e, int(cnt)
+
+    def sample(self, seeds: torch.Tensor, epoch_seed: int | None = None) -> MiniBatch:
+        """Sample the ``len(fanouts)``-hop LABOR neighbourhood of ``seeds``.
+
+        Returns a :class:`MiniBatch` as :meth:`UniformSampler.sample` does, with float32
+        ``edge_weight`` on every block unless ``weights="none"``; ``meta["sampler"] = "labor"``.
+
+        Raises:
+            ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
+        """
+        mb = super().sample(seeds, epoch_seed=epoch_seed)
+        mb.meta["sampler"] = "labor"
+        if self.weights == "none":
+            return mb
+        inp = mb.input_nodes.numpy()
+        L = len(self.fanouts)
+        for h, fanout in enumerate(self.fanouts):
+            blk = mb.blocks[L - 1 - h]
+            dst_nodes = inp[: blk.num_dst]
+            deg = self.indptr[dst_nodes + 1] - self.indptr[dst_nodes]
+            w_row = labor_weights(deg, fanout, self.weights)
+            blk.edge_weight = torch.from_numpy(w_row[blk.edge_index[1].numpy()])
+        return mb
+
+    def _hkey(self, key: int, h: int) -> np.uint64:
+        return _hop_key(key, 0 if self.layer_dependency else h)
