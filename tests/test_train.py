@@ -155,15 +155,33 @@ def test_config_errors(kw, match):
         small_config(**kw).validate()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error path")
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_training_on_cuda(easy):
     s = train(easy, small_config(device="cuda", epochs=2))
     assert s["device"].startswith("cuda") and s["best_valid_acc"] > 0.6
-    assert s["breakdown_s"]["transfer"] > 0
+    assert s["breakdown_s"]["transfer"] > 0 and s["simulated"] is False
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("data", ["plain", "tiered"])
+def test_training_on_cuda_matches_cpu(easy, data):
+    """The same run on the CPU and on CUDA: the same rows per tier (the sampler and the seed
+    order are the same), and losses that differ only by floating-point order (no dropout)."""
+    kw = dict(epochs=2, dropout=0.0)
+    if data == "tiered":
+        kw["gpu_cache_fraction"] = 0.25
+    cpu = train(easy, small_config(device="cpu", **kw))
+    gpu = train(easy, small_config(device="cuda", **kw))
+    assert gpu["bytes_by_tier"] == cpu["bytes_by_tier"]
+    assert gpu["rows_by_tier"] == cpu["rows_by_tier"]
+    for a, b in zip(cpu["history"], gpu["history"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-2)
+    assert cpu["simulated"] is True and gpu["simulated"] is False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error path")
 def test_cli_cuda_without_cuda_is_one_line_error(easy, capsys):
     from gnnio.cli.main import main
 
