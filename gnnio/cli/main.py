@@ -8,9 +8,9 @@ import sys
 
 from .. import __version__
 from ..errors import GnnioError
-from . import bench, info, plan, prepare, reorder, train
+from . import bench, info, partition, plan, prepare, reorder, train
 
-SUBCOMMANDS = (prepare, info, reorder, plan, train, bench)
+SUBCOMMANDS = (prepare, info, reorder, partition, plan, train, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

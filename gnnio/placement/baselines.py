@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import DatasetError, UsageError
+from ..preprocess.partition.methods import metis_parts
 from ..utils.progress import bar
 from . import Placement, PlacementRequest, hottest_order
 
@@ -83,24 +84,6 @@ def place_random(req: PlacementRequest) -> Placement:
     parts = np.empty(n, dtype=np.int16)
     parts[perm] = (np.arange(n, dtype=np.int64) // size).astype(np.int16)
     return _partition_placement("random", req, parts, seed=int(req.seed))
-
-
-def metis_parts(graph, nparts: int) -> np.ndarray:
-    """METIS k-way partition of the symmetrized graph (self loops dropped); int16 ``[N]``."""
-    if nparts == 1:
-        return np.zeros(graph.num_nodes, dtype=np.int16)
-    try:
-        import pymetis
-    except ImportError:
-        raise UsageError("strategy 'metis' needs pymetis (pip install pymetis)") from None
-    sym = graph.symmetrize(drop_self_loops=True)
-    xadj = np.asarray(sym.indptr, dtype=np.int64)
-    adjncy = np.asarray(sym.indices, dtype=np.int64)
-    if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
-        _, membership = pymetis.part_graph(nparts, pymetis.CSRAdjacency(xadj, adjncy))
-    else:  # pragma: no cover - older pymetis
-        _, membership = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy)
-    return np.asarray(membership, dtype=np.int16)
 
 
 def _cached(req: PlacementRequest, key: tuple, compute):
