@@ -2,6 +2,9 @@
 
 * :class:`LaborSampler` -- LABOR-0 (Balın & Çatalyürek): node-wise marginals, one shared variate
   per source vertex, so far fewer distinct input nodes per batch.
+* :class:`LadiesSampler` -- LADIES layer-wise importance sampling (Zou et al.; Song & Jiang's
+  setting), Poisson draws with Horvitz-Thompson weights; :class:`LocalityLadiesSampler` adds
+  Song & Jiang's Eq. 8 on the layer distribution.
 * :class:`UniformSampler` -- GraphSAGE node-wise uniform sampling with per-hop fanouts (numba on
   CPU, vectorized torch on CUDA); :func:`reference.sample_reference` is its plain-Python twin.
 * :class:`LocalitySampler` -- Song & Jiang's locality-aware sampling (neighbours near the GPU set B
@@ -13,6 +16,8 @@
 from .adaptive import AdaptiveScale, modeled_loading_share, modeled_loading_time
 from .base import Block, MiniBatch, Sampler
 from .labor import LaborSampler
+from .ladies import LadiesSampler, layer_probabilities
+from .ladies_locality import LocalityLadiesSampler
 from .locality import (
     LocalitySampler,
     PrunedUniformSampler,
@@ -26,6 +31,8 @@ __all__ = [
     "AdaptiveScale",
     "Block",
     "LaborSampler",
+    "LadiesSampler",
+    "LocalityLadiesSampler",
     "LocalitySampler",
     "MiniBatch",
     "PrunedUniformSampler",
@@ -33,6 +40,7 @@ __all__ = [
     "UniformSampler",
     "inclusion_probabilities",
     "las_sets",
+    "layer_probabilities",
     "modeled_loading_share",
     "modeled_loading_time",
     "parse_fanouts",
