@@ -20,15 +20,34 @@ copy it (or pass ``reuse_buffers=False``) to keep it longer. On a GPU, slots are
 memory that only stages the copy: ``batch.x`` is a fresh device tensor and may be kept freely.
 A store that itself returns rows on the GPU (a CUDA tiered store or cache) gets no ring: it
 allocates each batch's rows on its device, on the loader's side stream.
+
+Streams (whenever a CUDA device is involved: the delivery device, the store's or the sampler's).
+Every stage has its own stream and stages hand each other events, never a device-wide sync::
+
+    sample worker k on stream S_k -- event --> gather + copy on side stream G -- event --> consumer
+                                               (waits S_k's event first)            (waits G's event)
+
+* A GPU sampler's last kernels are still queued on ``S_k`` when it returns, so ``G`` waits for the
+  batch's sample event before the gather reads ``input_nodes``; the batch's tensors are then
+  "adopted" by ``G`` (``record_stream``) so the caching allocator does not reuse their memory
+  while ``G`` still reads them. The consumer's stream waits for the copy event and adopts the
+  batch in turn.
+* A pinned slot is handed back to the ring as soon as its copy is *queued*, with the copy's event;
+  the gather thread synchronizes that event (only it) before writing the slot again (FFCV's
+  reasoning), so the copy of batch ``i`` overlaps the gather of batch ``i+1``.
+* Transfer time (and the gather time of a GPU store) is the device time between events, summed
+  when the epoch ends; CPU stages are timed by the wall clock.
+
+All stream operations go through :mod:`gnnio.pipeline.streams`, whose
+:class:`~gnnio.pipeline.streams.RecordingStreams` keeps CUDA's ordering rules on the CPU: a test
+passes it as ``streams=`` and a missing wait fails there, without a GPU.
 """
 
 from __future__ import annotations
 
 import inspect
 import queue
-import threading
 import time
-import warnings
 import weakref
 from dataclasses import asdict, dataclass
 
@@ -38,11 +57,10 @@ import torch
 from ..features.base import FeatureStore
 from ..sampling.base import MiniBatch, Sampler
 from ..utils.devices import resolve_device
+from .stages import END, POLL_S, EpochRun, StageFailure
+from .streams import batch_tensors, streams_for
 
 __all__ = ["LoaderStats", "NodeLoader"]
-
-_POLL_S = 0.05  # how often blocked threads look at the stop flag (latency of close(), not of data)
-_JOIN_S = 30.0  # how long close() waits for a stage thread stuck in a user sampler/store call
 
 
 @dataclass
@@ -62,6 +80,8 @@ class LoaderStats:
             means the pipeline keeps up with training; ``wait_s ~ epoch_s`` means training is
             starved by data loading.
         epoch_s: wall-clock seconds from the start of the epoch to its last batch.
+        timed_by_events: True when transfer (and a GPU store's gather) were timed with CUDA
+            events (device time), False when by the wall clock.
     """
 
     epoch: int = 0
@@ -74,14 +94,25 @@ class LoaderStats:
     transfer_s: float = 0.0
     wait_s: float = 0.0
     epoch_s: float = 0.0
+    timed_by_events: bool = False
 
     @property
     def stage_sum_s(self) -> float:
         """Sample + gather + transfer seconds: the epoch time without any overlap."""
         return self.sample_s + self.gather_s + self.transfer_s
 
+    @property
+    def hidden_fraction(self) -> float:
+        """How much of the loading work was hidden behind the consumer's work: ``1 - wait_s /
+        stage_sum_s``, clipped to ``[0, 1]`` (1.0 when there was no loading work). 0 means the
+        consumer waited as long as loading took (no overlap); 1 means it never waited."""
+        load = self.stage_sum_s
+        if load <= 0:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self.wait_s / load))
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "hidden_fraction": self.hidden_fraction}
 
 
 class NodeLoader:
@@ -107,6 +138,10 @@ class NodeLoader:
             delivered in order).
         reuse_buffers: gather into a ring of ``prefetch + 2`` preallocated buffers (see module
             docstring: on the CPU ``batch.x`` is valid until the next batch is requested).
+        streams: the stream operations (:mod:`gnnio.pipeline.streams`); None = CUDA streams when
+            the device, the store or the sampler is on a GPU, none otherwise. Tests pass a
+            :class:`~gnnio.pipeline.streams.RecordingStreams` to check the ordering on the CPU
+            (batches are then "copied" by cloning ``x``, as on a GPU).
 
     Iterate with ``for batch in loader.epoch(e)``, or ``loader.set_epoch(e)`` then ``iter(loader)``
     (iterating does not advance the epoch by itself). One epoch runs at a time: starting another
@@ -124,6 +159,7 @@ class NodeLoader:
         prefetch: int = 2,
         num_workers: int = 1,
         reuse_buffers: bool = True,
+        streams=None,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
@@ -147,12 +183,23 @@ class NodeLoader:
         self.stats: LoaderStats | None = None
         self._epoch = 0
         self._active: weakref.ref | None = None
+        self._streams = streams
+        if streams is None:
+            self._streams = streams_for(self.device, store.device, _device_of(sampler))
+        st = self._streams
         # ring of gather output buffers, shared by successive epochs (allocated lazily, grown to
-        # the largest batch seen); only the gather thread writes them
+        # the largest batch seen); only the gather thread writes them. With streams they only
+        # stage the copy (pinned for a GPU), each with the event of the last copy out of it.
         self._pinned = self.device.type == "cuda" and store.device.type == "cpu"
+        self._staged = st is not None and store.device.type == "cpu"
         self._use_ring = self.reuse_buffers and store.device.type == "cpu"
         self._slots: list[torch.Tensor | None] = [None] * (self.prefetch + 2)
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._slot_events: list = [None] * (self.prefetch + 2)
+        self._side = st.new_stream("gather") if st is not None else None
+        self._sample_streams = (
+            [st.new_stream(f"sample{k}") for k in range(self.num_workers)] if st else []
+        )
+        self._labels_on: dict[torch.device, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return int(self.order.num_batches)
@@ -167,10 +214,13 @@ class NodeLoader:
     def epoch(self, epoch: int) -> _EpochIterator:
         """Start the background stages for ``epoch`` and return its batch iterator."""
         self.close()
-        if self._stream is not None:
+        st = self._streams
+        if st is not None:
             # work queued on the caller's stream before this epoch (e.g. a store filling its GPU
-            # tier, a model update that a store reads) must finish before the side stream reads
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            # tier, a model update that a store reads) must finish before the stages read
+            ev = st.record(st.current())
+            for stream in (self._side, *self._sample_streams):
+                st.wait(stream, ev)
         it = _EpochIterator(self, int(epoch))
         self._active = weakref.ref(it)
         return it
@@ -196,148 +246,22 @@ class NodeLoader:
             self._slots[k] = buf
         return buf[:n]
 
-    def _to_device(self, mb: MiniBatch) -> tuple[MiniBatch, torch.cuda.Event | None]:
-        """Move a gathered batch to ``self.device``. On CUDA: copies on the side stream, then wait
-        for them here, so the pinned slot they read from may be refilled as soon as we return."""
-        dev = self.device
-        if dev.type != "cuda":
-            return (mb if mb.x.device == dev and mb.seeds.device == dev else mb.to(dev)), None
-        with torch.cuda.stream(self._stream):
-            moved = mb.to(dev, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(self._stream)
-        ready.synchronize()  # the copy out of the pinned slot is done: the slot may be reused
-        return moved, ready
+    def _labels_for(self, seeds: torch.Tensor) -> torch.Tensor:
+        """``labels[seeds]`` on the seeds' device (labels copied there once)."""
+        lab = self._labels_on.get(seeds.device)
+        if lab is None:
+            lab = self.labels.to(seeds.device)
+            self._labels_on[seeds.device] = lab
+        return lab[seeds]
 
 
-class _Failure:
-    """An exception raised in a stage thread, carried to the consumer."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-class _Stopped(Exception):
-    """The run was closed while a stage thread was blocked."""
-
-
-_END = object()
-
-
-class _Run:
-    """The threads and queues of one epoch. Stage threads reference this object, never the
-    :class:`_EpochIterator`, so dropping the iterator (e.g. ``break``) lets it be collected and
-    close the run."""
-
-    def __init__(self, loader: NodeLoader, epoch: int, batches: list[torch.Tensor]) -> None:
-        self.loader = loader
-        self.epoch = epoch
-        self.batches = batches
-        self.stop = threading.Event()
-        w, p = loader.num_workers, loader.prefetch
-        self.sampled = [queue.Queue(maxsize=p) for _ in range(w)]
-        self.out: queue.Queue = queue.Queue(maxsize=p)
-        self.free: queue.Queue = queue.Queue()
-        for k in range(len(loader._slots)):
-            self.free.put(k)
-        self.sample_s = [0.0] * w
-        self.gather_s = 0.0
-        self.transfer_s = 0.0
-        self.threads = [
-            threading.Thread(target=self._sample_worker, args=(k,), name=f"gnnio-sample-{k}")
-            for k in range(w)
-        ]
-        self.threads.append(threading.Thread(target=self._gather_worker, name="gnnio-gather"))
-        for t in self.threads:
-            t.daemon = True
-            t.start()
-
-    # queue operations that give up when the run is stopped, so no thread blocks forever
-    def put(self, q: queue.Queue, item) -> None:
-        while not self.stop.is_set():
-            try:
-                q.put(item, timeout=_POLL_S)
-                return
-            except queue.Full:
-                continue
-        raise _Stopped
-
-    def get(self, q: queue.Queue):
-        while not self.stop.is_set():
-            try:
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-        raise _Stopped
-
-    def _sample_worker(self, k: int) -> None:
-        sampler, w, keyed = self.loader.sampler, self.loader.num_workers, self.loader._keyed
-        try:
-            for i in range(k, len(self.batches), w):
-                t0 = time.perf_counter()
-                if keyed:
-                    mb = sampler.sample(self.batches[i], epoch_seed=(self.epoch << 32) + i)
-                else:
-                    mb = sampler.sample(self.batches[i])
-                self.sample_s[k] += time.perf_counter() - t0
-                self.put(self.sampled[k], mb)
-        except _Stopped:
-            return
-        except BaseException as e:  # every failure must reach the consumer
-            try:
-                self.put(self.sampled[k], _Failure(e))
-            except _Stopped:
-                return
-
-    def _gather_worker(self) -> None:
-        ld = self.loader
-        try:
-            for i in range(len(self.batches)):
-                mb = self.get(self.sampled[i % ld.num_workers])
-                if isinstance(mb, _Failure):
-                    self.put(self.out, mb)
-                    return
-                slot = self.get(self.free) if ld._use_ring else None
-                t0 = time.perf_counter()
-                ids = mb.input_nodes
-                buf = None if slot is None else ld._slot_view(slot, int(ids.shape[0]))
-                if ld.store.device.type == "cuda":
-                    with torch.cuda.stream(ld._stream):  # GPU-resident rows: gather on the side
-                        mb.x = ld.store.gather(ids, out=buf)  # stream too, ordered before copies
-                else:
-                    mb.x = ld.store.gather(ids, out=buf)
-                if ld.labels is not None:
-                    mb.labels = ld.labels[mb.seeds.to(ld.labels.device)]
-                t1 = time.perf_counter()
-                mb, ready = ld._to_device(mb)
-                if ready is not None and slot is not None:
-                    # the copy out of the pinned slot has completed (_to_device synchronised on
-                    # its event), so the slot is free again at once; the consumer holds a
-                    # device tensor of its own
-                    self.free.put(slot)
-                    slot = None
-                self.transfer_s += time.perf_counter() - t1
-                self.gather_s += t1 - t0
-                # on the CPU ``mb.x`` is a view of ``slot``: the consumer hands the slot back when
-                # it asks for the next batch, so a slot is never refilled while it is read
-                self.put(self.out, (mb, slot, ready))
-            self.put(self.out, _END)
-        except _Stopped:
-            return
-        except BaseException as e:  # every failure must reach the consumer
-            try:
-                self.put(self.out, _Failure(e))
-            except _Stopped:
-                return
-
-    def close(self) -> None:
-        self.stop.set()
-        me = threading.current_thread()
-        for t in self.threads:
-            if t is not me:
-                t.join(timeout=_JOIN_S)
-                if t.is_alive():  # stuck inside a sampler/store call that does not return
-                    warnings.warn(f"gnnio loader: thread {t.name} did not stop", stacklevel=2)
+def _device_of(sampler) -> torch.device | None:
+    """The sampler's device when it says (``sampler.device``), else None."""
+    dev = getattr(sampler, "device", None)
+    try:
+        return None if dev is None else torch.device(dev)
+    except (TypeError, RuntimeError):
+        return None
 
 
 class _EpochIterator:
@@ -348,7 +272,7 @@ class _EpochIterator:
         self._t0 = time.perf_counter()
         self.stats = LoaderStats(epoch=epoch)
         batches = [torch.as_tensor(s).long() for s in loader.order.batches(epoch)]
-        self._run: _Run | None = _Run(loader, epoch, batches)
+        self._run: EpochRun | None = EpochRun(loader, epoch, batches)
         self._held: int | None = None  # slot of the batch the consumer holds (CPU ring)
 
     def __iter__(self) -> _EpochIterator:
@@ -366,26 +290,32 @@ class _EpochIterator:
         t0 = time.perf_counter()
         item = self._wait(run)
         self.stats.wait_s += time.perf_counter() - t0
-        if item is _END:
+        if item is END:
             self._finish(complete=True)
             raise StopIteration
-        if isinstance(item, _Failure):
+        if isinstance(item, StageFailure):
             self._finish(complete=False)
             raise item.exc
         mb, self._held, ready = item
         if ready is not None:
-            self._adopt_on_current_stream(mb, ready)
+            # the batch was made (copied) on the side stream: the consumer's stream waits for
+            # it, and adopts its tensors so their memory is not handed to a new side-stream
+            # allocation while kernels the consumer queues still read them
+            st = self._loader._streams
+            cur = st.current()
+            st.wait(cur, ready)
+            st.adopt(batch_tensors(mb), cur)
         st = self.stats
         st.num_batches += 1
         st.num_seeds += int(mb.seeds.shape[0])
         st.num_input_nodes += int(mb.input_nodes.shape[0])
         return mb
 
-    def _wait(self, run: _Run):
+    def _wait(self, run: EpochRun):
         gather_thread = run.threads[-1]
         while True:
             try:
-                return run.out.get(timeout=_POLL_S)
+                return run.out.get(timeout=POLL_S)
             except queue.Empty:
                 if not gather_thread.is_alive() and run.out.empty():
                     self._finish(complete=False)
@@ -393,28 +323,17 @@ class _EpochIterator:
                         "gnnio loader: the gather thread ended without a result"
                     ) from None
 
-    def _adopt_on_current_stream(self, mb: MiniBatch, ready: torch.cuda.Event) -> None:
-        # The batch was copied on the loader's side stream. Make the consumer's stream wait for
-        # that copy (already complete, since the worker synchronised, but this keeps the order
-        # explicit), and tell the caching allocator that these tensors are now used on the
-        # consumer's stream, so their memory is not handed to a new side-stream allocation while
-        # kernels queued by the consumer still read it.
-        cur = torch.cuda.current_stream(self._loader.device)
-        cur.wait_event(ready)
-        tensors = [mb.seeds, mb.input_nodes, mb.x, mb.labels]
-        for b in mb.blocks:
-            tensors += [b.edge_index, b.edge_weight]
-        for t in tensors:
-            if t is not None:
-                t.record_stream(cur)
-
     def _finish(self, complete: bool) -> None:
         run, self._run = self._run, None
         if run is None:
             return
         run.close()
+        run.device_times()
         st = self.stats
         st.complete = complete
+        st.timed_by_events = bool(
+            self._loader._streams is not None and self._loader._streams.timing
+        )
         st.sample_s = float(sum(run.sample_s))
         st.gather_s = run.gather_s
         st.transfer_s = run.transfer_s

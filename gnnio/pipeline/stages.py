@@ -1,0 +1,204 @@
+"""The stage threads of one :class:`~gnnio.pipeline.loader.NodeLoader` epoch: sampling workers
+and the gather (+ copy) thread, joined by bounded queues, with the stream handovers described in
+the loader's module docstring. Split from the loader so each file holds one idea: the loader is the
+public object and its iterator, this is what runs behind it."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+import warnings
+
+import torch
+
+from ..sampling.base import MiniBatch
+from .streams import batch_tensors
+
+__all__ = ["END", "POLL_S", "EpochRun", "StageFailure", "Stopped"]
+
+POLL_S = 0.05  # how often blocked threads look at the stop flag (latency of close(), not of data)
+JOIN_S = 30.0  # how long close() waits for a stage thread stuck in a user sampler/store call
+
+
+class StageFailure:
+    """An exception raised in a stage thread, carried to the consumer."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Stopped(Exception):
+    """The run was closed while a stage thread was blocked."""
+
+
+END = object()
+
+
+class EpochRun:
+    """The threads and queues of one epoch. Stage threads reference this object, never the
+    loader's epoch iterator, so dropping the iterator (e.g. ``break``) lets it be collected and
+    close the run."""
+
+    def __init__(self, loader, epoch: int, batches: list[torch.Tensor]) -> None:
+        """``loader``: the :class:`~gnnio.pipeline.loader.NodeLoader` (its settings, ring and
+        streams)."""
+        self.loader = loader
+        self.epoch = epoch
+        self.batches = batches
+        self.stop = threading.Event()
+        w, p = loader.num_workers, loader.prefetch
+        self.sampled = [queue.Queue(maxsize=p) for _ in range(w)]
+        self.out: queue.Queue = queue.Queue(maxsize=p)
+        self.free: queue.Queue = queue.Queue()
+        for k in range(len(loader._slots)):
+            self.free.put(k)
+        self.sample_s = [0.0] * w
+        self.gather_s = 0.0
+        self.transfer_s = 0.0
+        # (start, end) event pairs timed on the device, summed when the epoch ends
+        self.gather_events: list = []
+        self.transfer_events: list = []
+        self.last_event = None
+        self.threads = [
+            threading.Thread(target=self._sample_worker, args=(k,), name=f"gnnio-sample-{k}")
+            for k in range(w)
+        ]
+        self.threads.append(threading.Thread(target=self._gather_worker, name="gnnio-gather"))
+        for t in self.threads:
+            t.daemon = True
+            t.start()
+
+    # queue operations that give up when the run is stopped, so no thread blocks forever
+    def put(self, q: queue.Queue, item) -> None:
+        while not self.stop.is_set():
+            try:
+                q.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+        raise Stopped
+
+    def get(self, q: queue.Queue):
+        while not self.stop.is_set():
+            try:
+                return q.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+        raise Stopped
+
+    def _on(self, stream):
+        st = self.loader._streams
+        return st.use(stream) if st is not None else contextlib.nullcontext()
+
+    def _sample_worker(self, k: int) -> None:
+        ld = self.loader
+        sampler, w, keyed, st = ld.sampler, ld.num_workers, ld._keyed, ld._streams
+        try:
+            with self._on(ld._sample_streams[k] if st is not None else None):
+                for i in range(k, len(self.batches), w):
+                    t0 = time.perf_counter()
+                    if keyed:
+                        mb = sampler.sample(self.batches[i], epoch_seed=(self.epoch << 32) + i)
+                    else:
+                        mb = sampler.sample(self.batches[i])
+                    # a GPU sampler's kernels may still be queued: the gather waits for this
+                    sampled = st.record() if st is not None else None
+                    self.sample_s[k] += time.perf_counter() - t0
+                    self.put(self.sampled[k], (mb, sampled))
+        except Stopped:
+            return
+        except BaseException as e:  # every failure must reach the consumer
+            try:
+                self.put(self.sampled[k], StageFailure(e))
+            except Stopped:
+                return
+
+    def _gather_worker(self) -> None:
+        ld = self.loader
+        try:
+            with self._on(ld._side):
+                for i in range(len(self.batches)):
+                    item = self.get(self.sampled[i % ld.num_workers])
+                    if isinstance(item, StageFailure):
+                        self.put(self.out, item)
+                        return
+                    self.put(self.out, self._gather_one(*item))
+            self.put(self.out, END)
+        except Stopped:
+            return
+        except BaseException as e:  # every failure must reach the consumer
+            try:
+                self.put(self.out, StageFailure(e))
+            except Stopped:
+                return
+
+    def _gather_one(self, mb: MiniBatch, sampled):
+        """Gather (and, with streams, queue the copy of) one batch on the side stream; returns
+        ``(batch, slot the consumer holds or None, event the consumer waits for or None)``."""
+        ld, st = self.loader, self.loader._streams
+        if st is not None:
+            st.wait(ld._side, sampled)  # the sampler's work on its stream is done first
+            st.adopt(batch_tensors(mb), ld._side)
+        slot = self.get(self.free) if ld._use_ring else None
+        if slot is not None and ld._slot_events[slot] is not None:
+            st.synchronize(ld._slot_events[slot])  # the copy out of this slot has completed
+            ld._slot_events[slot] = None
+        device_gather = st is not None and st.timing and ld.store.device.type == "cuda"
+        g0 = st.record(timing=True) if device_gather else None
+        t0 = time.perf_counter()
+        ids = mb.input_nodes
+        buf = None if slot is None else ld._slot_view(slot, int(ids.shape[0]))
+        mb.x = ld.store.gather(ids, out=buf)
+        if ld.labels is not None:
+            mb.labels = ld._labels_for(mb.seeds)
+        t1 = time.perf_counter()
+        if st is None:
+            # on the CPU ``mb.x`` is a view of ``slot``: the consumer hands the slot back when it
+            # asks for the next batch, so a slot is never refilled while it is read
+            dev = ld.device
+            moved = mb if mb.x.device == dev and mb.seeds.device == dev else mb.to(dev)
+            self.gather_s += t1 - t0
+            self.transfer_s += time.perf_counter() - t1
+            return moved, slot, None
+        c0 = st.record(timing=True) if st.timing else None
+        moved = st.to_device(mb, ld.device)
+        done = st.record(timing=st.timing)
+        self.last_event = done
+        if st.timing:
+            self.transfer_events.append((c0, done))
+            if device_gather:
+                self.gather_events.append((g0, c0))
+            else:
+                self.gather_s += t1 - t0
+        else:
+            self.gather_s += t1 - t0
+            self.transfer_s += time.perf_counter() - t1
+        if slot is not None and ld._staged:
+            # the copy out of the slot is queued, not done: the slot goes back to the ring with
+            # the copy's event, which the gather synchronizes before refilling it
+            ld._slot_events[slot] = done
+            self.free.put(slot)
+            slot = None
+        return moved, slot, done
+
+    def device_times(self) -> None:
+        """Add the event-timed seconds to ``gather_s`` / ``transfer_s`` (waits for the last
+        event of the side stream, not for the device)."""
+        st = self.loader._streams
+        if st is None or not st.timing or self.last_event is None:
+            return
+        st.synchronize(self.last_event)
+        self.gather_s += sum(st.elapsed_s(a, b) for a, b in self.gather_events)
+        self.transfer_s += sum(st.elapsed_s(a, b) for a, b in self.transfer_events)
+        self.gather_events, self.transfer_events = [], []
+
+    def close(self) -> None:
+        self.stop.set()
+        me = threading.current_thread()
+        for t in self.threads:
+            if t is not me:
+                t.join(timeout=JOIN_S)
+                if t.is_alive():  # stuck inside a sampler/store call that does not return
+                    warnings.warn(f"gnnio loader: thread {t.name} did not stop", stacklevel=2)
