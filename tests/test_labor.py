@@ -297,3 +297,32 @@ def test_models_consume_labor_batches():
     for model in ("sage", "gcn", "gin"):
         out = build_model(model, 6, 8, 3, 2, dropout=0.0).eval()(x_all[mb.input_nodes], mb.blocks)
         assert out.shape == (25, 3) and torch.isfinite(out).all()
+
+
+# ---- wiring: gnnio train / bench sampling --------------------------------------------------------
+
+
+def test_cli_train_and_bench_sampling_with_labor(tmp_path, capsys):
+    import json
+
+    from gnnio.cli.main import main
+
+    from .helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=80, num_edges=600)
+    argv = ["bench", "sampling", str(d), "--fanouts", "3,2", "--batch-size", "8", "--batches", "3"]
+    for kind in ("uniform", "labor"):
+        rc = main([*argv, "--passes", "1", "--sampler", kind, "--json", "--no-progress"])
+        assert rc == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["sampler"] == kind and out["edges_per_s"] > 0
+        assert out["input_nodes_per_batch"] > 8 and out["feature_bytes_per_batch"] > 0
+    summary = tmp_path / "s.json"
+    rc = main(["train", str(d), "--sampler", "labor", "--fanouts", "3,2", "--epochs", "1",
+               "--batch-size", "8", "--hidden", "8", "--summary", str(summary), "--quiet"])  # fmt: skip
+    assert rc == 0 and "test_acc" in json.loads(summary.read_text())
+    assert json.loads(summary.read_text())["config"]["sampler"] == "labor"
+    rc = main(["train", str(d), "--sampler", "labor", "--locality-scale", "2", "--quiet"])
+    assert rc == 2 and "--locality-scale" in capsys.readouterr().err
+    rc = main(["train", str(d), "--sampler", "labor", "--prune-threshold", "--quiet"])
+    assert rc == 2 and "--prune-threshold" in capsys.readouterr().err

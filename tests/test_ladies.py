@@ -265,3 +265,32 @@ def test_models_consume_ladies_batches():
     for model in ("sage", "gcn", "gin"):
         out = build_model(model, 6, 8, 3, 2, dropout=0.0).eval()(x_all[mb.input_nodes], mb.blocks)
         assert out.shape == (25, 3) and torch.isfinite(out).all()
+
+
+def test_cli_train_and_bench_sampling_with_ladies(tmp_path, capsys):
+    import json
+
+    from gnnio.cli.main import main
+
+    from .helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=80, num_edges=600)
+    rc = main(["bench", "sampling", str(d), "--sampler", "ladies", "--layer-size", "16",
+               "--fanouts", "3,2", "--batch-size", "8", "--batches", "3", "--passes", "1",
+               "--json", "--no-progress"])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["sampler"] == "ladies" and out["layer_size"] == 16 and out["edges_per_s"] > 0
+    assert out["input_nodes_per_batch"] > 8
+    summary = tmp_path / "s.json"
+    base = ["train", str(d), "--sampler", "ladies", "--layer-size", "16", "--fanouts", "3,2",
+            "--epochs", "1", "--batch-size", "8", "--hidden", "8", "--quiet"]  # fmt: skip
+    assert main([*base, "--summary", str(summary)]) == 0
+    assert "test_acc" in json.loads(summary.read_text())
+    rc = main(
+        [*base, "--locality-scale", "2", "--gpu-cache-fraction", "0.2", "--summary", str(summary)]
+    )
+    assert rc == 0
+    assert json.loads(summary.read_text())["sampling"]["sampler"] == "LocalityLadiesSampler"
+    assert main([*base[:-1], "--layer-size", "0", "--quiet"]) == 2
+    assert "--layer-size" in capsys.readouterr().err

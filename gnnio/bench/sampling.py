@@ -1,15 +1,20 @@
-"""``gnnio bench sampling DIR``: throughput of the uniform neighbour sampler (GraphSAGE).
+"""``gnnio bench sampling DIR``: throughput of a neighbour sampler (uniform node-wise by default).
 
 What is measured. The first ``--batches`` batches of epoch 0 of a seeded random order over the
 training split (every node when there is none) are fixed; one pass samples all of them with
-:class:`gnnio.sampling.UniformSampler` (``--fanouts``, ``fanouts[0]`` = the seeds' hop), batch
-``i`` with ``epoch_seed=i`` so every pass samples the same subgraphs. After ``--warmup`` untimed
+``--sampler``: ``uniform`` (:class:`gnnio.sampling.UniformSampler`, GraphSAGE), ``labor``
+(:class:`gnnio.sampling.LaborSampler`, LABOR-0) -- both with ``--fanouts``, ``fanouts[0]`` = the
+seeds' hop -- or ``ladies`` (:class:`gnnio.sampling.LadiesSampler`, ``--layer-size`` nodes per hop,
+as many hops as ``--fanouts`` has values), batch ``i`` with ``epoch_seed=i`` so every pass samples
+the same subgraphs. After ``--warmup`` untimed
 passes (JIT load, page faults of the topology), ``--passes`` passes are timed and the median is
 reported:
 
 * ``ms_per_batch``: median pass time / batches;
 * ``edges_per_batch``: sampled edges per batch, all blocks together (DGL/PyG count the same way);
 * ``edges_per_s``, ``seeds_per_s``: edges and seeds of a pass / median pass time;
+* ``input_nodes_per_batch``: distinct input nodes per batch (the feature rows a batch gathers),
+  and ``feature_bytes_per_batch`` = that times the bytes of one feature row;
 * ``cpu_ms_per_batch``: median CPU time of the whole process (all threads) per batch, a check on
   ``ms_per_batch`` when the machine is shared (busy other processes inflate wall time, not this).
 
@@ -29,7 +34,7 @@ from ..errors import UsageError
 from ..utils.progress import bar
 from ._timing import median, time_passes
 
-HELP = "sampled edges/s and ms/batch of the uniform neighbour sampler"
+HELP = "sampled edges/s, ms/batch and input nodes/batch of a neighbour sampler"
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 
@@ -39,6 +44,15 @@ def add_arguments(p) -> None:
         "--fanouts",
         default="15,10,5",
         help="neighbours per hop, hop 1 (the seeds') first; -1 = all",
+    )
+    p.add_argument(
+        "--sampler",
+        default="uniform",
+        choices=["uniform", "labor", "ladies"],
+        help="uniform (node-wise), labor (LABOR-0) or ladies (layer-wise, --layer-size per hop)",
+    )
+    p.add_argument(
+        "--layer-size", type=int, default=8192, metavar="K", help="LADIES: nodes per layer"
     )
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
     p.add_argument("--batches", type=int, default=50, help="mini-batches sampled per pass")
@@ -74,7 +88,22 @@ def _check(args) -> list[int]:
         raise UsageError("--device cuda: no CUDA device is available")
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"--device: expected 'cpu' or 'cuda', got {args.device!r}")
+    if getattr(args, "sampler", "uniform") != "uniform" and dev.type != "cpu":
+        raise UsageError(f"--sampler {args.sampler}: runs on the CPU only (use --device cpu)")
+    if getattr(args, "layer_size", 1) < 1:
+        raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
     return fanouts
+
+
+def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads: int, device):
+    """The sampler ``--sampler`` names (see module docstring)."""
+    from ..sampling import LaborSampler, LadiesSampler, UniformSampler
+
+    if kind == "labor":
+        return LaborSampler(graph, fanouts, seed=seed, num_threads=threads)
+    if kind == "ladies":
+        return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
+    return UniformSampler(graph, fanouts, seed=seed, num_threads=threads, device=device)
 
 
 def fixed_batches(seeds: np.ndarray, batch_size: int, batches: int, seed: int) -> list:
@@ -97,8 +126,6 @@ def fixed_batches(seeds: np.ndarray, batch_size: int, batches: int, seed: int) -
 def run(args) -> dict:
     import gnnio
 
-    from ..sampling import UniformSampler
-
     fanouts = _check(args)
     ds = gnnio.load(args.dataset)
     if ds.train_idx is not None and ds.train_idx.size:
@@ -109,8 +136,10 @@ def run(args) -> dict:
         raise UsageError(f"{args.dataset}: the dataset has no nodes to sample from")
     batches = fixed_batches(seeds, args.batch_size, args.batches, args.seed)
     torch.set_num_threads(args.threads)  # asked for by --threads (process-wide, this command only)
-    sampler = UniformSampler(
-        ds.graph, fanouts, seed=args.seed, num_threads=args.threads, device=args.device
+    kind = getattr(args, "sampler", "uniform")
+    layer_size = getattr(args, "layer_size", 8192)
+    sampler = make_sampler(
+        kind, ds.graph, fanouts, layer_size, args.seed, args.threads, args.device
     )
     sync = torch.cuda.synchronize if sampler.device.type == "cuda" else None
     stats = {"edges": 0, "input_nodes": 0, "seeds": 0}
@@ -137,6 +166,7 @@ def run(args) -> dict:
         sampler.close()
     t = median(times)
     nb = len(batches)
+    row_bytes = ds.feat_dim * np.dtype(ds.features.dtype).itemsize
     return {
         "dataset": ds.name,
         "num_nodes": ds.num_nodes,
@@ -144,7 +174,9 @@ def run(args) -> dict:
         "seed_set": seed_set,
         "device": str(sampler.device),
         "threads": args.threads,
+        "sampler": kind,
         "fanouts": fanouts,
+        "layer_size": layer_size if kind == "ladies" else None,
         "batch_size": args.batch_size,
         "batches": nb,
         "passes": args.passes,
@@ -153,6 +185,7 @@ def run(args) -> dict:
         "edges_per_s": round(stats["edges"] / t, 1),
         "edges_per_batch": round(stats["edges"] / nb, 1),
         "input_nodes_per_batch": round(stats["input_nodes"] / nb, 1),
+        "feature_bytes_per_batch": round(stats["input_nodes"] / nb * row_bytes, 1),
         "cpu_ms_per_batch": round(median(cpu_s[args.warmup :]) / nb * 1e3, 4),
         "pass_s": [round(x, 6) for x in times],
     }

@@ -151,7 +151,23 @@ def register(sub) -> None:
     )
     g = p.add_argument_group(
         "sampling",
-        "locality-aware sampling (Song & Jiang) and threshold pruning (HyDRA); default: uniform",
+        "the sampler (node-wise uniform, LABOR-0, LADIES), locality-aware sampling (Song & Jiang) "
+        "and threshold pruning (HyDRA); default: uniform",
+    )
+    g.add_argument(
+        "--sampler",
+        default="uniform",
+        choices=["uniform", "labor", "ladies"],
+        help="uniform: node-wise (GraphSAGE); labor: LABOR-0, same fanouts, one shared random "
+        "number per node so far fewer distinct input nodes; ladies: layer-wise importance "
+        "sampling, --layer-size nodes per hop, as many hops as --fanouts has values",
+    )
+    g.add_argument(
+        "--layer-size",
+        type=int,
+        default=8192,
+        metavar="K",
+        help="LADIES: nodes drawn per layer (expected; Song & Jiang use 8192)",
     )
     g.add_argument(
         "--locality-scale",
@@ -224,6 +240,20 @@ def _add_dist_arguments(p) -> None:
         metavar="B",
         default=0.1,
         help="feature rows each rank holds, as a fraction of the nodes (--placement-strategy)",
+    )
+    g.add_argument(
+        "--partition",
+        metavar="PDIR",
+        default=None,
+        help="a 'gnnio partition' directory with one part per rank: each rank holds only its "
+        "shard of the topology and samples across ranks",
+    )
+    g.add_argument(
+        "--sampling-mode",
+        default="dsp",
+        choices=["dsp", "shared"],
+        help="with --partition: request/response to the owner (dsp) or direct reads of the "
+        "owner's shard (shared, HyDRA memory sharing; request/response across machines)",
     )
     g.add_argument(
         "--local-seeds",
@@ -318,6 +348,8 @@ def run(args) -> int:
         cache_size=args.cache_size,
         order=args.order,
         po_sequences=args.po_sequences,
+        sampler=args.sampler,
+        layer_size=args.layer_size,
         locality_scale=_parse_scale(args.locality_scale),
         locality_max_scale=args.locality_max_scale,
         locality_compute_s=args.locality_compute_s,
@@ -328,6 +360,8 @@ def run(args) -> int:
         placement_strategy=args.placement_strategy,
         buffer=args.buffer,
         local_seeds=args.local_seeds,
+        partition=args.partition,
+        sampling_mode=args.sampling_mode,
         reuse=args.reuse,
     )
     check_device(cfg.device)  # fail fast, before generating or loading anything

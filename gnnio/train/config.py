@@ -16,12 +16,15 @@ __all__ = [
     "DIST_STRATEGIES",
     "EVAL_MODES",
     "STAGES",
+    "SAMPLERS",
     "STORE_KINDS",
     "TrainConfig",
     "check_device",
 ]
 
 EVAL_MODES = ("sampled", "full")
+#: training samplers (``--sampler``): node-wise uniform, LABOR-0, layer-wise LADIES
+SAMPLERS = ("uniform", "labor", "ladies")
 STORE_KINDS = ("memory", "mmap")
 STAGES = ("sample", "gather", "transfer", "compute", "wait")
 #: placements a distributed run can compute at start-up (``--placement-strategy``)
@@ -79,11 +82,18 @@ class TrainConfig:
             proximity-aware order, :class:`~gnnio.ordering.po.ProximityOrder`).
         po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the
             shuffling-error bound.
-        locality_scale: None = uniform sampling; a number ``s >= 1`` = Song & Jiang's
+        sampler: ``uniform`` (node-wise, GraphSAGE), ``labor`` (LABOR-0,
+            :class:`~gnnio.sampling.LaborSampler`: same fanouts, fewer distinct input nodes) or
+            ``ladies`` (layer-wise, :class:`~gnnio.sampling.LadiesSampler`: ``layer_size`` nodes
+            expected per hop, ``len(fanouts)`` hops; the fanout values are not used).
+        layer_size: LADIES nodes per layer (Song & Jiang: 8192).
+        locality_scale: None = no locality; a number ``s >= 1`` = Song & Jiang's
             locality-aware sampling (:class:`~gnnio.sampling.LocalitySampler`) with that fixed
             scale; ``"auto"`` = Algorithm 2 adapts ``s`` after every epoch from the data-loading
             share (:class:`~gnnio.sampling.AdaptiveScale`, lt 0.15, ut 0.2, MAXS 8). Needs a
             GPU-resident set: ``gpu_cache_fraction``, ``placement`` or a ``static`` cache.
+            With ``sampler="ladies"`` it applies Eq. 8 to the layer distribution
+            (:class:`~gnnio.sampling.LocalityLadiesSampler`); ``labor`` does not take it.
         locality_max_scale: MAXS of ``auto``.
         locality_compute_s: for ``auto`` without a GPU: the compute seconds per epoch that the
             *modeled* loading share assumes (None = the measured CPU compute time, which makes
@@ -108,6 +118,11 @@ class TrainConfig:
             strategies: ``metis``, ``naive``, ``random``, or a file with parts) instead of a slice
             of one global shuffle.
         reuse: HyDRA cross-batch reuse: rows fetched for the previous batch are not fetched again.
+        partition: a ``gnnio partition`` directory: every rank holds only its shard of the
+            topology and samples across ranks (:mod:`gnnio.dist.sampling`); with ``local_seeds``
+            each rank trains on the training nodes its part owns.
+        sampling_mode: ``dsp`` (request/response) or ``shared`` (HyDRA memory sharing) with a
+            ``partition``.
     """
 
     model: str = "sage"
@@ -143,6 +158,8 @@ class TrainConfig:
     cache_size: float = 0.1
     order: str = "random"
     po_sequences: int | None = None
+    sampler: str = "uniform"
+    layer_size: int = 8192
     locality_scale: float | str | None = None
     locality_max_scale: float = 8.0
     locality_compute_s: float | None = None
@@ -153,6 +170,8 @@ class TrainConfig:
     placement_strategy: str | None = None
     buffer: float = 0.1
     local_seeds: bool = False
+    partition: str | None = None
+    sampling_mode: str = "dsp"
     reuse: bool = True
 
     @property
@@ -234,6 +253,16 @@ class TrainConfig:
             raise UsageError(f"--order: must be one of {', '.join(ORDERS)}, got '{self.order}'")
         if self.po_sequences is not None and self.po_sequences < 1:
             raise UsageError(f"--po-sequences: must be >= 1, got {self.po_sequences}")
+        if self.sampler not in SAMPLERS:
+            raise UsageError(
+                f"--sampler: must be one of {', '.join(SAMPLERS)}, got '{self.sampler}'"
+            )
+        if int(self.layer_size) < 1:
+            raise UsageError(f"--layer-size: must be >= 1, got {self.layer_size}")
+        if self.sampler != "uniform" and self.prune_threshold is not None:
+            raise UsageError(f"--prune-threshold: works with --sampler uniform, not {self.sampler}")
+        if self.sampler == "labor" and self.locality_scale is not None:
+            raise UsageError("--locality-scale: works with --sampler uniform or ladies, not labor")
         ls = self.locality_scale
         if ls is not None and ls != "auto":
             if isinstance(ls, str) or not (math.isfinite(ls) and ls >= 1.0):
@@ -273,6 +302,7 @@ class TrainConfig:
             raise UsageError(f"--buffer: must be a fraction in [0, 1], got {self.buffer}")
         if world_size <= 1:
             for name, bad in (
+                ("--partition", self.partition is not None),
                 ("--topology", self.topology is not None),
                 ("--placement-strategy", self.placement_strategy is not None),
                 ("--local-seeds", self.local_seeds),
@@ -294,8 +324,24 @@ class TrainConfig:
                 f"--placement-strategy: unknown '{self.placement_strategy}' "
                 f"(choose from {', '.join(DIST_STRATEGIES)})"
             )
+        if self.sampling_mode not in ("dsp", "shared"):
+            raise UsageError(f"--sampling-mode: dsp or shared, got '{self.sampling_mode}'")
+        if self.partition is not None:
+            for name, bad in (
+                ("--locality-scale", self.locality_scale is not None),
+                ("--prune-threshold", self.prune_threshold is not None),
+                ("--sampler", getattr(self, "sampler", "uniform") not in (None, "uniform")),
+            ):
+                if bad:
+                    raise UsageError(
+                        f"{name}: not available with --partition (its sampler is uniform)"
+                    )
         strategy = self.placement_strategy or ("alg1" if self.placement is None else None)
-        if self.local_seeds and strategy not in (None, *PARTITION_STRATEGIES):
+        if (
+            self.local_seeds
+            and self.partition is None
+            and strategy not in (None, *PARTITION_STRATEGIES)
+        ):
             raise UsageError(
                 f"--local-seeds: placement '{strategy}' has no partition; use "
                 f"--placement-strategy {'|'.join(PARTITION_STRATEGIES)}"

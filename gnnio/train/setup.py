@@ -27,6 +27,7 @@ or a static cache's rows. A dynamic cache's content changes every batch, so it d
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +126,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                 "mode": store.mode,
                 "hot_rows": int(store.num_hot),
                 "gpu_tier_bytes": int(store.gpu_tier_bytes),
-                "cold_mode": store.cold_mode_used,
+                "cold_mode": store.cold_mode_used + (" (simulated)" if store.simulated else ""),
                 "simulated": bool(store.simulated),
                 "reordered_by_score": bool(reordered),
             }
@@ -144,8 +145,17 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                 f"--reader: must be in [0, {pl.num_devices}) for this placement, got {cfg.reader}"
             )
         devices = None
-        if device.type == "cuda" and torch.cuda.device_count() >= pl.num_devices:
-            devices = [torch.device("cuda", i) for i in range(pl.num_devices)]
+        if device.type == "cuda":
+            if torch.cuda.device_count() >= pl.num_devices:
+                devices = [torch.device("cuda", i) for i in range(pl.num_devices)]
+            else:  # said plainly, not silently: the summary also lists it under simulated_parts
+                warnings.warn(
+                    f"--placement {cfg.placement}: made for {pl.num_devices} GPUs, this machine "
+                    f"has {torch.cuda.device_count()}; its GPUs are simulated in host memory "
+                    "(rows counted 'local'/'peer' are host reads)",
+                    UserWarning,
+                    stacklevel=2,
+                )
         store = MultiDeviceFeatureStore(ds.features, pl, reader=cfg.reader, devices=devices)
         tiers = ("local", "peer", "host")
         lk = pl.lookup(cfg.reader, peers=pl.peer_reads)
@@ -172,14 +182,23 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
             if gpu_ids is not None:  # do not cache what the GPU tier already holds
                 hot = hot[~np.isin(hot, gpu_ids)]
         cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), n)
-        store = FeatureCache(store, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
+        # on a GPU the cache lives there: its hits do not cross PCIe (issue 15, fault 7)
+        cache_dev = device if device.type == "cuda" else None
+        store = FeatureCache(
+            store, cap, cfg.cache_policy, hot_ids=hot, tier="cache", device=cache_dev
+        )
         tiers = ("cache", *tiers)
         if cfg.cache_policy == "static":
             eval_store = store
         if cfg.cache_policy == "static" and gpu_ids is None:
             gpu_ids = np.sort(np.asarray(hot[: store.capacity], dtype=np.int64))
         info.update(
-            cache={"policy": cfg.cache_policy, "size": cfg.cache_size, "capacity": store.capacity}
+            cache={
+                "policy": cfg.cache_policy,
+                "size": cfg.cache_size,
+                "capacity": store.capacity,
+                "device": str(store.device),
+            }
         )
     return StoreSetup(store=store, tiers=tiers, gpu_ids=gpu_ids, info=info, eval_store=eval_store)
 
@@ -191,11 +210,28 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     * ``prune_threshold`` only: :class:`~gnnio.sampling.PrunedUniformSampler`;
     * ``locality_scale``: :class:`~gnnio.sampling.LocalitySampler` with ``B = setup.gpu_ids``
       (and the pruning window when asked), weights ``1/q`` (Horvitz-Thompson; the SAGE mean
-      aggregation normalises them, see :mod:`gnnio.sampling.locality`).
+      aggregation normalises them, see :mod:`gnnio.sampling.locality`);
+    * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights);
+    * ``sampler="ladies"``: :class:`~gnnio.sampling.LadiesSampler` with ``layer_size`` per hop,
+      ``len(fanouts)`` hops, or with ``locality_scale``
+      :class:`~gnnio.sampling.LocalityLadiesSampler` (Eq. 8 on the layer, ``B = setup.gpu_ids``).
     """
-    from ..sampling import AdaptiveScale, LocalitySampler, PrunedUniformSampler, UniformSampler
+    from ..sampling import (
+        AdaptiveScale,
+        LaborSampler,
+        LadiesSampler,
+        LocalityLadiesSampler,
+        LocalitySampler,
+        PrunedUniformSampler,
+        UniformSampler,
+    )
 
     prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
+    kind = getattr(cfg, "sampler", "uniform")
+    if kind == "labor":
+        return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads), None
+    if kind == "ladies" and cfg.locality_scale is None:
+        return LadiesSampler(ds.graph, [int(cfg.layer_size)] * len(fanouts), seed=cfg.seed), None
     if cfg.locality_scale is None:
         if prune is None:
             return UniformSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads), None
@@ -215,6 +251,15 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     if scale == "auto":
         adaptive = AdaptiveScale(maxs=cfg.locality_max_scale)
         scale = adaptive.s
+    if kind == "ladies":
+        sampler = LocalityLadiesSampler(
+            ds.graph,
+            [int(cfg.layer_size)] * len(fanouts),
+            hot_ids=setup.gpu_ids,
+            scale=float(scale),
+            seed=cfg.seed,
+        )
+        return sampler, adaptive
     sampler = LocalitySampler(
         ds.graph,
         fanouts,
