@@ -23,6 +23,10 @@ Reported per scale (keys of the JSON object are the scales as strings, ``"1"``, 
   :mod:`gnnio.placement.topology` -- **modeled**, not measured;
 * ``sample_s``: measured wall seconds of sampling the batches (CPU; shared machines inflate it).
 
+``--sampler ladies --layer-size K`` measures Song & Jiang's own setting instead: layer-wise LADIES
+with Eq. 8 on each layer's distribution (:class:`gnnio.sampling.LocalityLadiesSampler`, ``K``
+nodes expected per layer, as many layers as ``--fanouts`` has values; no ``--prune``).
+
 ``monotone`` says whether host bytes never rise as the scale grows. Nothing is gathered: the bytes
 depend only on which rows are needed, which the sampler decides.
 """
@@ -48,6 +52,10 @@ def add_arguments(p) -> None:
         "--score", default="wrpr", help="hotness score choosing B (gnnio.preprocess.hotness)"
     )
     p.add_argument("--fanouts", default="15,10,5", help="neighbours per hop, hop 1 first")
+    p.add_argument("--sampler", default="uniform", choices=["uniform", "ladies"],
+                   help="node-wise LAS (uniform) or layer-wise locality-aware LADIES")  # fmt: skip
+    p.add_argument("--layer-size", type=int, default=8192, metavar="K",
+                   help="LADIES: nodes per layer (Song & Jiang: 8192)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
     p.add_argument("--batches", type=int, default=None,
                    help="sample only the first N batches of the epoch (default: all)")  # fmt: skip
@@ -110,7 +118,7 @@ def run(args) -> dict:
     from ..placement.topology import DEFAULT_HOST_BW
     from ..preprocess.hotness import SCORES, compute_score
     from ..preprocess.reorder import order_by_score
-    from ..sampling import LocalitySampler, parse_fanouts
+    from ..sampling import LocalityLadiesSampler, LocalitySampler, parse_fanouts
     from ..utils.progress import bar
 
     scales = _scales(args.scales)
@@ -134,6 +142,12 @@ def run(args) -> dict:
             f"--gpu-cache-fraction: must be in [0, 1], got {args.gpu_cache_fraction}"
         ) from None
     prune = _prune(args.prune)
+    kind = getattr(args, "sampler", "uniform")
+    layer_size = int(getattr(args, "layer_size", 8192))
+    if kind == "ladies" and prune is not None:
+        raise UsageError("--prune: works with --sampler uniform, not ladies")
+    if layer_size < 1:
+        raise UsageError(f"--layer-size must be >= 1, got {layer_size}")
     progress = not args.no_progress
 
     ds = gnnio.load(args.dataset)
@@ -150,10 +164,18 @@ def run(args) -> dict:
 
     t0 = time.perf_counter()
     try:
-        sampler = LocalitySampler(
-            ds.graph, fanouts, hot_ids=hot, seed=args.seed, num_threads=args.threads,
-            prune=prune, q_size=args.q_size, weights="none",
-        )  # fmt: skip
+        if kind == "ladies":
+            sampler = LocalityLadiesSampler(
+                ds.graph, [layer_size] * len(fanouts), hot_ids=hot, seed=args.seed,
+                q_size=args.q_size, weights="none",
+            )  # fmt: skip
+            thresholds = [0] * len(fanouts)
+        else:
+            sampler = LocalitySampler(
+                ds.graph, fanouts, hot_ids=hot, seed=args.seed, num_threads=args.threads,
+                prune=prune, q_size=args.q_size, weights="none",
+            )  # fmt: skip
+            thresholds = [int(t) for t in sampler.thresholds]
     except ValueError as e:
         raise UsageError(str(e)) from None
     setup_s = time.perf_counter() - t0
@@ -170,7 +192,7 @@ def run(args) -> dict:
                                  "input_nodes_per_batch", "nbr_entries_per_batch",
                                  "modeled_host_s", "sample_s")}  # fmt: skip
     deg = np.diff(np.asarray(ds.graph.indptr, dtype=np.int64))
-    thr = [int(t) for t in sampler.thresholds]
+    thr = thresholds
     pb = bar(len(scales) * nb, "LAS epochs", "batch", enabled=progress)
     try:
         for s in scales:
@@ -209,6 +231,8 @@ def run(args) -> dict:
         "dataset": ds.name,
         "num_nodes": n,
         "num_edges": ds.num_edges,
+        "sampler": kind,
+        "layer_size": layer_size if kind == "ladies" else None,
         "fanouts": fanouts,
         "batch_size": args.batch_size,
         "batches": nb,
@@ -219,7 +243,7 @@ def run(args) -> dict:
         "hot_rows": int(hot.size),
         "row_bytes": row_bytes,
         "prune": list(prune) if prune else None,
-        "thresholds": sampler.thresholds,
+        "thresholds": thresholds,
         "q_sizes": [int(q.size) for q in sampler.q_sets or []],
         "setup_s": round(setup_s, 3),
         "scales": [_key(s) for s in scales],

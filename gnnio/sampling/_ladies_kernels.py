@@ -22,11 +22,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..utils.prefetch import prefetch
 from ._kernels import _GAMMA, mix64
 
 __all__ = ["layer_candidates", "solve_budget", "accept", "layer_edges", "reset_candidates"]
 
 _INV_2_53 = 1.0 / 9007199254740992.0
+_PF = 16  # neighbours ahead whose map entries are prefetched (hub rows dominate a hop)
 W_HT, W_HT_MEAN, W_NONE = 0, 1, 2
 
 
@@ -43,7 +45,12 @@ def layer_candidates(indptr, indices, nodes, loc, cand, qmask, use_q, scale, can
         start = indptr[v]
         d = indptr[v + 1] - start
         c = 1.0 / ((d + 1.0) * (d + 1.0))
-        for q in range(start, start + d):
+        end = start + d
+        for q in range(start, end):
+            if q + _PF < end:
+                ja = indices[q + _PF]
+                prefetch(loc, ja)
+                prefetch(cand, ja)
             j = indices[q]
             if loc[j] >= 0:  # a row already: in the layer for free
                 continue
@@ -124,7 +131,10 @@ def layer_edges(indptr, indices, nodes, loc, cand, pi, wmode):
     e = 0
     for i in range(n):
         v = nodes[i]
-        for q in range(indptr[v], indptr[v + 1]):
+        end = indptr[v + 1]
+        for q in range(indptr[v], end):
+            if q + _PF < end:
+                prefetch(loc, indices[q + _PF])
             if loc[indices[q]] >= 0:
                 e += 1
     edges = np.empty((2, e), dtype=np.int64)

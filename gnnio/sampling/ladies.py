@@ -119,8 +119,8 @@ class LadiesSampler(ThreadedCPUSampler):
         layer_sizes: as given; ``fanouts`` is ``[-1] * len(layer_sizes)`` (a block keeps every
             edge from its rows to the layer's nodes), for code that reads the number of hops.
 
-    Memory: two int64 ``[N]`` maps (global -> local id, global -> candidate), pooled per
-    concurrent caller.
+    Memory: two ``[N]`` maps (global -> local id, global -> candidate; int32 below 2^31 nodes),
+    pooled per concurrent caller.
     """
 
     _thread_prefix = "gnnio-ladies"
@@ -224,8 +224,8 @@ class LadiesSampler(ThreadedCPUSampler):
             if self._scratch:
                 return self._scratch.pop()
         return (
-            np.full(self.num_nodes, -1, dtype=np.int64),
-            np.full(self.num_nodes, -1, dtype=np.int64),
+            np.full(self.num_nodes, -1, dtype=self._loc_dtype),
+            np.full(self.num_nodes, -1, dtype=self._loc_dtype),
         )
 
     def _give(self, loc: np.ndarray, cand: np.ndarray) -> None:
