@@ -18,6 +18,7 @@ BENCHES = {
     "cache": "gnnio.bench.cache",
     "locality": "gnnio.bench.locality",
     "dist": "gnnio.bench.dist",
+    "dist-sampling": "gnnio.bench.dist_sampling",
 }
 
 

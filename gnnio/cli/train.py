@@ -436,6 +436,10 @@ def _launch(args, cfg, dataset) -> int:
 
         pl = load_placement(cfg.placement)
         check_placement_file(pl, cfg.placement, ds, args.nproc, cfg.local_seeds)
+    if cfg.partition is not None:  # likewise a partition for another dataset or rank count
+        from ..preprocess.partition import load_partition
+
+        load_partition(cfg.partition, ds, args.nproc)
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
         argv.append(str(ds.path))  # the built-in dataset, generated once above

@@ -68,6 +68,8 @@ class DistContext:
         timeout_s: collective timeout.
         fetch_group: a second process group with the same ranks for the feature exchange, so the
             loader thread's collectives never interleave with DDP's on the default group.
+        sample_group: a third group for the sampling thread's collectives (partitioned
+            topology, :mod:`gnnio.dist.sampling`).
         topology: the machine description (one device per rank).
     """
 
@@ -80,6 +82,7 @@ class DistContext:
     simulated: bool
     timeout_s: float
     fetch_group: object = None
+    sample_group: object = None
     topology: object = None
     topology_spec: str = ""
     inferred_topology: bool = True
@@ -188,6 +191,7 @@ def init(
             f"(--dist-timeout): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         ) from None
     fetch_group = dist.new_group(backend=backend, timeout=td)
+    sample_group = dist.new_group(backend=backend, timeout=td)
     machines = [None] * world
     dist.all_gather_object(machines, node)
     machine_of = [int(m) for m in machines]
@@ -217,6 +221,7 @@ def init(
         simulated=not use_nccl,
         timeout_s=timeout,
         fetch_group=fetch_group,
+        sample_group=sample_group,
         topology=topo,
         topology_spec=spec,
         inferred_topology=inferred,

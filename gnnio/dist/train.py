@@ -97,8 +97,7 @@ def check_placement_file(pl, path, ds, world_size: int, local_seeds: bool = Fals
         )
     if pl.num_devices != world_size:
         raise UsageError(
-            f"--placement {path}: made for {pl.num_devices} devices, the run has {world_size} "
-            "ranks"
+            f"--placement {path}: made for {pl.num_devices} devices, the run has {world_size} ranks"
         )
     if local_seeds and pl.parts is None:
         raise UsageError(
@@ -180,6 +179,11 @@ def param_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def cfg_partition(run) -> str:
+    """The partition directory a run samples over (for the summary)."""
+    return getattr(run, "partition_dir", "") or ""
+
+
 class _GradCounter:
     """State of the DDP communication hook: gradient bytes handed to all-reduce, and seconds
     from each bucket's hand-off to its completion (buckets overlap, so the sum can exceed the
@@ -219,6 +223,8 @@ class DistRun(LocalRun):
         self.placement = None
         self._last = {"collective_s": 0.0, "grad_bytes": 0, "grad_s": 0.0}
         self._model: torch.nn.Module | None = None
+        self.partition = None  # a gnnio partition (topology shards), when training with one
+        self.samplers: list = []
 
     # -- building -------------------------------------------------------------------------
     def build_store(self, ds, cfg, device):
@@ -289,6 +295,8 @@ class DistRun(LocalRun):
         seeds = np.asarray(seeds, dtype=np.int64)
         if cfg.local_seeds:
             parts = None if self.placement is None else self.placement.parts
+            if self.partition is not None:  # the topology's partition decides who owns a seed
+                parts = self.partition.parts
             if parts is None:
                 raise UsageError(
                     f"--local-seeds: placement '{getattr(self.placement, 'strategy', '?')}' has "
@@ -365,6 +373,34 @@ class DistRun(LocalRun):
         ddp.register_comm_hook(self.grad, _counting_allreduce)
         return ddp
 
+    def _load_partition(self, ds, cfg):
+        if self.partition is None and cfg.partition is not None:
+            from ..preprocess.partition import load_partition
+
+            self.partition = load_partition(cfg.partition, ds, self.ctx.world_size)
+        return self.partition
+
+    def build_sampler(self, ds, cfg, fanouts, setup):
+        if cfg.partition is None:
+            return super().build_sampler(ds, cfg, fanouts, setup)
+        from .sampling import ShardedSampler
+
+        self.partition_dir = cfg.partition
+        part = self._load_partition(ds, cfg)
+        s = ShardedSampler(part, cfg.partition, self.ctx, fanouts, cfg.seed, cfg.sampling_mode)
+        self.samplers.append(s)
+        return s, None
+
+    def build_eval_sampler(self, ds, cfg, fanouts):
+        if cfg.partition is None:
+            return super().build_eval_sampler(ds, cfg, fanouts)
+        from .sampling import ShardedSampler
+
+        part = self._load_partition(ds, cfg)
+        return ShardedSampler(
+            part, cfg.partition, self.ctx, fanouts, cfg.seed + 1, cfg.sampling_mode
+        )
+
     # -- per epoch ------------------------------------------------------------------------
     def evaluate(self, model, loaders: dict, epoch: int) -> dict[str, float]:
         names = list(loaders)
@@ -437,7 +473,35 @@ class DistRun(LocalRun):
             "seeds_per_epoch": int(hist[0]["seeds"]) if hist else 0,
             "epochs": len(hist),  # the same on every rank: early stopping reads reduced accs
         }
+        if self.samplers:  # partitioned topology: the training sampler's traffic
+            smp = self.samplers[0]
+            b = max(smp.stats["batches"], 1)
+            mine["sampling"] = {
+                "bytes_by_link": {
+                    t: int(smp.bytes_by_link.get(t, 0)) for t in ("local", "peer", "network")
+                },
+                "requests_per_batch": smp.stats["requests"] / b,
+                "ms_per_batch": 1000 * smp.stats["seconds"] / b,
+                "collective_s": smp.stats["collective_s"],
+            }
         ranks = ctx.all_gather_object(mine)
+        if self.samplers:
+            per = [r["sampling"] for r in ranks]
+            summary["partitioned_sampling"] = {
+                "partition": str(cfg_partition(self)),
+                "method": self.partition.method,
+                "mode": self.samplers[0].mode,
+                "bytes_by_link": {
+                    **{
+                        t: sum(p["bytes_by_link"][t] for p in per)
+                        for t in ("local", "peer", "network")
+                    },
+                    "per_rank": [p["bytes_by_link"] for p in per],
+                },
+                "requests_per_batch": float(np.mean([p["requests_per_batch"] for p in per])),
+                "ms_per_batch": max(p["ms_per_batch"] for p in per),
+                "scope": "training sampler only (evaluation excluded)",
+            }
 
         def total(key: str) -> dict[str, Any]:
             d: dict[str, Any] = {t: sum(r[key][t] for r in ranks) for t in LINKS}

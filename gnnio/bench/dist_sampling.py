@@ -1,0 +1,179 @@
+"""``gnnio bench dist-sampling DIR --nproc N --partition P``: sampling over a partitioned topology.
+
+N ranks (local processes started by PyTorch's elastic launcher, or a ``torchrun`` launch), one
+per part of the partition ``P`` (``gnnio partition``), each holding only its shard of the
+topology. Every rank samples the first ``--batches`` batches of its slice of one global shuffle
+of the training nodes (``--local-seeds``: of its own part's training nodes) in each mode of
+``--modes``: ``dsp`` (request/response through collectives) and ``shared`` (HyDRA memory
+sharing: the owner's shard read directly; request/response across machines). One untimed
+warm-up batch first.
+
+Reported per mode: ``bytes_by_link`` (``local``, ``peer``, ``network``; summed over ranks and
+``per_rank``), ``requests_per_batch`` (remote neighbour lists asked for or read, per rank and
+batch), ``ms_per_batch`` (wall clock, the slowest rank) and, measured in the same run as the
+reference, ``single_process_ms_per_batch``: the same batches sampled by the single-process
+sampler from the whole graph held by one rank. Both modes produce exactly that sampler's
+batches. Without GPUs the ranks are CPU processes on gloo (simulated devices): the times are
+those of loopback collectives and CPU kernels.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..errors import UsageError
+
+HELP = "neighbour sampling over a partitioned topology: bytes per link, requests, ms per batch"
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
+    p.add_argument("--nproc", type=int, default=2, help="local ranks (ignored under torchrun)")
+    p.add_argument("--partition", required=True, metavar="P", help="a gnnio partition directory")
+    p.add_argument("--modes", default="dsp,shared", help="sampling modes: dsp, shared")
+    p.add_argument("--batches", type=int, default=10, help="timed batches per rank and mode")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch per rank")
+    p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
+    p.add_argument("--local-seeds", action="store_true", help="each rank samples its own seeds")
+    p.add_argument("--seed", type=int, default=0, help="seed of the order and the sampler")
+    p.add_argument("--topology", default=None, help="NVLink groups of the ranks")
+    p.add_argument("--dist-timeout", type=float, default=None, help="collective timeout, seconds")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
+
+
+def run(args) -> dict:
+    import gnnio
+
+    from ..dist.context import env_world_size
+    from ..preprocess.partition import load_partition
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in ("dsp", "shared"):
+            raise UsageError(f"--modes: unknown '{m}' (choose from dsp, shared)")
+    if not modes:
+        raise UsageError("--modes: give at least one")
+    for name in ("nproc", "batches", "batch_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    ds = gnnio.load(args.dataset)
+    world = env_world_size() if env_world_size() > 1 else args.nproc
+    load_partition(args.partition, ds, world)  # refused here, once, if it does not fit
+    opts = {k: v for k, v in vars(args).items() if k not in ("func", "bench_module", "rank_entry")}
+    opts["modes"] = modes
+    if env_world_size() > 1:
+        out = rank_main(opts)
+        return out if out is not None else {}
+    from ..dist.launch import launch
+
+    return launch(args.nproc, rank_main, opts, timeout_s=args.dist_timeout)[0]
+
+
+def rank_main(opts: dict) -> dict | None:
+    """One rank (module docstring); rank 0 returns the result, the others None."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_rank_body)(opts)
+
+
+def _rank_body(opts: dict) -> dict | None:
+    import gnnio
+
+    from ..dist.context import init, shutdown
+    from ..dist.sampling import ShardedSampler
+    from ..ordering import RandomOrder
+    from ..preprocess.partition import load_partition
+    from ..sampling import UniformSampler, parse_fanouts
+    from .gather import seed_ids, set_threads
+
+    o = SimpleNamespace(**opts)
+    set_threads(1)
+    ctx = init(timeout_s=o.dist_timeout, topology=o.topology)
+    try:
+        ds = gnnio.load(o.dataset)
+        part = load_partition(o.partition, ds, ctx.world_size)
+        fanouts = parse_fanouts(o.fanouts)
+        seeds = seed_ids(ds)
+        if o.local_seeds:
+            mine = seeds[part.parts[seeds] == ctx.rank]
+            counts = ctx.all_reduce_sum(
+                [float(mine.size) if k == ctx.rank else 0.0 for k in range(ctx.world_size)]
+            )
+            nb = max(1, min(-(-int(c) // o.batch_size) for c in counts))
+            order = RandomOrder(mine, -(-mine.size // nb), seed=o.seed)
+        else:
+            order = RandomOrder(
+                seeds, o.batch_size, seed=o.seed, rank=ctx.rank,
+                world_size=ctx.world_size, equal_batches=True,
+            )  # fmt: skip
+        batches = []
+        for i, b in enumerate(order.batches(0)):
+            if i == o.batches + 1:
+                break
+            batches.append(b)
+        k = len(batches) - 1
+        ref = UniformSampler(ds.graph, fanouts, seed=o.seed, num_threads=1)
+        ref.sample(batches[0], epoch_seed=0)
+        t0 = time.perf_counter()
+        for i, b in enumerate(batches[1:]):
+            ref.sample(b, epoch_seed=i + 1)
+        ref_ms = 1000 * (time.perf_counter() - t0) / max(k, 1)
+        per_mode = {}
+        for mode in o.modes:
+            s = ShardedSampler(part, o.partition, ctx, fanouts, seed=o.seed, mode=mode)
+            s.sample(batches[0], epoch_seed=0)  # warm-up
+            s.bytes_by_link.clear()
+            s.stats.update(requests=0, batches=0, seconds=0.0, collective_s=0.0)
+            ctx.barrier()
+            t0 = time.perf_counter()
+            for i, b in enumerate(batches[1:]):
+                s.sample(b, epoch_seed=i + 1)
+            wall = time.perf_counter() - t0
+            mine = {
+                "bytes_by_link": {
+                    t: int(s.bytes_by_link.get(t, 0)) for t in ("local", "peer", "network")
+                },
+                "requests_per_batch": s.stats["requests"] / max(k, 1),
+                "ms_per_batch": 1000 * wall / max(k, 1),
+                "collective_ms_per_batch": 1000 * s.stats["collective_s"] / max(k, 1),
+            }
+            ranks = ctx.all_gather_object(mine)
+            per_mode[mode] = {
+                "bytes_by_link": {
+                    **{
+                        t: sum(r["bytes_by_link"][t] for r in ranks)
+                        for t in ("local", "peer", "network")
+                    },
+                    "per_rank": [r["bytes_by_link"] for r in ranks],
+                },
+                "requests_per_batch": float(np.mean([r["requests_per_batch"] for r in ranks])),
+                "ms_per_batch": max(r["ms_per_batch"] for r in ranks),
+                "ms_per_batch_per_rank": [r["ms_per_batch"] for r in ranks],
+                "collective_ms_per_batch": max(r["collective_ms_per_batch"] for r in ranks),
+            }
+        refs = ctx.all_gather_object(ref_ms)
+        if not ctx.is_main:
+            return None
+        return {
+            "dataset": ds.name,
+            "partition": o.partition,
+            "method": part.method,
+            "replicated_nodes": int(part.replicated.size),
+            "world_size": ctx.world_size,
+            "num_machines": ctx.num_machines,
+            "batches": k,
+            "batch_size": o.batch_size,
+            "fanouts": list(fanouts),
+            "local_seeds": bool(o.local_seeds),
+            "simulated_devices": ctx.simulated,
+            "single_process_ms_per_batch": max(refs),
+            "modes": per_mode,
+        }
+    finally:
+        shutdown()

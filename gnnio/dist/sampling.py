@@ -1,0 +1,228 @@
+"""Neighbour sampling over a topology partitioned across ranks (HyDRA §II-C/§III-A, BGL §3.3).
+
+Rank ``r`` holds only its shard of the partition (:mod:`gnnio.preprocess.partition`): the
+in-neighbour lists of the nodes it owns plus the replicated ones, memory-mapped from
+``PDIR/part<r>/``. A batch is sampled hop by hop exactly as
+:class:`~gnnio.sampling.UniformSampler` samples it -- the destination rows of hop ``h`` are all
+input nodes so far, each row takes ``min(deg, fanout)`` distinct neighbours -- but every row's
+list is read where it lives:
+
+* rows whose list the rank stores (own or replicated) are sampled locally;
+* ``dsp`` (DSP-style request/response): the other rows are sent to their owners with
+  ``all_to_all_single``; each owner samples them from its shard and returns the sampled neighbour
+  ids (4 collectives per hop: request sizes, row ids, per-row counts, neighbour ids);
+* ``shared`` (HyDRA memory sharing): the rank reads the owner's list directly from the owner's
+  shard -- on CPU the shard files are memory-mapped by every local rank (one copy in the page
+  cache; on GPUs this would be CUDA IPC memory over NVLink) -- and samples it itself. Owners on
+  another machine cannot be read this way, so their rows fall back to request/response.
+
+The random choice of a row is a pure function of (sampler seed, call key, hop, node id): the same
+counter-based state as the single-process kernels, so for the same seeds and ``epoch_seed`` both
+modes give **exactly** the single-process :class:`~gnnio.sampling.UniformSampler`'s batch (a
+test checks it), whoever samples which row. Every collective runs on the context's
+``sample_group``, so the sampling thread never interleaves with the feature exchange or DDP.
+
+Counted per batch (:attr:`ShardedSampler.stats`): ``requests`` (remote rows asked for or read),
+``bytes_by_link`` ``local`` (entries read from the own shard: the sampled ones, plus the row's
+``indptr`` pair), ``peer`` / ``network`` (dsp: 8-byte row ids out, 8-byte counts and sampled ids
+back; shared: the whole remote list and its ``indptr`` pair, which is what memory sharing moves,
+HyDRA Eq. 3). Threshold pruning is not supported here (refused by the training options).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..sampling import _kernels
+from ..sampling.base import Block, MiniBatch, Sampler
+from ..sampling.threaded import ThreadedCPUSampler, _hop_key, check_seeds
+from .context import DistContext
+
+__all__ = ["MODES", "ShardedSampler"]
+
+MODES = ("dsp", "shared")
+
+
+class _Shard:
+    """One part's CSR shard (memory-mapped) and the row of every stored node."""
+
+    def __init__(self, pdir: Path, k: int, num_nodes: int) -> None:
+        d = Path(pdir) / f"part{k}"
+        self.nodes = np.load(d / "nodes.npy", mmap_mode="r", allow_pickle=False)
+        self.indptr = np.load(d / "indptr.npy", mmap_mode="r", allow_pickle=False)
+        self.indices = np.load(d / "indices.npy", mmap_mode="r", allow_pickle=False)
+        self.pos = np.full(num_nodes, -1, dtype=np.int64)
+        self.pos[np.asarray(self.nodes)] = np.arange(self.nodes.shape[0], dtype=np.int64)
+        self.itemsize = int(self.indices.dtype.itemsize)
+
+    def sample(self, rows_global: np.ndarray, fanout: int, hkey) -> tuple[np.ndarray, np.ndarray]:
+        """``(counts, flat neighbour ids)`` of rows (global ids stored here)."""
+        local = self.pos[rows_global]
+        if rows_global.size and local.min() < 0:
+            raise RuntimeError("a requested row is not stored in this shard")
+        offs, info = _kernels.count_rows(self.indptr, local, np.int64(fanout))
+        edges = np.empty((2, int(offs[-1])), dtype=np.int64)
+        _kernels.sample_rows(
+            self.indices, rows_global, info, hkey, offs, 0, rows_global.shape[0], edges
+        )
+        return np.diff(offs), edges[0]
+
+    def degrees(self, rows_global: np.ndarray) -> np.ndarray:
+        local = self.pos[rows_global]
+        return np.asarray(self.indptr)[local + 1] - np.asarray(self.indptr)[local]
+
+
+class ShardedSampler(ThreadedCPUSampler, Sampler):
+    """Uniform node-wise sampling over partition ``pdir`` on rank ``ctx.rank`` (module docstring).
+
+    Args:
+        partition: a loaded :class:`~gnnio.preprocess.partition.Partition`.
+        pdir: its directory (the shards are memory-mapped from it).
+        ctx: the rank context (``sample_group`` carries the dsp collectives).
+        fanouts, seed: as :class:`~gnnio.sampling.UniformSampler`'s.
+        mode: ``dsp`` or ``shared``.
+    """
+
+    def __init__(self, partition, pdir, ctx: DistContext, fanouts, seed: int = 0, mode="dsp"):
+        if mode not in MODES:
+            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
+        self._init_threads(fanouts, seed, 1)
+        self.partition, self.ctx, self.mode = partition, ctx, mode
+        self.num_nodes = partition.num_nodes
+        self.parts = np.asarray(partition.parts, dtype=np.int64)
+        self.rank = ctx.rank
+        self.own = _Shard(pdir, ctx.rank, self.num_nodes)
+        self.stored = self.own.pos >= 0
+        # shared mode: the shards of the other ranks of this machine, memory-mapped
+        self.peer_shards: dict[int, _Shard] = {}
+        if mode == "shared":
+            for k in range(ctx.world_size):
+                if k != ctx.rank and ctx.machine_of[k] == ctx.machine:
+                    self.peer_shards[k] = _Shard(pdir, k, self.num_nodes)
+        self._loc = np.full(self.num_nodes, -1, dtype=np.int64)
+        self.stats = {"requests": 0, "batches": 0, "seconds": 0.0, "collective_s": 0.0}
+        self.bytes_by_link: dict[str, int] = defaultdict(int)
+        self.requests_per_hop: list[int] = [0] * len(self.fanouts)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def sample(self, seeds, epoch_seed: int | None = None) -> MiniBatch:
+        """The batch of ``seeds``; a collective step on every rank in ``dsp`` mode (and in
+        ``shared`` mode across machines), so every rank must call it equally often."""
+        t0 = time.perf_counter()
+        key = self._next_key(epoch_seed)
+        seeds = check_seeds(seeds, self.num_nodes)
+        loc = self._loc
+        n0 = int(seeds.shape[0])
+        if np.unique(seeds).shape[0] != n0:
+            raise ValueError("seeds: must be distinct")
+        loc[seeds] = np.arange(n0)
+        nodes = seeds
+        hop_nodes, hop_edges = [n0], []
+        try:
+            for h, fo in enumerate(self.fanouts):
+                cnt, flat = self._hop(nodes, int(fo), _hop_key(key, h), h)
+                dst = np.repeat(np.arange(nodes.shape[0], dtype=np.int64), cnt)
+                fresh = flat[loc[flat] < 0]
+                if fresh.size:
+                    u, first = np.unique(fresh, return_index=True)
+                    new = u[np.argsort(first, kind="stable")]
+                    base = nodes.shape[0]
+                    loc[new] = base + np.arange(new.shape[0])
+                    nodes = np.concatenate([nodes, new])
+                hop_edges.append(np.stack([loc[flat], dst]))
+                hop_nodes.append(int(nodes.shape[0]))
+        finally:
+            loc[nodes] = -1
+        blocks = [
+            Block(torch.from_numpy(hop_edges[h]), hop_nodes[h + 1], hop_nodes[h])
+            for h in range(len(hop_edges) - 1, -1, -1)
+        ]
+        self.stats["batches"] += 1
+        self.stats["seconds"] += time.perf_counter() - t0
+        return MiniBatch(
+            seeds=torch.from_numpy(seeds),
+            input_nodes=torch.from_numpy(nodes),
+            blocks=blocks,
+            meta={"hop_nodes": hop_nodes},
+        )
+
+    # -- one hop --------------------------------------------------------------------------
+    def _hop(self, rows: np.ndarray, fo: int, hkey, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per-row sampled counts and the flat neighbour ids in row order."""
+        n = rows.shape[0]
+        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        here = self.stored[rows]
+        idx = np.flatnonzero(here)
+        c, f = self.own.sample(rows[idx], fo, hkey)
+        self.bytes_by_link["local"] += int(f.size * self.own.itemsize + 16 * idx.size)
+        pieces.append((idx, c, f))
+        remote = np.flatnonzero(~here)
+        owner = self.parts[rows[remote]]
+        ask = np.ones(remote.shape[0], dtype=bool)
+        if self.mode == "shared":
+            for k, shard in self.peer_shards.items():
+                sel = remote[owner == k]
+                if sel.size:
+                    c, f = shard.sample(rows[sel], fo, hkey)
+                    deg = shard.degrees(rows[sel])
+                    self.bytes_by_link["peer"] += int(deg.sum() * shard.itemsize + 16 * sel.size)
+                    pieces.append((sel, c, f))
+                    ask[owner == k] = False
+            self.stats["requests"] += int((~ask).sum())
+            self.requests_per_hop[h] += int((~ask).sum())
+        need = remote[ask]
+        if self.mode == "dsp" or self.ctx.num_machines > 1:
+            pieces.append(self._request(need, rows[need], self.parts[rows[need]], fo, hkey, h))
+        cnt = np.zeros(n, dtype=np.int64)
+        for r, c, _ in pieces:
+            cnt[r] = c
+        offs = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(cnt, out=offs[1:])
+        flat = np.empty(int(offs[-1]), dtype=np.int64)
+        for r, c, f in pieces:
+            if f.size:
+                starts = np.repeat(offs[r], c)
+                within = np.arange(f.size, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+                flat[starts + within] = f
+        return cnt, flat
+
+    def _request(self, where, ids, owner, fo: int, hkey, h: int):
+        """Request/response for rows ``ids`` owned by ``owner`` (4 ``all_to_all_single``);
+        serves the other ranks' requests from the own shard. Returns ``(where, counts, flat)``."""
+        import torch.distributed as dist
+
+        ctx, w, grp = self.ctx, self.ctx.world_size, self.ctx.sample_group
+        t0 = time.perf_counter()
+        order = np.argsort(owner, kind="stable")
+        where, ids, owner = where[order], ids[order], owner[order]
+        send_n = np.bincount(owner, minlength=w).astype(np.int64)
+        recv_n = torch.empty(w, dtype=torch.int64)
+        dist.all_to_all_single(recv_n, torch.from_numpy(send_n), group=grp)
+        sc, rc = send_n.tolist(), recv_n.tolist()
+        req = torch.empty(sum(rc), dtype=torch.int64)
+        dist.all_to_all_single(req, torch.from_numpy(ids), rc, sc, group=grp)
+        # serve: sample the requested rows from my shard
+        my_c, my_f = self.own.sample(req.numpy(), fo, hkey)
+        got_c = torch.empty(sum(sc), dtype=torch.int64)
+        dist.all_to_all_single(got_c, torch.from_numpy(my_c), sc, rc, group=grp)
+        bounds = np.r_[0, np.cumsum(rc)]
+        out_f = [int(my_c[bounds[k] : bounds[k + 1]].sum()) for k in range(w)]
+        bounds_in = np.r_[0, np.cumsum(sc)]
+        in_f = [int(got_c[bounds_in[k] : bounds_in[k + 1]].sum()) for k in range(w)]
+        got_f = torch.empty(sum(in_f), dtype=torch.int64)
+        dist.all_to_all_single(got_f, torch.from_numpy(my_f), in_f, out_f, group=grp)
+        for k in range(w):
+            if sc[k]:
+                self.bytes_by_link[ctx.link_to(k)] += 8 * (2 * sc[k] + in_f[k])
+        self.stats["requests"] += int(ids.size)
+        self.requests_per_hop[h] += int(ids.size)
+        self.stats["collective_s"] += time.perf_counter() - t0
+        return where, got_c.numpy(), got_f.numpy()
