@@ -56,6 +56,7 @@ class FakeEvent:
 
     log: list = []
     _next = 0
+    synced_upto = 0  # events complete in order (one stream): a synchronize completes the earlier
 
     def __init__(self, enable_timing: bool = False, **_kw) -> None:
         FakeEvent._next += 1
@@ -70,13 +71,14 @@ class FakeEvent:
 
     def synchronize(self) -> None:
         self.done = True
+        FakeEvent.synced_upto = max(FakeEvent.synced_upto, self.id)
         FakeEvent.log.append(("synchronize", self.id, None))
 
     def query(self) -> bool:
-        return self.done
+        return self.done or self.id <= FakeEvent.synced_upto
 
     def elapsed_time(self, end: FakeEvent) -> float:
-        if not (self.done or end.done):
+        if not end.query():
             raise RuntimeError("elapsed_time before the end event completed")
         return float(end.id - self.id)
 
@@ -85,6 +87,7 @@ def fake_events(monkeypatch) -> list:
     """Replace ``torch.cuda.Event`` / ``current_stream`` with the fakes; forbid device-wide
     ``torch.cuda.synchronize``. Returns the shared log."""
     FakeEvent.log = []
+    FakeEvent.synced_upto = FakeEvent._next
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream("current"))
 

@@ -4,12 +4,59 @@ store's counters (so a wrapper books the rows its backing served under the backi
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-__all__ = ["CacheStats", "counters_delta", "snapshot_rows"]
+__all__ = ["CacheStats", "EventLaps", "counters_delta", "snapshot_rows"]
+
+
+class EventLaps:
+    """Phase laps timed with CUDA events, waiting to be read.
+
+    A lap is a pair of events recorded on the current stream around the phase's queued work; its
+    seconds are known once the end event has happened. :meth:`resolve` reads the laps whose end
+    event is done (``wait=True``: waits for the last event of each, never the whole device) and
+    returns the seconds per phase. Timing with events instead of ``torch.cuda.synchronize()``
+    keeps the other streams (the loader's copies, training) running while a cache is timed.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[str, Any, Any]] = []
+        self._lock = threading.Lock()
+
+    def mark(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream())
+        return ev
+
+    def add(self, phase: str, start, end) -> None:
+        with self._lock:
+            self._pending.append((phase, start, end))
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def resolve(self, wait: bool = False) -> dict[str, float]:
+        """Seconds per phase of the laps that have completed (all of them with ``wait``)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        out: dict[str, float] = {}
+        keep = []
+        for i, (phase, start, end) in enumerate(pending):
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                keep = pending[i:]  # laps complete in order on one stream: stop at the first
+                break
+            out[phase] = out.get(phase, 0.0) + start.elapsed_time(end) / 1e3
+        if keep:
+            with self._lock:
+                self._pending = keep + self._pending
+        return out
 
 
 @dataclass
@@ -43,10 +90,19 @@ class CacheStats:
     copy_s: float = 0.0
     hit_ratio_sum: float = 0.0
     last: dict = field(default_factory=dict)
+    laps: EventLaps = field(default_factory=EventLaps, repr=False, compare=False)
 
     def reset(self) -> None:
         for k, v in CacheStats().__dict__.items():
             setattr(self, k, v)
+
+    def flush(self, wait: bool = True) -> None:
+        """Add the seconds of the event-timed laps (CUDA) to ``manage_s`` / ``copy_s``; done
+        without waiting after every batch and with waiting by :meth:`as_dict` and the per-batch
+        figures, so on a GPU ``manage_s`` / ``copy_s`` read directly may lag a few batches."""
+        if len(self.laps):
+            for phase, sec in self.laps.resolve(wait).items():
+                setattr(self, f"{phase}_s", getattr(self, f"{phase}_s") + sec)
 
     @property
     def hit_ratio(self) -> float:
@@ -55,14 +111,17 @@ class CacheStats:
 
     @property
     def manage_ms_per_batch(self) -> float:
+        self.flush()
         return 1e3 * self.manage_s / self.batches if self.batches else 0.0
 
     @property
     def copy_ms_per_batch(self) -> float:
+        self.flush()
         return 1e3 * self.copy_s / self.batches if self.batches else 0.0
 
     def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "last"}
+        self.flush()
+        d = {k: v for k, v in self.__dict__.items() if k not in ("last", "laps")}
         d.update(
             hit_ratio=self.hit_ratio,
             manage_ms_per_batch=self.manage_ms_per_batch,
@@ -83,6 +142,7 @@ class CacheStats:
         self.manage_s += manage
         self.copy_s += copy
         self.hit_ratio_sum += hits / unique if unique else 0.0
+        self.flush(wait=False)
         self.last = dict(
             queries=n,
             unique=unique,
@@ -96,18 +156,25 @@ class CacheStats:
 
 
 class _Timer:
-    """Wall-clock phases; synchronizes a CUDA device first when asked."""
+    """Phases of one call: wall-clock laps on the CPU; on a CUDA device, with ``laps`` given,
+    event pairs on the current stream (:class:`EventLaps`; :meth:`lap` then returns 0 and the
+    seconds arrive when the laps are resolved). No device-wide synchronisation either way."""
 
-    def __init__(self, device: torch.device, enabled: bool):
-        self.sync = enabled and device.type == "cuda"
+    def __init__(self, device: torch.device, enabled: bool, laps: EventLaps | None = None):
         self.enabled = enabled
+        self.laps = laps if enabled and device.type == "cuda" else None
+        if self.laps is not None:
+            self._last = self.laps.mark()
         self.t = time.perf_counter()
 
-    def lap(self) -> float:
+    def lap(self, phase: str = "") -> float:
         if not self.enabled:
             return 0.0
-        if self.sync:
-            torch.cuda.synchronize()
+        if self.laps is not None:
+            ev = self.laps.mark()
+            self.laps.add(phase, self._last, ev)
+            self._last = ev
+            return 0.0
         now = time.perf_counter()
         d, self.t = now - self.t, now
         return d

@@ -59,7 +59,8 @@ already brought to the cache's device). ``stats`` (:class:`CacheStats`) counts q
 queries, hits, misses, insertions, evictions, bytes fetched from the backing store, and times the
 *cache management* (dedup, lookup, bookkeeping, victim selection) apart from the *data movement*
 (reading hit rows, the backing gather, writing output and buffer rows). On a CUDA device the two
-timers synchronize the device when ``timing=True``.
+phases are timed with CUDA events on the current stream (no device-wide synchronisation, so the
+loader's copies and training keep overlapping; see :class:`~gnnio.features.accounting.EventLaps`).
 
 Not thread-safe per reader; one internal lock serializes concurrent ``gather`` calls.
 """
@@ -136,7 +137,7 @@ class FeatureCache(FeatureStore):
         device: where the buffer, the maps and the returned rows live (default: ``backing.device``).
         tier: the counter name of rows served from the buffer (default ``"gpu_cache"`` on a GPU,
             else ``"cache"``).
-        timing: measure management and copy time per batch (synchronizes a CUDA device).
+        timing: measure management and copy time per batch (CUDA events on a GPU).
     """
 
     def __init__(
@@ -226,24 +227,24 @@ class FeatureCache(FeatureStore):
             self.counters.add(t, r, self.row_bytes)
 
     def _gather_static(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
-        timer = _Timer(self.device, self.timing)
+        timer = _Timer(self.device, self.timing, self.stats.laps)
         slots = self.policy.lookup(idx)
         hit = slots >= 0
         hit_pos = torch.nonzero(hit).flatten()
         miss_pos = torch.nonzero(~hit).flatten()
-        manage = timer.lap()
+        manage = timer.lap("manage")
         move_rows(self.buffer, slots.index_select(0, hit_pos), dst, hit_pos)
         below: dict[str, int] = {}
         if miss_pos.numel():
             rows, below = self._fetch(idx.index_select(0, miss_pos))
             move_rows(rows, torch.arange(rows.shape[0], device=self.device), dst, miss_pos)
-        copy = timer.lap()
+        copy = timer.lap("copy")
         n, h = int(idx.numel()), int(hit_pos.numel())
         self._count(h, below)
         self.stats._record(n, n, h, n - h, 0, 0, self.row_bytes, manage, copy)
 
     def _gather_dynamic(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
-        timer = _Timer(self.device, self.timing)
+        timer = _Timer(self.device, self.timing, self.stats.laps)
         pol = self.policy
         uniq, inv = self._dedup(idx)
         u = int(uniq.numel())
@@ -270,7 +271,7 @@ class FeatureCache(FeatureStore):
             miss_index.index_copy_(0, miss_u, torch.arange(miss_u.numel(), device=self.device))
             miss_src = miss_index.index_select(0, inv.index_select(0, miss_rows))
         miss_ids = uniq.index_select(0, miss_u)
-        manage = timer.lap()
+        manage = timer.lap("manage")
 
         move_rows(self.buffer, hit_slots, dst, hit_rows)
         m = int(miss_ids.numel())
@@ -280,16 +281,16 @@ class FeatureCache(FeatureStore):
             fetched, below = self._fetch(miss_ids)
             src = torch.arange(m, device=self.device) if miss_src is None else miss_src
             move_rows(fetched, src, dst, miss_rows)
-        copy = timer.lap()
+        copy = timer.lap("copy")
 
         slots_w, pos_w, evicted = pol.admit(miss_ids, miss_ticks)
-        manage += timer.lap()
+        manage += timer.lap("manage")
         if slots_w.numel():
             if slots_w.numel() == m and self.device.type != "cpu":
                 self.buffer.index_copy_(0, slots_w, fetched)
             else:
                 move_rows(fetched, pos_w, self.buffer, slots_w)
-        copy += timer.lap()
+        copy += timer.lap("copy")
 
         n, h = int(idx.numel()), int(hit_u.numel())
         self._count(n - m, below)

@@ -113,7 +113,7 @@ class ShardedFeatureCache(FeatureStore):
             ``capacity`` of those it owns.
         reader: the GPU this store gathers for.
         devices: one torch device per shard; None = simulated (all in CPU memory).
-        timing: time management apart from data movement (synchronizes CUDA devices).
+        timing: time management apart from data movement (CUDA events on a GPU).
 
     Attributes:
         counters: rows/bytes per tier: ``"local"``, ``"peer"`` and the tiers of ``backing``.
@@ -194,7 +194,7 @@ class ShardedFeatureCache(FeatureStore):
         return dst
 
     def _gather(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
-        timer = _Timer(self.device, self.timing)
+        timer = _Timer(self.device, self.timing, self.stats.laps)
         s, rb = self.num_shards, self.row_bytes
         uniq, inv = self._dedup(idx)
         u = int(uniq.numel())
@@ -204,11 +204,11 @@ class ShardedFeatureCache(FeatureStore):
         ticks = self._s.ticks(u, self.device)
         owner = uniq % s
         local = uniq // s
-        manage = timer.lap()
+        manage = timer.lap("manage")
         copy = 0.0
         miss_parts, hits_by_shard = [], []
         for k, sh in enumerate(self._s.shards):
-            t = _Timer(self.device, self.timing)
+            t = _Timer(self.device, self.timing, self.stats.laps)
             sel = torch.nonzero(owner == k).flatten()
             keys = local.index_select(0, sel).to(sh.device)
             with sh.lock:
@@ -222,20 +222,20 @@ class ShardedFeatureCache(FeatureStore):
                             sh.device
                         ),
                     )
-                manage += t.lap()
+                manage += t.lap("manage")
                 move_rows(
                     sh.buffer,
                     slots.index_select(0, hit_i),
                     rows_u,
                     sel.index_select(0, hit_i.to(sel.device)),
                 )
-                copy += t.lap()
+                copy += t.lap("copy")
             miss_parts.append(sel[~hit.to(sel.device)])
             hits_by_shard.append(int(hit_i.numel()))
         miss_pos = torch.cat(miss_parts) if miss_parts else uniq[:0]
         miss_ids = uniq.index_select(0, miss_pos)
         m = int(miss_ids.numel())
-        t = _Timer(self.device, self.timing)
+        t = _Timer(self.device, self.timing, self.stats.laps)
         below: dict[str, int] = {}
         fetched = None
         if m:
@@ -243,14 +243,14 @@ class ShardedFeatureCache(FeatureStore):
             fetched = self.backing.gather(miss_ids.to(self.backing.device)).to(self.device)
             below = counters_delta(before, self.backing.counters)
             move_rows(fetched, torch.arange(m, device=self.device), rows_u, miss_pos)
-        copy += t.lap()
+        copy += t.lap("copy")
         ins = ev = 0
         if m:
             miss_owner = owner.index_select(0, miss_pos)
             for k, sh in enumerate(self._s.shards):
                 if not sh.policy.dynamic or sh.policy.capacity == 0:
                     continue
-                t = _Timer(self.device, self.timing)
+                t = _Timer(self.device, self.timing, self.stats.laps)
                 part = torch.nonzero(miss_owner == k).flatten()
                 if part.numel() == 0:
                     continue
@@ -258,16 +258,16 @@ class ShardedFeatureCache(FeatureStore):
                 kt = ticks.index_select(0, miss_pos.index_select(0, part)).to(sh.device)
                 with sh.lock:
                     slots_w, pos_w, evicted = sh.policy.admit(keys, kt, check_present=True)
-                    manage += t.lap()
+                    manage += t.lap("manage")
                     src = part.index_select(0, pos_w.to(part.device))
                     move_rows(fetched, src, sh.buffer, slots_w)
-                    copy += t.lap()
+                    copy += t.lap("copy")
                 ins += int(slots_w.numel())
                 ev += evicted
-        t = _Timer(self.device, self.timing)
+        t = _Timer(self.device, self.timing, self.stats.laps)
         if inv is not None:
             move_rows(rows_u, inv, dst, None)
-        copy += t.lap()
+        copy += t.lap("copy")
 
         n = int(idx.numel())
         h_local = hits_by_shard[self.reader]

@@ -32,7 +32,7 @@ import torch
 
 from ..utils.devices import resolve_device
 from ._gather import output_rows
-from .accounting import _Timer, counters_delta, snapshot_rows
+from .accounting import EventLaps, _Timer, counters_delta, snapshot_rows
 from .base import FeatureStore
 from .batch_ops import FirstOccurrence, ids_on, move_rows
 
@@ -104,7 +104,8 @@ class CrossBatchReuse(FeatureStore):
         device: where rows are returned and kept (default ``backing.device``).
         tier: counter name of reused rows (and of repeats inside a batch), default ``"reuse"``.
         keep: ``"reference"`` (keep the returned tensor) or ``"copy"`` (keep a private copy).
-        timing: time bookkeeping apart from data movement (synchronizes a CUDA device).
+        timing: time bookkeeping apart from data movement (CUDA events on a GPU; the event-timed
+            seconds reach ``stats`` as the events complete, all of them after :meth:`flush`).
 
     Attributes:
         stats: dict with ``batches``, ``rows``, ``unique``, ``reused``, ``fetched``,
@@ -130,6 +131,7 @@ class CrossBatchReuse(FeatureStore):
         self._dedup = FirstOccurrence(self.num_rows, self.device)
         self._prev_rows: torch.Tensor | None = None
         self._lock = threading.Lock()
+        self._laps = EventLaps()
         self.stats = self._zero_stats()
 
     @staticmethod
@@ -153,6 +155,7 @@ class CrossBatchReuse(FeatureStore):
         return s["eta1_sum"] / s["eta1_batches"] if s["eta1_batches"] else 0.0
 
     def reset_stats(self) -> None:
+        self._laps = EventLaps()
         self.stats = self._zero_stats()
         self.counters.reset()
 
@@ -181,11 +184,11 @@ class CrossBatchReuse(FeatureStore):
         return dst
 
     def _gather(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
-        timer = _Timer(self.device, self.timing)
+        timer = _Timer(self.device, self.timing, self._laps)
         uniq, inv = self._dedup(idx)
         had_prev = self._prev_rows is not None
         reuse, src, fetch = self.tracker.step(uniq)
-        manage = timer.lap()
+        manage = timer.lap("manage")
         u = int(uniq.numel())
         rows_u = (
             dst if inv is None else torch.empty((u, self.dim), dtype=self.dtype, device=self.device)
@@ -210,7 +213,7 @@ class CrossBatchReuse(FeatureStore):
         if inv is not None:
             move_rows(rows_u, inv, dst, None)
         self._prev_rows = rows_u.clone() if self.keep == "copy" else rows_u
-        copy = timer.lap()
+        copy = timer.lap("copy")
 
         n, f = int(idx.numel()), int(fetch.numel())
         if n - f:
@@ -228,3 +231,10 @@ class CrossBatchReuse(FeatureStore):
             s["eta1_batches"] += 1
         s["manage_s"] += manage
         s["copy_s"] += copy
+        self.flush(wait=False)
+
+    def flush(self, wait: bool = True) -> None:
+        """Add the seconds of completed event-timed laps (CUDA) to ``stats``."""
+        if len(self._laps):
+            for phase, sec in self._laps.resolve(wait).items():
+                self.stats[f"{phase}_s"] += sec

@@ -14,11 +14,18 @@ Timing (all seconds, wall clock, per epoch):
 * ``sample``, ``gather``, ``transfer``: busy time of the loader's stages (``loader.stats``). With
   prefetching they run in background threads and overlap each other and the compute, so they need
   not add up to the epoch time.
-* ``compute``: forward + loss + backward + optimizer step in the training loop
-  (``torch.cuda.synchronize`` before reading the clock on a GPU).
+* ``compute``: forward + loss + backward + optimizer step in the training loop (on a GPU the device
+  time between CUDA events recorded around each step on the training stream, read once per
+  epoch: no device-wide synchronisation, which would also wait for the loader's copies and so
+  cancel the overlap it measures; :class:`gnnio.train.timing.ComputeTimer`).
 * ``wait``: time the training loop was blocked waiting for the next batch (the part of data loading
   the pipeline did not hide).
 * ``epoch_time_s``: the training pass only; evaluation time is reported separately (``eval_s``).
+* ``hidden_fraction``: how much of the loading work (sample + gather + transfer) was hidden behind
+  compute, ``1 - wait / (sample + gather + transfer)`` clipped to ``[0, 1]``.
+
+The loss and accuracy of the pass are summed on the device and read once per epoch, so the loop
+queues steps without waiting for each.
 
 Evaluation: ``eval="sampled"`` (default) runs the model on sampled neighbourhoods of the valid and
 test seeds with the training fanouts — cost proportional to the number of evaluated seeds, so it
@@ -47,14 +54,18 @@ from ..utils.progress import bar
 from .config import TrainConfig, check_device
 from .evaluate import evaluate_full, evaluate_sampled, make_node_loader
 from .models import build_model
-from .summary import loading_share, order_info, sampling_info, stage_seconds, summarize
+from .summary import (
+    hidden_fraction,
+    loading_share,
+    order_info,
+    sampling_info,
+    simulation_facts,
+    stage_seconds,
+    summarize,
+)
+from .timing import ComputeTimer
 
 __all__ = ["train"]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _counter_diff(after: dict, before: dict) -> dict[str, dict[str, int]]:
@@ -263,6 +274,7 @@ def train(
 
     summary = summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt)
     summary["data_setup"] = setup.info
+    summary.update(simulation_facts(device, setup.info))
     if cfg.locality_scale is not None or cfg.prune_threshold is not None:
         summary["sampling"] = sampling_info(sampler, adaptive, history, cfg)
     summary["order"] = order_info(order)
@@ -283,9 +295,10 @@ def _train_epoch(model, opt, loader, store, epoch, cfg, device) -> dict[str, Any
     """One training pass; returns the epoch record (loss, train_acc, timings, counters)."""
     model.train()
     before = store.counters.snapshot()
-    loss_sum = 0.0
-    correct = seen = batches = 0
-    compute = wait = 0.0
+    loss_sum = correct = None  # summed on the batches' device, read once after the pass
+    seen = batches = 0
+    wait = 0.0
+    timer = ComputeTimer(device)
     num_batches = loader.order.num_batches if hasattr(loader, "order") else None
     pb = bar(num_batches, f"epoch {epoch}", "batch", enabled=cfg.progress)
     t_start = time.perf_counter()
@@ -297,20 +310,20 @@ def _train_epoch(model, opt, loader, store, epoch, cfg, device) -> dict[str, Any
                 batch = next(it)
             except StopIteration:
                 break
-            t1 = time.perf_counter()
-            wait += t1 - t0
+            wait += time.perf_counter() - t0
+            timer.start()
             logits = model(batch.x, batch.blocks)
             y = batch.labels
             loss = F.cross_entropy(logits, y, ignore_index=-1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            _sync(device)
-            compute += time.perf_counter() - t1
+            timer.stop()
             b = int(y.shape[0])
-            loss_sum += float(loss.detach()) * b
-            mask = y >= 0
-            correct += int((logits.detach().argmax(dim=1)[mask] == y[mask]).sum())
+            batch_loss = loss.detach().double() * b
+            batch_correct = ((logits.detach().argmax(dim=1) == y) & (y >= 0)).sum()
+            loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
+            correct = batch_correct if correct is None else correct + batch_correct
             seen += b
             batches += 1
             pb.update(1)
@@ -324,18 +337,21 @@ def _train_epoch(model, opt, loader, store, epoch, cfg, device) -> dict[str, Any
         pb.close()
         if hasattr(it, "close"):
             it.close()  # stops the loader threads if the epoch ended early (error, interrupt)
+    compute = timer.total_s()
     epoch_time = time.perf_counter() - t_start
     stages = stage_seconds(getattr(loader, "stats", None))
     counters = _counter_diff(store.counters.snapshot(), before)
+    breakdown = {**stages, "compute": compute, "wait": wait}
     return {
         "epoch": epoch,
-        "loss": loss_sum / max(seen, 1),
-        "train_acc": correct / max(seen, 1),
+        "loss": float(loss_sum) / seen if seen else 0.0,
+        "train_acc": int(correct) / seen if seen else 0.0,
         "batches": batches,
         "seeds": seen,
         "epoch_time_s": epoch_time,
         "seeds_per_s": seen / epoch_time if epoch_time > 0 else 0.0,
-        "breakdown_s": {**stages, "compute": compute, "wait": wait},
+        "breakdown_s": breakdown,
+        "hidden_fraction": hidden_fraction(breakdown),
         "bytes_by_tier": counters["bytes"],
         "rows_by_tier": counters["rows"],
     }

@@ -10,7 +10,15 @@ import torch
 
 from .config import STAGES, TrainConfig
 
-__all__ = ["loading_share", "order_info", "sampling_info", "stage_seconds", "summarize"]
+__all__ = [
+    "hidden_fraction",
+    "loading_share",
+    "order_info",
+    "sampling_info",
+    "simulation_facts",
+    "stage_seconds",
+    "summarize",
+]
 
 
 def summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt) -> dict[str, Any]:
@@ -46,6 +54,7 @@ def summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt) 
         if epoch_time > 0
         else 0.0,
         "wait_share": breakdown["wait"] / epoch_time if epoch_time > 0 else 0.0,
+        "hidden_fraction": hidden_fraction(breakdown),
         "seeds_per_s": num_train / epoch_time if epoch_time > 0 else 0.0,
         "batches_per_epoch": history[0]["batches"] if n else 0,
         "bytes_by_tier": bytes_total,
@@ -57,6 +66,34 @@ def summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt) 
         "checkpoint": str(ckpt) if ckpt is not None else None,
         "history": history,
     }
+
+
+def hidden_fraction(breakdown: dict[str, float]) -> float:
+    """How much of the loading work was hidden behind compute: ``1 - wait / (sample + gather +
+    transfer)``, clipped to ``[0, 1]``; 1.0 when there was no loading work. 0 = the training loop
+    waited as long as loading took (no overlap), 1 = it never waited."""
+    load = breakdown["sample"] + breakdown["gather"] + breakdown["transfer"]
+    if load <= 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - breakdown["wait"] / load))
+
+
+def simulation_facts(device: torch.device, info: dict[str, Any]) -> dict[str, Any]:
+    """What of the run was simulated, said plainly: ``simulated`` is True on the CPU and whenever
+    a GPU-side structure (GPU tier, placement devices, GPU cache) lived in host memory instead;
+    ``simulated_parts`` names them. Bytes per tier are exact either way (they are what a GPU run
+    moves); times of simulated parts are CPU times, not GPU times."""
+    parts = []
+    if device.type != "cuda":
+        parts.append("device: training ran on the CPU")
+    if info.get("tiering", {}).get("simulated"):
+        parts.append("tiering: the GPU tier is held in CPU memory; 'host' rows are not PCIe reads")
+    if info.get("placement", {}).get("simulated"):
+        parts.append("placement: the placement's GPUs are simulated in CPU memory; 'local' and "
+                     "'peer' rows are host reads")  # fmt: skip
+    if info.get("cache", {}).get("device", "cpu") == "cpu" and "cache" in info:
+        parts.append("cache: held in host memory (not on a GPU)")
+    return {"simulated": bool(parts), "simulated_parts": parts}
 
 
 def loading_share(rec: dict[str, Any], cfg: TrainConfig, device: torch.device):
