@@ -148,6 +148,10 @@ class ColdPath:
                 torch.index_select(self.view, 0, ids, out=res)
             else:
                 res.index_copy_(0, pos, self.view.index_select(0, ids))
+            if not self.simulated and self._pin_handle is not None:
+                note = getattr(self._pin_handle, "note_use", None)
+                if note is not None:
+                    note()  # release() waits for this read before unpinning
             return
         ids_np = ids.cpu().numpy()
         k = int(ids_np.shape[0])

@@ -29,6 +29,13 @@ the same pages fail ("already mapped"). Hence: :class:`PinError` with a one-line
 size and the host limits, a refusal of zero-byte pins, :func:`clear_last_cuda_error` after a
 failure, and reference-counted registrations released by a finalizer that holds the tensor alive.
 
+Registrations are address *ranges*: a pin request inside a registered range shares it, one that
+only overlaps a registered range is refused (CUDA cannot register the rest, and a larger tensor at
+the same address must not pass as registered because its first page is). Readers note their
+queued reads (:meth:`PinnedHost.note_use`: an event on the reading stream), and the last release
+waits for those events, only them, before ``cudaHostUnregister``: a zero-copy gather still queued
+when a store is closed (or collected) reads memory that is still mapped.
+
 Everything here needs CUDA; :mod:`gnnio.features.simdevice` provides the simulated stand-ins used on
 machines without a GPU.
 """
@@ -148,25 +155,69 @@ def clear_last_cuda_error(device: torch.device | str | int | None = None) -> Non
 # Two stores over the same backing tensor must share one registration: unregistering it while the
 # other still reads through its view would make the GPU read unmapped memory.
 _lock = threading.Lock()
-_registrations: dict[int, list[int]] = {}  # data_ptr -> [refcount, nbytes]
 
 
-def _release(ptr: int, tensor: torch.Tensor) -> None:  # noqa: ARG001 - ``tensor`` is kept alive
-    """Drop one reference to the registration at ``ptr``; unregister on the last one.
+class _Registration:
+    """One ``cudaHostRegister`` of ``[ptr, ptr + nbytes)``, shared by the handles inside it."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.ptr, self.nbytes = ptr, nbytes
+        self.refs = 1
+        self.uses: dict[int, object] = {}  # stream id -> event after its last queued read
+
+    @property
+    def end(self) -> int:
+        return self.ptr + self.nbytes
+
+
+_registrations: dict[int, _Registration] = {}  # start address -> registration
+
+
+def _cudart():
+    """The CUDA runtime bindings (a seam: tests replace it with a recording fake)."""
+    return torch.cuda.cudart()
+
+
+def _is_pinned(t: torch.Tensor) -> bool:
+    """Whether ``t``'s first *and* last byte are page-locked (someone else's pin or a pinned
+    allocation); a tensor reaching past a pinned range is not pinned."""
+    if not t.is_pinned():
+        return False
+    last = t.view(torch.uint8).view(-1)[-1:]
+    return bool(last.is_pinned())
+
+
+def _find(ptr: int, nbytes: int) -> _Registration | None:
+    """The registration holding ``[ptr, ptr + nbytes)``; PinError when one only overlaps it."""
+    for reg in _registrations.values():
+        if reg.ptr <= ptr and ptr + nbytes <= reg.end:
+            return reg
+        if ptr < reg.end and reg.ptr < ptr + nbytes:
+            raise PinError(
+                f"cannot pin {format_bytes(nbytes)} of host memory at {ptr:#x}: it overlaps a "
+                f"registered range of {format_bytes(reg.nbytes)} at {reg.ptr:#x} without lying "
+                "inside it (pin the larger tensor first, or release the smaller pin)"
+            )
+    return None
+
+
+def _release(reg: _Registration, tensor: torch.Tensor) -> None:  # noqa: ARG001 - kept alive
+    """Drop one reference to ``reg``; on the last one wait for the reads queued on it (their
+    events, not the device) and unregister.
 
     ``tensor`` is an argument only so the finalizer holds it: its memory is freed after this ran,
     never before (freeing registered pages without unregistering them breaks later registrations).
     """
     with _lock:
-        entry = _registrations.get(ptr)
-        if entry is None:
+        reg.refs -= 1
+        if reg.refs > 0 or _registrations.get(reg.ptr) is not reg:
             return
-        entry[0] -= 1
-        if entry[0] > 0:
-            return
-        del _registrations[ptr]
+        del _registrations[reg.ptr]
+        uses, reg.uses = list(reg.uses.values()), {}
     try:
-        torch.cuda.cudart().cudaHostUnregister(ptr)
+        for ev in uses:
+            ev.synchronize()  # a gather still queued reads through the mapping: let it finish
+        _cudart().cudaHostUnregister(reg.ptr)
     except Exception:  # noqa: BLE001 - interpreter shutdown or driver gone: nothing to do
         pass
 
@@ -184,16 +235,30 @@ class PinnedHost:
     Call :meth:`release` when done; the garbage collector does it otherwise.
     """
 
-    def __init__(self, tensor: torch.Tensor, registered: bool):
+    def __init__(self, tensor: torch.Tensor, registration: _Registration | None):
         self.tensor = tensor
         self.nbytes = nbytes_of(tensor)
-        self.registered = registered
+        self.registered = registration is not None
+        self._reg = registration
         self._finalizer = (
-            weakref.finalize(self, _release, tensor.data_ptr(), tensor) if registered else None
+            weakref.finalize(self, _release, registration, tensor) if registration else None
         )
 
+    def note_use(self, stream=None) -> None:
+        """A read of the pinned memory was queued on ``stream`` (default: the current stream):
+        the registration is not dropped before it has run. Keeps one event per stream."""
+        reg = self._reg
+        if reg is None:
+            return
+        s = stream if stream is not None else torch.cuda.current_stream()
+        ev = torch.cuda.Event()
+        ev.record(s)
+        with _lock:
+            reg.uses[getattr(s, "cuda_stream", id(s))] = ev
+
     def release(self) -> None:
-        """Drop this handle's registration (idempotent)."""
+        """Drop this handle's registration (idempotent); the last handle of a registration waits
+        for the reads noted on it, then unregisters."""
         if self._finalizer is not None:
             self._finalizer()
 
@@ -226,16 +291,16 @@ def pin_host_tensor(t: torch.Tensor, device: torch.device | str | None = None) -
         raise PinError(f"cannot pin {format_bytes(nbytes)} of host memory: CUDA is not available")
     ptr = t.data_ptr()
     with _lock:
-        entry = _registrations.get(ptr)
-        if entry is not None and entry[1] >= nbytes:
-            entry[0] += 1
-            return PinnedHost(t, registered=True)
-    if t.is_pinned():  # allocated pinned (cudaHostAlloc) or registered by someone else
-        return PinnedHost(t, registered=False)
+        reg = _find(ptr, nbytes)  # PinError on a partial overlap with one of ours
+        if reg is not None:
+            reg.refs += 1
+            return PinnedHost(t, reg)
+    if _is_pinned(t):  # allocated pinned (cudaHostAlloc) or registered by someone else
+        return PinnedHost(t, None)
     dev = resolve_device("cuda" if device is None else device)
     with torch.cuda.device(dev):
         flags = CUDA_HOST_REGISTER_PORTABLE | CUDA_HOST_REGISTER_MAPPED
-        err = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, flags))
+        err = int(_cudart().cudaHostRegister(ptr, nbytes, flags))
     if err != 0:
         clear_last_cuda_error(dev)
         reason = str(torch.cuda.CudaError(err))
@@ -243,9 +308,10 @@ def pin_host_tensor(t: torch.Tensor, device: torch.device | str | None = None) -
             f"cannot pin {format_bytes(nbytes)} of host memory for zero-copy reads "
             f"(cudaHostRegister: {reason}); limit: {host_memory_limits(t)}"
         )
+    reg = _Registration(ptr, nbytes)
     with _lock:
-        _registrations[ptr] = [1, nbytes]
-    return PinnedHost(t, registered=True)
+        _registrations[ptr] = reg
+    return PinnedHost(t, reg)
 
 
 class _CudaArrayView:
