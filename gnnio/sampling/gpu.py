@@ -5,72 +5,69 @@ lands here): fanout order, fresh sampling for every destination of every hop, fi
 local ids, blocks ordered input layer first. Nothing here is CUDA-specific, so the logic is tested
 on CPU tensors; on a GPU every step is a handful of kernels with no per-node Python.
 
-Per hop, with ``d`` the degree and ``k = min(d, fanout)`` of each destination row:
+Host synchronisations are what sizes require, and no more: one per batch for the seeds (range,
+repeats, and how many edges each later hop will draw from them) and one per hop (how many new
+nodes it found, and their edges in the later hops), i.e. ``len(fanouts) + 1`` per batch. Nothing
+else reads a device value on the host: no ``nonzero``, no boolean-mask indexing, no ``.item()``.
+:func:`count_syncs` counts them (a test holds the sampler to the bound on the CPU).
 
-* ``k == d``: the whole row (segmented ``arange``);
-* ``k < d <= 4k`` ("dense" rows): a float64 random key per CSR position, sort by key then stably
-  by row, keep each row's first ``k`` -- a uniform ``k``-subset, costing ``O(d) <= O(4k)``;
-* ``d > 4k`` ("sparse" rows): ``k`` independent uniform positions per row, then repeatedly sort
-  ``(row, position)``, find repeats and redraw them until every row's positions are distinct.
-  Each redraw collides with probability ``< 1/4``, so a few rounds suffice. The procedure treats
-  all positions symmetrically, so the final ``k``-subset is uniform.
+Per hop, with ``d`` the degree and ``k = min(d, fanout)`` of each destination row, every row's
+picks fill the first ``k`` columns of a ``[rows, fanout]`` matrix:
 
-Relabelling uses two dense ``int64 [num_nodes]`` scratch tensors on the device (``loc``: global ->
-local id, ``first``: first edge position of a not-yet-seen node via ``scatter_reduce(amin)``),
-reset after each batch by touching only the batch's entries.
+* ``d <= fanout``: the whole row, positions ``0 .. d-1``;
+* ``d > fanout``: Floyd's algorithm, vectorized over the rows: for ``i = 0 .. k-1`` with
+  ``j = d - k + i`` draw ``t`` uniform in ``[0, j]`` and keep ``t``, or ``j`` if ``t`` was kept
+  already. The kept set is a uniform ``k``-subset of the row (Floyd, CACM 1987). Cost
+  ``O(rows * fanout^2 / 2)`` comparisons, independent of the degree;
+* fanout ``-1`` (all neighbours): a segmented ``arange`` over the rows.
+
+The matrix is compacted into the CSR positions by a scatter with the rows' offsets (invalid cells
+go to a dummy slot past the end), so no count is read to compact it.
+
+Relabelling uses two dense ``int64 [num_nodes + 1]`` scratch tensors on the device (``loc``:
+global -> local id, ``first``: first edge position of a not-yet-seen node via
+``scatter_reduce(amin)``; the extra slot absorbs the writes of masked-out entries), reset after
+each batch by touching only the batch's entries. Scratch goes back to a pool with an event on the
+stream that last used it, and a sampler thread on another stream waits for that event before
+reusing it.
 
 Random numbers come from a ``torch.Generator`` on the graph's device seeded from the call key, so a
 batch is reproducible on the same device and torch version, but differs from the CPU kernels'.
-Positions are drawn as ``floor(u * d)`` with 53-bit ``u``: the bias is below ``d / 2**53``.
+Positions are drawn as ``floor(u * (j + 1))`` with 53-bit ``u``: the bias is below ``d / 2**53``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .base import Block, MiniBatch
 
-__all__ = ["TorchUniformSampler", "sample_hop_torch", "DENSE_FACTOR"]
+__all__ = ["TorchUniformSampler", "count_syncs", "sample_hop_torch"]
 
-#: rows with ``fanout < deg <= DENSE_FACTOR * fanout`` use the sort-based method
-DENSE_FACTOR = 4
 _SENTINEL = torch.iinfo(torch.int64).max
-_MAX_REDRAW_ROUNDS = 10_000
 
 
 def _repeat_rows(counts: torch.Tensor, total: int) -> torch.Tensor:
-    """``i`` repeated ``counts[i]`` times (``total = counts.sum()``), as int64.
+    """``i`` repeated ``counts[i]`` times (``total = counts.sum()``), as int64, with no host sync.
 
     Same as ``repeat_interleave(arange(n), counts)``, built from a cumulative sum of row-start
-    marks instead: ATen's CPU ``repeat_interleave`` runs an OpenMP loop of grain 1, which cost
-    ~14 ms per call on a loaded 2-core machine even for tiny inputs.
+    marks (ATen's CPU ``repeat_interleave`` runs an OpenMP loop of grain 1, ~14 ms per call on a
+    loaded 2-core machine; on a GPU it reads the total back unless told). Marks past the end go
+    to a dummy slot.
     """
-    marks = torch.zeros(total, dtype=torch.int64, device=counts.device)
+    marks = torch.zeros(total + 1, dtype=torch.int64, device=counts.device)
     ends = torch.cumsum(counts, 0)[:-1]
-    ends = ends[ends < total]
-    marks.index_add_(0, ends, torch.ones_like(ends))
-    return torch.cumsum(marks, 0)
+    marks.index_add_(0, ends.clamp(max=total), torch.ones_like(ends))
+    return torch.cumsum(marks[:total], 0)
 
 
-def _segment_arange(counts: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For ``counts`` ``[n]``: ``(row, j)`` of length ``total = counts.sum()`` with ``row``
-    repeating ``i`` ``counts[i]`` times and ``j`` running ``0 .. counts[i] - 1`` within it."""
-    row = _repeat_rows(counts, total)
-    starts = torch.cumsum(counts, 0) - counts
-    j = torch.arange(total, device=counts.device) - starts[row]
-    return row, j
-
-
-def _sort_pairs(row: torch.Tensor, val: torch.Tensor, max_val: int) -> torch.Tensor:
-    """Permutation sorting by ``(row, val)`` lexicographically."""
-    n_rows = int(row.max()) + 1 if row.numel() else 0
-    if n_rows * (max_val + 1) < 2**62:
-        return torch.sort(row * (max_val + 1) + val).indices
-    perm = torch.sort(val, stable=True).indices
-    return perm[torch.sort(row[perm], stable=True).indices]
+def _kcount(deg: torch.Tensor, fanout: int) -> torch.Tensor:
+    return deg if fanout < 0 else torch.clamp(deg, max=fanout)
 
 
 def sample_hop_torch(
@@ -79,6 +76,7 @@ def sample_hop_torch(
     dst_nodes: torch.Tensor,
     fanout: int,
     generator: torch.Generator,
+    total: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One hop of uniform sampling without replacement on any device.
 
@@ -87,6 +85,8 @@ def sample_hop_torch(
         dst_nodes: int64 global ids of the destination rows.
         fanout: neighbours per row, ``-1`` = all.
         generator: a ``torch.Generator`` on the tensors' device.
+        total: ``sum(min(deg, fanout))`` over the rows when the caller knows it; None = read it
+            (the one host sync of this function).
 
     Returns:
         ``(src, dst)`` int64 ``[E']``: global ids of the sampled neighbours and the local id
@@ -95,105 +95,136 @@ def sample_hop_torch(
     dev = dst_nodes.device
     start = indptr[dst_nodes]
     deg = indptr[dst_nodes + 1] - start
-    k = deg if fanout < 0 else torch.clamp(deg, max=fanout)
+    k = _kcount(deg, fanout)
+    if total is None:
+        total = int(k.sum())
+    n = int(dst_nodes.shape[0])
+    if total == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=dev)
+        return empty, empty
+    if fanout < 0:  # every neighbour: a segmented arange
+        row = _repeat_rows(k, total)
+        j = torch.arange(total, device=dev) - (torch.cumsum(k, 0) - k)[row]
+        return indices[start[row] + j].to(torch.int64), row
+    col = torch.arange(fanout, device=dev)
+    picks = torch.empty((n, fanout), dtype=torch.int64, device=dev)
+    u = torch.rand((fanout, n), dtype=torch.float64, device=dev, generator=generator)
+    for i in range(fanout):  # Floyd: j = d - k + i runs over the last k positions
+        j = deg - fanout + i
+        t = torch.minimum((u[i] * (j + 1).to(torch.float64)).to(torch.int64), j)
+        if i:
+            seen = (picks[:, :i] == t[:, None]).any(1)
+            t = torch.where(seen, j, t)
+        picks[:, i] = t
+    pos = torch.where(deg[:, None] <= fanout, col[None, :], picks)  # short rows: all of them
+    valid = col[None, :] < k[:, None]
     row_off = torch.cumsum(k, 0) - k
-    total = int(k.sum())
-    pos = torch.empty(total, dtype=torch.int64, device=dev)
-
-    def place(rows: torch.Tensor, r: torch.Tensor, j: torch.Tensor, p: torch.Tensor) -> None:
-        # the j-th pick of row rows[r] is CSR position start + p
-        pos[row_off[rows[r]] + j] = start[rows[r]] + p
-
-    full = torch.nonzero(k == deg).squeeze(1)
-    if full.numel():
-        cnt = deg[full]
-        r, j = _segment_arange(cnt, int(cnt.sum()))
-        place(full, r, j, j)
-    partial = (k < deg) & (k > 0)
-    dense = torch.nonzero(partial & (deg <= DENSE_FACTOR * k)).squeeze(1)
-    if dense.numel():
-        cnt = deg[dense]
-        n_pos = int(cnt.sum())
-        r, j = _segment_arange(cnt, n_pos)
-        keys = torch.rand(n_pos, dtype=torch.float64, device=dev, generator=generator)
-        perm = torch.sort(keys).indices
-        perm = perm[torch.sort(r[perm], stable=True).indices]  # rows grouped, random within
-        r, j = r[perm], j[perm]
-        rank = torch.arange(n_pos, device=dev) - (torch.cumsum(cnt, 0) - cnt)[r]
-        keep = rank < k[dense][r]
-        place(dense, r[keep], rank[keep], j[keep])
-    sparse = torch.nonzero(partial & (deg > DENSE_FACTOR * k)).squeeze(1)
-    if sparse.numel():
-        kk, dd = k[sparse], deg[sparse]
-        r, j = _segment_arange(kk, int(kk.sum()))
-        d_r = dd[r]
-        p = _draw(d_r, generator)
-        max_d = int(dd.max())
-        for _ in range(_MAX_REDRAW_ROUNDS):
-            perm = _sort_pairs(r, p, max_d)
-            rs, ps = r[perm], p[perm]
-            dup = (rs[1:] == rs[:-1]) & (ps[1:] == ps[:-1])
-            redo = perm[1:][dup]
-            if redo.numel() == 0:
-                break
-            p[redo] = _draw(d_r[redo], generator)
-        else:  # pragma: no cover - probability ~ 4**-10000
-            raise RuntimeError("sample_hop_torch: redrawing repeated positions did not converge")
-        place(sparse, r, j, p)
-    src = indices[pos].to(torch.int64)
-    dst = _repeat_rows(k, total)
-    return src, dst
+    target = torch.where(valid, row_off[:, None] + col[None, :], total).flatten()
+    flat = torch.empty(total + 1, dtype=torch.int64, device=dev)
+    flat.scatter_(0, target, (start[:, None] + pos).flatten())
+    rows = torch.empty(total + 1, dtype=torch.int64, device=dev)
+    rows.scatter_(0, target, torch.arange(n, device=dev)[:, None].expand(n, fanout).flatten())
+    return indices[flat[:total]].to(torch.int64), rows[:total]
 
 
-def _draw(bound: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Uniform integers in ``[0, bound)`` elementwise (``bound >= 1``)."""
-    u = torch.rand(bound.shape[0], dtype=torch.float64, device=bound.device, generator=generator)
-    return torch.minimum((u * bound).to(torch.int64), bound - 1)
+_SYNC_OPS = frozenset(
+    {"__int__", "__bool__", "__float__", "__index__", "item", "tolist", "nonzero", "unique",
+     "masked_select", "cpu", "numpy"}
+)  # fmt: skip
+
+
+class _SyncCounter(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.ops: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        sync = name in _SYNC_OPS
+        if name == "__getitem__" and len(args) > 1:  # boolean-mask indexing reads a count
+            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+            sync = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx)
+        if name == "repeat_interleave" and kwargs.get("output_size") is None:
+            sync = True
+        if sync:
+            self.count += 1
+            self.ops.append(name)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def count_syncs():
+    """Count the torch calls inside the block that read a device value on the host (each one a
+    host synchronisation on a GPU): ``with count_syncs() as c: ...; c.count, c.ops``. Works on
+    CPU tensors too, which is how the tests hold the GPU sampler to its bound without a GPU."""
+    with _SyncCounter() as c:
+        yield c
 
 
 class TorchUniformSampler:
     """Vectorized uniform sampler over torch CSR tensors (any device; meant for CUDA).
 
     Args:
-        indptr: int64 ``[N + 1]``; indices: ``[E]`` -- CSR of in-neighbours, on the sampling device.
+        indptr: int64 ``[N + 1]``; indices: ``[E]`` -- CSR of in-neighbours, on the sampling device
+            (or pinned host memory viewed from the GPU, :mod:`gnnio.features.uva`: UVA sampling).
         fanouts: per hop, ``fanouts[0]`` = the seeds' hop (see :mod:`gnnio.sampling.uniform`).
+        device: where the sampling runs and the batches are returned; None = ``indptr.device``.
 
     :meth:`sample` takes the 64-bit call key explicitly; :class:`UniformSampler` derives it from its
-    seed and call counter / ``epoch_seed``. Thread-safe (scratch tensors come from a pool).
+    seed and call counter / ``epoch_seed``. Thread-safe (scratch tensors come from a pool, each
+    with the event of its last use, see the module docstring).
     """
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: Sequence[int]):
-        self.indptr = indptr.to(torch.int64).contiguous()
+    def __init__(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        fanouts: Sequence[int],
+        device: torch.device | None = None,
+    ):
+        self.indptr = indptr if indptr.dtype == torch.int64 else indptr.to(torch.int64)
+        self.indptr = self.indptr.contiguous()
         self.indices = indices.contiguous()
         if self.indices.device != self.indptr.device:
             raise ValueError(
                 f"graph: indptr on {self.indptr.device} but indices on {self.indices.device}"
             )
+        self._device = torch.device(device) if device is not None else self.indptr.device
         self.fanouts = [int(f) for f in fanouts]
         self.num_nodes = int(self.indptr.shape[0]) - 1
         self._lock = threading.Lock()
-        self._scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._scratch: list[tuple[torch.Tensor, torch.Tensor, object]] = []
 
     @property
     def device(self) -> torch.device:
-        return self.indptr.device
+        return self._device
 
     def _take(self) -> tuple[torch.Tensor, torch.Tensor]:
         with self._lock:
-            if self._scratch:
-                return self._scratch.pop()
-        n, dev = self.num_nodes, self.device
+            item = self._scratch.pop() if self._scratch else None
+        if item is not None:
+            loc, first, ev = item
+            if ev is not None:  # last used on another thread's stream: wait for it on ours
+                torch.cuda.current_stream(self._device).wait_event(ev)
+            return loc, first
+        n, dev = self.num_nodes + 1, self._device  # + 1: the dummy slot of masked writes
         loc = torch.full((n,), -1, dtype=torch.int64, device=dev)
         first = torch.full((n,), _SENTINEL, dtype=torch.int64, device=dev)
         return loc, first
 
-    def _give(self, scratch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def _give(self, loc: torch.Tensor, first: torch.Tensor) -> None:
+        ev = None
+        if loc.is_cuda:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self._device))
         with self._lock:
-            self._scratch.append(scratch)
+            self._scratch.append((loc, first, ev))
 
     def sample(self, seeds, key: int) -> MiniBatch:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
-        dev = self.device
+        dev, n_nodes, fanouts = self._device, self.num_nodes, self.fanouts
         seeds = torch.as_tensor(seeds, device=dev)
         if seeds.dim() != 1:
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(seeds.shape)}")
@@ -201,35 +232,43 @@ class TorchUniformSampler:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
         seeds = seeds.to(torch.int64)
         b = int(seeds.shape[0])
-        if b:
-            lo, hi = int(seeds.min()), int(seeds.max())
-            if lo < 0 or hi >= self.num_nodes:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"seeds: node id {bad} out of range [0, {self.num_nodes})")
         gen = torch.Generator(device=dev)
         gen.manual_seed(int(key) & ((1 << 63) - 1))
         loc, first = self._take()
+        ip = self.indptr
+        # the batch's one sync before sampling: range, repeats, and the edges of every hop
         ar = torch.arange(b, device=dev)
-        loc[seeds] = ar
-        if b and not bool((loc[seeds] == ar).all()):
-            counts = torch.bincount(seeds)
-            dup = int(torch.nonzero(counts > 1)[0, 0])
-            loc[seeds] = -1
-            self._give((loc, first))
+        ok = (seeds >= 0) & (seeds < n_nodes)
+        slot = torch.where(ok, seeds, n_nodes)
+        loc[slot] = ar
+        repeated = ((loc[slot] != ar) & ok).sum()
+        safe = torch.where(ok, seeds, 0)
+        deg = ip[safe + 1] - ip[safe]
+        lo_hi = torch.stack([seeds.min(), seeds.max()]) if b else torch.zeros(2, device=dev)
+        ksum = [_kcount(deg, f).sum() for f in fanouts]
+        head = torch.stack([lo_hi[0].long(), lo_hi[1].long(), repeated, *ksum]).tolist()
+        lo, hi, rep, totals = head[0], head[1], head[2], head[3:]
+        if b and (lo < 0 or hi >= n_nodes or rep):
+            loc[slot] = -1
+            self._give(loc, first)
+            if lo < 0 or hi >= n_nodes:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"seeds: node id {bad} out of range [0, {n_nodes})")
+            dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
             raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
-        parts = [seeds]
-        hop_nodes = [b]
-        hop_edges = []
+        parts, hop_nodes, hop_edges = [seeds], [b], []
         dst_nodes = seeds
-        for fanout in self.fanouts:
-            src, dst = sample_hop_torch(self.indptr, self.indices, dst_nodes, fanout, gen)
-            new = _relabel(src, loc, first, hop_nodes[-1])
+        for h, fanout in enumerate(fanouts):
+            src, dst = sample_hop_torch(ip, self.indices, dst_nodes, fanout, gen, total=totals[h])
+            new, more = _relabel(src, loc, first, hop_nodes[-1], ip, fanouts[h + 1 :])
+            for g, extra in enumerate(more):  # the new nodes' edges in the later hops
+                totals[h + 1 + g] += extra
             parts.append(new)
             hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
             hop_edges.append(torch.stack([loc[src], dst]))
             dst_nodes = torch.cat(parts)
         loc[dst_nodes] = -1
-        self._give((loc, first))
+        self._give(loc, first)
         blocks = [
             Block(hop_edges[h], num_src=hop_nodes[h + 1], num_dst=hop_nodes[h])
             for h in range(len(hop_edges) - 1, -1, -1)
@@ -239,13 +278,33 @@ class TorchUniformSampler:
         )
 
 
-def _relabel(src: torch.Tensor, loc: torch.Tensor, first: torch.Tensor, base: int) -> torch.Tensor:
+def _relabel(
+    src: torch.Tensor,
+    loc: torch.Tensor,
+    first: torch.Tensor,
+    base: int,
+    indptr: torch.Tensor,
+    later: Sequence[int],
+) -> tuple[torch.Tensor, list[int]]:
     """Give the nodes of ``src`` not yet in ``loc`` ids ``base, base + 1, ...`` in order of first
-    appearance; returns those new nodes (global ids). ``first`` is all-sentinel on entry and exit."""
-    unknown = torch.nonzero(loc[src] < 0).squeeze(1)  # ascending edge positions
-    g = src[unknown]
-    first.scatter_reduce_(0, g, unknown, reduce="amin", include_self=True)
-    new = g[first[g] == unknown]
-    first[g] = _SENTINEL
-    loc[new] = base + torch.arange(new.shape[0], device=src.device)
-    return new
+    appearance. Returns those new nodes (global ids) and, for each fanout in ``later``, how many
+    edges they will draw (``sum(min(deg, fanout))``), read back in the hop's one host sync.
+    ``first`` is all-sentinel on entry and exit; ``loc`` / ``first`` have a dummy last slot."""
+    dummy = loc.shape[0] - 1
+    e = torch.arange(src.shape[0], device=src.device)
+    unknown = loc[src] < 0
+    first.scatter_reduce_(0, torch.where(unknown, src, dummy), e, reduce="amin")
+    is_new = unknown & (first[src] == e)
+    rank = torch.cumsum(is_new, 0) - 1
+    first[src] = _SENTINEL
+    first[dummy] = _SENTINEL
+    deg = indptr[src + 1] - indptr[src]
+    sums = [torch.where(is_new, _kcount(deg, f), 0).sum() for f in later]
+    counts = torch.stack([is_new.sum(), *sums]).tolist()  # the hop's one host sync
+    num_new = counts[0]
+    target = torch.where(is_new, rank, num_new)
+    new = torch.empty(num_new + 1, dtype=torch.int64, device=src.device)
+    new.scatter_(0, target, src)
+    new = new[:num_new]
+    loc[new] = base + torch.arange(num_new, device=src.device)
+    return new, counts[1:]
