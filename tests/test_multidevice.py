@@ -154,3 +154,66 @@ def test_shards_on_one_real_gpu():  # pragma: no cover - GPU only
     assert got.device.type == "cuda"
     assert torch.equal(got.cpu(), torch.from_numpy(feats[ids.cpu().numpy()]))
     assert sum(store.counters.snapshot()["rows"].values()) == 3000
+
+
+# ---- the routed read (issue 15, fault 8): stream order checked on the CPU ----------------------
+
+
+def _routed_store(streams):
+    feats = np.random.default_rng(2).standard_normal((400, 5)).astype(np.float32)
+    topo = load_topology("2+2")
+    pl = place("interleaved", PlacementRequest(np.arange(400.0)[::-1].copy(), topo, 60))
+    plain = MultiDeviceFeatureStore(feats, pl, reader=1, topology=topo)
+    routed = MultiDeviceFeatureStore(feats, pl, reader=1, topology=topo, streams=streams)
+    return feats, plain, routed
+
+
+def test_routed_read_waits_for_the_peer_stream():
+    from gnnio.utils.streams import RecordingStreams
+
+    streams = RecordingStreams()
+    feats, plain, routed = _routed_store(streams)
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, 400, 2000))
+    got = routed.gather(ids)
+    assert torch.equal(got, torch.from_numpy(feats[ids.numpy()]))
+    plain.gather(ids)
+    assert routed.counters.snapshot() == plain.counters.snapshot()
+    assert routed.source_counters.snapshot() == plain.source_counters.snapshot()
+    assert routed.counters.rows["peer"] > 0 and streams.violations == []
+    waits = [(s, ev) for op, s, ev in streams.log if op == "wait"]
+    assert any(s.startswith("peer") and ev == "default" for s, ev in waits)
+    assert any(s == "default" and ev.startswith("peer") for s, ev in waits)
+    other = routed.for_reader(0)
+    assert torch.equal(other.gather(ids), got)
+
+
+def test_routed_read_without_the_reader_wait_fails():
+    from gnnio.utils.streams import RecordingStreams, StreamOrderError
+
+    class ForgetsPeerWait(RecordingStreams):
+        def wait(self, stream, event):
+            if not event.stream.startswith("peer"):
+                super().wait(stream, event)
+
+    _, _, routed = _routed_store(ForgetsPeerWait())
+    with pytest.raises(StreamOrderError, match="default reads rows of source"):
+        routed.gather(torch.arange(400))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_routed_read_matches_the_simulated_store():  # pragma: no cover - GPU only
+    """Four logical GPUs on cuda:0: host rows zero-copy, peers on their own streams; the same
+    rows and the same counts per tier and per source as the simulated store."""
+    feats, plain, _ = _routed_store(None)
+    real = MultiDeviceFeatureStore(
+        feats, plain.placement, reader=1, devices=["cuda:0"] * 4, topology=plain.topology
+    )
+    ids = torch.from_numpy(np.random.default_rng(4).integers(0, 400, 3000))
+    got = real.gather(ids.cuda())
+    assert got.device == torch.device("cuda", 0)
+    assert torch.equal(got.cpu(), torch.from_numpy(feats[ids.numpy()]))
+    plain.gather(ids)
+    assert real.counters.snapshot() == plain.counters.snapshot()
+    assert real.source_counters.snapshot() == plain.source_counters.snapshot()
+    assert real._route_state()[3] is not None  # host rows read zero-copy

@@ -1,6 +1,6 @@
 """The loader's stream ordering, checked on the CPU (issue 15, fault 4).
 
-:class:`~gnnio.pipeline.streams.RecordingStreams` keeps CUDA's ordering rules on the CPU. A
+:class:`~gnnio.utils.streams.RecordingStreams` keeps CUDA's ordering rules on the CPU. A
 sampler double declares its output written on its (sampling) stream, as a GPU sampler's queued
 kernels are; a store double declares that it reads the ids on the gather stream and that the host
 overwrites the staging slot. The loader passes when every handover waits; each test below that
@@ -18,8 +18,8 @@ from gnnio.features.base import FeatureStore
 from gnnio.graph import CSRGraph
 from gnnio.ordering import RandomOrder
 from gnnio.pipeline.loader import NodeLoader
-from gnnio.pipeline.streams import RecordingStreams, StreamOrderError, batch_tensors
 from gnnio.sampling import UniformSampler
+from gnnio.utils.streams import RecordingStreams, StreamOrderError, batch_tensors
 
 N, F = 400, 8
 

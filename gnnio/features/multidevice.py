@@ -15,11 +15,24 @@ row crossed, the reader's own ``"gpu<k>"`` being its local rows).
 Simulated devices. Without GPUs (``devices=None``) every shard is a separate tensor in CPU memory:
 the same routing, copies and counting run, only the bytes do not cross real links; turn counted
 bytes into modeled time with a :class:`~gnnio.placement.topology.Topology`. With ``devices`` a list of torch
-devices (``cuda:0``, ``cuda:1``, ...) shard ``k`` lives on ``devices[k]`` and peer rows are copied
-device to device (NVLink when present); host rows are gathered on the CPU and copied over.
+devices (``cuda:0``, ``cuda:1``, ...) shard ``k`` lives on ``devices[k]`` and the read is *routed*
+(:meth:`MultiDeviceFeatureStore._routed_gather`): the ids go to the reader's GPU once, one host sync
+reads how many rows each source serves, and then
+
+* host rows are read zero-copy by the reader's gather kernel from pinned host memory (the tiered
+  store's UVA machinery, :mod:`gnnio.features.uva`; a CPU gather + copy when pinning fails);
+* a peer's rows are gathered on a stream of the peer GPU that first waits for the reader's stream
+  (the ids are ready), copied to the reader there, and the reader's stream waits for that copy's
+  event before writing the output (not the peer's default stream, unordered with the reader's);
+* local rows are gathered on the reader's stream.
+
+The same routed read runs on simulated devices when a stream layer is given (``streams=``, e.g.
+:class:`~gnnio.utils.streams.RecordingStreams`, which checks the event order on the CPU).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
@@ -27,8 +40,11 @@ import torch
 from ..placement import Placement
 from ..placement.topology import Topology
 from ..utils.devices import resolve_device
+from ..utils.streams import CudaStreams
+from . import uva
 from ._gather import as_index_array, gather_rows, output_rows, tensor_view
 from .base import FeatureStore, TierCounters
+from .batch_ops import ids_on
 
 __all__ = ["MultiDeviceFeatureStore"]
 
@@ -73,6 +89,8 @@ class MultiDeviceFeatureStore(FeatureStore):
             in CPU memory).
         topology: when given, peer reads are used only if its peer links are faster than host
             reads (Eq. 3); also checks the GPU count. None = peer reads as the placement allows.
+        streams: the stream layer of the routed read (module docstring); None = CUDA streams when
+            the reader is a GPU, the plain CPU read on simulated devices.
     """
 
     def __init__(
@@ -83,6 +101,7 @@ class MultiDeviceFeatureStore(FeatureStore):
         devices: list[str | torch.device] | None = None,
         topology: Topology | None = None,
         _shared: _Shared | None = None,
+        streams=None,
     ) -> None:
         super().__init__()
         n_dev = placement.num_devices
@@ -114,6 +133,10 @@ class MultiDeviceFeatureStore(FeatureStore):
         lk = placement.lookup(self.reader, peers=peers)
         self.dev_num = torch.from_numpy(lk.dev_num)
         self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int64, copy=False))
+        if streams is None and self.device.type == "cuda":
+            streams = CudaStreams(self.device)
+        self._streams = streams
+        self._routes = None  # lookups on the reader's device, peer streams, the host view
 
     @classmethod
     def simulated(
@@ -158,9 +181,11 @@ class MultiDeviceFeatureStore(FeatureStore):
 
     def for_reader(self, reader: int) -> MultiDeviceFeatureStore:
         """A store for another GPU sharing this one's shards (its own counters and lookups)."""
+        streams = None if isinstance(self._streams, CudaStreams) else self._streams
         return MultiDeviceFeatureStore(
-            None, self._s.placement, reader, topology=self.topology, _shared=self._s
-        )
+            None, self._s.placement, reader, topology=self.topology, _shared=self._s,
+            streams=streams,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         kind = "simulated" if self.simulated else "real"
@@ -174,6 +199,8 @@ class MultiDeviceFeatureStore(FeatureStore):
         """Rows ``ids`` (int global ids, repeats allowed) as ``[len(ids), dim]`` on the reader's
         device; ``out[:len(ids)]`` is filled and returned when given. Counts rows and bytes per
         tier and per source. Raises IndexError for ids outside ``[0, num_rows)``."""
+        if self._streams is not None:
+            return self._routed_gather(ids, out)
         idx_np = as_index_array(ids, self.num_rows)
         m = int(idx_np.shape[0])
         dst = output_rows(out, m, self.dim, self.dtype, self.device)
@@ -212,3 +239,89 @@ class MultiDeviceFeatureStore(FeatureStore):
         out = torch.empty((p.shape[0], self.dim), dtype=self.dtype)
         gather_rows(self._s.host_np, p, out, src_tensor=self._s.host)
         return out
+
+    # ---- the routed read (real devices, or simulated ones with a stream layer) ---------------
+    def _route_state(self):
+        if self._routes is None:
+            st, dev = self._streams, self.device
+            host_view, pin = None, None
+            if dev.type == "cuda" and self._s.host.numel():
+                try:
+                    host = self._s.host
+                    pin = uva.pin_host_tensor(host, dev)
+                    host_view = uva.device_view(host, dev)
+                except (uva.PinError, ValueError, RuntimeError) as e:
+                    if pin is not None:
+                        pin.release()
+                    pin = None
+                    warnings.warn(
+                        f"MultiDeviceFeatureStore: host rows gathered on the CPU and copied ({e})",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+            peers = {
+                k: st.new_stream(f"peer{k}") for k in range(len(self._s.shards)) if k != self.reader
+            }
+            self._routes = (self.dev_num.to(dev), self.buf_pos.to(dev), peers, host_view, pin)
+        return self._routes
+
+    def _routed_gather(self, ids, out: torch.Tensor | None) -> torch.Tensor:
+        st, dev, rb = self._streams, self.device, self.row_bytes
+        dev_num, buf_pos, peers, host_view, pin = self._route_state()
+        idx = ids_on(self, ids, dev)
+        m = int(idx.numel())
+        dst = output_rows(out, m, self.dim, self.dtype, dev)
+        tiers = {"local": 0, "peer": 0, "host": 0}
+        if m:
+            src = dev_num.index_select(0, idx).long()
+            pos = buf_pos.index_select(0, idx)
+            n_src = len(self._s.shards) + 1
+            counts = torch.bincount(src + 1, minlength=n_src).tolist()  # the one host sync
+            order = torch.sort(src, stable=True).indices
+            off = 0
+            for j, cnt in enumerate(counts):
+                k = j - 1
+                if cnt == 0:
+                    continue
+                sel = order[off : off + cnt]
+                off += cnt
+                p = pos.index_select(0, sel)
+                if k < 0:
+                    rows = self._host_read(p, host_view, pin)
+                    tiers["host"] += cnt
+                    self.source_counters.add("host", cnt, rb)
+                else:
+                    rows = self._shard_read(k, p, peers)
+                    tiers["local" if k == self.reader else "peer"] += cnt
+                    self.source_counters.add(f"gpu{k}", cnt, rb)
+                st.check_read(rows, what=f"rows of source {k}")
+                dst.index_copy_(0, sel, rows)
+        for t, c in tiers.items():
+            self.counters.add(t, c, rb)
+        return dst
+
+    def _host_read(self, p: torch.Tensor, host_view, pin) -> torch.Tensor:
+        if host_view is not None:  # zero-copy: the reader's kernel reads pinned host memory
+            rows = host_view.index_select(0, p)
+            pin.note_use()
+            return rows
+        return self._host_rows(p.cpu()).to(self.device, non_blocking=True)
+
+    def _shard_read(self, k: int, p: torch.Tensor, peers: dict) -> torch.Tensor:
+        shard = self._s.shards[k]
+        if k == self.reader:
+            return shard.index_select(0, p.to(shard.device))
+        st = self._streams
+        ready = st.record()  # the reader's stream made `p`: the peer's stream waits for it
+        ps = peers[k]
+        st.wait(ps, ready)
+        with st.use(ps):
+            st.adopt([p], ps)
+            rows = shard.index_select(0, p.to(shard.device, non_blocking=True))
+            rows = rows.to(self.device, non_blocking=True)
+            st.produce(rows)
+            done = st.record()
+        cur = st.current()
+        st.wait(cur, done)  # the reader writes the output only after the peer's copy
+        st.adopt([rows], cur)
+        return rows

@@ -38,8 +38,8 @@ Every stage has its own stream and stages hand each other events, never a device
 * Transfer time (and the gather time of a GPU store) is the device time between events, summed
   when the epoch ends; CPU stages are timed by the wall clock.
 
-All stream operations go through :mod:`gnnio.pipeline.streams`, whose
-:class:`~gnnio.pipeline.streams.RecordingStreams` keeps CUDA's ordering rules on the CPU: a test
+All stream operations go through :mod:`gnnio.utils.streams`, whose
+:class:`~gnnio.utils.streams.RecordingStreams` keeps CUDA's ordering rules on the CPU: a test
 passes it as ``streams=`` and a missing wait fails there, without a GPU.
 """
 
@@ -57,8 +57,8 @@ import torch
 from ..features.base import FeatureStore
 from ..sampling.base import MiniBatch, Sampler
 from ..utils.devices import resolve_device
+from ..utils.streams import batch_tensors, streams_for
 from .stages import END, POLL_S, EpochRun, StageFailure
-from .streams import batch_tensors, streams_for
 
 __all__ = ["LoaderStats", "NodeLoader"]
 
@@ -138,9 +138,9 @@ class NodeLoader:
             delivered in order).
         reuse_buffers: gather into a ring of ``prefetch + 2`` preallocated buffers (see module
             docstring: on the CPU ``batch.x`` is valid until the next batch is requested).
-        streams: the stream operations (:mod:`gnnio.pipeline.streams`); None = CUDA streams when
+        streams: the stream operations (:mod:`gnnio.utils.streams`); None = CUDA streams when
             the device, the store or the sampler is on a GPU, none otherwise. Tests pass a
-            :class:`~gnnio.pipeline.streams.RecordingStreams` to check the ordering on the CPU
+            :class:`~gnnio.utils.streams.RecordingStreams` to check the ordering on the CPU
             (batches are then "copied" by cloning ``x``, as on a GPU).
 
     Iterate with ``for batch in loader.epoch(e)``, or ``loader.set_epoch(e)`` then ``iter(loader)``

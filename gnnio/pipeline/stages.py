@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from ..sampling.base import MiniBatch
-from .streams import batch_tensors
+from ..utils.streams import batch_tensors
 
 __all__ = ["END", "POLL_S", "EpochRun", "StageFailure", "Stopped"]
 

@@ -1,4 +1,5 @@
-"""The stream and event operations of the loader, behind one small interface.
+"""The stream and event operations of the loader (and of the stores that hand rows across
+streams), behind one small interface.
 
 Why an interface: the loader's stages run on their own CUDA streams (sampling workers, the gather
 and copy side stream, the consumer's stream) and hand tensors across them. A missing
@@ -20,7 +21,9 @@ Operations (``stream`` arguments default to the calling thread's current stream)
 * ``adopt(tensors, stream)``: tensors made on another stream are now used on ``stream``, so the
   caching allocator must not hand their memory out until ``stream``'s work is done
   (``Tensor.record_stream``; GraphBolt does the same when a tensor crosses streams);
-* ``to_device(batch, device)``: an asynchronous copy of a batch, queued on the current stream.
+* ``to_device(batch, device)``: an asynchronous copy of a batch, queued on the current stream;
+* ``produce(*tensors)`` / ``check_read(*tensors)``: declarations that the current stream writes /
+  reads these tensors; no-ops on CUDA, checked by :class:`RecordingStreams`.
 """
 
 from __future__ import annotations
@@ -34,13 +37,11 @@ from typing import Any
 
 import torch
 
-from ..sampling.base import MiniBatch
-
 __all__ = ["CudaStreams", "RecordingStreams", "StreamOrderError", "batch_tensors"]
 
 
-def batch_tensors(mb: MiniBatch) -> list[torch.Tensor]:
-    """Every tensor a batch holds (seeds, input nodes, features, labels, block edges/weights)."""
+def batch_tensors(mb: Any) -> list[torch.Tensor]:
+    """Every tensor a :class:`~gnnio.sampling.base.MiniBatch` holds (seeds, input nodes, features, labels, block edges/weights)."""
     out = [mb.seeds, mb.input_nodes, mb.x, mb.labels]
     for b in mb.blocks:
         out += [b.edge_index, b.edge_weight]
@@ -83,8 +84,15 @@ class CudaStreams:
             if t is not None and t.is_cuda:
                 t.record_stream(stream)
 
-    def to_device(self, mb: MiniBatch, device: torch.device) -> MiniBatch:
+    def to_device(self, mb: Any, device: torch.device) -> Any:
         return mb.to(device, non_blocking=True)
+
+    # declarations for RecordingStreams; nothing to do on a real device
+    def produce(self, *tensors: torch.Tensor) -> None:
+        pass
+
+    def check_read(self, *tensors: torch.Tensor, what: str = "") -> None:
+        pass
 
 
 class StreamOrderError(AssertionError):
@@ -192,7 +200,7 @@ class RecordingStreams:
         with self._lock:
             self.log.append(("adopt", stream.name, str(sum(1 for _ in tensors))))
 
-    def to_device(self, mb: MiniBatch, device: torch.device) -> MiniBatch:  # noqa: ARG002
+    def to_device(self, mb: Any, device: torch.device) -> Any:  # noqa: ARG002
         s = self.current()
         srcs = batch_tensors(mb)
         self.check_read(*srcs)
