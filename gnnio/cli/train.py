@@ -443,6 +443,8 @@ def _launch(args, cfg, dataset) -> int:
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
         argv.append(str(ds.path))  # the built-in dataset, generated once above
+        if args.epochs is None:  # ... with its own default epochs, as in one process
+            argv += ["--epochs", str(cfg.epochs)]
     launch(args.nproc, args.rank_entry, argv, timeout_s=cfg.dist_timeout)
     return 0
 
