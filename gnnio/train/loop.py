@@ -102,6 +102,18 @@ class LocalRun:
 
         return build_order(ds, cfg, seeds, labels, batch_size, seed)
 
+    def build_sampler(self, ds, cfg: TrainConfig, fanouts, setup):
+        """The training sampler and its Algorithm 2 controller (or None)."""
+        from .setup import build_sampler
+
+        return build_sampler(ds, cfg, fanouts, setup)
+
+    def build_eval_sampler(self, ds, cfg: TrainConfig, fanouts):
+        """The evaluation sampler: uniform, seed ``cfg.seed + 1``."""
+        from ..sampling import UniformSampler
+
+        return UniformSampler(ds.graph, fanouts, seed=cfg.seed + 1, num_threads=cfg.threads)
+
     def eval_order(self, seeds, batch_size: int, seed: int):
         """The order of an evaluation split (None = :func:`make_node_loader`'s default)."""
         return None
@@ -142,9 +154,6 @@ def train(
     ``run`` builds the store, orders and model and reduces the results: :class:`LocalRun` (one
     process, the default) or :class:`gnnio.dist.train.DistRun` (one rank of several).
     """
-    from ..sampling import UniformSampler
-    from .setup import build_sampler
-
     cfg = config or TrainConfig()
     run = run or LocalRun()
     cfg.validate(run.world_size)
@@ -166,7 +175,7 @@ def train(
 
     setup = run.build_store(ds, cfg, device)
     store = setup.store
-    sampler, adaptive = build_sampler(ds, cfg, fanouts, setup)
+    sampler, adaptive = run.build_sampler(ds, cfg, fanouts, setup)
     order = run.build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
     train_loader = make_node_loader(
         sampler,
@@ -181,7 +190,7 @@ def train(
     )
     eval_loaders = {}
     if cfg.eval == "sampled":
-        eval_sampler = UniformSampler(ds.graph, fanouts, seed=cfg.seed + 1, num_threads=cfg.threads)
+        eval_sampler = run.build_eval_sampler(ds, cfg, fanouts)
         for name, idx in (("valid", ds.valid_idx), ("test", ds.test_idx)):
             eval_loaders[name] = make_node_loader(
                 eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
