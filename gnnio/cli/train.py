@@ -82,6 +82,14 @@ def register(sub) -> None:
         default=None,
         help="CPU threads of the sampler and the feature gather",
     )
+    p.add_argument(
+        "--isolation",
+        choices=["auto", "off"],
+        default="off",
+        help="auto: BGL's resource isolation: profile sample, gather and compute against their "
+        "threads, give each stage the share that minimizes the slowest (printed, and in the "
+        "summary under 'isolation'); off: every stage uses its default threads (default: off)",
+    )
     g = p.add_argument_group(
         "feature placement and caching",
         "where feature rows live during training (docs: README, 'Data I/O options')",
@@ -338,6 +346,7 @@ def run(args) -> int:
         log=args.log,
         store=args.store or ("mmap" if ranks > 1 else "memory"),
         threads=args.threads,
+        isolation=args.isolation,
         progress=not args.quiet,
         gpu_cache_fraction=args.gpu_cache_fraction,
         gpu_budget_bytes=args.gpu_budget,

@@ -61,6 +61,10 @@ class TrainConfig:
             read from the memory-mapped file on every gather); either way the loader copies each
             batch's rows to ``device``.
         threads: CPU threads of the sampler and of the feature gather kernel; None = their defaults.
+        isolation: ``"off"`` (default) or ``"auto"``: BGL's profiling-based resource isolation
+            (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
+            profiled against their threads and given the allocation that minimizes the slowest;
+            recorded in the summary under ``isolation`` (stage -> threads).
         prefetch: batches the loader prepares ahead.
         progress: show tqdm progress bars (stderr).
         gpu_cache_fraction: None = no tiering; else keep this fraction of the feature rows (the
@@ -147,6 +151,7 @@ class TrainConfig:
     log: str | None = None
     store: str = "memory"
     threads: int | None = None
+    isolation: str = "off"
     prefetch: int = 2
     progress: bool = True
     gpu_cache_fraction: float | None = None
@@ -222,6 +227,8 @@ class TrainConfig:
             raise UsageError(f"--seed: must be >= 0, got {self.seed}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
+        if self.isolation not in ("auto", "off"):
+            raise UsageError(f"--isolation: must be auto or off, got '{self.isolation}'")
         self._validate_data_options(world_size)
         check_device(self.device)
 
@@ -317,6 +324,8 @@ class TrainConfig:
             )
         if self.eval == "full":
             raise UsageError("--eval full: single-process only; use --eval sampled with ranks")
+        if self.isolation != "off":
+            raise UsageError("--isolation auto: single-process only for now")
         if self.placement is not None and self.placement_strategy is not None:
             raise UsageError("--placement and --placement-strategy exclude each other; give one")
         if self.placement_strategy is not None and self.placement_strategy not in DIST_STRATEGIES:

@@ -211,6 +211,13 @@ def train(
     ).to(device)
     net = run.wrap_model(model)  # what trains (DDP with ranks); `model` evaluates and is saved
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    iso = iso_undo = None
+    if cfg.isolation == "auto":  # BGL §3.4: profile the stages, give each its threads
+        from .isolate import isolate
+
+        iso, iso_undo = isolate(sampler, store, model, order, labels, device)
+        if cfg.progress and run.is_main:
+            _status(iso.describe())
 
     log_f = None
     if cfg.log and run.is_main:
@@ -280,10 +287,17 @@ def train(
     finally:
         if log_f is not None:
             log_f.close()
+        if iso_undo is not None:
+            from .isolate import restore
+
+            restore(iso_undo, sampler, store)
 
     summary = summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt)
     summary["data_setup"] = setup.info
     summary.update(simulation_facts(device, setup.info))
+    summary["isolation"] = dict(iso.threads) if iso is not None else None
+    if iso is not None:
+        summary["isolation_profile"] = iso.as_dict()
     if cfg.locality_scale is not None or cfg.prune_threshold is not None:
         summary["sampling"] = sampling_info(sampler, adaptive, history, cfg)
     summary["order"] = order_info(order)

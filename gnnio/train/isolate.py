@@ -1,0 +1,146 @@
+"""``gnnio train --isolation auto``: profile the run's own stages, solve BGL's allocation
+(:mod:`gnnio.pipeline.isolation`) and give each stage its threads.
+
+The stages and the knob each one has:
+
+* ``sample``: the sampler's thread pool (``sampler.num_threads``; batches do not depend on it);
+* ``gather``: the gather kernel's threads of every store in the ``backing`` chain that has one
+  (``num_threads`` of the in-memory / memory-mapped store). It is profiled on the innermost such
+  store: a cache or reuse wrapper above it keeps its state (profiling must not warm a cache);
+  without one, the gather stage enters the objective as a constant;
+* ``compute``: torch's intra-op threads (``torch.set_num_threads``, process-wide: the user asked
+  for it with ``--isolation auto``; :func:`restore` puts the old value back after the run). On a
+  GPU the model step uses no CPU threads: it enters the objective as a constant.
+
+Profiling runs each stage alone on the first few batches of epoch 0 (sampled with keys the
+training run does not use), after one warm-up call per thread count; the model step is profiled
+on a copy of the model, so training starts from the same weights either way.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..pipeline.isolation import Allocation, profile_stages, solve, thread_candidates
+
+__all__ = ["isolate", "restore"]
+
+_PROFILE_KEY = 1 << 62  # epoch_seed base of profiling batches: far from every training key
+
+
+def gather_targets(store) -> list:
+    """Stores in the ``backing`` chain whose gather kernel takes a thread count."""
+    out, seen = [], set()
+    s = store
+    while s is not None and id(s) not in seen:
+        seen.add(id(s))
+        if hasattr(s, "num_threads") and hasattr(s, "gather"):
+            out.append(s)
+        s = getattr(s, "backing", None)
+    return out
+
+
+def _set_sampler_threads(sampler, c: int) -> None:
+    if hasattr(sampler, "num_threads"):
+        if hasattr(sampler, "close"):
+            sampler.close()  # the pool restarts with the new size on the next call
+        sampler.num_threads = int(c)
+
+
+def _timed(fn, n: int) -> float:
+    fn(0)  # warm-up (pool start, numba dispatch, allocator)
+    t0 = time.perf_counter()
+    for i in range(n):
+        fn(i)
+    return (time.perf_counter() - t0) / n
+
+
+def isolate(sampler, store, model, order, labels, device: torch.device, batches: int = 4):
+    """Profile, solve and apply; returns ``(allocation, undo)`` where ``undo`` is the state
+    :func:`restore` puts back."""
+    cores = os.cpu_count() or 1
+    seeds = []
+    for s in order.batches(0):
+        seeds.append(s)
+        if len(seeds) == batches:
+            break
+    if not seeds:
+        raise ValueError("--isolation auto: the seed order has no batches to profile")
+    n = len(seeds)
+    mbs = [sampler.sample(seeds[i], epoch_seed=_PROFILE_KEY + i) for i in range(n)]
+    targets = gather_targets(store)
+    undo: dict[str, Any] = {
+        "torch_threads": torch.get_num_threads(),
+        "sampler": getattr(sampler, "num_threads", None),
+        "gather": [t.num_threads for t in targets],
+    }
+
+    def sample(c: int) -> float:
+        _set_sampler_threads(sampler, c)
+        return _timed(lambda i: sampler.sample(seeds[i % n], epoch_seed=_PROFILE_KEY + i), n)
+
+    base = targets[-1] if targets else store
+
+    def gather(c: int) -> float:
+        for t in targets:
+            t.num_threads = int(c)
+        return _timed(lambda i: base.gather(mbs[i % n].input_nodes), n)
+
+    twin = copy.deepcopy(model).to(device)
+    xs = [base.gather(mb.input_nodes).to(device) for mb in mbs]
+    ys = [torch.as_tensor(labels)[mb.seeds.cpu()].to(device) for mb in mbs]
+    blocks = [[b.to(device) for b in mb.blocks] for mb in mbs]
+
+    def step(i: int) -> None:
+        k = i % n
+        twin.zero_grad(set_to_none=True)
+        F.cross_entropy(twin(xs[k], blocks[k]), ys[k], ignore_index=-1).backward()
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # profiling only, before training
+
+    def compute(c: int) -> float:
+        torch.set_num_threads(int(c))
+        return _timed(step, n)
+
+    stages = {"sample": sample}
+    fixed = {}
+    if targets:
+        stages["gather"] = gather
+    else:
+        fixed["gather"] = _timed(lambda i: base.gather(mbs[i % n].input_nodes), n)
+    if device.type == "cpu":
+        stages["compute"] = compute
+    else:
+        fixed["compute"] = _timed(step, n)
+    try:
+        fits = profile_stages(stages, thread_candidates(cores))
+    finally:
+        base.counters.reset()  # the run's counters must not count profiling reads
+        torch.set_num_threads(undo["torch_threads"])
+    alloc = solve(fits, cores, fixed)
+    apply(alloc, sampler, targets)
+    return alloc, undo
+
+
+def apply(alloc: Allocation, sampler, targets: list) -> None:
+    th = alloc.threads
+    _set_sampler_threads(sampler, th["sample"])
+    for t in targets:
+        t.num_threads = th.get("gather", t.num_threads)
+    if "compute" in th:
+        torch.set_num_threads(th["compute"])
+
+
+def restore(undo: dict[str, Any], sampler, store) -> None:
+    """Put back the thread settings :func:`isolate` changed (torch's is process-wide)."""
+    torch.set_num_threads(undo["torch_threads"])
+    if undo["sampler"] is not None:
+        _set_sampler_threads(sampler, undo["sampler"])
+    for t, c in zip(gather_targets(store), undo["gather"]):
+        t.num_threads = c
