@@ -11,6 +11,16 @@ __all__ = [
     "DatasetError",
     "DatasetWriter",
     "GnnioError",
+    "from_pyg",
     "load",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    # ``gnnio.from_pyg`` is imported on first use: ``import gnnio`` stays free of PyG code
+    if name == "from_pyg":
+        from .importers.pyg import from_pyg
+
+        return from_pyg
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,7 @@ def _fanouts(text: str) -> list[int]:
 def register(sub) -> None:
     p = sub.add_parser(
         "prepare",
-        help="import a dataset (synthetic, planetoid, facebook, ogb, npy) into gnnio's format",
+        help="import a dataset (synthetic, planetoid, facebook, ogb, npy, pyg) into gnnio's format",
         description=(
             "Import a dataset, validate it and write it atomically into gnnio's on-disk format "
             "(see docs/format.md), optionally reordered by a hotness score. Run "

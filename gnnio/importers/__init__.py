@@ -9,7 +9,7 @@ Each importer module provides
     writes through :class:`gnnio.graph.DatasetWriter` (atomic: temp dir + rename).
 """
 
-from . import facebook, npy, ogb, planetoid, synthetic
+from . import facebook, npy, ogb, planetoid, pyg, synthetic
 
 IMPORTERS = {
     "synthetic": synthetic,
@@ -17,6 +17,7 @@ IMPORTERS = {
     "facebook": facebook,
     "ogb": ogb,
     "npy": npy,
+    "pyg": pyg,
 }
 
 __all__ = ["IMPORTERS"]

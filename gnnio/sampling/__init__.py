@@ -11,10 +11,13 @@
   favoured by a scale ``s``) with Horvitz-Thompson edge weights and optional HyDRA threshold
   pruning; :class:`PrunedUniformSampler` is the pruning alone; :class:`AdaptiveScale` is their
   Algorithm 2, fed by a measured or :func:`modeled_loading_share`.
+* :class:`FrontierSampler` -- PyG ``NeighborLoader``'s semantics (each hop expands only the nodes
+  new at the hop before), for :mod:`gnnio.pyg`.
 """
 
 from .adaptive import AdaptiveScale, modeled_loading_share, modeled_loading_time
 from .base import Block, MiniBatch, Sampler
+from .frontier import FrontierSampler
 from .labor import LaborSampler
 from .ladies import LadiesSampler, layer_probabilities
 from .ladies_locality import LocalityLadiesSampler
@@ -30,6 +33,7 @@ from .uniform import UniformSampler, parse_fanouts
 __all__ = [
     "AdaptiveScale",
     "Block",
+    "FrontierSampler",
     "LaborSampler",
     "LadiesSampler",
     "LocalityLadiesSampler",

@@ -1,0 +1,214 @@
+"""PyG's remote-backend interfaces over gnnio: :class:`GnnioFeatureStore` (a
+``torch_geometric.data.FeatureStore``) and :class:`GnnioGraphStore` (a ``GraphStore``).
+
+Together they are ``data=(feature_store, graph_store)`` for PyG's loaders: ``NeighborLoader``
+then samples from gnnio's CSR with PyG's own sampler (this needs pyg-lib or torch-sparse
+installed) and reads every batch's rows through :meth:`GnnioFeatureStore.multi_get_tensor`, i.e.
+through gnnio's tiers and caches, whose counters see every row and byte.
+
+Keys follow PyG's homogeneous convention: ``TensorAttr(group_name=None, attr_name, index)`` and
+``EdgeAttr(edge_type=None, layout, is_sorted, size)``. A tensor is one of
+
+* a gnnio :class:`~gnnio.features.base.FeatureStore` (read-only; ``index`` rows come from
+  ``store.gather(index)``, counted per tier), registered with :meth:`GnnioFeatureStore.add_store`;
+* an ordinary tensor put with ``put_tensor`` (PyG's contract: ``index`` given at ``put`` names the
+  node ids of its rows, None = rows ``0..n-1``).
+
+``remove_tensor`` only forgets a key (a gnnio store's data is never touched); ``update_tensor``
+replaces it with an in-memory tensor. The graph store starts with gnnio's CSR of in-neighbours
+as PyG's CSC layout (``colptr`` = gnnio's ``indptr``, ``row`` = ``indices``: the source of each
+edge, grouped by target), so ``graph_store.csc()`` costs no conversion and its ``perm`` is None:
+PyG's ``e_id`` is then the CSR position. COO and CSR come from PyG's own converters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
+from torch_geometric.data.graph_store import EdgeLayout
+
+from ..features.base import FeatureStore as GnnioStore
+
+__all__ = ["GnnioFeatureStore", "GnnioGraphStore"]
+
+
+def _as_ids(index: Any, n: int) -> torch.Tensor | None:
+    """A TensorAttr index as int64 ids; None = every row. Slices, lists, arrays, int or bool
+    tensors; ids outside ``[0, n)`` (after PyG's slice rules) raise IndexError."""
+    if index is None:
+        return None
+    if isinstance(index, slice):
+        if index == slice(None, None, None):
+            return None
+        r = range(*index.indices(n))
+        if len(r) == 0:
+            return torch.empty(0, dtype=torch.int64)
+        return torch.arange(r.start, r.start + len(r) * r.step, r.step, dtype=torch.int64)
+    if isinstance(index, np.ndarray):
+        index = torch.from_numpy(index)
+    elif not isinstance(index, torch.Tensor):
+        index = torch.as_tensor(index)
+    if index.dtype == torch.bool:
+        return index.nonzero().view(-1)
+    return index.to(torch.int64).view(-1)
+
+
+class _Tensor:
+    """An in-memory tensor whose rows are the node ids ``ids`` (None = ``0..n-1``)."""
+
+    def __init__(self, tensor: torch.Tensor, ids: torch.Tensor | None) -> None:
+        self.tensor = tensor
+        self.ids = ids
+        if ids is not None:
+            self.sorted, self.perm = torch.sort(ids)
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    def rows(self, ids: torch.Tensor | None) -> torch.Tensor:
+        if ids is None:
+            return self.tensor
+        if self.ids is None:
+            return self.tensor[ids]
+        at = torch.searchsorted(self.sorted, ids).clamp_max(max(len(self.sorted) - 1, 0))
+        if ids.numel() and (len(self.sorted) == 0 or not torch.equal(self.sorted[at], ids)):
+            raise KeyError("index: some node ids have no row in this tensor")
+        return self.tensor[self.perm[at]]
+
+
+class _Store:
+    """A gnnio feature store as a tensor (rows = global ids)."""
+
+    def __init__(self, store: GnnioStore) -> None:
+        self.store = store
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        return (int(self.store.num_rows), int(self.store.dim))
+
+    def rows(self, ids: torch.Tensor | None) -> torch.Tensor:
+        if ids is None:
+            ids = torch.arange(int(self.store.num_rows), dtype=torch.int64)
+        return self.store.gather(ids)
+
+
+class GnnioFeatureStore(FeatureStore):
+    """PyG ``FeatureStore`` over gnnio feature stores and plain tensors (module docstring).
+
+    Args:
+        x: a gnnio feature store registered as attribute ``"x"``; None = none yet.
+        **tensors: further node attributes by name (e.g. ``y=labels``), rows = node ids.
+    """
+
+    def __init__(self, x: GnnioStore | None = None, **tensors: torch.Tensor) -> None:
+        super().__init__()
+        self._items: dict[tuple[Any, str], _Tensor | _Store] = {}
+        if x is not None:
+            self.add_store(x, "x")
+        for name, t in tensors.items():
+            self.put_tensor(torch.as_tensor(t), group_name=None, attr_name=name, index=None)
+
+    @classmethod
+    def from_dataset(cls, dataset, store: GnnioStore | None = None) -> GnnioFeatureStore:
+        """``x`` from ``store`` (default: an in-memory store over the dataset's features) and
+        ``y`` from the dataset's labels, when it has some."""
+        if store is None:
+            from ..features import open_store
+
+            store = open_store(dataset, "memory", progress=False)
+        fs = cls(store)
+        if dataset.labels is not None:
+            y = torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64))
+            fs.put_tensor(y, group_name=None, attr_name="y", index=None)
+        return fs
+
+    def add_store(self, store: GnnioStore, attr_name: str = "x", group_name=None) -> None:
+        """Serve ``(group_name, attr_name)`` from a gnnio feature store (read-only)."""
+        self._items[(group_name, attr_name)] = _Store(store)
+
+    def gnnio_stores(self) -> dict[tuple[Any, str], GnnioStore]:
+        """The gnnio stores behind attributes (their ``counters`` count every read)."""
+        return {k: v.store for k, v in self._items.items() if isinstance(v, _Store)}
+
+    @staticmethod
+    def _key(attr: TensorAttr) -> tuple[Any, str]:
+        return (attr.group_name, attr.attr_name)
+
+    def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
+        if isinstance(tensor, np.ndarray):
+            tensor = torch.from_numpy(tensor)
+        ids = _as_ids(attr.index, int(tensor.shape[0]))
+        if ids is not None and ids.numel() != tensor.shape[0]:
+            raise ValueError(f"put_tensor: {tensor.shape[0]} rows but {ids.numel()} index ids")
+        self._items[self._key(attr)] = _Tensor(tensor, ids)
+        return True
+
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor | None:
+        item = self._items.get(self._key(attr))
+        if item is None:
+            raise KeyError(f"Could not find tensor for '{attr}'")
+        return item.rows(_as_ids(attr.index, item.size[0]))
+
+    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor | None]:
+        return [self._get_tensor(a) for a in attrs]
+
+    def _remove_tensor(self, attr: TensorAttr) -> bool:
+        return self._items.pop(self._key(attr), None) is not None
+
+    def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
+        item = self._items.get(self._key(attr))
+        if item is None:
+            return None
+        ids = _as_ids(attr.index, item.size[0])
+        return item.size if ids is None else (int(ids.numel()), *item.size[1:])
+
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        return [TensorAttr(group, name) for group, name in self._items]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(str(k[1]) for k in self._items)})"
+
+
+class GnnioGraphStore(GraphStore):
+    """PyG ``GraphStore`` over a gnnio CSR of in-neighbours (module docstring).
+
+    Args:
+        graph: a :class:`~gnnio.graph.csr.CSRGraph`, or a dataset (its ``graph``).
+        edge_type: the key's edge type (None = PyG's homogeneous graph).
+
+    The CSC pair is ``(row, colptr)`` as int64 tensors: ``colptr`` shares gnnio's ``indptr``;
+    ``row`` is gnnio's ``indices`` (copied to int64 when stored as int32, the dtype PyG's samplers
+    expect).
+    """
+
+    def __init__(self, graph, edge_type=None) -> None:
+        super().__init__()
+        graph = getattr(graph, "graph", graph)
+        n = graph.num_nodes
+        colptr = torch.from_numpy(np.asarray(graph.indptr, dtype=np.int64))
+        row = torch.from_numpy(np.asarray(graph.indices, dtype=np.int64))
+        self._items: dict[tuple[Any, EdgeLayout], tuple[EdgeAttr, Any]] = {}
+        attr = EdgeAttr(edge_type, EdgeLayout.CSC, is_sorted=True, size=(n, n))
+        self._put_edge_index((row, colptr), attr)
+
+    @staticmethod
+    def _key(attr: EdgeAttr) -> tuple[Any, EdgeLayout]:
+        return (attr.edge_type, attr.layout)
+
+    def _put_edge_index(self, edge_index, edge_attr: EdgeAttr) -> bool:
+        self._items[self._key(edge_attr)] = (edge_attr, edge_index)
+        return True
+
+    def _get_edge_index(self, edge_attr: EdgeAttr):
+        item = self._items.get(self._key(edge_attr))
+        return None if item is None else item[1]
+
+    def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:
+        return self._items.pop(self._key(edge_attr), None) is not None
+
+    def get_all_edge_attrs(self) -> list[EdgeAttr]:
+        return [attr for attr, _ in self._items.values()]
