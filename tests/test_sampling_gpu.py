@@ -52,3 +52,105 @@ def test_hop_with_known_total_makes_no_sync():
         src, row = sample_hop_torch(ip, ix, dst, 4, torch.Generator().manual_seed(0), total)
     assert c.count == 0, c.ops
     assert src.shape[0] == row.shape[0] == total
+
+
+# ---- sampling on the GPU in gnnio train, UVA topology (issue 15) ------------------------------
+
+
+def test_pinned_csr_views_alias_the_host_csr(monkeypatch):
+    """UVA sampling pins the host CSR in place and views it from the GPU: no copy."""
+    from gnnio.features import uva
+    from gnnio.sampling.gpu import pinned_csr
+    from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_events
+    from tests.test_pinning import FakeRuntime
+
+    fake_cuda(monkeypatch)
+    rt = FakeRuntime(fake_events(monkeypatch))
+    monkeypatch.setattr(uva, "_cudart", lambda: rt)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: rt.pinned(self))
+    monkeypatch.setattr(uva, "_registrations", {})
+    real_as_tensor = torch.as_tensor
+
+    def as_tensor(obj, *a, **k):
+        if isinstance(obj, uva._CudaArrayView):
+            return obj.owner.view(torch.uint8).as_subclass(FakeCudaTensor)
+        return real_as_tensor(obj, *a, **k)
+
+    monkeypatch.setattr(torch, "as_tensor", as_tensor)
+    rng = np.random.default_rng(2)
+    g = CSRGraph.from_edges(rng.integers(0, 50, 300), rng.integers(0, 50, 300), 50)
+    ip, ix = g.to_torch()
+    vip, vix, handles = pinned_csr(ip, ix, torch.device("cuda", 0))
+    assert vip.device == torch.device("cuda", 0) and vip.data_ptr() == ip.data_ptr()
+    assert vix.data_ptr() == ix.data_ptr() and vix.dtype == ix.dtype
+    assert torch.equal(vip.as_subclass(torch.Tensor), ip) and vip.shape == ip.shape
+    assert len(rt.ranges) == 2 and all(h.registered for h in handles)
+    for h in handles:
+        h.release()
+    assert rt.ranges == []
+
+
+def test_sampler_placement_and_its_options(monkeypatch):
+    from gnnio.errors import UsageError
+    from gnnio.train.config import TrainConfig
+    from gnnio.train.setup import sampler_placement
+    from tests.fake_cuda import fake_cuda
+
+    with pytest.raises(UsageError, match="--graph-in: only with"):
+        TrainConfig(graph_in="host").validate()
+    fake_cuda(monkeypatch)
+    with pytest.raises(UsageError, match="needs --device cuda"):
+        TrainConfig(sampler_device="cuda")._validate_sampler_device()
+    with pytest.raises(UsageError, match="the uniform one"):
+        TrainConfig(
+            device="cuda", sampler_device="cuda", sampler="labor"
+        )._validate_sampler_device()
+    rng = np.random.default_rng(3)
+    ds = type(
+        "DS",
+        (),
+        {"graph": CSRGraph.from_edges(rng.integers(0, 100, 900), rng.integers(0, 100, 900), 100)},
+    )
+    csr = ds.graph.indptr.nbytes + ds.graph.indices.nbytes
+    cfg = TrainConfig(device="cuda", sampler_device="cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * csr, 8 * csr))
+    assert sampler_placement(ds, cfg) == (torch.device("cuda", 0), "gpu")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * csr - 4, 8 * csr))
+    assert sampler_placement(ds, cfg) == (torch.device("cuda", 0), "host")
+    assert sampler_placement(ds, TrainConfig()) == (None, "gpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_uva_sampling_equals_gpu_sampling():  # pragma: no cover - GPU only
+    from gnnio.sampling import UniformSampler
+    from tests.test_sampling import check_batch
+
+    rng = np.random.default_rng(5)
+    g = CSRGraph.from_edges(rng.integers(0, 3000, 30000), rng.integers(0, 3000, 30000), 3000)
+    seeds = rng.permutation(3000)[:200]
+    on_gpu = UniformSampler(g, [10, 5], seed=0, device="cuda", graph_in="gpu")
+    on_host = UniformSampler(g, [10, 5], seed=0, device="cuda", graph_in="host")
+    assert on_host._torch.indptr.data_ptr() == on_host._pins[0].tensor.data_ptr()  # no copy
+    a = on_gpu.sample(seeds, epoch_seed=3).to("cpu")
+    b = on_host.sample(seeds, epoch_seed=3).to("cpu")
+    check_batch(b, g, seeds, [10, 5])
+    assert torch.equal(a.input_nodes, b.input_nodes)
+    assert all(torch.equal(x.edge_index, y.edge_index) for x, y in zip(a.blocks, b.blocks))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("graph_in", ["gpu", "host"])
+def test_training_with_the_gpu_sampler(tmp_path, graph_in):  # pragma: no cover - GPU only
+    from gnnio.importers.synthetic import prepare_synthetic
+    from gnnio.train import TrainConfig, train
+
+    path = tmp_path / "d"
+    prepare_synthetic(path, num_nodes=1500, avg_degree=8, feat_dim=16, num_classes=4, seed=0,
+                      split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
+    cfg = TrainConfig(device="cuda", sampler_device="cuda", graph_in=graph_in, fanouts=(5, 5),
+                      batch_size=128, epochs=3, hidden=32, lr=0.01, progress=False)  # fmt: skip
+    s = train(path, cfg)
+    assert s["sampler_device"].startswith("cuda") and s["graph_in"] == graph_in
+    assert s["best_valid_acc"] > 0.6 and s["simulated"] is False

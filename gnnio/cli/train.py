@@ -171,6 +171,21 @@ def register(sub) -> None:
         "sampling, --layer-size nodes per hop, as many hops as --fanouts has values",
     )
     g.add_argument(
+        "--sampler-device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the uniform sampler runs: cpu (numba kernels) or cuda (the training GPU, "
+        "inside the loader on its own stream; needs --device cuda) (default: cpu)",
+    )
+    g.add_argument(
+        "--graph-in",
+        choices=["host", "gpu", "auto"],
+        default="auto",
+        help="with --sampler-device cuda: the CSR on the GPU (gpu), or pinned in host memory and "
+        "read zero-copy by the GPU sampler, never copied (host: UVA sampling); auto: gpu when it "
+        "takes at most a quarter of the free GPU memory (default: auto)",
+    )
+    g.add_argument(
         "--layer-size",
         type=int,
         default=8192,
@@ -347,6 +362,8 @@ def run(args) -> int:
         store=args.store or ("mmap" if ranks > 1 else "memory"),
         threads=args.threads,
         isolation=args.isolation,
+        sampler_device=args.sampler_device,
+        graph_in=args.graph_in,
         progress=not args.quiet,
         gpu_cache_fraction=args.gpu_cache_fraction,
         gpu_budget_bytes=args.gpu_budget,

@@ -99,8 +99,11 @@ class UniformSampler(ThreadedCPUSampler):
             ``num_threads - 1`` pool threads of this sampler); None = ``min(8, NUMBA_NUM_THREADS)``
             (numba's default is the number of cores). Hops with fewer than 2048 destination rows
             run on the calling thread alone. Results do not depend on the thread count.
-        device: ``"cuda"`` (or a CUDA device) moves the topology to that GPU and samples there;
-            None = the device of the graph's arrays.
+        device: ``"cuda"`` (or a CUDA device) samples on that GPU; None = the device of the
+            graph's arrays.
+        graph_in: where a GPU sampler's topology lives: ``"gpu"`` (copied into device memory) or
+            ``"host"`` (UVA sampling: the host CSR pinned in place and read zero-copy by the
+            kernels, never copied; :func:`gnnio.sampling.gpu.pinned_csr`).
 
     Thread safety: :meth:`sample` may be called from several threads at once; each call takes its
     own scratch (an int32 ``[num_nodes]`` global -> local map, versioned between calls, plus one
@@ -117,8 +120,13 @@ class UniformSampler(ThreadedCPUSampler):
         seed: int = 0,
         num_threads: int | None = None,
         device: str | torch.device | None = None,
+        graph_in: str = "gpu",
     ):
+        if graph_in not in ("gpu", "host"):
+            raise ValueError(f"graph_in: must be 'gpu' or 'host', got {graph_in!r}")
         self._init_threads(fanouts, seed, num_threads)
+        self.graph_in = graph_in
+        self._pins: list = []
         self._torch = None
         indptr, indices = graph.indptr, graph.indices
         tensor_dev = indptr.device if isinstance(indptr, torch.Tensor) else torch.device("cpu")
@@ -130,6 +138,10 @@ class UniformSampler(ThreadedCPUSampler):
                 ip, ix = indptr, indices
             else:  # zero-copy views (CSRGraph.to_torch copies only read-only arrays)
                 ip, ix = CSRGraph(np.asarray(indptr), np.asarray(indices)).to_torch()
+            if graph_in == "host" and ip.device.type == "cpu":
+                from .gpu import pinned_csr
+
+                ip, ix, self._pins = pinned_csr(ip.to(torch.int64), ix, target)
             self._torch = TorchUniformSampler(ip.to(target), ix.to(target), self.fanouts)
             self.num_nodes = self._torch.num_nodes
             return

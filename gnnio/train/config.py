@@ -65,6 +65,13 @@ class TrainConfig:
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
             profiled against their threads and given the allocation that minimizes the slowest;
             recorded in the summary under ``isolation`` (stage -> threads).
+        sampler_device: ``"cpu"`` (default: the numba sampler) or ``"cuda"``: the uniform
+            sampler runs on the training GPU inside the loader, on its own stream
+            (:mod:`gnnio.sampling.gpu`; its batches differ from the CPU sampler's, same
+            distribution).
+        graph_in: with ``sampler_device="cuda"``: ``"gpu"`` (the CSR copied to the GPU),
+            ``"host"`` (UVA sampling: the CSR pinned in host memory and read zero-copy, never
+            copied) or ``"auto"`` (gpu when it takes at most a quarter of the free GPU memory).
         prefetch: batches the loader prepares ahead.
         progress: show tqdm progress bars (stderr).
         gpu_cache_fraction: None = no tiering; else keep this fraction of the feature rows (the
@@ -152,6 +159,8 @@ class TrainConfig:
     store: str = "memory"
     threads: int | None = None
     isolation: str = "off"
+    sampler_device: str = "cpu"
+    graph_in: str = "auto"
     prefetch: int = 2
     progress: bool = True
     gpu_cache_fraction: float | None = None
@@ -229,6 +238,7 @@ class TrainConfig:
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
         if self.isolation not in ("auto", "off"):
             raise UsageError(f"--isolation: must be auto or off, got '{self.isolation}'")
+        self._validate_sampler_device()
         self._validate_data_options(world_size)
         check_device(self.device)
 
@@ -298,6 +308,24 @@ class TrainConfig:
                 raise UsageError(
                     f"--prune-threshold: needs ALPHA,BETA (two numbers >= 0), got {pt!r}"
                 )
+
+    def _validate_sampler_device(self) -> None:
+        if self.sampler_device not in ("cpu", "cuda"):
+            raise UsageError(f"--sampler-device: must be cpu or cuda, got '{self.sampler_device}'")
+        if self.graph_in not in ("host", "gpu", "auto"):
+            raise UsageError(f"--graph-in: must be host, gpu or auto, got '{self.graph_in}'")
+        if self.sampler_device == "cpu":
+            if self.graph_in != "auto":
+                raise UsageError("--graph-in: only with --sampler-device cuda")
+            return
+        if not str(self.device).startswith("cuda"):
+            raise UsageError("--sampler-device cuda: needs --device cuda")
+        plain = getattr(self, "sampler", "uniform") == "uniform"
+        if not plain or self.locality_scale is not None or self.prune_threshold is not None:
+            raise UsageError(
+                "--sampler-device cuda: the GPU sampler is the uniform one (no --sampler "
+                "labor/ladies, --locality-scale or --prune-threshold)"
+            )
 
     def validate_dist(self, world_size: int) -> None:
         """Refuse, with one line naming the option, what makes no sense with several ranks."""

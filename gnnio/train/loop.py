@@ -296,6 +296,9 @@ def train(
     summary["data_setup"] = setup.info
     summary.update(simulation_facts(device, setup.info))
     summary["isolation"] = dict(iso.threads) if iso is not None else None
+    summary["sampler_device"] = str(getattr(sampler, "device", "cpu"))
+    if summary["sampler_device"].startswith("cuda"):
+        summary["graph_in"] = getattr(sampler, "graph_in", None)
     if iso is not None:
         summary["isolation_profile"] = iso.as_dict()
     if cfg.locality_scale is not None or cfg.prune_threshold is not None:

@@ -234,7 +234,14 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
         return LadiesSampler(ds.graph, [int(cfg.layer_size)] * len(fanouts), seed=cfg.seed), None
     if cfg.locality_scale is None:
         if prune is None:
-            return UniformSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads), None
+            sdev, graph_in = sampler_placement(ds, cfg)
+            return (
+                UniformSampler(
+                    ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, device=sdev,
+                    graph_in=graph_in,
+                ),
+                None,
+            )  # fmt: skip
         return (
             PrunedUniformSampler(
                 ds.graph, fanouts, prune=prune, seed=cfg.seed, num_threads=cfg.threads
@@ -270,6 +277,24 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
         prune=prune,
     )
     return sampler, adaptive
+
+
+def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
+    """Where the uniform sampler runs and where its topology lives: ``(None, "gpu")`` for the
+    CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
+    CSR copied to the GPU when it takes at most a quarter of the free device memory, else read
+    from pinned host memory, zero-copy: UVA sampling)."""
+    if getattr(cfg, "sampler_device", "cpu") != "cuda":
+        return None, "gpu"
+    from ..utils.devices import resolve_device
+
+    dev = resolve_device(cfg.device)
+    graph_in = cfg.graph_in
+    if graph_in == "auto":
+        csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
+        free, _total = torch.cuda.mem_get_info(dev)
+        graph_in = "gpu" if csr_bytes <= free // 4 else "host"
+    return dev, graph_in
 
 
 def _top_ids(score: np.ndarray, k: int) -> np.ndarray:
