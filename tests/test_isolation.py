@@ -60,8 +60,12 @@ def test_solve_edge_cases():
     fits = {"sample": StageFit(0.5, 0.0), "gather": StageFit(0.0, 0.1), "compute": StageFit(1, 0)}
     a = solve(fits, 8)
     assert a.threads["gather"] == 1  # does not scale: no cores wasted on it
-    few = solve(fits, 2)  # fewer cores than stages: one thread each
-    assert few.threads == {"sample": 1, "gather": 1, "compute": 1}
+    few = solve(fits, 2)  # fewer cores than stages: shared; the scalable compute gets both
+    assert few.shared and few.threads == {"sample": 1, "gather": 1, "compute": 2}
+    # objective: max(slowest stage, CPU-seconds per batch / cores) = max(0.5, (0.5+0.1+2*0.5)/2)
+    assert few.bottleneck_s == pytest.approx(0.8) and not a.shared
+    flat = solve({"s": StageFit(0.0, 0.2), "g": StageFit(0.0, 0.2), "c": StageFit(0.0, 0.2)}, 2)
+    assert flat.threads == {"s": 1, "g": 1, "c": 1}  # nothing scales: no thread wasted
     gpu = solve({"sample": StageFit(0.5, 0.0)}, 4, fixed={"compute": 0.2})
     assert gpu.threads == {"sample": 3} and gpu.bottleneck_s == pytest.approx(0.2)
 

@@ -13,10 +13,17 @@ How (the paper's formulation, restricted to one machine's CPU cores):
    cores (:func:`thread_candidates`): ``T_s(c)`` seconds per batch;
 2. **fit** ``T_s(c) = a_s / c + d_s`` by least squares (BGL fits this form for its cache stage and
    assumes linear scaling, ``d = 0``, for the others; the fit covers both);
-3. **solve** ``min max_s T_s(c_s)`` over integers ``c_s >= 1`` with ``sum c_s <= C`` by brute
-   force (:func:`solve`), ``C`` = the cores, or the number of stages when there are fewer cores
-   than stages (each stage then gets one thread: isolation without spare cores). Stages that use
-   no CPU (the model step on a GPU) enter the maximum as a constant, as BGL's ``T_gpu`` does.
+3. **solve** ``min max_s T_s(c_s)`` over integers ``c_s >= 1`` with ``sum c_s <= C`` (the
+   cores) by brute force (:func:`solve`). Stages that use no CPU (the model step on a GPU) enter
+   the maximum as a constant, as BGL's ``T_gpu`` does.
+
+Fewer cores than CPU stages (CPU training on a small machine: sample, gather and compute on two
+cores) leave BGL's constraint without a solution. Stages then share cores, and gnnio minimizes
+``max(max_s T_s(c_s), sum_s c_s T_s(c_s) / C)`` over ``1 <= c_s <= C``: the slowest stage, or the
+CPU-seconds all stages need per batch spread over the cores, whichever binds (when ``sum c_s <=
+C`` the second term never exceeds the first, so this is BGL's objective wherever BGL's constraint
+can hold). A stage that scales (``d = 0``) costs the same CPU-seconds at any thread count, one that
+does not pays for every extra thread. ``Allocation.shared`` says which case applied.
 
 The PCIe share of BGL's formulation (``b_I + b_II <= B_pcie``, graph structure vs features) is
 not solved here: gnnio copies both in one transfer stage, so there is nothing to split.
@@ -51,7 +58,8 @@ class Allocation:
     Attributes:
         threads: stage -> threads (the CPU stages).
         predicted_s: stage -> predicted seconds per batch with those threads.
-        bottleneck_s: the largest predicted stage time (the objective).
+        bottleneck_s: the objective's value: the largest predicted stage time (with shared
+            cores, or the CPU-seconds per batch over the cores if larger).
         cores: the cores shared out.
         fits: stage -> :class:`StageFit`; fixed: stages that use no CPU, with their seconds.
     """
@@ -62,6 +70,7 @@ class Allocation:
     cores: int
     fits: dict[str, StageFit]
     fixed: dict[str, float] = field(default_factory=dict)
+    shared: bool = False
 
     def as_dict(self) -> dict:
         return {
@@ -78,11 +87,13 @@ class Allocation:
                 for k, f in self.fits.items()
             },
             "fixed_ms_per_batch": {k: 1e3 * v for k, v in self.fixed.items()},
+            "shared_cores": self.shared,
         }
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {v}" for k, v in self.threads.items())
-        return f"isolation: {parts} thread(s) of {self.cores} cores"
+        how = " (fewer cores than stages: shared)" if self.shared else ""
+        return f"isolation: {parts} thread(s) of {self.cores} cores{how}"
 
 
 def thread_candidates(cores: int) -> list[int]:
@@ -116,32 +127,64 @@ def solve(
     fits: Mapping[str, StageFit], cores: int, fixed: Mapping[str, float] | None = None
 ) -> Allocation:
     """The allocation minimizing the slowest stage (module docstring); ties go to fewer threads
-    in total, then to the earlier stage."""
+    in total, then to the earlier stage.
+
+    With at least as many cores as stages: every candidate objective value ``T`` is some
+    ``T_s(c)``; for a given ``T`` each stage takes the fewest threads with ``T_s(c) <= T`` (the
+    stages are independent), and the smallest ``T`` whose threads fit in ``C`` is the optimum:
+    ``O(k C log(k C))``, exact (BGL searches exhaustively in ``O(C^2)``). With fewer cores than
+    stages (``C < k``, at most ``C^k`` tiny cases) it searches exhaustively."""
     names = list(fits)
     fixed = dict(fixed or {})
     if not names:
         raise ValueError("solve: no CPU stages")
-    budget = max(int(cores), len(names))
+    cores = max(1, int(cores))
+    shared = cores < len(names)
     floor = max(fixed.values(), default=0.0)
     best: tuple[float, int, tuple[int, ...]] | None = None
-    for combo in itertools.product(range(1, budget - len(names) + 2), repeat=len(names)):
-        if sum(combo) > budget:
-            continue
-        worst = max(floor, *(fits[s].seconds(c) for s, c in zip(names, combo)))
-        key = (round(worst, 12), sum(combo), combo)
-        if best is None or key < best:
-            best = key
+    if shared:
+        for combo in itertools.product(range(1, cores + 1), repeat=len(names)):
+            times = [fits[s].seconds(c) for s, c in zip(names, combo)]
+            worst = max(floor, *times, sum(c * t for c, t in zip(combo, times)) / cores)
+            key = (round(worst, 12), sum(combo), combo)
+            if best is None or key < best:
+                best = key
+    else:
+        top = cores - len(names) + 1  # the most one stage can get with one thread for each other
+        values = sorted({max(floor, fits[s].seconds(c)) for s in names for c in range(1, top + 1)})
+        for target in values:
+            combo = tuple(_fewest(fits[s], target, top) for s in names)
+            if all(c is not None for c in combo) and sum(combo) <= cores:
+                worst = max(floor, *(fits[s].seconds(c) for s, c in zip(names, combo)))
+                best = (worst, sum(combo), combo)
+                break
     assert best is not None
     threads = dict(zip(names, best[2]))
     predicted = {s: fits[s].seconds(c) for s, c in threads.items()}
     return Allocation(
         threads=threads,
         predicted_s=predicted,
-        bottleneck_s=max(floor, *predicted.values()),
-        cores=int(cores),
+        bottleneck_s=best[0],
+        cores=cores,
         fits=dict(fits),
         fixed=fixed,
+        shared=shared,
     )
+
+
+def _fewest(fit: StageFit, target: float, top: int) -> int | None:
+    """The fewest threads in ``[1, top]`` with ``fit.seconds(c) <= target`` (it decreases in
+    ``c``), or None."""
+    if fit.seconds(top) > target + 1e-15:
+        return None
+    lo, hi = 1, top
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fit.seconds(mid) <= target + 1e-15:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def profile_stages(
