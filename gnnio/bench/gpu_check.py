@@ -11,7 +11,8 @@ what is left of the budget, a failure in one step recorded and the next one run:
    valid/test splits so that evaluation stays cheap;
 4. ``bandwidth``: ``gnnio bench tiers --device cuda --bandwidth``: UVA (zero-copy) gather against
    the pinned host->device copy, GPU-tier gather against a device-to-device copy;
-5. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores): edges/s;
+5. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores), and the GPU
+   sampler reading the CSR from pinned host memory (UVA): edges/s;
 6. ``loader``: ``gnnio bench loader --device cuda`` with the store in host memory and on the GPU;
 7. ``epochs``: ``gnnio train --device cuda --gpu-cache-fraction F`` at 0 / 5 / 10 / 25 % hot:
    epoch time, breakdown, ``hidden_fraction``, bytes per tier;
@@ -42,6 +43,7 @@ GOALS = [
     ("uva_gather", "zero-copy gather / pinned host->device copy", 0.80),
     ("gpu_tier_gather", "GPU-tier gather / device-to-device copy", 0.70),
     ("gpu_sampling", "GPU sampler edges/s / CPU sampler edges/s", 10.0),
+    ("uva_sampling", "UVA sampler (CSR in pinned host memory) edges/s / CPU edges/s", 3.0),
     ("tiering_speedup", "epoch time at 0 % hot / at 10 % hot", 1.6),
 ]
 
@@ -156,8 +158,32 @@ def step_sampling(c: Check) -> dict[str, Any]:
     if c.device == "cuda":
         out["cuda"] = c.gnnio(*common, "--device", "cuda")
         out["gpu_over_cpu"] = out["cuda"]["edges_per_s"] / max(out["cpu"]["edges_per_s"], 1e-9)
-    out["uva"] = "not built: UVA sampling (--graph-in host) awaits issue 15 part 3"
+        out["uva"] = uva_sampling(c)
+        out["uva_over_cpu"] = out["uva"]["edges_per_s"] / max(out["cpu"]["edges_per_s"], 1e-9)
     return out
+
+
+def uva_sampling(c: Check) -> dict[str, Any]:
+    """Edges/s of the GPU sampler reading the CSR zero-copy from pinned host memory (the same
+    seeds and fanouts as ``gnnio bench sampling``: batches of 1024 training seeds, 15,10,5)."""
+    import torch
+
+    from ..graph import load
+    from ..sampling import UniformSampler
+
+    ds = load(c.data)
+    s = UniformSampler(ds.graph, [15, 10, 5], seed=0, device="cuda", graph_in="host")
+    seeds = torch.from_numpy(ds.train_idx[: 1024 * c.args.batches].copy())
+    batches = [b for b in seeds.split(1024) if b.numel()]
+    for i, b in enumerate(batches[:3]):
+        s.sample(b, epoch_seed=i)
+    torch.cuda.synchronize()
+    t0, edges = time.perf_counter(), 0
+    for i, b in enumerate(batches):
+        edges += sum(int(blk.edge_index.shape[1]) for blk in s.sample(b, epoch_seed=100 + i).blocks)
+    torch.cuda.synchronize()
+    t = time.perf_counter() - t0
+    return {"edges_per_s": edges / t, "ms_per_batch": 1e3 * t / len(batches), "graph_in": "host"}
 
 
 def step_loader(c: Check) -> dict[str, Any]:
@@ -211,6 +237,7 @@ def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
         "uva_gather": bw.get("zero_copy/h2d_copy"),
         "gpu_tier_gather": bw.get("gpu_resident/d2d_copy"),
         "gpu_sampling": steps.get("sampling", {}).get("gpu_over_cpu"),
+        "uva_sampling": steps.get("sampling", {}).get("uva_over_cpu"),
         "tiering_speedup": steps.get("epochs", {}).get("speedup_10pct"),
     }
     return {
