@@ -17,6 +17,11 @@ reported:
   and ``feature_bytes_per_batch`` = that times the bytes of one feature row;
 * ``cpu_ms_per_batch``: median CPU time of the whole process (all threads) per batch, a check on
   ``ms_per_batch`` when the machine is shared (busy other processes inflate wall time, not this).
+* ``checksum``: BLAKE2b-128 of every batch's seeds, input nodes, edge indices and edge weights
+  (dtype, shape and bytes, batch after batch), from one more untimed pass. Sampling is counter-based
+  (a batch depends only on ``--seed``, the batch index and its seeds), so ``--threads 1`` and
+  ``--threads 2`` -- and ``--device cpu`` and ``--device cuda`` for ``uniform`` -- give the same
+  checksum.
 
 The whole pass is timed: seed checks, sampling, relabelling to local ids, building the blocks.
 Nothing is gathered (see ``gnnio bench gather``) and nothing is copied to a GPU unless
@@ -25,6 +30,7 @@ Nothing is gathered (see ``gnnio bench gather``) and nothing is copied to a GPU 
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import numpy as np
@@ -123,6 +129,23 @@ def fixed_batches(seeds: np.ndarray, batch_size: int, batches: int, seed: int) -
     return out
 
 
+def batches_checksum(minibatches) -> str:
+    """``"blake2b-128:<hex>"`` of the mini-batches' seeds, input nodes, edge indices and edge
+    weights (dtype, shape and bytes of each, in order), read on the CPU."""
+    h = hashlib.blake2b(digest_size=16)
+    for mb in minibatches:
+        parts = [mb.seeds, mb.input_nodes]
+        for b in mb.blocks:
+            parts.append(b.edge_index)
+            if b.edge_weight is not None:
+                parts.append(b.edge_weight)
+        for t in parts:
+            a = t.detach().cpu().contiguous()
+            h.update(f"{a.dtype}{tuple(a.shape)}".encode())
+            h.update(a.numpy().tobytes())
+    return "blake2b-128:" + h.hexdigest()
+
+
 def run(args) -> dict:
     import gnnio
 
@@ -161,6 +184,7 @@ def run(args) -> dict:
 
     try:
         times = time_passes(one_pass, warmup=args.warmup, passes=args.passes, sync=sync)
+        checksum = batches_checksum(sampler.sample(s, epoch_seed=i) for i, s in enumerate(batches))
     finally:
         pb.close()
         sampler.close()
@@ -187,5 +211,6 @@ def run(args) -> dict:
         "input_nodes_per_batch": round(stats["input_nodes"] / nb, 1),
         "feature_bytes_per_batch": round(stats["input_nodes"] / nb * row_bytes, 1),
         "cpu_ms_per_batch": round(median(cpu_s[args.warmup :]) / nb * 1e3, 4),
+        "checksum": checksum,
         "pass_s": [round(x, 6) for x in times],
     }

@@ -31,9 +31,15 @@ each batch by touching only the batch's entries. Scratch goes back to a pool wit
 stream that last used it, and a sampler thread on another stream waits for that event before
 reusing it.
 
-Random numbers come from a ``torch.Generator`` on the graph's device seeded from the call key, so a
-batch is reproducible on the same device and torch version, but differs from the CPU kernels'.
-Positions are drawn as ``floor(u * (j + 1))`` with 53-bit ``u``: the bias is below ``d / 2**53``.
+Random numbers are the CPU kernels' (:mod:`gnnio.sampling._kernels`), computed in int64 torch ops:
+row ``g`` of hop ``h`` starts from ``splitmix64(hop_key ^ g * GAMMA)`` and its ``i``-th draw in
+``[0, j]`` is Lemire's multiply-shift of the high 32 bits of ``splitmix64(state + (i + 1) * GAMMA)``,
+so a batch is bit-identical to the CPU sampler's with the same seed and call key, on any device
+and any thread count (issue 18). All ``fanout`` draws of every row are computed at once assuming
+no rejection; Lemire rejects with probability below ``d / 2**32`` per draw, and a hop where some
+row did reject (counted in the hop's one host sync) is drawn again exactly, step by step, with a
+few extra syncs -- rare, and the batch is the same. Rows of ``2**32`` or more neighbours (the CPU
+kernel's 64-bit branch) are not supported here.
 """
 
 from __future__ import annotations
@@ -46,8 +52,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .base import Block, MiniBatch
+from .threaded import hop_key
 
-__all__ = ["TorchUniformSampler", "count_syncs", "pinned_csr", "sample_hop_torch"]
+__all__ = [
+    "TorchUniformSampler",
+    "count_syncs",
+    "mix64_torch",
+    "pinned_csr",
+    "sample_hop_torch",
+]
 
 _SENTINEL = torch.iinfo(torch.int64).max
 
@@ -70,27 +83,100 @@ def _kcount(deg: torch.Tensor, fanout: int) -> torch.Tensor:
     return deg if fanout < 0 else torch.clamp(deg, max=fanout)
 
 
+def _s64(x: int) -> int:
+    """A uint64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GAMMA = _s64(0x9E3779B97F4A7C15)
+_M1, _M2 = _s64(0xBF58476D1CE4E5B9), _s64(0x94D049BB133111EB)
+_LOW32 = 0xFFFFFFFF
+
+
+def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (``>>`` on int64 is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64_torch(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 tensors, bit-identical to :func:`gnnio.sampling._kernels.mix64`
+    on uint64 (int64 products wrap modulo 2**64 on CPU and CUDA, as uint64 ones do)."""
+    z = (z ^ _srl(z, 30)) * _M1
+    z = (z ^ _srl(z, 27)) * _M2
+    return z ^ _srl(z, 31)
+
+
+def _lemire(state: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One attempt of the CPU kernel's ``_bounded`` from the already stepped ``state``:
+    ``(value in [0, bound), accepted)`` (``1 <= bound < 2**32``; other bounds give garbage)."""
+    r = _srl(mix64_torch(state), 32)
+    m = r * bound  # < 2**64: wraps into the sign bit, the bits are right
+    low = m & _LOW32
+    b = bound.clamp(min=1)
+    ok = (low >= b) | (low >= ((1 << 32) - b) % b)
+    return _srl(m, 32), ok
+
+
+def _floyd_draws(
+    start_state: torch.Tensor, deg: torch.Tensor, fanout: int, exact: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The raw Floyd draws ``t_i`` in ``[0, deg - fanout + i]`` of every row, ``[rows, fanout]``,
+    and the number of rows whose draws hit a Lemire rejection (0-dim tensor).
+
+    Fast (``exact=False``): draw ``i`` uses state step ``i + 1``, right unless an earlier draw
+    of the row was rejected, which the count reports. ``exact``: each step redrawn until every
+    row accepts (one host sync per step and retry) -- the CPU kernel's sequence exactly."""
+    n, dev = int(deg.shape[0]), deg.device
+    col = torch.arange(fanout, device=dev)
+    bound = deg[:, None] - fanout + 1 + col[None, :]
+    live = deg > fanout  # rows that draw at all
+    if not exact:
+        steps = start_state[:, None] + (col[None, :] + 1) * _GAMMA
+        t, ok = _lemire(steps, bound)
+        bad = (live & ~ok.all(1)).sum()
+        return t, bad
+    t = torch.empty((n, fanout), dtype=torch.int64, device=dev)
+    state = start_state.clone()
+    for i in range(fanout):
+        pending = live.clone()
+        val = torch.zeros(n, dtype=torch.int64, device=dev)
+        while bool(pending.any()):
+            state = torch.where(pending, state + _GAMMA, state)
+            v, ok = _lemire(state, bound[:, i])
+            take = pending & ok
+            val = torch.where(take, v, val)
+            pending &= ~ok
+        t[:, i] = val
+    return t, torch.zeros((), dtype=torch.int64, device=dev)
+
+
 def sample_hop_torch(
     indptr: torch.Tensor,
     indices: torch.Tensor,
     dst_nodes: torch.Tensor,
     fanout: int,
-    generator: torch.Generator,
+    hop_key: int,
     total: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    exact: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One hop of uniform sampling without replacement on any device.
 
     Args:
         indptr: int64 ``[N + 1]``; indices: ``[E]`` (int32 or int64) -- CSR of in-neighbours.
         dst_nodes: int64 global ids of the destination rows.
         fanout: neighbours per row, ``-1`` = all.
-        generator: a ``torch.Generator`` on the tensors' device.
+        hop_key: the hop's 64-bit key (:func:`gnnio.sampling.threaded.hop_key`), as the CPU
+            kernels take it.
         total: ``sum(min(deg, fanout))`` over the rows when the caller knows it; None = read it
-            (the one host sync of this function).
+            (a host sync).
+        exact: draw step by step (see :func:`_floyd_draws`); False = the fast draws, whose
+            third result says whether they must be redone.
 
     Returns:
-        ``(src, dst)`` int64 ``[E']``: global ids of the sampled neighbours and the local id
-        (position in ``dst_nodes``) of their row, grouped by row in ``dst_nodes`` order.
+        ``(src, dst, redo)``: int64 ``[E']`` global ids of the sampled neighbours and the local id
+        (position in ``dst_nodes``) of their row, grouped by row in ``dst_nodes`` order; ``redo``
+        a 0-dim tensor, nonzero when fast draws met a rejection (then redo with ``exact=True``).
     """
     dev = dst_nodes.device
     start = indptr[dst_nodes]
@@ -99,19 +185,21 @@ def sample_hop_torch(
     if total is None:
         total = int(k.sum())
     n = int(dst_nodes.shape[0])
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
     if total == 0:
         empty = torch.empty(0, dtype=torch.int64, device=dev)
-        return empty, empty
+        return empty, empty, zero
     if fanout < 0:  # every neighbour: a segmented arange
         row = _repeat_rows(k, total)
         j = torch.arange(total, device=dev) - (torch.cumsum(k, 0) - k)[row]
-        return indices[start[row] + j].to(torch.int64), row
+        return indices[start[row] + j].to(torch.int64), row, zero
     col = torch.arange(fanout, device=dev)
     picks = torch.empty((n, fanout), dtype=torch.int64, device=dev)
-    u = torch.rand((fanout, n), dtype=torch.float64, device=dev, generator=generator)
+    state0 = mix64_torch(_s64(hop_key) ^ (dst_nodes * _GAMMA))  # the row's counter-based stream
+    draws, redo = _floyd_draws(state0, deg, fanout, exact)
     for i in range(fanout):  # Floyd: j = d - k + i runs over the last k positions
         j = deg - fanout + i
-        t = torch.minimum((u[i] * (j + 1).to(torch.float64)).to(torch.int64), j)
+        t = draws[:, i]
         if i:
             seen = (picks[:, :i] == t[:, None]).any(1)
             t = torch.where(seen, j, t)
@@ -124,7 +212,7 @@ def sample_hop_torch(
     flat.scatter_(0, target, (start[:, None] + pos).flatten())
     rows = torch.empty(total + 1, dtype=torch.int64, device=dev)
     rows.scatter_(0, target, torch.arange(n, device=dev)[:, None].expand(n, fanout).flatten())
-    return indices[flat[:total]].to(torch.int64), rows[:total]
+    return indices[flat[:total]].to(torch.int64), rows[:total], redo
 
 
 _SYNC_OPS = frozenset(
@@ -255,8 +343,6 @@ class TorchUniformSampler:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
         seeds = seeds.to(torch.int64)
         b = int(seeds.shape[0])
-        gen = torch.Generator(device=dev)
-        gen.manual_seed(int(key) & ((1 << 63) - 1))
         loc, first = self._take()
         ip = self.indptr
         # the batch's one sync before sampling: range, repeats, and the edges of every hop
@@ -282,8 +368,17 @@ class TorchUniformSampler:
         parts, hop_nodes, hop_edges = [seeds], [b], []
         dst_nodes = seeds
         for h, fanout in enumerate(fanouts):
-            src, dst = sample_hop_torch(ip, self.indices, dst_nodes, fanout, gen, total=totals[h])
-            new, more = _relabel(src, loc, first, hop_nodes[-1], ip, fanouts[h + 1 :])
+            hk = hop_key(key, h)
+            src, dst, redo = sample_hop_torch(
+                ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=False
+            )
+            new, more, redo = _relabel(src, loc, first, hop_nodes[-1], ip, fanouts[h + 1 :], redo)
+            if redo:  # a rejected draw (rare): undo the numbering, draw the hop step by step
+                loc[new] = -1
+                src, dst, _ = sample_hop_torch(
+                    ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=True
+                )
+                new, more, _ = _relabel(src, loc, first, hop_nodes[-1], ip, fanouts[h + 1 :])
             for g, extra in enumerate(more):  # the new nodes' edges in the later hops
                 totals[h + 1 + g] += extra
             parts.append(new)
@@ -308,10 +403,12 @@ def _relabel(
     base: int,
     indptr: torch.Tensor,
     later: Sequence[int],
-) -> tuple[torch.Tensor, list[int]]:
+    redo: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[int], int]:
     """Give the nodes of ``src`` not yet in ``loc`` ids ``base, base + 1, ...`` in order of first
-    appearance. Returns those new nodes (global ids) and, for each fanout in ``later``, how many
-    edges they will draw (``sum(min(deg, fanout))``), read back in the hop's one host sync.
+    appearance. Returns those new nodes (global ids), for each fanout in ``later`` how many
+    edges they will draw (``sum(min(deg, fanout))``), and the value of ``redo`` (0 if None), all
+    read back in the hop's one host sync.
     ``first`` is all-sentinel on entry and exit; ``loc`` / ``first`` have a dummy last slot."""
     dummy = loc.shape[0] - 1
     e = torch.arange(src.shape[0], device=src.device)
@@ -323,11 +420,12 @@ def _relabel(
     first[dummy] = _SENTINEL
     deg = indptr[src + 1] - indptr[src]
     sums = [torch.where(is_new, _kcount(deg, f), 0).sum() for f in later]
-    counts = torch.stack([is_new.sum(), *sums]).tolist()  # the hop's one host sync
+    flag = torch.zeros((), dtype=torch.int64, device=src.device) if redo is None else redo
+    counts = torch.stack([is_new.sum(), flag, *sums]).tolist()  # the hop's one host sync
     num_new = counts[0]
     target = torch.where(is_new, rank, num_new)
     new = torch.empty(num_new + 1, dtype=torch.int64, device=src.device)
     new.scatter_(0, target, src)
     new = new[:num_new]
     loc[new] = base + torch.arange(num_new, device=src.device)
-    return new, counts[1:]
+    return new, counts[2:], counts[1]
