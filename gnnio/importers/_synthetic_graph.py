@@ -273,11 +273,18 @@ def _count_same(keys: np.ndarray, cls: np.ndarray, n: int) -> int:
 
 
 def _trim(
-    rng: np.random.Generator, keys: np.ndarray, cls: np.ndarray, n: int, target: int, want_same: int
+    rng: np.random.Generator,
+    keys: np.ndarray,
+    cls: np.ndarray,
+    n: int,
+    target: int,
+    want_same: int,
+    keep_protected: bool = False,
 ) -> tuple[np.ndarray, int]:
     """Drop surplus pairs at random so that ``target`` pairs remain, about ``want_same`` of them
     same-class. One pair per node is protected (no node loses its last edge) and pairs whose
-    endpoints both have degree >= 3 go first."""
+    endpoints both have degree >= 3 go first. With ``keep_protected`` the same-class count gives
+    way before a protected pair is dropped (no isolated nodes whenever ``target >= n``)."""
     if keys.size <= target:
         return keys, 0
     lo, hi = np.divmod(keys, n)  # keys are sorted, so lo is sorted
@@ -297,6 +304,13 @@ def _trim(
     surplus = keys.size - target
     drop_same = min(max(0, n_same - want_same), surplus)
     drop_same = max(drop_same, surplus - (keys.size - n_same))  # when short of cross pairs
+    if keep_protected:
+        free = tier < 2
+        free_same = int(np.count_nonzero(free & is_same))
+        drop_same = max(
+            min(drop_same, free_same), surplus - int(np.count_nonzero(free)) + free_same
+        )
+        drop_same = min(max(drop_same, 0), n_same, surplus)
     drops = []
     for kind, k in ((is_same, drop_same), (~is_same, surplus - drop_same)):
         for t in range(3):

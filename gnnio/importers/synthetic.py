@@ -37,12 +37,15 @@ the graph, features and splits, so the graph does not change with ``feat_dim`` o
 work is vectorised numpy over chunks; features are written chunk by chunk into the output memmap.
 
 Steps 1-5 (the graph) are :func:`gnnio.importers._synthetic_graph.generate`; this module checks the
-arguments, draws features and splits, writes the dataset and holds the CLI glue.
+arguments, draws features and splits, writes the dataset and holds the CLI glue. ``--model dcsbm``
+(:class:`DCSBM`) swaps steps 1-5 for a degree-corrected stochastic block model with planted
+communities (:mod:`gnnio.importers._dcsbm`); features and splits stay as above.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -52,15 +55,19 @@ import numpy as np
 from ..errors import UsageError
 from ..graph.format import DatasetWriter
 from ..utils.progress import bar
+from . import _dcsbm
+from ._dcsbm import DCSBM, generate_dcsbm
 from ._synthetic_graph import generate
 
 __all__ = [
     "HELP",
     "DESCRIPTION",
     "DEFAULT_RMAT",
+    "DCSBM",
     "add_arguments",
     "run",
     "generate_graph",
+    "generate_dcsbm_graph",
     "generate_features",
     "prepare_synthetic",
 ]
@@ -202,6 +209,24 @@ def generate_graph(
     return indptr, indices, labels
 
 
+def generate_dcsbm_graph(
+    num_nodes: int,
+    avg_degree: float = 16,
+    num_classes: int = 16,
+    seed: int = 0,
+    model: DCSBM | None = None,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+    """The seeded DC-SBM graph (:mod:`gnnio.importers._dcsbm`): ``(indptr, indices, labels,
+    communities, info)``, the CSR as :func:`generate_graph`'s, communities int64 ``[N]`` in
+    ``[0, K)`` and measured figures (e.g. ``mixing_measured``). ``model`` defaults to
+    ``DCSBM()``."""
+    model = DCSBM() if model is None else model
+    _check_args(num_nodes, avg_degree, None, num_classes, seed, None, 0.5, None, DEFAULT_RMAT, 0, 0)
+    model.check(num_nodes)
+    return generate_dcsbm(num_nodes, avg_degree, num_classes, seed, model, progress)
+
+
 # --------------------------------------------------------------------------- features and splits
 
 
@@ -287,8 +312,13 @@ def prepare_synthetic(
     rmat: tuple[float, float, float, float] = DEFAULT_RMAT,
     rmat_noise: float = DEFAULT_RMAT_NOISE,
     backbone_degree: int = DEFAULT_BACKBONE_DEGREE,
+    model: str | DCSBM = "rmat",
 ) -> Path:
     """Generate the synthetic dataset and write it atomically to ``out``; returns ``out``.
+
+    ``model`` is ``"rmat"`` (the default), ``"dcsbm"`` (:class:`DCSBM` defaults) or a
+    :class:`DCSBM`; the DC-SBM ignores ``homophily``, ``rmat``, ``rmat_noise`` and
+    ``backbone_degree`` and also stores each node's community (array ``communities``, int64).
 
     Graph and labels as in :func:`generate_graph`, features as in :func:`generate_features`
     (float32 ``[N, feat_dim]``), splits: disjoint random node sets of ``round(f * N)`` nodes for
@@ -310,19 +340,31 @@ def prepare_synthetic(
         rmat_noise,
         backbone_degree,
     )
+    if model not in ("rmat", "dcsbm") and not isinstance(model, DCSBM):
+        raise UsageError(f"--model must be rmat or dcsbm, got {model!r}")
+    dcsbm = DCSBM() if model == "dcsbm" else model if isinstance(model, DCSBM) else None
+    if dcsbm is not None:
+        dcsbm.check(num_nodes)
     out = Path(out)
     with DatasetWriter(out, name="synthetic", overwrite=overwrite) as w:
-        indptr, indices, labels, info = generate(
-            num_nodes,
-            avg_degree,
-            num_classes,
-            seed,
-            homophily,
-            rmat,
-            rmat_noise,
-            backbone_degree,
-            progress,
-        )
+        if dcsbm is None:
+            indptr, indices, labels, info = generate(
+                num_nodes,
+                avg_degree,
+                num_classes,
+                seed,
+                homophily,
+                rmat,
+                rmat_noise,
+                backbone_degree,
+                progress,
+            )
+        else:
+            indptr, indices, labels, comms, info = generate_dcsbm(
+                num_nodes, avg_degree, num_classes, seed, dcsbm, progress
+            )
+            w.save_array("communities", comms)
+            del comms
         w.save_array("indptr", indptr)
         w.save_array("indices", indices)
         del indptr, indices
@@ -343,12 +385,18 @@ def prepare_synthetic(
             "num_classes": int(num_classes),
             "seed": int(seed),
             "split": [float(s) for s in split],
-            "homophily": float(homophily),
             "feature_noise": float(feature_noise),
-            "rmat": [float(p) for p in rmat],
-            "rmat_noise": float(rmat_noise),
-            "backbone_degree": int(backbone_degree),
+            "model": "rmat" if dcsbm is None else "dcsbm",
         }
+        if dcsbm is None:
+            w.meta["source"].update(
+                homophily=float(homophily),
+                rmat=[float(p) for p in rmat],
+                rmat_noise=float(rmat_noise),
+                backbone_degree=int(backbone_degree),
+            )
+        else:
+            w.meta["source"].update(dataclasses.asdict(dcsbm))
         w.meta["generator"] = info
     return out
 
@@ -375,9 +423,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--homophily",
         type=float,
-        default=DEFAULT_HOMOPHILY,
         metavar="H",
-        help="target share of edges whose endpoints share a class",
+        help=f"R-MAT: target share of edges whose endpoints share a class (default {DEFAULT_HOMOPHILY})",
     )
     parser.add_argument(
         "--feature-noise",
@@ -390,9 +437,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backbone-degree",
         type=int,
-        default=DEFAULT_BACKBONE_DEGREE,
         metavar="K",
-        help="pairs per node added before the R-MAT edges (min degree about K, no isolated nodes)",
+        help="R-MAT: pairs per node added before the R-MAT edges (min degree about K, no isolated "
+        f"nodes; default {DEFAULT_BACKBONE_DEGREE})",
     )
     parser.add_argument(
         "--split",
@@ -402,9 +449,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=("TRAIN", "VALID", "TEST"),
         help="fractions of the nodes in the train/valid/test splits",
     )
+    _dcsbm.add_arguments(parser)
 
 
 def run(args) -> Path:
+    model = _dcsbm.from_args(args)
     return prepare_synthetic(
         args.out,
         num_nodes=args.num_nodes,
@@ -413,9 +462,12 @@ def run(args) -> Path:
         num_classes=args.num_classes,
         seed=args.seed,
         split=tuple(args.split),
-        homophily=args.homophily,
+        homophily=DEFAULT_HOMOPHILY if args.homophily is None else args.homophily,
         feature_noise=args.feature_noise,
-        backbone_degree=args.backbone_degree,
+        backbone_degree=(
+            DEFAULT_BACKBONE_DEGREE if args.backbone_degree is None else args.backbone_degree
+        ),
         overwrite=args.overwrite,
         progress=not args.quiet,
+        model="rmat" if model is None else model,
     )
