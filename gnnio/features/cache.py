@@ -194,6 +194,33 @@ class FeatureCache(FeatureStore):
         self.stats.reset()
         self.counters.reset()
 
+    def state_dict(self) -> dict:
+        """The contents that change results (hits, so bytes per tier) of a *dynamic* cache: the
+        policy's maps and cursors and the clock; the rows themselves are not saved, they are read
+        back from the bottom store on load. Empty for a static cache (it never changes)."""
+        if not self.policy.dynamic:
+            return {}
+        with self._lock:
+            return {"policy": self.policy.name, "clock": int(self._clock),
+                    "maps": self.policy.state_dict()}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; the cached rows are gathered again from :attr:`root`."""
+        if not state:
+            return
+        if state.get("policy") != self.policy.name:
+            raise ValueError(
+                f"cache state: a {state.get('policy')} cache's, this cache is {self.policy.name}"
+            )
+        with self._lock:
+            self.policy.load_state_dict(state["maps"])
+            self._clock = int(state["clock"])
+            slots = torch.nonzero(self.policy.key_of >= 0).flatten()
+            if slots.numel():
+                keys = self.policy.key_of.index_select(0, slots)
+                rows = self.root.gather(keys.to(self.root.device)).to(self.device)
+                self.buffer.index_copy_(0, slots.to(self.device), rows)
+
     def cached_ids(self) -> torch.Tensor:
         """The global ids cached now (int64, slot order)."""
         k = self.policy.key_of

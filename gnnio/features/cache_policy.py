@@ -134,6 +134,30 @@ class CachePolicy(ABC):
     def _tensors(self) -> list[torch.Tensor]:
         return [self.slot_of, self.key_of]
 
+    def state_dict(self) -> dict:
+        """What decides the next victims and hits: every tensor attribute and the int cursors
+        (``filled``, FIFO's ``head``), as CPU tensors and ints (a checkpoint saves this)."""
+        out: dict = {}
+        for k, v in vars(self).items():
+            if isinstance(v, torch.Tensor):
+                out[k] = v.detach().cpu().clone()
+            elif k in ("filled", "head"):
+                out[k] = int(v)
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (same policy, capacity and key count, else ValueError)."""
+        for k, v in state.items():
+            cur = getattr(self, k, None)
+            if isinstance(cur, torch.Tensor):
+                if not isinstance(v, torch.Tensor) or v.shape != cur.shape:
+                    raise ValueError(f"cache state: '{k}' does not fit this cache")
+                cur.copy_(v.to(cur.device, cur.dtype))
+            elif k in ("filled", "head") and cur is not None:
+                setattr(self, k, int(v))
+            else:
+                raise ValueError(f"cache state: unknown entry '{k}' for a {self.name} cache")
+
 
 class StaticPolicy(CachePolicy):
     """A fixed set of keys (e.g. the hottest by a score), never replaced (PaGraph's static cache)."""

@@ -211,8 +211,10 @@ class NodeLoader:
     def __iter__(self) -> _EpochIterator:
         return self.epoch(self._epoch)
 
-    def epoch(self, epoch: int) -> _EpochIterator:
-        """Start the background stages for ``epoch`` and return its batch iterator."""
+    def epoch(self, epoch: int, start: int = 0) -> _EpochIterator:
+        """Start the background stages for ``epoch`` and return its batch iterator, from batch
+        ``start`` on (a resumed run: batch ``i`` is the same whatever ``start`` is, its sampling
+        keyed by ``(epoch, i)``)."""
         self.close()
         st = self._streams
         if st is not None:
@@ -221,7 +223,7 @@ class NodeLoader:
             ev = st.record(st.current())
             for stream in (self._side, *self._sample_streams):
                 st.wait(stream, ev)
-        it = _EpochIterator(self, int(epoch))
+        it = _EpochIterator(self, int(epoch), int(start))
         self._active = weakref.ref(it)
         return it
 
@@ -267,12 +269,14 @@ def _device_of(sampler) -> torch.device | None:
 class _EpochIterator:
     """Batches of one epoch. Close it (or drop it, or exhaust it) to stop the stage threads."""
 
-    def __init__(self, loader: NodeLoader, epoch: int) -> None:
+    def __init__(self, loader: NodeLoader, epoch: int, start: int = 0) -> None:
         self._loader = loader
         self._t0 = time.perf_counter()
         self.stats = LoaderStats(epoch=epoch)
         batches = [torch.as_tensor(s).long() for s in loader.order.batches(epoch)]
-        self._run: EpochRun | None = EpochRun(loader, epoch, batches)
+        if not 0 <= start <= len(batches):
+            raise ValueError(f"start: must be in [0, {len(batches)}], got {start}")
+        self._run: EpochRun | None = EpochRun(loader, epoch, batches, start)
         self._held: int | None = None  # slot of the batch the consumer holds (CPU ring)
 
     def __iter__(self) -> _EpochIterator:

@@ -29,6 +29,14 @@ class StageFailure:
         self.exc = exc
 
 
+def _delta(after: dict, before: dict) -> dict[str, dict[str, int]]:
+    """Rows and bytes per tier counted between two ``TierCounters.snapshot()``."""
+    return {
+        kind: {t: int(v) - int(before[kind].get(t, 0)) for t, v in after[kind].items()}
+        for kind in ("rows", "bytes")
+    }
+
+
 class Stopped(Exception):
     """The run was closed while a stage thread was blocked."""
 
@@ -41,12 +49,13 @@ class EpochRun:
     loader's epoch iterator, so dropping the iterator (e.g. ``break``) lets it be collected and
     close the run."""
 
-    def __init__(self, loader, epoch: int, batches: list[torch.Tensor]) -> None:
+    def __init__(self, loader, epoch: int, batches: list[torch.Tensor], start: int = 0) -> None:
         """``loader``: the :class:`~gnnio.pipeline.loader.NodeLoader` (its settings, ring and
-        streams)."""
+        streams); ``batches``: all of the epoch's, run from index ``start`` on."""
         self.loader = loader
         self.epoch = epoch
         self.batches = batches
+        self.start = int(start)
         self.stop = threading.Event()
         w, p = loader.num_workers, loader.prefetch
         self.sampled = [queue.Queue(maxsize=p) for _ in range(w)]
@@ -97,7 +106,7 @@ class EpochRun:
         sampler, w, keyed, st = ld.sampler, ld.num_workers, ld._keyed, ld._streams
         try:
             with self._on(ld._sample_streams[k] if st is not None else None):
-                for i in range(k, len(self.batches), w):
+                for i in range(self.start + k, len(self.batches), w):
                     t0 = time.perf_counter()
                     if keyed:
                         mb = sampler.sample(self.batches[i], epoch_seed=(self.epoch << 32) + i)
@@ -119,8 +128,8 @@ class EpochRun:
         ld = self.loader
         try:
             with self._on(ld._side):
-                for i in range(len(self.batches)):
-                    item = self.get(self.sampled[i % ld.num_workers])
+                for i in range(self.start, len(self.batches)):
+                    item = self.get(self.sampled[(i - self.start) % ld.num_workers])
                     if isinstance(item, StageFailure):
                         self.put(self.out, item)
                         return
@@ -150,7 +159,13 @@ class EpochRun:
         t0 = time.perf_counter()
         ids = mb.input_nodes
         buf = None if slot is None else ld._slot_view(slot, int(ids.shape[0]))
+        counters = getattr(ld.store, "counters", None)
+        before = counters.snapshot() if counters is not None else None
         mb.x = ld.store.gather(ids, out=buf)
+        if before is not None:
+            # this batch's rows and bytes per tier: the consumer adds up the batches it trained
+            # on, not those gathered ahead (so a checkpoint taken mid-epoch counts exactly those)
+            mb.meta["counted"] = _delta(counters.snapshot(), before)
         if ld.labels is not None:
             mb.labels = ld._labels_for(mb.seeds)
         t1 = time.perf_counter()

@@ -55,6 +55,13 @@ class TrainConfig:
             None = ``max(batch_size, 4096)``.
         patience: stop after this many epochs without a better valid accuracy; None = never.
         checkpoint: path for the best model's ``state_dict`` (``torch.save``); None = not saved.
+        checkpoint_dir: directory for resumable checkpoints, written at the end of every epoch
+            (:mod:`gnnio.train.checkpoint`; the newest two kept); None = none.
+        checkpoint_every: also write one every this many batches within an epoch; None = only
+            at epoch ends.
+        resume: a ``checkpoint_dir`` to continue from (its newest complete checkpoint); the run
+            then ends exactly as the uninterrupted one would. Checkpoints keep going there unless
+            ``checkpoint_dir`` names another directory.
         summary: path for the summary JSON; None = not written.
         log: path for the JSONL log (one line per epoch); None = not written.
         store: feature store kind, ``"memory"`` (features read into host RAM) or ``"mmap"`` (rows
@@ -154,6 +161,9 @@ class TrainConfig:
     eval_batch_size: int | None = None
     patience: int | None = None
     checkpoint: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    resume: str | None = None
     summary: str | None = None
     log: str | None = None
     store: str = "memory"
@@ -240,7 +250,24 @@ class TrainConfig:
             raise UsageError(f"--isolation: must be auto or off, got '{self.isolation}'")
         self._validate_sampler_device()
         self._validate_data_options(world_size)
+        self._validate_checkpoints(world_size)
         check_device(self.device)
+
+    def _validate_checkpoints(self, world_size: int) -> None:
+        every = self.checkpoint_every
+        if every is not None and every < 1:
+            raise UsageError(f"--checkpoint-every: must be >= 1 batches, got {every}")
+        if every is not None and self.checkpoint_dir is None and self.resume is None:
+            raise UsageError("--checkpoint-every: needs --checkpoint-dir C (or --resume C)")
+        if (self.checkpoint_dir or self.resume) and world_size > 1:
+            raise UsageError(
+                "--checkpoint-dir/--resume: single-process runs only for now (not with ranks)"
+            )
+        if every is not None and self.cache_policy not in ("none", "static"):
+            raise UsageError(
+                f"--checkpoint-every: not with --cache-policy {self.cache_policy} (the cache "
+                "runs ahead of training within an epoch); epoch-end checkpoints keep it exact"
+            )
 
     def _validate_data_options(self, world_size: int = 1) -> None:
         from ..preprocess.hotness import SCORES

@@ -38,6 +38,7 @@ final numbers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -48,9 +49,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import DatasetError
+from ..errors import DatasetError, GnnioError
 from ..graph.dataset import Dataset, load
 from ..utils.progress import bar
+from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_stores
 from .config import TrainConfig, check_device
 from .evaluate import evaluate_full, evaluate_sampled, make_node_loader
 from .models import build_model
@@ -148,7 +150,8 @@ def train(
     ``gather``, ``transfer``, ``compute``, ``wait``; see module docstring), ``data_loading_share``
     (gather + transfer over epoch time), ``seeds_per_s``, ``bytes_by_tier`` / ``rows_by_tier``
     (feature bytes / rows gathered per store tier, summed over the *training* passes only, not
-    evaluation), ``history`` (per-epoch records, same as the JSONL log), ``device``,
+    evaluation), ``history`` (per-epoch records, same as the JSONL log), ``loss_history`` (the
+    mean training loss of every epoch), ``device``,
     ``num_parameters``, ``stopped_early``.
 
     ``run`` builds the store, orders and model and reduces the results: :class:`LocalRun` (one
@@ -219,20 +222,39 @@ def train(
         if cfg.progress and run.is_main:
             _status(iso.describe())
 
+    ckdir, resumed = open_checkpoints(cfg, ds, run)  # --checkpoint-dir / --resume
+    prog = resume_progress(resumed, model=model, opt=opt, store=store, sampler=sampler,
+                           adaptive=adaptive)  # fmt: skip
     log_f = None
     if cfg.log and run.is_main:
         Path(cfg.log).parent.mkdir(parents=True, exist_ok=True)
         log_f = open(cfg.log, "w")  # noqa: SIM115 - closed in finally
+        log_f.writelines(json.dumps(rec) + "\n" for rec in prog.history)  # a resumed run's
     ckpt = Path(cfg.checkpoint) if cfg.checkpoint and run.is_main else None
     if ckpt is not None:
         ckpt.parent.mkdir(parents=True, exist_ok=True)
 
-    history: list[dict[str, Any]] = []
-    best_valid, best_epoch = -1.0, -1
-    stopped_early = False
+    history: list[dict[str, Any]] = prog.history
+    best_valid, best_epoch = prog.best_valid, prog.best_epoch
+    stopped_early = prog.stopped and len(history) < cfg.epochs
+
+    def state(epoch: int, batch: int, stopped: bool = False, partial=None) -> dict[str, Any]:
+        return make_state(
+            ds=ds, cfg=cfg, world_size=run.world_size, epoch=epoch, batch=batch, model=model,
+            opt=opt, stores=stateful_stores(store), sampler=sampler, adaptive=adaptive,
+            best_valid=best_valid, best_epoch=best_epoch, stopped=stopped, history=history,
+            partial=partial,
+        )  # fmt: skip
+
+    def save_mid_epoch(epoch: int, done: int, partial: dict[str, Any]) -> None:
+        ckdir.save(state(epoch, done, partial=partial))
+
+    on_batch = save_mid_epoch if ckdir is not None and cfg.checkpoint_every else None
     try:
-        for epoch in range(cfg.epochs):
-            rec = _train_epoch(net, opt, train_loader, store, epoch, cfg, device)
+        for epoch in range(prog.epoch, 0 if prog.stopped else cfg.epochs):
+            resume_at = (prog.batch, prog.partial) if epoch == prog.epoch else (0, None)
+            rec = _train_epoch(net, opt, train_loader, store, epoch, cfg, device, *resume_at,
+                               on_batch=on_batch)  # fmt: skip
             run.epoch_record(rec, setup)
             for t in setup.tiers:
                 rec["bytes_by_tier"].setdefault(t, 0)
@@ -281,12 +303,17 @@ def train(
                     f"{bd['gather']:.2f} transfer {bd['transfer']:.2f} compute {bd['compute']:.2f})"
                     f" eval {rec['eval_s']:.2f}s"
                 )
-            if cfg.patience is not None and epoch - best_epoch >= cfg.patience:
+            halt = cfg.patience is not None and epoch - best_epoch >= cfg.patience
+            if ckdir is not None:
+                ckdir.save(state(epoch + 1, 0, stopped=halt))
+            if halt:
                 stopped_early = epoch < cfg.epochs - 1
                 break
     finally:
         if log_f is not None:
             log_f.close()
+        if ckdir is not None:
+            ckdir.close()
         if iso_undo is not None:
             from .isolate import restore
 
@@ -304,10 +331,21 @@ def train(
     if cfg.locality_scale is not None or cfg.prune_threshold is not None:
         summary["sampling"] = sampling_info(sampler, adaptive, history, cfg)
     summary["order"] = order_info(order)
+    if ckdir is not None:
+        summary["checkpoint_dir"] = str(ckdir.path)
+        summary["resumed_from"] = prog.resumed_from
     summary = run.finish(summary, setup, model)
     if cfg.summary and run.is_main:
         _write_json_atomic(Path(cfg.summary), summary)
     return summary
+
+
+def _non_finite(epoch: int, batch: int | None, value: float) -> None:
+    where = f"epoch {epoch}" + (f", batch {batch}" if batch is not None else "")
+    raise GnnioError(
+        f"training stopped at {where}: the loss is {value} (non-finite features, or a learning "
+        "rate that diverges: try a lower --lr); no model was saved from this epoch"
+    )
 
 
 def _status(msg: str) -> None:
@@ -317,18 +355,29 @@ def _status(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
-def _train_epoch(model, opt, loader, store, epoch, cfg, device) -> dict[str, Any]:
-    """One training pass; returns the epoch record (loss, train_acc, timings, counters)."""
+def _train_epoch(
+    model, opt, loader, store, epoch, cfg, device, start=0, partial=None, on_batch=None
+) -> dict[str, Any]:
+    """One training pass; returns the epoch record (loss, train_acc, timings, counters).
+
+    ``start``, ``partial``: a resumed pass begins at batch ``start`` with the sums of the
+    batches before it (:mod:`gnnio.train.checkpoint`); ``on_batch(epoch, done, partial)`` is
+    called after every batch with those sums (mid-epoch checkpoints)."""
     model.train()
     before = store.counters.snapshot()
+    counted: dict[str, dict[str, int]] | None = {"rows": {}, "bytes": {}}
     loss_sum = correct = None  # summed on the batches' device, read once after the pass
     seen = batches = 0
     wait = 0.0
+    if partial is not None:
+        loss_sum = torch.tensor(partial["loss_sum"], dtype=torch.float64, device=device)
+        correct = torch.tensor(partial["correct"], dtype=torch.int64, device=device)
+        seen, batches, wait, counted = partial["seen"], start, partial["wait"], partial["counted"]
     timer = ComputeTimer(device)
     num_batches = loader.order.num_batches if hasattr(loader, "order") else None
     pb = bar(num_batches, f"epoch {epoch}", "batch", enabled=cfg.progress)
     t_start = time.perf_counter()
-    it = iter(loader.epoch(epoch))
+    it = iter(loader.epoch(epoch, start) if start else loader.epoch(epoch))
     try:
         while True:
             t0 = time.perf_counter()
@@ -352,6 +401,20 @@ def _train_epoch(model, opt, loader, store, epoch, cfg, device) -> dict[str, Any
             correct = batch_correct if correct is None else correct + batch_correct
             seen += b
             batches += 1
+            c = batch.meta.get("counted") if counted is not None else None
+            if c is None:
+                counted = None  # a loader that does not count per batch: the epoch's diff below
+            else:
+                for kind in ("rows", "bytes"):
+                    for t, v in c[kind].items():
+                        counted[kind][t] = counted[kind].get(t, 0) + v
+            if device.type == "cpu" and not math.isfinite(float(loss.detach())):  # cheap on a CPU
+                _non_finite(epoch, batches - 1, float(loss.detach()))
+            every = cfg.checkpoint_every or 0
+            if on_batch and batches % every == 0 and batches < (num_batches or batches + 1):
+                on_batch(epoch, batches, {
+                    "loss_sum": float(loss_sum), "correct": int(correct), "seen": seen,
+                    "wait": wait, "counted": counted})  # fmt: skip
             pb.update(1)
             elapsed = time.perf_counter() - t_start
             if elapsed > 0:
@@ -366,7 +429,9 @@ def _train_epoch(model, opt, loader, store, epoch, cfg, device) -> dict[str, Any
     compute = timer.total_s()
     epoch_time = time.perf_counter() - t_start
     stages = stage_seconds(getattr(loader, "stats", None))
-    counters = _counter_diff(store.counters.snapshot(), before)
+    if loss_sum is not None and not math.isfinite(float(loss_sum)):  # a GPU run: per epoch
+        _non_finite(epoch, None, float(loss_sum))
+    counters = counted if counted is not None else _counter_diff(store.counters.snapshot(), before)
     breakdown = {**stages, "compute": compute, "wait": wait}
     return {
         "epoch": epoch,

@@ -64,6 +64,7 @@ def summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt) 
         "num_parameters": count_parameters(model),
         "num_train": num_train,
         "checkpoint": str(ckpt) if ckpt is not None else None,
+        "loss_history": [h["loss"] for h in history],
         "history": history,
     }
 

@@ -1,0 +1,126 @@
+"""The several-process part of ``gnnio train``: the ``--nproc``/``torchrun`` options, starting
+the ranks (:func:`launch_ranks`) and one rank's run (:func:`train_rank`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["add_dist_arguments", "launch_ranks", "train_rank"]
+
+
+def add_dist_arguments(p) -> None:
+    g = p.add_argument_group(
+        "several GPUs or machines (torch.distributed)",
+        "data-parallel training, feature rows sharded across ranks by a placement and fetched "
+        "with collectives; also runs unchanged under 'torchrun ... -m gnnio train'",
+    )
+    g.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="local processes to start (one per GPU with --device cuda; else CPU processes, each "
+        "a simulated device, on gloo)",
+    )
+    g.add_argument(
+        "--topology",
+        default=None,
+        help="NVLink groups of the ranks as 'gnnio plan' takes them (e.g. 2*2); default: one "
+        "group per machine",
+    )
+    g.add_argument(
+        "--placement-strategy",
+        default=None,
+        choices=["alg1", "interleaved", "mod", "rule1", "metis", "naive", "random"],
+        help="placement computed at start-up on rank 0 when no --placement FILE is given "
+        "(default alg1)",
+    )
+    g.add_argument(
+        "--buffer",
+        type=float,
+        metavar="B",
+        default=0.1,
+        help="feature rows each rank holds, as a fraction of the nodes (--placement-strategy)",
+    )
+    g.add_argument(
+        "--partition",
+        metavar="PDIR",
+        default=None,
+        help="a 'gnnio partition' directory with one part per rank: each rank holds only its "
+        "shard of the topology and samples across ranks",
+    )
+    g.add_argument(
+        "--sampling-mode",
+        default="dsp",
+        choices=["dsp", "shared"],
+        help="with --partition: request/response to the owner (dsp) or direct reads of the "
+        "owner's shard (shared, HyDRA memory sharing; request/response across machines)",
+    )
+    g.add_argument(
+        "--local-seeds",
+        action="store_true",
+        help="each rank trains on its own partition's training nodes (metis/naive/random "
+        "placements) instead of a slice of one global shuffle",
+    )
+    g.add_argument(
+        "--reuse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="HyDRA cross-batch reuse: rows fetched for the previous batch are not fetched again",
+    )
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="rendezvous and collective timeout; a missing or dead rank ends the run after it "
+        "(default 120)",
+    )
+
+
+def launch_ranks(args, cfg, dataset) -> int:
+    """``--nproc N`` outside a launcher: start N ranks running this same command line."""
+    from ..dist.launch import launch
+    from ..graph.dataset import Dataset, load
+
+    ds = dataset if isinstance(dataset, Dataset) else load(dataset)  # fail here, not N times
+    if cfg.placement is not None:  # a file for another dataset or device count: refuse now
+        from ..dist.train import check_placement_file
+        from ..placement import load_placement
+
+        pl = load_placement(cfg.placement)
+        check_placement_file(pl, cfg.placement, ds, args.nproc, cfg.local_seeds)
+    if cfg.partition is not None:  # likewise a partition for another dataset or rank count
+        from ..preprocess.partition import load_partition
+
+        load_partition(cfg.partition, ds, args.nproc)
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    if args.dir is None:
+        argv.append(str(ds.path))  # the built-in dataset, generated once above
+        if args.epochs is None:  # ... with its own default epochs, as in one process
+            argv += ["--epochs", str(cfg.epochs)]
+    launch(args.nproc, args.rank_entry, argv, timeout_s=cfg.dist_timeout)
+    return 0
+
+
+def train_rank(dataset, cfg):
+    """One rank of a distributed run (``WORLD_SIZE`` > 1 in the environment): join the group,
+    train, and return the summary on rank 0 (None on the others)."""
+    from ..dist.context import init, shutdown
+    from ..dist.train import DistRun
+    from ..train import train
+
+    ctx = init(timeout_s=cfg.dist_timeout, device=cfg.device, topology=cfg.topology)
+    try:
+        cfg.progress = cfg.progress and ctx.is_main
+        if cfg.threads is None:  # share the cores among this machine's ranks
+            import os
+
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            env = int(os.environ.get("NUMBA_NUM_THREADS", "0"))
+            cfg.threads = env or max(1, (os.cpu_count() or 1) // local)
+        s = train(dataset, cfg, run=DistRun(ctx))
+        ctx.barrier()
+    finally:
+        shutdown()
+    return s if ctx.is_main else None

@@ -1,0 +1,438 @@
+"""Checkpoints of a training run that a killed run resumes from exactly (``--checkpoint-dir C``,
+``--resume C``).
+
+What a checkpoint holds (one ``torch.save`` file of tensors, numbers and strings, read back with
+``torch.load(weights_only=True)``, so loading runs no pickled code):
+
+* the position: ``epoch`` (epochs complete) and ``batch`` (batches of that epoch complete; 0 at an
+  epoch's end);
+* the model's and the optimizer's ``state_dict``;
+* every random state the rest of the run draws from: torch's CPU generator (dropout; the model
+  init is redone and overwritten), the CUDA generators when CUDA is initialised, NumPy's and
+  Python's global generators. The samplers and the seed orders need none: their randomness is
+  counter-based, a batch is a pure function of ``(seed, epoch, batch index)``
+  (:class:`~gnnio.pipeline.loader.NodeLoader`, :class:`~gnnio.ordering.shuffle.RandomOrder`), so
+  the position restores them;
+* the state that changes results: a dynamic feature cache's maps and clock (its hits, so the bytes
+  per tier), Algorithm 2's ``s`` and history (the locality sampler's scale);
+* the record so far: best valid accuracy and epoch, whether early stopping fired, the per-epoch
+  history (the summary is recomputed from it), and, mid-epoch, the pass's partial sums (loss,
+  correct predictions, seeds, feature rows and bytes of the batches done);
+* what binds it: the format version, the dataset's :meth:`~gnnio.graph.dataset.Dataset.fingerprint`,
+  the model configuration, the options that change results, the world size.
+
+Writing is atomic: a uniquely named temporary file in ``C``, ``fsync``, ``rename`` to
+``ckpt-e<epoch>-b<batch>.pt``, ``fsync`` of ``C``; then all but the newest :data:`KEEP` files are
+removed. A run killed at any point leaves either the previous checkpoints or the new one, never a
+partial file under a checkpoint name. ``C/lock`` (``flock``, released by the kernel when the
+process dies, also on SIGKILL) keeps two runs from writing the same directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import secrets
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEEP",
+    "CheckpointDir",
+    "Progress",
+    "ResumeState",
+    "capture_rng",
+    "checkpoint_files",
+    "load_resume",
+    "make_state",
+    "open_checkpoints",
+    "restore_rng",
+    "resume_progress",
+    "stateful_stores",
+]
+
+#: version of the checkpoint layout; another one is refused at ``--resume``
+FORMAT_VERSION = 1
+#: checkpoints kept in the directory (the newest ones)
+KEEP = 2
+_TAG = "gnnio-train-checkpoint"
+_NAME = re.compile(r"^ckpt-e(\d{6,})-b(\d{9,})(?:-r(\d+)of(\d+))?\.pt$")
+
+#: configuration fields that shape the model; a checkpoint of another shape is refused
+MODEL_KEYS = (
+    "model", "num_layers", "hidden", "heads", "dropout", "attn_dropout", "feature_norm",
+    "edge_weight_norm",
+)  # fmt: skip
+#: fields that change neither the parameters nor the summary's losses, accuracies and bytes:
+#: they may differ at ``--resume`` (e.g. more ``--epochs`` continue a finished run)
+FREE_KEYS = frozenset(
+    {
+        "epochs", "patience", "checkpoint", "summary", "log", "progress", "threads", "prefetch",
+        "isolation", "dist_timeout", "nproc", "checkpoint_dir", "checkpoint_every", "resume",
+        "eval_batch_size",
+    }
+)  # fmt: skip
+
+
+def checkpoint_files(directory: str | os.PathLike, rank: int = 0, world_size: int = 1):
+    """``[(epoch, batch, path)]`` of this rank's checkpoints in ``directory``, oldest first."""
+    d = Path(directory)
+    out = []
+    if not d.is_dir():
+        return out
+    for p in d.iterdir():
+        m = _NAME.match(p.name)
+        if m is None:
+            continue
+        r = (int(m.group(3)), int(m.group(4))) if m.group(3) is not None else (0, 1)
+        if r == (rank, world_size):
+            out.append((int(m.group(1)), int(m.group(2)), p))
+    return sorted(out)
+
+
+def _file_name(epoch: int, batch: int, rank: int, world_size: int) -> str:
+    suffix = f"-r{rank}of{world_size}" if world_size > 1 else ""
+    return f"ckpt-e{epoch:06d}-b{batch:09d}{suffix}.pt"
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class CheckpointDir:
+    """The checkpoint directory of a run: claims it (``C/lock``), writes checkpoints atomically
+    and keeps the newest :data:`KEEP`. Close it (or let the process end) to release the claim."""
+
+    def __init__(self, directory: str | os.PathLike, rank: int = 0, world_size: int = 1):
+        self.path = Path(directory)
+        self.rank, self.world_size = int(rank), int(world_size)
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"--checkpoint-dir {self.path}: exists and is not a directory")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(
+                f"--checkpoint-dir {self.path}: cannot create it ({e.strerror})"
+            ) from None
+        self._lock_fd = self._claim()
+
+    def _claim(self) -> int | None:
+        import fcntl
+
+        name = "lock" if self.world_size == 1 else f"lock-r{self.rank}"
+        try:
+            fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UsageError(
+                f"--checkpoint-dir {self.path}: cannot write in it ({e.strerror})"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UsageError(
+                f"--checkpoint-dir {self.path}: in use by another running training run"
+            ) from None
+        return fd
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def save(self, state: dict[str, Any]) -> Path:
+        """Write ``state`` (a dict for :func:`torch.save`) as the checkpoint at its
+        ``(epoch, batch)`` atomically, then drop all but the newest :data:`KEEP`."""
+        target = self.path / _file_name(state["epoch"], state["batch"], self.rank, self.world_size)
+        tmp = self.path / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise UsageError(
+                f"--checkpoint-dir {self.path}: cannot write a checkpoint ({e.strerror})"
+            ) from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.path)
+        for _e, _b, old in checkpoint_files(self.path, self.rank, self.world_size)[:-KEEP]:
+            old.unlink(missing_ok=True)
+        return target
+
+
+# ---- random states ------------------------------------------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    """Torch's (CPU, and CUDA when initialised), NumPy's and Python's global generator states, in
+    types ``torch.load(weights_only=True)`` reads back."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    out: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng`."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+         n["cached_gaussian"])
+    )  # fmt: skip
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def stateful_stores(store) -> list:
+    """The stores of a stack (``store``, its ``backing``, ...) that have state to save (a dynamic
+    cache: ``state_dict``/``load_state_dict``)."""
+    out, seen, s = [], set(), store
+    while s is not None and id(s) not in seen:
+        seen.add(id(s))
+        if callable(getattr(s, "state_dict", None)) and callable(
+            getattr(s, "load_state_dict", None)
+        ):
+            out.append(s)
+        s = getattr(s, "backing", None)
+    return out
+
+
+# ---- what binds a checkpoint to a run -----------------------------------------------------------
+
+
+def binding(ds, cfg, world_size: int) -> dict[str, Any]:
+    """The facts a resumed run must share with the checkpoint (see :func:`check_binding`)."""
+    conf = cfg.to_json()
+    return {
+        "dataset": str(ds.fingerprint),
+        "dataset_name": str(ds.name),
+        "model": json.dumps({k: conf.get(k) for k in MODEL_KEYS}, sort_keys=True),
+        "options": json.dumps(
+            {k: v for k, v in conf.items() if k not in FREE_KEYS and k not in MODEL_KEYS},
+            sort_keys=True,
+            default=str,
+        ),
+        "world_size": int(world_size),
+    }
+
+
+def _first_difference(saved: dict, now: dict) -> str:
+    for k in sorted(set(saved) | set(now)):
+        if saved.get(k) != now.get(k):
+            return f"--{k.replace('_', '-')} {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now"
+    return "?"
+
+
+def check_binding(src: str, saved: dict[str, Any], now: dict[str, Any]) -> None:
+    """One line saying which of format version, dataset, model configuration, options or world
+    size differs between the checkpoint ``saved`` and this run ``now``."""
+    if saved.get("format") != _TAG:
+        raise UsageError(f"--resume {src}: not a gnnio training checkpoint")
+    if saved.get("format_version") != FORMAT_VERSION:
+        raise UsageError(
+            f"--resume {src}: checkpoint format version {saved.get('format_version')!r}, this "
+            f"gnnio reads version {FORMAT_VERSION}"
+        )
+    b = saved["binding"]
+    if b["dataset"] != now["dataset"]:
+        raise UsageError(
+            f"--resume {src}: the checkpoint is of another dataset ({b['dataset_name']}, "
+            f"fingerprint {b['dataset']}; this one is {now['dataset_name']}, {now['dataset']})"
+        )
+    if b["world_size"] != now["world_size"]:
+        raise UsageError(
+            f"--resume {src}: the checkpoint was written by {b['world_size']} rank(s), this run "
+            f"has {now['world_size']}; resume with the same world size"
+        )
+    if b["model"] != now["model"]:
+        diff = _first_difference(json.loads(b["model"]), json.loads(now["model"]))
+        raise UsageError(f"--resume {src}: another model configuration ({diff})")
+    if b["options"] != now["options"]:
+        diff = _first_difference(json.loads(b["options"]), json.loads(now["options"]))
+        raise UsageError(f"--resume {src}: an option that changes results differs ({diff})")
+
+
+# ---- resuming ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResumeState:
+    """A loaded checkpoint, checked against the run (see module docstring for the fields)."""
+
+    path: Path
+    epoch: int
+    batch: int
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return json.loads(self.raw["history"])
+
+
+def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size: int = 1):
+    """The newest checkpoint of ``directory`` that loads, checked against this run
+    (:func:`check_binding`); a file that does not load (damaged outside gnnio) is skipped with a
+    warning naming it. One-line :class:`~gnnio.errors.UsageError` when there is none."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise UsageError(f"--resume {d}: no such checkpoint directory")
+    files = checkpoint_files(d, rank, world_size)
+    if not files and world_size == 1 and any(_NAME.match(p.name) for p in d.iterdir()):
+        raise UsageError(f"--resume {d}: the checkpoints there were written by several ranks")
+    if not files and world_size > 1 and checkpoint_files(d):
+        raise UsageError(
+            f"--resume {d}: the checkpoints there were written by one process, this run has "
+            f"{world_size} ranks; resume with the same world size"
+        )
+    now = binding(ds, cfg, world_size)
+    for epoch, batch, p in reversed(files):
+        try:
+            raw = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # a damaged file: try the one before
+            warnings.warn(f"--resume: skipping {p} ({type(e).__name__})", stacklevel=2)
+            continue
+        if not isinstance(raw, dict):
+            raise UsageError(f"--resume {d}: {p.name} is not a gnnio training checkpoint")
+        check_binding(str(d), raw, now)
+        return ResumeState(path=p, epoch=epoch, batch=batch, raw=raw)
+    raise UsageError(f"--resume {d}: no complete checkpoint in it")
+
+
+def make_state(*, ds, cfg, world_size, epoch, batch, model, opt, stores, sampler, adaptive,
+               best_valid, best_epoch, stopped, history, partial=None) -> dict[str, Any]:  # fmt: skip
+    """The dict :meth:`CheckpointDir.save` writes (module docstring)."""
+    return {
+        "format": _TAG,
+        "format_version": FORMAT_VERSION,
+        "binding": binding(ds, cfg, world_size),
+        "epoch": int(epoch),
+        "batch": int(batch),
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": capture_rng(),
+        "stores": [s.state_dict() for s in stores],
+        "sampler_scale": float(sampler.scale) if hasattr(sampler, "scale") else None,
+        "adaptive": None
+        if adaptive is None
+        else json.dumps(
+            {
+                "s": adaptive.s,
+                "pre": adaptive.pre,
+                "fixed": adaptive.fixed,
+                "history": adaptive.history,
+            }
+        ),  # fmt: skip
+        "best_valid": float(best_valid),
+        "best_epoch": int(best_epoch),
+        "stopped": bool(stopped),
+        "history": json.dumps(history),
+        "partial": None if partial is None else json.dumps(partial),
+    }
+
+
+def restore(state: ResumeState, *, model, opt, stores, sampler, adaptive) -> None:
+    """Put a checkpoint's model, optimizer, store and sampler state back (the random states
+    separately, :func:`restore_rng`, right before training continues)."""
+    raw = state.raw
+    model.load_state_dict(raw["model"])
+    opt.load_state_dict(raw["optimizer"])
+    if len(raw["stores"]) != len(stores):
+        raise UsageError(f"--resume {state.path.parent}: the feature store stack differs")
+    for s, st in zip(stores, raw["stores"]):
+        s.load_state_dict(st)
+    if raw["sampler_scale"] is not None and hasattr(sampler, "scale"):
+        sampler.scale = raw["sampler_scale"]
+    if adaptive is not None and raw["adaptive"] is not None:
+        a = json.loads(raw["adaptive"])
+        adaptive.s, adaptive.pre, adaptive.fixed = a["s"], a["pre"], a["fixed"]
+        adaptive.history[:] = a["history"]
+
+
+@dataclass
+class Progress:
+    """Where a run (re)starts and its record so far: fresh, or from a checkpoint."""
+
+    epoch: int = 0
+    batch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_valid: float = -1.0
+    best_epoch: int = -1
+    stopped: bool = False
+    partial: dict[str, Any] | None = None
+    resumed_from: str | None = None
+
+
+def open_checkpoints(cfg, ds, run):
+    """``(CheckpointDir or None, ResumeState or None)`` for ``cfg.checkpoint_dir`` /
+    ``cfg.resume`` (``--resume C`` alone keeps writing to ``C``). Checkpoints are per rank; only
+    one process is supported yet (one line refuses several ranks)."""
+    target = cfg.checkpoint_dir or cfg.resume
+    if target is None:
+        return None, None
+    if run.world_size > 1:
+        raise UsageError(
+            "--checkpoint-dir/--resume: single-process runs only for now (not with several ranks)"
+        )
+    resumed = None
+    if cfg.resume is not None:
+        resumed = load_resume(cfg.resume, ds, cfg, run.rank, run.world_size)
+    return CheckpointDir(target, run.rank, run.world_size), resumed
+
+
+def resume_progress(resumed: ResumeState | None, *, model, opt, store, sampler, adaptive):
+    """The :class:`Progress` to continue from; with a checkpoint, its model, optimizer, caches,
+    sampler scale and random states are put back (call right before the first epoch runs)."""
+    if resumed is None:
+        return Progress()
+    restore(resumed, model=model, opt=opt, stores=stateful_stores(store), sampler=sampler,
+            adaptive=adaptive)  # fmt: skip
+    raw = resumed.raw
+    restore_rng(raw["rng"])
+    return Progress(
+        epoch=resumed.epoch,
+        batch=resumed.batch,
+        history=resumed.history,
+        best_valid=float(raw["best_valid"]),
+        best_epoch=int(raw["best_epoch"]),
+        stopped=bool(raw["stopped"]),
+        partial=None if raw["partial"] is None else json.loads(raw["partial"]),
+        resumed_from=str(resumed.path),
+    )

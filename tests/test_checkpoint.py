@@ -1,0 +1,192 @@
+"""Checkpoint and resume (issue 16): a run killed at any point and resumed from ``--resume C``
+ends with the same parameters, losses, accuracies and bytes per tier as an uninterrupted run
+(bit-identical on the CPU); what a checkpoint is bound to; same seed, same summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio.errors import GnnioError, UsageError
+from gnnio.graph import DatasetWriter, edges_to_csr
+from gnnio.importers.synthetic import prepare_synthetic
+from gnnio.train import TrainConfig, train
+from gnnio.train.checkpoint import FORMAT_VERSION, CheckpointDir, checkpoint_files
+
+#: per-epoch fields that are wall-clock measurements (they differ between any two runs)
+TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s"}
+
+
+@pytest.fixture(scope="module")
+def easy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "easy"
+    prepare_synthetic(
+        out, num_nodes=1200, avg_degree=8, feat_dim=16, num_classes=4, seed=0,
+        split=(0.5, 0.2, 0.3), progress=False,
+    )  # fmt: skip
+    return out
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(fanouts=(5, 5), batch_size=64, epochs=3, hidden=16, lr=0.01, progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def final_params(ckdir) -> dict[str, torch.Tensor]:
+    *_, path = checkpoint_files(ckdir)[-1]
+    return torch.load(path, weights_only=True)["model"]
+
+
+def same_params(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def results(summary: dict) -> dict:
+    """What must be identical between runs: everything but the wall-clock times."""
+    hist = [{k: v for k, v in h.items() if k not in TIMED} for h in summary["history"]]
+    keep = ("loss_history", "test_acc", "best_valid_acc", "best_epoch", "epochs",
+            "bytes_by_tier", "rows_by_tier", "stopped_early")  # fmt: skip
+    return {"history": hist, **{k: summary[k] for k in keep}}
+
+
+@pytest.mark.parametrize("cache", ["none", "lru"])
+def test_resume_at_epoch_end_equals_uninterrupted(easy, tmp_path, cache):
+    full = train(easy, cfg(cache_policy=cache, checkpoint_dir=str(tmp_path / "a")))
+    train(easy, cfg(cache_policy=cache, epochs=1, checkpoint_dir=str(tmp_path / "b")))
+    resumed = train(easy, cfg(cache_policy=cache, resume=str(tmp_path / "b")))
+    assert resumed["resumed_from"].endswith("ckpt-e000001-b000000000.pt")
+    assert results(resumed) == results(full)
+    assert len(resumed["loss_history"]) == 3
+    assert same_params(final_params(tmp_path / "a"), final_params(tmp_path / "b"))
+    # the newest two are kept, written atomically (no temporary left)
+    names = sorted(p.name for p in (tmp_path / "b").iterdir())
+    assert names == ["ckpt-e000002-b000000000.pt", "ckpt-e000003-b000000000.pt", "lock"]
+
+
+def test_resume_mid_epoch_equals_uninterrupted(easy, tmp_path):
+    full = train(easy, cfg(checkpoint_dir=str(tmp_path / "a")))
+    train(easy, cfg(epochs=2, checkpoint_dir=str(tmp_path / "b"), checkpoint_every=4))
+    files = checkpoint_files(tmp_path / "b")
+    assert [(e, b) for e, b, _ in files] == [(1, 8), (2, 0)]  # 9 batches per epoch
+    files[-1][2].unlink()  # as if killed between batch 8 and the end of epoch 1
+    resumed = train(easy, cfg(resume=str(tmp_path / "b")))
+    assert resumed["resumed_from"].endswith("ckpt-e000001-b000000008.pt")
+    assert results(resumed) == results(full)
+    assert same_params(final_params(tmp_path / "a"), final_params(tmp_path / "b"))
+
+
+def test_resume_finished_run_and_damaged_newest(easy, tmp_path):
+    c = tmp_path / "c"
+    full = train(easy, cfg(epochs=2, checkpoint_dir=str(c)))
+    again = train(easy, cfg(epochs=2, resume=str(c)))  # nothing left to run
+    assert results(again) == results(full)
+    (c / "ckpt-e000009-b000000000.pt").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.warns(UserWarning, match="skipping"):
+        more = train(easy, cfg(epochs=3, resume=str(c)))
+    assert more["resumed_from"].endswith("ckpt-e000002-b000000000.pt")
+    assert more["loss_history"][:2] == full["loss_history"]
+
+
+def test_refusals_name_what_differs(easy, tmp_path):
+    c = tmp_path / "c"
+    train(easy, cfg(epochs=1, checkpoint_dir=str(c)))
+    with pytest.raises(UsageError, match=r"model configuration \(--hidden 16 .* 32 now\)"):
+        train(easy, cfg(hidden=32, resume=str(c)))
+    with pytest.raises(UsageError, match=r"option that changes results differs \(--lr"):
+        train(easy, cfg(lr=0.02, resume=str(c)))
+    other = tmp_path / "other"
+    prepare_synthetic(other, num_nodes=1200, avg_degree=8, feat_dim=16, num_classes=4, seed=1,
+                      split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
+    with pytest.raises(UsageError, match="another dataset"):
+        train(other, cfg(resume=str(c)))
+    *_, path = checkpoint_files(c)[-1]
+    raw = torch.load(path, weights_only=True)
+    raw["format_version"] = FORMAT_VERSION + 1
+    torch.save(raw, path)
+    with pytest.raises(UsageError, match=f"format version {FORMAT_VERSION + 1}, this gnnio"):
+        train(easy, cfg(resume=str(c)))
+    with pytest.raises(UsageError, match="no such checkpoint directory"):
+        train(easy, cfg(resume=str(tmp_path / "missing")))
+    with pytest.raises(UsageError, match="single-process runs only"):
+        cfg(checkpoint_dir=str(c)).validate(world_size=2)
+    with pytest.raises(UsageError, match="not with --cache-policy lru"):
+        cfg(checkpoint_dir=str(c), checkpoint_every=2, cache_policy="lru").validate()
+    claim = CheckpointDir(tmp_path / "busy")
+    try:
+        with pytest.raises(UsageError, match="in use by another running training run"):
+            train(easy, cfg(checkpoint_dir=str(tmp_path / "busy")))
+    finally:
+        claim.close()
+
+
+def test_same_seed_same_summary(easy):
+    a = train(easy, cfg(seed=3, cache_policy="fifo"))
+    b = train(easy, cfg(seed=3, cache_policy="fifo", threads=1))
+    assert results(a) == results(b)
+    assert train(easy, cfg(seed=4, epochs=1))["loss_history"][0] != a["loss_history"][0]
+
+
+def test_non_finite_loss_stops_with_one_line(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 60
+    feats = rng.standard_normal((n, 4)).astype(np.float32)
+    feats[7, 1] = np.nan
+    indptr, indices = edges_to_csr(np.arange(n), (np.arange(n) + 1) % n, n)
+    with DatasetWriter(tmp_path / "nan", name="nan") as w:
+        w.save_array("indptr", indptr)
+        w.save_array("indices", indices)
+        w.save_array("features", feats)
+        w.save_array("labels", (np.arange(n) % 3).astype(np.int64))
+        w.save_array("train_idx", np.arange(0, 40, dtype=np.int64))
+        w.save_array("valid_idx", np.arange(40, 50, dtype=np.int64))
+        w.save_array("test_idx", np.arange(50, 60, dtype=np.int64))
+        w.meta["num_classes"] = 3
+    best = tmp_path / "best.pt"
+    with pytest.raises(
+        GnnioError, match=r"^training stopped at epoch 0, batch \d+: the loss is nan"
+    ):
+        train(tmp_path / "nan", cfg(fanouts=(2,), batch_size=64, checkpoint=str(best)))
+    assert not best.exists()
+
+
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(easy, tmp_path):
+    from gnnio.cli.main import main
+
+    args = ["train", str(easy), "--epochs", "4", "--seed", "5", "--fanouts", "5,5",
+            "--batch-size", "32", "--hidden", "16", "--quiet"]  # fmt: skip
+    assert main([*args, "--checkpoint-dir", str(tmp_path / "a"),
+                 "--summary", str(tmp_path / "a.json")]) == 0  # fmt: skip
+    c, killed_summary = tmp_path / "c", tmp_path / "killed.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gnnio", *args, "--checkpoint-dir", str(c),
+         "--checkpoint-every", "5", "--summary", str(killed_summary)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e >= 1 and b >= 5 for e, b, _ in checkpoint_files(c)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)  # in epoch 1 (after its batch 5), or just after
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not killed_summary.exists()  # it did not finish
+    assert main([*args, "--resume", str(c), "--summary", str(tmp_path / "r.json")]) == 0
+    full = json.loads((tmp_path / "a.json").read_text())
+    resumed = json.loads((tmp_path / "r.json").read_text())
+    assert resumed["resumed_from"] is not None
+    assert resumed["loss_history"] == full["loss_history"] and len(full["loss_history"]) == 4
+    assert results(resumed) == results(full)
+    assert same_params(final_params(tmp_path / "a"), final_params(c))
