@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from .. import __version__
@@ -28,10 +29,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: a value that argparse takes for an option because it starts with "-": "-1,-1,-1", "-1,2"
+_NEGATIVE_LIST = re.compile(r"^-[0-9.][0-9.eE+-]*(,[0-9.eE+-]*)+$")
+
+
+def join_negative_lists(argv: list[str]) -> list[str]:
+    """``["--fanouts", "-1,-1,-1"]`` -> ``["--fanouts=-1,-1,-1"]``: argparse reads a
+    comma-separated list that starts with a minus as an option, not as the value."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a.startswith("--") and "=" not in a and nxt is not None and _NEGATIVE_LIST.match(nxt):
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = join_negative_lists(list(argv) if argv is not None else sys.argv[1:])
     args = parser.parse_args(argv)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    args.argv = argv
     args.rank_entry = rank_main
     try:
         rc = args.func(args)
@@ -54,7 +76,7 @@ def rank_main(argv: list[str]) -> int:
 
     @record
     def run() -> int:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(join_negative_lists(list(argv)))
         args.argv, args.rank_entry = list(argv), rank_main
         rc = int(args.func(args) or 0)
         if rc != 0:

@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0, help="Adam L2 weight decay")
     p.add_argument("--hidden", type=int, default=256, help="hidden channels")
     p.add_argument("--dropout", type=float, default=0.5, help="dropout on every layer's input")
-    p.add_argument("--heads", type=int, default=4, help="GAT attention heads")
+    p.add_argument("--heads", type=int, default=None, help="GAT attention heads (default: 4)")
     p.add_argument(
         "--feature-norm",
         default="none",
@@ -139,8 +139,8 @@ def register(sub) -> None:
         "--cache-size",
         type=float,
         metavar="F",
-        default=0.1,
-        help="cache rows as a fraction of the nodes",
+        default=None,
+        help="cache rows as a fraction of the nodes (default: 0.1)",
     )
     g.add_argument(
         "--order",
@@ -283,6 +283,20 @@ def _parse_prune(text: str | None):
     return vals
 
 
+def _refuse_ignored(args, ranks: int) -> None:
+    """One line for an option that would do nothing with the others given (issue 16, item 10)."""
+    for option, given, needs, what in (
+        ("--cache-size", args.cache_size, args.cache_policy != "none", "--cache-policy"),
+        ("--reader", args.reader, args.placement or ranks > 1, "--placement FILE"),
+        ("--gpu-budget", args.gpu_budget, args.gpu_cache_fraction is not None,
+         "--gpu-cache-fraction"),
+        ("--heads", args.heads, args.model == "gat", "--model gat"),
+        ("--po-sequences", args.po_sequences, args.order == "po", "--order po"),
+    ):  # fmt: skip
+        if given is not None and not needs:
+            raise UsageError(f"{option}: has no effect without {what}")
+
+
 def run(args) -> int:
     from ..dist.context import env_world_size
     from ..train import TrainConfig, check_device, train
@@ -290,6 +304,7 @@ def run(args) -> int:
 
     world = env_world_size()
     ranks = max(world, args.nproc)
+    _refuse_ignored(args, ranks)
     cfg = TrainConfig(
         model=args.model,
         fanouts=_parse_fanouts(args.fanouts),
@@ -299,7 +314,7 @@ def run(args) -> int:
         weight_decay=args.weight_decay,
         hidden=args.hidden,
         dropout=args.dropout,
-        heads=args.heads,
+        heads=args.heads if args.heads is not None else TrainConfig.heads,
         feature_norm=args.feature_norm,
         device=args.device,
         seed=args.seed,
@@ -324,7 +339,7 @@ def run(args) -> int:
         placement=args.placement,
         reader=args.reader if args.reader is not None else 0,
         cache_policy=args.cache_policy,
-        cache_size=args.cache_size,
+        cache_size=args.cache_size if args.cache_size is not None else TrainConfig.cache_size,
         order=args.order,
         po_sequences=args.po_sequences,
         sampler=args.sampler,

@@ -57,10 +57,17 @@ def _hop_key(key: int, hop: int) -> np.uint64:
     return np.uint64(hop_key(key, hop))
 
 
+#: the largest fanout (the kernels count neighbours in int32); -1 takes all neighbours
+MAX_FANOUT = 2**31 - 1
+
+
 def parse_fanouts(text: str) -> list[int]:
     """``"15,10,5"`` -> ``[15, 10, 5]`` (``fanouts[0]`` is hop 1, the seeds' neighbours)."""
+    parts = [t.strip() for t in str(text).split(",")]
+    if len(parts) > 1 and "" in parts:  # "15,,5" is not a 2-hop setting
+        raise ValueError(f"--fanouts: an empty value between commas in {text!r}")
     try:
-        fanouts = [int(t) for t in str(text).split(",") if t.strip() != ""]
+        fanouts = [int(t) for t in parts if t != ""]
     except ValueError:
         raise ValueError(f"--fanouts: expected comma-separated integers, got {text!r}") from None
     return check_fanouts(fanouts)
@@ -74,6 +81,9 @@ def check_fanouts(fanouts: Sequence[int]) -> list[int]:
     bad = [f for f in out if f < -1]
     if bad:
         raise ValueError(f"fanouts: each must be >= 0 or -1 (all neighbours), got {out}")
+    big = [f for f in out if f > MAX_FANOUT]
+    if big:
+        raise ValueError(f"fanouts: each must be at most {MAX_FANOUT} (or -1: all), got {big[0]}")
     return out
 
 

@@ -254,6 +254,16 @@ class TrainConfig:
         check_device(self.device)
 
     def _validate_checkpoints(self, world_size: int) -> None:
+        from ..utils.outputs import check_output_path, dataset_dir_of
+
+        for option, path in (("--summary", self.summary), ("--log", self.log),
+                             ("--checkpoint", self.checkpoint)):  # fmt: skip
+            if path is not None:
+                check_output_path(path, option)
+        for option, d in (("--checkpoint-dir", self.checkpoint_dir), ("--resume", self.resume)):
+            ds = dataset_dir_of(f"{d}/x") if d is not None else None
+            if ds is not None:
+                raise UsageError(f"{option} {d}: inside the dataset directory {ds}; use another")
         every = self.checkpoint_every
         if every is not None and every < 1:
             raise UsageError(f"--checkpoint-every: must be >= 1 batches, got {every}")
@@ -334,6 +344,11 @@ class TrainConfig:
             if len(pt) != 2 or not all(math.isfinite(float(v)) and float(v) >= 0 for v in pt):
                 raise UsageError(
                     f"--prune-threshold: needs ALPHA,BETA (two numbers >= 0), got {pt!r}"
+                )
+            if max(float(v) for v in pt) > 1e9 or not any(float(v) > 0 for v in pt):
+                raise UsageError(
+                    "--prune-threshold: ALPHA and BETA must not both be 0 (an empty window) and "
+                    f"at most 1e9 each, got {','.join(f'{float(v):g}' for v in pt)}"
                 )
 
     def _validate_sampler_device(self) -> None:

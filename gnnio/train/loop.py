@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from ..errors import DatasetError, GnnioError
 from ..graph.dataset import Dataset, load
+from ..utils.outputs import write_atomic
 from ..utils.progress import bar
 from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_stores
 from .config import TrainConfig, check_device
@@ -78,10 +79,8 @@ def _counter_diff(after: dict, before: dict) -> dict[str, dict[str, int]]:
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    text = (json.dumps(obj, indent=2) + "\n").encode()
+    write_atomic(path, lambda f: f.write(text), "--summary")
 
 
 class LocalRun:
@@ -286,9 +285,7 @@ def train(
             if improved:
                 best_valid, best_epoch = rec["valid_acc"], epoch
                 if ckpt is not None:
-                    tmp = ckpt.with_name(f".{ckpt.name}.tmp")
-                    torch.save(model.state_dict(), tmp)
-                    os.replace(tmp, ckpt)
+                    write_atomic(ckpt, lambda f: torch.save(model.state_dict(), f), "--checkpoint")
             rec["best_valid_acc"] = best_valid
             history.append(rec)
             if log_f is not None:

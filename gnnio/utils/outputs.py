@@ -1,0 +1,77 @@
+"""Output files of the commands (summaries, logs, model files, plans): what may be written where,
+and writing them atomically under a name no other writer uses.
+
+An output never replaces something that is not a regular file (a directory, a device such as
+``/dev/full``, a pipe, a socket) nor a file inside a gnnio dataset directory (the dataset would no
+longer open); the check is one line naming the option. Writes go to a temporary file unique to
+this process and call (``.NAME.tmp-<pid>-<random>`` next to the target), are ``fsync``-ed and
+renamed over the target, so two concurrent writers never share a temporary file and a reader
+sees the old or the new file, never a part."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from ..errors import UsageError
+
+__all__ = ["check_output_path", "dataset_dir_of", "write_atomic"]
+
+
+def dataset_dir_of(path: str | os.PathLike) -> Path | None:
+    """The gnnio dataset directory ``path`` lies in (its parent or an ancestor), or None."""
+    for d in Path(os.path.abspath(path)).parents:
+        meta = d / "meta.json"
+        if meta.is_file():
+            try:
+                if json.loads(meta.read_text()).get("format") == "gnnio-dataset":
+                    return d
+            except (OSError, ValueError, AttributeError):
+                continue
+    return None
+
+
+def check_output_path(path: str | os.PathLike, option: str) -> Path:
+    """``Path(path)`` if an output file may be written there, else a one-line
+    :class:`~gnnio.errors.UsageError` naming ``option`` (module docstring)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {p}: is a directory; give a file path")
+    if p.exists() and not p.is_file():
+        raise UsageError(
+            f"{option} {p}: exists and is not a regular file (a device, pipe or socket); "
+            "not replacing it"
+        )
+    for a in p.parents:
+        if a.exists():
+            if not a.is_dir():
+                raise UsageError(f"{option} {p}: {a} is a file, not a directory")
+            break
+    ds = dataset_dir_of(p)
+    if ds is not None:
+        raise UsageError(f"{option} {p}: inside the dataset directory {ds}; write it elsewhere")
+    return p
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None], option: str) -> None:
+    """Write ``path`` through ``write(binary file)`` atomically (module docstring); an OS error
+    (no space, no permission) is one line naming ``option`` and leaves no temporary file."""
+    p = check_output_path(path, option)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"{option} {p}: cannot write it ({e.strerror or e})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
