@@ -1,0 +1,135 @@
+"""What a rank trains on: the placement of feature rows (a ``gnnio plan`` file, checked against
+the dataset and the ranks, or a strategy computed on rank 0 and broadcast) and, with
+``--local-seeds``, the order of the rank's own training nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..ordering import RandomOrder
+from .context import DistContext
+
+__all__ = ["LocalSeedsOrder", "check_placement_file", "get_placement"]
+
+
+class LocalSeedsOrder(RandomOrder):
+    """This rank's own seeds, shuffled per epoch (or in ``order``'s epoch order, e.g. BGL's PO
+    order over the same seeds), cut into exactly ``num_batches`` batches (the same count on every
+    rank, so collectives and DDP steps stay matched)."""
+
+    def __init__(self, seeds, batch_size: int, num_batches: int, seed: int = 0, order=None):
+        super().__init__(seeds, batch_size, seed=seed)
+        if self.num_seeds < num_batches:
+            raise UsageError(
+                f"--local-seeds: a partition has {self.num_seeds} training nodes, fewer than "
+                f"the {num_batches} batches every rank must take"
+            )
+        self._num_batches = int(num_batches)
+        self.inner = order  # a one-rank SeedOrder over the same seeds, or None (random)
+        for k in ("num_sequences", "bound_value", "bound_met", "errors"):  # PO facts, summary
+            if hasattr(order, k):
+                setattr(self, k, getattr(order, k))
+
+    @property
+    def num_batches(self) -> int:
+        return self._num_batches
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        if self.inner is not None:
+            return self.inner.epoch_order(epoch)
+        return super().epoch_order(epoch)
+
+    def batches(self, epoch: int):
+        share = torch.from_numpy(np.ascontiguousarray(self.shard(epoch)))
+        yield from torch.tensor_split(share, self._num_batches)
+
+
+def check_placement_file(pl, path, ds, world_size: int, local_seeds: bool = False) -> None:
+    """Refuse (one line, saying which) a placement file made for another dataset or another
+    number of devices, or one without a partition for ``--local-seeds``."""
+    n = ds.num_nodes
+    if pl.num_nodes != n:
+        raise UsageError(
+            f"--placement {path}: made for a dataset of {pl.num_nodes} nodes, {ds.name} has {n}"
+        )
+    fp = pl.params.get("dataset_fingerprint")
+    if fp is not None and fp != ds.fingerprint:
+        raise UsageError(
+            f"--placement {path}: made for dataset '{pl.params.get('dataset', '?')}' ({fp}), "
+            f"not {ds.name} ({ds.fingerprint})"
+        )
+    if pl.num_devices != world_size:
+        raise UsageError(
+            f"--placement {path}: made for {pl.num_devices} devices, the run has {world_size} ranks"
+        )
+    if local_seeds and pl.parts is None:
+        raise UsageError(
+            f"--local-seeds: placement '{pl.strategy}' in {path} has no partition; save a "
+            "metis, naive or random placement, or use --placement-strategy metis|naive|random"
+        )
+
+
+def get_placement(ds, cfg, ctx: DistContext):
+    """The run's placement: ``cfg.placement`` (checked against the dataset and the ranks) or
+    ``cfg.placement_strategy`` (default ``alg1``) computed on rank 0 and broadcast."""
+    import torch.distributed as dist
+
+    from ..placement import Placement, PlacementRequest, load_placement, place
+    from ..utils.counts import top_count
+
+    n = ds.num_nodes
+    if cfg.placement is not None:
+        pl = load_placement(cfg.placement)
+        check_placement_file(pl, cfg.placement, ds, ctx.world_size, cfg.local_seeds)
+        return pl
+    strategy = cfg.placement_strategy or "alg1"
+    payload: list[Any] = [None]
+    if ctx.is_main:
+        from ..preprocess.hotness import compute_score
+
+        try:
+            probs = compute_score(
+                "sj", ds, fanouts=cfg.fanouts, batch_size=cfg.batch_size, progress=cfg.progress
+            )
+            req = PlacementRequest(
+                probs=probs,
+                topology=ctx.topology,
+                buffer_rows=top_count(cfg.buffer, n),
+                graph=ds.graph,
+                train_idx=np.asarray(ds.train_idx, dtype=np.int64),
+                num_layers=cfg.num_layers,
+                seed=cfg.seed,
+                progress=cfg.progress,
+            )
+            pl = place(strategy, req)
+            payload = [
+                {
+                    "strategy": pl.strategy,
+                    "groups": [list(g) for g in pl.groups],
+                    "buffers": [np.asarray(b, dtype=np.int64) for b in pl.buffers],
+                    "peer_reads": bool(pl.peer_reads),
+                    "params": dict(pl.params),
+                    "prep_s": float(pl.prep_s),
+                    "parts": None if pl.parts is None else np.asarray(pl.parts),
+                }
+            ]
+        except Exception as e:  # noqa: BLE001 - tell the other ranks, then fail everywhere
+            payload = [{"error": f"--placement-strategy {strategy}: {e}".splitlines()[0]}]
+    dist.broadcast_object_list(payload, src=0, group=ctx.fetch_group)
+    p = payload[0]
+    if "error" in p:
+        raise UsageError(p["error"])
+    return Placement(
+        strategy=p["strategy"],
+        num_nodes=n,
+        groups=tuple(tuple(g) for g in p["groups"]),
+        buffers=p["buffers"],
+        peer_reads=p["peer_reads"],
+        params=p["params"],
+        prep_s=p["prep_s"],
+        parts=p["parts"],
+    )
