@@ -19,6 +19,13 @@ output buffer: the first ``--warmup`` batches fill it, the next ``--batches`` ar
 * ``fetched_rows["<policy>+<order>"]["<size>"]``: mean rows per batch fetched from the backing
   store (misses). PO batches have fewer distinct input nodes (seeds close in the graph share
   neighbours), so this traffic can drop even where the hit ratio does not rise.
+* ``rows_fetched``: the same as ``fetched_rows`` (the name issue 18 uses).
+* ``lookahead`` (:mod:`gnnio.features.cache_lookahead`): Belady's MIN over the next ``--lookahead``
+  batches of the trace, announced to the cache before it serves each batch (what the loader does
+  in training), frequency and ``--score`` hotness beyond the window; ``optimal``: MIN with the
+  whole trace announced first, the offline bound (not a policy a loader can run). Their
+  ``overhead_ms`` includes announcing a batch. ``--lookahead-ks 1,2,4,8,16`` adds
+  ``lookahead_by_k["<order>"]["<size>"]["<K>"] = {"hit_ratio", "rows_fetched"}``.
 * ``eta1["<batch size>"]``: mean share of a batch's input nodes that the previous batch also had,
   over ``--eta-batches`` consecutive random-order batches (``eta1_by_order`` adds the PO order).
 
@@ -76,7 +83,15 @@ def add_arguments(p) -> None:
         "--eta-batch-sizes", default="256,1024,4096", help="batch sizes for eta1 (HyDRA Fig. 4)"
     )
     p.add_argument("--eta-batches", type=int, default=8, help="consecutive batches per eta1 value")
-    p.add_argument("--score", default="wrpr", help="hotness score of the static cache")
+    p.add_argument(
+        "--score", default="wrpr", help="hotness score of the static cache (lookahead: tie-break)"
+    )
+    p.add_argument(
+        "--lookahead", type=int, default=8, metavar="K", help="lookahead: batches announced ahead"
+    )
+    p.add_argument(
+        "--lookahead-ks", default="", metavar="K,K,..", help="also sweep lookahead over these K"
+    )
     p.add_argument("--store", choices=["memory", "mmap"], default="memory", help="backing store")
     p.add_argument("--po-sequences", type=int, default=None, help="PO: k (default automatic)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (sampler, copies)")
@@ -88,7 +103,7 @@ def add_arguments(p) -> None:
 
 
 def _check(args) -> tuple[list[str], list[str], list[float], list[int]]:
-    from ..features.cache import POLICIES
+    from ..features.cache_lookahead import POLICIES
 
     policies = _csv(args.policies, str, "policies")
     for pol in policies:
@@ -109,6 +124,8 @@ def _check(args) -> tuple[list[str], list[str], list[float], list[int]]:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0 or args.eta_batches < 2:
         raise UsageError("--warmup must be >= 0 and --eta-batches >= 2")
+    if args.lookahead < 0:
+        raise UsageError(f"--lookahead must be >= 0, got {args.lookahead}")
     if any(b < 1 for b in eta_sizes):
         raise UsageError(f"--eta-batch-sizes: each must be >= 1, got {args.eta_batch_sizes!r}")
     return policies, orders, sizes, eta_sizes
@@ -153,6 +170,30 @@ def _trace(order, sampler, count: int, desc: str, progress: bool) -> list[torch.
             if order.num_batches == 0:
                 raise UsageError("the seed order yields no batches (no training seeds?)")
     return out
+
+
+def _replay(cache_cls, store, capacity, pol, hot, k, trace, warmup, buf):
+    """Serve ``trace`` through a fresh cache (the first ``warmup`` batches unmeasured); a
+    ``lookahead`` cache is told the next ``k`` batches before each one, ``optimal`` the whole
+    trace first. Returns the measured stats and the announce ms per measured batch."""
+    cache = cache_cls(
+        store, capacity, pol, hot_ids=hot if pol in ("static", "lookahead", "optimal") else None,
+        lookahead=k,
+    )  # fmt: skip
+    ahead = len(trace) if pol == "optimal" else (k if pol == "lookahead" else 0)
+    announced, announce_s = 0, 0.0
+    for t, ids in enumerate(trace):
+        if t == warmup:
+            cache.reset_stats()
+            announce_s = 0.0
+        t0 = time.perf_counter()
+        while announced < min(len(trace), t + 1 + ahead):
+            cache.announce(trace[announced])
+            announced += 1
+        announce_s += time.perf_counter() - t0
+        cache.gather(ids, out=buf)
+    measured = max(1, len(trace) - warmup)
+    return cache.stats, announce_s / measured * 1e3
 
 
 def _static_hot(ds, args) -> tuple[np.ndarray, str]:
@@ -230,7 +271,7 @@ def run(args) -> dict:
     result["orders"] = order_info
 
     hot, score_name = (None, None)
-    if "static" in policies:
+    if {"static", "lookahead", "optimal"} & set(policies) or args.lookahead_ks:
         hot, score_name = _static_hot(ds, args)
         result["static_score"] = score_name
 
@@ -242,34 +283,40 @@ def run(args) -> dict:
     copy_ms: dict = {}
     fetched: dict = {}
     ref_size = 0.1 if 0.1 in sizes else sorted(sizes)[len(sizes) // 2]
-    runs = [(p, o, s) for o in orders for p in policies for s in sizes]
+    ks = _csv(args.lookahead_ks, int, "lookahead-ks") if args.lookahead_ks else []
+    runs = [(p, o, s, args.lookahead, False) for o in orders for p in policies for s in sizes]
+    runs += [("lookahead", o, s, k, True) for o in orders for s in sizes for k in ks]
+    by_k: dict = {}
     with bar(len(runs), "caches", "cache", enabled=progress) as pb:
-        for pol, o, size in runs:
+        for pol, o, size, k, sweep in runs:
+            st, announce_ms = _replay(
+                FeatureCache, store, capacity_rows(float(size), n_nodes), pol, hot, k,
+                traces[o], args.warmup, buf,
+            )  # fmt: skip
+            fetched_mean = round(st.misses / max(1, st.batches), 1)
+            if sweep:
+                by_k.setdefault(o, {}).setdefault(_size_key(size), {})[str(k)] = {
+                    "hit_ratio": round(st.hit_ratio, 6), "rows_fetched": fetched_mean}  # fmt: skip
+                pb.update(1)
+                continue
             key = f"{pol}+{o}"
-            cache = FeatureCache(
-                store,
-                capacity_rows(float(size), n_nodes),
-                pol,
-                hot_ids=hot if pol == "static" else None,
-            )
-            for ids in traces[o][: args.warmup]:
-                cache.gather(ids, out=buf)
-            cache.reset_stats()
-            for ids in traces[o][args.warmup :]:
-                cache.gather(ids, out=buf)
-            st = cache.stats
             hit_ratio.setdefault(key, {})[_size_key(size)] = round(st.hit_ratio, 6)
-            overhead.setdefault(key, {})[_size_key(size)] = round(st.manage_ms_per_batch, 4)
+            manage = st.manage_ms_per_batch + announce_ms
+            overhead.setdefault(key, {})[_size_key(size)] = round(manage, 4)
             copy_ms.setdefault(key, {})[_size_key(size)] = round(st.copy_ms_per_batch, 4)
-            fetched.setdefault(key, {})[_size_key(size)] = round(st.misses / max(1, st.batches), 1)
-            del cache
+            fetched.setdefault(key, {})[_size_key(size)] = fetched_mean
             pb.update(1)
+    if ks:
+        result["lookahead_by_k"] = by_k
+    if {"lookahead", "optimal"} & set(policies):
+        result["lookahead"] = args.lookahead
     result["hit_ratio"] = hit_ratio
     result["overhead_ms"] = {k: v[_size_key(ref_size)] for k, v in overhead.items()}
     result["overhead_size"] = ref_size
     result["overhead_ms_by_size"] = overhead
     result["copy_ms_by_size"] = copy_ms
     result["fetched_rows"] = fetched
+    result["rows_fetched"] = fetched
 
     eta_by_order: dict = {}
     for o in orders:

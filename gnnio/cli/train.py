@@ -131,9 +131,18 @@ def register(sub) -> None:
     g.add_argument(
         "--cache-policy",
         default="none",
-        choices=["none", "static", "fifo", "lru", "lfu"],
-        help="feature cache in front of the store (BGL): static rows by --score, or a dynamic "
-        "FIFO/LRU/LFU cache updated every batch",
+        choices=["none", "static", "fifo", "lru", "lfu", "lookahead"],
+        help="feature cache in front of the store (BGL): static rows by --score, a dynamic "
+        "FIFO/LRU/LFU cache updated every batch, or lookahead: Belady's MIN over the next "
+        "--lookahead batches the loader has sampled",
+    )
+    g.add_argument(
+        "--lookahead",
+        type=int,
+        metavar="K",
+        default=None,
+        help="--cache-policy lookahead: batches sampled and announced to the cache ahead "
+        "(default: 8; memory: K batches of ids)",
     )
     g.add_argument(
         "--cache-size",
@@ -287,6 +296,8 @@ def _refuse_ignored(args, ranks: int) -> None:
     """One line for an option that would do nothing with the others given (issue 16, item 10)."""
     for option, given, needs, what in (
         ("--cache-size", args.cache_size, args.cache_policy != "none", "--cache-policy"),
+        ("--lookahead", args.lookahead, args.cache_policy == "lookahead",
+         "--cache-policy lookahead"),
         ("--reader", args.reader, args.placement or ranks > 1, "--placement FILE"),
         ("--gpu-budget", args.gpu_budget, args.gpu_cache_fraction is not None,
          "--gpu-cache-fraction"),
@@ -340,6 +351,7 @@ def run(args) -> int:
         reader=args.reader if args.reader is not None else 0,
         cache_policy=args.cache_policy,
         cache_size=args.cache_size if args.cache_size is not None else TrainConfig.cache_size,
+        lookahead=args.lookahead if args.lookahead is not None else TrainConfig.lookahead,
         order=args.order,
         po_sequences=args.po_sequences,
         sampler=args.sampler,

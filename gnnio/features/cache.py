@@ -77,6 +77,7 @@ from ._gather import output_rows
 from .accounting import CacheStats, _Timer, counters_delta, snapshot_rows
 from .base import FeatureStore
 from .batch_ops import FirstOccurrence, ids_on, move_rows
+from .cache_lookahead import LookaheadPolicy, make_any_policy
 from .cache_policy import (
     POLICIES,
     CachePolicy,
@@ -95,6 +96,7 @@ __all__ = [
     "FeatureCache",
     "LFUPolicy",
     "LRUPolicy",
+    "LookaheadPolicy",
     "StaticPolicy",
     "capacity_rows",
     "make_policy",
@@ -131,9 +133,14 @@ class FeatureCache(FeatureStore):
         backing: the store the misses come from (any :class:`FeatureStore`, also another cache).
         capacity: rows the cache holds (clipped to ``[0, backing.num_rows]``); see
             :func:`capacity_rows` for fractions.
-        policy: ``"static"``, ``"fifo"``, ``"lru"``, ``"lfu"`` (see module docstring).
+        policy: ``"static"``, ``"fifo"``, ``"lru"``, ``"lfu"`` (see module docstring), or
+            ``"lookahead"`` / ``"optimal"`` (:mod:`gnnio.features.cache_lookahead`: Belady's MIN
+            over the batches announced with :meth:`announce`).
         hot_ids: for ``"static"``: global ids, hottest first (e.g. ``np.argsort(-score)``); the
             first ``capacity`` are loaded once from the bottom store of the stack at construction.
+            For ``"lookahead"`` / ``"optimal"``: the fallback's tie-break and the static part.
+        lookahead: ``"lookahead"``'s window K, in batches (the loader announces that many ahead).
+        static_capacity: ``"lookahead"`` / ``"optimal"``: rows pinned to the top ``hot_ids``.
         device: where the buffer, the maps and the returned rows live (default: ``backing.device``).
         tier: the counter name of rows served from the buffer (default ``"gpu_cache"`` on a GPU,
             else ``"cache"``).
@@ -149,6 +156,8 @@ class FeatureCache(FeatureStore):
         device: str | torch.device | None = None,
         tier: str | None = None,
         timing: bool = True,
+        lookahead: int = 8,
+        static_capacity: int = 0,
     ) -> None:
         super().__init__()
         if not isinstance(backing, FeatureStore):
@@ -159,7 +168,9 @@ class FeatureCache(FeatureStore):
         self.tier = tier or ("gpu_cache" if self.device.type == "cuda" else "cache")
         self.timing = bool(timing)
         cap = capacity_rows(capacity, self.num_rows) if capacity else 0
-        self.policy = make_policy(policy, cap, self.num_rows, self.device, hot_keys=hot_ids)
+        self.policy = make_any_policy(
+            policy, cap, self.num_rows, self.device, hot_ids, lookahead, static_capacity
+        )
         self.capacity = self.policy.capacity
         self.buffer = torch.empty((self.capacity, self.dim), dtype=self.dtype, device=self.device)
         self.stats = CacheStats()
@@ -221,6 +232,28 @@ class FeatureCache(FeatureStore):
                 rows = self.root.gather(keys.to(self.root.device)).to(self.device)
                 self.buffer.index_copy_(0, slots.to(self.device), rows)
 
+    @property
+    def lookahead(self) -> int:
+        """Batches the loader should :meth:`announce` ahead (0 unless the policy looks ahead)."""
+        pol = self.policy
+        return int(pol.lookahead or 0) if isinstance(pol, LookaheadPolicy) else 0
+
+    def announce(self, ids) -> None:
+        """Tell a ``lookahead`` / ``optimal`` cache the ids of the next batch it will serve not
+        yet announced (any order, repeats allowed; batches in serving order). Ignored by the
+        other policies."""
+        if not isinstance(self.policy, LookaheadPolicy):
+            return
+        idx = ids_on(self, ids, self.device)
+        with self._lock:
+            self.policy.announce(self._dedup(idx)[0])
+
+    def reset_window(self) -> None:
+        """Forget announced batches that will not be served (an epoch closed early)."""
+        if isinstance(self.policy, LookaheadPolicy):
+            with self._lock:
+                self.policy.reset_window()
+
     def cached_ids(self) -> torch.Tensor:
         """The global ids cached now (int64, slot order)."""
         k = self.policy.key_of
@@ -275,6 +308,8 @@ class FeatureCache(FeatureStore):
         pol = self.policy
         uniq, inv = self._dedup(idx)
         u = int(uniq.numel())
+        if isinstance(pol, LookaheadPolicy):
+            pol.begin_batch(uniq)
         slots = pol.lookup(uniq)
         hit = slots >= 0
         hit_u = torch.nonzero(hit).flatten()

@@ -5,6 +5,7 @@ public object and its iterator, this is what runs behind it."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import queue
 import threading
@@ -125,15 +126,30 @@ class EpochRun:
                 return
 
     def _gather_worker(self) -> None:
-        ld = self.loader
+        ld, st = self.loader, self.loader._streams
+        # a lookahead cache (gnnio.features.cache_lookahead) is told the input nodes of batches
+        # i + 1 .. i + K before batch i is gathered: the thread holds K sampled batches (ids and
+        # blocks, never rows) and the sampling workers run K batches further ahead
+        k = int(getattr(ld.store, "lookahead", 0) or 0)
+        if k:
+            ld.store.reset_window()  # (batches announced by an epoch closed early)
+        ahead: collections.deque = collections.deque()
+        nxt = self.start  # the next batch to take from the sampling queues
         try:
             with self._on(ld._side):
                 for i in range(self.start, len(self.batches)):
-                    item = self.get(self.sampled[(i - self.start) % ld.num_workers])
-                    if isinstance(item, StageFailure):
-                        self.put(self.out, item)
-                        return
-                    self.put(self.out, self._gather_one(*item))
+                    while nxt < len(self.batches) and nxt <= i + k:
+                        item = self.get(self.sampled[(nxt - self.start) % ld.num_workers])
+                        if isinstance(item, StageFailure):
+                            self.put(self.out, item)
+                            return
+                        if k:
+                            if st is not None:  # the ids may still be written on a sampler stream
+                                st.wait(ld._side, item[1])
+                            ld.store.announce(item[0].input_nodes)
+                        ahead.append(item)
+                        nxt += 1
+                    self.put(self.out, self._gather_one(*ahead.popleft()))
             self.put(self.out, END)
         except Stopped:
             return

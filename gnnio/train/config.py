@@ -94,8 +94,11 @@ class TrainConfig:
             (tiers ``local``, ``peer``, ``host``). Exclusive with ``gpu_cache_fraction``.
         reader: which GPU of the placement this run trains on (0-based).
         cache_policy: ``none`` or a :class:`~gnnio.features.cache.FeatureCache` policy
-            (``static``, ``fifo``, ``lru``, ``lfu``) in front of the store (tier ``cache``).
+            (``static``, ``fifo``, ``lru``, ``lfu``, ``lookahead``) in front of the store (tier
+            ``cache``).
         cache_size: cache rows as a fraction of the nodes (``0.1`` = 10 %).
+        lookahead: ``cache_policy="lookahead"``: batches the loader announces ahead (Belady's MIN
+            over them, :mod:`gnnio.features.cache_lookahead`); 0 = the frequency fallback alone.
         order: training seed order: ``random`` (seeded shuffle each epoch) or ``po`` (BGL's
             proximity-aware order, :class:`~gnnio.ordering.po.ProximityOrder`).
         po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the
@@ -180,6 +183,7 @@ class TrainConfig:
     reader: int = 0
     cache_policy: str = "none"
     cache_size: float = 0.1
+    lookahead: int = 8
     order: str = "random"
     po_sequences: int | None = None
     sampler: str = "uniform"
@@ -303,6 +307,8 @@ class TrainConfig:
             )
         if not (math.isfinite(self.cache_size) and 0.0 <= self.cache_size <= 1.0):
             raise UsageError(f"--cache-size: must be a fraction in [0, 1], got {self.cache_size}")
+        if not 0 <= self.lookahead <= 4096:
+            raise UsageError(f"--lookahead: must be in [0, 4096] batches, got {self.lookahead}")
         if self.order not in ORDERS:
             raise UsageError(f"--order: must be one of {', '.join(ORDERS)}, got '{self.order}'")
         if self.po_sequences is not None and self.po_sequences < 1:

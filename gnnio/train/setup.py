@@ -45,7 +45,7 @@ __all__ = [
     "needs_score",
 ]
 
-CACHE_POLICIES = ("none", "static", "fifo", "lru", "lfu")
+CACHE_POLICIES = ("none", "static", "fifo", "lru", "lfu", "lookahead")
 ORDERS = ("random", "po")
 
 
@@ -185,8 +185,9 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         # on a GPU the cache lives there: its hits do not cross PCIe (issue 15, fault 7)
         cache_dev = device if device.type == "cuda" else None
         store = FeatureCache(
-            store, cap, cfg.cache_policy, hot_ids=hot, tier="cache", device=cache_dev
-        )
+            store, cap, cfg.cache_policy, hot_ids=hot, tier="cache", device=cache_dev,
+            lookahead=getattr(cfg, "lookahead", 8),
+        )  # fmt: skip
         tiers = ("cache", *tiers)
         if cfg.cache_policy == "static":
             eval_store = store
@@ -198,6 +199,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                 "size": cfg.cache_size,
                 "capacity": store.capacity,
                 "device": str(store.device),
+                **({"lookahead": store.lookahead} if cfg.cache_policy == "lookahead" else {}),
             }
         )
     return StoreSetup(store=store, tiers=tiers, gpu_ids=gpu_ids, info=info, eval_store=eval_store)

@@ -1,0 +1,258 @@
+"""The lookahead cache and the offline optimum (issue 18, part 2): ``optimal`` equals an exhaustive
+search for the most hits on small traces, ``lookahead`` with a window as long as the trace equals
+``optimal``, rows are always right, and the robustness cases (K = 0, a window longer than the
+epoch, a cache smaller than a batch, a cache as large as the graph, a batch served that was not
+announced)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gnnio.features.cache import FeatureCache
+from gnnio.features.cache_lookahead import LookaheadPolicy, make_any_policy
+from gnnio.features.memory import InMemoryFeatureStore
+
+
+def _store(n: int, dim: int = 3) -> InMemoryFeatureStore:
+    return InMemoryFeatureStore(np.arange(n * dim, dtype=np.float32).reshape(n, dim))
+
+
+def _hits(trace, n, cap, policy, k=None):
+    """Hits per batch of the bare policy on ``trace`` (lists of distinct ids), ``k`` batches
+    announced ahead (None = all first): what :class:`FeatureCache` does, without the rows."""
+    pol = make_any_policy(policy, cap, n, lookahead=k or 0)
+    ahead, announced, hits = (len(trace) if k is None else k), 0, []
+    for t, ids in enumerate(trace):
+        while announced < min(len(trace), t + 1 + ahead):
+            if isinstance(pol, LookaheadPolicy):
+                pol.announce(torch.tensor(trace[announced], dtype=torch.int64))
+            announced += 1
+        keys = torch.tensor(ids, dtype=torch.int64)
+        if isinstance(pol, LookaheadPolicy) and keys.numel():
+            pol.begin_batch(keys)
+        slots = pol.lookup(keys)
+        hit = slots >= 0
+        ticks = t * 100 + torch.arange(keys.numel())
+        pol.touch(slots[hit], ticks[hit])
+        pol.admit(keys[~hit], ticks[~hit])
+        hits.append(int(hit.sum()))
+        assert pol.filled <= pol.capacity
+    return hits
+
+
+def _run(trace, n, cap, policy, k=None, hot=None, static=0, check_rows=True):
+    """Serve ``trace`` (lists of ids) through a :class:`FeatureCache`, announcing ``k`` batches
+    ahead (None = all first); returns the hits per batch."""
+    store = _store(n)
+    c = FeatureCache(store, cap, policy, hot_ids=hot, lookahead=k or 0, static_capacity=static)
+    ahead = len(trace) if k is None else k
+    announced, hits = 0, []
+    for t, ids in enumerate(trace):
+        while announced < min(len(trace), t + 1 + ahead):
+            c.announce(torch.tensor(trace[announced], dtype=torch.int64))
+            announced += 1
+        before = c.stats.hits
+        x = c.gather(torch.tensor(ids, dtype=torch.int64))
+        if check_rows:
+            assert torch.equal(x, store.gather(torch.tensor(ids, dtype=torch.int64)))
+        hits.append(c.stats.hits - before)
+        assert c.policy.filled <= c.capacity
+        cached = c.cached_ids()
+        assert torch.unique(cached).numel() == cached.numel()
+    return hits
+
+
+def brute_force_max_hits(trace, cap) -> int:
+    """Most hits any cache of ``cap`` ids can have on ``trace`` (each batch's distinct ids hit if
+    cached before it; afterwards any ``cap`` ids of the cached ones and the batch may stay)."""
+    sets = [frozenset(b) for b in trace]
+
+    @functools.cache
+    def best(t: int, cache: frozenset) -> int:
+        if t == len(sets):
+            return 0
+        u = sets[t]
+        hits = len(u & cache)
+        pool = sorted(cache | u)
+        top = 0
+        for r in range(min(cap, len(pool)) + 1):
+            for keep in itertools.combinations(pool, r):
+                top = max(top, best(t + 1, frozenset(keep)))
+        return hits + top
+
+    return best(0, frozenset())
+
+
+trace_st = st.lists(
+    st.lists(st.integers(0, 5), min_size=0, max_size=4, unique=True), min_size=1, max_size=6
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st, cap=st.integers(1, 3))
+def test_optimal_matches_exhaustive_min(trace, cap):
+    hits = _hits(trace, 7, cap, "optimal")
+    assert sum(hits) == brute_force_max_hits(trace, cap)
+    # a window as long as the trace (or longer) is the offline optimum
+    assert _hits(trace, 7, cap, "lookahead", k=len(trace) + 3) == hits
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st, cap=st.integers(0, 8), k=st.integers(0, 4))
+def test_lookahead_never_beats_the_optimum(trace, cap, k):
+    assert sum(_hits(trace, 7, cap, "lookahead", k=k)) <= sum(_hits(trace, 7, cap, "optimal"))
+
+
+def _random_trace(n=400, batches=20, size=60, seed=0):
+    rng = np.random.default_rng(seed)
+    w = 1.0 / np.arange(1, n + 1) ** 0.8  # skewed, like sampled input nodes
+    return [rng.choice(n, size, replace=False, p=w / w.sum()).tolist() for _ in range(batches)]
+
+
+def test_lookahead_beats_the_history_policies_and_nears_the_optimum():
+    trace = _random_trace()
+    opt = sum(_hits(trace, 400, 40, "optimal"))
+    la = sum(_hits(trace, 400, 40, "lookahead", k=8))
+    others = {p: sum(_hits(trace, 400, 40, p)) for p in ("fifo", "lru", "lfu")}
+    assert la <= opt and la >= max(others.values()), (la, opt, others)
+
+
+def test_robustness_cases():
+    trace = _random_trace(batches=6)
+    # K = 0: nothing announced, the frequency fallback alone; works, rows right
+    _run(trace, 400, 40, "lookahead", k=0)
+    # cache smaller than one batch
+    assert sum(_run(trace, 400, 5, "lookahead", k=3)) <= sum(_hits(trace, 400, 5, "optimal"))
+    assert _run(trace, 400, 5, "optimal") == _hits(trace, 400, 5, "optimal")
+    # cache as large as the graph: every id read before is a hit
+    hits = _run(trace, 400, 400, "lookahead", k=2)
+    seen: set = set()
+    for ids, h in zip(trace, hits, strict=True):
+        assert h == len(seen & set(ids))
+        seen |= set(ids)
+    # capacity 0
+    assert sum(_run(trace, 400, 0, "lookahead", k=2)) == 0
+    # static hot part: pinned rows are never evicted
+    hot = np.arange(400)
+    c = FeatureCache(_store(400), 30, "lookahead", hot_ids=hot, lookahead=1, static_capacity=10)
+    for ids in trace:
+        c.gather(torch.tensor(ids))
+    assert set(range(10)) <= set(c.cached_ids().tolist())
+
+
+def test_window_longer_than_the_epoch_and_mismatch():
+    trace = _random_trace(batches=4)
+    c = FeatureCache(_store(400), 50, "lookahead", lookahead=10)
+    for ids in trace:  # all four announced: the window is longer than the "epoch"
+        c.announce(torch.tensor(ids))
+    assert c.policy.window == 4
+    for ids in trace:
+        c.gather(torch.tensor(ids))
+    assert c.policy.window == 0
+    c.gather(torch.tensor(trace[0]))  # not announced: served like K = 0
+    c.announce(torch.tensor(trace[1]))
+    with pytest.raises(ValueError, match="not the batch announced"):
+        c.gather(torch.tensor(trace[2]))
+    c.reset_window()
+    c.gather(torch.tensor(trace[2]))
+    assert c.lookahead == 10 and FeatureCache(_store(4), 2, "lru").lookahead == 0
+
+
+def test_bench_cache_reports_lookahead_and_optimal(tmp_path):
+    import argparse
+
+    from gnnio.bench import cache as bench
+    from tests.helpers import write_tiny_dataset
+
+    path = write_tiny_dataset(tmp_path / "tiny", num_nodes=300, num_edges=1500)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(
+        [str(path), "--batch-size", "8", "--fanouts", "3,2", "--batches", "5", "--warmup", "1",
+         "--policies", "static,lru,lookahead,optimal", "--sizes", "0.05,0.2", "--eta-batch-sizes",
+         "", "--score", "degree", "--lookahead", "2", "--lookahead-ks", "0,1,4", "--no-progress"]
+    )  # fmt: skip
+    r = bench.run(args)
+    keys = {f"{p}+{o}" for p in ("static", "lru", "lookahead", "optimal") for o in ("random", "po")}
+    assert set(r["hit_ratio"]) == keys and set(r["rows_fetched"]) == keys
+    for o in ("random", "po"):
+        for s in ("0.05", "0.2"):
+            opt, la = r["rows_fetched"][f"optimal+{o}"][s], r["rows_fetched"][f"lookahead+{o}"][s]
+            assert opt <= la and opt <= r["rows_fetched"][f"lru+{o}"][s]
+            assert set(r["lookahead_by_k"][o][s]) == {"0", "1", "4"}
+
+
+# ---- through the loader and gnnio train --------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [0, 3, 50])
+def test_loader_with_a_lookahead_cache_delivers_the_same_rows(k):
+    from gnnio.ordering import RandomOrder
+    from gnnio.pipeline.loader import NodeLoader
+    from gnnio.sampling import UniformSampler
+    from tests.helpers import random_graph
+
+    g = random_graph(800, 6000, seed=4)
+    store = _store(800, dim=4)
+    cache = FeatureCache(store, 120, "lookahead", lookahead=k)
+    order = RandomOrder(np.arange(800), 64, seed=1)
+    plain = NodeLoader(UniformSampler(g, [4, 3], seed=2), store, order, num_workers=2)
+    cached = NodeLoader(UniformSampler(g, [4, 3], seed=2), cache, order, num_workers=2)
+    for epoch in range(2):
+        it = cached.epoch(epoch)
+        for a, b in zip(plain.epoch(epoch), it, strict=True):
+            assert torch.equal(a.input_nodes, b.input_nodes) and torch.equal(a.x, b.x)
+        assert cache.policy.window == 0
+    assert cache.stats.hits > 0
+    # an epoch closed early leaves announced batches behind: the next epoch starts clean
+    it = cached.epoch(2)
+    next(it)
+    it.close()
+    for a, b in zip(plain.epoch(3), cached.epoch(3), strict=True):
+        assert torch.equal(a.x, b.x)
+
+
+def test_cli_train_with_the_lookahead_cache(tmp_path, capsys):
+    import json
+
+    from gnnio.cli.main import main
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=200, num_edges=1500)
+    summary = tmp_path / "s.json"
+    rc = main(["train", str(d), "--cache-policy", "lookahead", "--lookahead", "4", "--epochs", "1",
+               "--fanouts", "3,2", "--batch-size", "16", "--hidden", "8", "--summary",
+               str(summary), "--quiet"])  # fmt: skip
+    assert rc == 0
+    s = json.loads(summary.read_text())
+    assert s["config"]["cache_policy"] == "lookahead" and s["config"]["lookahead"] == 4
+    rc = main(["train", str(d), "--lookahead", "4", "--quiet"])
+    assert rc == 2 and "--lookahead" in capsys.readouterr().err
+
+
+def test_state_dict_round_trip_keeps_the_hits():
+    trace = _random_trace(batches=8)
+    a = make_any_policy("lookahead", 40, 400, lookahead=2)
+    b = make_any_policy("lookahead", 40, 400, lookahead=2)
+
+    def serve(pol, ids):
+        keys = torch.tensor(ids)
+        pol.begin_batch(keys)
+        hit = pol.lookup(keys) >= 0
+        pol.admit(keys[~hit], keys[~hit])
+        return int(hit.sum())
+
+    for ids in trace[:4]:
+        serve(a, ids)
+    a.announce(torch.tensor(trace[4]))  # announced, not served: dropped by the state
+    b.load_state_dict(a.state_dict())
+    a.reset_window()
+    for ids in trace[4:]:
+        assert serve(a, ids) == serve(b, ids)
