@@ -24,7 +24,6 @@ Differences from ``NeighborLoader`` a user may notice:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -303,14 +302,3 @@ class PyGLoader:
             f"{type(self).__name__}(batches={len(self)}, expand={self.expand!r}, "
             f"sampler={type(self.sampler).__name__}, store={type(self.store).__name__})"
         )
-
-    def describe(self) -> dict[str, Any]:
-        """Plain facts about the loader (for logs)."""
-        return {
-            "expand": self.expand,
-            "sampler": type(self.sampler).__name__,
-            "store": type(self.store).__name__,
-            "order": type(self.order).__name__,
-            "num_batches": len(self),
-            "num_seeds": int(self.order.num_seeds),
-        }

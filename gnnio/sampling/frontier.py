@@ -147,37 +147,33 @@ class FrontierSampler(ThreadedCPUSampler):
         key = self._next_key(epoch_seed)
         seeds = check_seeds(seeds, self.num_nodes)
         loc = self._take_loc()
-        try:
-            dup = int(_insert_seeds(seeds, loc))
-            if dup >= 0:
-                reset_range(seeds, 0, dup, loc)
-                raise ValueError(
-                    f"seeds: node id {int(seeds[dup])} appears more than once; "
-                    "seeds must be distinct"
-                )
-            nodes_parts = [seeds]
-            hop_nodes = [int(seeds.shape[0])]
-            srcs, dsts, poss = [], [], []
-            lo = 0
-            nodes = seeds
-            for h, fanout in enumerate(self.fanouts):
-                hi = hop_nodes[-1]
-                src, dst, pos, new = _sample_frontier(
-                    self.indptr, self.indices, nodes, lo, hi, np.int64(fanout),
-                    _hop_key(key, h), loc, np.int64(hi),
-                )  # fmt: skip
-                srcs.append(src)
-                dsts.append(dst)
-                poss.append(pos)
-                nodes_parts.append(new)
-                nodes = np.concatenate(nodes_parts) if new.shape[0] else nodes
-                lo = hi
-                hop_nodes.append(hi + int(new.shape[0]))
-            input_nodes = np.concatenate(nodes_parts)
-            reset_range(input_nodes, 0, input_nodes.shape[0], loc)
-        except BaseException:
-            self._drop_loc(loc)
-            raise
+        dup = int(_insert_seeds(seeds, loc))
+        if dup >= 0:
+            reset_range(seeds, 0, dup, loc)
+            self._give_loc(loc)
+            raise ValueError(
+                f"seeds: node id {int(seeds[dup])} appears more than once; seeds must be distinct"
+            )
+        # (if a hop raises, ``loc`` still holds entries and is dropped rather than pooled)
+        parts, srcs, dsts, poss = [seeds], [], [], []
+        hop_nodes = [int(seeds.shape[0])]
+        nodes, lo = seeds, 0
+        for h, fanout in enumerate(self.fanouts):
+            hi = hop_nodes[-1]
+            src, dst, pos, new = _sample_frontier(
+                self.indptr, self.indices, nodes, lo, hi, np.int64(fanout), _hop_key(key, h),
+                loc, np.int64(hi),
+            )  # fmt: skip
+            srcs.append(src)
+            dsts.append(dst)
+            poss.append(pos)
+            parts.append(new)
+            if new.shape[0]:
+                nodes = np.concatenate(parts)
+            lo = hi
+            hop_nodes.append(hi + int(new.shape[0]))
+        input_nodes = np.concatenate(parts)
+        reset_range(input_nodes, 0, input_nodes.shape[0], loc)
         self._give_loc(loc)
         return _assemble(seeds, input_nodes, srcs, dsts, poss, hop_nodes)
 
@@ -191,9 +187,6 @@ class FrontierSampler(ThreadedCPUSampler):
     def _give_loc(self, loc: np.ndarray) -> None:
         with self._lock:
             self._scratch.append(loc)
-
-    def _drop_loc(self, loc: np.ndarray) -> None:
-        """After a failure: the map may hold entries, so it is not returned to the pool."""
 
 
 def _assemble(seeds, input_nodes, srcs, dsts, poss, hop_nodes) -> MiniBatch:
