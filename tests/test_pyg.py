@@ -153,8 +153,7 @@ def test_batches_equal_neighborloader(tmp_path, pyg_backend, sort_by_target, inp
         ours = list(PyGLoader(ds, fanouts, reuse_buffers=False, **kw))
         assert len(ours) == len(pyg)
         for a, b in zip(ours, pyg):
-            assert_same_batch(a, b)
-            assert a.keys()[-6:] == b.keys()[-6:]  # n_id ... batch_size added in the same order
+            assert_same_batch(a, b)  # (key order: PyG's own varies with the string hash seed)
 
 
 def check_batch(b: Data, ds, fanouts, expand: str, e_id_is_pos: bool = False) -> None:
