@@ -139,12 +139,17 @@ def test_robustness_cases():
         seen |= set(ids)
     # capacity 0
     assert sum(_run(trace, 400, 0, "lookahead", k=2)) == 0
-    # static hot part: pinned rows are never evicted
-    hot = np.arange(400)
-    c = FeatureCache(_store(400), 30, "lookahead", hot_ids=hot, lookahead=1, static_capacity=10)
+    # static hot part (pinned, never evicted) and warm start from the hot ids; rows stay right
+    hot = np.arange(399, -1, -1)
+    store = _store(400)
+    c = FeatureCache(store, 30, "lookahead", hot_ids=hot, lookahead=1, static_capacity=10)
+    assert c.policy.filled == 30 and set(c.cached_ids().tolist()) == set(range(370, 400))
+    assert torch.equal(c.buffer, store.gather(c.policy.key_of))
     for ids in trace:
-        c.gather(torch.tensor(ids))
-    assert set(range(10)) <= set(c.cached_ids().tolist())
+        x = c.gather(torch.tensor(ids))
+        assert torch.equal(x, store.gather(torch.tensor(ids)))
+    assert set(range(390, 400)) <= set(c.cached_ids().tolist())
+    _run(trace, 400, 30, "optimal", hot=hot, static=5)
 
 
 def test_window_longer_than_the_epoch_and_mismatch():

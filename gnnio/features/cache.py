@@ -177,9 +177,10 @@ class FeatureCache(FeatureStore):
         self._dedup = FirstOccurrence(self.num_rows, self.device) if self.policy.dynamic else None
         self._clock = 0
         self._lock = threading.Lock()
-        if not self.policy.dynamic and self.capacity:
-            rows = self.root.gather(self.policy.key_of.cpu())
-            self.buffer.copy_(rows.to(self.device))
+        if self.policy.filled:  # a static set, or a lookahead cache's static part / warm start
+            f = self.policy.filled
+            rows = self.root.gather(self.policy.key_of[:f].cpu())
+            self.buffer[:f].copy_(rows.to(self.device))
 
     @property
     def root(self) -> FeatureStore:

@@ -25,7 +25,9 @@ Ranking after batch ``t``, over the cached ids and the misses of ``t`` (smaller 
 So a missed row not reused inside the window is admitted only into a free slot or in place of a
 cached row that is also not reused inside the window and has a lower fallback estimate; with a
 full window (``optimal``) it never displaces anything useful. With ``static_capacity`` the first
-slots hold the top ``hot_keys`` for good (the static hot part) and the ranking runs over the rest.
+slots hold the top ``hot_keys`` for good (the static hot part) and the ranking runs over the rest;
+with ``hot_keys`` the other slots start with the next hottest keys (a warm start, like a static
+cache's; without it a short trace measures mostly the fill-up).
 
 Cost per batch, all vectorized (no Python per id): ``announce`` O(batch); ``begin_batch`` O(batch);
 ``admit`` one ``topk`` over the cached ids plus the misses (LRU does one over the cached ids).
@@ -66,8 +68,11 @@ class LookaheadPolicy(CachePolicy):
         lookahead: the window ``K`` (batches announced ahead; what the loader reads); None =
             unbounded (``optimal``: announce the whole trace first). The policy does not enforce
             it -- whoever announces does -- it is stored for the loader.
-        hot_keys: optional keys, hottest first: the fallback's tie-break and the static part.
+        hot_keys: optional keys, hottest first: the fallback's tie-break, the static part and
+            the warm start.
         static_capacity: slots pinned to the top ``hot_keys`` (never evicted).
+        prefill: with ``hot_keys``, start with every slot holding the next hottest keys (as a
+            static cache does) instead of empty; MIN evicts them as soon as they rank last.
     """
 
     uses_ticks = False
@@ -80,6 +85,7 @@ class LookaheadPolicy(CachePolicy):
         lookahead: int | None = 8,
         hot_keys=None,
         static_capacity: int = 0,
+        prefill: bool = True,
     ):
         super().__init__(capacity, num_keys, device)
         if lookahead is not None and int(lookahead) < 0:
@@ -105,6 +111,12 @@ class LookaheadPolicy(CachePolicy):
             self.key_of[: self.static_capacity] = keys
             self.slot_of.index_copy_(0, keys, slots.to(self.slot_of.dtype))
             self.filled = self.static_capacity
+        if prefill and hot is not None and self.capacity > self.filled:
+            keys = hot[self.filled : self.capacity]
+            slots = torch.arange(self.filled, self.filled + keys.numel(), device=dev)
+            self.key_of.index_copy_(0, slots, keys)
+            self.slot_of.index_copy_(0, keys, slots.to(self.slot_of.dtype))
+            self.filled += int(keys.numel())
         self.ring_ids = torch.empty(0, dtype=torch.int64, device=dev)
         self.ring_next = torch.empty(0, dtype=torch.int64, device=dev)
         self.next_serial = 0  # serial of the next announced id
