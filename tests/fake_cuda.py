@@ -44,7 +44,11 @@ class FakeStream:
     """A named stream; records nothing itself."""
 
     def __init__(self, name: str = "default") -> None:
+        import zlib
+
         self.name = name
+        # like torch's handle: the same stream gives the same number, whichever object asks
+        self.cuda_stream = zlib.crc32(name.encode())
 
     def __repr__(self) -> str:
         return f"FakeStream({self.name})"
