@@ -46,7 +46,15 @@ import torch
 from numba import njit
 
 from ..graph.csr import CSRGraph
-from ._kernels import _GAMMA, _LINEAR_MAX_K, _floyd_hashed, _floyd_linear, mix64, reset_range
+from ._kernels import (
+    _GAMMA,
+    _LINEAR_MAX_K,
+    _floyd_hashed,
+    _floyd_linear,
+    mix64,
+    relabel_into,
+    reset_range,
+)
 from .base import Block, MiniBatch
 from .threaded import ThreadedCPUSampler, _hop_key, check_seeds
 
@@ -91,17 +99,10 @@ def _sample_frontier(indptr, indices, nodes, lo, hi, fanout, hop_key, loc, base)
             for q in range(o, o + k):
                 pos[q] += start
     src = np.empty(e, dtype=np.int64)
-    new = np.empty(e, dtype=np.int64)
-    cnt = 0
     for q in range(e):
-        g = indices[pos[q]]
-        lid = np.int64(loc[g])
-        if lid < 0:
-            lid = base + cnt
-            loc[g] = lid
-            new[cnt] = g
-            cnt += 1
-        src[q] = lid
+        src[q] = indices[pos[q]]
+    new = np.empty(e, dtype=np.int64)
+    cnt = relabel_into(src, loc, base, new)  # global -> local ids, new nodes in first-seen order
     return src, dst, pos, new[:cnt].copy()
 
 
