@@ -24,10 +24,16 @@ def _store(n: int, dim: int = 3) -> InMemoryFeatureStore:
     return InMemoryFeatureStore(np.arange(n * dim, dtype=np.float32).reshape(n, dim))
 
 
-def _hits(trace, n, cap, policy, k=None):
+def _hits(trace, n, cap, policy, k=None, kernels=None, hot=None, out=None):
     """Hits per batch of the bare policy on ``trace`` (lists of distinct ids), ``k`` batches
-    announced ahead (None = all first): what :class:`FeatureCache` does, without the rows."""
-    pol = make_any_policy(policy, cap, n, lookahead=k or 0)
+    announced ahead (None = all first): what :class:`FeatureCache` does, without the rows.
+    ``kernels``: force the numba (True) or torch (False) path; ``out``: a list the policy is
+    appended to."""
+    pol = make_any_policy(policy, cap, n, lookahead=k or 0, hot_keys=hot)
+    if kernels is not None:
+        pol.use_kernels = kernels
+    if out is not None:
+        out.append(pol)
     ahead, announced, hits = (len(trace) if k is None else k), 0, []
     for t, ids in enumerate(trace):
         while announced < min(len(trace), t + 1 + ahead):
@@ -238,6 +244,14 @@ def test_cli_train_with_the_lookahead_cache(tmp_path, capsys):
     assert rc == 0
     s = json.loads(summary.read_text())
     assert s["config"]["cache_policy"] == "lookahead" and s["config"]["lookahead"] == 4
+    # the cache changes where rows come from, never which rows: training is bit-identical
+    plain = tmp_path / "p.json"
+    rc = main(["train", str(d), "--epochs", "1", "--fanouts", "3,2", "--batch-size", "16",
+               "--hidden", "8", "--summary", str(plain), "--quiet"])  # fmt: skip
+    assert rc == 0
+    p = json.loads(plain.read_text())
+    assert p["loss_history"] == s["loss_history"] and p["test_acc"] == s["test_acc"]
+    assert s["bytes_by_tier"].get("cache", 0) > 0 and "cache" not in p["bytes_by_tier"]
     rc = main(["train", str(d), "--lookahead", "4", "--quiet"])
     assert rc == 2 and "--lookahead" in capsys.readouterr().err
 
@@ -261,3 +275,37 @@ def test_state_dict_round_trip_keeps_the_hits():
     a.reset_window()
     for ids in trace[4:]:
         assert serve(a, ids) == serve(b, ids)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    k=st.integers(0, 6),
+    cap=st.integers(1, 120),
+    with_hot=st.booleans(),
+)
+def test_numba_kernels_equal_the_torch_path(seed, k, cap, with_hot):
+    """The CPU kernels and the torch path (what a GPU runs) keep the same state on the same
+    trace: ranks, serials, fallbacks, the ring (long enough to wrap around) and the hits."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    trace = [list(rng.choice(n, size=int(rng.integers(0, 80)), replace=False)) for _ in range(40)]
+    hot = rng.permutation(n)[: int(rng.integers(1, n))] if with_hot else None
+    pols: list = []
+    a = _hits(trace, n, cap, "lookahead", k=k, kernels=True, hot=hot, out=pols)
+    b = _hits(trace, n, cap, "lookahead", k=k, kernels=False, hot=hot, out=pols)
+    assert a == b
+    pa, pb = pols
+    for name in ("keystate", "key_of", "slot_of", "ring_ids", "ring_next"):
+        assert torch.equal(getattr(pa, name), getattr(pb, name)), name
+    assert (pa.consumed, pa.next_serial) == (pb.consumed, pb.next_serial)
+
+
+def test_the_numba_kernels_refuse_a_batch_that_was_not_announced():
+    pol = make_any_policy("lookahead", 4, 20, lookahead=2)
+    assert pol.use_kernels
+    pol.announce(torch.tensor([1, 2, 3]))
+    before = pol.keystate.clone()
+    with pytest.raises(ValueError, match="not the batch announced next"):
+        pol.begin_batch(torch.tensor([1, 2, 4]))
+    assert torch.equal(pol.keystate, before)

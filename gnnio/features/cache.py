@@ -68,6 +68,7 @@ Not thread-safe per reader; one internal lock serializes concurrent ``gather`` c
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 import numpy as np
 import torch
@@ -177,6 +178,8 @@ class FeatureCache(FeatureStore):
         self._dedup = FirstOccurrence(self.num_rows, self.device) if self.policy.dynamic else None
         self._clock = 0
         self._lock = threading.Lock()
+        # announced batches not served yet: (the ids object, validated ids, unique, inverse)
+        self._announced: deque[tuple] = deque()
         if self.policy.filled:  # a static set, or a lookahead cache's static part / warm start
             f = self.policy.filled
             rows = self.root.gather(self.policy.key_of[:f].cpu())
@@ -247,13 +250,30 @@ class FeatureCache(FeatureStore):
             return
         idx = ids_on(self, ids, self.device)
         with self._lock:
-            self.policy.announce(self._dedup(idx)[0])
+            uniq, inv = self._dedup(idx)
+            self.policy.announce(uniq)
+            # kept for gather() of the same ids: validated and deduplicated once, not twice
+            self._announced.append((ids, idx, uniq, inv))
 
     def reset_window(self) -> None:
         """Forget announced batches that will not be served (an epoch closed early)."""
         if isinstance(self.policy, LookaheadPolicy):
             with self._lock:
                 self.policy.reset_window()
+                self._announced.clear()
+
+    def _take_announced(self, ids) -> tuple | None:
+        """``(idx, unique, inverse)`` computed when ``ids`` (this very object, unchanged) was
+        announced as the next batch; None otherwise. Drops the oldest announcement either way
+        (it is this batch's, or the policy refuses the batch)."""
+        if not self._announced:
+            return None
+        obj, idx, uniq, inv = self._announced.popleft()
+        if obj is not ids or not isinstance(ids, torch.Tensor) or ids.dtype != idx.dtype:
+            return None
+        if ids.device != idx.device or not torch.equal(ids, idx):  # changed in place since
+            return None
+        return idx, uniq, inv
 
     def cached_ids(self) -> torch.Tensor:
         """The global ids cached now (int64, slot order)."""
@@ -263,14 +283,18 @@ class FeatureCache(FeatureStore):
     def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows ``ids`` (global ids, any order, repeats allowed) as ``[len(ids), dim]`` on
         ``self.device``; see the module docstring for what changes in the cache."""
-        idx = ids_on(self, ids, self.device)
+        pre = None
+        if self._announced:
+            with self._lock:
+                pre = self._take_announced(ids)
+        idx = ids_on(self, ids, self.device) if pre is None else pre[0]
         n = int(idx.numel())
         dst = output_rows(out, n, self.dim, self.dtype, self.device)
         if n == 0:
             return dst
         with self._lock:
             if self.policy.dynamic:
-                self._gather_dynamic(idx, dst)
+                self._gather_dynamic(idx, dst, None if pre is None else pre[1:])
             else:
                 self._gather_static(idx, dst)
         return dst
@@ -304,10 +328,10 @@ class FeatureCache(FeatureStore):
         self._count(h, below)
         self.stats._record(n, n, h, n - h, 0, 0, self.row_bytes, manage, copy)
 
-    def _gather_dynamic(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
+    def _gather_dynamic(self, idx: torch.Tensor, dst: torch.Tensor, dedup=None) -> None:
         timer = _Timer(self.device, self.timing, self.stats.laps)
         pol = self.policy
-        uniq, inv = self._dedup(idx)
+        uniq, inv = self._dedup(idx) if dedup is None else dedup
         u = int(uniq.numel())
         if isinstance(pol, LookaheadPolicy):
             pol.begin_batch(uniq)

@@ -18,9 +18,13 @@ them does not matter); ``tests/test_lookahead.py`` checks this against an exhaus
 Ranking after batch ``t``, over the cached ids and the misses of ``t`` (smaller keeps):
 
 1. ids used again inside the window, by the batch of their next use (MIN);
-2. then the others by a fallback estimate: the number of batches an id appeared in so far
-   (frequency over the whole history, not only while cached), ties by the hotness rank of
-   ``hot_keys`` when given, then cached before missed (no churn between equals).
+2. then the others by a fallback estimate of how soon they are used again: the hotness rank of
+   ``hot_keys`` when given (a score such as WRPR estimates each row's access probability; on the
+   2^21 graph and Facebook it predicted reuse beyond the window better than the history count:
+   21.7 k against 23.5 k rows fetched per batch at a 20 % cache, docs/benchmarks.md), ties -- and
+   every id without ``hot_keys`` -- by the number of batches the id appeared in so far (frequency
+   over the whole history, not only while cached), then cached before missed (no churn between
+   equals).
 
 So a missed row not reused inside the window is admitted only into a free slot or in place of a
 cached row that is also not reused inside the window and has a lower fallback estimate; with a
@@ -30,11 +34,14 @@ with ``hot_keys`` the other slots start with the next hottest keys (a warm start
 cache's; without it a short trace measures mostly the fill-up).
 
 Cost per batch, all vectorized (no Python per id): ``announce`` O(batch); ``begin_batch`` O(batch);
-``admit`` one ``topk`` over the cached ids plus the misses (LRU does one over the cached ids).
-State: dense per-key arrays (next use, last announced position: int64; frequency: int32; hotness
-rank when ``hot_keys`` is given: int64) next to the cache's own ``slot_of`` map, and a ring of the
-announced ids with the position of each one's next use -- two int64 per id of the window: memory
-grows with K batches of ids, never with rows.
+``admit`` one gather of the cached ids' ranks and one ``topk`` (of the victims) over the cached ids
+plus the misses (LRU does one over the cached ids). The rank of every key is kept current in one
+array (``rank_of``: the next use while announced, else the fallback, updated where the next use or
+the frequency changes: the announced and the served ids), so ranking reads one value per key.
+State: dense per-key arrays (rank, last announced position, the fallback's static base: int64;
+frequency: int32) next to the cache's own ``slot_of`` map, and a ring of the announced ids with the
+position of each one's next use -- two int64 per id of the window: memory grows with K batches of
+ids, never with rows.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from . import _lookahead_kernels as _K
 from .cache_policy import POLICIES as BASE_POLICIES
 from .cache_policy import CachePolicy, make_policy
 
@@ -56,8 +64,7 @@ POLICIES = (*BASE_POLICIES, *LOOKAHEAD_POLICIES)
 
 _INF = 1 << 62  # "no next use known"
 _BEYOND = 1 << 61  # ranks of ids not reused inside the window start here
-_FB_MAX = (1 << 59) - 1  # fallback estimates are clamped below this
-_HOT_SCALE = 1 << 32  # frequency outranks the hotness rank
+_FREQ_MAX = (1 << 24) - 1  # frequencies are clamped to this in the ranking
 
 
 class LookaheadPolicy(CachePolicy):
@@ -93,15 +100,20 @@ class LookaheadPolicy(CachePolicy):
         self.lookahead = None if lookahead is None else int(lookahead)
         self.name = "optimal" if lookahead is None else "lookahead"
         dev = self.device
-        self.next_use = torch.full((num_keys,), _INF, dtype=torch.int64, device=dev)
-        self.last_serial = torch.full((num_keys,), -1, dtype=torch.int64, device=dev)
-        self.freq = torch.zeros(num_keys, dtype=torch.int32, device=dev)
-        self.hot_rank = None
+        # per key: [rank, last announced serial, fallback rank] (one cache line; see the kernels)
+        self.keystate = torch.empty((num_keys, 3), dtype=torch.int64, device=dev)
+        self.last_serial.fill_(-1)
+        # fallback = _BEYOND + 2 * ((hotness position << 24) + FREQ_MAX - frequency): hotter
+        # first, then more frequent; the lowest bit stays free for "missed"
+        fb = self.fallback_of
+        fb.fill_(_BEYOND + 2 * _FREQ_MAX)
         hot = None
         if hot_keys is not None:
             hot = torch.as_tensor(np.asarray(hot_keys, dtype=np.int64).reshape(-1), device=dev)
-            self.hot_rank = torch.zeros(num_keys, dtype=torch.int64, device=dev)
-            self.hot_rank.index_copy_(0, hot, num_keys - torch.arange(hot.numel(), device=dev))
+            pos = torch.arange(hot.numel(), dtype=torch.int64, device=dev)
+            fb.fill_(_BEYOND + 2 * ((hot.numel() << 24) + _FREQ_MAX))  # not in hot_keys: last
+            fb.index_copy_(0, hot, _BEYOND + 2 * ((pos << 24) + _FREQ_MAX))
+        self.rank_of.copy_(fb)  # nothing announced
         self.static_capacity = int(min(max(0, static_capacity), self.capacity))
         if self.static_capacity:
             if hot is None or hot.numel() < self.static_capacity:
@@ -123,6 +135,23 @@ class LookaheadPolicy(CachePolicy):
         self.consumed = 0  # serials below this belong to consumed batches
         self.announced = 0  # batches announced so far (the next one's index)
         self.pending: deque[tuple[int, int, int]] = deque()  # (batch index, first serial, size)
+        #: numba kernels on CPU tensors (one pass per batch); the torch path elsewhere
+        self.use_kernels = self.device.type == "cpu"
+
+    @property
+    def rank_of(self) -> torch.Tensor:
+        """Each key's rank (smaller keeps): its next use while announced, else its fallback."""
+        return self.keystate[:, _K.RANK]
+
+    @property
+    def last_serial(self) -> torch.Tensor:
+        """Each key's last announced serial (-1: never)."""
+        return self.keystate[:, _K.LAST]
+
+    @property
+    def fallback_of(self) -> torch.Tensor:
+        """Each key's rank beyond the window (hotness position, then frequency)."""
+        return self.keystate[:, _K.FALLBACK]
 
     # ---- the window ----------------------------------------------------------------------------
 
@@ -133,16 +162,23 @@ class LookaheadPolicy(CachePolicy):
         if m == 0:  # an empty batch is served without the cache looking at it
             return
         self._reserve(self.next_serial - self.consumed + m)
+        if self.use_kernels:
+            _K.announce(
+                keys.contiguous().numpy(), self.keystate.numpy(), self.ring_ids.numpy(),
+                self.ring_next.numpy(), self.consumed, self.next_serial, j,
+            )  # fmt: skip
+            self.pending.append((j, self.next_serial, m))
+            self.next_serial += m
+            self.announced += 1
+            return
         serials = self.next_serial + torch.arange(m, device=dev)
         prev = self.last_serial.index_select(0, keys)
         waiting = prev >= self.consumed  # an earlier occurrence still in the window: link it
         r = self.ring_ids.numel()
         self.ring_next.index_fill_(0, prev[waiting] % r, j)
         fresh = keys[~waiting]  # no pending occurrence: this is their next use
-        self.next_use.index_fill_(0, fresh, j)
-        pos = serials % r
-        self.ring_ids.index_copy_(0, pos, keys)
-        self.ring_next.index_fill_(0, pos, _INF)
+        self.rank_of.index_fill_(0, fresh, j)
+        self._ring_put(self.next_serial, keys)
         self.last_serial.index_copy_(0, keys, serials)
         self.pending.append((j, self.next_serial, m))
         self.next_serial += m
@@ -154,23 +190,57 @@ class LookaheadPolicy(CachePolicy):
         if not self.pending:
             self.announce(keys)
         _j, a, m = self.pending.popleft()
-        pos = (a + torch.arange(m, device=self.device)) % max(1, self.ring_ids.numel())
-        if m != keys.numel() or not torch.equal(self.ring_ids.index_select(0, pos), keys):
+        if m == keys.numel() and self.use_kernels:
+            ok = _K.begin_batch(
+                keys.contiguous().numpy(), self.keystate.numpy(), self.ring_ids.numpy(),
+                self.ring_next.numpy(), a,
+            )  # fmt: skip
+            if ok:
+                self.consumed = a + m
+                return
+        if m != keys.numel() or not torch.equal(self._ring_get(self.ring_ids, a, m), keys):
             self.pending.appendleft((_j, a, m))
             raise ValueError(
                 "lookahead cache: the batch served is not the batch announced next "
                 f"({keys.numel()} ids served, {m} announced)"
             )
-        self.next_use.index_copy_(0, keys, self.ring_next.index_select(0, pos))
+        nxt = self._ring_get(self.ring_next, a, m)
         self.consumed = a + m
-        self.freq.index_add_(0, keys, torch.ones_like(keys, dtype=torch.int32))
+        fb = self.fallback_of.index_select(0, keys)
+        fb -= 2 * (((fb - _BEYOND) >> 1) & _FREQ_MAX != 0).long()  # one more use (until 0)
+        self.fallback_of.index_copy_(0, keys, fb)
+        self.rank_of.index_copy_(0, keys, torch.where(nxt < _INF, nxt, fb))
+
+    def _fallback(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rank of ``keys`` beyond the window (even numbers from ``_BEYOND`` on; smaller keeps)."""
+        return self.fallback_of.index_select(0, keys)
+
+    def _ring_get(self, ring: torch.Tensor, a: int, m: int) -> torch.Tensor:
+        """The ring entries of serials ``a .. a+m-1`` (a slice unless they wrap around)."""
+        r = max(1, ring.numel())
+        lo = a % r
+        if lo + m <= r:
+            return ring[lo : lo + m]
+        return ring.index_select(0, (lo + torch.arange(m, device=self.device)) % r)
+
+    def _ring_put(self, a: int, keys: torch.Tensor) -> None:
+        """Write ``keys`` at serials ``a ..`` (their next use not known yet)."""
+        r, m = self.ring_ids.numel(), int(keys.numel())
+        lo = a % r
+        if lo + m <= r:
+            self.ring_ids[lo : lo + m] = keys
+            self.ring_next[lo : lo + m] = _INF
+            return
+        pos = (lo + torch.arange(m, device=self.device)) % r
+        self.ring_ids.index_copy_(0, pos, keys)
+        self.ring_next.index_fill_(0, pos, _INF)
 
     def reset_window(self) -> None:
         """Forget the announced, unserved batches (an epoch stopped early)."""
         while self.pending:
             _j, a, m = self.pending.pop()
-            pos = (a + torch.arange(m, device=self.device)) % max(1, self.ring_ids.numel())
-            self.next_use.index_fill_(0, self.ring_ids.index_select(0, pos), _INF)
+            ids = self._ring_get(self.ring_ids, a, m)
+            self.rank_of.index_copy_(0, ids, self._fallback(ids))
         self.consumed = self.next_serial
 
     @property
@@ -195,13 +265,10 @@ class LookaheadPolicy(CachePolicy):
     # ---- ranking and admission -----------------------------------------------------------------
 
     def _rank(self, keys: torch.Tensor, missed: bool) -> torch.Tensor:
-        """int64 rank of ``keys`` (smaller keeps): next use inside the window, else the fallback."""
-        nu = self.next_use.index_select(0, keys)
-        fb = self.freq.index_select(0, keys).long() * _HOT_SCALE
-        if self.hot_rank is not None:
-            fb += self.hot_rank.index_select(0, keys)
-        beyond = _BEYOND + (_FB_MAX - fb.clamp(max=_FB_MAX)) * 2 + int(missed)
-        return torch.where(nu < _INF, nu, beyond)
+        """int64 rank of ``keys`` (smaller keeps): next use inside the window, else the fallback
+        (odd for a missed id: cached before missed among equals)."""
+        r = self.rank_of.index_select(0, keys)
+        return r + (r >= _BEYOND).long() if missed else r
 
     def admit(
         self, keys: torch.Tensor, ticks: torch.Tensor, check_present: bool = False
@@ -226,11 +293,16 @@ class LookaheadPolicy(CachePolicy):
         else:
             res_slots = torch.arange(s0, self.filled, device=dev)
             res_keys = self.key_of[s0 : self.filled]
-            ranks = torch.cat([self._rank(res_keys, False), self._rank(keys, True)])
-            best = torch.topk(ranks, cap - s0, largest=False, sorted=False).indices
             nres = int(res_keys.numel())
-            kept = torch.zeros(nres + m, dtype=torch.bool, device=dev)
-            kept[best] = True
+            if self.use_kernels:
+                ranks = torch.empty(nres + m, dtype=torch.int64)
+                _K.ranks(self.keystate.numpy(), res_keys.numpy(), keys.numpy(), ranks.numpy())
+            else:
+                ranks = torch.cat([self._rank(res_keys, False), self._rank(keys, True)])
+            # the victims: the (nres + m) - (cap - s0) largest ranks (fewer than those kept)
+            worst = torch.topk(ranks, nres + m - (cap - s0), largest=True, sorted=False).indices
+            kept = torch.ones(nres + m, dtype=torch.bool, device=dev)
+            kept[worst] = False
             pos = torch.nonzero(kept[nres:]).flatten()
             evicted_slots = res_slots[~kept[:nres]]
             free = torch.arange(self.filled, cap, device=dev)
@@ -255,10 +327,9 @@ class LookaheadPolicy(CachePolicy):
         out = super().state_dict()
         out.pop("ring_ids", None)
         out.pop("ring_next", None)
-        r = max(1, self.ring_ids.numel())
         for _j, a, m in self.pending:
-            ids = self.ring_ids.index_select(0, (a + torch.arange(m, device=self.device)) % r)
-            out["next_use"].index_fill_(0, ids.cpu(), _INF)
+            ids = self._ring_get(self.ring_ids, a, m)
+            out["keystate"][:, _K.RANK].index_copy_(0, ids.cpu(), self._fallback(ids).cpu())
         out.update(next_serial=self.next_serial, consumed=self.next_serial)
         out["announced"] = self.announced
         return out
@@ -276,9 +347,8 @@ class LookaheadPolicy(CachePolicy):
         raise AssertionError("LookaheadPolicy chooses victims in admit()")
 
     def _tensors(self) -> list[torch.Tensor]:
-        out = [*super()._tensors(), self.next_use, self.last_serial, self.freq]
-        out += [self.ring_ids, self.ring_next]
-        return out + ([self.hot_rank] if self.hot_rank is not None else [])
+        out = [*super()._tensors(), self.keystate]
+        return [*out, self.ring_ids, self.ring_next]
 
 
 def make_any_policy(
