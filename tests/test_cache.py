@@ -431,3 +431,31 @@ def test_bench_cache_reports_the_documented_keys(tmp_path):
 
     with pytest.raises(UsageError, match="policies"):
         bench.run(p.parse_args([str(path), "--policies", "arc"]))
+
+
+def test_cli_train_with_the_two_level_cache(tmp_path, capsys):
+    """``--cpu-cache-size``: BGL's GPU + CPU cache from the command line; each level counts its
+    rows, the GPU level is labeled simulated on a CPU, and training is bit-identical to no cache."""
+    import json
+
+    from gnnio.cli.main import main
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=200, num_edges=1500)
+    common = ["--epochs", "1", "--fanouts", "3,2", "--batch-size", "16", "--hidden", "8", "--quiet"]
+    two, plain = tmp_path / "two.json", tmp_path / "plain.json"
+    rc = main(["train", str(d), "--cache-policy", "fifo", "--cache-size", "0.05",
+               "--cpu-cache-size", "0.2", "--summary", str(two), *common])  # fmt: skip
+    assert rc == 0
+    assert main(["train", str(d), "--summary", str(plain), *common]) == 0
+    s, p = json.loads(two.read_text()), json.loads(plain.read_text())
+    assert s["bytes_by_tier"]["gpu_cache"] > 0 and s["bytes_by_tier"]["cpu_cache"] > 0
+    assert sum(s["bytes_by_tier"].values()) == sum(p["bytes_by_tier"].values())
+    assert s["loss_history"] == p["loss_history"]
+    assert any("two-level" in x for x in s["simulated_parts"])
+    for bad, word in ((["--cpu-cache-size", "0.2"], "--cache-policy"),
+                      (["--cache-policy", "lookahead", "--cpu-cache-size", "0.2"], "lookahead"),
+                      (["--cache-policy", "lru", "--cpu-cache-size", "2"], "fraction")):  # fmt: skip
+        capsys.readouterr()
+        assert main(["train", str(d), *bad, *common]) == 2
+        assert word in capsys.readouterr().err

@@ -152,6 +152,14 @@ def register(sub) -> None:
         help="cache rows as a fraction of the nodes (default: 0.1)",
     )
     g.add_argument(
+        "--cpu-cache-size",
+        type=float,
+        metavar="F",
+        default=None,
+        help="BGL's two-level cache: a second level of this fraction of the nodes in host "
+        "memory below the --cache-policy cache (which lives on the GPU when training on one)",
+    )
+    g.add_argument(
         "--order",
         default="random",
         choices=["random", "po"],
@@ -296,6 +304,7 @@ def _refuse_ignored(args, ranks: int) -> None:
     """One line for an option that would do nothing with the others given (issue 16, item 10)."""
     for option, given, needs, what in (
         ("--cache-size", args.cache_size, args.cache_policy != "none", "--cache-policy"),
+        ("--cpu-cache-size", args.cpu_cache_size, args.cache_policy != "none", "--cache-policy"),
         ("--lookahead", args.lookahead, args.cache_policy == "lookahead",
          "--cache-policy lookahead"),
         ("--reader", args.reader, args.placement or ranks > 1, "--placement FILE"),
@@ -351,6 +360,7 @@ def run(args) -> int:
         reader=args.reader if args.reader is not None else 0,
         cache_policy=args.cache_policy,
         cache_size=args.cache_size if args.cache_size is not None else TrainConfig.cache_size,
+        cpu_cache_size=args.cpu_cache_size or 0.0,
         lookahead=args.lookahead if args.lookahead is not None else TrainConfig.lookahead,
         order=args.order,
         po_sequences=args.po_sequences,

@@ -97,6 +97,9 @@ class TrainConfig:
             (``static``, ``fifo``, ``lru``, ``lfu``, ``lookahead``) in front of the store (tier
             ``cache``).
         cache_size: cache rows as a fraction of the nodes (``0.1`` = 10 %).
+        cpu_cache_size: with a dynamic ``cache_policy``: a second cache level of this fraction
+            in host memory below the first (BGL's two-level GPU + CPU cache, same policy); the
+            first level lives on the training device (simulated in host memory on a CPU).
         lookahead: ``cache_policy="lookahead"``: batches the loader announces ahead (Belady's MIN
             over them, :mod:`gnnio.features.cache_lookahead`); 0 = the frequency fallback alone.
         order: training seed order: ``random`` (seeded shuffle each epoch) or ``po`` (BGL's
@@ -183,6 +186,7 @@ class TrainConfig:
     reader: int = 0
     cache_policy: str = "none"
     cache_size: float = 0.1
+    cpu_cache_size: float = 0.0
     lookahead: int = 8
     order: str = "random"
     po_sequences: int | None = None
@@ -307,6 +311,14 @@ class TrainConfig:
             )
         if not (math.isfinite(self.cache_size) and 0.0 <= self.cache_size <= 1.0):
             raise UsageError(f"--cache-size: must be a fraction in [0, 1], got {self.cache_size}")
+        c2 = self.cpu_cache_size
+        if not (math.isfinite(c2) and 0.0 <= c2 <= 1.0):
+            raise UsageError(f"--cpu-cache-size: must be a fraction in [0, 1], got {c2}")
+        if c2 > 0 and self.cache_policy not in ("fifo", "lru", "lfu", "static"):
+            raise UsageError(
+                "--cpu-cache-size: needs --cache-policy fifo, lru, lfu or static (a lookahead "
+                f"level below another sees only its misses), got '{self.cache_policy}'"
+            )
         if not 0 <= self.lookahead <= 4096:
             raise UsageError(f"--lookahead: must be in [0, 4096] batches, got {self.lookahead}")
         if self.order not in ORDERS:

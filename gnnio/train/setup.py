@@ -8,6 +8,7 @@ Feature store (innermost first)::
       -> TieredFeatureStore        --gpu-cache-fraction F --score NAME   (Data Tiering)
          or MultiDeviceFeatureStore --placement FILE [--reader K]      (Song & Jiang)
       -> FeatureCache              --cache-policy P --cache-size F       (BGL)
+         [over a host-memory level  --cpu-cache-size F2: BGL's two-level GPU + CPU cache]
 
 * Tiering: the hot set is the top ``F * N`` nodes by ``--score``. If the dataset was reordered by
   that same score (``gnnio prepare --reorder`` / ``gnnio reorder``), the hot rows are the id prefix
@@ -184,11 +185,18 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), n)
         # on a GPU the cache lives there: its hits do not cross PCIe (issue 15, fault 7)
         cache_dev = device if device.type == "cuda" else None
-        store = FeatureCache(
-            store, cap, cfg.cache_policy, hot_ids=hot, tier="cache", device=cache_dev,
-            lookahead=getattr(cfg, "lookahead", 8),
-        )  # fmt: skip
-        tiers = ("cache", *tiers)
+        cpu_cap = hot_rows_for_fraction(min(getattr(cfg, "cpu_cache_size", 0.0), 1.0), n)
+        if cpu_cap > 0:  # BGL's two-level cache: GPU level over a host-memory level
+            from ..features.cache import two_level_cache
+
+            store = two_level_cache(store, cap, cpu_cap, cfg.cache_policy, cache_dev, hot)
+            tiers = ("gpu_cache", "cpu_cache", *tiers)
+        else:
+            store = FeatureCache(
+                store, cap, cfg.cache_policy, hot_ids=hot, tier="cache", device=cache_dev,
+                lookahead=getattr(cfg, "lookahead", 8),
+            )  # fmt: skip
+            tiers = ("cache", *tiers)
         if cfg.cache_policy == "static":
             eval_store = store
         if cfg.cache_policy == "static" and gpu_ids is None:
@@ -200,6 +208,15 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                 "capacity": store.capacity,
                 "device": str(store.device),
                 **({"lookahead": store.lookahead} if cfg.cache_policy == "lookahead" else {}),
+                **(
+                    {
+                        "cpu_size": cfg.cpu_cache_size,
+                        "cpu_capacity": store.backing.capacity,
+                        "simulated": store.device.type != "cuda",
+                    }  # fmt: skip
+                    if cpu_cap > 0
+                    else {}
+                ),
             }
         )
     return StoreSetup(store=store, tiers=tiers, gpu_ids=gpu_ids, info=info, eval_store=eval_store)

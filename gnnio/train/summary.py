@@ -93,7 +93,10 @@ def simulation_facts(device: torch.device, info: dict[str, Any]) -> dict[str, An
         parts.append("placement: the placement's GPUs are simulated in CPU memory; 'local' and "
                      "'peer' rows are host reads")  # fmt: skip
     if info.get("cache", {}).get("device", "cpu") == "cpu" and "cache" in info:
-        parts.append("cache: held in host memory (not on a GPU)")
+        if "cpu_size" in info["cache"]:
+            parts.append("cache: the two-level cache's GPU level is simulated in host memory")
+        else:
+            parts.append("cache: held in host memory (not on a GPU)")
     return {"simulated": bool(parts), "simulated_parts": parts}
 
 
@@ -109,7 +112,7 @@ def loading_share(rec: dict[str, Any], cfg: TrainConfig, device: torch.device):
     compute = cfg.locality_compute_s if cfg.locality_compute_s is not None else bd["compute"]
     share = modeled_loading_share(
         bt.get("host", 0),
-        bt.get("gpu", 0) + bt.get("local", 0) + bt.get("cache", 0),
+        bt.get("gpu", 0) + bt.get("local", 0) + bt.get("cache", 0) + bt.get("gpu_cache", 0),
         compute_s=compute,
         peer_bytes=bt.get("peer", 0),
     )
