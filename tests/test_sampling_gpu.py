@@ -117,7 +117,16 @@ def test_sampler_placement_and_its_options(monkeypatch):
     assert sampler_placement(ds, cfg) == (torch.device("cuda", 0), "gpu")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * csr - 4, 8 * csr))
     assert sampler_placement(ds, cfg) == (torch.device("cuda", 0), "host")
-    assert sampler_placement(ds, TrainConfig()) == (None, "gpu")
+    assert sampler_placement(ds, TrainConfig(sampler_device="cpu", device="cuda")) == (None, "gpu")
+    # auto (the default): the GPU sampler when training on CUDA and the CSR fits, else the CPU one
+    assert sampler_placement(ds, TrainConfig()) == (None, "gpu")  # --device cpu
+    auto = TrainConfig(device="cuda")
+    assert auto.sampler_device == "auto"
+    assert sampler_placement(ds, auto) == (None, "gpu")  # does not fit: CPU sampler
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * csr, 8 * csr))
+    assert sampler_placement(ds, auto) == (torch.device("cuda", 0), "gpu")
+    for other in (dict(sampler="labor"), dict(locality_scale=2.0), dict(prune_threshold=(1, 1))):
+        assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (None, "gpu")
 
 
 @pytest.mark.gpu

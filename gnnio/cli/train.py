@@ -187,10 +187,12 @@ def register(sub) -> None:
     )
     g.add_argument(
         "--sampler-device",
-        choices=["cpu", "cuda"],
-        default="cpu",
-        help="where the uniform sampler runs: cpu (numba kernels) or cuda (the training GPU, "
-        "inside the loader on its own stream; needs --device cuda) (default: cpu)",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the uniform sampler runs: cpu (numba kernels), cuda (the training GPU, "
+        "inside the loader on its own stream; needs --device cuda), or auto: cuda when training "
+        "on a GPU with the uniform sampler and the graph fits (CSR <= 1/4 of the free GPU "
+        "memory), else cpu (default: auto)",
     )
     g.add_argument(
         "--graph-in",

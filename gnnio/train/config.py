@@ -72,10 +72,10 @@ class TrainConfig:
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
             profiled against their threads and given the allocation that minimizes the slowest;
             recorded in the summary under ``isolation`` (stage -> threads).
-        sampler_device: ``"cpu"`` (default: the numba sampler) or ``"cuda"``: the uniform
-            sampler runs on the training GPU inside the loader, on its own stream
-            (:mod:`gnnio.sampling.gpu`; its batches differ from the CPU sampler's, same
-            distribution).
+        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform sampler runs on
+            the training GPU inside the loader, on its own stream: :mod:`gnnio.sampling.gpu`) or
+            ``"auto"`` (default: ``cuda`` when training on a GPU with the uniform sampler and the
+            CSR takes at most a quarter of the free GPU memory, else ``cpu``).
         graph_in: with ``sampler_device="cuda"``: ``"gpu"`` (the CSR copied to the GPU),
             ``"host"`` (UVA sampling: the CSR pinned in host memory and read zero-copy, never
             copied) or ``"auto"`` (gpu when it takes at most a quarter of the free GPU memory).
@@ -175,7 +175,7 @@ class TrainConfig:
     store: str = "memory"
     threads: int | None = None
     isolation: str = "off"
-    sampler_device: str = "cpu"
+    sampler_device: str = "auto"
     graph_in: str = "auto"
     prefetch: int = 2
     progress: bool = True
@@ -370,11 +370,13 @@ class TrainConfig:
                 )
 
     def _validate_sampler_device(self) -> None:
-        if self.sampler_device not in ("cpu", "cuda"):
-            raise UsageError(f"--sampler-device: must be cpu or cuda, got '{self.sampler_device}'")
+        if self.sampler_device not in ("auto", "cpu", "cuda"):
+            raise UsageError(
+                f"--sampler-device: must be auto, cpu or cuda, got '{self.sampler_device}'"
+            )
         if self.graph_in not in ("host", "gpu", "auto"):
             raise UsageError(f"--graph-in: must be host, gpu or auto, got '{self.graph_in}'")
-        if self.sampler_device == "cpu":
+        if self.sampler_device != "cuda":
             if self.graph_in != "auto":
                 raise UsageError("--graph-in: only with --sampler-device cuda")
             return

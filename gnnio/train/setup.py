@@ -302,8 +302,11 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
     """Where the uniform sampler runs and where its topology lives: ``(None, "gpu")`` for the
     CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
     CSR copied to the GPU when it takes at most a quarter of the free device memory, else read
-    from pinned host memory, zero-copy: UVA sampling)."""
-    if getattr(cfg, "sampler_device", "cpu") != "cuda":
+    from pinned host memory, zero-copy: UVA sampling). ``--sampler-device auto`` (the default):
+    the GPU sampler with the CSR on the GPU when :func:`_gpu_sampler_applies` and it fits there,
+    else the CPU sampler."""
+    want = getattr(cfg, "sampler_device", "cpu")
+    if want == "cpu" or (want == "auto" and not _gpu_sampler_applies(cfg)):
         return None, "gpu"
     from ..utils.devices import resolve_device
 
@@ -313,7 +316,20 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
         csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
         free, _total = torch.cuda.mem_get_info(dev)
         graph_in = "gpu" if csr_bytes <= free // 4 else "host"
+        if want == "auto" and graph_in == "host":  # auto: the GPU sampler when the graph fits
+            return None, "gpu"
     return dev, graph_in
+
+
+def _gpu_sampler_applies(cfg) -> bool:
+    """``--sampler-device auto``: training on a GPU with the plain uniform sampler (the one the
+    GPU sampler implements)."""
+    return (
+        str(cfg.device).startswith("cuda")
+        and getattr(cfg, "sampler", "uniform") == "uniform"
+        and cfg.locality_scale is None
+        and cfg.prune_threshold is None
+    )
 
 
 def _top_ids(score: np.ndarray, k: int) -> np.ndarray:
