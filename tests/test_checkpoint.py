@@ -117,8 +117,11 @@ def test_refusals_name_what_differs(easy, tmp_path):
         train(easy, cfg(resume=str(c)))
     with pytest.raises(UsageError, match="no such checkpoint directory"):
         train(easy, cfg(resume=str(tmp_path / "missing")))
-    with pytest.raises(UsageError, match="single-process runs only"):
-        cfg(checkpoint_dir=str(c)).validate(world_size=2)
+    cfg(checkpoint_dir=str(c)).validate(world_size=2)  # ranks checkpoint too (test_checkpoint_dist)
+    from gnnio.train.checkpoint import load_resume
+
+    with pytest.raises(UsageError, match="written by one process, this run has 2 ranks"):
+        load_resume(c, None, cfg(), rank=0, world_size=2)
     with pytest.raises(UsageError, match="not with --cache-policy lru"):
         cfg(checkpoint_dir=str(c), checkpoint_every=2, cache_policy="lru").validate()
     claim = CheckpointDir(tmp_path / "busy")

@@ -189,7 +189,7 @@ def test_cache_never_skips_the_collective(policy):
     cache = FeatureCache(InMemoryFeatureStore(feats), n, policy, hot_ids=hot, tier="cache")
     store = ShardedFeatureStore(cache, pl, ctx, reuse=False)
     calls = []
-    store._exchange = lambda owner, pos, where, rows: calls.append(int(owner.numel()))
+    store._exchange = lambda owner, pos, where, rows: calls.append(int(owner.numel())) or 0
     host_ids = torch.from_numpy(np.flatnonzero(store.dev_num.numpy() < 0)[:30])
     for _ in range(3):  # the same host rows again: all cached after the first gather
         store.gather(host_ids)

@@ -94,6 +94,10 @@ def launch_ranks(args, cfg, dataset) -> int:
         from ..preprocess.partition import load_partition
 
         load_partition(cfg.partition, ds, args.nproc)
+    if cfg.resume is not None:  # checkpoints of another world size: refuse before starting
+        from ..train.checkpoint import check_world_size
+
+        check_world_size(cfg.resume, args.nproc)
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
         argv.append(str(ds.path))  # the built-in dataset, generated once above

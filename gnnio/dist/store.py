@@ -24,10 +24,20 @@ instead (``reuse`` rows) and not fetched again.
 For the cost model's view of the same reads, :attr:`ShardedFeatureStore.trace` (when
 ``record_trace``) counts every node read after deduplication (reuse not applied), ready for
 :func:`gnnio.placement.costmodel.placement_cost`.
+
+Checkpoints (``--checkpoint-dir``): :meth:`~ShardedFeatureStore.state_dict` holds what changes a
+resumed run's results and counts: the previous batch's ids (reuse; the rows are read again from
+host memory on load), the trace, the request bytes, the gather count and a per-rank cache's
+state. The loader gathers ahead of training, so for a checkpoint within an epoch the store is
+rewound to the last batch trained on: every gather's bookkeeping is applied at its end under a
+lock, each batch carries :meth:`~ShardedFeatureStore.mark` (the gathers done after it), and with
+``keep_log`` the store remembers the last gathers' ids to take them back out of the trace.
 """
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 
 import numpy as np
@@ -46,6 +56,9 @@ LINKS = ("local", "peer", "host", "network")
 class ShardedFeatureStore(FeatureStore):
     """This rank's shard of a placement; other rows from peers' shards or host memory.
 
+    ``LOG``: gathers a mid-epoch checkpoint can rewind (the loader runs at most ``prefetch + 2``
+    ahead of training).
+
     Args:
         host_store: a store serving *every* row from this machine's host memory (e.g. the
             memory-mapped dataset, optionally behind a cache); the shard is filled from it once.
@@ -54,6 +67,8 @@ class ShardedFeatureStore(FeatureStore):
         reuse: HyDRA cross-batch reuse of the previous batch's non-local rows.
         record_trace: count reads per node for the cost model (an ``[N]`` int64 array).
     """
+
+    LOG = 64
 
     def __init__(
         self,
@@ -99,6 +114,11 @@ class ShardedFeatureStore(FeatureStore):
         self._prev_rows: torch.Tensor | None = None
         self._flip = 0
         self._buffers: dict[str, torch.Tensor] = {}
+        # checkpoint bookkeeping (module docstring): the gathers' effects are applied under the
+        # lock; with keep_log the last LOG gathers' (count, ids, prev ids, control bytes) are kept
+        self._state_lock = threading.Lock()
+        self.keep_log = False
+        self._log: collections.deque = collections.deque(maxlen=self.LOG)
 
     def __repr__(self) -> str:
         return (
@@ -123,8 +143,6 @@ class ShardedFeatureStore(FeatureStore):
         idx = torch.from_numpy(np.ascontiguousarray(idx_np)).long()
         uniq, inv = torch.unique(idx, sorted=True, return_inverse=True)
         u = int(uniq.shape[0])
-        if self.trace is not None and u:
-            self.trace[uniq.numpy()] += 1
         rows_u = self._scratch("rows", u)
         rb = self.row_bytes
         src = self.dev_num[uniq]
@@ -162,17 +180,84 @@ class ShardedFeatureStore(FeatureStore):
 
         # other ranks: one exchange, even when nothing is needed from them
         rsel = (need & (src >= 0)).nonzero().squeeze(1)
-        self._exchange(src[rsel], pos[rsel], rsel, rows_u)
+        control = self._exchange(src[rsel], pos[rsel], rsel, rows_u)
 
+        prev_ids, prev_rows = self._prev_ids, self._prev_rows
         if self.reuse:
             keep = (~is_local).nonzero().squeeze(1)
-            self._prev_ids = uniq[keep]
+            prev_ids = uniq[keep]
             self._flip ^= 1  # two buffers: the previous batch's rows stay intact while read
-            self._prev_rows = self._scratch(f"prev{self._flip}", keep.numel())
-            move_rows(rows_u, keep.to(self.device), self._prev_rows, None)
+            prev_rows = self._scratch(f"prev{self._flip}", keep.numel())
+            move_rows(rows_u, keep.to(self.device), prev_rows, None)
         move_rows(rows_u, inv.to(self.device), dst, None)
-        self.num_gathers += 1
+        with self._state_lock:  # this gather's bookkeeping, all at once (state_dict reads it)
+            if self.trace is not None and u:
+                self.trace[uniq.numpy()] += 1
+            self._prev_ids, self._prev_rows = prev_ids, prev_rows
+            self.control_bytes += control
+            self.num_gathers += 1
+            if self.keep_log:
+                self._log.append((self.num_gathers, uniq, prev_ids, self.control_bytes))
         return dst
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def mark(self) -> int:
+        """Gathers done so far; the loader's gather thread notes it on each batch right after
+        gathering it, and a mid-epoch checkpoint passes the last trained batch's mark to
+        :meth:`state_dict`."""
+        return self.num_gathers
+
+    def state_dict(self, upto: int | None = None) -> dict:
+        """What a checkpoint holds (module docstring), as it was after the gather that left
+        :meth:`mark` at ``upto`` (None: now). Needs ``keep_log`` to rewind."""
+        with self._state_lock:
+            n, prev, control = self.num_gathers, self._prev_ids, self.control_bytes
+            trace = None if self.trace is None else self.trace.copy()
+            log = list(self._log)
+        if upto is not None and upto != n:
+            entries = {e[0]: e for e in log}
+            if not self.keep_log or upto > n or any(k not in entries for k in range(upto, n + 1)):
+                raise RuntimeError(
+                    f"sharded store: cannot rewind from gather {n} to {upto} (log of "
+                    f"{len(log)} gathers, keep_log={self.keep_log})"
+                )
+            for k in range(upto + 1, n + 1):
+                if trace is not None and entries[k][1].numel():
+                    trace[entries[k][1].numpy()] -= 1
+            _, _, prev, control = entries[upto]
+            n = upto
+        host = self.host_store
+        return {
+            "num_gathers": int(n),
+            "control_bytes": int(control),
+            "trace": None if trace is None else torch.from_numpy(trace),
+            "prev_ids": None if prev is None else prev.clone(),
+            "host": host.state_dict() if callable(getattr(host, "state_dict", None)) else {},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Undo :meth:`state_dict`; the previous batch's rows are read again from host memory
+        (the bottom store, uncounted: the same bytes the run held when it was saved)."""
+        host = self.host_store
+        if state.get("host") and callable(getattr(host, "load_state_dict", None)):
+            host.load_state_dict(state["host"])
+        with self._state_lock:
+            self.num_gathers = int(state["num_gathers"])
+            self.control_bytes = int(state["control_bytes"])
+            if self.trace is not None and state["trace"] is not None:
+                self.trace[:] = state["trace"].numpy()
+            prev = state["prev_ids"]
+            self._log.clear()
+            if prev is None or not self.reuse:
+                self._prev_ids = self._prev_rows = None
+                return
+            root = getattr(host, "root", host)  # below a cache: its counters stay untouched
+            self._prev_ids = prev.to(torch.int64)
+            self._flip ^= 1
+            self._prev_rows = self._scratch(f"prev{self._flip}", int(prev.numel()))
+            if prev.numel():
+                rows = root.gather(self._prev_ids).to(self.device)
+                self._prev_rows.copy_(rows)
 
     def _scratch(self, name: str, n: int) -> torch.Tensor:
         """``[n, dim]`` rows of a buffer kept across batches (grown by half again when short): a
@@ -186,9 +271,10 @@ class ShardedFeatureStore(FeatureStore):
 
     def _exchange(
         self, owner: torch.Tensor, pos: torch.Tensor, where: torch.Tensor, rows_u: torch.Tensor
-    ) -> None:
+    ) -> int:
         """Fetch rows ``pos`` of the shards of ranks ``owner`` into ``rows_u[where]`` and serve
-        the other ranks' requests from this rank's shard (three ``all_to_all_single`` calls)."""
+        the other ranks' requests from this rank's shard (three ``all_to_all_single`` calls).
+        Returns the request (control) bytes sent."""
         import torch.distributed as dist
 
         ctx, w, cdev = self.ctx, self.ctx.world_size, self.ctx.comm_device
@@ -206,7 +292,7 @@ class ShardedFeatureStore(FeatureStore):
         dist.all_to_all_single(
             req, pos.to(cdev), output_split_sizes=rc, input_split_sizes=sc, group=grp
         )
-        self.control_bytes += 8 * (w + sum(sc))
+        control = 8 * (w + sum(sc))
         # serve: rows of my shard, as bytes
         rb = self.row_bytes
         served = self._scratch("served", req.numel())
@@ -225,6 +311,7 @@ class ShardedFeatureStore(FeatureStore):
             if c:
                 self.counters.add(ctx.link_to(k), c, rb)
         self.collective_s += time.perf_counter() - t0
+        return control
 
     def modeled_rows(self) -> dict[str, float]:
         """Rows per link that the cost model (Eq. 3) counts for this rank's trace so far."""

@@ -26,6 +26,8 @@
 
 from __future__ import annotations
 
+import collections
+import threading
 from typing import Any
 
 import numpy as np
@@ -120,6 +122,10 @@ class DistRun(LocalRun):
         eval_store.reuse, eval_store.trace, eval_store.fault = False, None, None
         eval_store._prev_ids = eval_store._prev_rows = None
         eval_store._buffers = {}
+        eval_store.keep_log, eval_store._log = False, collections.deque(maxlen=store.LOG)
+        eval_store._state_lock = threading.Lock()
+        # a checkpoint within an epoch rewinds the store to the last batch trained on
+        store.keep_log = bool(cfg.checkpoint_every) and bool(cfg.checkpoint_dir or cfg.resume)
         if cfg.cache_policy in ("fifo", "lru", "lfu"):
             eval_store.host_store = base
         info["placement"] = {
@@ -277,6 +283,38 @@ class DistRun(LocalRun):
         if self._model is not None:  # DDP's promise, checked: one digest per rank per epoch
             digests = self.ctx.all_gather_object(param_digest(self._model))
             rec["params_identical"] = len(set(digests)) == 1
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def all_gather_object(self, obj) -> list:
+        return self.ctx.all_gather_object(obj)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's counters of the epoch under way (gradient bytes and seconds handed to
+        all-reduce since the epoch began: exact at any batch, DDP reduces within the step) and
+        the partitioned sampler's traffic so far (it samples ahead of training: within an
+        epoch it includes up to ``prefetch + 2`` batches sampled ahead)."""
+        last = self._last
+        out: dict[str, Any] = {
+            "grad_bytes": int(self.grad.bytes - last["grad_bytes"]),
+            "grad_s": float(self.grad.seconds - last["grad_s"]),
+        }
+        if self.samplers:
+            smp = self.samplers[0]
+            out["sampler_stats"] = {k: float(v) for k, v in smp.stats.items()}
+            out["sampler_bytes"] = {k: int(v) for k, v in smp.bytes_by_link.items()}
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        self.grad.bytes, self.grad.seconds = int(state["grad_bytes"]), float(state["grad_s"])
+        self._last.update(grad_bytes=0, grad_s=0.0)
+        if self.samplers and "sampler_stats" in state:
+            smp = self.samplers[0]
+            for k, v in state["sampler_stats"].items():
+                smp.stats[k] = type(smp.stats.get(k, 0.0))(v)
+            smp.bytes_by_link.clear()
+            smp.bytes_by_link.update(state["sampler_bytes"])
 
     # -- summary --------------------------------------------------------------------------
     def _gradient_links(self, handed: int) -> dict[str, int]:

@@ -182,6 +182,9 @@ class EpochRun:
             # this batch's rows and bytes per tier: the consumer adds up the batches it trained
             # on, not those gathered ahead (so a checkpoint taken mid-epoch counts exactly those)
             mb.meta["counted"] = _delta(counters.snapshot(), before)
+        mark = getattr(ld.store, "mark", None)
+        if callable(mark):  # a store with state a mid-epoch checkpoint rewinds to this batch
+            mb.meta["store_mark"] = mark()
         if ld.labels is not None:
             mb.labels = ld._labels_for(mb.seeds)
         t1 = time.perf_counter()

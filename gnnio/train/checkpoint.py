@@ -26,6 +26,19 @@ Writing is atomic: a uniquely named temporary file in ``C``, ``fsync``, ``rename
 removed. A run killed at any point leaves either the previous checkpoints or the new one, never a
 partial file under a checkpoint name. ``C/lock`` (``flock``, released by the kernel when the
 process dies, also on SIGKILL) keeps two runs from writing the same directory.
+
+Several ranks (``--nproc N``, torchrun): every rank writes its own file,
+``ckpt-e<epoch>-b<batch>-r<rank>of<N>.pt``, at the same positions, claimed by its own
+``C/lock-r<rank>``. The model and optimizer are the same on every rank (DDP), and each file holds
+them, so a rank's file is complete on its own (no shared file system needed between machines);
+what differs per rank is the rest: its random states, its feature store's state (the sharded
+store's cross-batch reuse ids, read trace and request bytes, a per-rank cache's maps) and the
+run's per-rank counters (:meth:`gnnio.train.loop.LocalRun.state_dict`). A rank killed while the
+others wrote a newer checkpoint leaves the ranks one position apart; at ``--resume`` the ranks
+exchange the positions they hold and continue from the newest one that every rank holds and can
+read (:func:`load_resume`). Only the same world size resumes: a rank's state is its shard of the
+run, and another number of ranks would cut the seeds, the placement and the feature shards
+differently (one line says so).
 """
 
 from __future__ import annotations
@@ -52,6 +65,7 @@ __all__ = [
     "Progress",
     "ResumeState",
     "capture_rng",
+    "check_world_size",
     "checkpoint_files",
     "load_resume",
     "make_state",
@@ -307,38 +321,85 @@ class ResumeState:
         return json.loads(self.raw["history"])
 
 
-def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size: int = 1):
-    """The newest checkpoint of ``directory`` that loads, checked against this run
-    (:func:`check_binding`); a file that does not load (damaged outside gnnio) is skipped with a
-    warning naming it. One-line :class:`~gnnio.errors.UsageError` when there is none."""
+def _world_sizes(d: Path) -> set[int]:
+    """World sizes of the checkpoints in ``d`` (1 for a single process's)."""
+    out = set()
+    for p in d.iterdir():
+        m = _NAME.match(p.name)
+        if m is not None:
+            out.add(int(m.group(4)) if m.group(4) is not None else 1)
+    return out
+
+
+def check_world_size(directory: str | os.PathLike, world_size: int) -> None:
+    """One line when the checkpoints in ``directory`` were written by another number of ranks
+    (none of this world size there); nothing when it holds none at all (:func:`load_resume`
+    says that)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return
+    sizes = _world_sizes(d)
+    if sizes and world_size not in sizes:
+        other = max(sizes)
+        who = "one process" if other == 1 else f"{other} ranks"
+        now = "one process" if world_size == 1 else f"{world_size} ranks"
+        raise UsageError(
+            f"--resume {d}: the checkpoints there were written by {who}, this run has {now}; "
+            f"resume with --nproc {other} (another world size is not supported: each rank's "
+            "checkpoint holds its own shard of the run)"
+        )
+
+
+def _gather(run, obj) -> list:
+    return run.all_gather_object(obj) if run is not None else [obj]
+
+
+def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size: int = 1,
+                run=None):  # fmt: skip
+    """The newest checkpoint of ``directory`` that every rank holds and can read, checked
+    against this run (:func:`check_binding`); a file that does not load (damaged outside gnnio)
+    is skipped with a warning naming it. With several ranks ``run`` (its
+    ``all_gather_object``) lets the ranks agree on the position: every rank calls this. One-line
+    :class:`~gnnio.errors.UsageError` when there is none."""
     d = Path(directory)
     if not d.is_dir():
         raise UsageError(f"--resume {d}: no such checkpoint directory")
-    files = checkpoint_files(d, rank, world_size)
-    if not files and world_size == 1 and any(_NAME.match(p.name) for p in d.iterdir()):
-        raise UsageError(f"--resume {d}: the checkpoints there were written by several ranks")
-    if not files and world_size > 1 and checkpoint_files(d):
-        raise UsageError(
-            f"--resume {d}: the checkpoints there were written by one process, this run has "
-            f"{world_size} ranks; resume with the same world size"
-        )
+    check_world_size(d, world_size)
+    files = {(e, b): p for e, b, p in checkpoint_files(d, rank, world_size)}
+    held = _gather(run, sorted(files))
+    common = set(map(tuple, held[0])).intersection(*(set(map(tuple, h)) for h in held[1:]))
     now = binding(ds, cfg, world_size)
-    for epoch, batch, p in reversed(files):
+    for pos in sorted(common, reverse=True):
+        p = files[pos]
+        raw = None
         try:
             raw = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # a damaged file: try the one before
             warnings.warn(f"--resume: skipping {p} ({type(e).__name__})", stacklevel=2)
-            continue
+        if not all(_gather(run, raw is not None)):
+            continue  # some rank cannot read its file of this position
         if not isinstance(raw, dict):
             raise UsageError(f"--resume {d}: {p.name} is not a gnnio training checkpoint")
         check_binding(str(d), raw, now)
-        return ResumeState(path=p, epoch=epoch, batch=batch, raw=raw)
+        return ResumeState(path=p, epoch=pos[0], batch=pos[1], raw=raw)
+    if files and world_size > 1:
+        raise UsageError(f"--resume {d}: no checkpoint position that all {world_size} ranks hold")
     raise UsageError(f"--resume {d}: no complete checkpoint in it")
 
 
+def _store_state(s, mark) -> dict[str, Any]:
+    """A store's state; a store that runs ahead of training (``mark``) rewound to ``mark``."""
+    if mark is not None and callable(getattr(s, "mark", None)):
+        return s.state_dict(upto=mark)
+    return s.state_dict()
+
+
 def make_state(*, ds, cfg, world_size, epoch, batch, model, opt, stores, sampler, adaptive,
-               best_valid, best_epoch, stopped, history, partial=None) -> dict[str, Any]:  # fmt: skip
-    """The dict :meth:`CheckpointDir.save` writes (module docstring)."""
+               best_valid, best_epoch, stopped, history, partial=None,
+               run_state=None) -> dict[str, Any]:  # fmt: skip
+    """The dict :meth:`CheckpointDir.save` writes (module docstring). ``partial`` (mid-epoch)
+    may carry ``store_mark``, the mark of the last batch trained on (:func:`_store_state`)."""
+    mark = None if partial is None else partial.get("store_mark")
     return {
         "format": _TAG,
         "format_version": FORMAT_VERSION,
@@ -348,7 +409,8 @@ def make_state(*, ds, cfg, world_size, epoch, batch, model, opt, stores, sampler
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),
         "rng": capture_rng(),
-        "stores": [s.state_dict() for s in stores],
+        "stores": [_store_state(s, mark) for s in stores],
+        "run": run_state or {},
         "sampler_scale": float(sampler.scale) if hasattr(sampler, "scale") else None,
         "adaptive": None
         if adaptive is None
@@ -368,7 +430,7 @@ def make_state(*, ds, cfg, world_size, epoch, batch, model, opt, stores, sampler
     }
 
 
-def restore(state: ResumeState, *, model, opt, stores, sampler, adaptive) -> None:
+def restore(state: ResumeState, *, model, opt, stores, sampler, adaptive, run=None) -> None:
     """Put a checkpoint's model, optimizer, store and sampler state back (the random states
     separately, :func:`restore_rng`, right before training continues)."""
     raw = state.raw
@@ -384,6 +446,8 @@ def restore(state: ResumeState, *, model, opt, stores, sampler, adaptive) -> Non
         a = json.loads(raw["adaptive"])
         adaptive.s, adaptive.pre, adaptive.fixed = a["s"], a["pre"], a["fixed"]
         adaptive.history[:] = a["history"]
+    if run is not None:
+        run.load_state_dict(raw.get("run") or {})
 
 
 @dataclass
@@ -402,28 +466,25 @@ class Progress:
 
 def open_checkpoints(cfg, ds, run):
     """``(CheckpointDir or None, ResumeState or None)`` for ``cfg.checkpoint_dir`` /
-    ``cfg.resume`` (``--resume C`` alone keeps writing to ``C``). Checkpoints are per rank; only
-    one process is supported yet (one line refuses several ranks)."""
+    ``cfg.resume`` (``--resume C`` alone keeps writing to ``C``). Checkpoints are per rank; with
+    several ranks every rank calls this (they agree on the position to resume from)."""
     target = cfg.checkpoint_dir or cfg.resume
     if target is None:
         return None, None
-    if run.world_size > 1:
-        raise UsageError(
-            "--checkpoint-dir/--resume: single-process runs only for now (not with several ranks)"
-        )
     resumed = None
     if cfg.resume is not None:
-        resumed = load_resume(cfg.resume, ds, cfg, run.rank, run.world_size)
+        resumed = load_resume(cfg.resume, ds, cfg, run.rank, run.world_size, run=run)
     return CheckpointDir(target, run.rank, run.world_size), resumed
 
 
-def resume_progress(resumed: ResumeState | None, *, model, opt, store, sampler, adaptive):
+def resume_progress(resumed: ResumeState | None, *, model, opt, store, sampler, adaptive,
+                    run=None):  # fmt: skip
     """The :class:`Progress` to continue from; with a checkpoint, its model, optimizer, caches,
     sampler scale and random states are put back (call right before the first epoch runs)."""
     if resumed is None:
         return Progress()
     restore(resumed, model=model, opt=opt, stores=stateful_stores(store), sampler=sampler,
-            adaptive=adaptive)  # fmt: skip
+            adaptive=adaptive, run=run)  # fmt: skip
     raw = resumed.raw
     restore_rng(raw["rng"])
     return Progress(

@@ -277,10 +277,6 @@ class TrainConfig:
             raise UsageError(f"--checkpoint-every: must be >= 1 batches, got {every}")
         if every is not None and self.checkpoint_dir is None and self.resume is None:
             raise UsageError("--checkpoint-every: needs --checkpoint-dir C (or --resume C)")
-        if (self.checkpoint_dir or self.resume) and world_size > 1:
-            raise UsageError(
-                "--checkpoint-dir/--resume: single-process runs only for now (not with ranks)"
-            )
         if every is not None and self.cache_policy not in ("none", "static"):
             raise UsageError(
                 f"--checkpoint-every: not with --cache-policy {self.cache_policy} (the cache "

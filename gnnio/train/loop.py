@@ -134,6 +134,17 @@ class LocalRun:
     def finish(self, summary: dict[str, Any], setup, model) -> dict[str, Any]:
         return summary
 
+    def all_gather_object(self, obj) -> list:
+        """Every rank's ``obj``, by rank (one process: ``[obj]``)."""
+        return [obj]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's own counters a checkpoint carries (several ranks: :class:`DistRun`'s)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Undo :meth:`state_dict` (at ``--resume``)."""
+
 
 def train(
     dataset: Dataset | str | os.PathLike,
@@ -223,7 +234,7 @@ def train(
 
     ckdir, resumed = open_checkpoints(cfg, ds, run)  # --checkpoint-dir / --resume
     prog = resume_progress(resumed, model=model, opt=opt, store=store, sampler=sampler,
-                           adaptive=adaptive)  # fmt: skip
+                           adaptive=adaptive, run=run)  # fmt: skip
     log_f = None
     if cfg.log and run.is_main:
         Path(cfg.log).parent.mkdir(parents=True, exist_ok=True)
@@ -242,7 +253,7 @@ def train(
             ds=ds, cfg=cfg, world_size=run.world_size, epoch=epoch, batch=batch, model=model,
             opt=opt, stores=stateful_stores(store), sampler=sampler, adaptive=adaptive,
             best_valid=best_valid, best_epoch=best_epoch, stopped=stopped, history=history,
-            partial=partial,
+            partial=partial, run_state=run.state_dict(),
         )  # fmt: skip
 
     def save_mid_epoch(epoch: int, done: int, partial: dict[str, Any]) -> None:
@@ -411,7 +422,8 @@ def _train_epoch(
             if on_batch and batches % every == 0 and batches < (num_batches or batches + 1):
                 on_batch(epoch, batches, {
                     "loss_sum": float(loss_sum), "correct": int(correct), "seen": seen,
-                    "wait": wait, "counted": counted})  # fmt: skip
+                    "wait": wait, "counted": counted,
+                    "store_mark": batch.meta.get("store_mark")})  # fmt: skip
             pb.update(1)
             elapsed = time.perf_counter() - t_start
             if elapsed > 0:
