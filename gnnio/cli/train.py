@@ -249,7 +249,8 @@ def register(sub) -> None:
         metavar="C",
         default=None,
         help="write a resumable checkpoint to C at the end of every epoch (model, optimizer, "
-        "position, random states, caches, the record so far; atomic, the newest two kept)",
+        "position, random states, caches, the record so far; atomic, the newest two kept; "
+        "with several ranks one file per rank)",
     )
     p.add_argument(
         "--checkpoint-every",
@@ -262,8 +263,17 @@ def register(sub) -> None:
         "--resume",
         metavar="C",
         default=None,
-        help="continue from the newest complete checkpoint in C (same dataset, model and "
-        "options; ends exactly as the uninterrupted run); keeps checkpointing to C",
+        help="continue from the newest complete checkpoint in C (same dataset, model, "
+        "options and number of ranks; ends exactly as the uninterrupted run); keeps "
+        "checkpointing to C",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=600.0,
+        help="end the run with one line naming the stuck loader stage when no batch arrives "
+        "for this long (a sampler or store call that never returns; default 600)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     p.set_defaults(func=run)
@@ -375,6 +385,7 @@ def run(args) -> int:
         nproc=args.nproc,
         topology=args.topology,
         dist_timeout=args.dist_timeout,
+        stall_timeout=args.stall_timeout,
         placement_strategy=args.placement_strategy,
         buffer=args.buffer,
         local_seeds=args.local_seeds,

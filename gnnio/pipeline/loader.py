@@ -54,13 +54,19 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from ..errors import GnnioError
 from ..features.base import FeatureStore
 from ..sampling.base import MiniBatch, Sampler
 from ..utils.devices import resolve_device
 from ..utils.streams import batch_tensors, streams_for
 from .stages import END, POLL_S, EpochRun, StageFailure
 
-__all__ = ["LoaderStats", "NodeLoader"]
+__all__ = ["LoaderStall", "LoaderStats", "NodeLoader"]
+
+
+class LoaderStall(GnnioError):
+    """No batch came out of the loader within its ``stall_timeout``; the message names the stage
+    that is stuck (a sampler or store call that does not return)."""
 
 
 @dataclass
@@ -142,6 +148,9 @@ class NodeLoader:
             the device, the store or the sampler is on a GPU, none otherwise. Tests pass a
             :class:`~gnnio.utils.streams.RecordingStreams` to check the ordering on the CPU
             (batches are then "copied" by cloning ``x``, as on a GPU).
+        stall_timeout: seconds the consumer waits for one batch before the epoch ends with a
+            :class:`LoaderStall` naming the stuck stage (None = wait forever). A stage thread
+            that *raises* always ends the epoch at once with its own exception.
 
     Iterate with ``for batch in loader.epoch(e)``, or ``loader.set_epoch(e)`` then ``iter(loader)``
     (iterating does not advance the epoch by itself). One epoch runs at a time: starting another
@@ -160,6 +169,7 @@ class NodeLoader:
         num_workers: int = 1,
         reuse_buffers: bool = True,
         streams=None,
+        stall_timeout: float | None = None,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
@@ -176,6 +186,9 @@ class NodeLoader:
         self.device = resolve_device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device} asked for, but CUDA is not available")
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be > 0 seconds, got {stall_timeout}")
+        self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.prefetch = int(prefetch)
         self.num_workers = int(num_workers)
         self.reuse_buffers = bool(reuse_buffers)
@@ -317,6 +330,8 @@ class _EpochIterator:
 
     def _wait(self, run: EpochRun):
         gather_thread = run.threads[-1]
+        limit = self._loader.stall_timeout
+        t0 = time.monotonic()
         while True:
             try:
                 return run.out.get(timeout=POLL_S)
@@ -326,12 +341,17 @@ class _EpochIterator:
                     raise RuntimeError(
                         "gnnio loader: the gather thread ended without a result"
                     ) from None
+                waited = time.monotonic() - t0
+                if limit is not None and waited > limit:
+                    msg = run.stalled(waited)
+                    self._finish(complete=False, join_s=1.0)
+                    raise LoaderStall(msg) from None
 
-    def _finish(self, complete: bool) -> None:
+    def _finish(self, complete: bool, join_s: float | None = None) -> None:
         run, self._run = self._run, None
         if run is None:
             return
-        run.close()
+        run.close() if join_s is None else run.close(join_s)
         run.device_times()
         st = self.stats
         st.complete = complete

@@ -38,6 +38,13 @@ def _delta(after: dict, before: dict) -> dict[str, dict[str, int]]:
     }
 
 
+def _note(exc: BaseException, stage: str, busy, epoch: int) -> None:
+    """Say on the exception where in the loader it was raised (shown under its traceback)."""
+    if busy is not None and hasattr(exc, "add_note"):
+        exc.add_note(f"(raised in the gnnio loader's {stage} stage: {busy[0]} for batch "
+                     f"{busy[1]} of epoch {epoch})")  # fmt: skip
+
+
 class Stopped(Exception):
     """The run was closed while a stage thread was blocked."""
 
@@ -71,6 +78,9 @@ class EpochRun:
         self.gather_events: list = []
         self.transfer_events: list = []
         self.last_event = None
+        # what each stage thread is doing now, for a stalled loader's message: stage name ->
+        # (what, batch index, monotonic start) while inside a sampler/store call, else absent
+        self.busy: dict[str, tuple[str, int, float]] = {}
         self.threads = [
             threading.Thread(target=self._sample_worker, args=(k,), name=f"gnnio-sample-{k}")
             for k in range(w)
@@ -109,10 +119,12 @@ class EpochRun:
             with self._on(ld._sample_streams[k] if st is not None else None):
                 for i in range(self.start + k, len(self.batches), w):
                     t0 = time.perf_counter()
+                    self.busy[f"sample (worker {k})"] = ("sampler.sample", i, time.monotonic())
                     if keyed:
                         mb = sampler.sample(self.batches[i], epoch_seed=(self.epoch << 32) + i)
                     else:
                         mb = sampler.sample(self.batches[i])
+                    self.busy.pop(f"sample (worker {k})", None)
                     # a GPU sampler's kernels may still be queued: the gather waits for this
                     sampled = st.record() if st is not None else None
                     self.sample_s[k] += time.perf_counter() - t0
@@ -120,6 +132,7 @@ class EpochRun:
         except Stopped:
             return
         except BaseException as e:  # every failure must reach the consumer
+            _note(e, f"sample (worker {k})", self.busy.get(f"sample (worker {k})"), self.epoch)
             try:
                 self.put(self.sampled[k], StageFailure(e))
             except Stopped:
@@ -149,17 +162,19 @@ class EpochRun:
                             ld.store.announce(item[0].input_nodes)
                         ahead.append(item)
                         nxt += 1
-                    self.put(self.out, self._gather_one(*ahead.popleft()))
+                    self.put(self.out, self._gather_one(*ahead.popleft(), i))
             self.put(self.out, END)
         except Stopped:
             return
         except BaseException as e:  # every failure must reach the consumer
+            stage = next((s for s in ("gather", "transfer") if s in self.busy), "gather")
+            _note(e, stage, self.busy.get(stage), self.epoch)
             try:
                 self.put(self.out, StageFailure(e))
             except Stopped:
                 return
 
-    def _gather_one(self, mb: MiniBatch, sampled):
+    def _gather_one(self, mb: MiniBatch, sampled, i: int = -1):
         """Gather (and, with streams, queue the copy of) one batch on the side stream; returns
         ``(batch, slot the consumer holds or None, event the consumer waits for or None)``."""
         ld, st = self.loader, self.loader._streams
@@ -177,7 +192,9 @@ class EpochRun:
         buf = None if slot is None else ld._slot_view(slot, int(ids.shape[0]))
         counters = getattr(ld.store, "counters", None)
         before = counters.snapshot() if counters is not None else None
+        self.busy["gather"] = ("store.gather", i, time.monotonic())
         mb.x = ld.store.gather(ids, out=buf)
+        del self.busy["gather"]
         if before is not None:
             # this batch's rows and bytes per tier: the consumer adds up the batches it trained
             # on, not those gathered ahead (so a checkpoint taken mid-epoch counts exactly those)
@@ -197,7 +214,9 @@ class EpochRun:
             self.transfer_s += time.perf_counter() - t1
             return moved, slot, None
         c0 = st.record(timing=True) if st.timing else None
+        self.busy["transfer"] = ("the copy to the device", i, time.monotonic())
         moved = st.to_device(mb, ld.device)
+        del self.busy["transfer"]
         done = st.record(timing=st.timing)
         self.last_event = done
         if st.timing:
@@ -228,11 +247,31 @@ class EpochRun:
         self.transfer_s += sum(st.elapsed_s(a, b) for a, b in self.transfer_events)
         self.gather_events, self.transfer_events = [], []
 
-    def close(self) -> None:
+    def stalled(self, waited_s: float) -> str:
+        """One line for a loader that delivered no batch for ``waited_s`` seconds: the stage
+        busy longest inside its call (a sampler or store that does not return), or, with none
+        busy, the thread that ended."""
+        now = time.monotonic()
+        busy = sorted(self.busy.items(), key=lambda kv: kv[1][2])
+        head = (
+            f"no batch from the loader for {waited_s:.0f} s (--stall-timeout), epoch {self.epoch}"
+        )
+        if busy:
+            stage, (what, i, since) = busy[0]
+            return (
+                f"{head}: the {stage} stage has been in {what} for batch {i} for "
+                f"{now - since:.0f} s"
+            )
+        dead = [t.name for t in self.threads if not t.is_alive()]
+        return f"{head}: no stage is busy" + (f" (ended: {', '.join(dead)})" if dead else "")
+
+    def close(self, join_s: float = JOIN_S) -> None:
+        """Stop the stage threads, waiting up to ``join_s`` for each. A stalled run passes a
+        short wait: its stuck (daemon) thread is left behind, already reported."""
         self.stop.set()
         me = threading.current_thread()
         for t in self.threads:
             if t is not me:
-                t.join(timeout=JOIN_S)
-                if t.is_alive():  # stuck inside a sampler/store call that does not return
+                t.join(timeout=join_s)
+                if t.is_alive() and join_s >= JOIN_S:  # stuck in a call that does not return
                     warnings.warn(f"gnnio loader: thread {t.name} did not stop", stacklevel=2)

@@ -93,7 +93,7 @@ FREE_KEYS = frozenset(
     {
         "epochs", "patience", "checkpoint", "summary", "log", "progress", "threads", "prefetch",
         "isolation", "dist_timeout", "nproc", "checkpoint_dir", "checkpoint_every", "resume",
-        "eval_batch_size",
+        "eval_batch_size", "stall_timeout",
     }
 )  # fmt: skip
 

@@ -80,6 +80,8 @@ class TrainConfig:
             ``"host"`` (UVA sampling: the CSR pinned in host memory and read zero-copy, never
             copied) or ``"auto"`` (gpu when it takes at most a quarter of the free GPU memory).
         prefetch: batches the loader prepares ahead.
+        stall_timeout: seconds the training loop waits for one batch before the run ends with
+            one line naming the stuck loader stage (:class:`~gnnio.pipeline.loader.LoaderStall`).
         progress: show tqdm progress bars (stderr).
         gpu_cache_fraction: None = no tiering; else keep this fraction of the feature rows (the
             hottest by ``score``) in the GPU tier of a
@@ -178,6 +180,7 @@ class TrainConfig:
     sampler_device: str = "auto"
     graph_in: str = "auto"
     prefetch: int = 2
+    stall_timeout: float = 600.0
     progress: bool = True
     gpu_cache_fraction: float | None = None
     gpu_budget_bytes: int | None = None
@@ -230,6 +233,8 @@ class TrainConfig:
                 raise UsageError(
                     f"--{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}"
                 )
+        if not (self.stall_timeout > 0 and math.isfinite(self.stall_timeout)):
+            raise UsageError(f"--stall-timeout: must be > 0 seconds, got {self.stall_timeout}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise UsageError(f"--eval-batch-size: must be >= 1, got {self.eval_batch_size}")
         if not (self.lr > 0 and math.isfinite(self.lr)):

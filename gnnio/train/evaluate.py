@@ -22,10 +22,12 @@ __all__ = [
 
 
 def make_node_loader(
-    sampler, store, seeds, labels, batch_size, seed, device, prefetch=2, order=None
-):
+    sampler, store, seeds, labels, batch_size, seed, device, prefetch=2, order=None,
+    stall_timeout=None,
+):  # fmt: skip
     """A :class:`gnnio.pipeline.loader.NodeLoader` over ``seeds`` (global ids) in ``order`` (a
-    :class:`~gnnio.ordering.shuffle.SeedOrder`; None = a seeded random order of ``seeds``)."""
+    :class:`~gnnio.ordering.shuffle.SeedOrder`; None = a seeded random order of ``seeds``);
+    ``stall_timeout``: seconds without a batch before the run ends naming the stuck stage."""
     from ..ordering import RandomOrder
     from ..pipeline.loader import NodeLoader
 
@@ -33,7 +35,8 @@ def make_node_loader(
         order = RandomOrder(
             torch.from_numpy(np.asarray(seeds, dtype=np.int64)), batch_size, seed=seed
         )
-    return NodeLoader(sampler, store, order, labels=labels, device=device, prefetch=prefetch)
+    return NodeLoader(sampler, store, order, labels=labels, device=device, prefetch=prefetch,
+                      stall_timeout=stall_timeout)  # fmt: skip
 
 
 def evaluate_sampled(model: BlockGNN, loader, epoch: int = 0) -> float:

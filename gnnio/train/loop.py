@@ -200,6 +200,7 @@ def train(
         device,
         cfg.prefetch,
         order=order,
+        stall_timeout=cfg.stall_timeout,
     )
     eval_loaders = {}
     if cfg.eval == "sampled":
@@ -208,6 +209,7 @@ def train(
             eval_loaders[name] = make_node_loader(
                 eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
                 cfg.prefetch, order=run.eval_order(idx, eval_bs, cfg.seed),
+                stall_timeout=cfg.stall_timeout,
             )  # fmt: skip
 
     model = build_model(
