@@ -23,7 +23,7 @@ from gnnio.train import TrainConfig, train
 from gnnio.train.checkpoint import FORMAT_VERSION, CheckpointDir, checkpoint_files
 
 #: per-epoch fields that are wall-clock measurements (they differ between any two runs)
-TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s"}
+TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s", "rss_mb"}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from gnnio.train.checkpoint import checkpoint_files, load_resume
 
 ROOT = Path(__file__).resolve().parents[1]
 #: per-epoch fields that are wall-clock measurements (they differ between any two runs)
-TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s",
+TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s", "rss_mb",
          "collective_s", "gradient_allreduce_s", "fetch_hidden_share"}  # fmt: skip
 ARGS = ["--nproc", "2", "--epochs", "3", "--seed", "5", "--fanouts", "5,5", "--batch-size",
         "64", "--hidden", "16", "--quiet"]  # fmt: skip

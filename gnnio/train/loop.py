@@ -53,6 +53,7 @@ from ..errors import DatasetError, GnnioError
 from ..graph.dataset import Dataset, load
 from ..utils.outputs import write_atomic
 from ..utils.progress import bar
+from ..utils.rss import rss_bytes
 from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_stores
 from .config import TrainConfig, check_device
 from .evaluate import evaluate_full, evaluate_sampled, make_node_loader
@@ -161,7 +162,8 @@ def train(
     (gather + transfer over epoch time), ``seeds_per_s``, ``bytes_by_tier`` / ``rows_by_tier``
     (feature bytes / rows gathered per store tier, summed over the *training* passes only, not
     evaluation), ``history`` (per-epoch records, same as the JSONL log), ``loss_history`` (the
-    mean training loss of every epoch), ``device``,
+    mean training loss of every epoch), ``rss_mb_per_epoch`` (resident memory of the process,
+    MiB, after each epoch's training and evaluation), ``device``,
     ``num_parameters``, ``stopped_early``.
 
     ``run`` builds the store, orders and model and reduces the results: :class:`LocalRun` (one
@@ -300,6 +302,7 @@ def train(
                 if ckpt is not None:
                     write_atomic(ckpt, lambda f: torch.save(model.state_dict(), f), "--checkpoint")
             rec["best_valid_acc"] = best_valid
+            rec["rss_mb"] = rss_bytes() / 2**20  # after training and evaluation (flat: issue 16)
             history.append(rec)
             if log_f is not None:
                 log_f.write(json.dumps(rec) + "\n")
@@ -341,6 +344,9 @@ def train(
     if cfg.locality_scale is not None or cfg.prune_threshold is not None:
         summary["sampling"] = sampling_info(sampler, adaptive, history, cfg)
     summary["order"] = order_info(order)
+    # this process's resident MiB after each epoch (a resumed run: the epochs before it as
+    # recorded by the run that trained them); rank 0's with several ranks
+    summary["rss_mb_per_epoch"] = [h.get("rss_mb") for h in history]
     if ckdir is not None:
         summary["checkpoint_dir"] = str(ckdir.path)
         summary["resumed_from"] = prog.resumed_from

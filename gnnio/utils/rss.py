@@ -1,0 +1,26 @@
+"""The process's resident memory (RSS), for the per-epoch record and the memory tests."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+__all__ = ["peak_rss_bytes", "rss_bytes"]
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now, in bytes (``/proc/self/statm`` on Linux; on other
+    systems the peak, :func:`peak_rss_bytes`, the closest figure they give without psutil)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """The largest RSS this process has had, in bytes (``getrusage``: KiB on Linux, bytes on
+    macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
