@@ -29,6 +29,16 @@ the same pages fail ("already mapped"). Hence: :class:`PinError` with a one-line
 size and the host limits, a refusal of zero-byte pins, :func:`clear_last_cuda_error` after a
 failure, and reference-counted registrations released by a finalizer that holds the tensor alive.
 
+Large and repeated pins (dgl#3939, dgl#4237, pytorch#152335: big pins failing with "invalid
+argument" or "operation not supported", and page-locked memory outliving a failure): one
+``cudaHostRegister`` call is refused by some drivers above a size (2-4 GiB on some, 512 GiB on
+all), so a range is registered in adjacent chunks of :data:`REGISTER_CHUNK` bytes (with UVA the
+device addresses of adjacent registrations are adjacent too, so one view spans them), and a
+failed chunk unregisters the ones before it. Before any call, the request is checked against the
+pinned-memory budget (:func:`pin_limit`: ``GNNIO_PIN_LIMIT`` or 90 % of host RAM, less what gnnio
+has pinned already): page-locked memory cannot be swapped or reclaimed, so over-pinning stalls
+the whole machine rather than failing cleanly. The error names the size and the limit.
+
 Registrations are address *ranges*: a pin request inside a registered range shares it, one that
 only overlaps a registered range is refused (CUDA cannot register the rest, and a larger tensor at
 the same address must not pass as registered because its first page is). Readers note their
@@ -61,12 +71,20 @@ __all__ = [
     "host_memory_limits",
     "nbytes_of",
     "pin_host_tensor",
+    "pin_limit",
+    "pinned_bytes",
 ]
 
 # cudaHostRegister flags (cuda_runtime_api.h). With UVA, Default already means mapped + portable;
 # we spell both out so the intent is visible and the same call also works without UVA.
 CUDA_HOST_REGISTER_PORTABLE = 0x01  # usable from every CUDA context / device
 CUDA_HOST_REGISTER_MAPPED = 0x02  # mapped into the device address space (zero-copy reads)
+#: bytes registered per cudaHostRegister call (module docstring)
+REGISTER_CHUNK = 1 << 30
+#: share of host RAM gnnio pins at most unless GNNIO_PIN_LIMIT says otherwise
+PIN_RAM_SHARE = 0.9
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30,
+          "gib": 2**30, "t": 2**40, "tib": 2**40}  # fmt: skip
 
 
 class PinError(GnnioError):
@@ -134,6 +152,44 @@ def host_memory_limits(t: torch.Tensor | None = None) -> str:
     return ", ".join(parts)
 
 
+def pin_limit() -> tuple[int | None, str]:
+    """``(bytes, where the figure comes from)``: the most host memory gnnio keeps pinned at
+    once. ``GNNIO_PIN_LIMIT`` (bytes, or with a unit: ``512MiB``, ``8G``) when set, else
+    :data:`PIN_RAM_SHARE` of host RAM; ``(None, ...)`` when RAM size is unknown (no check)."""
+    import re
+
+    env = os.environ.get("GNNIO_PIN_LIMIT")
+    if env:
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", env)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise PinError(f"GNNIO_PIN_LIMIT: not a size in bytes (e.g. 8GiB): {env!r}")
+        return int(float(m.group(1)) * _UNITS[m.group(2).lower()]), "GNNIO_PIN_LIMIT"
+    total = _meminfo().get("MemTotal")
+    if total is None:
+        return None, "host RAM size unknown"
+    return int(total * PIN_RAM_SHARE), f"{PIN_RAM_SHARE:.0%} of host RAM {format_bytes(total)}"
+
+
+def pinned_bytes() -> int:
+    """Bytes gnnio holds registered (pinned) now, over all its registrations."""
+    with _lock:
+        return sum(r.nbytes for r in _registrations.values())
+
+
+def _check_budget(nbytes: int, t: torch.Tensor) -> None:
+    """PinError naming the size and the limit when pinning ``nbytes`` more goes past
+    :func:`pin_limit` (called with ``_lock`` held)."""
+    limit, where = pin_limit()
+    held = sum(r.nbytes for r in _registrations.values())
+    if limit is not None and held + nbytes > limit:
+        raise PinError(
+            f"cannot pin {format_bytes(nbytes)} of host memory: over the pinned-memory limit "
+            f"{format_bytes(limit)} ({where}; {format_bytes(held)} already pinned by gnnio); "
+            f"{host_memory_limits(t)}. Set GNNIO_PIN_LIMIT, or keep fewer rows in pinned "
+            "host memory"
+        )
+
+
 def clear_last_cuda_error(device: torch.device | str | int | None = None) -> None:
     """Consume a stale CUDA runtime error left by a failed API call (e.g. ``cudaHostRegister``).
 
@@ -158,10 +214,12 @@ _lock = threading.Lock()
 
 
 class _Registration:
-    """One ``cudaHostRegister`` of ``[ptr, ptr + nbytes)``, shared by the handles inside it."""
+    """The registration of ``[ptr, ptr + nbytes)`` (``cudaHostRegister`` calls at ``chunks``),
+    shared by the handles inside it."""
 
-    def __init__(self, ptr: int, nbytes: int) -> None:
+    def __init__(self, ptr: int, nbytes: int, chunks: tuple[int, ...] | None = None) -> None:
         self.ptr, self.nbytes = ptr, nbytes
+        self.chunks = chunks if chunks is not None else (ptr,)
         self.refs = 1
         self.uses: dict[int, object] = {}  # stream id -> event after its last queued read
 
@@ -217,7 +275,9 @@ def _release(reg: _Registration, tensor: torch.Tensor) -> None:  # noqa: ARG001 
     try:
         for ev in uses:
             ev.synchronize()  # a gather still queued reads through the mapping: let it finish
-        _cudart().cudaHostUnregister(reg.ptr)
+        rt = _cudart()
+        for chunk in reg.chunks:
+            rt.cudaHostUnregister(chunk)
     except Exception:  # noqa: BLE001 - interpreter shutdown or driver gone: nothing to do
         pass
 
@@ -290,28 +350,45 @@ def pin_host_tensor(t: torch.Tensor, device: torch.device | str | None = None) -
     if not cuda_available():
         raise PinError(f"cannot pin {format_bytes(nbytes)} of host memory: CUDA is not available")
     ptr = t.data_ptr()
-    with _lock:
+    with _lock:  # held through the registration: the budget check and the calls are one step
         reg = _find(ptr, nbytes)  # PinError on a partial overlap with one of ours
         if reg is not None:
             reg.refs += 1
             return PinnedHost(t, reg)
-    if _is_pinned(t):  # allocated pinned (cudaHostAlloc) or registered by someone else
-        return PinnedHost(t, None)
-    dev = resolve_device("cuda" if device is None else device)
-    with torch.cuda.device(dev):
-        flags = CUDA_HOST_REGISTER_PORTABLE | CUDA_HOST_REGISTER_MAPPED
-        err = int(_cudart().cudaHostRegister(ptr, nbytes, flags))
-    if err != 0:
-        clear_last_cuda_error(dev)
-        reason = str(torch.cuda.CudaError(err))
-        raise PinError(
-            f"cannot pin {format_bytes(nbytes)} of host memory for zero-copy reads "
-            f"(cudaHostRegister: {reason}); limit: {host_memory_limits(t)}"
-        )
-    reg = _Registration(ptr, nbytes)
-    with _lock:
+        if _is_pinned(t):  # allocated pinned (cudaHostAlloc) or registered by someone else
+            return PinnedHost(t, None)
+        _check_budget(nbytes, t)
+        dev = resolve_device("cuda" if device is None else device)
+        chunks = _register_chunks(ptr, nbytes, dev, t)
+        reg = _Registration(ptr, nbytes, chunks)
         _registrations[ptr] = reg
     return PinnedHost(t, reg)
+
+
+def _register_chunks(ptr: int, nbytes: int, dev, t: torch.Tensor) -> tuple[int, ...]:
+    """``cudaHostRegister`` of ``[ptr, ptr + nbytes)`` in :data:`REGISTER_CHUNK`-byte calls;
+    on a failure the chunks registered so far are unregistered and PinError names the size,
+    the failing chunk and the host limits."""
+    rt = _cudart()
+    flags = CUDA_HOST_REGISTER_PORTABLE | CUDA_HOST_REGISTER_MAPPED
+    done: list[int] = []
+    step = max(1, int(REGISTER_CHUNK))
+    with torch.cuda.device(dev):
+        for off in range(0, nbytes, step):
+            err = int(rt.cudaHostRegister(ptr + off, min(step, nbytes - off), flags))
+            if err == 0:
+                done.append(ptr + off)
+                continue
+            for c in done:  # no half-registered range is left behind
+                rt.cudaHostUnregister(c)
+            clear_last_cuda_error(dev)
+            reason = str(torch.cuda.CudaError(err))
+            where = f", at byte {off:,} of it" if nbytes > step else ""
+            raise PinError(
+                f"cannot pin {format_bytes(nbytes)} of host memory for zero-copy reads "
+                f"(cudaHostRegister: {reason}{where}); limit: {host_memory_limits(t)}"
+            )
+    return tuple(done)
 
 
 class _CudaArrayView:
