@@ -20,12 +20,13 @@ reported:
 * ``checksum``: BLAKE2b-128 of every batch's seeds, input nodes, edge indices and edge weights
   (dtype, shape and bytes, batch after batch), from one more untimed pass. Sampling is counter-based
   (a batch depends only on ``--seed``, the batch index and its seeds), so ``--threads 1`` and
-  ``--threads 2`` -- and ``--device cpu`` and ``--device cuda`` for ``uniform`` -- give the same
-  checksum.
+  ``--threads 2`` -- and ``--device cpu`` and ``--device cuda`` for ``uniform`` and ``labor`` --
+  give the same checksum.
 
 The whole pass is timed: seed checks, sampling, relabelling to local ids, building the blocks.
 Nothing is gathered (see ``gnnio bench gather``) and nothing is copied to a GPU unless
-``--device cuda`` (topology on the GPU; timing includes ``torch.cuda.synchronize``).
+``--device cuda`` (topology on the GPU; timing includes ``torch.cuda.synchronize``; ``ladies``
+runs on the CPU only).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _check(args) -> list[int]:
         raise UsageError("--device cuda: no CUDA device is available")
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"--device: expected 'cpu' or 'cuda', got {args.device!r}")
-    if getattr(args, "sampler", "uniform") != "uniform" and dev.type != "cpu":
+    if getattr(args, "sampler", "uniform") == "ladies" and dev.type != "cpu":
         raise UsageError(f"--sampler {args.sampler}: runs on the CPU only (use --device cpu)")
     if getattr(args, "layer_size", 1) < 1:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
@@ -106,7 +107,7 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
     from ..sampling import LaborSampler, LadiesSampler, UniformSampler
 
     if kind == "labor":
-        return LaborSampler(graph, fanouts, seed=seed, num_threads=threads)
+        return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device)
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
     return UniformSampler(graph, fanouts, seed=seed, num_threads=threads, device=device)

@@ -43,8 +43,12 @@ count / sample / merge / write pipeline and only swaps the per-row kernels): eve
 all nodes so far, seeds first, new nodes in first-appearance order, and with ``epoch_seed`` a batch
 depends only on ``(seed, epoch_seed, seeds)``, not on the thread count.
 
+**Devices.** NumPy arrays or CPU tensors use the numba kernels; ``device="cuda"`` (or a graph
+whose tensors are on a GPU) uses the vectorized torch path of :mod:`gnnio.sampling.labor_torch`,
+which returns the same batches bit for bit.
+
 **Not built** (issue 19): LABOR-i / LABOR-* (importance sampling with ``pi_t`` optimised by the
-fixed-point iteration) and a GPU version; this sampler runs on the CPU.
+fixed-point iteration).
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ class LaborSampler(UniformSampler):
     """LABOR-0 neighbour sampler (see module docstring).
 
     Args:
-        graph: CSR of in-neighbours (NumPy arrays, memmaps or CPU tensors; runs on the CPU).
+        graph: CSR of in-neighbours (NumPy arrays, memmaps, CPU or CUDA tensors).
         fanouts: neighbours per destination for hop 1, 2, ... (``fanouts[0]`` = the seeds' hop;
             -1 = all), as :class:`~gnnio.sampling.UniformSampler`.
         seed: base random seed.
@@ -97,6 +101,9 @@ class LaborSampler(UniformSampler):
         design: ``"fixed"`` (exactly ``min(d, k)`` neighbours per row) or ``"poisson"``.
         layer_dependency: reuse hop 1's ``r_t`` in every hop.
         weights: ``"ht"`` (default), ``"ht_mean"`` or ``"none"`` (``Block.edge_weight``).
+        device: ``"cuda"`` (or a CUDA device): sample there with
+            :class:`~gnnio.sampling.labor_torch.TorchLaborSampler` (the CSR copied to it); None =
+            the device of the graph's arrays.
 
     Memory and thread safety: as :class:`~gnnio.sampling.UniformSampler`.
     """
@@ -112,20 +119,32 @@ class LaborSampler(UniformSampler):
         design: str = "fixed",
         layer_dependency: bool = False,
         weights: str = "ht",
+        device: str | torch.device | None = None,
     ):
         if design not in LABOR_DESIGNS:
             raise ValueError(f"design: choose from {', '.join(LABOR_DESIGNS)}, got {design!r}")
         if weights not in _WEIGHTS:
             raise ValueError(f"weights: choose from {', '.join(_WEIGHTS)}, got {weights!r}")
-        indptr = graph.indptr
-        if isinstance(indptr, torch.Tensor) and indptr.device.type != "cpu":
-            raise ValueError("LaborSampler: runs on the CPU; pass the graph's CPU arrays")
+        indptr, indices = graph.indptr, graph.indices
         self._init_threads(fanouts, seed, num_threads)
         self._torch = None
-        self._init_csr(graph)
         self.design = design
         self.layer_dependency = bool(layer_dependency)
         self.weights = weights
+        tensor_dev = indptr.device if isinstance(indptr, torch.Tensor) else torch.device("cpu")
+        target = torch.device(device) if device is not None else tensor_dev
+        if target.type != "cpu":
+            from .labor_torch import TorchLaborSampler
+
+            if not isinstance(indptr, torch.Tensor):
+                indptr, indices = CSRGraph(np.asarray(indptr), np.asarray(indices)).to_torch()
+            self._torch = TorchLaborSampler(
+                indptr.to(target), indices.to(target), self.fanouts, design, layer_dependency,
+                weights,
+            )  # fmt: skip
+            self.num_nodes = self._torch.num_nodes
+            return
+        self._init_csr(graph)
 
     def _sample_part(
         self, nodes, lo, hi, fo, hkey, b: _PartBuffers, loc, off, seen, first: bool, base: int
@@ -155,7 +174,7 @@ class LaborSampler(UniformSampler):
         """
         mb = super().sample(seeds, epoch_seed=epoch_seed)
         mb.meta["sampler"] = "labor"
-        if self.weights == "none":
+        if self.weights == "none" or self._torch is not None:  # (the torch path weights them)
             return mb
         inp = mb.input_nodes.numpy()
         L = len(self.fanouts)
