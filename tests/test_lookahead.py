@@ -298,6 +298,9 @@ def test_numba_kernels_equal_the_torch_path(seed, k, cap, with_hot):
     pa, pb = pols
     for name in ("keystate", "key_of", "slot_of", "ring_ids", "ring_next"):
         assert torch.equal(getattr(pa, name), getattr(pb, name)), name
+    # the kernels' per-slot mirror of the cached keys' ranks is exact
+    f = pa.filled
+    assert torch.equal(pa.slot_rank[:f], pa.rank_of[pa.key_of[:f]])
     assert (pa.consumed, pa.next_serial) == (pb.consumed, pb.next_serial)
 
 

@@ -1,10 +1,12 @@
 """CPU kernels of the lookahead cache (:mod:`gnnio.features.cache_lookahead`): one pass over a
 batch's ids instead of a chain of torch index ops.
 
-The per-key state is one ``[num_keys, 3]`` int64 array (rank, last announced serial, fallback
-rank), so a key's three values share a cache line: the kernels read the big per-key arrays at
-random positions, and one miss per key instead of three is most of their speed. Each key's line
-is software-prefetched ``_PF`` keys ahead, as the sampler kernels do.
+The per-key state is one ``[num_keys, 4]`` int64 array (rank, last announced serial, fallback
+rank, cache slot), so a key's values share a cache line: the kernels read the big per-key arrays
+at random positions, and one miss per key instead of four is most of their speed. Each key's line
+is software-prefetched ``_PF`` keys ahead, as the sampler kernels do. ``slot_rank`` (one int64 per
+cache slot, small enough to stay in cache) mirrors the rank of every cached key, so admission
+reads the cached keys' ranks as one contiguous slice instead of gathering them.
 
 They compute exactly what the torch path of :class:`~gnnio.features.cache_lookahead.LookaheadPolicy`
 computes (``tests/test_lookahead.py`` runs both on the same traces and compares the state); the
@@ -21,17 +23,17 @@ from ..utils.prefetch import prefetch
 INF = np.int64(1 << 62)  # "no next use known" (cache_lookahead._INF)
 BEYOND = np.int64(1 << 61)  # ranks beyond the window start here (cache_lookahead._BEYOND)
 FREQ_MAX = np.int64((1 << 24) - 1)  # the frequency field of a fallback rank (cache_lookahead)
-RANK, LAST, FALLBACK = 0, 1, 2  # columns of the per-key state
+RANK, LAST, FALLBACK, SLOT = 0, 1, 2, 3  # columns of the per-key state
 _PF = 16  # keys prefetched ahead
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _ahead(flat, keys, i, m):
-    prefetch(flat, 3 * keys[min(i + _PF, m - 1)])
+    prefetch(flat, 4 * keys[min(i + _PF, m - 1)])
 
 
 @njit(cache=True, nogil=True)
-def announce(keys, state, ring_ids, ring_next, consumed, next_serial, j):
+def announce(keys, state, ring_ids, ring_next, slot_rank, consumed, next_serial, j):
     """Append batch ``j``'s unique ``keys`` at serials ``next_serial ..``: link each key's pending
     occurrence (serial >= ``consumed``) to ``j``, or make ``j`` its next use (its rank)."""
     r = ring_ids.shape[0]
@@ -46,6 +48,9 @@ def announce(keys, state, ring_ids, ring_next, consumed, next_serial, j):
             ring_next[prev % r] = j
         else:
             state[k, RANK] = j
+            s = state[k, SLOT]
+            if s >= 0:
+                slot_rank[s] = j
         ring_ids[p] = k
         ring_next[p] = INF
         state[k, LAST] = next_serial + i
@@ -55,10 +60,11 @@ def announce(keys, state, ring_ids, ring_next, consumed, next_serial, j):
 
 
 @njit(cache=True, nogil=True)
-def begin_batch(keys, state, ring_ids, ring_next, a):
+def begin_batch(keys, state, ring_ids, ring_next, a, slot_rank, slots):
     """Serve the announced batch at serials ``a ..``: False (nothing changed) unless ``keys`` are
     exactly its ids; else count each key (its fallback rank's frequency field, down by one until
-    0) and set its rank to its next use in the window, or to its fallback."""
+    0), set its rank to its next use in the window, or to its fallback, and write its cache slot
+    (-1: not cached) to ``slots`` (the lookup, from the same cache line)."""
     r = ring_ids.shape[0]
     m = keys.shape[0]
     p = a % r
@@ -78,7 +84,12 @@ def begin_batch(keys, state, ring_ids, ring_next, a):
             fb -= 2
             state[k, FALLBACK] = fb
         nxt = ring_next[p]
-        state[k, RANK] = nxt if nxt < INF else fb
+        rank = nxt if nxt < INF else fb
+        state[k, RANK] = rank
+        s = state[k, SLOT]
+        slots[i] = s
+        if s >= 0:
+            slot_rank[s] = rank
         p += 1
         if p == r:
             p = 0
@@ -86,16 +97,12 @@ def begin_batch(keys, state, ring_ids, ring_next, a):
 
 
 @njit(cache=True, nogil=True)
-def ranks(state, cached, missed, out):
-    """``out[:len(cached)]`` = ranks of the cached keys, then those of the missed keys, odd where
-    beyond the window (a missed key ranks after a cached one with the same fallback)."""
+def missed_ranks(state, missed, out):
+    """``out[i]`` = rank of ``missed[i]``, odd where beyond the window (a missed key ranks after a
+    cached one with the same fallback)."""
     flat = state.ravel()
-    n = cached.shape[0]
-    for i in range(n):
-        _ahead(flat, cached, i, n)
-        out[i] = state[cached[i], RANK]
     q = missed.shape[0]
     for i in range(q):
         _ahead(flat, missed, i, q)
         v = state[missed[i], RANK]
-        out[n + i] = v + 1 if v >= BEYOND else v
+        out[i] = v + 1 if v >= BEYOND else v

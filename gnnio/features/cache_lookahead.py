@@ -100,8 +100,11 @@ class LookaheadPolicy(CachePolicy):
         self.lookahead = None if lookahead is None else int(lookahead)
         self.name = "optimal" if lookahead is None else "lookahead"
         dev = self.device
-        # per key: [rank, last announced serial, fallback rank] (one cache line; see the kernels)
-        self.keystate = torch.empty((num_keys, 3), dtype=torch.int64, device=dev)
+        # per key: [rank, last announced serial, fallback rank, slot] (one cache line; the
+        # kernels); ``slot_of`` becomes a view of the last column
+        self.keystate = torch.empty((num_keys, 4), dtype=torch.int64, device=dev)
+        self.keystate[:, _K.SLOT] = -1
+        self.slot_of = self.keystate[:, _K.SLOT]
         self.last_serial.fill_(-1)
         # fallback = _BEYOND + 2 * ((hotness position << 24) + FREQ_MAX - frequency): hotter
         # first, then more frequent; the lowest bit stays free for "missed"
@@ -135,8 +138,12 @@ class LookaheadPolicy(CachePolicy):
         self.consumed = 0  # serials below this belong to consumed batches
         self.announced = 0  # batches announced so far (the next one's index)
         self.pending: deque[tuple[int, int, int]] = deque()  # (batch index, first serial, size)
-        #: numba kernels on CPU tensors (one pass per batch); the torch path elsewhere
+        #: numba kernels on CPU tensors (one pass per batch); the torch path elsewhere. Set it
+        #: before the first batch (``slot_rank`` is kept by the kernels only).
         self.use_kernels = self.device.type == "cpu"
+        self.slot_rank = torch.empty(self.capacity, dtype=torch.int64, device=dev)
+        self._sync_slot_rank()
+        self._served: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, their slots)
 
     @property
     def rank_of(self) -> torch.Tensor:
@@ -165,7 +172,7 @@ class LookaheadPolicy(CachePolicy):
         if self.use_kernels:
             _K.announce(
                 keys.contiguous().numpy(), self.keystate.numpy(), self.ring_ids.numpy(),
-                self.ring_next.numpy(), self.consumed, self.next_serial, j,
+                self.ring_next.numpy(), self.slot_rank.numpy(), self.consumed, self.next_serial, j,
             )  # fmt: skip
             self.pending.append((j, self.next_serial, m))
             self.next_serial += m
@@ -191,12 +198,15 @@ class LookaheadPolicy(CachePolicy):
             self.announce(keys)
         _j, a, m = self.pending.popleft()
         if m == keys.numel() and self.use_kernels:
+            keys = keys.contiguous()
+            slots = torch.empty(m, dtype=torch.int64)
             ok = _K.begin_batch(
-                keys.contiguous().numpy(), self.keystate.numpy(), self.ring_ids.numpy(),
-                self.ring_next.numpy(), a,
+                keys.numpy(), self.keystate.numpy(), self.ring_ids.numpy(),
+                self.ring_next.numpy(), a, self.slot_rank.numpy(), slots.numpy(),
             )  # fmt: skip
             if ok:
                 self.consumed = a + m
+                self._served = (keys, slots)
                 return
         if m != keys.numel() or not torch.equal(self._ring_get(self.ring_ids, a, m), keys):
             self.pending.appendleft((_j, a, m))
@@ -210,6 +220,20 @@ class LookaheadPolicy(CachePolicy):
         fb -= 2 * (((fb - _BEYOND) >> 1) & _FREQ_MAX != 0).long()  # one more use (until 0)
         self.fallback_of.index_copy_(0, keys, fb)
         self.rank_of.index_copy_(0, keys, torch.where(nxt < _INF, nxt, fb))
+
+    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+        """As :meth:`CachePolicy.lookup`; right after :meth:`begin_batch` of the same ``keys``
+        the slots its kernel read along with the ranks."""
+        served, self._served = self._served, None
+        if served is not None and served[0] is keys:
+            return served[1]
+        return super().lookup(keys)
+
+    def _sync_slot_rank(self) -> None:
+        """Recompute ``slot_rank`` from the ranks (after a change made outside the kernels)."""
+        f = self.filled
+        if f:
+            self.slot_rank[:f] = self.rank_of.index_select(0, self.key_of[:f])
 
     def _fallback(self, keys: torch.Tensor) -> torch.Tensor:
         """Rank of ``keys`` beyond the window (even numbers from ``_BEYOND`` on; smaller keeps)."""
@@ -242,6 +266,7 @@ class LookaheadPolicy(CachePolicy):
             ids = self._ring_get(self.ring_ids, a, m)
             self.rank_of.index_copy_(0, ids, self._fallback(ids))
         self.consumed = self.next_serial
+        self._sync_slot_rank()
 
     @property
     def window(self) -> int:
@@ -296,7 +321,10 @@ class LookaheadPolicy(CachePolicy):
             nres = int(res_keys.numel())
             if self.use_kernels:
                 ranks = torch.empty(nres + m, dtype=torch.int64)
-                _K.ranks(self.keystate.numpy(), res_keys.numpy(), keys.numpy(), ranks.numpy())
+                ranks[:nres] = self.slot_rank[s0 : self.filled]
+                _K.missed_ranks(
+                    self.keystate.numpy(), keys.contiguous().numpy(), ranks[nres:].numpy()
+                )
             else:
                 ranks = torch.cat([self._rank(res_keys, False), self._rank(keys, True)])
             # the victims: the (nres + m) - (cap - s0) largest ranks (fewer than those kept)
@@ -314,6 +342,8 @@ class LookaheadPolicy(CachePolicy):
             self.slot_of.index_fill_(0, self.key_of.index_select(0, evicted_slots), -1)
         self.key_of.index_copy_(0, slots, new_keys)
         self.slot_of.index_copy_(0, new_keys, slots.to(self.slot_of.dtype))
+        if self.use_kernels:
+            self.slot_rank.index_copy_(0, slots, self.rank_of.index_select(0, new_keys))
         self.filled = min(cap, self.filled + int(slots.numel()))
         if keep is not None:
             pos = keep.index_select(0, pos)
@@ -325,8 +355,8 @@ class LookaheadPolicy(CachePolicy):
         """As :meth:`CachePolicy.state_dict`, with the window's cursors; batches announced and not
         served are left out (as after :meth:`reset_window`), and so is the ring."""
         out = super().state_dict()
-        out.pop("ring_ids", None)
-        out.pop("ring_next", None)
+        for derived in ("ring_ids", "ring_next", "slot_of", "slot_rank"):  # (slot_of: a view)
+            out.pop(derived, None)
         for _j, a, m in self.pending:
             ids = self._ring_get(self.ring_ids, a, m)
             out["keystate"][:, _K.RANK].index_copy_(0, ids.cpu(), self._fallback(ids).cpu())
@@ -342,12 +372,14 @@ class LookaheadPolicy(CachePolicy):
         for k, v in cursors.items():
             setattr(self, k, v)
         self.pending.clear()
+        self._served = None
+        self._sync_slot_rank()
 
     def _victims(self, count: int) -> torch.Tensor:  # pragma: no cover - admit() is overridden
         raise AssertionError("LookaheadPolicy chooses victims in admit()")
 
     def _tensors(self) -> list[torch.Tensor]:
-        out = [*super()._tensors(), self.keystate]
+        out = [self.key_of, self.keystate, self.slot_rank]  # (slot_of is a view of keystate)
         return [*out, self.ring_ids, self.ring_next]
 
 
