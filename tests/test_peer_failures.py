@@ -210,6 +210,9 @@ def test_gnnio_never_forks(small, monkeypatch):
         return lambda argv: {0: 0, 1: 0}
 
     monkeypatch.setattr(api, "elastic_launch", fake_launch)
+    # the launcher sets OMP/NUMBA_NUM_THREADS for its ranks in os.environ: on a copy here, so
+    # this process's numba does not see a new thread count (later kernels would refuse it)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
     launch.launch(2, print, ["train"])
     assert seen["start_method"] == "spawn"
 
