@@ -145,7 +145,7 @@ def test_non_finite_loss_stops_with_one_line(tmp_path):
     feats = rng.standard_normal((n, 4)).astype(np.float32)
     feats[7, 1] = np.nan
     indptr, indices = edges_to_csr(np.arange(n), (np.arange(n) + 1) % n, n)
-    with DatasetWriter(tmp_path / "nan", name="nan") as w:
+    with DatasetWriter(tmp_path / "nan", name="nan", allow_nonfinite=True) as w:
         w.save_array("indptr", indptr)
         w.save_array("indices", indices)
         w.save_array("features", feats)

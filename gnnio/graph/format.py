@@ -3,7 +3,8 @@
 A dataset is a directory with ``meta.json`` and one ``.npy`` file per array. See docs/format.md.
 The writer builds everything in a temporary sibling directory and renames it into place only after
 every array and the metadata (with sha256 checksums) are written and flushed, so an interrupted write
-never leaves a directory that opens as a valid dataset.
+never leaves a directory that opens as a valid dataset. Where it may write, the claim that keeps a
+second writer out, stale temporaries and a full disk: :mod:`gnnio.graph.output_dir`.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import DatasetError
+from . import output_dir
 from .csr import index_dtype
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "validate_arrays",
     "verify_checksums",
     "sha256_file",
+    "count_nonfinite",
 ]
 
 FORMAT_NAME = "gnnio-dataset"
@@ -68,24 +71,50 @@ class DatasetWriter:
 
     On a clean exit the metadata (counts, dtypes, shapes, sha256) is written and the temporary
     directory renamed to ``out``. On an exception the temporary directory is removed and ``out`` is
-    untouched. An existing ``out`` is replaced only with ``overwrite=True``.
+    untouched. An existing ``out`` is replaced only with ``overwrite=True`` (and only if it is a
+    dataset or an empty directory). While open, the writer holds the claim of ``out`` (a second
+    writer fails with one line) and on entering removes the stale temporaries of crashed writes
+    (:mod:`~gnnio.graph.output_dir`).
+
+    ``size_hint``: the estimated size of the output in bytes; more than the free space is refused
+    before anything is written. Memory-mapped arrays are preallocated, and a full disk (``ENOSPC``)
+    anywhere in the write is one line. The written data is refused when a train split holds no
+    labeled node, and when features hold NaN or infinite values unless ``allow_nonfinite``
+    (then ``meta["nonfinite_features"]`` counts them).
     """
 
-    def __init__(self, out: str | os.PathLike, name: str, overwrite: bool = False):
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        name: str,
+        overwrite: bool = False,
+        *,
+        allow_nonfinite: bool = False,
+        size_hint: int | None = None,
+    ):
         self.out = Path(out)
         self.name = name
         self.overwrite = overwrite
+        self.allow_nonfinite = allow_nonfinite
+        self.size_hint = size_hint
         self.meta: dict[str, Any] = {}
         self._arrays: dict[str, str] = {}
         self._open: dict[str, np.memmap] = {}
+        self._claim = ExitStack()
         self.tmp: Path | None = None
 
     def __enter__(self) -> DatasetWriter:
-        if self.out.exists() and not self.overwrite:
-            raise DatasetError(f"{self.out}: already exists (pass --overwrite to replace it)")
-        parent = self.out.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=parent))
+        output_dir.check_out_dir(self.out, self.overwrite)
+        self._claim.enter_context(output_dir.claim(self.out))
+        try:
+            output_dir.check_out_dir(self.out, self.overwrite)  # again, now that it is ours
+            output_dir.remove_stale(self.out)
+            if self.size_hint is not None:
+                output_dir.check_disk(self.out, self.size_hint)
+            self.tmp = output_dir.make_temp_dir(self.out, "tmp")
+        except BaseException:
+            self._claim.close()
+            raise
         return self
 
     def path(self, key: str) -> Path:
@@ -97,26 +126,40 @@ class DatasetWriter:
         arr = np.lib.format.open_memmap(self.path(key), mode="w+", dtype=dtype, shape=shape)
         self._arrays[key] = f"{key}.npy"
         self._open[key] = arr
+        output_dir.preallocate(self.path(key))
         return arr
 
     def save_array(self, key: str, arr: np.ndarray) -> None:
-        np.save(self.path(key), np.ascontiguousarray(arr), allow_pickle=False)
+        try:
+            np.save(self.path(key), np.ascontiguousarray(arr), allow_pickle=False)
+        except OSError as e:
+            if e.errno is None:  # numpy's short write ("N requested and M written"): no errno
+                raise OSError(None, f"short write, {e}", str(self.path(key))) from None
+            raise
         self._arrays[key] = f"{key}.npy"
 
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self.tmp is not None
-        if exc_type is not None:
-            self._open.clear()
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        try:
-            for arr in self._open.values():
-                arr.flush()
-            self._open.clear()
-            self._finish()
-        except BaseException:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
+        with self._claim:
+            if exc_type is not None:
+                self._open.clear()
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                if isinstance(exc, OSError) and (err := output_dir.write_error(self.out, exc)):
+                    raise err from None
+                return
+            try:
+                for arr in self._open.values():
+                    arr.flush()
+                self._open.clear()
+                self._finish()
+            except OSError as e:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                if err := output_dir.write_error(self.out, e):
+                    raise err from None
+                raise
+            except BaseException:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                raise
 
     def _finish(self) -> None:
         assert self.tmp is not None
@@ -150,7 +193,20 @@ class DatasetWriter:
             for key, fname in sorted(self._arrays.items())
         }
         del arrays
-        validate_arrays(self.tmp, meta, load_arrays(self.tmp, list(self._arrays)))
+        written = load_arrays(self.tmp, list(self._arrays))
+        validate_arrays(self.tmp, meta, written)
+        self._check_trainable(written)
+        bad = count_nonfinite(written["features"])
+        del written
+        if bad and not self.allow_nonfinite:
+            raise DatasetError(
+                f"{self.out}: the features hold {bad:,} NaN or infinite values; fix the input or "
+                "pass --allow-nonfinite to keep them"
+            )
+        if bad:
+            meta["nonfinite_features"] = bad
+        else:
+            meta.pop("nonfinite_features", None)
         meta_path = self.tmp / META_FILE
         with open(meta_path, "w") as f:
             json.dump(meta, f, indent=2)
@@ -164,13 +220,45 @@ class DatasetWriter:
             finally:
                 os.close(fd)
         if self.out.exists():
-            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+            if not self.overwrite:
+                raise DatasetError(f"{self.out}: appeared while it was written; not replacing it")
+            old = output_dir.make_temp_dir(self.out, "old")
+            os.rmdir(old)
             os.rename(self.out, old)
             os.rename(self.tmp, self.out)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(self.tmp, self.out)
         self.meta = meta
+
+    def _check_trainable(self, arrays: dict[str, np.ndarray]) -> None:
+        """With labels, a train split must hold at least one labeled node (else training learns
+        from nothing). A dataset without labels or without a train split is for benchmarks
+        (training refuses it with one line) and passes."""
+        lab = arrays.get("labels")
+        if "train_idx" not in arrays or lab is None:
+            return
+        train = np.asarray(arrays["train_idx"])
+        if train.size == 0 or not np.any(lab[train] >= 0):
+            why = "it is empty" if train.size == 0 else f"none of its {train.size:,} nodes has one"
+            raise DatasetError(
+                f"{self.out}: no labeled training node in the train split ({why}); training "
+                "needs at least one"
+            )
+
+
+def count_nonfinite(feats: np.ndarray, chunk_bytes: int = 64 << 20) -> int:
+    """Number of NaN or infinite values in ``feats`` (read ``chunk_bytes`` at a time)."""
+    if feats.dtype.kind != "f" or feats.size == 0:
+        return 0
+    rows = max(1, chunk_bytes // max(1, feats[:1].nbytes))
+    bad = 0
+    for s in range(0, feats.shape[0], rows):
+        block = np.asarray(feats[s : s + rows])
+        # cheap test first: a NaN or an infinity anywhere makes the sum non-finite
+        if not np.isfinite(block.sum(dtype=np.float64)):
+            bad += int(block.size - np.count_nonzero(np.isfinite(block)))
+    return bad
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
