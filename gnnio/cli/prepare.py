@@ -5,7 +5,8 @@ Tiering Algorithm 2, :func:`gnnio.preprocess.reorder.reorder_path`) before it ap
 writes into a temporary sibling directory of ``DIR``, the reordered copy is written from there
 atomically (through :class:`gnnio.graph.DatasetWriter`) to ``DIR``, and the temporary import is
 removed. On any failure ``DIR`` is left as it was (absent, or the old dataset with
-``--overwrite``). The result is the same, array for array, as ``gnnio prepare ... --out A``
+``--overwrite``). The claim of ``DIR`` (:func:`gnnio.graph.output_dir.claim`) is held from the
+import to the reordered copy, so no other writer gets between them. The result is the same, array for array, as ``gnnio prepare ... --out A``
 followed by ``gnnio reorder A --by SCORE --out DIR``, including the id maps ``new2old`` /
 ``old2new`` (original import ids <-> new ids).
 """
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tempfile
 from pathlib import Path
 
-from ..errors import DatasetError, UsageError
+from ..errors import GnnioError, UsageError
+from ..graph import output_dir
 from ..graph.dataset import info_stats, load
 from ..importers import IMPORTERS
 from ..preprocess.hotness import SCORES
@@ -100,29 +101,33 @@ def _import_and_reorder(args) -> Path:
     from ..preprocess.reorder import reorder_path
 
     out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise DatasetError(f"{out}: already exists (pass --overwrite to replace it)")
     if args.reorder_batch_size < 1:
         raise UsageError(f"--reorder-batch-size: must be >= 1, got {args.reorder_batch_size}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
-    try:
-        iargs = argparse.Namespace(**vars(args))
-        # same folder name as DIR: importers that name the dataset after its folder (npy) agree
-        iargs.out = str(tmp / out.name)
-        iargs.overwrite = False
-        imported = args.importer.run(iargs)
-        summary = reorder_path(
-            imported,
-            args.reorder,
-            out=out,
-            overwrite=args.overwrite,
-            fanouts=args.reorder_fanouts,
-            batch_size=args.reorder_batch_size,
-            progress=not args.quiet,
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    output_dir.check_out_dir(out, args.overwrite)
+    with output_dir.claim(out):
+        output_dir.check_out_dir(out, args.overwrite)
+        output_dir.remove_stale(out)
+        tmp = output_dir.make_temp_dir(out, "prepare")
+        try:
+            iargs = argparse.Namespace(**vars(args))
+            # same folder name as DIR: importers that name the dataset after its folder (npy) agree
+            iargs.out = str(tmp / out.name)
+            iargs.overwrite = False
+            imported = args.importer.run(iargs)
+            summary = reorder_path(
+                imported,
+                args.reorder,
+                out=out,
+                overwrite=args.overwrite,
+                fanouts=args.reorder_fanouts,
+                batch_size=args.reorder_batch_size,
+                progress=not args.quiet,
+            )
+        except GnnioError as e:  # name DIR, not the temporary import
+            text = str(e).replace(str(tmp / out.name), str(out)).replace(str(tmp), str(out.parent))
+            raise type(e)(text) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if not args.quiet:
         print(
             f"reordered by {args.reorder} (score {summary['score_s']:.2f} s, "

@@ -1,5 +1,5 @@
 """Helpers shared by the importers: input checks, edge lists to CSR, chunked copies and CSV
-parsing, stratified splits.
+parsing, stratified splits, output size estimates and id bounds.
 
 Everything here is generic (no knowledge of a particular source). Node ids are the importer's
 global ids in ``[0, N)``; row chunks are measured in rows of the feature matrix.
@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import DatasetError, UsageError
 from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
+from ..graph.output_dir import check_ram
 from ..utils.progress import bar
 
 __all__ = [
@@ -33,10 +34,47 @@ __all__ = [
     "stratified_split",
     "iter_line_blocks",
     "parse_csv_block",
+    "DENSE_FLOOR",
+    "check_dense_ids",
+    "output_bytes",
+    "add_nonfinite_argument",
 ]
 
 #: target size of one chunk of feature rows moved through RAM at a time (bytes)
 CHUNK_BYTES = 64 << 20
+#: an id space (classes, feature columns, nodes) of up to this size is accepted however sparse
+DENSE_FLOOR = 1024
+
+
+def check_dense_ids(max_id: int, distinct: int, where: str, what: str, dim: str) -> None:
+    """Bound an id space by what the input implies: ids number things ``0..K-1``, so a largest
+    id ``max_id`` that makes ``max_id + 1`` more than twice the ``distinct`` ids in use (and more
+    than :data:`DENSE_FLOOR`) is a one-line DatasetError before anything is sized by it (a stray
+    feature id of 1,000,000 would otherwise write a 1,000,001-column matrix). ``what`` names one
+    id (``"label"``), ``dim`` the space (``"classes"``)."""
+    size, limit = int(max_id) + 1, max(2 * int(distinct), DENSE_FLOOR)
+    if size > limit:
+        raise DatasetError(
+            f"{where}: {what} {int(max_id):,} implies {size:,} {dim}, but only {int(distinct):,} "
+            f"distinct {what}s are used (at most {limit:,} {dim} accepted; number them 0..K-1)"
+        )
+
+
+def output_bytes(*arrays: np.ndarray | None, rows: int = 0, row_bytes: int = 0) -> int:
+    """Estimated size of a dataset directory holding ``arrays`` (those written as they are) and
+    a ``[rows, *]`` array of ``row_bytes`` per row (the features, written later), with room
+    for the ``.npy`` headers and ``meta.json``."""
+    known = sum(int(a.nbytes) for a in arrays if a is not None)
+    return known + int(rows) * int(row_bytes) + 4096 * (len(arrays) + 2)
+
+
+def add_nonfinite_argument(parser) -> None:
+    """``--allow-nonfinite`` for importers of the user's own features."""
+    parser.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="keep NaN or infinite feature values (refused by default: they train to NaN)",
+    )
 
 
 def require_file(path: str | Path, what: str | None = None) -> Path:
@@ -140,7 +178,9 @@ def edges_to_graph(
         if not loops.any():
             loops = None
     m = e - (int(np.count_nonzero(loops)) if loops is not None else 0)
-    key = np.empty(m * (2 if symmetrize else 1), dtype=np.int64)
+    keys = m * (2 if symmetrize else 1)
+    check_ram(keys * (8 + index_dtype(n).itemsize), f"the CSR of {keys:,} edges")
+    key = np.empty(keys, dtype=np.int64)
     pos = 0
     nn = np.int64(n)
     for a in range(0, e, chunk):
@@ -179,8 +219,8 @@ def labels_to_int64(vals: np.ndarray, where: str) -> np.ndarray:
     """Class ids as int64 ``[N]`` with -1 = unlabeled.
 
     Accepts ``[N]`` or ``[N, 1]``; integer input must be >= -1; float input must hold
-    non-negative whole numbers or NaN (NaN -> -1, as in OGB). Anything else is a one-line
-    DatasetError naming ``where``.
+    non-negative whole numbers or NaN (NaN -> -1, as in OGB); the classes must be numbered
+    densely (:func:`check_dense_ids`). Anything else is a one-line DatasetError naming ``where``.
     """
     vals = np.asarray(vals)
     if vals.ndim == 2 and vals.shape[1] == 1:
@@ -196,7 +236,7 @@ def labels_to_int64(vals: np.ndarray, where: str) -> np.ndarray:
             raise DatasetError(
                 f"{where}: label {int(lab.min())} is negative (use -1 for unlabeled)"
             )
-        return lab
+        return _bounded_labels(lab, where)
     if vals.dtype.kind != "f":
         raise DatasetError(
             f"{where}: labels must be integers (or floats with NaN), got {vals.dtype}"
@@ -206,8 +246,21 @@ def labels_to_int64(vals: np.ndarray, where: str) -> np.ndarray:
     ok = vals[~nan]
     if ok.size and (ok.min() < 0 or not np.array_equal(ok, np.floor(ok))):
         raise DatasetError(f"{where}: float labels must be non-negative whole numbers or NaN")
+    if ok.size and ok.max() >= 2**62:
+        raise DatasetError(f"{where}: label {ok.max():g} is too large for a class id")
     lab = np.full(vals.shape[0], -1, dtype=np.int64)
     lab[~nan] = ok.astype(np.int64)
+    return _bounded_labels(lab, where)
+
+
+def _bounded_labels(lab: np.ndarray, where: str) -> np.ndarray:
+    """``lab`` if its classes are numbered densely enough (:func:`check_dense_ids`): the number
+    of classes is the largest label + 1 and sizes the model's output layer."""
+    known = lab[lab >= 0]
+    if known.size:
+        hi = int(known.max())
+        if hi + 1 > DENSE_FLOOR:
+            check_dense_ids(hi, np.unique(known).shape[0], where, "label", "classes")
     return lab
 
 

@@ -24,7 +24,9 @@ from ..errors import DatasetError
 from ..graph.format import DatasetWriter, sha256_file
 from ..utils.progress import bar
 from ._common import (
+    check_dense_ids,
     edges_to_graph,
+    output_bytes,
     parse_csv_block,
     parse_fractions,
     require_file,
@@ -126,7 +128,8 @@ def _read_edges(path: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_feature_lists(path: Path, n: int) -> tuple[list[np.ndarray], int]:
-    """Per-node feature-id arrays (index = node id) and the feature dimension (max id + 1)."""
+    """Per-node feature-id arrays (index = node id) and the feature dimension (max id + 1),
+    bounded by the number of distinct feature ids (:func:`._common.check_dense_ids`)."""
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
@@ -151,6 +154,9 @@ def _read_feature_lists(path: Path, n: int) -> tuple[list[np.ndarray], int]:
                 raise DatasetError(f"{path}: node {v} has negative feature id {int(ids.min())}")
             max_id = max(max_id, int(ids.max()))
         lists[v] = ids
+    if max_id >= 0:
+        distinct = np.unique(np.concatenate([a for a in lists if a.size])).shape[0]
+        check_dense_ids(max_id, distinct, str(path), "feature id", "feature columns")
     return lists, max_id + 1
 
 
@@ -195,7 +201,8 @@ def prepare_facebook(
         "self_loops_dropped": num_self_loops,
         "files_sha256": {f.name: sha256_file(f) for f in (f_edges, f_target, f_feats)},
     }
-    with DatasetWriter(out, name="facebook_page_page", overwrite=overwrite) as w:
+    size = output_bytes(indptr, indices, labels, train, valid, test, rows=n, row_bytes=4 * f_dim)
+    with DatasetWriter(out, name="facebook_page_page", overwrite=overwrite, size_hint=size) as w:
         write_graph(w, indptr, indices)
         feats = w.create_array("features", (n, f_dim), np.float32)
         step = rows_per_chunk(f_dim * 4)

@@ -23,11 +23,13 @@ import numpy as np
 from ..errors import DatasetError, UsageError
 from ..graph.format import DatasetWriter
 from ._common import (
+    add_nonfinite_argument,
     copy_rows,
     edges_to_graph,
     feature_dtype_for,
     labels_to_int64,
     load_npy,
+    output_bytes,
     write_graph,
 )
 
@@ -64,6 +66,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--train-idx", metavar="F", help="train node ids (int) or a bool [N] mask")
     parser.add_argument("--valid-idx", metavar="F", help="validation node ids or mask")
     parser.add_argument("--test-idx", metavar="F", help="test node ids or mask")
+    add_nonfinite_argument(parser)
 
 
 def run(args) -> Path:
@@ -81,6 +84,7 @@ def run(args) -> Path:
         symmetrize=args.symmetrize,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        allow_nonfinite=args.allow_nonfinite,
     )
 
 
@@ -193,13 +197,14 @@ def prepare_npy(
     name: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    allow_nonfinite: bool = False,
 ) -> Path:
     """Import a graph from ``.npy`` files (paths) or in-memory arrays into a gnnio dataset.
 
     See the module docstring for the accepted shapes and dtypes. All inputs are checked before
     anything is written; errors are one-line DatasetErrors (bad files) or UsageErrors (bad argument
     combinations) naming the argument and file. ``name`` defaults to the output folder's name.
-    Returns ``out``.
+    NaN or infinite features are refused unless ``allow_nonfinite``. Returns ``out``.
     """
     files: dict[str, str] = {}
     feats, w_f = _open(features, "--features", files)
@@ -249,10 +254,14 @@ def prepare_npy(
         "input_feature_dtype": str(feats.dtype),
     }
     out = Path(out)
-    with DatasetWriter(out, name=name or out.name, overwrite=overwrite) as w:
+    feat_dtype = feature_dtype_for(feats.dtype)
+    size = output_bytes(indptr_out, indices_out, lab, *splits.values(),
+                        rows=n, row_bytes=feats.shape[1] * feat_dtype.itemsize)  # fmt: skip
+    with DatasetWriter(out, name=name or out.name, overwrite=overwrite,
+                       allow_nonfinite=allow_nonfinite, size_hint=size) as w:  # fmt: skip
         write_graph(w, indptr_out, indices_out)
         del indptr_out, indices_out
-        dst_feats = w.create_array("features", tuple(feats.shape), feature_dtype_for(feats.dtype))
+        dst_feats = w.create_array("features", tuple(feats.shape), feat_dtype)
         copy_rows(feats, dst_feats, desc="features", progress=progress)
         del dst_feats
         if lab is not None:

@@ -35,10 +35,12 @@ from ..errors import DatasetError, UsageError
 from ..graph.format import DatasetWriter
 from ..utils.progress import bar
 from ._common import (
+    add_nonfinite_argument,
     edges_to_graph,
     feature_dtype_for,
     iter_line_blocks,
     labels_to_int64,
+    output_bytes,
     parse_csv_block,
     rows_per_chunk,
     write_graph,
@@ -89,6 +91,7 @@ def add_arguments(parser) -> None:
         default=True,
         help="add every edge reversed (deduplicated)",
     )
+    add_nonfinite_argument(parser)
 
 
 def run(args) -> Path:
@@ -100,6 +103,7 @@ def run(args) -> Path:
         symmetrize=args.symmetrize,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        allow_nonfinite=args.allow_nonfinite,
     )
 
 
@@ -363,14 +367,15 @@ def prepare_ogb(
     symmetrize: bool = True,
     overwrite: bool = False,
     progress: bool = True,
+    allow_nonfinite: bool = False,
 ) -> Path:
     """Import an OGB node-property dataset from its local on-disk layout into ``out``.
 
     ``root``: the dataset folder (with ``raw/``) or its parent; ``name`` picks the folder in a
     parent (``ogbn-arxiv`` -> ``ogbn_arxiv``). ``split_scheme``: a folder under ``split/`` or
     ``"auto"``. ``symmetrize``: add each edge reversed (then deduplicate). Features are float32
-    (float16 inputs stay float16), labels int64 with -1 for NaN, splits int64 as stored.
-    Returns ``out``.
+    (float16 inputs stay float16; NaN or infinite values refused unless ``allow_nonfinite``),
+    labels int64 with -1 for NaN, splits int64 as stored. Returns ``out``.
     """
     d, name = resolve_ogb_dir(root, name)
     raw = d / "raw"
@@ -435,7 +440,11 @@ def prepare_ogb(
         "input_edges": num_input_edges,
         "self_loops_kept": num_self_loops,
     }
-    with DatasetWriter(out, name=name, overwrite=overwrite) as w:
+    # the binary layout's feature shape is read inside the writer (its first array checks room)
+    size = output_bytes(indptr, indices, labels, *splits.values(),
+                        rows=0 if binary else n, row_bytes=0 if binary else 4 * f_dim)  # fmt: skip
+    with DatasetWriter(out, name=name, overwrite=overwrite, allow_nonfinite=allow_nonfinite,
+                       size_hint=size) as w:  # fmt: skip
         write_graph(w, indptr, indices)
         del indptr, indices
         if binary:

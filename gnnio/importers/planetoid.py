@@ -29,8 +29,16 @@ import scipy.sparse as sp
 
 from ..errors import DatasetError, UsageError
 from ..graph.format import DatasetWriter, sha256_file
+from ..graph.output_dir import check_ram
 from ..utils.progress import bar
-from ._common import edges_to_graph, require_file, write_graph
+from ._common import (
+    add_nonfinite_argument,
+    check_dense_ids,
+    edges_to_graph,
+    output_bytes,
+    require_file,
+    write_graph,
+)
 
 __all__ = ["prepare_planetoid", "load_planetoid_pickle", "HELP", "DESCRIPTION"]
 
@@ -51,11 +59,17 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--root", required=True, help="folder holding ind.<name>.* (or a raw/ folder with them)"
     )
+    add_nonfinite_argument(parser)
 
 
 def run(args) -> Path:
     return prepare_planetoid(
-        args.name, args.root, args.out, overwrite=args.overwrite, progress=not args.quiet
+        args.name,
+        args.root,
+        args.out,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        allow_nonfinite=args.allow_nonfinite,
     )
 
 
@@ -205,12 +219,15 @@ def prepare_planetoid(
     out: str | Path,
     overwrite: bool = False,
     progress: bool = True,
+    allow_nonfinite: bool = False,
 ) -> Path:
     """Import Planetoid dataset ``name`` from ``root`` into a gnnio dataset at ``out``.
 
     See the module docstring for the assembly. Features are float32 (values as stored, Cora's are
-    binary), labels int64 (-1 unlabeled), splits sorted int64 node ids. ``meta["source"]`` records
-    the importer, name, root and the sha256 of each input file. Returns ``out``.
+    binary; NaN or infinite refused unless ``allow_nonfinite``), labels int64 (-1 unlabeled),
+    splits sorted int64 node ids. Node ids are bounded by the ids the files use
+    (:func:`._common.check_dense_ids`). ``meta["source"]`` records the importer, name, root and
+    the sha256 of each input file. Returns ``out``.
     """
     name = str(name).strip().lower()
     if not name or "/" in name:
@@ -269,6 +286,15 @@ def prepare_planetoid(
         int(test_index.max()) + 1 if test_index.size else 0,
         int(max(src.max(), dst.max())) + 1 if src.size else 0,
     )
+    if n > max(allx.shape[0] + test_index.shape[0], len(graph)):  # ids past those with data
+        keys = np.fromiter((int(k) for k in graph), dtype=np.int64, count=len(graph))
+        used = np.unique(np.concatenate([test_index, keys, src, dst]))
+        distinct = allx.shape[0] + int(np.count_nonzero(used >= allx.shape[0]))
+        where = (
+            files["test.index"] if test_index.size and test_index.max() + 1 == n else files["graph"]
+        )
+        check_dense_ids(n - 1, distinct, str(where), "node id", "nodes")
+    check_ram(n * f_dim * 4, f"{files['allx']}: the [{n:,}, {f_dim:,}] feature matrix")
 
     features = np.zeros((n, f_dim), dtype=np.float32)
     features[: allx.shape[0]] = allx
@@ -294,7 +320,9 @@ def prepare_planetoid(
         "split": "public (train = first len(y) nodes, valid = next 500, test = test.index)",
         "files_sha256": {f.name: sha256_file(f) for f in files.values()},
     }
-    with DatasetWriter(out, name=name, overwrite=overwrite) as w:
+    size = output_bytes(indptr, indices, features, labels, train, valid, test)
+    with DatasetWriter(out, name=name, overwrite=overwrite, allow_nonfinite=allow_nonfinite,
+                       size_hint=size) as w:  # fmt: skip
         write_graph(w, indptr, indices)
         w.save_array("features", features)
         w.save_array("labels", labels)

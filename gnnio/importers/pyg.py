@@ -39,7 +39,13 @@ from ..errors import DatasetError, UsageError
 from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
 from ..utils.progress import bar
-from ._common import labels_to_int64, rows_per_chunk, write_graph
+from ._common import (
+    add_nonfinite_argument,
+    labels_to_int64,
+    output_bytes,
+    rows_per_chunk,
+    write_graph,
+)
 
 __all__ = ["from_pyg", "to_pyg", "load_object", "HELP", "DESCRIPTION"]
 
@@ -69,13 +75,19 @@ def add_arguments(parser) -> None:
         metavar="A",
         help="attribute of M holding the Data (or a function returning it)",
     )
+    add_nonfinite_argument(parser)
 
 
 def run(args) -> Path:
     data = load_object(args.module, args.attr)
     source = {"module": str(args.module), "attr": str(args.attr)}
     return from_pyg(
-        data, args.out, overwrite=args.overwrite, progress=not args.quiet, source=source
+        data,
+        args.out,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        source=source,
+        allow_nonfinite=args.allow_nonfinite,
     )
 
 
@@ -182,11 +194,12 @@ def from_pyg(
     overwrite: bool = False,
     progress: bool = True,
     source: dict | None = None,
+    allow_nonfinite: bool = False,
 ) -> Path:
     """Write a PyG ``Data`` (module docstring) as a gnnio dataset at ``out``, atomically (through
     :class:`~gnnio.graph.DatasetWriter`). Everything is checked before anything is written;
-    problems are one-line DatasetErrors naming the attribute. ``name`` defaults to ``out``'s
-    folder name. Returns ``out``."""
+    problems are one-line DatasetErrors naming the attribute (NaN or infinite features unless
+    ``allow_nonfinite``). ``name`` defaults to ``out``'s folder name. Returns ``out``."""
     if not hasattr(data, "edge_index") or getattr(data, "x", None) is None:
         raise DatasetError("data: need a homogeneous PyG Data with 'x' and 'edge_index'")
     x = _tensor(data.x, "x")
@@ -224,7 +237,12 @@ def from_pyg(
     del src, dst
     feat_dtype = np.float16 if x.dtype == torch.float16 else np.float32
     out = Path(out)
-    with DatasetWriter(out, name=name or out.name, overwrite=overwrite) as w:
+    size = output_bytes(indptr, indices, lab, None if identity else perm, *splits.values(), rows=n,
+                        row_bytes=int(x.shape[1]) * np.dtype(feat_dtype).itemsize)  # fmt: skip
+    if edge_attr is not None:
+        size += edge_attr.numel() * edge_attr.element_size()
+    with DatasetWriter(out, name=name or out.name, overwrite=overwrite,
+                       allow_nonfinite=allow_nonfinite, size_hint=size) as w:  # fmt: skip
         write_graph(w, indptr, indices)
         del indices
         if not identity:

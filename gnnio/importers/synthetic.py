@@ -53,7 +53,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
+from ..graph.output_dir import check_ram
 from ..utils.progress import bar
 from . import _dcsbm
 from ._dcsbm import DCSBM, generate_dcsbm
@@ -346,7 +348,9 @@ def prepare_synthetic(
     if dcsbm is not None:
         dcsbm.check(num_nodes)
     out = Path(out)
-    with DatasetWriter(out, name="synthetic", overwrite=overwrite) as w:
+    size, ram = _output_size(int(num_nodes), float(avg_degree), int(feat_dim), split, dcsbm)
+    with DatasetWriter(out, name="synthetic", overwrite=overwrite, size_hint=size) as w:
+        check_ram(ram, f"synthetic graph of {int(num_nodes):,} nodes, average degree {avg_degree}")
         if dcsbm is None:
             indptr, indices, labels, info = generate(
                 num_nodes,
@@ -399,6 +403,15 @@ def prepare_synthetic(
             w.meta["source"].update(dataclasses.asdict(dcsbm))
         w.meta["generator"] = info
     return out
+
+
+def _output_size(n: int, avg_degree: float, feat_dim: int, split, dcsbm) -> tuple[int, int]:
+    """Bytes on disk of the dataset (about) and a lower bound on the memory that generating its
+    graph takes: the int64 keys of every directed edge, sorted into the CSR in RAM."""
+    edges = 2 * int(round(n * avg_degree / 2))
+    per_node = 8 + 8 + 4 * feat_dim + (8 if dcsbm is not None else 0)  # indptr, labels, features
+    disk = n * per_node + edges * index_dtype(n).itemsize + int(8 * n * sum(split)) + 65536
+    return disk, 8 * edges
 
 
 # --------------------------------------------------------------------------- CLI glue

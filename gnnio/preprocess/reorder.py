@@ -30,7 +30,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..errors import DatasetError, UsageError
+from ..errors import UsageError
+from ..graph import output_dir
 from ..graph.csr import index_dtype
 from ..graph.dataset import Dataset, load
 from ..graph.format import SPLITS, DatasetWriter
@@ -305,7 +306,15 @@ def reorder_dataset(
         orig_n2o = new2old
     orig_o2n = invert_permutation(orig_n2o)
     out = Path(out)
-    with DatasetWriter(out, name=ds.name, overwrite=overwrite) as w:
+    size = sum(
+        int(np.prod(a["shape"], dtype=np.int64)) * np.dtype(a["dtype"]).itemsize + 4096
+        for a in ds.meta["arrays"].values()
+    )
+    size += 16 * n if prev_n2o is None else 0  # the new id maps
+    # non-finite features were accepted when the source was written (prepare --allow-nonfinite)
+    allow = bool(ds.meta.get("nonfinite_features"))
+    with DatasetWriter(out, name=ds.name, overwrite=overwrite, allow_nonfinite=allow,
+                       size_hint=size) as w:  # fmt: skip
         for key, val in ds.meta.items():
             if key not in _COMPUTED_META:
                 w.meta[key] = val
@@ -363,9 +372,9 @@ def reorder_path(
     ds = load(path)
     in_place = out is None or Path(out).resolve() == Path(path).resolve()
     # out=None asks for in-place explicitly; naming an existing directory (DIR itself included)
-    # replaces it only with overwrite
-    if out is not None and Path(out).exists() and not overwrite:
-        raise DatasetError(f"{out}: already exists (pass --overwrite to replace it)")
+    # replaces it only with overwrite; a target that cannot be written is refused before scoring
+    if out is not None:
+        output_dir.check_out_dir(out, overwrite)
     t0 = time.perf_counter()
     score = compute_score(
         by, ds, fanouts=fanouts, batch_size=batch_size, progress=progress, **score_options
