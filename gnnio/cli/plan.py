@@ -23,6 +23,7 @@ from ..placement.planner import (
     make_plan,
 )
 from ..placement.topology import PRESETS, load_topology
+from ..utils.outputs import check_output_path
 from . import HelpFormatter
 
 __all__ = ["register", "run", "format_table"]
@@ -136,6 +137,8 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size: must be >= 1, got {args.batch_size}")
     fanouts = _parse_fanouts(args.fanouts)
+    if args.save:
+        check_output_path(args.save, "--save")  # before the plan is computed
     topo = load_topology(args.topology, host_bw=args.host_bw, peer_bw=args.peer_bw)
     ds = load(args.dir)
     row_bytes = int(ds.feat_dim * ds.features.dtype.itemsize)
@@ -159,7 +162,7 @@ def run(args) -> int:
     if args.save and result.best is not None:
         best = result.outcomes[result.best].placement
         best.params.update(dataset=ds.name, dataset_fingerprint=ds.fingerprint)
-        save_placement(best, args.save)
+        save_placement(best, args.save, "--save")
     if args.json:
         out = result.to_dict()
         if args.save:

@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import UsageError
 from ..graph.csr import CSRGraph
 from ..placement.topology import Topology
+from .validate import PLACEMENT_FORMAT, read_fields
 
 __all__ = [
     "Placement",
@@ -61,7 +62,6 @@ __all__ = [
     "hottest_order",
 ]
 
-PLACEMENT_FORMAT = "gnnio-placement-v1"
 
 
 @dataclass(frozen=True)
@@ -310,8 +310,14 @@ def place(name: str, request: PlacementRequest) -> Placement:
     return p
 
 
-def save_placement(placement: Placement, path: str | os.PathLike) -> Path:
-    """Write a placement to an ``.npz`` file (no pickled objects; lookups are rebuilt on load)."""
+def save_placement(
+    placement: Placement, path: str | os.PathLike, option: str = "placement file"
+) -> Path:
+    """Write a placement to an ``.npz`` file (no pickled objects; lookups are rebuilt on load),
+    atomically under a temporary name of its own (:func:`gnnio.utils.outputs.write_atomic`: never
+    over a directory, a device or a dataset's file; a full disk is one line naming ``option``)."""
+    from ..utils.outputs import write_atomic
+
     path = Path(path)
     arrays: dict[str, np.ndarray] = {
         "format": np.array(PLACEMENT_FORMAT),
@@ -327,38 +333,12 @@ def save_placement(placement: Placement, path: str | os.PathLike) -> Path:
         arrays[f"buffer_{i}"] = b
     if placement.parts is not None:
         arrays["parts"] = np.asarray(placement.parts, dtype=np.int16)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: np.savez(f, **arrays), option)
     return path
 
 
 def load_placement(path: str | os.PathLike) -> Placement:
-    """Read a placement written by :func:`save_placement` (``allow_pickle=False``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: placement file not found")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "format" not in z or str(z["format"]) != PLACEMENT_FORMAT:
-                raise UsageError(f"{path}: not a gnnio placement file ({PLACEMENT_FORMAT})")
-            sizes = [int(s) for s in z["group_sizes"]]
-            devs = [int(d) for d in z["group_devices"]]
-            groups, s0 = [], 0
-            for s in sizes:
-                groups.append(tuple(devs[s0 : s0 + s]))
-                s0 += s
-            p = Placement(
-                strategy=str(z["strategy"]),
-                num_nodes=int(z["num_nodes"]),
-                groups=tuple(groups),
-                buffers=[z[f"buffer_{i}"] for i in range(len(devs))],
-                peer_reads=bool(z["peer_reads"]),
-                params=json.loads(str(z["params_json"])),
-                prep_s=float(z["prep_s"]),
-                parts=z["parts"] if "parts" in z else None,
-            )
-    except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"{path}: cannot read placement: {e}".replace("\n", " ")) from None
-    p.check()
-    return p
+    """Read a placement written by :func:`save_placement` (``allow_pickle=False``), every field
+    checked (:mod:`gnnio.placement.validate`); :func:`~gnnio.placement.validate.check_for_dataset`
+    checks it against a dataset."""
+    return Placement(**read_fields(path))
