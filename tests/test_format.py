@@ -125,11 +125,12 @@ def test_labels_in_range(ds_dir, bad):
     expect_error(ds_dir, "labels.npy", str(bad), "out of range")
 
 
-def test_checksum_verified_only_with_verify(ds_dir):
+def test_checksum_of_a_small_array_checked_at_open(ds_dir):
     f = arr(ds_dir, "features")
     f[0, 0] += 1.0
     np.save(ds_dir / "features.npy", f)  # same shape and dtype, stale sha256
-    gnnio.load(ds_dir)  # invariants still hold
+    gnnio.load(ds_dir, quick=False)  # invariants still hold
+    expect_error(ds_dir, "features.npy", "sha256 mismatch at open")  # small: hashed whole
     expect_error(ds_dir, "features.npy", "sha256", verify=True)
 
 
@@ -187,3 +188,84 @@ def test_float16_features_and_no_labels(tmp_path):
     assert ds.features.dtype == np.float16 and ds.labels is None and ds.num_classes == 0
     with pytest.raises(DatasetError, match="not be trained|cannot be trained|can be benchmarked"):
         ds.require_labels()
+
+
+# ---- meta.json values, file names, and the quick check at open (issue 16) -----------------------
+
+
+def edit_meta(ds_dir, fn):
+    meta = json.loads((ds_dir / META_FILE).read_text())
+    fn(meta)
+    (ds_dir / META_FILE).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "edit,needles",
+    [
+        (lambda m: m.update(num_classes="seven"), ["num_classes must be an integer", "'seven'"]),
+        (lambda m: m.update(num_nodes=-1), ["num_nodes must be an integer >= 0"]),
+        (
+            lambda m: m.update(format_version="1"),
+            ["format_version must be the integer 1", "string"],
+        ),
+        (lambda m: m.update(num_classes=1000), ["num_classes is 1000", "largest label is 2"]),
+        (lambda m: m["arrays"]["labels"].update(file="/etc/passwd"), ["'/etc/passwd'", "inside"]),
+        (lambda m: m["arrays"]["labels"].update(file="../ds/labels.npy"), ["not a file name"]),
+        (lambda m: m["arrays"]["indices"].pop("sha256"), ["arrays.indices: missing 'sha256'"]),
+        (lambda m: m["arrays"]["indices"].update(sha256="x"), ["sha256 must be 64"]),
+        (lambda m: m["arrays"]["indices"].update(shape="[40]"), ["shape must be a list"]),
+        (lambda m: m.update(arrays=[]), ["'arrays' must be a non-empty object"]),
+        (lambda m: m.update(name=["x"]), ["name must be a string"]),
+    ],
+)
+def test_bad_meta_values_are_one_line(ds_dir, edit, needles):
+    edit_meta(ds_dir, edit)
+    expect_error(ds_dir, "meta.json", *needles)
+
+
+def test_npy_that_is_a_zip_archive(ds_dir):
+    np.savez(ds_dir / "z.npz", a=arr(ds_dir, "labels"))
+    os.replace(ds_dir / "z.npz", ds_dir / "labels.npy")
+    expect_error(ds_dir, "labels.npy", "zip archive")
+
+
+def test_bytes_appended_are_found_at_open(ds_dir):
+    with open(ds_dir / "indptr.npy", "ab") as f:
+        f.write(b"\0" * 8)
+    expect_error(ds_dir, "indptr.npy", "bytes appended")
+
+
+def test_name_escapes_are_not_printed_raw(ds_dir):
+    edit_meta(ds_dir, lambda m: m.update(name="\x1b[31mred\x1b[0m\n"))
+    ds = gnnio.load(ds_dir)
+    assert ds.name == "\\x1b[31mred\\x1b[0m\\n" and ds.name.isprintable()
+
+
+def test_large_array_checked_by_its_sampled_hash(tmp_path):
+    from gnnio.graph.integrity import SAMPLE_BLOCK, SAMPLE_BYTES, sample_sha256
+
+    n, f = 2048, 128  # features 1 MiB: above SAMPLE_BYTES, so only sampled at open
+    ds_dir = write_tiny_dataset(tmp_path / "big", num_nodes=n, num_edges=4 * n, feat_dim=f)
+    path = ds_dir / "features.npy"
+    size = path.stat().st_size
+    assert size > SAMPLE_BYTES
+    meta = json.loads((ds_dir / META_FILE).read_text())
+    assert meta["arrays"]["features"]["sample_sha256"] == sample_sha256(path)
+
+    def flip(pos):
+        with open(path, "r+b") as fh:
+            fh.seek(pos)
+            b = fh.read(1)
+            fh.seek(pos)
+            fh.write(bytes([b[0] ^ 1]))
+
+    last = size - 1  # in the last sampled block
+    flip(last)
+    expect_error(ds_dir, "features.npy", "sampled sha256 mismatch")
+    flip(last)
+    gnnio.load(ds_dir)
+    between = SAMPLE_BLOCK + 10  # in no sampled block: only the full check finds it
+    assert between < (size - SAMPLE_BLOCK) // 7
+    flip(between)
+    gnnio.load(ds_dir)
+    expect_error(ds_dir, "features.npy", "sha256 mismatch", verify=True)

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import DatasetError
 from .csr import CSRGraph
 from .format import load_arrays, read_meta, validate_arrays, verify_checksums
+from .integrity import printable, quick_check
 
 __all__ = ["Dataset", "load", "info_stats"]
 
@@ -43,7 +44,8 @@ class Dataset:
 
     @property
     def name(self) -> str:
-        return str(self.meta.get("name", self.path.name))
+        """The dataset's name, non-printable characters (ANSI escapes) written as escapes."""
+        return printable(self.meta.get("name", self.path.name))
 
     @property
     def num_nodes(self) -> int:
@@ -85,11 +87,13 @@ class Dataset:
         return np.array(self.features)
 
 
-def load(path: str | os.PathLike, verify: bool = False) -> Dataset:
+def load(path: str | os.PathLike, verify: bool = False, quick: bool = True) -> Dataset:
     """Open and validate a dataset directory (see docs/format.md).
 
     The invariants of the format are always checked; ``verify=True`` also recomputes the sha256 of
-    every array file. Raises :class:`gnnio.errors.DatasetError` with a one-line message.
+    every array file (reads everything), else ``quick`` checks every file's size and a sampled
+    hash (:func:`gnnio.graph.integrity.quick_check`: at most 512 KiB read per array). Raises
+    :class:`gnnio.errors.DatasetError` with a one-line message.
     """
     path = Path(path)
     meta = read_meta(path)
@@ -97,6 +101,8 @@ def load(path: str | os.PathLike, verify: bool = False) -> Dataset:
         verify_checksums(path, meta)
     arrays = load_arrays(path, list(meta["arrays"]), meta)
     validate_arrays(path, meta, arrays)
+    if quick and not verify:
+        quick_check(path, meta, arrays)
     core = {"indptr", "indices", "features", "labels", "train_idx", "valid_idx", "test_idx"}
     return Dataset(
         path=path,

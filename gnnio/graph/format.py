@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import DatasetError
 from . import output_dir
 from .csr import index_dtype
+from .integrity import check_meta, check_version, sample_sha256
 
 __all__ = [
     "FORMAT_NAME",
@@ -189,6 +190,7 @@ class DatasetWriter:
                 "dtype": str(arrays[key].dtype),
                 "shape": list(arrays[key].shape),
                 "sha256": sha256_file(self.tmp / fname),
+                "sample_sha256": sample_sha256(self.tmp / fname),
             }
             for key, fname in sorted(self._arrays.items())
         }
@@ -274,14 +276,11 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise DatasetError(f"{mfile}: not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DatasetError(f"{mfile}: not a gnnio dataset (format is not '{FORMAT_NAME}')")
-    ver = meta.get("format_version")
-    if ver != FORMAT_VERSION:
-        raise DatasetError(
-            f"{mfile}: format_version {ver} is not supported (this gnnio reads {FORMAT_VERSION})"
-        )
+    check_version(meta.get("format_version"), mfile, FORMAT_VERSION)
     for key in ("num_nodes", "num_edges", "feat_dim", "feat_dtype", "num_classes", "arrays"):
         if key not in meta:
             raise DatasetError(f"{mfile}: missing key '{key}'")
+    check_meta(meta, mfile)  # types, array entries, file names inside the directory
     return meta
 
 
@@ -294,9 +293,13 @@ def load_arrays(path: Path, keys: list[str], meta: dict | None = None) -> dict[s
         if not f.is_file():
             raise DatasetError(f"{f}: missing array file")
         try:
-            out[key] = np.load(f, mmap_mode="c", allow_pickle=False)
+            a = np.load(f, mmap_mode="c", allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
             raise DatasetError(f"{f}: not a readable .npy file ({e})") from None
+        if not isinstance(a, np.ndarray):  # np.load opens a zip archive (.npz) as well
+            a.close()
+            raise DatasetError(f"{f}: not a .npy file (it is a zip archive, e.g. an .npz)")
+        out[key] = a
     return out
 
 
@@ -375,6 +378,11 @@ def validate_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> No
                 bad = lo if lo < -1 else hi
                 raise DatasetError(
                     f"{fname('labels')}: label {bad} is out of range [-1, {c}) (num_classes={c})"
+                )
+            if 0 <= hi < c - 1:  # the top classes never occur: a c-way model for fewer classes
+                raise DatasetError(
+                    f"{Path(path) / META_FILE}: num_classes is {c} but the largest label is {hi}; "
+                    f"set num_classes to {hi + 1}"
                 )
     # splits
     seen = np.zeros(n, dtype=np.bool_)
