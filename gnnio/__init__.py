@@ -1,7 +1,6 @@
 """gnnio: fast mini-batch GNN training on graphs whose features do not fit in GPU memory."""
 
 from .errors import DatasetError, GnnioError
-from .graph import CSRGraph, Dataset, DatasetWriter, load
 
 __version__ = "0.1.0"
 
@@ -16,11 +15,26 @@ __all__ = [
     "__version__",
 ]
 
+#: names imported on first use: ``import gnnio`` loads no NumPy, torch or PyG code, so the command
+#: line can turn an interrupt while those load into one line (gnnio.cli.main)
+_LAZY = {
+    "CSRGraph": "gnnio.graph",
+    "Dataset": "gnnio.graph",
+    "DatasetWriter": "gnnio.graph",
+    "load": "gnnio.graph",
+    "from_pyg": "gnnio.importers.pyg",
+}
+
 
 def __getattr__(name: str):
-    # ``gnnio.from_pyg`` is imported on first use: ``import gnnio`` stays free of PyG code
-    if name == "from_pyg":
-        from .importers.pyg import from_pyg
+    if name in _LAZY:
+        import importlib
 
-        return from_pyg
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -152,6 +152,18 @@ except ImportError:  # pragma: no cover
     numba = None
 
 
+def _mem_available() -> int | None:
+    """``MemAvailable`` in bytes, or None where ``/proc/meminfo`` does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def make_ceiling(rows_per_call: list[int], gib: float, seed: int, progress: bool):
     """Passes of the random-512-byte-row copy, one function per implementation."""
     words = CEILING_ROW_BYTES // 8
@@ -196,8 +208,14 @@ def run(args) -> dict:
     from ..features import open_store
 
     check_common(args)
-    if args.ceiling_gib <= 0:
+    if not 0 < args.ceiling_gib < float("inf"):
         raise UsageError(f"--ceiling-gib must be > 0, got {args.ceiling_gib}")
+    avail = _mem_available()
+    if avail is not None and args.ceiling_gib * (1 << 30) > avail // 2:
+        raise UsageError(
+            f"--ceiling-gib {args.ceiling_gib:g}: more than half of the "
+            f"{avail / 2**30:.1f} GiB of memory available now"
+        )
     set_threads(args.threads)
     ds = gnnio.load(args.dataset)
     ids = sample_batches(ds, args)

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import UsageError
 from ..placement import PlacementRequest, hottest_order, place
 from ..placement.topology import load_topology
+from ..utils.argtypes import positive_float
 from ..utils.counts import top_count
 from ._timing import median, time_passes
 
@@ -43,7 +44,7 @@ def add_arguments(p) -> None:
     p.add_argument("--topology", default="4", help="GPU groups, preset or topology file")
     p.add_argument("--buffer", type=float, default=0.1, help="rows per GPU as a fraction of N")
     p.add_argument("--alpha", type=float, default=None, help="Algorithm 1's alpha (default: Eq. 7)")
-    p.add_argument("--skew", type=float, default=1.2, help="Pareto shape of the scores")
+    p.add_argument("--skew", type=positive_float, default=1.2, help="Pareto shape of the scores")
     p.add_argument(
         "--strategies", default=",".join(GRAPHLESS), help="comma-separated graph-free strategies"
     )

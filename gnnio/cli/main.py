@@ -1,4 +1,8 @@
-"""``gnnio`` command line: prepare, info, train, bench (and more as they land)."""
+"""``gnnio`` command line: prepare, info, train, bench (and more as they land).
+
+The subcommands (and with them NumPy, numba and torch, a few seconds on a busy machine) are
+imported inside :func:`main`, so an interrupt (Ctrl-C) while they load ends with the same one
+line and exit status 130 as an interrupt later, not with a traceback of the import."""
 
 from __future__ import annotations
 
@@ -9,12 +13,12 @@ import sys
 
 from .. import __version__
 from ..errors import GnnioError
-from . import bench, info, partition, plan, prepare, reorder, train
-
-SUBCOMMANDS = (prepare, info, reorder, partition, plan, train, bench)
+from ..utils.argtypes import apply_common_ranges
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import bench, info, partition, plan, prepare, reorder, train
+
     parser = argparse.ArgumentParser(
         prog="gnnio",
         description=(
@@ -24,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gnnio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in SUBCOMMANDS:
+    for mod in (prepare, info, reorder, partition, plan, train, bench):
         mod.register(sub)
+    apply_common_ranges(parser)  # --threads, --seed, --passes, --warmup: the same everywhere
     return parser
 
 
@@ -50,12 +55,12 @@ def join_negative_lists(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = join_negative_lists(list(argv) if argv is not None else sys.argv[1:])
-    args = parser.parse_args(argv)
-    args.argv = argv
-    args.rank_entry = rank_main
     try:
+        parser = build_parser()
+        argv = join_negative_lists(list(argv) if argv is not None else sys.argv[1:])
+        args = parser.parse_args(argv)
+        args.argv = argv
+        args.rank_entry = rank_main
         rc = args.func(args)
     except GnnioError as e:
         print(f"gnnio: error: {e}", file=sys.stderr)
@@ -66,7 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gnnio: interrupted", file=sys.stderr)
         return 130
+    except MemoryError as e:  # an allocation larger than the machine (numpy)
+        print(f"gnnio: error: out of memory: {_first_line(e)}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # torch's allocators say it in a RuntimeError
+        if "can't allocate memory" not in str(e) and "out of memory" not in str(e):
+            raise
+        print(f"gnnio: error: out of memory: {_first_line(e)}", file=sys.stderr)
+        return 2
     return int(rc or 0)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def rank_main(argv: list[str]) -> int:

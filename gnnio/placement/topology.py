@@ -418,7 +418,10 @@ def topology_from_dict(d: dict[str, Any], where: str = "topology") -> Topology:
         ),
         note=str(base.get("note", "")),
     )
-    if "num_gpus" in base and int(base["num_gpus"]) != topo.num_gpus:
+    ng = base.get("num_gpus")
+    if "num_gpus" in base and (not isinstance(ng, int) or isinstance(ng, bool)):
+        raise UsageError(f"{where}: num_gpus must be an integer, got {ng!r}")
+    if "num_gpus" in base and ng != topo.num_gpus:
         raise UsageError(
             f"{where}: num_gpus = {base['num_gpus']} but groups describe {topo.num_gpus} GPUs"
         )

@@ -1,0 +1,60 @@
+"""argparse value types with a range: a value out of range is argparse's one usage line and
+``error: argument --threads: must be >= 1, got 0`` (exit 2), before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+__all__ = ["COMMON_RANGES", "apply_common_ranges", "int_range", "positive_float"]
+
+
+def int_range(least: int, most: int | None = None) -> Callable[[str], int]:
+    """An ``int`` type accepting values in ``[least, most]`` (``most`` None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {v}")
+        if most is not None and v > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}, got {v}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """A finite ``float`` > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+#: options every command shares, by argparse ``dest``: the range each must be in
+COMMON_RANGES: dict[str, Callable[[str], int]] = {
+    "threads": int_range(1, 4096),
+    "seed": int_range(0, 2**63 - 1),
+    "passes": int_range(1),
+    "warmup": int_range(0),
+}
+
+
+def apply_common_ranges(parser: argparse.ArgumentParser) -> None:
+    """Give every ``int`` option of ``parser`` and its subcommands whose ``dest`` is in
+    :data:`COMMON_RANGES` that range (``--threads 0`` on any benchmark is then argparse's one
+    line instead of a traceback from deep inside the sampler)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_common_ranges(sub)
+        elif action.type is int and action.dest in COMMON_RANGES:
+            action.type = COMMON_RANGES[action.dest]
