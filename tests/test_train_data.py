@@ -104,11 +104,14 @@ def test_tiered_gpu_bytes_are_the_hot_rows(data):
 def test_placement_file(data, plain, tmp_path):
     from gnnio.placement import PlacementRequest, place, save_placement
     from gnnio.placement.topology import load_topology
+    from gnnio.placement.validate import bind
 
     ds = load(data)
     probs = np.random.default_rng(0).random(ds.num_nodes)
     req = PlacementRequest(probs=probs, topology=load_topology("2+2"), buffer_rows=100)
-    f = save_placement(place("alg1", req), tmp_path / "p.npz")
+    pl = place("alg1", req)
+    bind(pl, ds)  # as gnnio plan --save does: the file is for this dataset only
+    f = save_placement(pl, tmp_path / "p.npz")
     s = train(data, cfg(placement=str(f), reader=2))
     assert losses(s) == losses(plain)
     b = s["bytes_by_tier"]

@@ -49,19 +49,11 @@ class LocalSeedsOrder(RandomOrder):
 
 
 def check_placement_file(pl, path, ds, world_size: int, local_seeds: bool = False) -> None:
-    """Refuse (one line, saying which) a placement file made for another dataset or another
-    number of devices, or one without a partition for ``--local-seeds``."""
-    n = ds.num_nodes
-    if pl.num_nodes != n:
-        raise UsageError(
-            f"--placement {path}: made for a dataset of {pl.num_nodes} nodes, {ds.name} has {n}"
-        )
-    fp = pl.params.get("dataset_fingerprint")
-    if fp is not None and fp != ds.fingerprint:
-        raise UsageError(
-            f"--placement {path}: made for dataset '{pl.params.get('dataset', '?')}' ({fp}), "
-            f"not {ds.name} ({ds.fingerprint})"
-        )
+    """Refuse (one line, saying which) a placement file made for another dataset (or recording
+    none) or another number of devices, or one without a partition for ``--local-seeds``."""
+    from ..placement.validate import check_for_dataset
+
+    check_for_dataset(pl, path, ds)  # node count and the dataset's checksums
     if pl.num_devices != world_size:
         raise UsageError(
             f"--placement {path}: made for {pl.num_devices} devices, the run has {world_size} ranks"

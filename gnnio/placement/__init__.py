@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import UsageError
 from ..graph.csr import CSRGraph
 from ..placement.topology import Topology
+from .validate import PLACEMENT_FORMAT, read_fields
 
 __all__ = [
     "Placement",
@@ -60,8 +61,6 @@ __all__ = [
     "load_placement",
     "hottest_order",
 ]
-
-PLACEMENT_FORMAT = "gnnio-placement-v1"
 
 
 @dataclass(frozen=True)
@@ -338,31 +337,7 @@ def save_placement(
 
 
 def load_placement(path: str | os.PathLike) -> Placement:
-    """Read a placement written by :func:`save_placement` (``allow_pickle=False``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: placement file not found")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "format" not in z or str(z["format"]) != PLACEMENT_FORMAT:
-                raise UsageError(f"{path}: not a gnnio placement file ({PLACEMENT_FORMAT})")
-            sizes = [int(s) for s in z["group_sizes"]]
-            devs = [int(d) for d in z["group_devices"]]
-            groups, s0 = [], 0
-            for s in sizes:
-                groups.append(tuple(devs[s0 : s0 + s]))
-                s0 += s
-            p = Placement(
-                strategy=str(z["strategy"]),
-                num_nodes=int(z["num_nodes"]),
-                groups=tuple(groups),
-                buffers=[z[f"buffer_{i}"] for i in range(len(devs))],
-                peer_reads=bool(z["peer_reads"]),
-                params=json.loads(str(z["params_json"])),
-                prep_s=float(z["prep_s"]),
-                parts=z["parts"] if "parts" in z else None,
-            )
-    except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"{path}: cannot read placement: {e}".replace("\n", " ")) from None
-    p.check()
-    return p
+    """Read a placement written by :func:`save_placement` (``allow_pickle=False``), every field
+    checked (:mod:`gnnio.placement.validate`); :func:`~gnnio.placement.validate.check_for_dataset`
+    checks it against a dataset."""
+    return Placement(**read_fields(path))

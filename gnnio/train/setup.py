@@ -135,12 +135,10 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
     elif cfg.placement is not None:
         from ..features.multidevice import MultiDeviceFeatureStore
         from ..placement import load_placement
+        from ..placement.validate import check_for_dataset
 
         pl = load_placement(cfg.placement)
-        if pl.num_nodes != n:
-            raise UsageError(
-                f"--placement {cfg.placement}: made for {pl.num_nodes} nodes, dataset has {n}"
-            )
+        check_for_dataset(pl, cfg.placement, ds)  # node count and the dataset's checksums
         if not 0 <= cfg.reader < pl.num_devices:
             raise UsageError(
                 f"--reader: must be in [0, {pl.num_devices}) for this placement, got {cfg.reader}"
