@@ -275,6 +275,12 @@ def register(sub) -> None:
         help="end the run with one line naming the stuck loader stage when no batch arrives "
         "for this long (a sampler or store call that never returns; default 600)",
     )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="recompute every array's sha256 before training (reads the whole dataset); "
+        "without it the open checks file sizes and a sampled hash (a few MiB)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     p.set_defaults(func=run)
 
@@ -407,6 +413,10 @@ def run(args) -> int:
         dataset = ds
     else:
         dataset = args.dir
+    if args.verify and world <= 1:  # every byte against its sha256, before any rank starts
+        from ..graph.dataset import load
+
+        dataset = load(getattr(dataset, "path", dataset), verify=True)
     if world <= 1 and args.nproc > 1:
         return launch_ranks(args, cfg, dataset)
     if world > 1:
