@@ -12,6 +12,10 @@ import torch
 from ..errors import UsageError
 from .models import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 
+#: the largest --lr and --weight-decay: far above any useful value and clear of float32's
+#: overflow inside the optimizer (Adam divides lr by its bias correction)
+MAX_RATE = 1e9
+
 __all__ = [
     "DIST_STRATEGIES",
     "EVAL_MODES",
@@ -237,10 +241,10 @@ class TrainConfig:
             raise UsageError(f"--stall-timeout: must be > 0 seconds, got {self.stall_timeout}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise UsageError(f"--eval-batch-size: must be >= 1, got {self.eval_batch_size}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise UsageError(f"--lr: must be a positive number, got {self.lr}")
-        if self.weight_decay < 0:
-            raise UsageError(f"--weight-decay: must be >= 0, got {self.weight_decay}")
+        if not (0 < self.lr <= MAX_RATE):
+            raise UsageError(f"--lr: must be in (0, 1e9], got {self.lr}")
+        if not 0 <= self.weight_decay <= MAX_RATE:
+            raise UsageError(f"--weight-decay: must be in [0, 1e9], got {self.weight_decay}")
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"--dropout: must be in [0, 1), got {self.dropout}")
         if self.eval not in EVAL_MODES:
