@@ -1,10 +1,19 @@
-"""Bad input to the command line (issue 16, items 2, 4, 6, 7, 10): every case ends with one
-error line and a non-zero exit, no traceback, and nothing outside the run is replaced."""
+"""Bad input to the command line (issue 16, items 2, 4, 6, 7, 9, 10): every case ends with one
+error line and a non-zero exit, no traceback, and nothing outside the run is replaced. Every
+command and every benchmark appears in the table at least once (``test_every_entry_point``)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 
+import numpy as np
 import pytest
 
 from gnnio.cli.main import build_parser, join_negative_lists, main
@@ -13,18 +22,93 @@ from gnnio.utils.outputs import check_output_path, write_atomic
 from tests.helpers import write_tiny_dataset
 
 
+def _bad_dataset(src, out, edit=None, replace=None):
+    """A copy of dataset ``src`` with its meta.json edited by ``edit(meta)`` and/or an array file
+    rewritten by ``replace(dir)``."""
+    shutil.copytree(src, out)
+    if edit is not None:
+        meta = json.loads((out / "meta.json").read_text())
+        edit(meta)
+        (out / "meta.json").write_text(json.dumps(meta))
+    if replace is not None:
+        replace(out)
+    return str(out)
+
+
+def _flip_byte(d, name="indices.npy", pos=200):
+    with open(d / name, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 1]))
+
+
+def _zip_as_npy(d):
+    np.savez(d / "l.npz", labels=np.load(d / "labels.npy"))
+    os.replace(d / "l.npz", d / "labels.npy")
+
+
+def _placements(root, ds_dir, other_dir):
+    """Placement files: a good one bound to ``ds_dir`` and one corrupt file per field."""
+    import gnnio
+    from gnnio.placement import PlacementRequest, place, save_placement
+    from gnnio.placement.topology import load_topology
+    from gnnio.placement.validate import bind
+
+    ds = gnnio.load(ds_dir)
+    req = PlacementRequest(probs=np.arange(ds.num_nodes, dtype=float),
+                           topology=load_topology("2"), buffer_rows=8)  # fmt: skip
+    pl = place("alg1", req)
+    save_placement(pl, root / "p_unbound.npz")
+    bind(pl, gnnio.load(other_dir))
+    save_placement(pl, root / "p_other.npz")
+    bind(pl, ds)
+    save_placement(pl, root / "p_good.npz")
+    good = dict(np.load(root / "p_good.npz"))
+    bad = {
+        "oor": {"buffer_0": np.array([0, 1, 99999])},
+        "dup": {"buffer_0": np.array([3, 3])},
+        "neg": {"num_nodes": np.array(-1)},
+        "float": {"buffer_1": good["buffer_1"].astype(np.float64) + 0.5},
+        "groups": {"group_sizes": np.array([3])},
+        "extra": {"buffer_2": np.array([1])},
+    }
+    out = {"PGOOD": str(root / "p_good.npz"), "PUNBOUND": str(root / "p_unbound.npz"),
+           "POTHER": str(root / "p_other.npz")}  # fmt: skip
+    for k, change in bad.items():
+        np.savez(root / f"p_{k}.npz", **{**good, **change})
+        out[f"P{k.upper()}"] = str(root / f"p_{k}.npz")
+    return out
+
+
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     ds = write_tiny_dataset(root / "ds", num_nodes=40, num_edges=160)
+    other = write_tiny_dataset(root / "other", num_nodes=40, num_edges=160, seed=1)
     (root / "adir").mkdir()
     (root / "afile").write_text("x")
     os.mkfifo(root / "fifo")
-    return {"D": str(ds), "DIR": str(root / "adir"), "FILE": str(root / "afile"),
-            "FIFO": str(root / "fifo"), "ROOT": str(root)}  # fmt: skip
+    (root / "topo.json").write_text(json.dumps({"groups": "2", "num_gpus": "x"}))
+    out = {"D": str(ds), "DIR": str(root / "adir"), "FILE": str(root / "afile"),
+           "FIFO": str(root / "fifo"), "ROOT": str(root), "TOPO": str(root / "topo.json")}  # fmt: skip
+    bad = {
+        "DSEVEN": {"edit": lambda m: m.update(num_classes="seven")},
+        "DNOSHA": {"edit": lambda m: m["arrays"]["indices"].pop("sha256")},
+        "DCLASSES": {"edit": lambda m: m.update(num_classes=1000)},
+        "DPASSWD": {"edit": lambda m: m["arrays"]["labels"].update(file="/etc/passwd")},
+        "DVERSION": {"edit": lambda m: m.update(format_version="1")},
+        "DZIP": {"replace": _zip_as_npy},
+        "DFLIP": {"replace": _flip_byte},
+    }
+    for k, kw in bad.items():
+        out[k] = _bad_dataset(ds, root / k.lower(), **kw)
+    out.update(_placements(root, ds, other))
+    return out
 
 
-# (argv after "gnnio", a word the error line must contain); D, DIR, FILE, FIFO, ROOT filled in
+# (argv after "gnnio", a word the error line must contain); the upper-case names of the
+# ``paths`` fixture (D, DIR, FILE, FIFO, ROOT, TOPO, the bad datasets D*, placements P*) filled in
 CASES = [
     ("train D --fanouts 15,,5", "empty value between commas"),
     ("train D --fanouts 99999999999999999999", "at most 2147483647"),
@@ -50,13 +134,64 @@ CASES = [
     ("train D --heads 2", "--heads: has no effect without --model gat"),
     ("train D --po-sequences 3", "--po-sequences: has no effect without --order po"),
     ("bench placement --num-nodes 1e10", "invalid int value"),
+    # item 7: the rest of the tracebacks
+    ("train D --summary /dev/full", "not a regular file"),
+    ("train D --log /dev/full", "not a regular file"),
+    ("train D --checkpoint /dev/full", "not a regular file"),
+    ("plan D --topology TOPO", "num_gpus must be an integer, got 'x'"),
+    ("plan D --topology 2 --save FILE/p.npz", "is a file, not a directory"),
+    ("plan D --topology 2 --save DIR", "is a directory"),
+    ("train D --lr 1e300", "--lr: must be in (0, 1e9]"),
+    ("train D --weight-decay 1e300", "--weight-decay: must be in [0, 1e9]"),
+    ("reorder D --by degree --out ROOT/r0 --threads 0", "argument --threads: must be >= 1"),
+    ("partition D --parts 2 --method random --out ROOT/p0 --seed -1", "--seed: must be >= 0"),
+    ("bench hotness D --threads 0", "argument --threads: must be >= 1, got 0"),
+    ("bench tiers D --threads 0", "argument --threads: must be >= 1, got 0"),
+    ("bench reorder D --threads 0", "argument --threads: must be >= 1, got 0"),
+    ("bench sampling D --threads 99999999999", "--threads: must be at most 4096"),
+    ("bench gather D --ceiling-gib 1e300", "--ceiling-gib 1e+300: more than half of the"),
+    ("bench loader D --passes 0", "argument --passes: must be >= 1, got 0"),
+    ("bench cache D --warmup -1", "argument --warmup: must be >= 0, got -1"),
+    ("bench locality D --threads 0", "argument --threads: must be >= 1, got 0"),
+    ("bench dist D --threads 0", "argument --threads: must be >= 1, got 0"),
+    ("bench dist-sampling D --partition DIR", "not a gnnio partition"),
+    ("bench placement --skew -1", "--skew: must be a finite number > 0, got -1"),
+    ("bench placement --passes 0", "argument --passes: must be >= 1, got 0"),
+    ("prepare synthetic --num-nodes 0 --out ROOT/s0", "--num-nodes must be an integer"),
+    ("prepare synthetic --seed -1 --out ROOT/s1", "argument --seed: must be >= 0, got -1"),
+    ("prepare npy --features DIR/none.npy --edges DIR/none.npy --out ROOT/s2", "no such file"),
+    ("prepare planetoid --name cora --root DIR --out ROOT/s3", "ind.cora.x: no such file"),
+    ("prepare ogb --root DIR --out ROOT/s4", "holds no OGB dataset folder"),
+    ("prepare facebook --root DIR --out ROOT/s5", "facebook_edges.csv: no such file"),
+    ("prepare pyg --module no_such_module_xyz --out ROOT/s6", "cannot import it"),
+    ("info DSEVEN", "num_classes must be an integer >= 0, got 'seven'"),
+    ("train DSEVEN", "num_classes must be an integer >= 0, got 'seven'"),
+    ("info DNOSHA --verify", "arrays.indices: missing 'sha256'"),
+    ("info DZIP", "labels.npy: not a .npy file (it is a zip archive"),
+    ("train DZIP", "labels.npy: not a .npy file (it is a zip archive"),
+    ("train D --placement POOR", "buffer 0 holds node 99999, outside [0, 40)"),
+    ("train D --placement PDUP", "buffer 0 holds a node twice"),
+    ("train D --placement PNEG", "num_nodes must be in [0, 2^40], got -1"),
+    # item 9: placements checked whole and bound to the dataset's checksums
+    ("train D --placement PFLOAT", "'buffer_1' must be a 1-D integer array, got float64"),
+    ("train D --placement PGROUPS", "group_sizes [3] do not split the 2 group_devices"),
+    ("train D --placement PEXTRA", "unexpected array 'buffer_2'"),
+    ("train D --placement PUNBOUND", "records no dataset it was made for"),
+    ("train D --placement POTHER", "made for dataset 'tiny'"),
+    ("train D --placement D/labels.npy", "not a gnnio placement file (a .npy, not an .npz)"),
+    # item 10: trusted input checked at open
+    ("train DCLASSES", "num_classes is 1000 but the largest label is 2; set num_classes to 3"),
+    ("info DPASSWD", "file '/etc/passwd' is not a file name inside the dataset directory"),
+    ("info DVERSION", "format_version must be the integer 1, got '1' (a string)"),
+    ("train DFLIP", "indices.npy: sha256 mismatch at open"),
+    ("info DFLIP --verify", "indices.npy: sha256 mismatch (file changed"),
 ]
 
 
 def _fill(text: str, paths: dict) -> list[str]:
     out = []
     for tok in text.split():
-        for k in ("FIFO", "FILE", "ROOT", "DIR", "D"):  # longest names first
+        for k in sorted(paths, key=len, reverse=True):  # longest names first
             if tok == k or tok.startswith(k + "/") or tok.endswith("=" + k):
                 tok = tok.replace(k, paths[k], 1)
                 break
@@ -110,3 +245,109 @@ def test_atomic_writes_use_unique_temporaries(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]
     with pytest.raises(UsageError, match="not a regular file"):
         check_output_path("/dev/null", "--log")
+
+
+def _entry_points(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> set[str]:
+    """Every command line entry point ("train", "bench gather", ...) of ``parser``."""
+    out = set()
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                inner = _entry_points(sub, (*prefix, name))
+                out |= inner or {" ".join((*prefix, name))}
+    return out
+
+
+def test_every_entry_point_is_in_the_table():
+    covered = set()
+    for argv, _ in CASES:
+        words = argv.split()
+        covered.add(" ".join(words[:2]) if words[0] in ("bench", "prepare") else words[0])
+    missing = _entry_points(build_parser()) - covered
+    assert not missing, f"entry points without a bad-input case: {sorted(missing)}"
+
+
+def test_placement_bound_to_its_dataset_trains(paths):
+    from gnnio.train import TrainConfig, train
+
+    cfg = TrainConfig(epochs=1, fanouts=[3, 3], batch_size=8, hidden=8, progress=False,
+                      placement=paths["PGOOD"])  # fmt: skip
+    s = train(paths["D"], cfg)
+    assert s["data_setup"]["placement"]["file"] == paths["PGOOD"]
+
+
+def test_reordered_dataset_refuses_the_plan_of_the_original(paths, tmp_path):
+    """Same node count, other ids: the checksums differ, so the plan is refused."""
+    assert main(["reorder", paths["D"], "--by", "degree", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 0  # fmt: skip
+    import gnnio
+    from gnnio.placement import load_placement
+    from gnnio.placement.validate import check_for_dataset
+
+    pl = load_placement(paths["PGOOD"])
+    with pytest.raises(UsageError, match="reordered or rewritten"):
+        check_for_dataset(pl, paths["PGOOD"], gnnio.load(tmp_path / "r"))
+    check_for_dataset(pl, paths["PGOOD"], gnnio.load(paths["D"]))
+
+
+def test_train_verify_reads_every_byte(paths, capsys):
+    """A byte changed in a large array outside the sampled blocks is found by --verify only."""
+    rc = main(["train", paths["D"], "--verify", "--epochs", "1", "--fanouts", "2", "--quiet"])
+    assert rc == 0
+    rc = main(["train", paths["DFLIP"], "--verify", "--epochs", "1", "--quiet"])
+    assert rc == 2 and "sha256 mismatch (file changed" in capsys.readouterr().err
+
+
+def test_open_reads_only_a_few_mib(tmp_path, monkeypatch):
+    """The quick check at open reads at most SAMPLE_BYTES per array, whatever their size."""
+    import builtins
+
+    import gnnio
+    from gnnio.graph.integrity import SAMPLE_BYTES
+
+    d = write_tiny_dataset(tmp_path / "big", num_nodes=1 << 14, num_edges=1 << 16, feat_dim=256)
+    read = []
+    real_open = builtins.open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            b = self.f.read(n)
+            read.append(len(b))
+            return b
+
+        def __getattr__(self, k):
+            return getattr(self.f, k)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+    def counting_open(file, mode="r", *a, **kw):
+        f = real_open(file, mode, *a, **kw)
+        return Counting(f) if "b" in mode and str(file).endswith(".npy") else f
+
+    monkeypatch.setattr("gnnio.graph.integrity.open", counting_open, raising=False)
+    ds = gnnio.load(d)
+    assert ds.features.nbytes == (1 << 14) * 256 * 4  # 16 MiB of features
+    assert 0 < sum(read) <= len(ds.meta["arrays"]) * SAMPLE_BYTES
+
+
+def test_sigint_while_loading_is_one_line(tmp_path):
+    """Ctrl-C in the first seconds (while NumPy and torch load) ends with one line, exit 130."""
+    d = write_tiny_dataset(tmp_path / "ds", num_nodes=40, num_edges=160)
+    for delay in (0.3, 1.2):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "gnnio", "train", str(d), "--epochs", "50", "--quiet"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=120)[1]
+        assert p.returncode == 130, (delay, err[-2000:])
+        assert err == "gnnio: interrupted\n", (delay, err[-2000:])
