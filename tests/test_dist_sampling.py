@@ -5,6 +5,7 @@ training / benchmark commands run. Multi-process tests are small and bounded by 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -130,7 +131,113 @@ def test_partitioned_sampling_matches_single_process(tmp_path):
         assert r["replicated_requests"] == {"dsp": 0, "shared": 0}
 
 
+PRUNE = (1.0, 1.0)  # thresholds ceil(8 + f): 12, 11, 10 on the test graph (avg degree ~8)
+HUB_PRUNE = (0.0, 20.0)  # fanout 5: a window of 100 of the hub's ~300 neighbours
+
+
+def _pruned_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, out: str):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+    )  # fmt: skip
+    import gnnio
+    from gnnio.dist.context import init, shutdown
+    from gnnio.dist.sampling import ShardedSampler
+    from gnnio.preprocess.partition import load_partition
+    from gnnio.sampling import PrunedUniformSampler
+
+    ctx = init(timeout_s=60)
+    ds = gnnio.load(dsdir)
+    avg = ds.num_edges / ds.num_nodes
+    ip, ix = np.asarray(ds.graph.indptr), np.asarray(ds.graph.indices)
+    edge_keys = set((np.repeat(np.arange(ds.num_nodes), np.diff(ip)) * ds.num_nodes + ix).tolist())
+    ref = PrunedUniformSampler(ds.graph, FANOUTS, prune=PRUNE, seed=3, num_threads=1)
+    res = {"identical": True, "edges_exist": True, "hub_counts": {}, "hub_peer_bytes": {}}
+    for pdir in pdirs:
+        part = load_partition(pdir, ds, world)
+        for mode in ("dsp", "shared"):
+            s = ShardedSampler(part, pdir, ctx, FANOUTS, seed=3, mode=mode, prune=PRUNE,
+                               avg_degree=avg)  # fmt: skip
+            rng = np.random.default_rng(10 + rank)
+            for b in range(6):  # the same number of calls on every rank (dsp collectives)
+                seeds = torch.from_numpy(rng.choice(ds.num_nodes, 40, replace=False))
+                a, r = s.sample(seeds, epoch_seed=b), ref.sample(seeds, epoch_seed=b)
+                res["identical"] &= bool(
+                    torch.equal(a.input_nodes, r.input_nodes)
+                    and all(
+                        torch.equal(x.edge_index, y.edge_index) and x.num_src == y.num_src
+                        and torch.equal(x.edge_weight, y.edge_weight)
+                        for x, y in zip(a.blocks, r.blocks)
+                    )
+                )  # fmt: skip
+                for blk in a.blocks:  # every sampled edge (src -> dst) is one of the graph's
+                    src = a.input_nodes[blk.edge_index[0]].numpy()
+                    dst = a.input_nodes[blk.edge_index[1]].numpy()
+                    res["edges_exist"] &= set((dst * ds.num_nodes + src).tolist()) <= edge_keys
+            if part.method != "metis":
+                continue
+            # the hub (node 0) alone, one hop of 5 from a window of 100: neighbour frequencies
+            # and the bytes a rank that does not own it reads, pruned or not
+            hub = ShardedSampler(part, pdir, ctx, [5], seed=3, mode=mode, prune=HUB_PRUNE,
+                                 avg_degree=avg)  # fmt: skip
+            counts = np.zeros(ds.num_nodes, dtype=np.int64)
+            for c in range(300):
+                mb = hub.sample(torch.tensor([0]), epoch_seed=1000 + c)
+                ei = mb.blocks[0].edge_index
+                counts += np.bincount(mb.input_nodes[ei[0]].numpy(), minlength=ds.num_nodes)
+            res["hub_counts"][mode] = counts.tolist()
+            for pr in (None, HUB_PRUNE):
+                one = ShardedSampler(part, pdir, ctx, [5], seed=3, mode=mode, prune=pr,
+                                     avg_degree=avg)  # fmt: skip
+                one.sample(torch.tensor([0]), epoch_seed=1)
+                res["hub_peer_bytes"][f"{mode}/{pr is not None}"] = int(one.bytes_by_link["peer"])
+    Path(out, f"rank{rank}.json").write_text(json.dumps(res))
+    shutdown()
+
+
+def test_chi2_check_fails_on_a_clipped_pruning_window():
+    """The window-uniformity check of the pruned test below rejects a window clipped to the
+    list (start in [0, deg - 100], which reads the ends of the list less often) with as many
+    draws, and accepts HyDRA's circular window."""
+    rng = np.random.default_rng(1)
+    deg, theta, k, calls = 300, 100, 5, 300
+    support = np.arange(deg)
+    for clipped, expect_pass in ((True, False), (False, True)):
+        counts = np.zeros(deg + 1, dtype=np.int64)
+        for _ in range(calls):
+            st = rng.integers(0, deg - theta + 1) if clipped else rng.integers(0, deg)
+            counts[(st + rng.choice(theta, k, replace=False)) % deg] += 1
+        assert (chi2_uniform_p(counts, support) > 1e-4) == expect_pass
+
+
+def test_pruned_partitioned_sampling_matches_single_process(tmp_path):
+    import gnnio
+
+    d, pdirs = _write(tmp_path)
+    _spawn(_pruned_worker, 2, (free_port(), str(d), [str(p) for p in pdirs], str(tmp_path)))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["identical"] and r["edges_exist"] for r in ranks)
+    ds = gnnio.load(d)
+    ip = np.asarray(ds.graph.indptr)
+    nbrs = np.unique(np.asarray(ds.graph.indices)[ip[0] : ip[1]])
+    deg = int(ip[1] - ip[0])
+    assert deg > 100  # the window really prunes the hub's list
+    for mode in ("dsp", "shared"):
+        counts = np.asarray(ranks[0]["hub_counts"][mode])
+        assert counts.sum() == 300 * 5
+        assert chi2_uniform_p(counts, nbrs) > 1e-4, mode
+    # shared: a rank that does not own the hub reads its window (100 entries) instead of the
+    # whole list, each plus the indptr pair; dsp moves 5 sampled ids either way
+    owner = int(np.load(pdirs[0] / "parts.npy")[0])
+    other = ranks[1 - owner]["hub_peer_bytes"]
+    isz = np.load(pdirs[0] / f"part{owner}" / "indices.npy", mmap_mode="r").dtype.itemsize
+    assert other["shared/False"] == isz * deg + 16 and other["shared/True"] == isz * 100 + 16
+    assert other["dsp/False"] == 8 * (2 + 5) and other["dsp/True"] == 8 * (3 + 5)
+    assert ranks[owner]["hub_peer_bytes"] == {k: 0 for k in other}
+
+
 def test_train_and_bench_with_a_partition(tmp_path):
+    import gnnio
     from tests.test_dist import _summary
 
     d, pdirs = _write(tmp_path)
@@ -153,6 +260,8 @@ def test_train_and_bench_with_a_partition(tmp_path):
             str(pdirs[1]),
             "--sampling-mode",
             "shared",
+            "--prune-threshold",
+            "1,1",
             "--quiet",
             "--summary",
             str(s_path),
@@ -164,6 +273,9 @@ def test_train_and_bench_with_a_partition(tmp_path):
     assert ps["mode"] == "shared" and ps["method"] == "hdr"
     assert set(ps["bytes_by_link"]) >= {"local", "peer", "network", "per_rank"}
     assert ps["bytes_by_link"]["peer"] > 0 and s["params_identical"]
+    avg = gnnio.load(d).num_edges / gnnio.load(d).num_nodes  # Eq. 4 with (1, 1)
+    assert s["sampling"]["sampler"] == "ShardedSampler"
+    assert s["sampling"]["thresholds"] == [math.ceil(avg + f) for f in (4, 3)]
     r = run_cli(
         [
             "bench",
@@ -188,6 +300,20 @@ def test_train_and_bench_with_a_partition(tmp_path):
         m = out["modes"][mode]
         assert set(m["bytes_by_link"]) >= {"local", "peer", "network"}
         assert m["requests_per_batch"] > 0 and m["ms_per_batch"] > 0
+    # pruned (HyDRA Eq. 4, (0, 1): windows of one fanout): fewer bytes per remote list read
+    r = run_cli(["bench", "dist-sampling", str(d), "--nproc", "2", "--partition", str(pdirs[0]),
+                 "--modes", "shared", "--batches", "2", "--batch-size", "16",
+                 "--prune-threshold", "0,1", "--json"])  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    pruned = json.loads(r.stdout.strip().splitlines()[-1])
+    assert pruned["prune_threshold"] == [0.0, 1.0] and pruned["thresholds"] == [15, 10, 5]
+    a, b = out["modes"]["shared"], pruned["modes"]["shared"]  # (other frontiers after hop 1)
+    per_request = [m["bytes_by_link"]["peer"] / m["requests_per_batch"] for m in (a, b)]
+    assert per_request[1] < per_request[0]
+    r = run_cli(["bench", "dist-sampling", str(d), "--partition", str(pdirs[0]),
+                 "--prune-threshold", "0,0"])  # fmt: skip
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gnnio:")]
+    assert r.returncode != 0 and len(lines) == 1 and "--prune-threshold" in lines[0]
 
 
 def test_partition_for_other_ranks_is_refused(tmp_path):
@@ -203,8 +329,9 @@ def test_partition_refuses_samplers_it_cannot_run():
     from gnnio.errors import UsageError
     from gnnio.train import TrainConfig
 
-    with pytest.raises(UsageError, match="--prune-threshold"):
-        TrainConfig(partition="p", prune_threshold=(1.0, 1.0)).validate_dist(2)
+    with pytest.raises(UsageError, match="--locality-scale"):
+        TrainConfig(partition="p", locality_scale=2.0).validate_dist(2)
+    TrainConfig(partition="p", prune_threshold=(1.0, 1.0)).validate_dist(2)  # pruning: accepted
     with pytest.raises(UsageError, match="--partition"):
         TrainConfig(partition="p").validate_dist(1)
 

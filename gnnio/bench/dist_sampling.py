@@ -15,6 +15,11 @@ reference, ``single_process_ms_per_batch``: the same batches sampled by the sing
 sampler from the whole graph held by one rank. Both modes produce exactly that sampler's
 batches. Without GPUs the ranks are CPU processes on gloo (simulated devices): the times are
 those of loopback collectives and CPU kernels.
+
+``--prune-threshold ALPHA,BETA`` (flag alone: 1,1) samples with HyDRA's threshold pruning (Eq. 4,
+``ceil(ALPHA * avg_degree + BETA * fanout)`` per hop, ``avg_degree`` of the whole graph): both
+modes then produce exactly :class:`~gnnio.sampling.PrunedUniformSampler`'s batches (also the
+single-process reference), and ``shared`` reads only each remote list's window.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ def add_arguments(p) -> None:
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
     p.add_argument("--local-seeds", action="store_true", help="each rank samples its own seeds")
     p.add_argument("--seed", type=int, default=0, help="seed of the order and the sampler")
+    p.add_argument(
+        "--prune-threshold", metavar="ALPHA,BETA", nargs="?", const="1,1", default=None,
+        help="HyDRA threshold pruning (window of ALPHA*avg_degree + BETA*fanout; flag alone: 1,1)",
+    )  # fmt: skip
     p.add_argument("--topology", default=None, help="NVLink groups of the ranks")
     p.add_argument("--dist-timeout", type=float, default=None, help="collective timeout, seconds")
     p.add_argument(
@@ -62,17 +71,45 @@ def run(args) -> dict:
     for name in ("nproc", "batches", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    prune = parse_prune(args.prune_threshold)
     ds = gnnio.load(args.dataset)
+    if prune is not None:
+        from ..sampling import parse_fanouts, prune_thresholds
+
+        try:
+            prune_thresholds(
+                ds.num_edges / max(ds.num_nodes, 1), parse_fanouts(args.fanouts), prune
+            )
+        except ValueError as e:
+            raise UsageError(f"--prune-threshold: {e}") from None
     world = env_world_size() if env_world_size() > 1 else args.nproc
     load_partition(args.partition, ds, world)  # refused here, once, if it does not fit
     opts = {k: v for k, v in vars(args).items() if k not in ("func", "bench_module", "rank_entry")}
     opts["modes"] = modes
+    opts["prune"] = prune
     if env_world_size() > 1:
         out = rank_main(opts)
         return out if out is not None else {}
     from ..dist.launch import launch
 
     return launch(args.nproc, rank_main, opts, timeout_s=args.dist_timeout)[0]
+
+
+def parse_prune(text: str | None) -> tuple[float, float] | None:
+    """``ALPHA,BETA`` -> floats (both finite, >= 0, not both 0), or None; one-line UsageError."""
+    import math
+
+    if text is None:
+        return None
+    try:
+        vals = tuple(float(v) for v in str(text).split(","))
+    except ValueError:
+        vals = ()
+    if len(vals) != 2 or not all(math.isfinite(v) and v >= 0 for v in vals) or max(vals) == 0:
+        raise UsageError(
+            f"--prune-threshold: needs ALPHA,BETA (two numbers >= 0, not both 0), got '{text}'"
+        )
+    return (vals[0], vals[1])
 
 
 def rank_main(opts: dict) -> dict | None:
@@ -89,7 +126,7 @@ def _rank_body(opts: dict) -> dict | None:
     from ..dist.sampling import ShardedSampler
     from ..ordering import RandomOrder
     from ..preprocess.partition import load_partition
-    from ..sampling import UniformSampler, parse_fanouts
+    from ..sampling import PrunedUniformSampler, UniformSampler, parse_fanouts
     from .gather import seed_ids, set_threads
 
     o = SimpleNamespace(**opts)
@@ -118,7 +155,11 @@ def _rank_body(opts: dict) -> dict | None:
                 break
             batches.append(b)
         k = len(batches) - 1
-        ref = UniformSampler(ds.graph, fanouts, seed=o.seed, num_threads=1)
+        avg_degree = ds.num_edges / max(ds.num_nodes, 1)
+        if o.prune is None:
+            ref = UniformSampler(ds.graph, fanouts, seed=o.seed, num_threads=1)
+        else:
+            ref = PrunedUniformSampler(ds.graph, fanouts, o.prune, seed=o.seed, num_threads=1)
         ref.sample(batches[0], epoch_seed=0)
         t0 = time.perf_counter()
         for i, b in enumerate(batches[1:]):
@@ -126,7 +167,10 @@ def _rank_body(opts: dict) -> dict | None:
         ref_ms = 1000 * (time.perf_counter() - t0) / max(k, 1)
         per_mode = {}
         for mode in o.modes:
-            s = ShardedSampler(part, o.partition, ctx, fanouts, seed=o.seed, mode=mode)
+            s = ShardedSampler(
+                part, o.partition, ctx, fanouts, seed=o.seed, mode=mode, prune=o.prune,
+                avg_degree=avg_degree,
+            )  # fmt: skip
             s.sample(batches[0], epoch_seed=0)  # warm-up
             s.bytes_by_link.clear()
             s.stats.update(requests=0, batches=0, seconds=0.0, collective_s=0.0)
@@ -171,6 +215,8 @@ def _rank_body(opts: dict) -> dict | None:
             "batch_size": o.batch_size,
             "fanouts": list(fanouts),
             "local_seeds": bool(o.local_seeds),
+            "prune_threshold": None if o.prune is None else list(o.prune),
+            "thresholds": s.thresholds,
             "simulated_devices": ctx.simulated,
             "single_process_ms_per_batch": max(refs),
             "modes": per_mode,

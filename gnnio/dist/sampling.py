@@ -26,7 +26,20 @@ Counted per batch (:attr:`ShardedSampler.stats`): ``requests`` (remote rows aske
 ``bytes_by_link`` ``local`` (entries read from the own shard: the sampled ones, plus the row's
 ``indptr`` pair), ``peer`` / ``network`` (dsp: 8-byte row ids out, 8-byte counts and sampled ids
 back; shared: the whole remote list and its ``indptr`` pair, which is what memory sharing moves,
-HyDRA Eq. 3). Threshold pruning is not supported here (refused by the training options).
+HyDRA Eq. 3).
+
+**Threshold pruning** (``prune=(alpha, beta)``, HyDRA §III-A3, Eq. 4): every row longer than the
+hop's threshold ``ceil(alpha * avg_degree + beta * fanout)`` is cut to a circular window of that
+many consecutive list positions from a uniformly random start, and its ``min(threshold, fanout)``
+neighbours are drawn from the window (:mod:`gnnio.sampling.locality` explains why the window
+wraps). Rows are then sampled with the kernels and counter-based streams of
+:class:`~gnnio.sampling.PrunedUniformSampler` -- the window start is drawn from the row's stream,
+so whoever samples a row picks the same window -- and a batch is **exactly** that sampler's
+batch, edge weights included (HT weights ``deg / k``, equal within a row; the owner's degree comes
+back with the dsp counts, 8 more bytes per requested row). What pruning changes is what ``shared``
+reads: only the window (``threshold`` entries, up to two contiguous runs when it wraps) and the
+``indptr`` pair, not the whole list, and it is counted that way. ``dsp`` moves the same sampled
+ids as before (the owner reads its own list locally).
 """
 
 from __future__ import annotations
@@ -39,7 +52,9 @@ import numpy as np
 import torch
 
 from ..sampling import _kernels
+from ..sampling import _las_kernels as _las
 from ..sampling.base import Block, MiniBatch, Sampler
+from ..sampling.locality import prune_thresholds
 from ..sampling.threaded import ThreadedCPUSampler, _hop_key, check_seeds
 from .context import DistContext
 
@@ -60,17 +75,39 @@ class _Shard:
         self.pos[np.asarray(self.nodes)] = np.arange(self.nodes.shape[0], dtype=np.int64)
         self.itemsize = int(self.indices.dtype.itemsize)
 
-    def sample(self, rows_global: np.ndarray, fanout: int, hkey) -> tuple[np.ndarray, np.ndarray]:
-        """``(counts, flat neighbour ids)`` of rows (global ids stored here)."""
+    def sample(
+        self, rows_global: np.ndarray, fanout: int, hkey, theta: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(counts, flat neighbour ids)`` of rows (global ids stored here). ``theta`` None:
+        :class:`~gnnio.sampling.UniformSampler`'s kernels; an int (0 = this hop is not pruned):
+        :class:`~gnnio.sampling.PrunedUniformSampler`'s, with pruning threshold ``theta``."""
         local = self.pos[rows_global]
         if rows_global.size and local.min() < 0:
             raise RuntimeError("a requested row is not stored in this shard")
+        if theta is not None:
+            return self._sample_pruned(rows_global, local, fanout, hkey, theta)
         offs, info = _kernels.count_rows(self.indptr, local, np.int64(fanout))
         edges = np.empty((2, int(offs[-1])), dtype=np.int64)
         _kernels.sample_rows(
             self.indices, rows_global, info, hkey, offs, 0, rows_global.shape[0], edges
         )
         return np.diff(offs), edges[0]
+
+    def _sample_pruned(self, rows_global, local, fanout: int, hkey, theta: int):
+        n = int(rows_global.shape[0])
+        offs = np.empty(n + 1, dtype=np.int64)
+        rows = np.zeros((4, n), dtype=np.int64)
+        fo, th = np.int64(fanout), np.int64(theta)
+        qptr, qpos = np.zeros(1, np.int64), np.zeros(0, np.int32)
+        # ``count_rows`` reads row starts and degrees through the shard's local rows;
+        # ``sample_rows`` keys each row's stream by its global id (``nodes``)
+        e = int(_las.count_rows(self.indptr, local, fo, th, False, qptr, qpos, offs, rows)[0])
+        src, dst = np.empty(e, dtype=np.int64), np.empty(e, dtype=np.int64)
+        _las.sample_rows(
+            self.indices, rows_global, 0, n, offs, rows, hkey, fo, th, 1.0, False, qpos,
+            _las.W_NONE, src, dst, np.empty(0, dtype=np.float32),
+        )  # fmt: skip
+        return np.diff(offs), src
 
     def degrees(self, rows_global: np.ndarray) -> np.ndarray:
         local = self.pos[rows_global]
@@ -86,12 +123,28 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         ctx: the rank context (``sample_group`` carries the dsp collectives).
         fanouts, seed: as :class:`~gnnio.sampling.UniformSampler`'s.
         mode: ``dsp`` or ``shared``.
+        prune: HyDRA threshold pruning ``(alpha, beta)`` or None (module docstring); the batches
+            are then :class:`~gnnio.sampling.PrunedUniformSampler`'s, with its HT weights.
+        avg_degree: edges / nodes of the whole graph (Eq. 4's ``avg_degree``; needed with
+            ``prune``, as a rank does not hold the whole graph).
+
+    Attributes:
+        thresholds: pruning threshold per hop (``fanouts`` order; 0 = not pruned), or None.
     """
 
-    def __init__(self, partition, pdir, ctx: DistContext, fanouts, seed: int = 0, mode="dsp"):
+    def __init__(
+        self, partition, pdir, ctx: DistContext, fanouts, seed: int = 0, mode="dsp",
+        prune: tuple[float, float] | None = None, avg_degree: float | None = None,
+    ):  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
         self._init_threads(fanouts, seed, 1)
+        self.prune = None if prune is None else tuple(float(x) for x in prune)
+        self.thresholds: list[int] | None = None
+        if self.prune is not None:
+            if avg_degree is None:
+                raise ValueError("avg_degree: needed with prune (edges / nodes of the graph)")
+            self.thresholds = prune_thresholds(float(avg_degree), self.fanouts, self.prune)
         self.partition, self.ctx, self.mode = partition, ctx, mode
         self.num_nodes = partition.num_nodes
         self.parts = np.asarray(partition.parts, dtype=np.int64)
@@ -125,11 +178,14 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             raise ValueError("seeds: must be distinct")
         loc[seeds] = np.arange(n0)
         nodes = seeds
-        hop_nodes, hop_edges = [n0], []
+        hop_nodes, hop_edges, hop_w = [n0], [], []
         try:
             for h, fo in enumerate(self.fanouts):
-                cnt, flat = self._hop(nodes, int(fo), _hop_key(key, h), h)
+                cnt, flat, deg = self._hop(nodes, int(fo), _hop_key(key, h), h)
                 dst = np.repeat(np.arange(nodes.shape[0], dtype=np.int64), cnt)
+                if self.thresholds is not None:
+                    w = _ht_weights(deg, self.thresholds[h], int(fo))
+                    hop_w.append(torch.from_numpy(np.repeat(w, cnt)))
                 fresh = flat[loc[flat] < 0]
                 if fresh.size:
                     u, first = np.unique(fresh, return_index=True)
@@ -142,7 +198,12 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         finally:
             loc[nodes] = -1
         blocks = [
-            Block(torch.from_numpy(hop_edges[h]), hop_nodes[h + 1], hop_nodes[h])
+            Block(
+                torch.from_numpy(hop_edges[h]),
+                hop_nodes[h + 1],
+                hop_nodes[h],
+                edge_weight=hop_w[h] if hop_w else None,
+            )
             for h in range(len(hop_edges) - 1, -1, -1)
         ]
         self.stats["batches"] += 1
@@ -155,15 +216,17 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         )
 
     # -- one hop --------------------------------------------------------------------------
-    def _hop(self, rows: np.ndarray, fo: int, hkey, h: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per-row sampled counts and the flat neighbour ids in row order."""
+    def _hop(self, rows: np.ndarray, fo: int, hkey, h: int):
+        """Per-row sampled counts, the flat neighbour ids in row order, and (with pruning) the
+        rows' degrees (else None)."""
         n = rows.shape[0]
-        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        theta = None if self.thresholds is None else int(self.thresholds[h])
+        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
         here = self.stored[rows]
         idx = np.flatnonzero(here)
-        c, f = self.own.sample(rows[idx], fo, hkey)
+        c, f = self.own.sample(rows[idx], fo, hkey, theta)
         self.bytes_by_link["local"] += int(f.size * self.own.itemsize + 16 * idx.size)
-        pieces.append((idx, c, f))
+        pieces.append((idx, c, f, None if theta is None else self.own.degrees(rows[idx])))
         remote = np.flatnonzero(~here)
         owner = self.parts[rows[remote]]
         ask = np.ones(remote.shape[0], dtype=bool)
@@ -171,32 +234,40 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             for k, shard in self.peer_shards.items():
                 sel = remote[owner == k]
                 if sel.size:
-                    c, f = shard.sample(rows[sel], fo, hkey)
+                    c, f = shard.sample(rows[sel], fo, hkey, theta)
                     deg = shard.degrees(rows[sel])
-                    self.bytes_by_link["peer"] += int(deg.sum() * shard.itemsize + 16 * sel.size)
-                    pieces.append((sel, c, f))
+                    read = deg if not theta or fo < 0 else np.minimum(deg, theta)
+                    self.bytes_by_link["peer"] += int(read.sum() * shard.itemsize + 16 * sel.size)
+                    pieces.append((sel, c, f, None if theta is None else deg))
                     ask[owner == k] = False
             self.stats["requests"] += int((~ask).sum())
             self.requests_per_hop[h] += int((~ask).sum())
         need = remote[ask]
         if self.mode == "dsp" or self.ctx.num_machines > 1:
-            pieces.append(self._request(need, rows[need], self.parts[rows[need]], fo, hkey, h))
+            pieces.append(
+                self._request(need, rows[need], self.parts[rows[need]], fo, hkey, h, theta)
+            )
         cnt = np.zeros(n, dtype=np.int64)
-        for r, c, _ in pieces:
+        deg_all = None if theta is None else np.zeros(n, dtype=np.int64)
+        for r, c, _, d in pieces:
             cnt[r] = c
+            if deg_all is not None:
+                deg_all[r] = d
         offs = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(cnt, out=offs[1:])
         flat = np.empty(int(offs[-1]), dtype=np.int64)
-        for r, c, f in pieces:
+        for r, c, f, _ in pieces:
             if f.size:
                 starts = np.repeat(offs[r], c)
                 within = np.arange(f.size, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
                 flat[starts + within] = f
-        return cnt, flat
+        return cnt, flat, deg_all
 
-    def _request(self, where, ids, owner, fo: int, hkey, h: int):
+    def _request(self, where, ids, owner, fo: int, hkey, h: int, theta: int | None = None):
         """Request/response for rows ``ids`` owned by ``owner`` (4 ``all_to_all_single``);
-        serves the other ranks' requests from the own shard. Returns ``(where, counts, flat)``."""
+        serves the other ranks' requests from the own shard. Returns ``(where, counts, flat,
+        degrees)``: with pruning (``theta`` not None) each count travels with its row's degree
+        (for the HT weights), else degrees is None."""
         import torch.distributed as dist
 
         ctx, w, grp = self.ctx, self.ctx.world_size, self.ctx.sample_group
@@ -210,9 +281,15 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         req = torch.empty(sum(rc), dtype=torch.int64)
         dist.all_to_all_single(req, torch.from_numpy(ids), rc, sc, group=grp)
         # serve: sample the requested rows from my shard
-        my_c, my_f = self.own.sample(req.numpy(), fo, hkey)
-        got_c = torch.empty(sum(sc), dtype=torch.int64)
-        dist.all_to_all_single(got_c, torch.from_numpy(my_c), sc, rc, group=grp)
+        my_c, my_f = self.own.sample(req.numpy(), fo, hkey, theta)
+        per = 1 if theta is None else 2  # int64 values per row in the counts message
+        if theta is None:
+            reply = torch.from_numpy(my_c)
+        else:
+            reply = torch.from_numpy(np.stack([my_c, self.own.degrees(req.numpy())], axis=1))
+        got = torch.empty((sum(sc), per) if per > 1 else sum(sc), dtype=torch.int64)
+        dist.all_to_all_single(got, reply, sc, rc, group=grp)
+        got_c = got if per == 1 else got[:, 0].contiguous()
         bounds = np.r_[0, np.cumsum(rc)]
         out_f = [int(my_c[bounds[k] : bounds[k + 1]].sum()) for k in range(w)]
         bounds_in = np.r_[0, np.cumsum(sc)]
@@ -221,8 +298,23 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         dist.all_to_all_single(got_f, torch.from_numpy(my_f), in_f, out_f, group=grp)
         for k in range(w):
             if sc[k]:
-                self.bytes_by_link[ctx.link_to(k)] += 8 * (2 * sc[k] + in_f[k])
+                self.bytes_by_link[ctx.link_to(k)] += 8 * ((1 + per) * sc[k] + in_f[k])
         self.stats["requests"] += int(ids.size)
         self.requests_per_hop[h] += int(ids.size)
         self.stats["collective_s"] += time.perf_counter() - t0
-        return where, got_c.numpy(), got_f.numpy()
+        return where, got_c.numpy(), got_f.numpy(), None if per == 1 else got[:, 1].numpy()
+
+
+def _ht_weights(deg: np.ndarray, theta: int, fanout: int) -> np.ndarray:
+    """float32 per-row HT weight ``1 / pi`` of uniform sampling in a pruned window (every
+    neighbour's inclusion probability is ``k / deg``), computed as the LAS kernel does
+    (``deg / n``, times ``n / k`` when the window is not taken whole), so bit-equal to it."""
+    d = deg.astype(np.float64)
+    n = deg.copy()
+    if fanout >= 0 and theta > 0:
+        n = np.where(deg > theta, theta, deg)
+    k = n if fanout < 0 else np.minimum(n, fanout)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = d / n
+        w = np.where(k == n, w, w * n / k)
+    return w.astype(np.float32)

@@ -237,7 +237,11 @@ class DistRun(LocalRun):
 
         self.partition_dir = cfg.partition
         part = self._load_partition(ds, cfg)
-        s = ShardedSampler(part, cfg.partition, self.ctx, fanouts, cfg.seed, cfg.sampling_mode)
+        prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
+        s = ShardedSampler(
+            part, cfg.partition, self.ctx, fanouts, cfg.seed, cfg.sampling_mode, prune=prune,
+            avg_degree=ds.num_edges / max(ds.num_nodes, 1),
+        )  # fmt: skip
         self.samplers.append(s)
         return s, None
 

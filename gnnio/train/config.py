@@ -433,12 +433,12 @@ class TrainConfig:
         if self.partition is not None:
             for name, bad in (
                 ("--locality-scale", self.locality_scale is not None),
-                ("--prune-threshold", self.prune_threshold is not None),
                 ("--sampler", getattr(self, "sampler", "uniform") not in (None, "uniform")),
             ):
                 if bad:
                     raise UsageError(
-                        f"{name}: not available with --partition (its sampler is uniform)"
+                        f"{name}: not available with --partition (its sampler is uniform, "
+                        "optionally pruned)"
                     )
         strategy = self.placement_strategy or ("alg1" if self.placement is None else None)
         if (
