@@ -7,7 +7,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["COMMON_RANGES", "apply_common_ranges", "int_range", "positive_float"]
+__all__ = ["COMMON_RANGES", "apply_common_ranges", "int_range", "positive_float", "seconds_up_to"]
 
 
 def int_range(least: int, most: int | None = None) -> Callable[[str], int]:
@@ -39,22 +39,37 @@ def positive_float(text: str) -> float:
     return v
 
 
+def seconds_up_to(most: float) -> Callable[[str], float]:
+    """A ``float`` number of seconds in ``(0, most]`` (a timeout the standard library can hold)."""
+
+    def parse(text: str) -> float:
+        v = positive_float(text)
+        if v > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g} seconds, got {text}")
+        return v
+
+    parse.__name__ = "float"
+    return parse
+
+
 #: options every command shares, by argparse ``dest``: the range each must be in
-COMMON_RANGES: dict[str, Callable[[str], int]] = {
+COMMON_RANGES: dict[str, Callable[[str], int | float]] = {
     "threads": int_range(1, 4096),
     "seed": int_range(0, 2**63 - 1),
     "passes": int_range(1),
     "warmup": int_range(0),
+    "po_sequences": int_range(1),
+    "dist_timeout": seconds_up_to(1e7),
 }
 
 
 def apply_common_ranges(parser: argparse.ArgumentParser) -> None:
-    """Give every ``int`` option of ``parser`` and its subcommands whose ``dest`` is in
+    """Give every ``int``/``float`` option of ``parser`` and its subcommands whose ``dest`` is in
     :data:`COMMON_RANGES` that range (``--threads 0`` on any benchmark is then argparse's one
     line instead of a traceback from deep inside the sampler)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 apply_common_ranges(sub)
-        elif action.type is int and action.dest in COMMON_RANGES:
+        elif action.type in (int, float) and action.dest in COMMON_RANGES:
             action.type = COMMON_RANGES[action.dest]
