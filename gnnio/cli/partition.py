@@ -40,6 +40,14 @@ def register(sub) -> None:
         help="fraction of nodes (top by degree) whose neighbour lists every part stores",
     )
     p.add_argument("--hops", type=int, default=2, metavar="J", help="bfs-block: j-hop term")
+    p.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        metavar="R",
+        help="after the method, R rounds of size-constrained label propagation (not in the "
+        "papers; 0 = off, the algorithms as printed)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--fanouts", default="15,10,5", help="fanouts of the remote_fraction epoch")
     p.add_argument("--batch-size", type=int, default=1024, help="batch of that epoch")
@@ -76,6 +84,7 @@ def run(args) -> int:
         fanouts=fanouts,
         batch_size=args.batch_size,
         threads=args.threads,
+        refine=args.refine,
     )
     out = save_partition(part, ds.graph, args.out, overwrite=args.overwrite)
     q = dict(part.quality)

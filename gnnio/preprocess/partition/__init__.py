@@ -17,7 +17,8 @@
 =============== ==================================================================================
 
 ``replicate`` also applies to the other methods (their parts, plus the top-degree replicated
-set), which is how HDR composes with any base.
+set), which is how HDR composes with any base. ``refine=R`` (off by default; not in either paper)
+follows any method with ``R`` rounds of size-constrained label propagation (:mod:`.refine`).
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ def partition_dataset(
     batch_size: int = 1024,
     measure: bool = True,
     threads: int | None = None,
+    refine: int = 0,
 ) -> Partition:
     """Partition ``ds`` into ``nparts`` with ``method`` (module docstring); with ``measure`` the
-    quality report (one sampled epoch for ``remote_fraction``) is attached."""
+    quality report (one sampled epoch for ``remote_fraction``) is attached. ``refine``: rounds of
+    label-propagation refinement after the method (0 = none, the papers' algorithms as printed)."""
     n = ds.num_nodes
     if method not in METHODS:
         raise UsageError(f"--method: unknown '{method}' (choose from {', '.join(METHODS)})")
@@ -87,11 +90,20 @@ def partition_dataset(
         raise UsageError(f"--replicate: must be in [0, 1), got {replicate}")
     if hops < 1:
         raise UsageError(f"--hops: must be >= 1, got {hops}")
+    if not 0 <= refine <= 1000:
+        raise UsageError(f"--refine: must be in [0, 1000] rounds, got {refine}")
     if method == "hdr" and base not in BASES:
         raise UsageError(f"--base: unknown '{base}' (choose from {', '.join(BASES)})")
     t0 = time.perf_counter()
     rep = hdr_replicated(ds.graph, replicate)
     parts, facts = _parts(base if method == "hdr" else method, ds, nparts, hops, seed, rep)
+    if refine > 0:
+        from .refine import refine_parts
+
+        facts = dict(facts)
+        facts["prep_before_refine_s"] = time.perf_counter() - t0
+        parts, more = refine_parts(ds.graph, parts, nparts, ds.train_idx, refine, seed=seed)
+        facts.update(more)
     prep = time.perf_counter() - t0
     params = {"replicate": replicate, "hops": hops, "seed": seed, **facts}
     if method == "hdr":
