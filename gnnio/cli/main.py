@@ -2,14 +2,20 @@
 
 The subcommands (and with them NumPy, numba and torch, a few seconds on a busy machine) are
 imported inside :func:`main`, so an interrupt (Ctrl-C) while they load ends with the same one
-line and exit status 130 as an interrupt later, not with a traceback of the import."""
+line and exit status 130 as an interrupt later, not with a traceback of the import. While they
+load, SIGINT prints the line and ends the process at once (:func:`_interrupted_while_loading`):
+a KeyboardInterrupt raised inside an extension module's import code would make Python end by
+SIGINT (status -2) even when caught, and nothing has been written yet. Python's own start-up
+before :func:`main` (tens of milliseconds) stays Python's."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 
 from .. import __version__
 from ..errors import GnnioError
@@ -54,9 +60,34 @@ def join_negative_lists(argv: list[str]) -> list[str]:
     return out
 
 
+def _interrupted_while_loading(signum, frame) -> None:
+    try:
+        sys.stderr.write("gnnio: interrupted\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(130)
+
+
+def _build_parser_interruptible() -> argparse.ArgumentParser:
+    """:func:`build_parser` (the imports) with SIGINT ending the process in one line (module
+    docstring); the previous handler is back afterwards. An ignored SIGINT stays ignored."""
+    prev = None
+    if threading.current_thread() is threading.main_thread():
+        prev = signal.getsignal(signal.SIGINT)
+        if prev in (signal.SIG_IGN, None):
+            prev = None
+        else:
+            signal.signal(signal.SIGINT, _interrupted_while_loading)
+    try:
+        return build_parser()
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGINT, prev)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        parser = build_parser()
+        parser = _build_parser_interruptible()
         argv = join_negative_lists(list(argv) if argv is not None else sys.argv[1:])
         args = parser.parse_args(argv)
         args.argv = argv
