@@ -29,6 +29,7 @@ import torch
 from ..errors import UsageError
 from ..features._gather import host_empty
 from ..utils.progress import bar
+from ..utils.rss import available_ram
 from ._timing import median, time_passes
 
 HELP = "feature-gather bandwidth (GB/s) of a store vs. a random 512-byte-row memory ceiling"
@@ -152,18 +153,6 @@ except ImportError:  # pragma: no cover
     numba = None
 
 
-def _mem_available() -> int | None:
-    """``MemAvailable`` in bytes, or None where ``/proc/meminfo`` does not say."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def make_ceiling(rows_per_call: list[int], gib: float, seed: int, progress: bool):
     """Passes of the random-512-byte-row copy, one function per implementation."""
     words = CEILING_ROW_BYTES // 8
@@ -210,7 +199,7 @@ def run(args) -> dict:
     check_common(args)
     if not 0 < args.ceiling_gib < float("inf"):
         raise UsageError(f"--ceiling-gib must be > 0, got {args.ceiling_gib}")
-    avail = _mem_available()
+    avail = available_ram()
     if avail is not None and args.ceiling_gib * (1 << 30) > avail // 2:
         raise UsageError(
             f"--ceiling-gib {args.ceiling_gib:g}: more than half of the "

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from ..utils.devices import resolve_device
+from ..utils.rss import available_ram
 from ._gather import (
     KERNELS,
     as_index_array,
@@ -153,14 +154,8 @@ def _worth_realigning(addr: int, nbytes: int) -> bool:
     (>= 1 MiB), starts off a 64-byte boundary, and the copy fits in half of ``MemAvailable``."""
     if addr % 64 == 0 or nbytes < (1 << 20):
         return False
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return nbytes <= int(line.split()[1]) * 1024 // 2
-    except OSError:
-        pass
-    return False  # (unknown free memory: share rather than risk a large copy)
+    avail = available_ram()
+    return avail is not None and nbytes <= avail // 2  # (unknown: share, not risk a large copy)
 
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:

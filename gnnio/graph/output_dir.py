@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import DatasetError
+from ..utils.rss import available_ram
 
 __all__ = [
     "LEGACY_STALE_S",
@@ -280,18 +281,6 @@ def check_disk(out: str | os.PathLike, need: int) -> None:
             f"{out}: the output needs about {format_size(need)} on disk, only "
             f"{format_size(free)} is free in {where}"
         )
-
-
-def available_ram() -> int | None:
-    """``MemAvailable`` in bytes (None where ``/proc/meminfo`` does not say)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def check_ram(need: int, what: str) -> None:

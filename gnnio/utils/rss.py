@@ -1,4 +1,5 @@
-"""The process's resident memory (RSS), for the per-epoch record and the memory tests."""
+"""Memory figures: the process's resident memory (RSS), for the per-epoch record and the memory
+tests, and the machine's available memory, for size checks before large allocations."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import resource
 import sys
 
-__all__ = ["peak_rss_bytes", "rss_bytes"]
+__all__ = ["available_ram", "peak_rss_bytes", "rss_bytes"]
 
 
 def rss_bytes() -> int:
@@ -24,3 +25,15 @@ def peak_rss_bytes() -> int:
     macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def available_ram() -> int | None:
+    """``MemAvailable`` in bytes (None where ``/proc/meminfo`` does not say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
