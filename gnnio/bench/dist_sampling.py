@@ -149,11 +149,16 @@ def _rank_body(opts: dict) -> dict | None:
                 seeds, o.batch_size, seed=o.seed, rank=ctx.rank,
                 world_size=ctx.world_size, equal_batches=True,
             )  # fmt: skip
-        batches = []
-        for i, b in enumerate(order.batches(0)):
-            if i == o.batches + 1:
-                break
-            batches.append(b)
+        batches: list = []  # a warm-up batch, then the timed ones; a small training set (Cora:
+        epoch = 0  # 140 seeds) has fewer batches per epoch than asked: take the next epochs'
+        while len(batches) < o.batches + 1 and order.num_batches > 0:
+            for b in order.batches(epoch):
+                if len(batches) == o.batches + 1:
+                    break
+                batches.append(b)
+            epoch += 1
+        if not batches:
+            raise UsageError("bench dist-sampling: no training seeds to sample (empty split)")
         k = len(batches) - 1
         avg_degree = ds.num_edges / max(ds.num_nodes, 1)
         if o.prune is None:
