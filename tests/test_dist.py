@@ -170,6 +170,14 @@ def test_failure_line_prefers_the_killed_rank():
     assert "\n" not in line
     err.failures = {0: failure(0, 10, 1, {"message": "Traceback...\nValueError: bad"}, 1)}
     assert failure_line(err) == "rank 0 (pid 10) failed: ValueError: bad"
+    # a rank that raised, reported after its peer's gloo error (seen once in CI): the cause first
+    gloo = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+            "[127.0.0.1]:41234: This is typically caused by a remote worker crashing.")  # fmt: skip
+    err.failures = {
+        0: failure(0, 10, 1, {"message": gloo}, 1),
+        1: failure(1, 11, 1, {"message": "Traceback...\nRuntimeError: injected fault"}, 2),
+    }
+    assert failure_line(err).startswith("rank 1 (pid 11) failed: RuntimeError: injected fault")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -63,7 +63,8 @@ def failure_line(err) -> str:
         m = f.message.get("message", "") if isinstance(f.message, dict) else f.message
         m = str(m).lower()
         return any(k in m for k in ("connection closed", "connection reset", "broken pipe",
-                                    "peer", "timed out", "timeout"))  # fmt: skip
+                                    "peer", "timed out", "timeout", "remote worker",
+                                    "socket closed"))  # fmt: skip
 
     ranked = sorted(
         failures.items(),
