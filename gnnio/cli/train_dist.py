@@ -115,16 +115,17 @@ def train_rank(dataset, cfg):
     from ..train import train
 
     ctx = init(timeout_s=cfg.dist_timeout, device=cfg.device, topology=cfg.topology)
-    try:
-        cfg.progress = cfg.progress and ctx.is_main
-        if cfg.threads is None:  # share the cores among this machine's ranks
-            import os
+    cfg.progress = cfg.progress and ctx.is_main
+    if cfg.threads is None:  # share the cores among this machine's ranks
+        import os
 
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            env = int(os.environ.get("NUMBA_NUM_THREADS", "0"))
-            cfg.threads = env or max(1, (os.cpu_count() or 1) // local)
-        s = train(dataset, cfg, run=DistRun(ctx))
-        ctx.barrier()
-    finally:
-        shutdown()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        env = int(os.environ.get("NUMBA_NUM_THREADS", "0"))
+        cfg.threads = env or max(1, (os.cpu_count() or 1) // local)
+    # no try/finally: a rank that fails keeps its connections until it has recorded its error
+    # and exited; leaving the group first let a peer fail on the closed socket and be reported
+    # as the cause before this rank's own error
+    s = train(dataset, cfg, run=DistRun(ctx))
+    ctx.barrier()
+    shutdown()
     return s if ctx.is_main else None
