@@ -6,12 +6,20 @@ every policy in turn for several rounds in the same process, and prints the medi
 management ms per batch (announce + lookup + admission) of each::
 
     .venv/bin/python benchmarks/cache_overhead.py /tmp/syn21 --size 0.1 --rounds 7
+
+``--device cuda`` keeps the cache (buffer, maps, policy state) and the trace on the GPU, as
+``gnnio train --device cuda`` does; the lookahead policy then runs its torch path. It also prints
+``wall``: the whole replay per batch, synchronised (management plus the misses' host->GPU rows).
+``--json`` prints one JSON line instead of the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import statistics
+import time
 from types import SimpleNamespace
 
 import torch
@@ -35,7 +43,11 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--lookahead", type=int, default=8)
+    p.add_argument("--device", default="cpu", help="where the cache lives: cpu or cuda")
+    p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     a = p.parse_args()
+    dev = torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     ds = load(a.dataset)
     opts = SimpleNamespace(seed=0, po_sequences=None, no_progress=True, score="wrpr",
                            fanouts=a.fanouts, batch_size=a.batch_size)  # fmt: skip
@@ -44,17 +56,36 @@ def main() -> None:
     trace = bc._trace(order, sampler, a.batches + a.warmup, "sampling", False)
     hot, _ = bc._static_hot(ds, opts)
     store = open_store(ds, kind="memory", progress=False)
-    buf = torch.empty((max(t.numel() for t in trace), store.dim), dtype=store.dtype)
+    trace = [t.to(dev) for t in trace]
+    buf = torch.empty((max(t.numel() for t in trace), store.dim), dtype=store.dtype, device=dev)
     cap = capacity_rows(a.size, ds.num_nodes)
+    cache_cls = functools.partial(FeatureCache, device=dev)
     times: dict[str, list[float]] = {}
+    walls: dict[str, list[float]] = {}
+    hits: dict[str, float] = {}
     for _ in range(a.rounds):
         for pol in a.policies.split(","):
+            sync()
+            t0 = time.perf_counter()
             st, announce_ms = bc._replay(
-                FeatureCache, store, cap, pol, hot, a.lookahead, trace, a.warmup, buf
+                cache_cls, store, cap, pol, hot, a.lookahead, trace, a.warmup, buf
             )
+            sync()
+            walls.setdefault(pol, []).append((time.perf_counter() - t0) / len(trace) * 1e3)
             times.setdefault(pol, []).append(st.manage_ms_per_batch + announce_ms)
+            hits[pol] = st.hit_ratio
+    if a.json:
+        print(json.dumps({
+            "device": str(dev), "size": a.size, "lookahead": a.lookahead, "rounds": a.rounds,
+            "manage_ms_median": {p: statistics.median(v) for p, v in times.items()},
+            "manage_ms_min": {p: min(v) for p, v in times.items()},
+            "wall_ms_median": {p: statistics.median(v) for p, v in walls.items()},
+            "hit_ratio": hits,
+        }))  # fmt: skip
+        return
     for pol, v in times.items():
-        print(f"{pol:10s} median {statistics.median(v):7.2f} ms/batch  min {min(v):7.2f}")
+        print(f"{pol:10s} median {statistics.median(v):7.2f} ms/batch  min {min(v):7.2f}  "
+              f"wall {statistics.median(walls[pol]):7.2f}  hit ratio {hits[pol]:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -35,15 +35,17 @@ def test_goals_from_the_steps():
         },  # fmt: skip
         "sampling": {"gpu_over_cpu": 12.0},
         "epochs": {},
+        "cache": {"manage_ms_median": {"lru": 3.0, "lookahead": 2.0}},
     }
     g = gpu_check.goals(steps)
+    assert g["lookahead_overhead"]["value"] == 1.5 and g["lookahead_overhead"]["met"] is True
     assert g["uva_gather"]["met"] is True and g["gpu_tier_gather"]["met"] is False
     assert g["gpu_sampling"]["met"] is True and g["tiering_speedup"]["value"] is None
     assert all(v["met"] is None for v in gpu_check.goals(steps, device="cpu").values())
 
 
 def test_a_dry_run_writes_both_reports(tmp_path):
-    skip = "gpu_tests,cpu_vs_cuda,dataset,bandwidth,sampling,loader,epochs"
+    skip = "gpu_tests,cpu_vs_cuda,dataset,bandwidth,sampling,loader,epochs,cache"
     rc = gpu_check.main([str(tmp_path), "--device", "cpu", "--skip", skip])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())

@@ -312,3 +312,33 @@ def test_the_numba_kernels_refuse_a_batch_that_was_not_announced():
     with pytest.raises(ValueError, match="not the batch announced next"):
         pol.begin_batch(torch.tensor([1, 2, 4]))
     assert torch.equal(pol.keystate, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("policy", ["lookahead", "optimal"])
+def test_lookahead_cache_on_cuda_equals_the_cpu_kernels(policy):  # pragma: no cover - GPU only
+    """On a real GPU (the torch path) the cache serves the right rows with the hits of the CPU
+    kernels, batch for batch."""
+    n, k = 400, 3
+    trace = [torch.tensor(t) for t in _random_trace(n, batches=30, size=70, seed=3)]
+    store = _store(n, dim=5)
+    hot = np.arange(n)[::-1].copy()
+    caches = {d: FeatureCache(store, 45, policy, hot_ids=hot, lookahead=k, device=d)
+              for d in ("cpu", "cuda")}  # fmt: skip
+    assert caches["cpu"].policy.use_kernels and not caches["cuda"].policy.use_kernels
+    ahead = len(trace) if policy == "optimal" else k
+    for dev, c in caches.items():
+        ids = [t.to(dev) for t in trace]
+        announced, hits = 0, []
+        for t, x in enumerate(ids):
+            while announced < min(len(ids), t + 1 + ahead):
+                c.announce(ids[announced])
+                announced += 1
+            before = c.stats.hits
+            got = c.gather(x)
+            assert got.device.type == torch.device(dev).type
+            assert torch.equal(got.cpu(), store.gather(trace[t]))
+            hits.append(c.stats.hits - before)
+        caches[dev] = hits
+    assert caches["cpu"] == caches["cuda"] and sum(caches["cpu"]) > 0

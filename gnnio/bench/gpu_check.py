@@ -16,6 +16,10 @@ what is left of the budget, a failure in one step recorded and the next one run:
 6. ``loader``: ``gnnio bench loader --device cuda`` with the store in host memory and on the GPU;
 7. ``epochs``: ``gnnio train --device cuda --gpu-cache-fraction F`` at 0 / 5 / 10 / 25 % hot:
    epoch time, breakdown, ``hidden_fraction``, bytes per tier;
+8. ``cache``: ``benchmarks/cache_overhead.py --device cuda``: management ms per batch of the
+   cache policies on the GPU (issue 18: the lookahead cache's overhead against LRU's), and the
+   hit ratios; the ``sampling`` step also compares the GPU's batch ``checksum`` with the CPU's
+   (counter-based sampling: bit-identical batches);
 
 then writes ``OUTDIR/report.json`` (everything) and ``OUTDIR/report.md`` (the figures against the
 goals of issue 15). Without CUDA it prints one line saying no GPU is present and exits 0;
@@ -45,6 +49,7 @@ GOALS = [
     ("gpu_sampling", "GPU sampler edges/s / CPU sampler edges/s", 10.0),
     ("uva_sampling", "UVA sampler (CSR in pinned host memory) edges/s / CPU edges/s", 3.0),
     ("tiering_speedup", "epoch time at 0 % hot / at 10 % hot", 1.6),
+    ("lookahead_overhead", "LRU management ms / lookahead management ms (GPU cache)", 1.0),
 ]
 
 
@@ -160,6 +165,7 @@ def step_sampling(c: Check) -> dict[str, Any]:
         out["gpu_over_cpu"] = out["cuda"]["edges_per_s"] / max(out["cpu"]["edges_per_s"], 1e-9)
         out["uva"] = uva_sampling(c)
         out["uva_over_cpu"] = out["uva"]["edges_per_s"] / max(out["cpu"]["edges_per_s"], 1e-9)
+        out["checksum_equal"] = out["cuda"].get("checksum") == out["cpu"].get("checksum")
     return out
 
 
@@ -217,6 +223,22 @@ def step_epochs(c: Check) -> dict[str, Any]:
     return out
 
 
+def step_cache(c: Check) -> dict[str, Any]:
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cache_overhead.py"
+    if not script.is_file():
+        return {"skipped": "no benchmarks/ next to the package (installed, not a checkout)"}
+    cmd = [sys.executable, str(script), str(c.data), "--device", c.device, "--rounds", "3",
+           "--batches", str(min(30, c.args.batches)), "--json"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(script.parents[1]),
+                                                                     os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                       timeout=max(5.0, min(240.0, c.left_s())))  # fmt: skip
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"cache_overhead.py exited {r.returncode}: {' | '.join(tail)}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 STEPS = [
     ("env", step_env),
     ("gpu_tests", step_gpu_tests),
@@ -226,6 +248,7 @@ STEPS = [
     ("sampling", step_sampling),
     ("loader", step_loader),
     ("epochs", step_epochs),
+    ("cache", step_cache),
 ]
 
 
@@ -239,6 +262,9 @@ def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
         "gpu_sampling": steps.get("sampling", {}).get("gpu_over_cpu"),
         "uva_sampling": steps.get("sampling", {}).get("uva_over_cpu"),
         "tiering_speedup": steps.get("epochs", {}).get("speedup_10pct"),
+        "lookahead_overhead": _ratio(
+            steps.get("cache", {}).get("manage_ms_median", {}), "lru", "lookahead"
+        ),  # fmt: skip
     }
     return {
         name: {
@@ -249,6 +275,10 @@ def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
         }  # fmt: skip
         for name, what, thr in GOALS
     }
+
+
+def _ratio(d: dict[str, float], a: str, b: str) -> float | None:
+    return d[a] / max(d[b], 1e-12) if a in d and b in d else None
 
 
 def write_markdown(report: dict[str, Any], path: Path) -> None:
@@ -280,6 +310,13 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         if name == "cpu_vs_cuda" and "identical_bytes_by_tier" in res:
             status = (f"bytes_by_tier identical: {res['identical_bytes_by_tier']}, max relative "
                       f"loss difference {res['max_rel_loss_diff']:.2e}")  # fmt: skip
+        if name == "sampling" and "checksum_equal" in res:
+            status = f"GPU batches bit-identical to the CPU's (checksum): {res['checksum_equal']}"
+        if name == "cache" and "manage_ms_median" in res:
+            status = "; ".join(
+                f"{p} {ms:.2f} ms, hits {res['hit_ratio'][p]:.3f}"
+                for p, ms in res["manage_ms_median"].items()
+            )
         lines.append(f"| {name} | {status} |")
     ep = report["steps"].get("epochs", {})
     if any(k in ep for k in ("0", "0.1")):
