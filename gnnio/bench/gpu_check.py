@@ -21,7 +21,7 @@ what is left of the budget, a failure in one step recorded and the next one run:
    hit ratios; the ``sampling`` step also compares the GPU's batch ``checksum`` with the CPU's
    (counter-based sampling: bit-identical batches);
 
-then writes ``OUTDIR/report.json`` (everything) and ``OUTDIR/report.md`` (the figures against the
+then writes ``OUTDIR/report.json`` (everything), ``OUTDIR/gpu_tests.log`` (pytest's output) and ``OUTDIR/report.md`` (the figures against the
 goals of issue 15). Without CUDA it prints one line saying no GPU is present and exits 0;
 ``--device cpu`` runs the same steps on the CPU instead (a dry run of the plumbing, used by the
 tests; its numbers are not GPU figures).
@@ -104,6 +104,7 @@ def step_gpu_tests(c: Check) -> dict[str, Any]:
     r = subprocess.run(
         cmd, capture_output=True, text=True, timeout=max(5.0, min(300.0, c.left_s() - 240))
     )
+    (c.out / "gpu_tests.log").write_text(r.stdout + r.stderr)  # the tracebacks of any failure
     last = (r.stdout.strip().splitlines() or [""])[-1]
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last)}
     failed = [ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
