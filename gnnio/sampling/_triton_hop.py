@@ -1,0 +1,115 @@
+"""One hop of uniform sampling as a single Triton kernel (the GPU sampler's hot loop).
+
+:func:`gnnio.sampling.gpu.sample_hop_torch` in torch ops is about 120 kernel launches per hop for
+fanout 15 (the SplitMix64 mixing, Lemire's bound, and Floyd's loop one column at a time), which on
+an H100 made the GPU sampler launch-bound: 8.7 ms per batch of 1024 seeds with fanouts 15,10,5,
+slower than 16 CPU threads (measured by ``scripts/gpu-check.sh``, docs/benchmarks.md). This kernel
+does the whole hop in one launch: each program takes ``BLOCK`` destination rows, draws every
+row's Floyd sample with the CPU kernels' counter-based numbers -- Lemire's rejection loop run
+exactly, draw by draw, so there is no "redo" -- and writes the sampled neighbours and their row
+ids straight into the hop's CSR positions (``row_off``).
+
+Bit-identical to :func:`gnnio.sampling._kernels._floyd_linear` / ``_floyd_hashed`` (the same
+Floyd sequence; the hash set there is only how membership is tested) and to the torch path:
+row ``g`` of hop key ``K`` starts from ``splitmix64(K ^ g * GAMMA)``, each draw steps the state by
+``GAMMA`` until Lemire accepts. Rows of ``2**32`` or more neighbours are not supported (as in the
+torch path).
+
+This module imports Triton: :mod:`gnnio.sampling.gpu` imports it on the first CUDA hop, when
+Triton is installed (CUDA builds of PyTorch bring it). ``TRITON_INTERPRET=1`` (set before this module
+is imported) runs the kernel on CPU tensors in Triton's interpreter: that is how the tests check
+it without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["sample_hop_triton"]
+
+_BLOCK = 64
+_M22 = (1 << 22) - 1
+
+
+@triton.jit
+def _mix64(z):
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit(do_not_specialize=["n", "k0", "k1", "k2"])
+def _hop(indptr, indices, dst, row_off, out_src, out_row, n, k0, k1, k2, fanout: tl.constexpr,
+         FP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    rm = r < n
+    g = tl.load(dst + r, mask=rm, other=0)
+    start = tl.load(indptr + g, mask=rm, other=0)
+    deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
+    k = tl.minimum(deg, fanout)
+    off = tl.load(row_off + r, mask=rm, other=0)
+    # the 64-bit key in three int32 arguments (one compiled signature for every key)
+    key = (
+        (k2.to(tl.int64).to(tl.uint64) << 44)
+        | (k1.to(tl.int64).to(tl.uint64) << 22)
+        | k0.to(tl.int64).to(tl.uint64)
+    )
+    state = _mix64(key ^ (g.to(tl.uint64) * 0x9E3779B97F4A7C15))
+    col = tl.arange(0, FP)
+    picks = tl.full([BLOCK, FP], -1, tl.int64)
+    live = rm & (deg > fanout)
+    for i in range(0, fanout):
+        j = deg - fanout + i  # Floyd: j runs over the last `fanout` positions
+        bound = (j + 1).to(tl.uint64)
+        thr = ((1 << 32) - bound) % tl.maximum(bound, 1)
+        pending = live
+        val = tl.zeros([BLOCK], dtype=tl.int64)
+        while tl.max(pending.to(tl.int32), 0) > 0:  # Lemire: redraw the rejected rows
+            state = tl.where(pending, state + 0x9E3779B97F4A7C15, state)
+            m = (_mix64(state) >> 32) * bound
+            low = m & 0xFFFFFFFF
+            ok = (low >= bound) | (low >= thr)
+            val = tl.where(pending & ok, (m >> 32).to(tl.int64), val)
+            pending = pending & (ok == 0)
+        seen = tl.sum(((picks == val[:, None]) & (col[None, :] < i)).to(tl.int32), 1) > 0
+        t = tl.where(seen, j, val)
+        picks = tl.where(col[None, :] == i, t[:, None], picks)
+    pos = tl.where((deg <= fanout)[:, None], col[None, :], picks)  # short rows: all of them
+    valid = rm[:, None] & (col[None, :] < k[:, None])
+    nb = tl.load(indices + start[:, None] + pos, mask=valid, other=0)
+    dest = off[:, None] + col[None, :]
+    tl.store(out_src + dest, nb.to(tl.int64), mask=valid)
+    tl.store(out_row + dest, r[:, None] + 0 * col[None, :], mask=valid)
+
+
+def sample_hop_triton(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    dst_nodes: torch.Tensor,
+    fanout: int,
+    hop_key: int,
+    total: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, row)`` of one hop with ``fanout >= 1`` (see
+    :func:`gnnio.sampling.gpu.sample_hop_torch`, whose results these equal); ``total`` =
+    ``sum(min(deg, fanout))`` over the rows, known to the caller."""
+    dev, n = dst_nodes.device, int(dst_nodes.shape[0])
+    src = torch.empty(total, dtype=torch.int64, device=dev)
+    row = torch.empty(total, dtype=torch.int64, device=dev)
+    if total == 0 or n == 0:
+        return src, row
+    deg = indptr[dst_nodes + 1] - indptr[dst_nodes]
+    k = torch.clamp(deg, max=fanout)
+    row_off = torch.cumsum(k, 0) - k
+    key = hop_key & ((1 << 64) - 1)
+    fp = max(2, 1 << (fanout - 1).bit_length())
+    grid = (triton_cdiv(n, _BLOCK),)
+    _hop[grid](indptr, indices, dst_nodes.contiguous(), row_off, src, row, n,
+                    key & _M22, (key >> 22) & _M22, key >> 44, fanout=fanout, FP=fp, BLOCK=_BLOCK)  # fmt: skip
+    return src, row
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,73 @@
+"""The GPU sampler's Triton hop kernel (:mod:`gnnio.sampling._triton_hop`), run on CPU tensors in
+Triton's interpreter (``TRITON_INTERPRET=1``, which must be set before Triton is imported: a
+subprocess). Its batches must be the CPU kernels' edge for edge, as the torch path's are; the
+real GPU runs the same check in the ``gpu`` tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import os
+import numpy as np, torch
+from gnnio.sampling import UniformSampler, _triton_hop
+from gnnio.sampling.gpu import TorchUniformSampler, sample_hop_torch, triton_available
+from gnnio.sampling.threaded import call_key
+from tests.helpers import random_graph, shared_neighbourhood_graph
+
+assert triton_available(torch.device("cpu"))
+calls = []
+real = _triton_hop.sample_hop_triton
+_triton_hop.sample_hop_triton = lambda *a, **k: calls.append(a[3]) or real(*a, **k)
+rng = np.random.default_rng(0)
+g = random_graph(2000, 30000, seed=3)
+h = shared_neighbourhood_graph(200, 3000)  # rows far above the fanout (hashed Floyd on the CPU)
+cases = [(g, [15, 10, 5], 600), (g, [1, 2], 300), (g, [3, -1], 200), (g, [0, 4], 100),
+         (h, [40, 3], 150), (h, [7], 200)]
+for graph, fanouts, size in cases:
+    ip, ix = graph.to_torch()
+    cpu = UniformSampler(graph, fanouts, seed=9, num_threads=2)
+    tor = TorchUniformSampler(ip, ix.to(torch.int32), fanouts)
+    n = graph.num_nodes
+    for i in range(2):
+        seeds = rng.choice(n, min(size, n), replace=False).astype(np.int64)
+        e = (7 << 32) + i
+        a = tor.sample(torch.from_numpy(seeds), call_key(9, epoch_seed=e))
+        b = cpu.sample(seeds, e)
+        assert torch.equal(a.input_nodes, b.input_nodes), fanouts
+        for x, y in zip(a.blocks, b.blocks, strict=True):
+            assert torch.equal(x.edge_index, y.edge_index), fanouts
+assert sorted(set(calls)) == [1, 2, 3, 4, 5, 7, 10, 15, 40], sorted(set(calls))
+# keys with the top bit set, and the hop alone against the exact torch draws
+ip, ix = g.to_torch()
+dst = torch.from_numpy(rng.choice(2000, 500, replace=False))
+for key in (5, (1 << 64) - 3, 1 << 63):
+    total = int(torch.clamp(ip[dst + 1] - ip[dst], max=12).sum())
+    s64 = key - (1 << 64) if key >= 1 << 63 else key
+    src, row = real(ip, ix, dst, 12, key, total)
+    os.environ["GNNIO_TRITON"] = "0"  # the torch ops, drawn step by step
+    want_src, want_row, _ = sample_hop_torch(ip, ix, dst, 12, s64, total, exact=True)
+    del os.environ["GNNIO_TRITON"]
+    assert torch.equal(src, want_src) and torch.equal(row, want_row), key
+print("ok")
+"""
+
+
+def test_triton_hop_equals_the_cpu_kernels():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("GNNIO_TRITON", None)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "ok"
