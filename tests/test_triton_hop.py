@@ -20,11 +20,12 @@ SCRIPT = r"""
 import os
 import numpy as np, torch
 from gnnio.sampling import UniformSampler, _triton_hop
-from gnnio.sampling.gpu import TorchUniformSampler, sample_hop_torch, triton_available
+from gnnio.sampling.gpu import TorchUniformSampler, sample_hop_torch
+from gnnio.utils.triton_kernels import triton_available
 from gnnio.sampling.threaded import call_key
 from tests.helpers import random_graph, shared_neighbourhood_graph
 
-assert triton_available(torch.device("cpu"))
+assert triton_available(torch.device("cpu"), "sample_hop")
 calls = []
 real = _triton_hop.sample_hop_triton
 _triton_hop.sample_hop_triton = lambda *a, **k: calls.append(a[3]) or real(*a, **k)

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import UsageError
 from ..features import uva
-from ..features._gather import gather_rows, row_bytes_view
+from ..features._gather import copy_rows, gather_rows, row_bytes_view
 from ..features.tiered import TieredFeatureStore
 from ._timing import median, time_passes
 
@@ -36,11 +36,13 @@ def gpu_gather_bandwidth(
     ids. Bandwidth = useful bytes delivered (``batch_rows * row_bytes``) / median pass time (s),
     in GB/s (1e9 B/s).
 
-    * ``gpu_resident``: ``index_select`` of rows in GPU memory; ceiling ``d2d_copy``: copying the
-      same number of contiguous bytes device to device.
-    * ``zero_copy``: ``index_select`` on the UVA view of pinned host rows (GPU kernel reads host
-      memory over PCIe); ceiling ``h2d_copy``: one contiguous pinned host->device copy of the
-      same bytes.
+    * ``gpu_resident``: the stores' gather (:func:`~gnnio.features._gather.copy_rows`: the Triton
+      row kernel where Triton is installed) of rows in GPU memory; ceiling ``d2d_copy``: copying
+      the same number of contiguous bytes device to device. ``gpu_resident_index_select``: ATen's
+      ``index_select`` on the same rows, for reference.
+    * ``zero_copy``: the same gather on the UVA view of pinned host rows (the GPU kernel reads
+      host memory over PCIe); ceiling ``h2d_copy``: one contiguous pinned host->device copy of the
+      same bytes. ``zero_copy_index_select``: ``index_select`` on the view, for reference.
     * ``cpu_gather_copy``: CPU gather (the numba kernel) into a pinned buffer + host->device copy;
       ``cpu_gather_only`` times the CPU half alone.
     * ``tiered``: :class:`TieredFeatureStore` (prefix mode, zero-copy cold path) per hot fraction;
@@ -77,14 +79,16 @@ def gpu_gather_bandwidth(
     # (a) GPU-resident rows vs device-to-device copy
     gfeat = host.to(dev)
     contig = gfeat[:batch_rows]
-    res["gpu_resident"] = gbps(lambda: torch.index_select(gfeat, 0, ids, out=out))
+    res["gpu_resident"] = gbps(lambda: copy_rows(gfeat, ids, out))
+    res["gpu_resident_index_select"] = gbps(lambda: torch.index_select(gfeat, 0, ids, out=out))
     res["d2d_copy"] = gbps(lambda: out.copy_(contig))
     gfeat = contig = None  # free the GPU copy before the next measurements
     # (b) zero-copy host rows vs pinned host->device copy
     handle = uva.pin_host_tensor(host, dev)
     view = uva.device_view(host, dev)
     pinned_contig = host[:batch_rows]  # inside the registered range: a DMA-able pinned source
-    res["zero_copy"] = gbps(lambda: torch.index_select(view, 0, ids, out=out))
+    res["zero_copy"] = gbps(lambda: copy_rows(view, ids, out))
+    res["zero_copy_index_select"] = gbps(lambda: torch.index_select(view, 0, ids, out=out))
     res["h2d_copy"] = gbps(lambda: out.copy_(pinned_contig, non_blocking=True))
     # (c) CPU gather into a pinned buffer + copy
     staging = torch.empty((batch_rows, dim), dtype=dtype, pin_memory=True)

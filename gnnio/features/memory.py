@@ -11,6 +11,7 @@ from ._gather import (
     KERNELS,
     as_index_array,
     check_out,
+    copy_rows,
     gather_rows,
     host_empty,
     row_bytes_view,
@@ -144,7 +145,7 @@ class InMemoryFeatureStore(FeatureStore):
             dst = torch.empty((n, self.dim), dtype=self.dtype, device=self.device)
         else:
             dst = check_out(out, n, self.dim, self.dtype, self.device)
-        torch.index_select(self._t, 0, idx.long(), out=dst)
+        copy_rows(self._t, idx, dst)
         self.counters.add(self.tier, n, self.row_bytes)
         return dst
 

@@ -65,7 +65,7 @@ from ..utils.counts import top_count
 from ..utils.devices import resolve_device
 from ..utils.progress import bar
 from . import uva
-from ._gather import as_index_array, check_out
+from ._gather import as_index_array, check_out, copy_rows
 from .base import FeatureStore
 from .row_source import RowSource, num_rows_of
 from .simdevice import SimulatedDevice
@@ -369,12 +369,12 @@ class TieredFeatureStore(FeatureStore):
             self._count(0, n)
         elif h == self.num_rows:
             slots = ids_d if self.mode == "prefix" else self._table[ids_d]
-            torch.index_select(self._hot, 0, slots, out=res)
+            copy_rows(self._hot, slots, res)
             self._count(n, 0)
         else:
             hot_pos, hot_slots, cold_pos = self._split(ids_d)
             if hot_pos.numel():
-                res.index_copy_(0, hot_pos, self._hot.index_select(0, hot_slots))
+                copy_rows(self._hot, hot_slots, res, hot_pos)
             if cold_pos.numel():
                 self._cold.gather(res, cold_pos, ids_d[cold_pos])
             self._count(hot_pos.numel(), cold_pos.numel())

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from . import uva
+from ._gather import copy_rows
 from .row_source import RowSource
 from .simdevice import simulated_pin
 
@@ -144,10 +145,7 @@ class ColdPath:
         """Cold rows ``ids`` into ``res[pos]`` (``pos=None``: into all of ``res``)."""
         if self.view is not None:
             # zero-copy: a GPU gather kernel reading pinned host memory (simulated: CPU index)
-            if pos is None:
-                torch.index_select(self.view, 0, ids, out=res)
-            else:
-                res.index_copy_(0, pos, self.view.index_select(0, ids))
+            copy_rows(self.view, ids, res, pos)
             if not self.simulated and self._pin_handle is not None:
                 note = getattr(self._pin_handle, "note_use", None)
                 if note is not None:

@@ -44,17 +44,14 @@ kernel's 64-bit branch) are not supported here.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
 import threading
-import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..utils.triton_kernels import kernel_failed, triton_available
 from .base import Block, MiniBatch
 from .threaded import hop_key
 
@@ -64,7 +61,6 @@ __all__ = [
     "mix64_torch",
     "pinned_csr",
     "sample_hop_torch",
-    "triton_available",
 ]
 
 _SENTINEL = torch.iinfo(torch.int64).max
@@ -156,25 +152,6 @@ def _floyd_draws(
     return t, torch.zeros((), dtype=torch.int64, device=dev)
 
 
-_TRITON_FAILED: list[str] = []  # the first failure of the kernel; the torch path from then on
-
-
-@functools.cache
-def _triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def triton_available(device: torch.device) -> bool:
-    """Whether a hop on ``device`` runs as one Triton kernel (:mod:`gnnio.sampling._triton_hop`):
-    a CUDA device with Triton installed, unless ``GNNIO_TRITON=0``; on CPU tensors only under
-    ``TRITON_INTERPRET=1`` (Triton's interpreter, what the tests use)."""
-    if _TRITON_FAILED or os.environ.get("GNNIO_TRITON", "1") == "0":
-        return False
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return False
-    return _triton_importable()
-
-
 def sample_hop_torch(
     indptr: torch.Tensor,
     indices: torch.Tensor,
@@ -207,20 +184,14 @@ def sample_hop_torch(
         a 0-dim tensor, nonzero when fast draws met a rejection (then redo with ``exact=True``).
     """
     dev = dst_nodes.device
-    if fanout > 0 and total is not None and triton_available(dev):
+    if fanout > 0 and total is not None and triton_available(dev, "sample_hop"):
         try:
             from ._triton_hop import sample_hop_triton  # the whole hop in one kernel, exact
 
             src, row = sample_hop_triton(indptr, indices, dst_nodes, fanout, hop_key, total)
             return src, row, torch.zeros((), dtype=torch.int64, device=dev)
         except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the torch path
-            _TRITON_FAILED.append(f"{type(e).__name__}: {e}")
-            warnings.warn(
-                f"GPU sampler: the Triton hop kernel failed ({_TRITON_FAILED[0][:200]}); "
-                "sampling with torch ops instead (same batches, slower)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            kernel_failed("sample_hop", e, "sampling with torch ops instead (same batches)")
     start = indptr[dst_nodes]
     deg = indptr[dst_nodes + 1] - start
     k = _kcount(deg, fanout)

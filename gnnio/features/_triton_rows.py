@@ -1,0 +1,84 @@
+"""Row gather on the GPU as one Triton kernel: ``dst[dst_idx[i]] = src[src_idx[i]]``.
+
+Measured on an H100 (``benchmarks/gpu_gather_variants.py``, 200,000 random 512-byte rows out of
+1,000,000): ATen's ``index_select`` delivers 718 GB/s of row bytes, 0.58 of a device-to-device
+copy of the same bytes; this kernel 933-943 GB/s, 0.76 (docs/benchmarks.md). Each program copies
+``BR`` whole rows as a ``[BR, row words]`` tile, rows read through the widest word the row size
+and both base addresses allow (as the CPU kernel does, :func:`gnnio.features._gather.word_views`).
+With ``dst_idx`` the rows go to scattered output rows in the same pass, instead of an
+``index_select`` into a temporary and an ``index_copy_`` (the tiered store's hot part).
+
+Used through :func:`gnnio.features._gather.copy_rows`, which falls back to torch ops where this
+kernel does not apply. This module imports Triton; ``TRITON_INTERPRET=1`` (set before the import)
+runs it on CPU tensors, which is how the tests check it without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["MAX_WORDS", "copy_rows_triton"]
+
+#: widest row handled in one tile, in words (wider rows: torch ops)
+MAX_WORDS = 8192
+_TILE_WORDS = 2048  # words per program (16 KiB of int64)
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+@triton.jit
+def _rows(src, src_idx, dst, dst_idx, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
+          SCATTER: tl.constexpr):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rm = r < n
+    s = tl.load(src_idx + r, mask=rm, other=0).to(tl.int64)
+    if SCATTER:
+        d = tl.load(dst_idx + r, mask=rm, other=0).to(tl.int64)
+    else:
+        d = r
+    c = tl.arange(0, WP)
+    m = rm[:, None] & (c < W)[None, :]
+    v = tl.load(src + s[:, None] * W + c[None, :], mask=m)
+    tl.store(dst + d[:, None] * W + c[None, :], v, mask=m)
+
+
+def _word(row_bytes: int, *ptrs: int) -> int:
+    for w in (8, 4, 2, 1):
+        if row_bytes % w == 0 and all(p % w == 0 for p in ptrs):
+            return w
+    return 1
+
+
+def copy_rows_triton(
+    src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor | None
+) -> bool:
+    """``dst[dst_idx] = src[src_idx]`` (``dst[:n] = src[src_idx]`` without ``dst_idx``) when the
+    kernel applies -- contiguous 2-D ``src``/``dst`` of one dtype and row width, 1-D int32/int64
+    indices on their device, rows of at most :data:`MAX_WORDS` words -- returning True; False
+    (nothing written) otherwise. Indices are not checked."""
+    n = int(src_idx.shape[0])
+    if (
+        src.dim() != 2 or dst.dim() != 2 or src.dtype != dst.dtype or src.shape[1] != dst.shape[1]
+        or not src.is_contiguous() or not dst.is_contiguous() or src.device != dst.device
+        or src_idx.dim() != 1 or src_idx.dtype not in (torch.int32, torch.int64)
+        or (dst_idx is not None and (dst_idx.shape != src_idx.shape
+                                     or dst_idx.dtype not in (torch.int32, torch.int64)))
+    ):  # fmt: skip
+        return False
+    rb = src.shape[1] * src.element_size()
+    if n == 0 or rb == 0:
+        return True
+    w = _word(rb, src.data_ptr(), dst.data_ptr())
+    words = rb // w
+    if words > MAX_WORDS:
+        return False
+    wp = 1 << (words - 1).bit_length()
+    br = max(1, min(64, _TILE_WORDS * 8 // w // wp))
+    sv = src.view(torch.uint8).view(_WORDS[w]) if w > 1 else src.view(torch.uint8)
+    dv = dst.view(torch.uint8).view(_WORDS[w]) if w > 1 else dst.view(torch.uint8)
+    si = src_idx.contiguous()
+    di = si if dst_idx is None else dst_idx.contiguous()
+    _rows[(triton.cdiv(n, br),)](sv, si, dv, di, n, W=words, WP=wp, BR=br,
+                                 SCATTER=dst_idx is not None)  # fmt: skip
+    return True
