@@ -290,7 +290,7 @@ def test_bench_gather_and_loader_run(tmp_path, store):
         else:
             assert res["batches"] == 3 and res["seeds_per_s"] > 0
             assert res["stage_sum_ms_per_batch"] > 0 and res["sequential_ms_per_batch"] > 0
-            assert res["store_device"] == "cpu"
+            assert res["store_device"] == "cpu" and res["sampler_device"] == "cpu"
 
 
 def test_bench_loader_store_device_errors(tmp_path):
@@ -306,9 +306,13 @@ def test_bench_loader_store_device_errors(tmp_path):
     base = [str(path), "--batches", "1", "--passes", "1", "--no-progress"]
     with pytest.raises(UsageError, match="--store-device"):
         bench_loader.run(p.parse_args(base + ["--store", "mmap", "--store-device", "meta"]))
+    with pytest.raises(UsageError, match="--sampler-device 'meta!'"):
+        bench_loader.run(p.parse_args(base + ["--sampler-device", "meta!"]))
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="CUDA is not available"):
             bench_loader.run(p.parse_args(base + ["--store-device", "cuda"]))
+        with pytest.raises(UsageError, match="--sampler-device cuda: CUDA is not available"):
+            bench_loader.run(p.parse_args(base + ["--sampler-device", "cuda"]))
 
 
 @pytest.mark.gpu
@@ -326,3 +330,5 @@ def test_bench_loader_with_gpu_resident_store(tmp_path):
     args += ["--device", "cuda", "--store-device", "cuda", "--no-progress"]
     res = bench_loader.run(p.parse_args(args))
     assert res["store_device"].startswith("cuda") and res["ms_per_batch"] > 0
+    res = bench_loader.run(p.parse_args([*args, "--sampler-device", "cuda"]))
+    assert res["sampler_device"].startswith("cuda") and res["ms_per_batch"] > 0

@@ -13,7 +13,8 @@ what is left of the budget, a failure in one step recorded and the next one run:
    the pinned host->device copy, GPU-tier gather against a device-to-device copy;
 5. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores), and the GPU
    sampler reading the CSR from pinned host memory (UVA): edges/s;
-6. ``loader``: ``gnnio bench loader --device cuda`` with the store in host memory and on the GPU;
+6. ``loader``: ``gnnio bench loader --device cuda`` with the store in host memory and on the GPU,
+   and with the store and the sampler on the GPU;
 7. ``epochs``: ``gnnio train --device cuda --gpu-cache-fraction F`` at 0 / 5 / 10 / 25 % hot:
    epoch time, breakdown, ``hidden_fraction``, bytes per tier;
 8. ``cache``: ``benchmarks/cache_overhead.py --device cuda``: management ms per batch of the
@@ -200,6 +201,9 @@ def step_loader(c: Check) -> dict[str, Any]:
     return {
         "store_host": c.gnnio(*common, "--store-device", "cpu"),
         "store_gpu": c.gnnio(*common, "--store-device", c.device),
+        "store_gpu_sampler_gpu": c.gnnio(
+            *common, "--store-device", c.device, "--sampler-device", c.device
+        ),
     }
 
 

@@ -40,6 +40,11 @@ def add_arguments(p) -> None:
         help="where a 'memory' store keeps its rows (cpu, cuda): cuda measures the loader with "
         "every feature row GPU-resident",
     )
+    p.add_argument(
+        "--sampler-device",
+        default="cpu",
+        help="where the uniform sampler runs (cpu, cuda: the GPU sampler with the CSR on the GPU)",
+    )
     p.add_argument("--passes", type=int, default=5, help="timed passes (the median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
     p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
@@ -87,10 +92,23 @@ def run(args) -> dict:
         )
     if store_device.type != "cpu" and args.store != "memory":
         raise UsageError(f"--store-device {args.store_device} needs --store memory")
+    try:
+        sampler_device = torch.device(args.sampler_device)
+    except RuntimeError:
+        raise UsageError(
+            f"--sampler-device {args.sampler_device!r}: not a device (cpu, cuda)"
+        ) from None
+    if sampler_device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"--sampler-device {args.sampler_device}: CUDA is not available on this machine"
+        )
     set_threads(args.threads)
     ds = gnnio.load(args.dataset)
     fanouts = parse_fanouts_arg(args.fanouts)
-    sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, num_threads=args.threads)
+    if sampler_device.type == "cuda":
+        sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, device=sampler_device)
+    else:
+        sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, num_threads=args.threads)
     store = open_store(
         ds, kind=args.store, device=store_device, num_threads=args.threads,
         progress=not args.no_progress,
@@ -142,6 +160,7 @@ def run(args) -> dict:
         "dataset": str(ds.path),
         "store": args.store,
         "store_device": str(store_device),
+        "sampler_device": str(sampler_device),
         "device": str(device),
         "threads": args.threads,
         "batches": nb,
