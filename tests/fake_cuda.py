@@ -100,3 +100,50 @@ def fake_events(monkeypatch) -> list:
 
     monkeypatch.setattr(torch.cuda, "synchronize", no_device_sync)
     return FakeEvent.log
+
+
+class FakeCudaRuntime:
+    """``cudaHostRegister`` / ``cudaHostUnregister`` over address ranges, for :mod:`gnnio.features.uva`.
+
+    ``calls`` records every call as ``(name, ptr, nbytes or None)``; ``log`` (default: ``calls``)
+    receives the same entries, so a test can interleave them with :func:`fake_events`' log.
+    ``fail_at``: the register call (0-based) that fails with ``cudaErrorMemoryAllocation``."""
+
+    def __init__(self, log: list | None = None, fail_at: int | None = None) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        self.calls: list[tuple[str, int, int | None]] = []
+        self.log = self.calls if log is None else log
+        self.fail_at = fail_at
+
+    def _record(self, entry: tuple) -> None:
+        self.calls.append(entry)
+        if self.log is not self.calls:
+            self.log.append(entry)
+
+    def cudaHostRegister(self, ptr, nbytes, flags):  # noqa: N802 - CUDA's name
+        n = sum(1 for c in self.calls if c[0] == "register")
+        self._record(("register", ptr, nbytes))
+        if n == self.fail_at:
+            return 2  # cudaErrorMemoryAllocation
+        self.ranges.append((ptr, ptr + nbytes))
+        return 0
+
+    def cudaHostUnregister(self, ptr):  # noqa: N802
+        self._record(("unregister", ptr, None))
+        self.ranges = [r for r in self.ranges if r[0] != ptr]
+        return 0
+
+    def pinned(self, t: torch.Tensor) -> bool:
+        p = t.data_ptr()
+        return any(a <= p < b for a, b in self.ranges)
+
+
+def install_runtime(monkeypatch, rt: FakeCudaRuntime) -> FakeCudaRuntime:
+    """Make ``uva`` register through ``rt``, ``Tensor.is_pinned`` ask it, and start with no
+    registrations."""
+    from gnnio.features import uva
+
+    monkeypatch.setattr(uva, "_cudart", lambda: rt)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: rt.pinned(self))
+    monkeypatch.setattr(uva, "_registrations", {})
+    return rt

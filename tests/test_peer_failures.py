@@ -24,43 +24,20 @@ import pytest
 import torch
 
 from gnnio.features import uva
-from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_events
-
-
-class ChunkRuntime:
-    """Registers ranges as CUDA does; ``fail_at``: the call number (0-based) that fails."""
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.ranges: list[tuple[int, int]] = []
-        self.calls: list[tuple[str, int, int | None]] = []
-        self.fail_at = fail_at
-
-    def cudaHostRegister(self, ptr, nbytes, flags):  # noqa: N802 - CUDA's name
-        n = sum(1 for c in self.calls if c[0] == "register")
-        self.calls.append(("register", ptr, nbytes))
-        if n == self.fail_at:
-            return 2  # cudaErrorMemoryAllocation
-        self.ranges.append((ptr, ptr + nbytes))
-        return 0
-
-    def cudaHostUnregister(self, ptr):  # noqa: N802
-        self.calls.append(("unregister", ptr, None))
-        self.ranges = [r for r in self.ranges if r[0] != ptr]
-        return 0
-
-    def pinned(self, t: torch.Tensor) -> bool:
-        p = t.data_ptr()
-        return any(a <= p < b for a, b in self.ranges)
+from tests.fake_cuda import (
+    FakeCudaRuntime,
+    FakeCudaTensor,
+    fake_cuda,
+    fake_events,
+    install_runtime,
+)
 
 
 @pytest.fixture
 def runtime(monkeypatch):
     fake_cuda(monkeypatch)
     fake_events(monkeypatch)
-    rt = ChunkRuntime()
-    monkeypatch.setattr(uva, "_cudart", lambda: rt)
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: rt.pinned(self))
-    monkeypatch.setattr(uva, "_registrations", {})
+    rt = install_runtime(monkeypatch, FakeCudaRuntime())
     monkeypatch.setattr(torch.cuda, "CudaError", lambda code: f"CUDA error {code}")
     monkeypatch.setattr(uva, "clear_last_cuda_error", lambda *a: None)
     monkeypatch.delenv("GNNIO_PIN_LIMIT", raising=False)

@@ -13,38 +13,20 @@ import pytest
 import torch
 
 from gnnio.features import uva
-from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_events
-
-
-class FakeRuntime:
-    def __init__(self, log: list) -> None:
-        self.ranges: list[tuple[int, int]] = []
-        self.log = log
-
-    def cudaHostRegister(self, ptr, nbytes, flags):  # noqa: N802 - CUDA's name
-        self.ranges.append((ptr, ptr + nbytes))
-        self.log.append(("register", ptr, nbytes))
-        return 0
-
-    def cudaHostUnregister(self, ptr):  # noqa: N802
-        self.ranges = [r for r in self.ranges if r[0] != ptr]
-        self.log.append(("unregister", ptr, None))
-        return 0
-
-    def pinned(self, t: torch.Tensor) -> bool:
-        p = t.data_ptr()
-        return any(a <= p < b for a, b in self.ranges)
+from tests.fake_cuda import (
+    FakeCudaRuntime,
+    FakeCudaTensor,
+    fake_cuda,
+    fake_events,
+    install_runtime,
+)
 
 
 @pytest.fixture
 def runtime(monkeypatch):
     fake_cuda(monkeypatch)
     log = fake_events(monkeypatch)
-    rt = FakeRuntime(log)
-    monkeypatch.setattr(uva, "_cudart", lambda: rt)
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: rt.pinned(self))
-    monkeypatch.setattr(uva, "_registrations", {})
-    return rt
+    return install_runtime(monkeypatch, FakeCudaRuntime(log))
 
 
 def test_a_larger_tensor_at_a_registered_address_is_not_taken_as_pinned(runtime):
