@@ -149,3 +149,44 @@ def save_figure(fig, path: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def run_record(s: dict, name: str, variant: str, seed: int, compute_s, wall: float, cpu: float,
+               warns: list[str]) -> dict:  # fmt: skip
+    """One training run's record (both accuracy scripts): the summary ``s``'s accuracies, bytes
+    and rows per epoch, and a per-epoch history of loss, accuracies, bytes, rows and compute."""
+    hist = []
+    for h in s["history"]:
+        rec = {k: h[k] for k in ("epoch", "loss", "train_acc", "valid_acc", "test_acc")}
+        rec["host_bytes"] = int(h["bytes_by_tier"].get("host", 0))
+        rec["gpu_bytes"] = int(h["bytes_by_tier"].get("gpu", 0))
+        rec["rows"] = int(sum(h.get("rows_by_tier", {}).values()))
+        rec["batches"] = int(h["batches"])
+        rec["compute_s"] = h["breakdown_s"]["compute"]
+        for k in ("locality_scale", "loading_share", "loading_share_kind"):
+            if k in h:
+                rec[k] = h[k]
+        hist.append(rec)
+    n = max(len(hist), 1)
+    return {
+        "dataset": name,
+        "variant": variant,
+        "seed": seed,
+        "test_acc": s["test_acc"],
+        "best_valid_acc": s["best_valid_acc"],
+        "best_epoch": s["best_epoch"],
+        "last_test_acc": hist[-1]["test_acc"] if hist else 0.0,
+        "batches_per_epoch": s["batches_per_epoch"],
+        "host_bytes_per_epoch": s["bytes_by_tier"].get("host", 0) / n,
+        "gpu_bytes_per_epoch": s["bytes_by_tier"].get("gpu", 0) / n,
+        "bytes_per_epoch": sum(s["bytes_by_tier"].values()) / n,
+        "rows_per_batch": sum(h["rows"] for h in hist) / max(sum(h["batches"] for h in hist), 1),
+        "sampling": s.get("sampling"),
+        "locality_compute_s": compute_s,
+        "data_setup": s.get("data_setup"),
+        "epoch_time_s": s["epoch_time_s"],
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "warnings": warns,
+        "history": hist,
+    }

@@ -63,6 +63,7 @@ from _accuracy_common import (
     paired_diff,
     per_dataset,
     pyplot,
+    run_record,
     save_figure,
     timed_train,
     write_json,
@@ -234,39 +235,8 @@ def config_for(name: str, variant: str, seed: int, args, compute_s: float | None
 
 
 def run_one(path: str, name: str, variant: str, seed: int, args, compute_s=None) -> dict:
-    cfg = config_for(name, variant, seed, args, compute_s)
-    s, wall, cpu, warns = timed_train(path, cfg)
-    hist = []
-    for h in s["history"]:
-        rec = {k: h[k] for k in ("epoch", "loss", "train_acc", "valid_acc", "test_acc")}
-        rec["host_bytes"] = int(h["bytes_by_tier"].get("host", 0))
-        rec["gpu_bytes"] = int(h["bytes_by_tier"].get("gpu", 0))
-        rec["compute_s"] = h["breakdown_s"]["compute"]
-        for k in ("locality_scale", "loading_share", "loading_share_kind"):
-            if k in h:
-                rec[k] = h[k]
-        hist.append(rec)
-    n = max(len(hist), 1)
-    return {
-        "dataset": name,
-        "variant": variant,
-        "seed": seed,
-        "test_acc": s["test_acc"],
-        "best_valid_acc": s["best_valid_acc"],
-        "best_epoch": s["best_epoch"],
-        "last_test_acc": hist[-1]["test_acc"] if hist else 0.0,
-        "batches_per_epoch": s["batches_per_epoch"],
-        "host_bytes_per_epoch": s["bytes_by_tier"].get("host", 0) / n,
-        "gpu_bytes_per_epoch": s["bytes_by_tier"].get("gpu", 0) / n,
-        "sampling": s.get("sampling"),
-        "locality_compute_s": compute_s,
-        "data_setup": s.get("data_setup"),
-        "epoch_time_s": s["epoch_time_s"],
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "warnings": warns,
-        "history": hist,
-    }
+    s, wall, cpu, warns = timed_train(path, config_for(name, variant, seed, args, compute_s))
+    return run_record(s, name, variant, seed, compute_s, wall, cpu, warns)
 
 
 def summarize(runs: list[dict], tolerance: float) -> dict:
