@@ -64,3 +64,21 @@ def subset_counts(picks: np.ndarray, deg: int) -> np.ndarray:
     for row in np.sort(picks, axis=1).tolist():
         counts[index[tuple(row)]] += 1
     return counts
+
+
+def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:
+    """Run ``script`` in a fresh Python with ``TRITON_INTERPRET=1`` (it must be set before Triton
+    is imported) and the checkout on the path; it must exit 0 and print ``ok`` last."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    env.pop("GNNIO_TRITON", None)
+    r = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "ok"

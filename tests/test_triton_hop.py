@@ -5,16 +5,11 @@ real GPU runs the same check in the ``gpu`` tests."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("triton")
+from tests.helpers import run_in_triton_interpreter
 
-ROOT = Path(__file__).resolve().parent.parent
+pytest.importorskip("triton")
 
 SCRIPT = r"""
 import os
@@ -64,11 +59,4 @@ print("ok")
 
 
 def test_triton_hop_equals_the_cpu_kernels():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("GNNIO_TRITON", None)
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "ok"
+    run_in_triton_interpreter(SCRIPT)

@@ -7,19 +7,11 @@ On a real GPU the ``gpu`` tests of the stores run the same kernel."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from gnnio.features._gather import copy_rows
-
-pytest.importorskip("triton")
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import run_in_triton_interpreter
 
 SCRIPT = r"""
 import numpy as np, torch
@@ -65,14 +57,8 @@ print("ok")
 
 
 def test_triton_row_copy_equals_index_select():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("GNNIO_TRITON", None)
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "ok"
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(SCRIPT)
 
 
 def test_copy_rows_without_triton_is_index_select():

@@ -66,6 +66,19 @@ class FirstBatches:
             yield b
 
 
+def _device_option(option: str, value: str) -> torch.device:
+    """The device an option names; a one-line UsageError if it is none, or CUDA is missing."""
+    from ..errors import UsageError
+
+    try:
+        dev = torch.device(value)
+    except RuntimeError:
+        raise UsageError(f"{option} {value!r}: not a device (cpu, cuda)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"{option} {value}: CUDA is not available on this machine")
+    return dev
+
+
 def run(args) -> dict:
     import gnnio
 
@@ -80,28 +93,10 @@ def run(args) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
-    try:
-        store_device = torch.device(args.store_device)
-    except RuntimeError:
-        raise UsageError(
-            f"--store-device {args.store_device!r}: not a device (cpu, cuda)"
-        ) from None
-    if store_device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(
-            f"--store-device {args.store_device}: CUDA is not available on this machine"
-        )
+    store_device = _device_option("--store-device", args.store_device)
     if store_device.type != "cpu" and args.store != "memory":
         raise UsageError(f"--store-device {args.store_device} needs --store memory")
-    try:
-        sampler_device = torch.device(args.sampler_device)
-    except RuntimeError:
-        raise UsageError(
-            f"--sampler-device {args.sampler_device!r}: not a device (cpu, cuda)"
-        ) from None
-    if sampler_device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(
-            f"--sampler-device {args.sampler_device}: CUDA is not available on this machine"
-        )
+    sampler_device = _device_option("--sampler-device", args.sampler_device)
     set_threads(args.threads)
     ds = gnnio.load(args.dataset)
     fanouts = parse_fanouts_arg(args.fanouts)
