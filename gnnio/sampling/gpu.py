@@ -3,7 +3,10 @@
 The same contract as :class:`gnnio.sampling.uniform.UniformSampler` (whose ``device="cuda"`` path
 lands here): fanout order, fresh sampling for every destination of every hop, first-appearance
 local ids, blocks ordered input layer first. Nothing here is CUDA-specific, so the logic is tested
-on CPU tensors; on a GPU every step is a handful of kernels with no per-node Python.
+on CPU tensors; on a GPU every step is a handful of kernels with no per-node Python. On CUDA with
+Triton installed, each hop's draws are one Triton kernel instead (:mod:`._triton_hop`; measured on
+an H100: 8.7 -> 2.6 ms per batch of 1024 seeds, fanouts 15,10,5, the same batches); the torch ops
+below remain the path for CPU tensors, fanout ``-1``, and a Triton that cannot build the kernel.
 
 Host synchronisations are what sizes require, and no more: one per batch for the seeds (range,
 repeats, and how many edges each later hop will draw from them) and one per hop (how many new
