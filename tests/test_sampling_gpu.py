@@ -61,14 +61,16 @@ def test_pinned_csr_views_alias_the_host_csr(monkeypatch):
     """UVA sampling pins the host CSR in place and views it from the GPU: no copy."""
     from gnnio.features import uva
     from gnnio.sampling.gpu import pinned_csr
-    from tests.fake_cuda import FakeCudaTensor, fake_cuda, fake_events
-    from tests.test_pinning import FakeRuntime
+    from tests.fake_cuda import (
+        FakeCudaRuntime,
+        FakeCudaTensor,
+        fake_cuda,
+        fake_events,
+        install_runtime,
+    )
 
     fake_cuda(monkeypatch)
-    rt = FakeRuntime(fake_events(monkeypatch))
-    monkeypatch.setattr(uva, "_cudart", lambda: rt)
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: rt.pinned(self))
-    monkeypatch.setattr(uva, "_registrations", {})
+    rt = install_runtime(monkeypatch, FakeCudaRuntime(fake_events(monkeypatch)))
     real_as_tensor = torch.as_tensor
 
     def as_tensor(obj, *a, **k):
