@@ -27,14 +27,14 @@ _triton_hop.sample_hop_triton = lambda *a, **k: calls.append(a[3]) or real(*a, *
 rng = np.random.default_rng(0)
 g = random_graph(2000, 30000, seed=3)
 h = shared_neighbourhood_graph(200, 3000)  # rows far above the fanout (hashed Floyd on the CPU)
-cases = [(g, [15, 10, 5], 600), (g, [1, 2], 300), (g, [3, -1], 200), (g, [0, 4], 100),
-         (h, [40, 3], 150), (h, [7], 200)]
+cases = [(g, [15, 10, 5], 120), (g, [1, 2], 200), (g, [3, -1], 100), (g, [0, 4], 100),
+         (h, [40, 3], 100), (h, [7], 200)]
 for graph, fanouts, size in cases:
     ip, ix = graph.to_torch()
     cpu = UniformSampler(graph, fanouts, seed=9, num_threads=2)
     tor = TorchUniformSampler(ip, ix.to(torch.int32), fanouts)
     n = graph.num_nodes
-    for i in range(2):
+    for i in range(1):
         seeds = rng.choice(n, min(size, n), replace=False).astype(np.int64)
         e = (7 << 32) + i
         a = tor.sample(torch.from_numpy(seeds), call_key(9, epoch_seed=e))
@@ -45,7 +45,7 @@ for graph, fanouts, size in cases:
 assert sorted(set(calls)) == [1, 2, 3, 4, 5, 7, 10, 15, 40], sorted(set(calls))
 # keys with the top bit set, and the hop alone against the exact torch draws
 ip, ix = g.to_torch()
-dst = torch.from_numpy(rng.choice(2000, 500, replace=False))
+dst = torch.from_numpy(rng.choice(2000, 200, replace=False))
 for key in (5, (1 << 64) - 3, 1 << 63):
     total = int(torch.clamp(ip[dst + 1] - ip[dst], max=12).sum())
     s64 = key - (1 << 64) if key >= 1 << 63 else key
