@@ -71,3 +71,6 @@ def test_copy_rows_without_triton_is_index_select():
     out = torch.zeros(6, 6)
     copy_rows(src, ids, out, torch.tensor([5, 0, 2, 1]))
     assert torch.equal(out[[5, 0, 2, 1]], src[ids]) and not out[[3, 4]].any()
+    big = torch.zeros(6, 12)
+    copy_rows(src, ids, big[:, ::2])  # a strided destination
+    assert torch.equal(big[:4, ::2], src[ids]) and not big[:, 1::2].any() and not big[4:].any()

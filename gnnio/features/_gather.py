@@ -287,8 +287,10 @@ def copy_rows(
         except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: torch ops
             kernel_failed("copy_rows", e, "gathering rows with index_select instead")
     n = int(src_idx.shape[0])
-    if dst_idx is None:
+    if dst_idx is None and dst.is_contiguous():
         torch.index_select(src, 0, src_idx, out=dst[:n])
+    elif dst_idx is None:
+        dst[:n].copy_(src.index_select(0, src_idx))
     else:
         dst.index_copy_(0, dst_idx, src.index_select(0, src_idx))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._gather import HAVE_NUMBA, as_index_array, word_views
+from ._gather import HAVE_NUMBA, as_index_array, copy_rows, word_views
 from .base import FeatureStore
 
 __all__ = ["FirstOccurrence", "ids_on", "move_rows"]
@@ -80,9 +80,10 @@ def move_rows(
 ) -> None:
     """``dst[dst_idx[i]] = src[src_idx[i]]`` for every ``i`` (``dst_idx=None``: ``dst[i]``).
 
-    On the CPU a parallel numba byte-copy kernel (one pass, no temporary); elsewhere
-    ``index_select`` + ``index_copy_``. ``src`` and ``dst`` are contiguous 2-D tensors of the same
-    width and dtype; indices int64 on their device.
+    On the CPU a parallel numba byte-copy kernel (one pass, no temporary); on one GPU
+    :func:`~gnnio.features._gather.copy_rows` (the Triton row kernel where Triton is installed);
+    across devices ``index_select`` + ``index_copy_``. ``src`` and ``dst`` are contiguous 2-D
+    tensors of the same width and dtype; indices int64 on their device.
     """
     if src_idx.numel() == 0:
         return
@@ -91,6 +92,11 @@ def move_rows(
         di = np.arange(src_idx.numel(), dtype=np.int64) if dst_idx is None else dst_idx.numpy()
         s_w, d_w = word_views(_bytes2d(src), _bytes2d(dst))  # 8-byte words where rows allow
         _move_bytes(s_w, src_idx.numpy(), d_w, di)
+        return
+    if src.device == dst.device:
+        copy_rows(
+            src, src_idx.to(src.device), dst, None if dst_idx is None else dst_idx.to(dst.device)
+        )
         return
     rows = src.index_select(0, src_idx.to(src.device)).to(dst.device)
     if dst_idx is None:
