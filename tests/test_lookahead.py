@@ -342,3 +342,39 @@ def test_lookahead_cache_on_cuda_equals_the_cpu_kernels(policy):  # pragma: no c
             hits.append(c.stats.hits - before)
         caches[dev] = hits
     assert caches["cpu"] == caches["cuda"] and sum(caches["cpu"]) > 0
+
+
+@pytest.mark.parametrize("k", [0, 2, 7])
+def test_announce_deduplicates_in_the_kernel_pass(k):
+    """FeatureCache.announce on the CPU deduplicates inside the kernels' announce pass (no separate
+    dedup): with repeated ids in every batch, the cache's hits and rows equal those of the torch
+    path (dedup, then announce), batch for batch, and the state is the same."""
+    rng = np.random.default_rng(k)
+    n = 500
+    store = _store(n, dim=3)
+    hot = rng.permutation(n)
+    trace = [torch.from_numpy(rng.integers(0, n, int(rng.integers(0, 150)))) for _ in range(25)]
+    out = []
+    for kernels in (True, False):
+        c = FeatureCache(store, 60, "lookahead", hot_ids=hot, lookahead=k)
+        c.policy.use_kernels = kernels
+        hits, announced = [], 0
+        for t, ids in enumerate(trace):
+            while announced < min(len(trace), t + 1 + k):
+                c.announce(trace[announced])
+                announced += 1
+            before = c.stats.hits
+            assert torch.equal(c.gather(ids), store.gather(ids))
+            hits.append(c.stats.hits - before)
+        out.append((hits, c.policy))
+    (ha, pa), (hb, pb) = out
+    assert ha == hb and sum(ha) > 0
+    for name in ("keystate", "key_of", "ring_ids", "ring_next"):
+        assert torch.equal(getattr(pa, name), getattr(pb, name)), name
+    # the fused pass's (unique, inverse) is what the separate dedup gives
+    pol = make_any_policy("lookahead", 10, n, lookahead=2)
+    ids = torch.tensor([5, 3, 5, 9, 3, 3, 0])
+    uniq, inv = pol.announce_ids(ids)
+    assert uniq.tolist() == [5, 3, 9, 0] and inv.tolist() == [0, 1, 0, 2, 1, 1, 3]
+    uniq, inv = pol.announce_ids(torch.tensor([4, 1]))
+    assert uniq.tolist() == [4, 1] and inv is None

@@ -60,6 +60,45 @@ def announce(keys, state, ring_ids, ring_next, slot_rank, consumed, next_serial,
 
 
 @njit(cache=True, nogil=True)
+def announce_dedup(ids, state, ring_ids, ring_next, slot_rank, consumed, next_serial, j, uniq, inv):
+    """:func:`announce` of batch ``j``'s raw ``ids`` (repeats allowed) with the deduplication in
+    the same pass: an id whose last announced serial is already this batch's (``>=
+    next_serial``) is a repeat. Writes the distinct ids in order of first occurrence to ``uniq``
+    and each id's position among them to ``inv``; returns ``(count, had_repeats)``."""
+    r = ring_ids.shape[0]
+    n = ids.shape[0]
+    flat = state.ravel()
+    p = next_serial % r
+    u = 0
+    repeats = False
+    for i in range(n):
+        _ahead(flat, ids, i, n)
+        k = ids[i]
+        prev = state[k, LAST]
+        if prev >= next_serial:  # announced earlier in this batch
+            inv[i] = prev - next_serial
+            repeats = True
+            continue
+        if prev >= consumed:
+            ring_next[prev % r] = j
+        else:
+            state[k, RANK] = j
+            s = state[k, SLOT]
+            if s >= 0:
+                slot_rank[s] = j
+        ring_ids[p] = k
+        ring_next[p] = INF
+        state[k, LAST] = next_serial + u
+        uniq[u] = k
+        inv[i] = u
+        u += 1
+        p += 1
+        if p == r:
+            p = 0
+    return u, repeats
+
+
+@njit(cache=True, nogil=True)
 def begin_batch(keys, state, ring_ids, ring_next, a, slot_rank, slots):
     """Serve the announced batch at serials ``a ..``: False (nothing changed) unless ``keys`` are
     exactly its ids; else count each key (its fallback rank's frequency field, down by one until

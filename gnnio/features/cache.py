@@ -250,8 +250,12 @@ class FeatureCache(FeatureStore):
             return
         idx = ids_on(self, ids, self.device)
         with self._lock:
-            uniq, inv = self._dedup(idx)
-            self.policy.announce(uniq)
+            fused = self.policy.announce_ids(idx)  # CPU kernels: dedup in the same pass
+            if fused is None:
+                uniq, inv = self._dedup(idx)
+                self.policy.announce(uniq)
+            else:
+                uniq, inv = fused
             # kept for gather() of the same ids: validated and deduplicated once, not twice
             self._announced.append((ids, idx, uniq, inv))
 

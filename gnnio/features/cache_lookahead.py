@@ -191,6 +191,30 @@ class LookaheadPolicy(CachePolicy):
         self.next_serial += m
         self.announced += 1
 
+    def announce_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Announce the next batch from its raw ids (int64 on ``device``, repeats allowed),
+        deduplicated in the same pass (the CPU kernels): ``(unique, inverse or None)`` as
+        :class:`~gnnio.features.batch_ops.FirstOccurrence` returns them. None where the kernels
+        do not run (the caller deduplicates and calls :meth:`announce`)."""
+        if not self.use_kernels:
+            return None
+        n = int(ids.numel())
+        if n == 0:
+            return ids, None
+        ids = ids.contiguous()
+        self._reserve(self.next_serial - self.consumed + n)
+        uniq = torch.empty(n, dtype=torch.int64)
+        inv = torch.empty(n, dtype=torch.int64)
+        m, repeats = _K.announce_dedup(
+            ids.numpy(), self.keystate.numpy(), self.ring_ids.numpy(), self.ring_next.numpy(),
+            self.slot_rank.numpy(), self.consumed, self.next_serial, self.announced,
+            uniq.numpy(), inv.numpy(),
+        )  # fmt: skip
+        self.pending.append((self.announced, self.next_serial, m))
+        self.next_serial += m
+        self.announced += 1
+        return (uniq[:m], inv) if repeats else (uniq, None)
+
     def begin_batch(self, keys: torch.Tensor) -> None:
         """The cache serves a batch with unique keys ``keys`` (first-occurrence order): consume the
         oldest announced batch (it must be this one), or announce and consume it at once."""
