@@ -33,7 +33,8 @@ slots hold the top ``hot_keys`` for good (the static hot part) and the ranking r
 with ``hot_keys`` the other slots start with the next hottest keys (a warm start, like a static
 cache's; without it a short trace measures mostly the fill-up).
 
-Cost per batch, all vectorized (no Python per id): ``announce`` O(batch); ``begin_batch`` O(batch);
+Cost per batch, all vectorized (no Python per id): ``announce`` O(batch) (on the CPU
+:meth:`LookaheadPolicy.announce_ids` also deduplicates the raw ids in that pass); ``begin_batch`` O(batch);
 ``admit`` one gather of the cached ids' ranks and one ``topk`` (of the victims) over the cached ids
 plus the misses (LRU does one over the cached ids). The rank of every key is kept current in one
 array (``rank_of``: the next use while announced, else the fallback, updated where the next use or
