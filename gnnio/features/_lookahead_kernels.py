@@ -64,7 +64,10 @@ def announce_dedup(ids, state, ring_ids, ring_next, slot_rank, consumed, next_se
     """:func:`announce` of batch ``j``'s raw ``ids`` (repeats allowed) with the deduplication in
     the same pass: an id whose last announced serial is already this batch's (``>=
     next_serial``) is a repeat. Writes the distinct ids in order of first occurrence to ``uniq``
-    and each id's position among them to ``inv``; returns ``(count, had_repeats)``."""
+    and each id's position among them to ``inv``; returns ``(count, had_repeats)``.
+
+    The per-key body repeats :func:`announce`'s on purpose: the same body as an inlined helper
+    measured 37 % slower (14.1 against 10.3 ms of management per batch, syn21, 10 % cache)."""
     r = ring_ids.shape[0]
     n = ids.shape[0]
     flat = state.ravel()
