@@ -55,7 +55,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..utils.triton_kernels import kernel_failed, triton_available
-from .base import Block, MiniBatch
+from .base import Block, MiniBatch, dst_ptr
 from .threaded import hop_key
 
 __all__ = [
@@ -403,10 +403,11 @@ class TorchUniformSampler:
             dst_nodes = torch.cat(parts)
         loc[dst_nodes] = -1
         self._give(loc, first)
-        blocks = [
-            Block(hop_edges[h], num_src=hop_nodes[h + 1], num_dst=hop_nodes[h])
+        blocks = [  # edges grouped by destination as on the CPU: the CSR pointer, no sync
+            Block(hop_edges[h], num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
+                  ptr=dst_ptr(hop_edges[h], hop_nodes[h]))
             for h in range(len(hop_edges) - 1, -1, -1)
-        ]
+        ]  # fmt: skip
         return MiniBatch(
             seeds=seeds, input_nodes=dst_nodes, blocks=blocks, meta={"hop_nodes": hop_nodes}
         )

@@ -61,7 +61,7 @@ import torch
 
 from ..graph.csr import CSRGraph
 from . import _kernels
-from .base import Block, MiniBatch
+from .base import Block, MiniBatch, dst_ptr
 from .threaded import (
     ThreadedCPUSampler,
     _hop_key,
@@ -389,12 +389,9 @@ def _assemble(
     """Blocks (input layer first) from per-hop local edge arrays ``[2, E]``."""
     blocks = []
     for h in range(len(hop_edges) - 1, -1, -1):
-        blocks.append(
-            Block(
-                edge_index=torch.from_numpy(hop_edges[h]),
-                num_src=hop_nodes[h + 1],
-                num_dst=hop_nodes[h],
-            )
+        ei = torch.from_numpy(hop_edges[h])
+        blocks.append(  # edges grouped by destination in order: the CSR pointer comes for free
+            Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h], ptr=dst_ptr(ei, hop_nodes[h]))
         )
     return MiniBatch(
         seeds=torch.from_numpy(seeds),

@@ -45,19 +45,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import DatasetError, GnnioError
 from ..graph.dataset import Dataset, load
 from ..utils.outputs import write_atomic
 from ..utils.progress import bar
 from ..utils.rss import rss_bytes
+from .build import build_training, train_step
 from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_stores
 from .config import TrainConfig, check_device
-from .evaluate import evaluate_full, evaluate_sampled, make_node_loader
-from .models import build_model
+from .evaluate import evaluate_full, evaluate_sampled
 from .summary import (
     hidden_fraction,
     loading_share,
@@ -183,51 +181,23 @@ def train(
     if num_classes < 2:
         raise DatasetError(f"{ds.path}: needs at least 2 classes to train, has {num_classes}")
 
-    torch.manual_seed(cfg.seed)
-    fanouts = [int(f) for f in cfg.fanouts]
-    eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
-    labels = torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
-
-    setup = run.build_store(ds, cfg, device)
-    store = setup.store
-    sampler, adaptive = run.build_sampler(ds, cfg, fanouts, setup)
-    order = run.build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
-    train_loader = make_node_loader(
-        sampler,
-        store,
-        ds.train_idx,
-        labels,
-        cfg.batch_size,
-        cfg.seed,
-        device,
-        cfg.prefetch,
-        order=order,
-        stall_timeout=cfg.stall_timeout,
+    parts = build_training(ds, cfg, run, device)
+    setup, store, sampler, adaptive, order = (
+        parts.setup,
+        parts.store,
+        parts.sampler,
+        parts.adaptive,
+        parts.order,
     )
-    eval_loaders = {}
-    if cfg.eval == "sampled":
-        eval_sampler = run.build_eval_sampler(ds, cfg, fanouts)
-        for name, idx in (("valid", ds.valid_idx), ("test", ds.test_idx)):
-            eval_loaders[name] = make_node_loader(
-                eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
-                cfg.prefetch, order=run.eval_order(idx, eval_bs, cfg.seed),
-                stall_timeout=cfg.stall_timeout,
-            )  # fmt: skip
-
-    model = build_model(
-        cfg.model,
-        ds.feat_dim,
-        cfg.hidden,
-        num_classes,
-        cfg.num_layers,
-        dropout=cfg.dropout,
-        heads=cfg.heads,
-        attn_dropout=cfg.attn_dropout,
-        feature_norm=cfg.feature_norm,
-        edge_weight_norm=cfg.edge_weight_norm,
-    ).to(device)
-    net = run.wrap_model(model)  # what trains (DDP with ranks); `model` evaluates and is saved
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    train_loader, eval_loaders, model, net, opt = (
+        parts.train_loader,
+        parts.eval_loaders,
+        parts.model,
+        parts.net,
+        parts.opt,
+    )
+    labels = parts.labels
+    eval_bs = parts.eval_batch_size
     iso = iso_undo = None
     if cfg.isolation == "auto":  # BGL §3.4: profile the stages, give each its threads
         from .isolate import isolate
@@ -402,17 +372,11 @@ def _train_epoch(
             except StopIteration:
                 break
             wait += time.perf_counter() - t0
-            timer.start()
-            logits = model(batch.x, batch.blocks)
+            logits, loss = train_step(model, opt, batch, timer)
             y = batch.labels
-            loss = F.cross_entropy(logits, y, ignore_index=-1)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            timer.stop()
             b = int(y.shape[0])
-            batch_loss = loss.detach().double() * b
-            batch_correct = ((logits.detach().argmax(dim=1) == y) & (y >= 0)).sum()
+            batch_loss = loss.double() * b
+            batch_correct = ((logits.argmax(dim=1) == y) & (y >= 0)).sum()
             loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
             correct = batch_correct if correct is None else correct + batch_correct
             seen += b
@@ -424,8 +388,8 @@ def _train_epoch(
                 for kind in ("rows", "bytes"):
                     for t, v in c[kind].items():
                         counted[kind][t] = counted[kind].get(t, 0) + v
-            if device.type == "cpu" and not math.isfinite(float(loss.detach())):  # cheap on a CPU
-                _non_finite(epoch, batches - 1, float(loss.detach()))
+            if device.type == "cpu" and not math.isfinite(float(loss)):  # cheap on a CPU
+                _non_finite(epoch, batches - 1, float(loss))
             every = cfg.checkpoint_every or 0
             if on_batch and batches % every == 0 and batches < (num_batches or batches + 1):
                 on_batch(epoch, batches, {
