@@ -54,7 +54,7 @@ from contextlib import contextmanager
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..utils.triton_kernels import kernel_failed, triton_available
+from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .base import Block, MiniBatch, dst_ptr
 from .threaded import hop_key
 
@@ -192,9 +192,11 @@ def sample_hop_torch(
             from ._triton_hop import sample_hop_triton  # the whole hop in one kernel, exact
 
             src, row = sample_hop_triton(indptr, indices, dst_nodes, fanout, hop_key, total)
+            kernel_ran("hop", "triton")
             return src, row, torch.zeros((), dtype=torch.int64, device=dev)
         except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the torch path
             kernel_failed("sample_hop", e, "sampling with torch ops instead (same batches)")
+    kernel_ran("hop", "torch")
     start = indptr[dst_nodes]
     deg = indptr[dst_nodes + 1] - start
     k = _kcount(deg, fanout)

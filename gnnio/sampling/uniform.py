@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from ..graph.csr import CSRGraph
+from ..utils.triton_kernels import kernel_ran
 from . import _kernels
 from .base import Block, MiniBatch, dst_ptr
 from .threaded import (
@@ -172,6 +173,7 @@ class UniformSampler(ThreadedCPUSampler):
         key = self._next_key(epoch_seed)
         if self._torch is not None:
             return self._torch.sample(seeds, key)
+        kernel_ran("hop", "numba")
         return self._sample_cpu(check_seeds(seeds, self.num_nodes), key)
 
     # -- CPU path ------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ final numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -52,10 +53,12 @@ from ..graph.dataset import Dataset, load
 from ..utils.outputs import write_atomic
 from ..utils.progress import bar
 from ..utils.rss import rss_bytes
+from ..utils.triton_kernels import kernels_report, reset_kernel_record
 from .build import build_training, train_step
 from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_stores
 from .config import TrainConfig, check_device
 from .evaluate import evaluate_full, evaluate_sampled
+from .gpu_plan import apply_layout_plan
 from .summary import (
     hidden_fraction,
     loading_share,
@@ -181,7 +184,12 @@ def train(
     if num_classes < 2:
         raise DatasetError(f"{ds.path}: needs at least 2 classes to train, has {num_classes}")
 
-    parts = build_training(ds, cfg, run, device)
+    if cfg.device == "auto":
+        cfg = dataclasses.replace(cfg, device=str(device))
+    build_cfg, plan = apply_layout_plan(ds, cfg, device, run.world_size)  # --device auto|cuda
+    if plan.get("planned") and cfg.progress and run.is_main:
+        _status(_describe_plan(plan))
+    parts = build_training(ds, build_cfg, run, device)
     setup, store, sampler, adaptive, order = (
         parts.setup,
         parts.store,
@@ -206,6 +214,7 @@ def train(
         if cfg.progress and run.is_main:
             _status(iso.describe())
 
+    reset_kernel_record()
     ckdir, resumed = open_checkpoints(cfg, ds, run)  # --checkpoint-dir / --resume
     prog = resume_progress(resumed, model=model, opt=opt, store=store, sampler=sampler,
                            adaptive=adaptive, run=run)  # fmt: skip
@@ -306,6 +315,8 @@ def train(
     summary["data_setup"] = setup.info
     summary.update(simulation_facts(device, setup.info))
     summary["isolation"] = dict(iso.threads) if iso is not None else None
+    summary["plan"] = plan
+    summary["kernels"] = kernels_report()  # which implementation ran (a fallback shows here)
     summary["sampler_device"] = str(getattr(sampler, "device", "cpu"))
     if summary["sampler_device"].startswith("cuda"):
         summary["graph_in"] = getattr(sampler, "graph_in", None)
@@ -331,6 +342,16 @@ def _non_finite(epoch: int, batch: int | None, value: float) -> None:
     raise GnnioError(
         f"training stopped at {where}: the loss is {value} (non-finite features, or a learning "
         "rate that diverges: try a lower --lr); no model was saved from this epoch"
+    )
+
+
+def _describe_plan(plan: dict) -> str:
+    gib = 2**30
+    return (
+        f"plan: {plan['hot_rows']:,} feature rows ({plan['gpu_feature_bytes'] / gib:.2f} GiB) on the "
+        f"GPU ({plan['gpu_cache_fraction']:.1%}), sampler on {plan['sampler_device']}"
+        + (f" (CSR in {plan['graph_in']} memory)" if plan["sampler_device"] == "cuda" else "")
+        + f"; {plan['reason']}; modeled host->GPU {plan['modeled_load_s']:.2f} s per epoch"
     )
 
 

@@ -31,6 +31,8 @@ import os
 import numpy as np
 import torch
 
+from ..utils.triton_kernels import kernel_ran
+
 try:
     from numba import njit, prange
 
@@ -117,6 +119,7 @@ class BlockCSR:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``A @ x`` for ``x`` ``[shape[1], F]`` (no autograd)."""
         x = x.contiguous()
+        kernel_ran("spmm", self.impl)
         if self.impl == "numba":
             out = torch.empty((self.shape[0], x.shape[1]), dtype=x.dtype)
             _spmm(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), x.numpy(), out.numpy())
