@@ -146,3 +146,21 @@ def tiny_graph():
     indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
     indices = rng.integers(0, n, int(indptr[-1])).astype(np.int64)
     return CSRGraph(indptr, indices)
+
+
+def test_threaded_product_equals_one_thread(monkeypatch):
+    """Row ranges on several threads give the one-thread result bit for bit."""
+    rng = np.random.default_rng(2)
+    block = _random_block(rng, 3000, 5000, 40000, weighted=True)
+    x = torch.from_numpy(rng.standard_normal((5000, 96)).astype(np.float32))
+    monkeypatch.setenv("GNNIO_SPMM", "")
+    monkeypatch.setattr(spmm, "_SERIAL_WORK", 0)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = aggregate(x, block, "mean")
+        torch.set_num_threads(3)
+        three = aggregate(x, block, "mean")
+    finally:
+        torch.set_num_threads(prev)
+    assert torch.equal(one, three)

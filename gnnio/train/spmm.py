@@ -9,8 +9,9 @@ only when ``x`` needs a gradient (never for layer 0, whose input is the features
 
 Two implementations (recorded as ``kernels["spmm"]`` in a training summary):
 
-* **numba** (CPU tensors, the default where numba imports): a ``prange`` row loop, each output row
-  accumulated edge by edge in CSR order -- the same order as ``torch.sparse.mm`` on a CSR tensor,
+* **numba** (CPU tensors, the default where numba imports): a ``nogil`` row loop run on
+  ``torch.get_num_threads()`` Python threads over row ranges, each output row accumulated edge by
+  edge in CSR order -- the same order as ``torch.sparse.mm`` on a CSR tensor,
   so the forward is bit-identical to it (tested) and measured 3-5x faster on the CPU (one thread,
   a 2^21-node graph's layer-0 block: 9 ms against 30 ms; ``benchmarks/step_kernels.py``); the
   transpose is a stable counting sort, ``O(E)``.
@@ -27,6 +28,8 @@ division per edge), so the forward results are unchanged.
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -34,7 +37,7 @@ import torch
 from ..utils.triton_kernels import kernel_ran
 
 try:
-    from numba import njit, prange
+    from numba import njit
 
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - numba is a dependency
@@ -44,12 +47,12 @@ __all__ = ["BlockCSR", "block_csr", "block_matmul", "spmm_impl"]
 
 if HAVE_NUMBA:
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def _spmm(ptr, col, val, x, out):  # pragma: no cover - compiled; tested through block_matmul
-        # out[i] = sum_e val[e] * x[col[e]] over e in [ptr[i], ptr[i+1]), in edge order
-        n = ptr.shape[0] - 1
+    @njit(nogil=True, cache=True)
+    def _spmm(ptr, col, val, x, out, lo, hi):  # pragma: no cover - compiled; tested via callers
+        # out[i] = sum_e val[e] * x[col[e]] over e in [ptr[i], ptr[i+1]), in edge order, for the
+        # rows [lo, hi) (the caller's threads take disjoint row ranges)
         f = x.shape[1]
-        for i in prange(n):
+        for i in range(lo, hi):
             for k in range(f):
                 out[i, k] = 0
             for e in range(ptr[i], ptr[i + 1]):
@@ -94,6 +97,37 @@ if HAVE_NUMBA:
                 out[e] = one / d
 
 
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+#: rows x features below which one thread does the product (a handoff costs ~20 us)
+_SERIAL_WORK = 1 << 18
+
+
+def _spmm_threads(ptr, col, val, x, out) -> None:
+    """:func:`_spmm` over ``torch.get_num_threads()`` row ranges of about equal edge counts, on
+    plain Python threads (the kernel releases the GIL). Not numba's ``prange``: its OpenMP
+    workers spin at barriers, and on a loaded 2-core machine one descheduled spinner made the
+    step's next operations 20-60 ms slower (measured; see :mod:`gnnio.sampling._kernels`, which
+    avoids ``prange`` for the same reason). Each row is summed by one thread in edge order, so
+    the result does not depend on the thread count."""
+    rows = ptr.shape[0] - 1
+    k = max(1, min(torch.get_num_threads(), 16))
+    if k == 1 or rows * x.shape[1] < _SERIAL_WORK:
+        _spmm(ptr, col, val, x, out, 0, rows)
+        return
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < k:
+            _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="gnnio-spmm")
+        pool = _POOL
+    cuts = np.searchsorted(ptr, np.linspace(0, ptr[-1], k + 1)).clip(0, rows)
+    cuts[0], cuts[-1] = 0, rows
+    futs = [pool.submit(_spmm, ptr, col, val, x, out, int(a), int(b))
+            for a, b in zip(cuts[:-1], cuts[1:]) if b > a]  # fmt: skip
+    for f in futs:
+        f.result()
+
+
 def spmm_impl(device: torch.device | str) -> str:
     """The SpMM implementation used for tensors on ``device``: ``numba`` or ``torch``."""
     if torch.device(device).type != "cpu":
@@ -122,7 +156,8 @@ class BlockCSR:
         kernel_ran("spmm", self.impl)
         if self.impl == "numba":
             out = torch.empty((self.shape[0], x.shape[1]), dtype=x.dtype)
-            _spmm(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), x.numpy(), out.numpy())
+            _spmm_threads(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), x.numpy(),
+                          out.numpy())  # fmt: skip
             return out
         adj = _csr_tensor(self.ptr, self.col, self.val, self.shape)
         return torch.sparse.mm(adj, x)
