@@ -1,0 +1,134 @@
+"""gpu-check's steps for the GPU epoch (issue 24): the training step's breakdown, the default
+epoch on CUDA, and each paper's technique against its own baseline on a feature-bound workload.
+
+* ``step``: ``gnnio bench step`` on the 2^21 graph with default options (``--device cuda``: the
+  layout planned from free GPU memory): ``ms_per_batch``, the breakdown, host syncs, kernel
+  launches, ``floor_ms``; ``train_step_ms`` = forward + backward + optimizer of the breakdown.
+* ``epoch_default``: ``gnnio train`` on the same graph with default options, 2 epochs: the warm
+  (second) epoch's seconds.
+* ``feature_bound``: a graph whose rows are 512 floats wide (2 KiB a row, ``--fb-nodes`` nodes,
+  reordered by WRPR), where the saved bytes should show; on it ``gnnio bench step`` (warm batches
+  of the pipelined loop, ``--fb-batches``) for every technique and its baseline:
+  Data Tiering at 0 / 5 / 10 / 25 % hot; BGL's static cache, FIFO + PO and the lookahead cache
+  (10 % of the rows) against no cache, and ``--isolation auto`` against ``off``; Song & Jiang's
+  locality-aware sampling at s = 8 (Algorithm 2's MAXS) against s = 1 (bench step does not run
+  Algorithm 2's per-epoch adaptation); HyDRA's threshold pruning against none; LABOR-0 against
+  uniform. Each entry: ``ms_per_batch`` of both, ``speedup`` (baseline / technique) and the
+  implementations that ran (``kernels``).
+
+A step whose run fell back from a Triton kernel is marked ``fell_back`` and counted in the goal
+``kernel_fallbacks``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: (name, baseline options, technique options) on the feature-bound graph
+TECHNIQUES = [
+    ("tiering_5pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.05"]),
+    ("tiering_10pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.1"]),
+    ("tiering_25pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.25"]),
+    ("bgl_static", ["--gpu-cache-fraction", "0"],
+     ["--cache-policy", "static", "--cache-size", "0.1"]),
+    ("bgl_fifo_po", ["--gpu-cache-fraction", "0"],
+     ["--cache-policy", "fifo", "--cache-size", "0.1", "--order", "po"]),
+    ("bgl_lookahead", ["--gpu-cache-fraction", "0"],
+     ["--cache-policy", "lookahead", "--cache-size", "0.1"]),
+    ("bgl_isolation", ["--gpu-cache-fraction", "0.1", "--isolation", "off"],
+     ["--gpu-cache-fraction", "0.1", "--isolation", "auto"]),
+    ("sj_locality", ["--gpu-cache-fraction", "0.1", "--locality-scale", "1"],
+     ["--gpu-cache-fraction", "0.1", "--locality-scale", "8"]),
+    ("hydra_pruning", ["--gpu-cache-fraction", "0.1"],
+     ["--gpu-cache-fraction", "0.1", "--prune-threshold", "1,1"]),
+    ("labor", ["--gpu-cache-fraction", "0.1"],
+     ["--gpu-cache-fraction", "0.1", "--sampler", "labor"]),
+]  # fmt: skip
+
+
+def fallbacks(result: dict[str, Any]) -> int:
+    """Triton kernels that fell back in a run, from its ``kernels`` record (0 when absent)."""
+    k = result.get("kernels") if isinstance(result, dict) else None
+    return int(k.get("fallbacks", 0)) if isinstance(k, dict) else 0
+
+
+def step_train_step(c) -> dict[str, Any]:
+    r = c.gnnio("bench", "step", str(c.data), "--device", c.device, "--batches", "20",
+                "--warmup", "5", "--quiet", "--json", limit_s=240)  # fmt: skip
+    bd = r.get("breakdown", {})
+    r["train_step_ms"] = sum(bd.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
+    r["fell_back"] = fallbacks(r) > 0
+    return r
+
+
+def step_epoch_default(c) -> dict[str, Any]:
+    path = c.out / "train_default.json"
+    c.gnnio("train", str(c.data), "--device", c.device, "--epochs", "2", "--quiet",
+            "--summary", str(path), limit_s=240)  # fmt: skip
+    s = json.loads(path.read_text())
+    last = s["history"][-1]
+    return {
+        "epoch_s": last["epoch_time_s"],
+        "breakdown_s": last["breakdown_s"],
+        "hidden_fraction": last.get("hidden_fraction"),
+        "bytes_by_tier": last["bytes_by_tier"],
+        "plan": s.get("plan"),
+        "kernels": s.get("kernels"),
+        "fell_back": fallbacks(s) > 0,
+    }
+
+
+def step_feature_bound(c) -> dict[str, Any]:
+    data = c.out / "data" / f"fb{c.args.fb_nodes}"
+    if not data.exists():
+        c.gnnio("prepare", "synthetic", "--num-nodes", str(c.args.fb_nodes), "--avg-degree", "16",
+                "--feat-dim", "512", "--num-classes", "16", "--split", "0.1", "0.01", "0.01",
+                "--reorder", "wrpr", "--out", str(data), "--quiet", limit_s=240)  # fmt: skip
+    common = ["bench", "step", str(data), "--device", c.device, "--batches",
+              str(c.args.fb_batches), "--warmup", "10", "--score", "wrpr", "--quiet", "--json"]  # fmt: skip
+    cache: dict[tuple, dict] = {}
+
+    def measure(opts: list[str]) -> dict[str, Any]:
+        key = tuple(opts)
+        if key not in cache:
+            cache[key] = c.gnnio(*common, *opts, limit_s=90)
+        return cache[key]
+
+    out: dict[str, Any] = {"dataset": str(data), "techniques": {}}
+    for name, base, tech in TECHNIQUES:
+        if c.left_s() < 30:
+            out["techniques"][name] = {"skipped": "out of time"}
+            continue
+        try:
+            b, t = measure(base), measure(tech)
+        except Exception as e:  # noqa: BLE001 - one failed run must not stop the others
+            out["techniques"][name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        out["techniques"][name] = {
+            "baseline": " ".join(base),
+            "technique": " ".join(tech),
+            "baseline_ms_per_batch": b["ms_per_batch"],
+            "ms_per_batch": t["ms_per_batch"],
+            "speedup": b["ms_per_batch"] / max(t["ms_per_batch"], 1e-9),
+            "breakdown": t.get("breakdown"),
+            "baseline_breakdown": b.get("breakdown"),
+            "kernels": t.get("kernels"),
+            "fell_back": fallbacks(t) > 0 or fallbacks(b) > 0,
+        }
+    tiers = out["techniques"].get("tiering_10pct", {})
+    if "speedup" in tiers:
+        out["tiering_speedup_10pct"] = tiers["speedup"]
+    return out
+
+
+def kernel_fallbacks(steps: dict[str, Any]) -> int | None:
+    """How many runs of the check fell back from a Triton kernel (None: no run reported)."""
+    seen, count = False, 0
+    for name in ("step", "epoch_default"):
+        if name in steps and "fell_back" in steps[name]:
+            seen, count = True, count + int(steps[name]["fell_back"])
+    for r in steps.get("feature_bound", {}).get("techniques", {}).values():
+        if "fell_back" in r:
+            seen, count = True, count + int(r["fell_back"])
+    return count if seen else None
