@@ -230,6 +230,14 @@ def register(sub) -> None:
         "compute seconds per epoch it assumes (default: the measured CPU compute time)",
     )
     g.add_argument(
+        "--edge-weight-norm",
+        choices=["mean", "sum"],
+        default="mean",
+        help="how SAGE combines the edge weights of --sampler labor|ladies and --locality-scale: "
+        "mean = sum_j w_j x_j / sum_j w_j (Hajek: consistent, not unbiased; default), sum = "
+        "sum_j x_j / (deg q_j) (Horvitz-Thompson: an unbiased estimate of the neighbour mean)",
+    )
+    g.add_argument(
         "--prune-threshold",
         metavar="ALPHA,BETA",
         nargs="?",
@@ -354,6 +362,7 @@ def run(args) -> int:
         dropout=args.dropout,
         heads=args.heads if args.heads is not None else TrainConfig.heads,
         feature_norm=args.feature_norm,
+        edge_weight_norm=args.edge_weight_norm,
         device=args.device,
         seed=args.seed,
         eval=args.eval,

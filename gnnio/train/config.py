@@ -256,7 +256,12 @@ class TrainConfig:
         if self.feature_norm not in FEATURE_NORMS:
             raise UsageError(f"--feature-norm: must be one of {', '.join(FEATURE_NORMS)}")
         if self.edge_weight_norm not in EDGE_WEIGHT_NORMS:
-            raise UsageError(f"edge_weight_norm: must be one of {', '.join(EDGE_WEIGHT_NORMS)}")
+            raise UsageError(
+                f"--edge-weight-norm: must be one of {', '.join(EDGE_WEIGHT_NORMS)}, "
+                f"got '{self.edge_weight_norm}'"
+            )
+        if self.edge_weight_norm == "sum" and self.model != "sage":
+            raise UsageError(f"--edge-weight-norm sum: applies to --model sage, not {self.model}")
         if self.patience is not None and self.patience < 1:
             raise UsageError(f"--patience: must be >= 1, got {self.patience}")
         if self.seed < 0:
@@ -338,6 +343,15 @@ class TrainConfig:
             raise UsageError(f"--layer-size: must be >= 1, got {self.layer_size}")
         if self.sampler != "uniform" and self.prune_threshold is not None:
             raise UsageError(f"--prune-threshold: works with --sampler uniform, not {self.sampler}")
+        if (
+            self.edge_weight_norm == "sum"
+            and self.sampler == "uniform"
+            and (self.locality_scale is None)
+        ):
+            raise UsageError(
+                "--edge-weight-norm sum: the uniform sampler gives no edge weights; use it with "
+                "--sampler labor|ladies or --locality-scale"
+            )
         if self.sampler == "labor" and self.locality_scale is not None:
             raise UsageError("--locality-scale: works with --sampler uniform or ladies, not labor")
         ls = self.locality_scale
