@@ -214,8 +214,8 @@ def register(sub) -> None:
         metavar="S|auto",
         default=None,
         help="favour neighbours whose features are on the GPU by the factor S >= 1 (probabilities "
-        "renormalized, aggregation weights 1/q keep the estimate unbiased); 'auto' adapts S after "
-        "each epoch with Algorithm 2 (lt 0.15, ut 0.2, MAXS --locality-max-scale). Needs "
+        "renormalized, Horvitz-Thompson aggregation weights 1/q: see --edge-weight-norm); 'auto' "
+        "adapts S after each epoch with Algorithm 2 (lt 0.15, ut 0.2, MAXS --locality-max-scale). Needs "
         "--gpu-cache-fraction, --placement or --cache-policy static",
     )
     g.add_argument(

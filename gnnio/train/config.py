@@ -51,6 +51,9 @@ class TrainConfig:
         lr, weight_decay: Adam learning rate and L2 weight decay.
         hidden, dropout, heads, attn_dropout: model sizes (see :func:`gnnio.train.models.build_model`).
         feature_norm: ``"none"`` or ``"row"`` (divide each feature row by its L1 norm).
+        edge_weight_norm: SAGE with weighted samplers (LABOR, LADIES, locality): ``"mean"`` the
+            Hajek ratio of the ``1/q`` weights (consistent, not unbiased), ``"sum"`` the
+            Horvitz-Thompson mean with ``1/(deg q)`` weights (unbiased); ``--edge-weight-norm``.
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` accepted); where the model runs.
         seed: seeds the model init and dropout (``torch.manual_seed``, i.e. torch's global
             generator), the seed order and the sampler (evaluation sampler: ``seed + 1``).
