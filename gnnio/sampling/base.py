@@ -33,8 +33,9 @@ class Block:
             row 1 = destination (in ``[0, num_dst)``). PyG's ``source_to_target`` convention.
         num_src: number of source nodes (``input_nodes[:num_src]``).
         num_dst: number of destination nodes (``input_nodes[:num_dst]``).
-        edge_weight: optional ``[E]`` float aggregation weights (e.g. 1/q_j for importance-weighted,
-            unbiased aggregation); None = plain aggregation.
+        edge_weight: optional ``[E]`` float aggregation weights (e.g. Horvitz-Thompson 1/q_j,
+            whose weighted sum is unbiased; a per-row ratio of them is not); None = plain
+            aggregation.
     """
 
     edge_index: torch.Tensor
