@@ -47,15 +47,20 @@ def test_sum_reaches_the_model_and_changes_the_run(tiny, tmp_path, monkeypatch, 
     """With unequal weights in a row (locality-aware, LADIES) the two forms train differently;
     with LABOR-0 the Horvitz-Thompson mean is the plain mean of the sampled neighbours, which the
     ratio form also gives, so the runs agree."""
-    from gnnio.train import loop
+    from gnnio.train import models
 
-    seen = []
-    real = loop.build_model
-    monkeypatch.setattr(loop, "build_model", lambda *a, **k: seen.append(k) or real(*a, **k))
+    seen = []  # the edge_weight_norm of every SAGE layer the runs build
+    init = models.SAGELayer.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        seen.append(self.edge_weight_norm)
+
+    monkeypatch.setattr(models.SAGELayer, "__init__", spy)
     default = run(tiny, tmp_path, *extra)
     mean = run(tiny, tmp_path, *extra, "--edge-weight-norm", "mean")
     total = run(tiny, tmp_path, *extra, "--edge-weight-norm", "sum")
-    assert [k["edge_weight_norm"] for k in seen] == ["mean", "mean", "sum"]
+    assert seen == ["mean"] * 4 + ["sum"] * 2  # two layers (fanouts 3,2) per run
     assert default["config"]["edge_weight_norm"] == "mean"
     assert total["config"]["edge_weight_norm"] == "sum"
     assert default["loss_history"] == mean["loss_history"]  # mean is the default

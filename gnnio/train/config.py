@@ -51,9 +51,8 @@ class TrainConfig:
         lr, weight_decay: Adam learning rate and L2 weight decay.
         hidden, dropout, heads, attn_dropout: model sizes (see :func:`gnnio.train.models.build_model`).
         feature_norm: ``"none"`` or ``"row"`` (divide each feature row by its L1 norm).
-        edge_weight_norm: SAGE with weighted samplers (LABOR, LADIES, locality): ``"mean"`` the
-            Hajek ratio of the ``1/q`` weights (consistent, not unbiased), ``"sum"`` the
-            Horvitz-Thompson mean with ``1/(deg q)`` weights (unbiased); ``--edge-weight-norm``.
+        edge_weight_norm: SAGE over HT weights: ``"mean"`` their Hajek ratio (consistent, not
+            unbiased), ``"sum"`` the HT mean with ``1/(deg q)`` weights (unbiased).
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` accepted); where the model runs.
         seed: seeds the model init and dropout (``torch.manual_seed``, i.e. torch's global
             generator), the seed order and the sampler (evaluation sampler: ``seed + 1``).
@@ -259,10 +258,7 @@ class TrainConfig:
         if self.feature_norm not in FEATURE_NORMS:
             raise UsageError(f"--feature-norm: must be one of {', '.join(FEATURE_NORMS)}")
         if self.edge_weight_norm not in EDGE_WEIGHT_NORMS:
-            raise UsageError(
-                f"--edge-weight-norm: must be one of {', '.join(EDGE_WEIGHT_NORMS)}, "
-                f"got '{self.edge_weight_norm}'"
-            )
+            raise UsageError(f"--edge-weight-norm: must be one of {', '.join(EDGE_WEIGHT_NORMS)}")
         if self.edge_weight_norm == "sum" and self.model != "sage":
             raise UsageError(f"--edge-weight-norm sum: applies to --model sage, not {self.model}")
         if self.patience is not None and self.patience < 1:
@@ -346,15 +342,10 @@ class TrainConfig:
             raise UsageError(f"--layer-size: must be >= 1, got {self.layer_size}")
         if self.sampler != "uniform" and self.prune_threshold is not None:
             raise UsageError(f"--prune-threshold: works with --sampler uniform, not {self.sampler}")
-        if (
-            self.edge_weight_norm == "sum"
-            and self.sampler == "uniform"
-            and (self.locality_scale is None)
-        ):
-            raise UsageError(
-                "--edge-weight-norm sum: the uniform sampler gives no edge weights; use it with "
-                "--sampler labor|ladies or --locality-scale"
-            )
+        unweighted = self.sampler == "uniform" and self.locality_scale is None
+        if self.edge_weight_norm == "sum" and unweighted:
+            raise UsageError("--edge-weight-norm sum: the uniform sampler gives no edge weights; "
+                             "use it with --sampler labor|ladies or --locality-scale")  # fmt: skip
         if self.sampler == "labor" and self.locality_scale is not None:
             raise UsageError("--locality-scale: works with --sampler uniform or ladies, not labor")
         ls = self.locality_scale
