@@ -20,6 +20,12 @@ def register(sub) -> None:
         ),
         formatter_class=HelpFormatter,
     )
+    add_train_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_train_arguments(p) -> None:
+    """Every option of ``gnnio train`` (``gnnio bench step`` takes the same ones)."""
     p.add_argument(
         "dir",
         metavar="DIR",
@@ -52,7 +58,13 @@ def register(sub) -> None:
         choices=["none", "row"],
         help="'row' divides each feature row by its L1 norm (bag-of-words features)",
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="cpu, cuda (cuda:N) or auto: cuda when a GPU is present, else cpu; on a GPU with no "
+        "layout option, rows and topology are placed from free GPU memory (the summary's "
+        "'plan') (default: auto)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (init, order, sampling)")
     p.add_argument(
         "--eval",
@@ -290,7 +302,6 @@ def register(sub) -> None:
         "without it the open checks file sizes and a sampled hash (a few MiB)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
-    p.set_defaults(func=run)
 
 
 def _parse_fanouts(text: str) -> tuple[int, ...]:
@@ -343,14 +354,11 @@ def _refuse_ignored(args, ranks: int) -> None:
             raise UsageError(f"{option}: has no effect without {what}")
 
 
-def run(args) -> int:
-    from ..dist.context import env_world_size
-    from ..train import TrainConfig, check_device, train
-    from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
+def config_from_args(args, ranks: int):
+    """The :class:`~gnnio.train.TrainConfig` of parsed ``gnnio train`` options."""
+    from ..train import TrainConfig
+    from ..train.gpu_plan import resolve_device
 
-    world = env_world_size()
-    ranks = max(world, args.nproc)
-    _refuse_ignored(args, ranks)
     cfg = TrainConfig(
         model=args.model,
         fanouts=_parse_fanouts(args.fanouts),
@@ -363,7 +371,7 @@ def run(args) -> int:
         heads=args.heads if args.heads is not None else TrainConfig.heads,
         feature_norm=args.feature_norm,
         edge_weight_norm=args.edge_weight_norm,
-        device=args.device,
+        device=resolve_device(args.device, ranks),
         seed=args.seed,
         eval=args.eval,
         eval_batch_size=args.eval_batch_size,
@@ -408,6 +416,18 @@ def run(args) -> int:
         sampling_mode=args.sampling_mode,
         reuse=args.reuse,
     )
+    return cfg
+
+
+def run(args) -> int:
+    from ..dist.context import env_world_size
+    from ..train import check_device, train
+    from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
+
+    world = env_world_size()
+    ranks = max(world, args.nproc)
+    _refuse_ignored(args, ranks)
+    cfg = config_from_args(args, ranks)
     check_device(cfg.device)  # fail fast, before generating or loading anything
     cfg.validate(ranks)
     cfg.validate_dist(ranks)
