@@ -85,6 +85,21 @@ def test_resume_mid_epoch_equals_uninterrupted(easy, tmp_path):
     assert same_params(final_params(tmp_path / "a"), final_params(tmp_path / "b"))
 
 
+def test_resume_keeps_algorithm_2s_adaptive_state(easy, tmp_path):
+    """``--locality-scale auto`` (modeled loading share, a fixed compute time so that s doubles
+    every epoch: 1, 2, 4, 8) checkpointed after epoch 2 and resumed equals the uninterrupted run:
+    s, the shares, losses, bytes and parameters. Without Algorithm 2's state (s, pre, fixed,
+    history) the resumed run restarts at s = 1 or doubles from the wrong value."""
+    kw = dict(gpu_cache_fraction=0.1, locality_scale="auto", locality_compute_s=1e-5, epochs=4)
+    full = train(easy, cfg(**kw, checkpoint_dir=str(tmp_path / "a")))
+    assert [h["locality_scale"] for h in full["history"]] == [1.0, 2.0, 4.0, 8.0]
+    train(easy, cfg(**{**kw, "epochs": 2}, checkpoint_dir=str(tmp_path / "b")))
+    resumed = train(easy, cfg(**kw, resume=str(tmp_path / "b")))
+    assert resumed["resumed_from"].endswith("ckpt-e000002-b000000000.pt")
+    assert results(resumed) == results(full)
+    assert same_params(final_params(tmp_path / "a"), final_params(tmp_path / "b"))
+
+
 def test_resume_finished_run_and_damaged_newest(easy, tmp_path):
     c = tmp_path / "c"
     full = train(easy, cfg(epochs=2, checkpoint_dir=str(c)))

@@ -218,15 +218,20 @@ def _store_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             store = ShardedFeatureStore(InMemoryFeatureStore(feats), pl, ctx, reuse=reuse)
             rng = np.random.default_rng(100 + rank)
             ok = True
-            for b in range(4):
+            reuse_ref, prev = 0, set()  # rows a reusing store must take from the last batch
+            for b in range(5):
                 m = int(rng.integers(0, 300)) if b != 2 else 0  # an empty batch takes part too
                 ids = rng.integers(0, n, m)
                 got = store.gather(torch.from_numpy(ids))
                 ok &= bool(torch.equal(got, torch.from_numpy(feats[ids])))
+                remote = {int(i) for i in ids if int(store.dev_num[i]) != rank}
+                reuse_ref += len(remote & prev)
+                prev = remote
             results[f"{strategy}/{reuse}"] = {
                 "ok": ok,
                 "rows": dict(store.counters.rows),
                 "modeled": store.modeled_rows(),
+                "reuse_ref": reuse_ref,
             }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     shutdown()
@@ -261,6 +266,9 @@ def test_sharded_store_rows_and_links(world, tmp_path):
                     assert rows[t] == pytest.approx(res["modeled"][t]), (key, t)
             else:  # reused rows come out of the peer/host reads, never out of the local ones
                 reused = res["rows"].get("reuse", 0)
+                # exactly the non-local rows of the batch before (a simple set reference), and
+                # consecutive batches here do overlap: a store that never reuses fails this
+                assert reused == res["reuse_ref"] > 0, (key, reused, res["reuse_ref"])
                 assert rows["local"] == pytest.approx(res["modeled"]["local"])
                 assert rows["peer"] + rows["host"] + reused == pytest.approx(
                     res["modeled"]["peer"] + res["modeled"]["host"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,7 @@ from gnnio.preprocess.partition import (
     save_partition,
     shard_of,
 )
-from gnnio.preprocess.partition.bfs_block import bfs_block_parts, bfs_blocks
+from gnnio.preprocess.partition.bfs_block import _assign, bfs_block_parts, bfs_blocks
 from gnnio.preprocess.partition.methods import hdr_greedy_parts, hdr_replicated
 from gnnio.preprocess.partition.quality import partition_quality
 
@@ -143,6 +144,40 @@ def test_bfs_block_balances_training_nodes_and_nodes(rnd):
     parts, _ = bfs_block_parts(ds.graph, 4, ds.train_idx, seed=2)
     q = partition_quality(ds.graph, parts, np.zeros(0, np.int64), ds.train_idx)
     assert q["node_balance"] < 1.3 and q["train_balance"] < 1.3
+
+
+def test_bfs_block_assignment_caps_training_nodes_per_part():
+    """§3.3.2's training-node term on a path of 8 equal blocks whose training nodes all sit in
+    the first two: node balance alone sends block 1 to block 0's part (its 2-hop neighbour, node
+    penalty 0.5), the training penalty (part 0 already over C_T = 50) sends it elsewhere."""
+    path = sp.diags([np.ones(7), np.ones(7)], [1, -1], format="csr")
+    sizes = np.full(8, 100.0)
+    train = np.array([100.0, 100.0, 0, 0, 0, 0, 0, 0])
+    part_of = _assign(path, sizes, train, 4, hops=2)
+    per_part = np.bincount(part_of, weights=train, minlength=4)
+    assert sorted(per_part.tolist()) == [0, 0, 100, 100], part_of
+    assert np.bincount(part_of, weights=sizes, minlength=4).max() <= 200
+
+
+def test_bfs_block_balances_a_concentrated_training_split():
+    """Training nodes = one arc of a ring lattice (a quarter of the nodes), so parts that balance
+    nodes alone put them in one or two parts (train balance 2.4-4.0 over these 10 seeds). With
+    the training-node penalty the median over the seeds stays under 2 (1.51 measured; BGL's
+    greedy still leaves some seeds unbalanced: when the arc is visited last every other part is
+    already full, a limit of the paper's algorithm, not of this code)."""
+    n = 2000
+    a = np.arange(n)
+    src = np.concatenate([np.concatenate([a, (a + k) % n]) for k in (1, 2, 3)])
+    dst = np.concatenate([np.concatenate([(a + k) % n, a]) for k in (1, 2, 3)])
+    g = CSRGraph.from_edges(src, dst, n)
+    train = np.arange(n // 4)
+    tb = []
+    for seed in range(10):
+        parts, _ = bfs_block_parts(g, 4, train, seed=seed)
+        q = partition_quality(g, parts, np.zeros(0, np.int64), train)
+        assert q["node_balance"] < 1.05, (seed, q["node_balance"])
+        tb.append(q["train_balance"])
+    assert np.median(tb) < 2.0, tb
 
 
 def test_hdr_replicates_top_degree_and_balances_degree_sums():

@@ -60,3 +60,44 @@ print("ok")
 
 def test_triton_hop_equals_the_cpu_kernels():
     run_in_triton_interpreter(SCRIPT)
+
+
+# Lemire's rejection (a draw whose low product word falls below 2**32 mod bound is drawn again)
+# happens with probability below bound / 2**32 per draw: never on the graphs above. Rows of
+# 2**20 + 40 neighbours make it about 1/4096 per draw (2**32 mod (2**20 + c) = 2**20 + c - 4096c),
+# so about 4 % of hop keys reject somewhere in 4 rows x 40 draws. The keys are picked by the
+# torch path's own rejection count (its fast draws report one), then the kernel must equal the
+# CPU kernels (count_rows + sample_rows) on every such key: a kernel that accepts the first draw
+# writes another neighbour there.
+REJECTION = r"""
+import os
+import numpy as np, torch
+from gnnio.sampling import _kernels
+from gnnio.sampling._triton_hop import sample_hop_triton
+from gnnio.sampling.gpu import sample_hop_torch
+
+f, rows = 40, 4
+deg = (1 << 20) + f
+ip = torch.arange(rows + 1, dtype=torch.int64) * deg
+ix = torch.randperm(rows * deg, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+dst = torch.tensor([2, 0, 3, 1], dtype=torch.int64)
+os.environ["GNNIO_TRITON"] = "0"
+rejecting, plain = [], []
+for key in range(200):
+    _, _, redo = sample_hop_torch(ip, ix, dst, f, key, rows * f, exact=False)
+    (rejecting if int(redo) else plain).append(key)
+del os.environ["GNNIO_TRITON"]
+assert len(rejecting) >= 3, rejecting
+ipn, ixn, dstn = ip.numpy(), ix.numpy(), dst.numpy()
+for key in rejecting + plain[:3]:
+    offs, rws = _kernels.count_rows(ipn, dstn, f)
+    edges = np.empty((2, int(offs[-1])), dtype=np.int64)
+    _kernels.sample_rows(ixn, dstn, rws, np.uint64(key), offs, 0, rows, edges)
+    src, row = sample_hop_triton(ip, ix, dst, f, key, rows * f)
+    assert np.array_equal(src.numpy(), edges[0]) and np.array_equal(row.numpy(), edges[1]), key
+print("ok")
+"""
+
+
+def test_triton_hop_redraws_rejected_draws_like_the_cpu_kernels():
+    run_in_triton_interpreter(REJECTION)

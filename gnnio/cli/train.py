@@ -226,8 +226,8 @@ def add_train_arguments(p) -> None:
         metavar="S|auto",
         default=None,
         help="favour neighbours whose features are on the GPU by the factor S >= 1 (probabilities "
-        "renormalized, aggregation weights 1/q keep the estimate unbiased); 'auto' adapts S after "
-        "each epoch with Algorithm 2 (lt 0.15, ut 0.2, MAXS --locality-max-scale). Needs "
+        "renormalized, Horvitz-Thompson aggregation weights 1/q: see --edge-weight-norm); 'auto' "
+        "adapts S after each epoch with Algorithm 2 (lt 0.15, ut 0.2, MAXS --locality-max-scale). Needs "
         "--gpu-cache-fraction, --placement or --cache-policy static",
     )
     g.add_argument(
@@ -240,6 +240,14 @@ def add_train_arguments(p) -> None:
         metavar="SECONDS",
         help="without a GPU, --locality-scale auto uses a modeled loading share; this sets the "
         "compute seconds per epoch it assumes (default: the measured CPU compute time)",
+    )
+    g.add_argument(
+        "--edge-weight-norm",
+        choices=["mean", "sum"],
+        default="mean",
+        help="how SAGE combines the edge weights of --sampler labor|ladies and --locality-scale: "
+        "mean = sum_j w_j x_j / sum_j w_j (Hajek: consistent, not unbiased; default), sum = "
+        "sum_j x_j / (deg q_j) (Horvitz-Thompson: an unbiased estimate of the neighbour mean)",
     )
     g.add_argument(
         "--prune-threshold",
@@ -362,6 +370,7 @@ def config_from_args(args, ranks: int):
         dropout=args.dropout,
         heads=args.heads if args.heads is not None else TrainConfig.heads,
         feature_norm=args.feature_norm,
+        edge_weight_norm=args.edge_weight_norm,
         device=resolve_device(args.device, ranks),
         seed=args.seed,
         eval=args.eval,

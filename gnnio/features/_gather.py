@@ -293,8 +293,8 @@ def copy_rows(
         torch.index_select(src, 0, src_idx, out=dst[:n])
     elif dst_idx is None:
         dst[:n].copy_(src.index_select(0, src_idx))
-    else:
-        dst.index_copy_(0, dst_idx, src.index_select(0, src_idx))
+    else:  # index_copy_ takes int64 indices only; the kernel and callers also pass int32
+        dst.index_copy_(0, dst_idx.long(), src.index_select(0, src_idx))
 
 
 def gather_rows(

@@ -33,8 +33,9 @@ class Block:
             row 1 = destination (in ``[0, num_dst)``). PyG's ``source_to_target`` convention.
         num_src: number of source nodes (``input_nodes[:num_src]``).
         num_dst: number of destination nodes (``input_nodes[:num_dst]``).
-        edge_weight: optional ``[E]`` float aggregation weights (e.g. 1/q_j for importance-weighted
-            aggregation); None = plain aggregation.
+        edge_weight: optional ``[E]`` float aggregation weights (e.g. Horvitz-Thompson 1/q_j,
+            whose weighted sum is unbiased; a per-row ratio of them is not); None = plain
+            aggregation.
         ptr: optional ``[num_dst + 1]`` int64 CSR row pointer over the destinations, given by a
             sampler whose edges are grouped by destination in local-id order (edges
             ``ptr[i]:ptr[i+1]`` go into destination ``i``): the model aggregates straight from it

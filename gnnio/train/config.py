@@ -51,6 +51,8 @@ class TrainConfig:
         lr, weight_decay: Adam learning rate and L2 weight decay.
         hidden, dropout, heads, attn_dropout: model sizes (see :func:`gnnio.train.models.build_model`).
         feature_norm: ``"none"`` or ``"row"`` (divide each feature row by its L1 norm).
+        edge_weight_norm: SAGE over HT weights: ``"mean"`` their Hajek ratio (consistent, not
+            unbiased), ``"sum"`` the HT mean with ``1/(deg q)`` weights (unbiased).
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` accepted); where the model runs. ``"auto"``
             (the CLI's default): CUDA when present, else the CPU; on a GPU with no layout option
             given, the layout is planned from free GPU memory (:mod:`gnnio.train.gpu_plan`).
@@ -258,7 +260,9 @@ class TrainConfig:
         if self.feature_norm not in FEATURE_NORMS:
             raise UsageError(f"--feature-norm: must be one of {', '.join(FEATURE_NORMS)}")
         if self.edge_weight_norm not in EDGE_WEIGHT_NORMS:
-            raise UsageError(f"edge_weight_norm: must be one of {', '.join(EDGE_WEIGHT_NORMS)}")
+            raise UsageError(f"--edge-weight-norm: must be one of {', '.join(EDGE_WEIGHT_NORMS)}")
+        if self.edge_weight_norm == "sum" and self.model != "sage":
+            raise UsageError(f"--edge-weight-norm sum: applies to --model sage, not {self.model}")
         if self.patience is not None and self.patience < 1:
             raise UsageError(f"--patience: must be >= 1, got {self.patience}")
         if self.seed < 0:
@@ -340,6 +344,10 @@ class TrainConfig:
             raise UsageError(f"--layer-size: must be >= 1, got {self.layer_size}")
         if self.sampler != "uniform" and self.prune_threshold is not None:
             raise UsageError(f"--prune-threshold: works with --sampler uniform, not {self.sampler}")
+        unweighted = self.sampler == "uniform" and self.locality_scale is None
+        if self.edge_weight_norm == "sum" and unweighted:
+            raise UsageError("--edge-weight-norm sum: the uniform sampler gives no edge weights; "
+                             "use it with --sampler labor|ladies or --locality-scale")  # fmt: skip
         if self.sampler == "labor" and self.locality_scale is not None:
             raise UsageError("--locality-scale: works with --sampler uniform or ladies, not labor")
         ls = self.locality_scale

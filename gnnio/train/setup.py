@@ -227,8 +227,9 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     * neither option: :class:`~gnnio.sampling.UniformSampler`;
     * ``prune_threshold`` only: :class:`~gnnio.sampling.PrunedUniformSampler`;
     * ``locality_scale``: :class:`~gnnio.sampling.LocalitySampler` with ``B = setup.gpu_ids``
-      (and the pruning window when asked), weights ``1/q`` (Horvitz-Thompson; the SAGE mean
-      aggregation normalises them, see :mod:`gnnio.sampling.locality`);
+      (and the pruning window when asked), Horvitz-Thompson weights (:func:`edge_weights`:
+      ``1/q``, or ``1/(deg q)`` for SAGE's ``edge_weight_norm="sum"``; the default SAGE mean
+      normalises them per row, see :mod:`gnnio.sampling.locality`);
     * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights);
     * ``sampler="ladies"``: :class:`~gnnio.sampling.LadiesSampler` with ``layer_size`` per hop,
       ``len(fanouts)`` hops, or with ``locality_scale``
@@ -246,10 +247,14 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
 
     prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
     kind = getattr(cfg, "sampler", "uniform")
+    w = edge_weights(cfg)
     if kind == "labor":
-        return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads), None
+        return LaborSampler(
+            ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w
+        ), None
     if kind == "ladies" and cfg.locality_scale is None:
-        return LadiesSampler(ds.graph, [int(cfg.layer_size)] * len(fanouts), seed=cfg.seed), None
+        sizes = [int(cfg.layer_size)] * len(fanouts)
+        return LadiesSampler(ds.graph, sizes, seed=cfg.seed, weights=w), None
     if cfg.locality_scale is None:
         if prune is None:
             sdev, graph_in = sampler_placement(ds, cfg)
@@ -283,6 +288,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
             hot_ids=setup.gpu_ids,
             scale=float(scale),
             seed=cfg.seed,
+            weights=w,
         )
         return sampler, adaptive
     sampler = LocalitySampler(
@@ -293,8 +299,19 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
         seed=cfg.seed,
         num_threads=cfg.threads,
         prune=prune,
+        weights=w,
     )
     return sampler, adaptive
+
+
+def edge_weights(cfg) -> str:
+    """The samplers' ``weights`` mode for the model: SAGE with ``edge_weight_norm="sum"`` adds
+    ``sum_j w_j x_j`` and so needs ``1 / (deg(i) q_j)`` (``"ht_mean"``: the Horvitz-Thompson
+    estimate of the neighbour mean, unbiased); every other model and SAGE's default ``"mean"``
+    (the Hajek ratio ``sum_j w_j x_j / sum_j w_j``, consistent, not unbiased) take ``1 / q_j``
+    (``"ht"``; GIN's sum of it is the unbiased neighbour sum)."""
+    sum_form = getattr(cfg, "edge_weight_norm", "mean") == "sum"
+    return "ht_mean" if sum_form and getattr(cfg, "model", "sage") == "sage" else "ht"
 
 
 def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
