@@ -142,6 +142,8 @@ STORE_FACTORIES += [
     ),
     ("multidevice-alg1-2+2", lambda f: MultiDeviceFeatureStore.simulated(f, "2+2", "alg1")),
     ("disk-o_direct", lambda f: DiskFeatureStore(_npy_file(f))),
+    ("cache-sieve-over-disk", lambda f: FeatureCache(DiskFeatureStore(_npy_file(f)), 3, "sieve")),
+    ("cache-s3fifo", _cache("s3fifo")),
     ("disk-raw-qd1", lambda f: DiskFeatureStore(_raw_memmap(f), queue_depth=1)),
 ]
 if torch.cuda.is_available():  # the wrappers moving real bytes: zero-copy cold rows, a GPU cache
