@@ -131,10 +131,27 @@ def register(sub) -> None:
     g.add_argument(
         "--cache-policy",
         default="none",
-        choices=["none", "static", "fifo", "lru", "lfu", "lookahead"],
+        choices=["none", "static", "fifo", "lru", "lfu", "lookahead", "sieve", "s3fifo"],
         help="feature cache in front of the store (BGL): static rows by --score, a dynamic "
         "FIFO/LRU/LFU cache updated every batch, or lookahead: Belady's MIN over the next "
-        "--lookahead batches the loader has sampled",
+        "--lookahead batches the loader has sampled; with --features-on disk the host cache's "
+        "policy, also sieve or s3fifo (default there: sieve)",
+    )
+    g.add_argument(
+        "--features-on",
+        choices=["memory", "disk"],
+        default=None,
+        help="disk: read feature rows from the dataset's file with O_DIRECT (page-aware, in "
+        "parallel; the page cache serves nothing) under a host cache of --host-cache-size; "
+        "bytes_by_tier gets 'disk', the summary 'disk' and 'disk_read_bytes' (default: memory, "
+        "or --store)",
+    )
+    g.add_argument(
+        "--host-cache-size",
+        type=float,
+        metavar="F",
+        default=None,
+        help="--features-on disk: host cache rows as a fraction of the nodes (default: 0, none)",
     )
     g.add_argument(
         "--lookahead",
@@ -321,11 +338,14 @@ def _parse_prune(text: str | None):
 def _refuse_ignored(args, ranks: int) -> None:
     """One line for an option that would do nothing with the others given (issue 16, item 10)."""
     for option, given, needs, what in (
-        ("--cache-size", args.cache_size, args.cache_policy != "none", "--cache-policy"),
+        ("--cache-size", args.cache_size, args.cache_policy != "none" and args.features_on
+         != "disk", "--cache-policy (with --features-on disk: --host-cache-size)"),
         ("--cpu-cache-size", args.cpu_cache_size, args.cache_policy != "none", "--cache-policy"),
         ("--lookahead", args.lookahead, args.cache_policy == "lookahead",
          "--cache-policy lookahead"),
         ("--reader", args.reader, args.placement or ranks > 1, "--placement FILE"),
+        ("--host-cache-size", args.host_cache_size, args.features_on == "disk",
+         "--features-on disk"),
         ("--gpu-budget", args.gpu_budget, args.gpu_cache_fraction is not None,
          "--gpu-cache-fraction"),
         ("--heads", args.heads, args.model == "gat", "--model gat"),
@@ -343,6 +363,8 @@ def run(args) -> int:
     world = env_world_size()
     ranks = max(world, args.nproc)
     _refuse_ignored(args, ranks)
+    if args.features_on == "disk" and args.store is not None:
+        raise UsageError("--store: not with --features-on disk (the rows stay in their file)")
     cfg = TrainConfig(
         model=args.model,
         fanouts=_parse_fanouts(args.fanouts),
@@ -365,7 +387,9 @@ def run(args) -> int:
         resume=args.resume,
         summary=args.summary,
         log=args.log,
-        store=args.store or ("mmap" if ranks > 1 else "memory"),
+        store="disk"
+        if args.features_on == "disk"
+        else args.store or ("mmap" if ranks > 1 else "memory"),
         threads=args.threads,
         isolation=args.isolation,
         sampler_device=args.sampler_device,
@@ -379,6 +403,7 @@ def run(args) -> int:
         cache_policy=args.cache_policy,
         cache_size=args.cache_size if args.cache_size is not None else TrainConfig.cache_size,
         cpu_cache_size=args.cpu_cache_size or 0.0,
+        host_cache_size=args.host_cache_size,
         lookahead=args.lookahead if args.lookahead is not None else TrainConfig.lookahead,
         order=args.order,
         po_sequences=args.po_sequences,
@@ -438,6 +463,15 @@ def run(args) -> int:
         " (loader stages run in background threads and overlap)",
         f"features gathered in training: {tiers or 'none'}",
     ]
+    dk = s.get("disk")
+    if dk:
+        kern = s.get("disk_read_bytes")
+        lines.append(
+            f"disk ({'O_DIRECT' if dk['direct'] else 'buffered'}, queue depth {dk['queue_depth']}):"
+            f" {dk['bytes_read'] / 2**20:,.1f} MiB read in {dk['pages_read']:,} pages, read "
+            f"amplification {dk['read_amplification']:.2f}"
+            + (f"; the kernel counted {kern / 2**20:,.1f} MiB" if kern is not None else "")
+        )
     smp = s.get("sampling")
     if smp and "scale_per_epoch" in smp:
         kind = smp.get("loading_share_kind")
