@@ -214,3 +214,34 @@ def test_bad_files_are_refused(tmp_path):
         DiskFeatureStore(raw, dtype=np.float32, shape=(4, 0))
     with pytest.raises(TypeError):
         DiskFeatureStore(torch.zeros(3, 3))
+
+
+def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
+    import json
+
+    from gnnio.cli.main import main
+    from gnnio.importers.synthetic import prepare_synthetic
+
+    d = tmp_path / "g"
+    prepare_synthetic(d, num_nodes=2000, avg_degree=6, feat_dim=32, num_classes=4, seed=0,
+                      progress=False)  # fmt: skip
+    argv = ["bench", "disk", str(d), "--json", "--epochs", "2", "--batches", "3", "--fanouts",
+            "3,3", "--batch-size", "64", "--random-reads", "300", "--seq-mib", "1", "--repeats",
+            "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo"]  # fmt: skip
+    rc = main(argv)
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    if rc == 2:
+        pytest.skip("this filesystem refuses O_DIRECT")
+    r = json.loads(out)
+    for key in ("seq_read_GBps", "random_4k_iops", "random_read_fraction_of_ceiling", "memory",
+                "disk", "disk_bytes_by_policy"):  # fmt: skip
+        assert key in r
+    assert r["random_read_fraction_of_ceiling"] > 0
+    assert [(c["policy"], c["host_cache"]) for c in r["disk"]] == [
+        ("none", 0.0), ("static", 0.1), ("sieve", 0.1), ("s3fifo", 0.1)]  # fmt: skip
+    for c in r["disk"]:
+        assert c["disk_bytes"] > 0 and len(c["epoch_s"]) == 2
+        assert {"first_epoch_s", "steady_epoch_s", "ratio_to_bound"} <= set(c)
+    assert r["disk"][1]["host_cache_hit_ratio"] > 0  # the static cache serves rows
+    assert main(["bench", "disk", str(d), "--sizes", "2"]) == 2
+    assert main(["bench", "disk", str(d), "--policies", "belady"]) == 2
