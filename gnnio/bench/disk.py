@@ -106,7 +106,9 @@ def ceilings(store, args) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     file_pages = max(1, reader.file_size // 4096)
     seq, rnd, rows = [], [], []
-    try:
+    try:  # warm-up, untimed: reader threads started, kernels loaded
+        _random_round(reader, file_pages, min(1000, args.random_reads), rng)
+        store.gather(rng.integers(0, store.num_rows, min(1000, args.random_reads)))
         for r in range(args.repeats):
             t, b = _seq_round(reader, file_pages, args.seq_mib, r * 7919)
             seq.append(b / t)
@@ -118,6 +120,7 @@ def ceilings(store, args) -> dict[str, Any]:
             store.gather(ids)
             t = time.perf_counter() - t0
             rows.append(((store.stats.bytes_read - b0) / t, len(ids) / t))
+        store.reset_stats()
     finally:
         reader.close()
     ceil_bps = median([x[0] for x in rnd])
