@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from gnnio.features import FeatureCache, InMemoryFeatureStore
 from gnnio.features.cache_sieve import S3FIFOPolicy, SIEVEPolicy
+from tests.test_cache import workloads  # (n, capacity, batches, seed)
 
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -100,23 +100,11 @@ def s3fifo_reference(cap, batches):
 REFERENCES = {"sieve": sieve_reference, "s3fifo": s3fifo_reference}
 
 
-@st.composite
-def workloads(draw, max_rows=30, max_batches=12, max_len=25):
-    n = draw(st.integers(1, max_rows))
-    cap = draw(st.integers(0, n + 3))
-    batches = draw(
-        st.lists(
-            st.lists(st.integers(0, n - 1), max_size=max_len), min_size=1, max_size=max_batches
-        )
-    )
-    return n, cap, batches
-
-
 @pytest.mark.parametrize("policy", ["sieve", "s3fifo"])
 @HYP
 @given(w=workloads())
 def test_hits_and_contents_match_the_per_id_reference(policy, w):
-    n, cap, batches = w
+    n, cap, batches, _ = w
     feats = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
     cache = FeatureCache(InMemoryFeatureStore(feats), cap, policy)
     want = REFERENCES[policy](min(cap, n), batches)

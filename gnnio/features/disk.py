@@ -28,7 +28,7 @@ import torch
 
 from ..errors import DatasetError
 from ._direct_io import PageReader, copy_spans, plan_pages
-from ._gather import as_index_array, check_out, row_bytes_view
+from ._gather import as_index_array, output_rows, row_bytes_view
 from .base import FeatureStore
 
 __all__ = ["DiskFeatureStore", "DiskStats"]
@@ -161,10 +161,7 @@ class DiskFeatureStore(FeatureStore):
         :class:`~gnnio.errors.DatasetError` for a truncated or unreadable file."""
         idx = as_index_array(ids, self.num_rows)
         n = int(idx.shape[0])
-        if out is None:
-            dst = torch.empty((n, self.dim), dtype=self.dtype)
-        else:
-            dst = check_out(out, n, self.dim, self.dtype, self.device)
+        dst = output_rows(out, n, self.dim, self.dtype, self.device)
         if n == 0:
             return dst
         rb = self.row_bytes
