@@ -227,7 +227,8 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
                       progress=False)  # fmt: skip
     argv = ["bench", "disk", str(d), "--json", "--epochs", "2", "--batches", "3", "--fanouts",
             "3,3", "--batch-size", "64", "--random-reads", "300", "--seq-mib", "1", "--repeats",
-            "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo"]  # fmt: skip
+            "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo,lookahead",
+            "--lookahead", "2"]  # fmt: skip
     rc = main(argv)
     out = capsys.readouterr().out.strip().splitlines()[-1]
     if rc == 2:
@@ -238,7 +239,8 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
         assert key in r
     assert r["random_read_fraction_of_ceiling"] > 0
     assert [(c["policy"], c["host_cache"]) for c in r["disk"]] == [
-        ("none", 0.0), ("static", 0.1), ("sieve", 0.1), ("s3fifo", 0.1)]  # fmt: skip
+        ("none", 0.0), ("static", 0.1), ("sieve", 0.1), ("s3fifo", 0.1),
+        ("lookahead", 0.1)]  # fmt: skip
     for c in r["disk"]:
         assert c["disk_bytes"] > 0 and len(c["epoch_s"]) == 2
         assert {"first_epoch_s", "steady_epoch_s", "ratio_to_bound"} <= set(c)

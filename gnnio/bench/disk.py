@@ -11,7 +11,8 @@ with the features on disk against the same epochs in memory (issue 25).
    seed order, sampled and gathered by the pipelined loader; the consumer does nothing, so an
    epoch is what data loading costs) over the features in memory, on disk with no host cache,
    and on disk under a host cache of each ``--sizes`` fraction with each ``--policies`` policy
-   (static by ``--score``). Per configuration: the first and the steady epoch (median of the
+   (static by ``--score``; ``lookahead``: Belady's MIN over the next ``--lookahead`` batches the
+   loader announces, the hotness rank beyond them). Per configuration: the first and the steady epoch (median of the
    later ones), the device bytes per steady epoch (``disk_bytes``), the kernel's count
    (``/proc/self/io``), the host-cache hit ratio, and ``ratio_to_bound`` = steady epoch over
    ``max(in-memory epoch, disk bytes / measured 4 KiB ceiling)`` (issue 25's goal: <= 1.2).
@@ -41,6 +42,12 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", default="0.05,0.1,0.2", help="host cache sizes (fractions of N)")
     p.add_argument("--policies", default="static,sieve,s3fifo", help="host cache policies")
     p.add_argument("--score", default="degree", help="hotness score of the static policy")
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=64,
+        help="batches announced ahead to the lookahead policy (Ginex's superbatch)",
+    )
     p.add_argument("--epochs", type=int, default=3, help="loading epochs per configuration")
     p.add_argument("--batches", type=int, default=40, help="mini-batches per epoch")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
@@ -61,7 +68,7 @@ def _check(args) -> tuple[list[float], list[str]]:
     if any(not 0 < s <= 1 for s in sizes):
         raise UsageError(f"--sizes: every size must be in (0, 1], got '{args.sizes}'")
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    known = ("static", "sieve", "s3fifo", "fifo", "lru", "lfu")
+    known = ("static", "sieve", "s3fifo", "fifo", "lru", "lfu", "lookahead")
     bad = [p for p in policies if p not in known]
     if bad:
         raise UsageError(f"--policies: unknown {bad[0]!r}; choose from {', '.join(known)}")
@@ -217,7 +224,7 @@ def run(args) -> dict:
     memory_s = rows_mem["steady_epoch_s"]
     res["memory"] = {k: rows_mem[k] for k in ("first_epoch_s", "steady_epoch_s", "epoch_s")}
     hot = None
-    if "static" in policies:
+    if "static" in policies or "lookahead" in policies:
         from ..preprocess.hotness import compute_score
         from ..preprocess.reorder import order_by_score
 
@@ -228,8 +235,9 @@ def run(args) -> dict:
         store = disk
         if size > 0:
             cap = hot_rows_for_fraction(size, ds.num_nodes)
-            store = FeatureCache(disk, cap, policy, hot_ids=hot if policy == "static" else None,
-                                 device="cpu", tier="host_cache")  # fmt: skip
+            store = FeatureCache(disk, cap, policy, hot_ids=hot if policy in ("static",
+                                 "lookahead") else None, device="cpu", tier="host_cache",
+                                 lookahead=args.lookahead)  # fmt: skip
         r = _epochs(loader_for(store), store, disk, args.epochs)
         bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
         configs.append({"host_cache": size, "policy": policy, **r,
