@@ -463,15 +463,10 @@ def run(args) -> int:
         " (loader stages run in background threads and overlap)",
         f"features gathered in training: {tiers or 'none'}",
     ]
-    dk = s.get("disk")
-    if dk:
-        kern = s.get("disk_read_bytes")
-        lines.append(
-            f"disk ({'O_DIRECT' if dk['direct'] else 'buffered'}, queue depth {dk['queue_depth']}):"
-            f" {dk['bytes_read'] / 2**20:,.1f} MiB read in {dk['pages_read']:,} pages, read "
-            f"amplification {dk['read_amplification']:.2f}"
-            + (f"; the kernel counted {kern / 2**20:,.1f} MiB" if kern is not None else "")
-        )
+    if s.get("disk"):  # --features-on disk
+        from ..train.setup_disk import disk_line
+
+        lines.append(disk_line(s))
     smp = s.get("sampling")
     if smp and "scale_per_epoch" in smp:
         kind = smp.get("loading_share_kind")

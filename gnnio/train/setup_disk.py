@@ -22,7 +22,14 @@ from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["HOST_CACHE_POLICIES", "build_disk_base", "disk_epoch", "disk_mark", "disk_summary"]
+__all__ = [
+    "HOST_CACHE_POLICIES",
+    "build_disk_base",
+    "disk_epoch",
+    "disk_line",
+    "disk_mark",
+    "disk_summary",
+]
 
 #: --cache-policy values for the host cache over the disk tier
 HOST_CACHE_POLICIES = ("static", "sieve", "s3fifo", "fifo", "lru", "lfu", "lookahead")
@@ -160,3 +167,14 @@ def disk_summary(history: list[dict[str, Any]], setup) -> dict[str, Any]:
         },
         "disk_read_bytes": io,
     }
+
+
+def disk_line(s: dict[str, Any]) -> str:
+    """The line ``gnnio train`` prints about the disk tier, from the summary ``s``."""
+    dk, kern = s["disk"], s.get("disk_read_bytes")
+    return (
+        f"disk ({'O_DIRECT' if dk['direct'] else 'buffered'}, queue depth {dk['queue_depth']}): "
+        f"{dk['bytes_read'] / 2**20:,.1f} MiB read in {dk['pages_read']:,} pages, read "
+        f"amplification {dk['read_amplification']:.2f}"
+        + (f"; the kernel counted {kern / 2**20:,.1f} MiB" if kern is not None else "")
+    )
