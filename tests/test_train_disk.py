@@ -92,3 +92,13 @@ def test_bad_disk_options_are_one_line(graph, capsys, argv, match):
     err = capsys.readouterr().err.strip()
     assert err.startswith("gnnio: error:") and "\n" not in err
     assert match in err
+
+
+def test_resume_over_a_dynamic_host_cache_ends_as_the_uninterrupted_run(graph, tmp_path):
+    kw = {"store": "disk", "host_cache_size": 0.1, "cache_policy": "s3fifo"}
+    full = train(graph, _cfg(**kw))
+    train(graph, _cfg(epochs=1, checkpoint_dir=str(tmp_path / "ck"), **kw))
+    res = train(graph, _cfg(resume=str(tmp_path / "ck"), **kw))
+    assert res["loss_history"] == full["loss_history"]
+    assert res["bytes_by_tier"] == full["bytes_by_tier"]  # the cache's state came back
+    assert res["disk"]["bytes_read"] == full["disk"]["bytes_read"]
