@@ -368,6 +368,10 @@ def reorder_path(
     # replaces it only with overwrite; a target that cannot be written is refused before scoring
     if out is not None:
         output_dir.check_out_dir(out, overwrite)
+    if memory_budget is not None:  # a budget too small: refused before the score pass
+        from .reorder_bounded import check_budget
+
+        check_budget(int(memory_budget), ds.num_nodes)
     t0 = time.perf_counter()
     score = compute_score(
         by, ds, fanouts=fanouts, batch_size=batch_size, progress=progress, **score_options
@@ -377,9 +381,8 @@ def reorder_path(
     del score
     target = Path(path) if in_place else Path(out)
     if memory_budget is not None:  # the score pass's pages, before the bounded reorder
-        from .reorder_bounded import check_budget, release
+        from .reorder_bounded import release
 
-        check_budget(int(memory_budget), ds.num_nodes)
         release(ds.graph.indices)
         release(ds.graph.indptr)
     reorder_dataset(
