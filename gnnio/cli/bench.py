@@ -20,6 +20,7 @@ BENCHES = {
     "dist": "gnnio.bench.dist",
     "dist-sampling": "gnnio.bench.dist_sampling",
     "disk": "gnnio.bench.disk",
+    "step": "gnnio.bench.step",
 }
 
 

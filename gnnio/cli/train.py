@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from . import HelpFormatter
+from .train_disk import add_disk_arguments, refuse_store_with_disk, store_kind
 from .train_dist import add_dist_arguments, launch_ranks, train_rank
 
 
@@ -20,6 +21,12 @@ def register(sub) -> None:
         ),
         formatter_class=HelpFormatter,
     )
+    add_train_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_train_arguments(p) -> None:
+    """Every option of ``gnnio train`` (``gnnio bench step`` takes the same ones)."""
     p.add_argument(
         "dir",
         metavar="DIR",
@@ -52,7 +59,13 @@ def register(sub) -> None:
         choices=["none", "row"],
         help="'row' divides each feature row by its L1 norm (bag-of-words features)",
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="cpu, cuda (cuda:N) or auto: cuda when a GPU is present, else cpu; on a GPU with no "
+        "layout option, rows and topology are placed from free GPU memory (the summary's "
+        "'plan') (default: auto)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (init, order, sampling)")
     p.add_argument(
         "--eval",
@@ -137,22 +150,7 @@ def register(sub) -> None:
         "--lookahead batches the loader has sampled; with --features-on disk the host cache's "
         "policy, also sieve or s3fifo (default there: sieve)",
     )
-    g.add_argument(
-        "--features-on",
-        choices=["memory", "disk"],
-        default=None,
-        help="disk: read feature rows from the dataset's file with O_DIRECT (page-aware, in "
-        "parallel; the page cache serves nothing) under a host cache of --host-cache-size; "
-        "bytes_by_tier gets 'disk', the summary 'disk' and 'disk_read_bytes' (default: memory, "
-        "or --store)",
-    )
-    g.add_argument(
-        "--host-cache-size",
-        type=float,
-        metavar="F",
-        default=None,
-        help="--features-on disk: host cache rows as a fraction of the nodes (default: 0, none)",
-    )
+    add_disk_arguments(g)  # --features-on disk, --host-cache-size (issue 25)
     g.add_argument(
         "--lookahead",
         type=int,
@@ -299,7 +297,6 @@ def register(sub) -> None:
         "without it the open checks file sizes and a sampled hash (a few MiB)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
-    p.set_defaults(func=run)
 
 
 def _parse_fanouts(text: str) -> tuple[int, ...]:
@@ -355,16 +352,12 @@ def _refuse_ignored(args, ranks: int) -> None:
             raise UsageError(f"{option}: has no effect without {what}")
 
 
-def run(args) -> int:
-    from ..dist.context import env_world_size
-    from ..train import TrainConfig, check_device, train
-    from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
+def config_from_args(args, ranks: int):
+    """The :class:`~gnnio.train.TrainConfig` of parsed ``gnnio train`` options."""
+    from ..train import TrainConfig
+    from ..train.gpu_plan import resolve_device
 
-    world = env_world_size()
-    ranks = max(world, args.nproc)
-    _refuse_ignored(args, ranks)
-    if args.features_on == "disk" and args.store is not None:
-        raise UsageError("--store: not with --features-on disk (the rows stay in their file)")
+    refuse_store_with_disk(args)
     cfg = TrainConfig(
         model=args.model,
         fanouts=_parse_fanouts(args.fanouts),
@@ -376,7 +369,7 @@ def run(args) -> int:
         dropout=args.dropout,
         heads=args.heads if args.heads is not None else TrainConfig.heads,
         feature_norm=args.feature_norm,
-        device=args.device,
+        device=resolve_device(args.device, ranks),
         seed=args.seed,
         eval=args.eval,
         eval_batch_size=args.eval_batch_size,
@@ -387,9 +380,7 @@ def run(args) -> int:
         resume=args.resume,
         summary=args.summary,
         log=args.log,
-        store="disk"
-        if args.features_on == "disk"
-        else args.store or ("mmap" if ranks > 1 else "memory"),
+        store=store_kind(args, ranks),
         threads=args.threads,
         isolation=args.isolation,
         sampler_device=args.sampler_device,
@@ -424,6 +415,18 @@ def run(args) -> int:
         sampling_mode=args.sampling_mode,
         reuse=args.reuse,
     )
+    return cfg
+
+
+def run(args) -> int:
+    from ..dist.context import env_world_size
+    from ..train import check_device, train
+    from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
+
+    world = env_world_size()
+    ranks = max(world, args.nproc)
+    _refuse_ignored(args, ranks)
+    cfg = config_from_args(args, ranks)
     check_device(cfg.device)  # fail fast, before generating or loading anything
     cfg.validate(ranks)
     cfg.validate_dist(ranks)

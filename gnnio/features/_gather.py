@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..utils.triton_kernels import kernel_failed, triton_available
+from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 
 try:  # numba is a hard dependency, but keep the pure-torch path usable and tested
     import numba
@@ -283,9 +283,11 @@ def copy_rows(
             from ._triton_rows import copy_rows_triton
 
             if copy_rows_triton(src, src_idx, dst, dst_idx):
+                kernel_ran("rows", "triton")
                 return
         except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: torch ops
             kernel_failed("copy_rows", e, "gathering rows with index_select instead")
+    kernel_ran("rows", "torch")
     n = int(src_idx.shape[0])
     if dst_idx is None and dst.is_contiguous():
         torch.index_select(src, 0, src_idx, out=dst[:n])
@@ -326,6 +328,8 @@ def gather_rows(
         if num_threads is not None:
             numba.set_num_threads(max(1, min(int(num_threads), numba.config.NUMBA_NUM_THREADS)))
         _numba_gather(_as_bytes_2d(src), ids, row_bytes_view(out))
+        kernel_ran("host_rows", "numba")
         return
+    kernel_ran("host_rows", "torch")
     t = src_tensor if src_tensor is not None else tensor_view(src)
     torch.index_select(t, 0, torch.from_numpy(ids).long(), out=out)

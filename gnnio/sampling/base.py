@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Block", "MiniBatch", "Sampler"]
+__all__ = ["Block", "MiniBatch", "Sampler", "dst_ptr"]
 
 
 @dataclass
@@ -33,27 +33,40 @@ class Block:
             row 1 = destination (in ``[0, num_dst)``). PyG's ``source_to_target`` convention.
         num_src: number of source nodes (``input_nodes[:num_src]``).
         num_dst: number of destination nodes (``input_nodes[:num_dst]``).
-        edge_weight: optional ``[E]`` float aggregation weights (e.g. 1/q_j for importance-weighted,
-            unbiased aggregation); None = plain aggregation.
+        edge_weight: optional ``[E]`` float aggregation weights (e.g. 1/q_j for importance-weighted
+            aggregation); None = plain aggregation.
+        ptr: optional ``[num_dst + 1]`` int64 CSR row pointer over the destinations, given by a
+            sampler whose edges are grouped by destination in local-id order (edges
+            ``ptr[i]:ptr[i+1]`` go into destination ``i``): the model aggregates straight from it
+            (:mod:`gnnio.train.spmm`) without sorting the edges again. None = not known.
     """
 
     edge_index: torch.Tensor
     num_src: int
     num_dst: int
     edge_weight: torch.Tensor | None = None
+    ptr: torch.Tensor | None = None
 
     @property
     def num_edges(self) -> int:
         return int(self.edge_index.shape[1])
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
-        w = self.edge_weight
+        w, p = self.edge_weight, self.ptr
         return Block(
             self.edge_index.to(device, non_blocking=non_blocking),
             self.num_src,
             self.num_dst,
             None if w is None else w.to(device, non_blocking=non_blocking),
+            None if p is None else p.to(device, non_blocking=non_blocking),
         )
+
+
+def dst_ptr(edge_index: torch.Tensor, num_dst: int) -> torch.Tensor:
+    """The CSR row pointer ``[num_dst + 1]`` of edges already grouped by destination in local-id
+    order (what :attr:`Block.ptr` holds). Runs on the edges' device without a host sync; the
+    caller guarantees the order (a sampler that builds its edges that way)."""
+    return torch._convert_indices_from_coo_to_csr(edge_index[1], num_dst)
 
 
 @dataclass

@@ -54,8 +54,8 @@ from contextlib import contextmanager
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..utils.triton_kernels import kernel_failed, triton_available
-from .base import Block, MiniBatch
+from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
+from .base import Block, MiniBatch, dst_ptr
 from .threaded import hop_key
 
 __all__ = [
@@ -192,9 +192,11 @@ def sample_hop_torch(
             from ._triton_hop import sample_hop_triton  # the whole hop in one kernel, exact
 
             src, row = sample_hop_triton(indptr, indices, dst_nodes, fanout, hop_key, total)
+            kernel_ran("hop", "triton")
             return src, row, torch.zeros((), dtype=torch.int64, device=dev)
         except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the torch path
             kernel_failed("sample_hop", e, "sampling with torch ops instead (same batches)")
+    kernel_ran("hop", "torch")
     start = indptr[dst_nodes]
     deg = indptr[dst_nodes + 1] - start
     k = _kcount(deg, fanout)
@@ -403,10 +405,11 @@ class TorchUniformSampler:
             dst_nodes = torch.cat(parts)
         loc[dst_nodes] = -1
         self._give(loc, first)
-        blocks = [
-            Block(hop_edges[h], num_src=hop_nodes[h + 1], num_dst=hop_nodes[h])
+        blocks = [  # edges grouped by destination as on the CPU: the CSR pointer, no sync
+            Block(hop_edges[h], num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
+                  ptr=dst_ptr(hop_edges[h], hop_nodes[h]))
             for h in range(len(hop_edges) - 1, -1, -1)
-        ]
+        ]  # fmt: skip
         return MiniBatch(
             seeds=seeds, input_nodes=dst_nodes, blocks=blocks, meta={"hop_nodes": hop_nodes}
         )

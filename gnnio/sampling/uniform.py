@@ -60,8 +60,9 @@ import numpy as np
 import torch
 
 from ..graph.csr import CSRGraph
+from ..utils.triton_kernels import kernel_ran
 from . import _kernels
-from .base import Block, MiniBatch
+from .base import Block, MiniBatch, dst_ptr
 from .threaded import (
     ThreadedCPUSampler,
     _hop_key,
@@ -172,6 +173,7 @@ class UniformSampler(ThreadedCPUSampler):
         key = self._next_key(epoch_seed)
         if self._torch is not None:
             return self._torch.sample(seeds, key)
+        kernel_ran("hop", "numba")
         return self._sample_cpu(check_seeds(seeds, self.num_nodes), key)
 
     # -- CPU path ------------------------------------------------------------------------------
@@ -389,12 +391,9 @@ def _assemble(
     """Blocks (input layer first) from per-hop local edge arrays ``[2, E]``."""
     blocks = []
     for h in range(len(hop_edges) - 1, -1, -1):
-        blocks.append(
-            Block(
-                edge_index=torch.from_numpy(hop_edges[h]),
-                num_src=hop_nodes[h + 1],
-                num_dst=hop_nodes[h],
-            )
+        ei = torch.from_numpy(hop_edges[h])
+        blocks.append(  # edges grouped by destination in order: the CSR pointer comes for free
+            Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h], ptr=dst_ptr(ei, hop_nodes[h]))
         )
     return MiniBatch(
         seeds=torch.from_numpy(seeds),

@@ -51,7 +51,9 @@ class TrainConfig:
         lr, weight_decay: Adam learning rate and L2 weight decay.
         hidden, dropout, heads, attn_dropout: model sizes (see :func:`gnnio.train.models.build_model`).
         feature_norm: ``"none"`` or ``"row"`` (divide each feature row by its L1 norm).
-        device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` accepted); where the model runs.
+        device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` accepted); where the model runs. ``"auto"``
+            (the CLI's default): CUDA when present, else the CPU; on a GPU with no layout option
+            given, the layout is planned from free GPU memory (:mod:`gnnio.train.gpu_plan`).
         seed: seeds the model init and dropout (``torch.manual_seed``, i.e. torch's global
             generator), the seed order and the sampler (evaluation sampler: ``seed + 1``).
         eval: ``"sampled"`` (default) or ``"full"`` (module docstring says why).
@@ -465,7 +467,12 @@ class TrainConfig:
 
 
 def check_device(device: str) -> torch.device:
-    """``torch.device(device)``, or a one-line UsageError if it is malformed or CUDA is missing."""
+    """``torch.device(device)``, or a one-line UsageError if it is malformed or CUDA is missing;
+    ``"auto"`` is CUDA when present, else the CPU (:func:`gnnio.train.gpu_plan.resolve_device`)."""
+    if device == "auto":
+        from .gpu_plan import resolve_device
+
+        device = resolve_device(device)
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):

@@ -37,6 +37,7 @@ final numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -45,19 +46,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import DatasetError, GnnioError
 from ..graph.dataset import Dataset, load
 from ..utils.outputs import write_atomic
 from ..utils.progress import bar
 from ..utils.rss import rss_bytes
+from ..utils.triton_kernels import kernels_report, reset_kernel_record
+from .build import build_training, train_step
 from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_stores
 from .config import TrainConfig, check_device
-from .evaluate import evaluate_full, evaluate_sampled, make_node_loader
-from .models import build_model
+from .evaluate import evaluate_full, evaluate_sampled
+from .gpu_plan import apply_layout_plan
 from .setup_disk import disk_epoch, disk_mark, disk_summary
 from .summary import (
     hidden_fraction,
@@ -184,51 +185,28 @@ def train(
     if num_classes < 2:
         raise DatasetError(f"{ds.path}: needs at least 2 classes to train, has {num_classes}")
 
-    torch.manual_seed(cfg.seed)
-    fanouts = [int(f) for f in cfg.fanouts]
-    eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
-    labels = torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
-
-    setup = run.build_store(ds, cfg, device)
-    store = setup.store
-    sampler, adaptive = run.build_sampler(ds, cfg, fanouts, setup)
-    order = run.build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
-    train_loader = make_node_loader(
-        sampler,
-        store,
-        ds.train_idx,
-        labels,
-        cfg.batch_size,
-        cfg.seed,
-        device,
-        cfg.prefetch,
-        order=order,
-        stall_timeout=cfg.stall_timeout,
+    if cfg.device == "auto":
+        cfg = dataclasses.replace(cfg, device=str(device))
+    build_cfg, plan = apply_layout_plan(ds, cfg, device, run.world_size)  # --device auto|cuda
+    if plan.get("planned") and cfg.progress and run.is_main:
+        _status(_describe_plan(plan))
+    parts = build_training(ds, build_cfg, run, device)
+    setup, store, sampler, adaptive, order = (
+        parts.setup,
+        parts.store,
+        parts.sampler,
+        parts.adaptive,
+        parts.order,
     )
-    eval_loaders = {}
-    if cfg.eval == "sampled":
-        eval_sampler = run.build_eval_sampler(ds, cfg, fanouts)
-        for name, idx in (("valid", ds.valid_idx), ("test", ds.test_idx)):
-            eval_loaders[name] = make_node_loader(
-                eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
-                cfg.prefetch, order=run.eval_order(idx, eval_bs, cfg.seed),
-                stall_timeout=cfg.stall_timeout,
-            )  # fmt: skip
-
-    model = build_model(
-        cfg.model,
-        ds.feat_dim,
-        cfg.hidden,
-        num_classes,
-        cfg.num_layers,
-        dropout=cfg.dropout,
-        heads=cfg.heads,
-        attn_dropout=cfg.attn_dropout,
-        feature_norm=cfg.feature_norm,
-        edge_weight_norm=cfg.edge_weight_norm,
-    ).to(device)
-    net = run.wrap_model(model)  # what trains (DDP with ranks); `model` evaluates and is saved
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    train_loader, eval_loaders, model, net, opt = (
+        parts.train_loader,
+        parts.eval_loaders,
+        parts.model,
+        parts.net,
+        parts.opt,
+    )
+    labels = parts.labels
+    eval_bs = parts.eval_batch_size
     iso = iso_undo = None
     if cfg.isolation == "auto":  # BGL §3.4: profile the stages, give each its threads
         from .isolate import isolate
@@ -237,6 +215,7 @@ def train(
         if cfg.progress and run.is_main:
             _status(iso.describe())
 
+    reset_kernel_record()
     ckdir, resumed = open_checkpoints(cfg, ds, run)  # --checkpoint-dir / --resume
     prog = resume_progress(resumed, model=model, opt=opt, store=store, sampler=sampler,
                            adaptive=adaptive, run=run)  # fmt: skip
@@ -342,6 +321,8 @@ def train(
         summary.update(disk_summary(history, setup))
     summary.update(simulation_facts(device, setup.info))
     summary["isolation"] = dict(iso.threads) if iso is not None else None
+    summary["plan"] = plan
+    summary["kernels"] = kernels_report()  # which implementation ran (a fallback shows here)
     summary["sampler_device"] = str(getattr(sampler, "device", "cpu"))
     if summary["sampler_device"].startswith("cuda"):
         summary["graph_in"] = getattr(sampler, "graph_in", None)
@@ -367,6 +348,16 @@ def _non_finite(epoch: int, batch: int | None, value: float) -> None:
     raise GnnioError(
         f"training stopped at {where}: the loss is {value} (non-finite features, or a learning "
         "rate that diverges: try a lower --lr); no model was saved from this epoch"
+    )
+
+
+def _describe_plan(plan: dict) -> str:
+    gib = 2**30
+    return (
+        f"plan: {plan['hot_rows']:,} feature rows ({plan['gpu_feature_bytes'] / gib:.2f} GiB) on the "
+        f"GPU ({plan['gpu_cache_fraction']:.1%}), sampler on {plan['sampler_device']}"
+        + (f" (CSR in {plan['graph_in']} memory)" if plan["sampler_device"] == "cuda" else "")
+        + f"; {plan['reason']}; modeled host->GPU {plan['modeled_load_s']:.2f} s per epoch"
     )
 
 
@@ -408,17 +399,11 @@ def _train_epoch(
             except StopIteration:
                 break
             wait += time.perf_counter() - t0
-            timer.start()
-            logits = model(batch.x, batch.blocks)
+            logits, loss = train_step(model, opt, batch, timer)
             y = batch.labels
-            loss = F.cross_entropy(logits, y, ignore_index=-1)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            timer.stop()
             b = int(y.shape[0])
-            batch_loss = loss.detach().double() * b
-            batch_correct = ((logits.detach().argmax(dim=1) == y) & (y >= 0)).sum()
+            batch_loss = loss.double() * b
+            batch_correct = ((logits.argmax(dim=1) == y) & (y >= 0)).sum()
             loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
             correct = batch_correct if correct is None else correct + batch_correct
             seen += b
@@ -430,8 +415,8 @@ def _train_epoch(
                 for kind in ("rows", "bytes"):
                     for t, v in c[kind].items():
                         counted[kind][t] = counted[kind].get(t, 0) + v
-            if device.type == "cpu" and not math.isfinite(float(loss.detach())):  # cheap on a CPU
-                _non_finite(epoch, batches - 1, float(loss.detach()))
+            if device.type == "cpu" and not math.isfinite(float(loss)):  # cheap on a CPU
+                _non_finite(epoch, batches - 1, float(loss))
             every = cfg.checkpoint_every or 0
             if on_batch and batches % every == 0 and batches < (num_batches or batches + 1):
                 on_batch(epoch, batches, {

@@ -44,7 +44,6 @@ Dropout is applied to the input of every layer (features included), ReLU between
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import torch
@@ -58,6 +57,7 @@ from ..features.base import FeatureStore
 from ..graph.csr import CSRGraph
 from ..sampling.base import Block
 from ..utils.progress import bar
+from .spmm import block_csr, block_matmul
 
 __all__ = [
     "MODELS",
@@ -90,24 +90,10 @@ def aggregate(x: torch.Tensor, block: Block, reduce: str) -> torch.Tensor:
     (1 without ``block.edge_weight``): ``reduce="sum"`` ``A_ij = w_j``; ``reduce="mean"``
     ``A_ij = w_j / sum_k w_k`` over the in-edges of ``i`` (the plain mean without weights).
     Destinations without in-edges get 0. Returns ``[num_dst, F]``; differentiable in ``x``.
+    Built from the block's CSR row pointer where the sampler gave one, and computed by the
+    kernels of :mod:`gnnio.train.spmm` (numba on the CPU, ``torch.sparse.mm`` on a GPU).
     """
-    ns, nd = block.num_src, block.num_dst
-    src, dst = block.edge_index[0], block.edge_index[1]
-    w = block.edge_weight
-    w = x.new_ones(src.shape[0]) if w is None else w.to(device=x.device, dtype=x.dtype)
-    if reduce == "mean":
-        w = w / _scatter_sum(w, dst, nd).clamp_min(1e-30)[dst]
-    elif reduce != "sum":
-        raise ValueError(f"aggregate: reduce must be 'mean' or 'sum', got {reduce!r}")
-    if src.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
-        order = torch.argsort(dst, stable=True)
-        src, dst, w = src[order], dst[order], w[order]
-    crow = torch.zeros(nd + 1, dtype=torch.int64, device=x.device)
-    torch.cumsum(torch.bincount(dst, minlength=nd), 0, out=crow[1:])
-    with warnings.catch_warnings():  # "sparse CSR support is in beta" is not for our users
-        warnings.simplefilter("ignore", UserWarning)
-        adj = torch.sparse_csr_tensor(crow, src.to(torch.int64), w, (nd, ns))
-    return torch.sparse.mm(adj, x[:ns])
+    return block_matmul(x, block_csr(block, reduce, x.dtype, x.device))
 
 
 class SAGELayer(nn.Module):
@@ -227,7 +213,9 @@ class BlockGNN(nn.Module):
 
     def apply_layer(self, i: int, x: torch.Tensor, block: Block) -> torch.Tensor:
         """Layer ``i`` on the rows ``x[:block.num_src]`` (dropout before, ReLU after unless last)."""
-        x = F.dropout(x[: block.num_src], p=self.dropout, training=self.training)
+        if x.shape[0] != block.num_src:  # a full-length slice would still cost a backward copy
+            x = x[: block.num_src]
+        x = F.dropout(x, p=self.dropout, training=self.training)
         x = self.layers[i](x, block)
         if i < self.num_layers - 1:
             x = F.relu(x)

@@ -79,6 +79,7 @@ def needs_score(ds, cfg) -> bool:
     """Whether :func:`build_store` needs the hotness score ``cfg.score``: to rank rows for a GPU
     tier of a dataset not already reordered by that score, or for a static cache."""
     tiered = cfg.gpu_cache_fraction is not None and ds.meta.get("reordered_by") != cfg.score
+    tiered = tiered and cfg.gpu_cache_fraction < 1.0  # every row hot: no ranking needed
     if cfg.store == "disk":
         from .setup_disk import needs_disk_score
 
@@ -128,7 +129,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         if cfg.gpu_budget_bytes is not None:
             kw["gpu_budget_bytes"] = int(cfg.gpu_budget_bytes)
         reordered = ds.meta.get("reordered_by") == cfg.score
-        if reordered:
+        if reordered or cfg.gpu_cache_fraction >= 1.0:  # every row hot: the id prefix is all
             store = TieredFeatureStore.from_reordered(base, cfg.gpu_cache_fraction, **kw)
         else:
             order_ids = _top_ids(get_score(), hot_rows_for_fraction(cfg.gpu_cache_fraction, n))

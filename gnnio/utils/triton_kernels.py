@@ -5,6 +5,10 @@ results, slower).
 A kernel runs on CUDA tensors when Triton is installed (CUDA builds of PyTorch bring it), unless
 ``GNNIO_TRITON=0``; on CPU tensors only under ``TRITON_INTERPRET=1`` (Triton's interpreter, what
 the tests use: it must be set before Triton is imported).
+
+Which implementation ran is recorded per kernel (:func:`kernel_ran`) and reported in a training
+summary's ``kernels`` and by ``gnnio bench step`` (:func:`kernels_report`), so a run that fell
+back to a slower path says so instead of being silently slow.
 """
 
 from __future__ import annotations
@@ -16,9 +20,16 @@ import warnings
 
 import torch
 
-__all__ = ["kernel_failed", "triton_available"]
+__all__ = [
+    "kernel_failed",
+    "kernel_ran",
+    "kernels_report",
+    "reset_kernel_record",
+    "triton_available",
+]
 
 _FAILED: dict[str, str] = {}  # kernel name -> the first error
+_RAN: dict[str, set[str]] = {}  # kernel name -> implementations that ran since the last reset
 
 
 @functools.cache
@@ -45,3 +56,27 @@ def kernel_failed(kernel: str, error: BaseException, what: str) -> None:
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+def kernel_ran(kernel: str, impl: str) -> None:
+    """Record that ``impl`` (``triton``, ``torch``, ``numba``) ran for ``kernel``."""
+    got = _RAN.get(kernel)
+    if got is None:
+        _RAN[kernel] = {impl}
+    elif impl not in got:
+        got.add(impl)
+
+
+def reset_kernel_record() -> None:
+    """Forget which implementations ran (failures stay: a failed kernel is not tried again)."""
+    _RAN.clear()
+
+
+def kernels_report() -> dict:
+    """``{kernel: impl}`` for every kernel that ran since the last reset (several
+    implementations joined with ``+``, e.g. ``triton+torch`` when one fell back mid-run), plus
+    ``fallbacks`` (how many Triton kernels failed and fell back) and ``failed`` (their errors)."""
+    out: dict = {k: "+".join(sorted(v)) for k, v in sorted(_RAN.items())}
+    out["fallbacks"] = len(_FAILED)
+    out["failed"] = dict(_FAILED)
+    return out

@@ -1,0 +1,419 @@
+"""``gnnio bench step DIR``: where each millisecond of a training batch goes, next to its floor.
+
+It builds the run exactly as ``gnnio train`` does (same options: store, tiers, caches, sampler,
+model, optimizer; :func:`gnnio.train.build.build_training`) and measures three passes over the
+training order, after ``--warmup`` untimed batches:
+
+1. **pipelined** (``ms_per_batch``): the real training loop, the loader's stages in their
+   background threads and the step (:func:`gnnio.train.build.train_step`) on the main thread;
+   wall time per batch over ``--batches`` batches, the device synchronised once at the end.
+   ``step_ms`` is the step alone as ``gnnio train`` times it (CUDA events on a GPU).
+2. **sequential** (``breakdown``, ms per batch): the same work one part after another in one
+   thread, each part timed on its own (CUDA events on the current stream on a GPU, the wall clock
+   on the CPU): ``sample`` (the sampler's call, without its relabelling where that is a separate
+   step), ``relabel`` (the GPU sampler's relabelling; 0 where the kernel fuses it into sampling, as
+   the CPU sampler's does: ``relabel_fused`` says so), ``gather`` (the store, into a reused buffer
+   as the loader does), ``transfer`` (host to device), ``forward`` (model and loss), ``backward``,
+   ``optimizer``, and ``other`` (the batch's wall time minus the parts: Python, labels, waits).
+   The same pass counts ``host_syncs_per_batch`` and ``ops_per_batch`` with
+   :class:`gnnio.utils.syncs.OpCounter` (the torch operations that would synchronise a GPU with
+   the host, per part in ``host_syncs_by_part``; on the CPU nothing really waits, and the numba
+   kernels are not seen).
+3. **profiled** (a GPU only): ``kernel_launches_per_batch`` from torch's profiler (the CUDA runtime's
+   launch calls), in a separate pass so the profiler does not disturb the timings.
+
+``floor_ms`` is what the batch's arithmetic and bytes would take at the device's own rates, both
+measured in the same run (``floor``): the dense layers' FLOPs (forward, and twice that backward)
+at the measured float32 matmul rate, plus the bytes of the gather and of the aggregation (rows
+read and written, forward and backward) at the measured copy bandwidth. It is a floor, not a
+prediction: real kernels reach neither rate.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections import Counter
+
+import torch
+
+from ..errors import UsageError
+from ..utils.progress import bar
+from ..utils.syncs import OpCounter
+
+HELP = "where the time of a training batch goes (sample, gather, forward, backward, ...)"
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
+
+PARTS = ("sample", "relabel", "gather", "transfer", "forward", "backward", "optimizer", "other")
+
+
+def add_arguments(p) -> None:
+    from ..cli.train import add_train_arguments
+    from ..utils.argtypes import int_range
+
+    add_train_arguments(p)
+    p.add_argument("--batches", type=int_range(1), default=20, help="timed batches per pass")
+    p.add_argument(
+        "--warmup", type=int_range(0), default=3, help="untimed batches before each pass"
+    )
+
+
+class _Clock:
+    """Times consecutive parts of one thread's work: CUDA events on the current stream, or the
+    wall clock on the CPU. ``mark(name)`` ends the part ``name`` begun at the previous mark."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.ms: Counter[str] = Counter()
+        self._pending: list = []
+        self._last = None
+
+    def begin(self) -> None:
+        self._last = self._now()
+
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            return ev
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = self._now()
+        if self.cuda:
+            self._pending.append((name, self._last, now))
+        else:
+            self.ms[name] += (now - self._last) * 1e3
+        self._last = now
+
+    def collect(self) -> Counter:
+        if self.cuda and self._pending:
+            self._pending[-1][2].synchronize()
+            for name, a, b in self._pending:
+                self.ms[name] += a.elapsed_time(b)
+            self._pending = []
+        return self.ms
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batches(loader, start_epoch: int):
+    """The loader's batches, epoch after epoch (benches may want more than one epoch has)."""
+    epoch = start_epoch
+    while True:
+        got = False
+        it = iter(loader.epoch(epoch))
+        try:
+            for b in it:
+                got = True
+                yield b
+        finally:
+            if hasattr(it, "close"):
+                it.close()  # stops the loader's threads when the bench stops mid-epoch
+        if not got:
+            raise UsageError("bench step: the training split gives no batch")
+        epoch += 1
+
+
+def _seed_batches(order, n: int, start_epoch: int):
+    """``n`` (epoch, index, seeds) of the seed order, epoch after epoch."""
+    out, epoch = [], start_epoch
+    while len(out) < n:
+        for i, s in enumerate(order.batches(epoch)):
+            out.append((epoch, i, s))
+            if len(out) == n:
+                break
+        epoch += 1
+    return out
+
+
+def pipelined(parts, device, warmup: int, k: int, progress: bool) -> dict:
+    """Pass 1: the real loop (loader threads + step) over ``k`` batches after ``warmup``."""
+    from ..train.build import train_step
+    from ..train.timing import ComputeTimer
+
+    parts.net.train()
+    it = _batches(parts.train_loader, 0)
+    timer = ComputeTimer(device)
+    with bar(warmup + k, "pipelined", "batch", enabled=progress) as pb:
+        for _ in range(warmup):
+            train_step(parts.net, parts.opt, next(it))
+            pb.update(1)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(k):
+            train_step(parts.net, parts.opt, next(it), timer)
+            pb.update(1)
+        _sync(device)
+        wall = time.perf_counter() - t0
+    it.close()
+    return {"ms_per_batch": wall / k * 1e3, "step_ms": timer.total_s() / k * 1e3}
+
+
+def _relabel_hook(sampler, clock_box: list):
+    """Time the GPU sampler's relabelling inside ``sample`` (None where there is none to time)."""
+    inner = getattr(sampler, "_torch", None)
+    if inner is None:
+        return None
+    from ..sampling import gpu
+
+    real = gpu._relabel
+
+    def timed(*a, **kw):
+        clock = clock_box[0]
+        clock.mark("sample")
+        out = real(*a, **kw)
+        clock.mark("relabel")
+        return out
+
+    gpu._relabel = timed
+    return lambda: setattr(gpu, "_relabel", real)
+
+
+def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
+    """Pass 2: one part after another, each timed; op and sync counts per part."""
+    from ..features._gather import host_empty
+
+    sampler, store, net, opt = parts.sampler, parts.store, parts.net, parts.opt
+    keyed = "epoch_seed" in inspect.signature(sampler.sample).parameters
+    seeds = _seed_batches(parts.order, warmup + k, 1)
+    clock_box = [None]
+    undo = _relabel_hook(sampler, clock_box)
+    buf = None
+    syncs: Counter[str] = Counter()
+    sync_ops: Counter[str] = Counter()
+    ops = 0
+    wall = 0.0
+    sizes = {"input_nodes": 0, "edges": 0}
+    flops = membytes = 0.0
+    total = Counter()
+    net.train()
+    try:
+        with bar(warmup + k, "sequential", "batch", enabled=progress) as pb:
+            for n, (epoch, i, s) in enumerate(seeds):
+                timed = n >= warmup
+                clock = _Clock(device)
+                clock_box[0] = clock
+                counter = OpCounter()
+                _sync(device)
+                t0 = time.perf_counter()
+                clock.begin()
+                with counter:
+                    before = counter.syncs
+                    mb = (
+                        sampler.sample(s, epoch_seed=(epoch << 32) + i)
+                        if keyed
+                        else sampler.sample(s)
+                    )
+                    clock.mark("sample")
+                    part_syncs = {"sample": counter.syncs - before}
+                    ids = mb.input_nodes
+                    rows = int(ids.shape[0])
+                    if store.device.type == "cpu" and (buf is None or buf.shape[0] < rows):
+                        buf = torch.from_numpy(host_empty((max(rows, 1) * 5 // 4, store.dim),
+                                                          _np_dtype(store.dtype)))  # fmt: skip
+                        if device.type == "cuda":
+                            buf = buf.pin_memory()
+                    before = counter.syncs
+                    mb.x = store.gather(ids, out=None if store.device.type != "cpu" else buf)
+                    mb.labels = parts.train_loader._labels_for(mb.seeds)  # as the loader does
+                    clock.mark("gather")
+                    part_syncs["gather"] = counter.syncs - before
+                    before = counter.syncs
+                    if mb.x.device != device or mb.blocks[0].edge_index.device != device:
+                        mb = mb.to(device, non_blocking=True)
+                    elif mb.labels is not None:
+                        mb.labels = mb.labels.to(device, non_blocking=True)
+                    clock.mark("transfer")
+                    part_syncs["transfer"] = counter.syncs - before
+                    before = counter.syncs
+                    logits = net(mb.x, mb.blocks)
+                    loss = torch.nn.functional.cross_entropy(logits, mb.labels, ignore_index=-1)
+                    clock.mark("forward")
+                    part_syncs["forward"] = counter.syncs - before
+                    before = counter.syncs
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    clock.mark("backward")
+                    part_syncs["backward"] = counter.syncs - before
+                    before = counter.syncs
+                    opt.step()
+                    clock.mark("optimizer")
+                    part_syncs["optimizer"] = counter.syncs - before
+                _sync(device)
+                dt = time.perf_counter() - t0
+                ms = clock.collect()
+                if timed:
+                    wall += dt
+                    total.update(ms)
+                    ops += counter.ops
+                    syncs.update(part_syncs)
+                    sync_ops.update(counter.sync_ops)
+                    sizes["input_nodes"] += rows
+                    sizes["edges"] += sum(b.num_edges for b in mb.blocks)
+                    f, m = batch_work(parts.model, mb, store.row_bytes)
+                    flops += f
+                    membytes += m
+                pb.update(1)
+    finally:
+        if undo is not None:
+            undo()
+    breakdown = {p: total.get(p, 0.0) / k for p in PARTS if p != "other"}
+    seq_ms = wall / k * 1e3
+    breakdown["other"] = max(0.0, seq_ms - sum(breakdown.values()))
+    return {
+        "sequential_ms_per_batch": seq_ms,
+        "breakdown": breakdown,
+        "relabel_fused": undo is None,
+        "host_syncs_per_batch": sum(syncs.values()) / k,
+        "host_syncs_by_part": {p: v / k for p, v in syncs.items()},
+        "sync_ops": dict(sync_ops),
+        "ops_per_batch": ops / k,
+        "input_nodes_per_batch": sizes["input_nodes"] / k,
+        "edges_per_batch": sizes["edges"] / k,
+        "flops_per_batch": flops / k,
+        "bytes_per_batch": membytes / k,
+    }
+
+
+def _np_dtype(dt: torch.dtype):
+    return torch.empty(0, dtype=dt).numpy().dtype
+
+
+def batch_work(model, mb, row_bytes: int) -> tuple[float, float]:
+    """``(flops, bytes)`` of one training step on ``mb`` (see module docstring): every
+    ``nn.Linear`` of each layer on the rows it sees (the destinations for SAGE/GIN, the sources for
+    GCN/GAT), forward + backward (3x); the gather's rows read and written, and each aggregation's
+    edge rows read and destination rows written, forward and backward (2x), in float32."""
+    flops = 0.0
+    nbytes = 2.0 * int(mb.input_nodes.shape[0]) * row_bytes
+    for layer, b in zip(getattr(model, "layers", []), mb.blocks):
+        rows = b.num_src if type(layer).__name__ in ("GCNLayer", "GATLayer") else b.num_dst
+        width = None
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                flops += 3 * 2.0 * rows * m.in_features * m.out_features
+                width = m.in_features if width is None else width
+            elif type(m).__name__ == "Linear" and hasattr(m, "in_channels"):  # PyG's Linear
+                flops += 3 * 2.0 * rows * m.in_channels * m.out_channels
+                width = m.in_channels if width is None else width
+        width = width or 0
+        nbytes += 2 * 4.0 * (b.num_edges + b.num_dst) * width
+    return flops, nbytes
+
+
+def profiled(parts, device, k: int) -> float | None:
+    """Pass 3 (CUDA only): kernel launches per batch of the pipelined loop, from the profiler."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..train.build import train_step
+
+    it = _batches(parts.train_loader, 2)
+    train_step(parts.net, parts.opt, next(it))
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(k):
+            train_step(parts.net, parts.opt, next(it))
+        _sync(device)
+    it.close()
+    launches = sum(
+        1
+        for e in prof.events()
+        if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"))
+    )
+    return launches / k
+
+
+def device_rates(device: torch.device) -> dict:
+    """The device's float32 matmul rate and copy bandwidth, measured now."""
+    n = 4096 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    c = torch.empty(n, n, device=device)
+    size = (256 << 20) if device.type == "cuda" else (64 << 20)
+    src = torch.ones(size // 4, device=device)
+    dst = torch.empty_like(src)
+
+    def best(fn, reps=5):
+        fn()
+        _sync(device)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    t_mm = best(lambda: torch.mm(a, b, out=c))
+    t_cp = best(lambda: dst.copy_(src))
+    return {
+        "matmul_tflops": 2.0 * n**3 / t_mm / 1e12,
+        "bandwidth_gb_per_s": 2.0 * size / t_cp / 1e9,
+    }
+
+
+def run(args) -> dict:
+    from ..cli.train import config_from_args
+    from ..graph.dataset import load
+    from ..train import check_device
+    from ..train.build import build_training
+    from ..train.defaults import default_dataset
+    from ..train.gpu_plan import apply_layout_plan
+    from ..train.loop import LocalRun
+    from ..utils.triton_kernels import kernels_report, reset_kernel_record
+
+    if args.nproc > 1:
+        raise UsageError("bench step: one process (time a rank of --nproc with gnnio train)")
+    cfg = config_from_args(args, 1)
+    progress = not args.quiet
+    cfg.progress = False
+    device = check_device(cfg.device)
+    cfg.validate(1)
+    ds = default_dataset(progress=progress) if args.dir is None else load(args.dir)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    reset_kernel_record()
+    build_cfg, plan = apply_layout_plan(ds, cfg, device)  # as gnnio train plans it
+    parts = build_training(ds, build_cfg, LocalRun(), device)
+    try:
+        rates = device_rates(device)
+        pipe = pipelined(parts, device, args.warmup, args.batches, progress)
+        seq = sequential(parts, device, args.warmup, args.batches, progress)
+        launches = profiled(parts, device, min(args.batches, 5))
+    finally:
+        for ld in [parts.train_loader, *parts.eval_loaders.values()]:
+            close = getattr(ld, "close", None)
+            if callable(close):
+                close()
+    compute_ms = seq["flops_per_batch"] / (rates["matmul_tflops"] * 1e12) * 1e3
+    memory_ms = seq["bytes_per_batch"] / (rates["bandwidth_gb_per_s"] * 1e9) * 1e3
+    floor_ms = compute_ms + memory_ms
+    return {
+        "dataset": str(ds.path),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "model": cfg.model,
+        "batch_size": cfg.batch_size,
+        "fanouts": list(cfg.fanouts),
+        "batches": args.batches,
+        "ms_per_batch": pipe["ms_per_batch"],
+        "step_ms": pipe["step_ms"],
+        **seq,
+        "kernel_launches_per_batch": launches,
+        "floor_ms": floor_ms,
+        "floor": {"compute_ms": compute_ms, "memory_ms": memory_ms, **rates},
+        "ms_per_batch_over_floor": pipe["ms_per_batch"] / floor_ms if floor_ms > 0 else None,
+        "kernels": kernels_report(),
+        "plan": plan,
+        "sampler_device": str(getattr(parts.sampler, "device", "cpu")),
+        "store": type(parts.store).__name__,
+        "threads": torch.get_num_threads(),
+        "simulated": device.type != "cuda",
+    }

@@ -1,0 +1,121 @@
+"""Building a training run and its step: what :func:`gnnio.train.train` and ``gnnio bench step``
+share, so the benchmark times exactly the store, sampler, loader, model, optimizer and step that
+``gnnio train`` uses.
+
+The step (:func:`train_step`) reads nothing back to the host: the loss and accuracy are summed on
+the device by the loop and read once per epoch. The optimizer is torch's fused Adam (one kernel for
+all parameters, CPU and CUDA) where available (:func:`make_optimizer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import TrainConfig
+from .evaluate import make_node_loader
+from .models import build_model
+
+__all__ = ["TrainingParts", "build_training", "make_optimizer", "train_step"]
+
+
+@dataclass
+class TrainingParts:
+    """What :func:`build_training` made: everything a training pass needs."""
+
+    setup: Any
+    store: Any
+    sampler: Any
+    adaptive: Any
+    order: Any
+    labels: torch.Tensor
+    train_loader: Any
+    eval_loaders: dict
+    model: torch.nn.Module
+    net: torch.nn.Module
+    opt: torch.optim.Optimizer
+    eval_batch_size: int
+
+
+def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingParts:
+    """The store, sampler, seed order, loaders, model and optimizer of a run, as :func:`train`
+    builds them (``gnnio bench step`` builds the same through this)."""
+    torch.manual_seed(cfg.seed)
+    fanouts = [int(f) for f in cfg.fanouts]
+    eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
+    labels = torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
+
+    setup = run.build_store(ds, cfg, device)
+    store = setup.store
+    sampler, adaptive = run.build_sampler(ds, cfg, fanouts, setup)
+    order = run.build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
+    train_loader = make_node_loader(
+        sampler,
+        store,
+        ds.train_idx,
+        labels,
+        cfg.batch_size,
+        cfg.seed,
+        device,
+        cfg.prefetch,
+        order=order,
+        stall_timeout=cfg.stall_timeout,
+    )
+    eval_loaders = {}
+    if cfg.eval == "sampled":
+        eval_sampler = run.build_eval_sampler(ds, cfg, fanouts)
+        for name, idx in (("valid", ds.valid_idx), ("test", ds.test_idx)):
+            eval_loaders[name] = make_node_loader(
+                eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
+                cfg.prefetch, order=run.eval_order(idx, eval_bs, cfg.seed),
+                stall_timeout=cfg.stall_timeout,
+            )  # fmt: skip
+
+    model = build_model(
+        cfg.model,
+        ds.feat_dim,
+        cfg.hidden,
+        ds.num_classes,
+        cfg.num_layers,
+        dropout=cfg.dropout,
+        heads=cfg.heads,
+        attn_dropout=cfg.attn_dropout,
+        feature_norm=cfg.feature_norm,
+        edge_weight_norm=cfg.edge_weight_norm,
+    ).to(device)
+    net = run.wrap_model(model)  # what trains (DDP with ranks); `model` evaluates and is saved
+    opt = make_optimizer(model, cfg)
+    return TrainingParts(setup, store, sampler, adaptive, order, labels, train_loader,
+                         eval_loaders, model, net, opt, eval_bs)  # fmt: skip
+
+
+def train_step(net, opt, batch, timer=None):
+    """One optimisation step on ``batch``: forward, cross-entropy (labels ``-1`` ignored),
+    backward, optimizer step. Reads nothing back to the host. Returns ``(logits, loss)``
+    (detached). ``timer``: brackets the step (:class:`~gnnio.train.timing.ComputeTimer`)."""
+    if timer is not None:
+        timer.start()
+    logits = net(batch.x, batch.blocks)
+    loss = F.cross_entropy(logits, batch.labels, ignore_index=-1)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if timer is not None:
+        timer.stop()
+    return logits.detach(), loss.detach()
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam over the model's parameters, as torch's fused kernel (one kernel for all parameters,
+    on the CPU and on CUDA) where this torch has it, else its multi-tensor ``foreach`` form.
+    Both compute Adam's update as the per-parameter loop does, up to float rounding."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+    try:
+        return torch.optim.Adam(params, fused=True, **kw)
+    except (RuntimeError, TypeError, ValueError):  # a device or build without the fused kernel
+        return torch.optim.Adam(params, foreach=True, **kw)

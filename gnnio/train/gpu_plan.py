@@ -1,0 +1,156 @@
+"""A GPU user's defaults: ``--device auto`` and the data layout planned from free GPU memory.
+
+``--device auto`` (the CLI's default) trains on CUDA when a GPU is present, else on the CPU.
+
+On a GPU with none of the placement options given (``--gpu-cache-fraction``, ``--placement``,
+``--cache-policy``, ``--sampler-device``/``--graph-in`` left at ``auto``), :func:`plan_layout`
+decides where the features and the topology live, from the dataset's sizes and the GPU's free
+memory, in this order:
+
+1. A reserve stays free for the model, activations and the allocator:
+   ``max(1 GiB, 25 % of free)``; the rest is the *budget*.
+2. Everything fits (features + CSR + the GPU sampler's scratch, 16 bytes per node): every row on
+   the GPU (a tiered store with all rows hot) and the sampler on the GPU with the CSR there.
+3. Else the CSR (+ scratch) fits in a quarter of the budget: the CSR on the GPU, the GPU sampler,
+   and the hottest rows (by ``--score``) filling the rest of the budget; the others read zero-copy
+   from pinned host memory (Data Tiering).
+4. Else UVA sampling (the CSR pinned in host memory, read by the GPU sampler zero-copy) and the
+   whole budget for hot rows; if even the scratch does not fit, the CPU sampler.
+
+The plan is in the summary under ``plan``: tier sizes, sampler device, the reason, and
+``modeled_load_s``: the host-to-GPU seconds per epoch *modeled* for the cold rows at the PCIe
+bandwidth of gnnio's default topology (12 GB/s), with rows per batch measured on two sampled
+batches and the cold rows' share taken as uniform -- an upper bound, as hot rows are read more
+often than cold ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ..placement.topology import DEFAULT_HOST_BW
+
+__all__ = ["resolve_device", "plan_layout", "apply_layout_plan", "SCRATCH_BYTES_PER_NODE"]
+
+GiB = 2**30
+#: the GPU sampler's per-node scratch (two int64 maps of N + 1 entries, per sampling worker)
+SCRATCH_BYTES_PER_NODE = 16
+
+
+def resolve_device(device: str, ranks: int = 1) -> str:
+    """``"auto"`` -> ``"cuda"`` when CUDA has a GPU for each local rank, else ``"cpu"``; any other
+    value is returned as given."""
+    if device != "auto":
+        return device
+    if torch.cuda.is_available() and torch.cuda.device_count() >= max(1, ranks):
+        return "cuda"
+    return "cpu"
+
+
+def plan_layout(
+    feat_bytes: int,
+    row_bytes: int,
+    csr_bytes: int,
+    num_nodes: int,
+    free_bytes: int,
+    workers: int = 1,
+) -> dict:
+    """The layout of the module docstring for these sizes (bytes) and ``free_bytes`` of GPU
+    memory. Returns ``gpu_cache_fraction`` (0..1), ``sampler_device`` (``cuda``/``cpu``),
+    ``graph_in`` (``gpu``/``host``), ``budget_bytes``, ``hot_rows``, ``gpu_feature_bytes``,
+    ``gpu_csr_bytes`` and ``reason``."""
+    reserve = max(GiB, free_bytes // 4)
+    budget = max(0, free_bytes - reserve)
+    scratch = SCRATCH_BYTES_PER_NODE * (num_nodes + 1) * max(1, workers)
+    rows = feat_bytes // row_bytes if row_bytes else num_nodes
+    plan = {"free_gpu_bytes": int(free_bytes), "reserve_bytes": int(reserve)}
+    plan["budget_bytes"] = int(budget)
+    if feat_bytes + csr_bytes + scratch <= budget:
+        hot, sampler, graph_in = rows, "cuda", "gpu"
+        reason = "features, topology and sampler scratch all fit in the GPU budget"
+    elif csr_bytes + scratch <= budget // 4:
+        hot = (budget - csr_bytes - scratch) // max(row_bytes, 1)
+        sampler, graph_in = "cuda", "gpu"
+        reason = (
+            "the features do not fit: the topology on the GPU (within a quarter of the budget), "
+            "the hottest rows in the rest, the others zero-copy from pinned host memory"
+        )
+    elif scratch <= budget // 4:
+        hot = (budget - scratch) // max(row_bytes, 1)
+        sampler, graph_in = "cuda", "host"
+        reason = (
+            "the topology takes more than a quarter of the budget: UVA sampling (CSR in pinned "
+            "host memory), the budget for the hottest rows"
+        )
+    else:
+        hot = budget // max(row_bytes, 1)
+        sampler, graph_in = "cpu", "gpu"
+        reason = "even the GPU sampler's scratch does not fit: the CPU sampler"
+    hot = int(max(0, min(hot, rows)))
+    plan.update(
+        gpu_cache_fraction=hot / rows if rows else 1.0,
+        hot_rows=hot,
+        gpu_feature_bytes=int(hot * row_bytes),
+        gpu_csr_bytes=int(csr_bytes if (sampler == "cuda" and graph_in == "gpu") else 0),
+        sampler_device=sampler,
+        graph_in=graph_in,
+        reason=reason,
+    )
+    return plan
+
+
+def _user_chose_layout(cfg) -> bool:
+    return (
+        cfg.gpu_cache_fraction is not None
+        or cfg.placement is not None
+        or cfg.cache_policy != "none"
+        or cfg.sampler_device != "auto"
+        or cfg.graph_in != "auto"
+    )
+
+
+def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_bytes=None):
+    """``(cfg to build from, plan dict)``: on a GPU, one process, no layout option given, a copy
+    of ``cfg`` with :func:`plan_layout`'s choices; otherwise ``cfg`` itself and a plan that says
+    why nothing was planned. ``free_bytes``: the GPU's free memory (None = ask CUDA)."""
+    if device.type != "cuda":
+        return cfg, {"planned": False, "reason": "no GPU: features in host memory, CPU sampler"}
+    if world_size > 1:
+        return cfg, {"planned": False, "reason": "several ranks: the placement decides"}
+    if _user_chose_layout(cfg):
+        return cfg, {"planned": False, "reason": "layout options given on the command line"}
+    if free_bytes is None:
+        free_bytes, _total = torch.cuda.mem_get_info(device)
+    feats = ds.features
+    row_bytes = int(np.dtype(feats.dtype).itemsize * (feats.shape[1] if feats.ndim > 1 else 1))
+    feat_bytes = row_bytes * int(feats.shape[0])
+    csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
+    plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes))
+    plan["planned"] = True
+    plan["modeled_load_s"] = _modeled_load_s(ds, cfg, plan, row_bytes)
+    new = dataclasses.replace(
+        cfg,
+        gpu_cache_fraction=plan["gpu_cache_fraction"],
+        sampler_device=plan["sampler_device"],
+        graph_in=plan["graph_in"] if plan["sampler_device"] == "cuda" else "auto",
+    )
+    return new, plan
+
+
+def _modeled_load_s(ds, cfg, plan: dict, row_bytes: int) -> float:
+    """Cold rows' host-to-GPU seconds per epoch (module docstring: modeled, an upper bound)."""
+    from ..sampling import UniformSampler
+
+    seeds = np.asarray(ds.train_idx, dtype=np.int64)
+    if seeds.size == 0:
+        return 0.0
+    s = UniformSampler(ds.graph, [int(f) for f in cfg.fanouts], seed=cfg.seed)
+    b = int(cfg.batch_size)
+    rows = [int(s.sample(torch.from_numpy(seeds[i * b : (i + 1) * b])).input_nodes.shape[0])
+            for i in range(min(2, -(-seeds.size // b)))]  # fmt: skip
+    batches = -(-seeds.size // b)
+    cold = 1.0 - plan["gpu_cache_fraction"]
+    return float(np.mean(rows)) * batches * cold * row_bytes / DEFAULT_HOST_BW

@@ -1,0 +1,269 @@
+"""Block aggregation as one CSR SpMM, forward and backward, built once from the sampler's output.
+
+A block's edges ``j -> i`` come out of gnnio's samplers grouped by destination in local-id order,
+so the block *is* a CSR matrix ``A`` (``[num_dst, num_src]``, row = destination) once its row
+pointer is known: samplers hand it over as ``Block.ptr`` (no sort, no coalescing, no host
+synchronisation); a block without one is sorted here once. :func:`block_matmul` computes
+``A @ x`` with a custom autograd function whose backward is ``A^T @ grad``, the transpose built
+only when ``x`` needs a gradient (never for layer 0, whose input is the features).
+
+Two implementations (recorded as ``kernels["spmm"]`` in a training summary):
+
+* **numba** (CPU tensors, the default where numba imports): a ``nogil`` row loop run on
+  ``torch.get_num_threads()`` Python threads over row ranges, each output row accumulated edge by
+  edge in CSR order -- the same order as ``torch.sparse.mm`` on a CSR tensor,
+  so the forward is bit-identical to it (tested) and measured 3-5x faster on the CPU (one thread,
+  a 2^21-node graph's layer-0 block: 9 ms against 30 ms; ``benchmarks/step_kernels.py``); the
+  transpose is a stable counting sort, ``O(E)``.
+* **torch** (CUDA tensors, or ``GNNIO_SPMM=torch``): ``torch.sparse.mm`` on CSR tensors (cuSPARSE on
+  a GPU); the transpose by a stable ``argsort`` of the sources and
+  ``torch._convert_indices_from_coo_to_csr``, neither of which reads anything back to the host.
+
+Values: ``reduce="sum"`` ``A_ij = w_j``; ``reduce="mean"`` ``A_ij = w_j / sum_k w_k`` over the
+in-edges of ``i`` (``1 / deg(i)`` without weights); rows without in-edges are 0. The per-edge
+values are computed as the previous ``aggregate`` computed them (row sums in edge order, then one
+division per edge), so the forward results are unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from ..utils.triton_kernels import kernel_ran
+
+try:
+    from numba import njit
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - numba is a dependency
+    HAVE_NUMBA = False
+
+__all__ = ["BlockCSR", "block_csr", "block_matmul", "spmm_impl"]
+
+if HAVE_NUMBA:
+
+    @njit(nogil=True, cache=True)
+    def _spmm(ptr, col, val, x, out, lo, hi):  # pragma: no cover - compiled; tested via callers
+        # out[i] = sum_e val[e] * x[col[e]] over e in [ptr[i], ptr[i+1]), in edge order, for the
+        # rows [lo, hi) (the caller's threads take disjoint row ranges)
+        f = x.shape[1]
+        for i in range(lo, hi):
+            for k in range(f):
+                out[i, k] = 0
+            for e in range(ptr[i], ptr[i + 1]):
+                j = col[e]
+                v = val[e]
+                for k in range(f):
+                    out[i, k] += v * x[j, k]
+
+    @njit(nogil=True, cache=True)
+    def _transpose(ptr, col, val, tptr, tcol, tval):  # pragma: no cover - compiled
+        # stable counting sort of the edges by column: tptr [n_cols + 1] zeros on entry
+        for e in range(col.shape[0]):
+            tptr[col[e] + 1] += 1
+        for j in range(tptr.shape[0] - 1):
+            tptr[j + 1] += tptr[j]
+        pos = tptr[:-1].copy()
+        for i in range(ptr.shape[0] - 1):
+            for e in range(ptr[i], ptr[i + 1]):
+                j = col[e]
+                p = pos[j]
+                tcol[p] = i
+                tval[p] = val[e]
+                pos[j] = p + 1
+
+    @njit(nogil=True, cache=True)
+    def _row_values(ptr, w, out):  # pragma: no cover - compiled
+        # out[e] = w[e] / max(sum of w over e's row, 1e-30) (w None: see _mean_ones)
+        for i in range(ptr.shape[0] - 1):
+            s = w.dtype.type(0)
+            for e in range(ptr[i], ptr[i + 1]):
+                s += w[e]
+            s = max(s, w.dtype.type(1e-30))
+            for e in range(ptr[i], ptr[i + 1]):
+                out[e] = w[e] / s
+
+    @njit(nogil=True, cache=True)
+    def _mean_ones(ptr, out):  # pragma: no cover - compiled
+        one = out.dtype.type(1)
+        for i in range(ptr.shape[0] - 1):
+            d = out.dtype.type(ptr[i + 1] - ptr[i])
+            for e in range(ptr[i], ptr[i + 1]):
+                out[e] = one / d
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+#: rows x features below which one thread does the product (a handoff costs ~20 us)
+_SERIAL_WORK = 1 << 18
+
+
+def _spmm_threads(ptr, col, val, x, out) -> None:
+    """:func:`_spmm` over ``torch.get_num_threads()`` row ranges of about equal edge counts, on
+    plain Python threads (the kernel releases the GIL). Not numba's ``prange``: its OpenMP
+    workers spin at barriers, and on a loaded 2-core machine one descheduled spinner made the
+    step's next operations 20-60 ms slower (measured; see :mod:`gnnio.sampling._kernels`, which
+    avoids ``prange`` for the same reason). Each row is summed by one thread in edge order, so
+    the result does not depend on the thread count."""
+    rows = ptr.shape[0] - 1
+    k = max(1, min(torch.get_num_threads(), 16))
+    if k == 1 or rows * x.shape[1] < _SERIAL_WORK:
+        _spmm(ptr, col, val, x, out, 0, rows)
+        return
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < k:
+            _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="gnnio-spmm")
+        pool = _POOL
+    cuts = np.searchsorted(ptr, np.linspace(0, ptr[-1], k + 1)).clip(0, rows)
+    cuts[0], cuts[-1] = 0, rows
+    futs = [pool.submit(_spmm, ptr, col, val, x, out, int(a), int(b))
+            for a, b in zip(cuts[:-1], cuts[1:]) if b > a]  # fmt: skip
+    for f in futs:
+        f.result()
+
+
+def spmm_impl(device: torch.device | str) -> str:
+    """The SpMM implementation used for tensors on ``device``: ``numba`` or ``torch``."""
+    if torch.device(device).type != "cpu":
+        return "torch"
+    if os.environ.get("GNNIO_SPMM", "").lower() == "torch" or not HAVE_NUMBA:
+        return "torch"
+    return "numba"
+
+
+class BlockCSR:
+    """``A`` of a block in CSR form: ``ptr`` ``[rows + 1]``, ``col`` ``[E]``, ``val`` ``[E]``.
+
+    ``impl`` picks the kernels (:func:`spmm_impl`). The transpose is built on first use (the
+    backward pass) and kept.
+    """
+
+    def __init__(self, ptr, col, val, shape: tuple[int, int], impl: str):
+        self.ptr, self.col, self.val = ptr, col, val
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.impl = impl
+        self._t: BlockCSR | None = None
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``A @ x`` for ``x`` ``[shape[1], F]`` (no autograd)."""
+        x = x.contiguous()
+        kernel_ran("spmm", self.impl)
+        if self.impl == "numba":
+            out = torch.empty((self.shape[0], x.shape[1]), dtype=x.dtype)
+            _spmm_threads(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), x.numpy(),
+                          out.numpy())  # fmt: skip
+            return out
+        adj = _csr_tensor(self.ptr, self.col, self.val, self.shape)
+        return torch.sparse.mm(adj, x)
+
+    def t(self) -> BlockCSR:
+        """``A^T`` (``[shape[1], shape[0]]``), edges of equal column in row order."""
+        if self._t is None:
+            rows, cols = self.shape
+            if self.impl == "numba":
+                tptr = torch.zeros(cols + 1, dtype=torch.int64)
+                tcol = torch.empty_like(self.col)
+                tval = torch.empty_like(self.val)
+                _transpose(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), tptr.numpy(),
+                           tcol.numpy(), tval.numpy())  # fmt: skip
+            else:
+                order = torch.argsort(self.col, stable=True)
+                row = _expand_rows(self.ptr, self.col.shape[0])
+                tcol, tval = row[order], self.val[order]
+                tptr = torch._convert_indices_from_coo_to_csr(self.col[order], cols)
+            self._t = BlockCSR(tptr, tcol, tval, (cols, rows), self.impl)
+        return self._t
+
+
+def _csr_tensor(ptr, col, val, shape):
+    import warnings
+
+    with warnings.catch_warnings():  # "sparse CSR support is in beta" is not for our users
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(ptr, col, val, shape)
+
+
+def _expand_rows(ptr: torch.Tensor, nnz: int) -> torch.Tensor:
+    """The row of every entry of a CSR matrix (``repeat_interleave`` with a known size: no sync)."""
+    counts = ptr[1:] - ptr[:-1]
+    rows = torch.arange(counts.shape[0], device=ptr.device)
+    return torch.repeat_interleave(rows, counts, output_size=nnz)
+
+
+class _BlockMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, adj):
+        ctx.adj = adj
+        return adj.matmul(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        return ctx.adj.t().matmul(grad), None
+
+
+def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device) -> BlockCSR:
+    """The block's aggregation matrix (see module docstring), on ``device``, values in ``dtype``.
+
+    Uses ``block.ptr`` when the sampler gave one (edges grouped by destination, in order);
+    otherwise sorts the edges by destination once (stable, so each row keeps its edge order).
+    """
+    if reduce not in ("mean", "sum"):
+        raise ValueError(f"aggregate: reduce must be 'mean' or 'sum', got {reduce!r}")
+    nd, ns = block.num_dst, block.num_src
+    impl = spmm_impl(device)
+    src = block.edge_index[0].to(device=device, dtype=torch.int64)
+    w = block.edge_weight
+    w = None if w is None else w.to(device=device, dtype=dtype)
+    ptr = getattr(block, "ptr", None)
+    if ptr is None:
+        dst = block.edge_index[1].to(device=device, dtype=torch.int64)
+        if device.type != "cpu" or (dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all())):
+            order = torch.argsort(dst, stable=True)  # on a GPU always: a check would sync
+            src, dst = src[order], dst[order]
+            w = None if w is None else w[order]
+        ptr = torch._convert_indices_from_coo_to_csr(dst, nd)
+    else:
+        ptr = ptr.to(device=device, dtype=torch.int64)
+    e = int(src.shape[0])
+    if impl == "numba":
+        val = torch.empty(e, dtype=dtype)
+        if w is None and reduce == "sum":
+            val.fill_(1)
+        elif w is None:
+            _mean_ones(ptr.numpy(), val.numpy())
+        elif reduce == "sum":
+            val = w.contiguous()
+        else:
+            _row_values(ptr.numpy(), w.contiguous().numpy(), val.numpy())
+    else:
+        val = torch.ones(e, dtype=dtype, device=device) if w is None else w
+        if reduce == "mean":
+            rows = _expand_rows(ptr, e)
+            sums = torch.zeros(nd, dtype=dtype, device=device).index_add_(0, rows, val)
+            val = val / sums.clamp_min(1e-30)[rows]
+    return BlockCSR(ptr, src, val, (nd, ns), impl)
+
+
+def block_matmul(x: torch.Tensor, adj: BlockCSR) -> torch.Tensor:
+    """``adj @ x[:adj.shape[1]]``, differentiable in ``x`` (backward ``adj^T @ grad``)."""
+    ns = adj.shape[1]
+    if x.shape[0] != ns:
+        x = x[:ns]
+    return _BlockMatmul.apply(x, adj)
+
+
+def numpy_reference(adj: BlockCSR, x: np.ndarray) -> np.ndarray:
+    """``A @ x`` in float64 with NumPy (for tests)."""
+    ptr, col, val = (t.cpu().numpy() for t in (adj.ptr, adj.col, adj.val))
+    out = np.zeros((adj.shape[0], x.shape[1]))
+    rows = np.repeat(np.arange(adj.shape[0]), np.diff(ptr))
+    np.add.at(out, rows, val[:, None].astype(np.float64) * x[col])
+    return out

@@ -1,0 +1,99 @@
+"""Counting host synchronisations and torch operations, on the CPU as on a GPU.
+
+A host synchronisation (the host waits until the GPU has caught up) stalls the launch queue: the
+GPU then idles while the host prepares the next kernels, and a training step that syncs a few
+times per batch is paced by the host. :class:`OpCounter` counts, in the thread that enters it,
+
+* ``ops``: every ATen operation dispatched (a proxy for kernel launches: on a GPU most ops are one
+  or two kernels), and
+* ``syncs``: the operations that **synchronise with the host on CUDA**: reading a value back
+  (``.item()``, ``bool(t)``, ``int(t)``, ``.tolist()``: ``aten._local_scalar_dense``), operations
+  whose output size depends on the data (``nonzero``, ``masked_select``, boolean indexing,
+  ``unique``, ``bincount``, ``repeat_interleave`` without ``output_size``), and copies from a CUDA
+  tensor to the host.
+
+``Tensor.tolist()`` on a CPU tensor reads the memory without dispatching an operation, so it is not
+seen on the CPU (on CUDA it copies to the host first, which is). It works on CPU tensors too,
+where nothing really waits: that is the point -- a test on the CPU
+finds the operations that *would* stall a GPU (``tests/test_step.py``). Only torch operations are
+seen: numba kernels (the CPU sampler, the row gather) are not, and need none of this. On a GPU,
+``gnnio bench step`` cross-checks with ``torch.cuda.set_sync_debug_mode``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["OpCounter", "SYNC_OPS"]
+
+#: ATen ops (overload packets) that synchronise the host with a CUDA device
+SYNC_OPS = frozenset(
+    {
+        "aten._local_scalar_dense",
+        "aten.nonzero",
+        "aten.nonzero_static",  # not a sync, listed only to be excluded below
+        "aten.masked_select",
+        "aten._unique",
+        "aten._unique2",
+        "aten.unique_dim",
+        "aten.unique_consecutive",
+        "aten.bincount",
+        "aten.is_nonzero",
+        "aten.equal",
+        "aten.histc",
+    }
+) - {"aten.nonzero_static"}
+
+
+def _packet(func) -> str:
+    name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+    return f"aten.{name}" if not name.startswith("aten.") else name
+
+
+def _is_sync(func, args, kwargs) -> bool:
+    name = _packet(func)
+    if name in SYNC_OPS:
+        return True
+    if name == "aten.repeat_interleave":
+        return kwargs.get("output_size") is None and not (
+            len(args) > 2 and isinstance(args[-1], int)
+        )
+    if name in ("aten.index", "aten.index_put", "aten.index_put_"):
+        idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool
+            for t in (idx or ())
+            if t is not None
+        )
+    if name in ("aten._to_copy", "aten.copy_", "aten.to"):
+        src = args[1] if name == "aten.copy_" else args[0]
+        dst_dev = args[0].device if name == "aten.copy_" else kwargs.get("device")
+        if isinstance(src, torch.Tensor) and src.device.type == "cuda":
+            non_blocking = kwargs.get("non_blocking", False) or (
+                name == "aten.copy_" and len(args) > 2 and bool(args[2])
+            )
+            to_host = dst_dev is not None and torch.device(dst_dev).type == "cpu"
+            return to_host and not non_blocking
+    return False
+
+
+class OpCounter(TorchDispatchMode):
+    """``with OpCounter() as c: ...`` then ``c.ops``, ``c.syncs``, ``c.sync_ops`` (Counter of the
+    syncing op names) for the torch operations this thread ran inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.syncs = 0
+        self.sync_ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops += 1
+        if _is_sync(func, args, kwargs):
+            self.syncs += 1
+            self.sync_ops[_packet(func)] += 1
+        return func(*args, **kwargs)
