@@ -160,6 +160,7 @@ CASES = [
     ("train D --dist-timeout -1", "--dist-timeout: must be a finite number > 0, got -1"),
     ("bench dist-sampling D --partition DIR", "not a gnnio partition"),
     ("bench placement --skew -1", "--skew: must be a finite number > 0, got -1"),
+    ("bench disk D --sizes 2", "--sizes: every size must be in (0, 1]"),
     ("bench placement --passes 0", "argument --passes: must be >= 1, got 0"),
     ("prepare synthetic --num-nodes 0 --out ROOT/s0", "--num-nodes must be an integer"),
     ("prepare synthetic --seed -1 --out ROOT/s1", "argument --seed: must be >= 0, got -1"),

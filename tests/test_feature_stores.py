@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from gnnio.errors import DatasetError, UsageError
 from gnnio.features import (
     CrossBatchReuse,
+    DiskFeatureStore,
     FeatureCache,
     FeatureStore,
     InMemoryFeatureStore,
@@ -140,6 +141,10 @@ STORE_FACTORIES += [
         lambda f: CrossBatchReuse(FeatureCache(InMemoryFeatureStore(f), 3, "fifo"), keep="copy"),
     ),
     ("multidevice-alg1-2+2", lambda f: MultiDeviceFeatureStore.simulated(f, "2+2", "alg1")),
+    ("disk-o_direct", lambda f: DiskFeatureStore(_npy_file(f))),
+    ("cache-sieve-over-disk", lambda f: FeatureCache(DiskFeatureStore(_npy_file(f)), 3, "sieve")),
+    ("cache-s3fifo", _cache("s3fifo")),
+    ("disk-raw-qd1", lambda f: DiskFeatureStore(_raw_memmap(f), queue_depth=1)),
 ]
 if torch.cuda.is_available():  # the wrappers moving real bytes: zero-copy cold rows, a GPU cache
     STORE_FACTORIES += [

@@ -19,6 +19,7 @@ BENCHES = {
     "locality": "gnnio.bench.locality",
     "dist": "gnnio.bench.dist",
     "dist-sampling": "gnnio.bench.dist_sampling",
+    "disk": "gnnio.bench.disk",
     "step": "gnnio.bench.step",
 }
 

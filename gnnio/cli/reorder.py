@@ -63,6 +63,14 @@ def register(sub) -> None:
         "--iterations", type=int, default=None, help="iterations (rpr default 20, wrpr default 5)"
     )
     p.add_argument("--threads", type=int, default=None, help="sampler threads (presample)")
+    p.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        default=None,
+        help="relabel and copy in chunks that keep the pages this process holds within BYTES "
+        "(e.g. 4GiB; the per-node arrays count, the interpreter does not); same output files "
+        "(default: no budget, one pass)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     p.set_defaults(func=run)
@@ -76,6 +84,11 @@ def run(args) -> int:
         if args.by not in ("rpr", "wrpr"):
             raise UsageError(f"--iterations: only applies to rpr and wrpr, not '{args.by}'")
         opts[f"{args.by}_iterations"] = args.iterations
+    budget = None
+    if args.memory_budget is not None:
+        from ..placement.topology import parse_bytes
+
+        budget = parse_bytes(args.memory_budget, "--memory-budget")
     summary = reorder_path(
         args.dir,
         args.by,
@@ -84,6 +97,7 @@ def run(args) -> int:
         fanouts=args.fanouts,
         batch_size=args.batch_size,
         progress=not args.quiet,
+        memory_budget=budget,
         **opts,
     )
     if args.json:

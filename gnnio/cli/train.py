@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from . import HelpFormatter
+from .train_disk import add_disk_arguments, refuse_store_with_disk, store_kind
 from .train_dist import add_dist_arguments, launch_ranks, train_rank
 
 
@@ -143,11 +144,13 @@ def add_train_arguments(p) -> None:
     g.add_argument(
         "--cache-policy",
         default="none",
-        choices=["none", "static", "fifo", "lru", "lfu", "lookahead"],
+        choices=["none", "static", "fifo", "lru", "lfu", "lookahead", "sieve", "s3fifo"],
         help="feature cache in front of the store (BGL): static rows by --score, a dynamic "
         "FIFO/LRU/LFU cache updated every batch, or lookahead: Belady's MIN over the next "
-        "--lookahead batches the loader has sampled",
+        "--lookahead batches the loader has sampled; with --features-on disk the host cache's "
+        "policy, also sieve or s3fifo (default there: sieve)",
     )
+    add_disk_arguments(g)  # --features-on disk, --host-cache-size (issue 25)
     g.add_argument(
         "--lookahead",
         type=int,
@@ -340,11 +343,14 @@ def _parse_prune(text: str | None):
 def _refuse_ignored(args, ranks: int) -> None:
     """One line for an option that would do nothing with the others given (issue 16, item 10)."""
     for option, given, needs, what in (
-        ("--cache-size", args.cache_size, args.cache_policy != "none", "--cache-policy"),
+        ("--cache-size", args.cache_size, args.cache_policy != "none" and args.features_on
+         != "disk", "--cache-policy (with --features-on disk: --host-cache-size)"),
         ("--cpu-cache-size", args.cpu_cache_size, args.cache_policy != "none", "--cache-policy"),
         ("--lookahead", args.lookahead, args.cache_policy == "lookahead",
          "--cache-policy lookahead"),
         ("--reader", args.reader, args.placement or ranks > 1, "--placement FILE"),
+        ("--host-cache-size", args.host_cache_size, args.features_on == "disk",
+         "--features-on disk"),
         ("--gpu-budget", args.gpu_budget, args.gpu_cache_fraction is not None,
          "--gpu-cache-fraction"),
         ("--heads", args.heads, args.model == "gat", "--model gat"),
@@ -359,6 +365,7 @@ def config_from_args(args, ranks: int):
     from ..train import TrainConfig
     from ..train.gpu_plan import resolve_device
 
+    refuse_store_with_disk(args)
     cfg = TrainConfig(
         model=args.model,
         fanouts=_parse_fanouts(args.fanouts),
@@ -382,7 +389,7 @@ def config_from_args(args, ranks: int):
         resume=args.resume,
         summary=args.summary,
         log=args.log,
-        store=args.store or ("mmap" if ranks > 1 else "memory"),
+        store=store_kind(args, ranks),
         threads=args.threads,
         isolation=args.isolation,
         sampler_device=args.sampler_device,
@@ -396,6 +403,7 @@ def config_from_args(args, ranks: int):
         cache_policy=args.cache_policy,
         cache_size=args.cache_size if args.cache_size is not None else TrainConfig.cache_size,
         cpu_cache_size=args.cpu_cache_size or 0.0,
+        host_cache_size=args.host_cache_size,
         lookahead=args.lookahead if args.lookahead is not None else TrainConfig.lookahead,
         order=args.order,
         po_sequences=args.po_sequences,
@@ -467,6 +475,10 @@ def run(args) -> int:
         " (loader stages run in background threads and overlap)",
         f"features gathered in training: {tiers or 'none'}",
     ]
+    if s.get("disk"):  # --features-on disk
+        from ..train.setup_disk import disk_line
+
+        lines.append(disk_line(s))
     smp = s.get("sampling")
     if smp and "scale_per_epoch" in smp:
         kind = smp.get("loading_share_kind")

@@ -4,6 +4,8 @@ The contract is :class:`~gnnio.features.base.FeatureStore` (read it first). Impl
 
 * :class:`InMemoryFeatureStore` — the whole matrix in RAM (tier "host") or on a GPU (tier "gpu").
 * :class:`MmapFeatureStore` — a memory-mapped file; reads only the rows asked for (tier "disk").
+* :class:`DiskFeatureStore` — the file read with ``O_DIRECT``, page-aware and in parallel; the page
+  cache serves nothing (tier "disk"; the SSD tier under a host cache, issue 25).
 
 Wrappers over another store (composition; each counts rows and bytes per tier):
 
@@ -41,12 +43,14 @@ from .mmap import MmapFeatureStore
 if TYPE_CHECKING:  # the lazily exported names, for type checkers and IDEs
     from .cache import FeatureCache, static_plus_dynamic, two_level_cache
     from .cache_multi import ShardedFeatureCache
+    from .disk import DiskFeatureStore
     from .multidevice import MultiDeviceFeatureStore
     from .reuse import CrossBatchReuse
     from .tiered import TieredFeatureStore
 
 __all__ = [
     "CrossBatchReuse",
+    "DiskFeatureStore",
     "FeatureCache",
     "FeatureStore",
     "InMemoryFeatureStore",
@@ -67,6 +71,7 @@ _LAZY = {
     "static_plus_dynamic": "cache",
     "two_level_cache": "cache",
     "ShardedFeatureCache": "cache_multi",
+    "DiskFeatureStore": "disk",
     "CrossBatchReuse": "reuse",
     "MultiDeviceFeatureStore": "multidevice",
 }
@@ -85,7 +90,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-STORE_KINDS = ("memory", "mmap")
+STORE_KINDS = ("memory", "mmap", "disk")
 
 
 def open_store(
@@ -101,7 +106,8 @@ def open_store(
     Args:
         dataset: a :class:`gnnio.Dataset` or the path of a dataset directory.
         kind: "memory" reads the features into RAM (or onto ``device`` if it is a GPU), with a
-            progress bar; "mmap" keeps them in the memory-mapped file and reads rows on demand.
+            progress bar; "mmap" keeps them in the memory-mapped file and reads rows on demand;
+            "disk" reads rows on demand with ``O_DIRECT`` (:class:`DiskFeatureStore`).
         device: where an in-memory store keeps its rows. A "mmap" store always gathers to host
             memory (the loader moves rows to the GPU), so it only accepts "cpu".
         num_threads: CPU threads of the gather kernel; None = numba's setting.
@@ -117,12 +123,16 @@ def open_store(
             f"unknown feature store kind {kind!r}; choose one of {', '.join(STORE_KINDS)}"
         )
     dev = resolve_device(device)
-    if kind == "mmap":
+    if kind in ("mmap", "disk"):
         if dev.type != "cpu":
             raise UsageError(
-                f"a 'mmap' feature store gathers to host memory, not {dev}; "
+                f"a '{kind}' feature store gathers to host memory, not {dev}; "
                 "give the device to the loader instead"
             )
+        if kind == "disk":
+            from .disk import DiskFeatureStore
+
+            return DiskFeatureStore(dataset.features, **kwargs)
         return MmapFeatureStore(dataset.features, num_threads=num_threads, **kwargs)
     feats = _read_into_memory(dataset.features, progress)
     return InMemoryFeatureStore(feats, device=dev, num_threads=num_threads, **kwargs)

@@ -60,8 +60,9 @@ __all__ = ["LOOKAHEAD_POLICIES", "POLICIES", "LookaheadPolicy", "make_any_policy
 
 #: the policies of this module: a window of K batches, and the whole trace (offline optimum)
 LOOKAHEAD_POLICIES = ("lookahead", "optimal")
-#: every policy name :class:`~gnnio.features.cache.FeatureCache` accepts
-POLICIES = (*BASE_POLICIES, *LOOKAHEAD_POLICIES)
+#: every policy name :class:`~gnnio.features.cache.FeatureCache` accepts (SIEVE and S3-FIFO:
+#: :mod:`gnnio.features.cache_sieve`, host caches only)
+POLICIES = (*BASE_POLICIES, *LOOKAHEAD_POLICIES, "sieve", "s3fifo")
 
 _INF = 1 << 62  # "no next use known"
 _BEYOND = 1 << 61  # ranks of ids not reused inside the window start here
@@ -425,4 +426,8 @@ def make_any_policy(
         )
     if policy == "optimal":
         return LookaheadPolicy(capacity, num_keys, device, None, hot_keys, static_capacity)
+    if policy in ("sieve", "s3fifo"):
+        from .cache_sieve import make_host_policy
+
+        return make_host_policy(policy, capacity, num_keys, device)
     return make_policy(policy, capacity, num_keys, device, hot_keys=hot_keys)

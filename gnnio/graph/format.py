@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DatasetError
+from ..utils.pages import drop_pages
 from . import output_dir
 from .csr import index_dtype
 from .integrity import check_meta, check_version, sample_sha256
@@ -196,9 +197,9 @@ class DatasetWriter:
         }
         del arrays
         written = load_arrays(self.tmp, list(self._arrays))
-        validate_arrays(self.tmp, meta, written)
+        validate_arrays(self.tmp, meta, written, drop=True)
         self._check_trainable(written)
-        bad = count_nonfinite(written["features"])
+        bad = count_nonfinite(written["features"], drop=True)
         del written
         if bad and not self.allow_nonfinite:
             raise DatasetError(
@@ -249,8 +250,10 @@ class DatasetWriter:
             )
 
 
-def count_nonfinite(feats: np.ndarray, chunk_bytes: int = 64 << 20) -> int:
-    """Number of NaN or infinite values in ``feats`` (read ``chunk_bytes`` at a time)."""
+def count_nonfinite(feats: np.ndarray, chunk_bytes: int = 64 << 20, drop: bool = False) -> int:
+    """Number of NaN or infinite values in ``feats`` (read ``chunk_bytes`` at a time). ``drop``:
+    after each chunk, drop the pages read from this process (a mapping never written to;
+    :func:`gnnio.utils.pages.drop_pages`), so the pass does not keep the file resident."""
     if feats.dtype.kind != "f" or feats.size == 0:
         return 0
     rows = max(1, chunk_bytes // max(1, feats[:1].nbytes))
@@ -260,7 +263,24 @@ def count_nonfinite(feats: np.ndarray, chunk_bytes: int = 64 << 20) -> int:
         # cheap test first: a NaN or an infinity anywhere makes the sum non-finite
         if not np.isfinite(block.sum(dtype=np.float64)):
             bad += int(block.size - np.count_nonzero(np.isfinite(block)))
+        if drop:
+            drop_pages(feats)
     return bad
+
+
+def _min_max(a: np.ndarray, drop: bool, chunk: int = 1 << 24) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty 1-D array, ``chunk`` items at a time; ``drop`` as in
+    :func:`count_nonfinite`."""
+    lo, hi = None, None
+    for s in range(0, a.shape[0], chunk):
+        block = a[s : s + chunk]
+        b_lo, b_hi = int(block.min()), int(block.max())
+        lo = b_lo if lo is None else min(lo, b_lo)
+        hi = b_hi if hi is None else max(hi, b_hi)
+        if drop:
+            drop_pages(a)
+    assert lo is not None and hi is not None
+    return lo, hi
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
@@ -303,7 +323,9 @@ def load_arrays(path: Path, keys: list[str], meta: dict | None = None) -> dict[s
     return out
 
 
-def validate_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+def validate_arrays(
+    path: Path, meta: dict, arrays: dict[str, np.ndarray], drop: bool = False
+) -> None:
     """Check the format invariants; raise DatasetError with one line naming the file and problem."""
     n = int(meta["num_nodes"])
     e = int(meta["num_edges"])
@@ -360,7 +382,7 @@ def validate_arrays(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> No
             f"{fname('indptr')}: must end at num_edges = {e}, ends at {int(indptr[-1])}"
         )
     if e:
-        lo, hi = int(indices.min()), int(indices.max())
+        lo, hi = _min_max(indices, drop)  # ``drop``: the writer's own files, pages not kept
         if lo < 0 or hi >= n:
             bad = lo if lo < 0 else hi
             raise DatasetError(f"{fname('indices')}: node id {bad} is out of range [0, {n})")

@@ -28,7 +28,6 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba import njit, prange
 
 from ..errors import UsageError
 from ..graph import output_dir
@@ -36,6 +35,7 @@ from ..graph.csr import index_dtype
 from ..graph.dataset import Dataset, load
 from ..graph.format import SPLITS, DatasetWriter
 from ..utils.progress import bar
+from ._relabel_kernels import _move_rows, _new_degrees
 
 __all__ = [
     "IMPLS",
@@ -105,32 +105,6 @@ def order_by_score(score: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------
 # relabel_csr implementations
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _new_degrees(indptr, new2old, indptr2):
-    n = new2old.shape[0]
-    for i in prange(n):
-        o = new2old[i]
-        indptr2[i + 1] = indptr[o + 1] - indptr[o]
-    indptr2[0] = 0
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _move_rows(indptr, indices, new2old, old2new, indptr2, bounds, indices2):
-    """Copy every old row to its new place, mapping each value through ``old2new``.
-
-    ``bounds`` splits the new rows into chunks of about equal edge counts; one chunk per prange
-    iteration keeps threads balanced although hot (long) rows come first after reordering.
-    """
-    for c in prange(bounds.shape[0] - 1):
-        for i in range(bounds[c], bounds[c + 1]):
-            o = new2old[i]
-            s = indptr[o]
-            d = indptr[o + 1] - s
-            t = indptr2[i]
-            for j in range(d):
-                indices2[t + j] = old2new[indices[s + j]]
 
 
 def _relabel_numba(indptr, indices, new2old, old2new, indices2):
@@ -276,8 +250,13 @@ def reorder_dataset(
     overwrite: bool = False,
     progress: bool = True,
     reordered_by: str | None = None,
+    memory_budget: int | None = None,
 ) -> Path:
     """Write a relabelled copy of ``ds`` to ``out`` (atomically, through DatasetWriter).
+
+    ``memory_budget`` (bytes): relabel and copy in chunks that keep the pages this process holds
+    within it (:mod:`gnnio.preprocess.reorder_bounded`; the same files, bit for bit); a budget too
+    small to make progress is refused before anything is written.
 
     Node ``new2old[i]`` of ``ds`` becomes node ``i``: the graph is relabelled with
     :func:`relabel_csr`, feature rows and labels are permuted (``x'[i] = x[new2old[i]]``), the
@@ -298,6 +277,11 @@ def reorder_dataset(
     new2old = np.ascontiguousarray(new2old, dtype=np.int64)
     if new2old.shape != (n,):
         raise UsageError(f"new2old: need length num_nodes = {n}, got {list(new2old.shape)}")
+    chunk = None
+    if memory_budget is not None:
+        from .reorder_bounded import check_budget
+
+        chunk = check_budget(int(memory_budget), n)
     old2new = invert_permutation(new2old)
     prev_n2o = ds.extra.get("new2old")
     if prev_n2o is not None and np.asarray(prev_n2o).shape == (n,):
@@ -322,11 +306,19 @@ def reorder_dataset(
         g = ds.graph
         ind2 = w.create_array("indices", (g.num_edges,), index_dtype(n))
         with bar(1, desc="relabel graph", unit="graph", enabled=progress) as pb:
-            indptr2, _ = relabel_csr(g.indptr, g.indices, new2old, out=ind2)
+            if chunk is None:
+                indptr2, _ = relabel_csr(g.indptr, g.indices, new2old, out=ind2)
+            else:
+                from . import reorder_bounded as rb
+
+                indptr2 = rb.relabel_csr_bounded(g.indptr, g.indices, new2old, ind2, chunk)
             pb.update(1)
         w.save_array("indptr", indptr2)
         feats = w.create_array("features", tuple(ds.features.shape), ds.features.dtype)
-        _copy_feature_rows(ds.features, feats, new2old, progress)
+        if chunk is None:
+            _copy_feature_rows(ds.features, feats, new2old, progress)
+        else:
+            rb.copy_feature_rows_bounded(ds.features, feats, new2old, chunk, progress)
         if ds.labels is not None:
             w.save_array("labels", np.asarray(ds.labels)[new2old])
         for key in SPLITS:
@@ -357,6 +349,7 @@ def reorder_path(
     fanouts: Sequence[int] = (15, 10, 5),
     batch_size: int = 1024,
     progress: bool = True,
+    memory_budget: int | None = None,
     **score_options: Any,
 ) -> dict[str, Any]:
     """Score the dataset at ``path`` with ``by`` (a key of :data:`gnnio.preprocess.hotness.SCORES`) and write
@@ -375,16 +368,27 @@ def reorder_path(
     # replaces it only with overwrite; a target that cannot be written is refused before scoring
     if out is not None:
         output_dir.check_out_dir(out, overwrite)
+    if memory_budget is not None:  # a budget too small: refused before the score pass
+        from .reorder_bounded import check_budget
+
+        check_budget(int(memory_budget), ds.num_nodes)
     t0 = time.perf_counter()
     score = compute_score(
         by, ds, fanouts=fanouts, batch_size=batch_size, progress=progress, **score_options
     )
     t1 = time.perf_counter()
     new2old = order_by_score(score)
+    del score
     target = Path(path) if in_place else Path(out)
+    if memory_budget is not None:  # the score pass's pages, before the bounded reorder
+        from .reorder_bounded import release
+
+        release(ds.graph.indices)
+        release(ds.graph.indptr)
     reorder_dataset(
-        ds, new2old, target, overwrite=overwrite or in_place, progress=progress, reordered_by=by
-    )
+        ds, new2old, target, overwrite=overwrite or in_place, progress=progress, reordered_by=by,
+        memory_budget=memory_budget,
+    )  # fmt: skip
     t2 = time.perf_counter()
     return {
         "out": str(target),

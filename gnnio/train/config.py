@@ -29,7 +29,7 @@ __all__ = [
 EVAL_MODES = ("sampled", "full")
 #: training samplers (``--sampler``): node-wise uniform, LABOR-0, layer-wise LADIES
 SAMPLERS = ("uniform", "labor", "ladies")
-STORE_KINDS = ("memory", "mmap")
+STORE_KINDS = ("memory", "mmap", "disk")
 STAGES = ("sample", "gather", "transfer", "compute", "wait")
 #: placements a distributed run can compute at start-up (``--placement-strategy``)
 DIST_STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
@@ -74,7 +74,9 @@ class TrainConfig:
         log: path for the JSONL log (one line per epoch); None = not written.
         store: feature store kind, ``"memory"`` (features read into host RAM) or ``"mmap"`` (rows
             read from the memory-mapped file on every gather); either way the loader copies each
-            batch's rows to ``device``.
+            batch's rows to ``device``. ``"disk"`` (``--features-on disk``): rows read with
+            ``O_DIRECT`` under a host cache of ``host_cache_size`` (:mod:`gnnio.train.setup_disk`;
+            ``cache_policy`` is then that cache's policy).
         threads: CPU threads of the sampler and of the feature gather kernel; None = their defaults.
         isolation: ``"off"`` (default) or ``"auto"``: BGL's profiling-based resource isolation
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
@@ -198,6 +200,7 @@ class TrainConfig:
     cache_policy: str = "none"
     cache_size: float = 0.1
     cpu_cache_size: float = 0.0
+    host_cache_size: float | None = None
     lookahead: int = 8
     order: str = "random"
     po_sequences: int | None = None
@@ -257,6 +260,9 @@ class TrainConfig:
             raise UsageError(
                 f"--store: must be one of {', '.join(STORE_KINDS)}, got '{self.store}'"
             )
+        from .setup_disk import check_disk_options
+
+        check_disk_options(self, world_size)
         if self.feature_norm not in FEATURE_NORMS:
             raise UsageError(f"--feature-norm: must be one of {', '.join(FEATURE_NORMS)}")
         if self.edge_weight_norm not in EDGE_WEIGHT_NORMS:

@@ -59,6 +59,7 @@ from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_
 from .config import TrainConfig, check_device
 from .evaluate import evaluate_full, evaluate_sampled
 from .gpu_plan import apply_layout_plan
+from .setup_disk import disk_epoch, disk_mark, disk_summary
 from .summary import (
     hidden_fraction,
     loading_share,
@@ -246,8 +247,11 @@ def train(
     try:
         for epoch in range(prog.epoch, 0 if prog.stopped else cfg.epochs):
             resume_at = (prog.batch, prog.partial) if epoch == prog.epoch else (0, None)
+            mark = disk_mark(setup) if setup.disk is not None else None
             rec = _train_epoch(net, opt, train_loader, store, epoch, cfg, device, *resume_at,
                                on_batch=on_batch)  # fmt: skip
+            if mark is not None:  # --features-on disk: what the pass read (setup_disk)
+                disk_epoch(setup, mark, rec)
             run.epoch_record(rec, setup)
             for t in setup.tiers:
                 rec["bytes_by_tier"].setdefault(t, 0)
@@ -313,6 +317,8 @@ def train(
 
     summary = summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt)
     summary["data_setup"] = setup.info
+    if setup.disk is not None:
+        summary.update(disk_summary(history, setup))
     summary.update(simulation_facts(device, setup.info))
     summary["isolation"] = dict(iso.threads) if iso is not None else None
     summary["plan"] = plan

@@ -46,7 +46,7 @@ __all__ = [
     "needs_score",
 ]
 
-CACHE_POLICIES = ("none", "static", "fifo", "lru", "lfu", "lookahead")
+CACHE_POLICIES = ("none", "static", "fifo", "lru", "lfu", "lookahead", "sieve", "s3fifo")
 ORDERS = ("random", "po")
 
 
@@ -61,6 +61,9 @@ class StoreSetup:
         info: facts for the summary (hot rows, strategy, cache capacity, ...).
         eval_store: the store evaluation reads through: ``store`` without a *dynamic* cache, so
             evaluation batches do not evict the training batches' rows.
+        disk: the :class:`~gnnio.features.disk.DiskFeatureStore` at the bottom
+            (``--features-on disk``), else None; disk_below_gpu: the store right under a GPU
+            tier over it (its counters split the GPU tier's "host" rows), else None.
     """
 
     store: Any
@@ -68,6 +71,8 @@ class StoreSetup:
     gpu_ids: np.ndarray | None
     info: dict[str, Any]
     eval_store: Any = None
+    disk: Any = None
+    disk_below_gpu: Any = None
 
 
 def needs_score(ds, cfg) -> bool:
@@ -75,6 +80,10 @@ def needs_score(ds, cfg) -> bool:
     tier of a dataset not already reordered by that score, or for a static cache."""
     tiered = cfg.gpu_cache_fraction is not None and ds.meta.get("reordered_by") != cfg.score
     tiered = tiered and cfg.gpu_cache_fraction < 1.0  # every row hot: no ranking needed
+    if cfg.store == "disk":
+        from .setup_disk import needs_disk_score
+
+        return tiered or needs_disk_score(cfg)
     return tiered or (cfg.cache_policy == "static" and cfg.cache_size > 0)
 
 
@@ -95,17 +104,23 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
     """
     from ..features import open_store
 
-    base = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
-    store: Any = base
-    tiers: tuple[str, ...] = (getattr(base, "tier", "host"),)
-    gpu_ids: np.ndarray | None = None
-    info: dict[str, Any] = {"store": cfg.store}
-    n = ds.num_nodes
-
     def get_score() -> np.ndarray:
         if score is None:
             raise ValueError(f"build_store: needs the '{cfg.score}' score (see needs_score)")
         return score
+
+    disk = None
+    if cfg.store == "disk":  # the SSD tier under a host cache (gnnio.train.setup_disk)
+        from .setup_disk import build_disk_base
+
+        base, disk, tiers, info = build_disk_base(ds, cfg, get_score)
+    else:
+        base = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
+        tiers = (getattr(base, "tier", "host"),)
+        info = {"store": cfg.store}
+    store: Any = base
+    gpu_ids: np.ndarray | None = None
+    n = ds.num_nodes
 
     if cfg.gpu_cache_fraction is not None:
         from ..features.tiered import TieredFeatureStore, hot_rows_for_fraction
@@ -120,7 +135,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
             order_ids = _top_ids(get_score(), hot_rows_for_fraction(cfg.gpu_cache_fraction, n))
             store = TieredFeatureStore(base, hot_ids=order_ids, **kw)
         gpu_ids = np.sort(np.asarray(store._hot_ids, dtype=np.int64))
-        tiers = ("gpu", "host")
+        tiers = ("gpu", *tiers) if disk is not None else ("gpu", "host")
         info.update(
             tiering={
                 "score": cfg.score,
@@ -172,6 +187,12 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         )
 
     eval_store = store
+    if disk is not None:  # --cache-policy named the host cache's policy: no cache above
+        if "host_cache" in info and info["host_cache"]["policy"] != "static":
+            eval_store = disk if store is base else store
+        return StoreSetup(store=store, tiers=tiers, gpu_ids=gpu_ids, info=info,
+                          eval_store=eval_store, disk=disk,
+                          disk_below_gpu=base if store is not base else None)  # fmt: skip
     if cfg.cache_policy != "none" and cfg.cache_size > 0:
         from ..features.cache import FeatureCache
         from ..features.tiered import hot_rows_for_fraction

@@ -1,0 +1,250 @@
+"""``gnnio bench disk DIR``: the SSD tier against the device's own ceilings, and loading epochs
+with the features on disk against the same epochs in memory (issue 25).
+
+1. **Ceilings**, measured in the same run on the dataset's feature file, with ``O_DIRECT`` and the
+   store's reader threads (``--queue-depth``): sequential reads of 1 MiB (``seq_read_GBps``) and
+   random 4 KiB reads of distinct pages (``random_4k_iops``, ``random_4k_MBps``). The store's
+   random-row reads (uniform ids, ``DiskFeatureStore.gather``) are timed between them, and
+   ``random_read_fraction_of_ceiling`` = the store's device bytes per second over the 4 KiB
+   ceiling's (medians of ``--repeats`` interleaved rounds; fresh random pages every round).
+2. **Epochs**: ``--epochs`` loading epochs (the first ``--batches`` mini-batches of each epoch's
+   seed order, sampled and gathered by the pipelined loader; the consumer does nothing, so an
+   epoch is what data loading costs) over the features in memory, on disk with no host cache,
+   and on disk under a host cache of each ``--sizes`` fraction with each ``--policies`` policy
+   (static by ``--score``; ``lookahead``: Belady's MIN over the next ``--lookahead`` batches the
+   loader announces, the hotness rank beyond them). Per configuration: the first and the steady epoch (median of the
+   later ones), the device bytes per steady epoch (``disk_bytes``), the kernel's count
+   (``/proc/self/io``), the host-cache hit ratio, and ``ratio_to_bound`` = steady epoch over
+   ``max(in-memory epoch, disk bytes / measured 4 KiB ceiling)`` (issue 25's goal: <= 1.2).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ._timing import median
+
+HELP = "the O_DIRECT feature tier: device ceilings, random-row reads, epochs with host caches"
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
+    p.add_argument("--queue-depth", type=int, default=16, help="reads in flight (reader threads)")
+    p.add_argument("--random-reads", type=int, default=20000, help="4 KiB reads per round")
+    p.add_argument("--seq-mib", type=int, default=256, help="MiB read sequentially per round")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved ceiling/store rounds")
+    p.add_argument("--sizes", default="0.05,0.1,0.2", help="host cache sizes (fractions of N)")
+    p.add_argument("--policies", default="static,sieve,s3fifo", help="host cache policies")
+    p.add_argument("--score", default="degree", help="hotness score of the static policy")
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=64,
+        help="batches announced ahead to the lookahead policy (Ginex's superbatch)",
+    )
+    p.add_argument("--epochs", type=int, default=3, help="loading epochs per configuration")
+    p.add_argument("--batches", type=int, default=40, help="mini-batches per epoch")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
+    p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of sampler and gather")
+    p.add_argument("--seed", type=int, default=0, help="seed of the orders, sampler and reads")
+
+
+def _check(args) -> tuple[list[float], list[str]]:
+    for name in ("queue_depth", "random_reads", "seq_mib", "repeats", "epochs", "batches",
+                 "batch_size", "threads"):  # fmt: skip
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        sizes = [float(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes: fractions separated by commas, got '{args.sizes}'") from None
+    if any(not 0 < s <= 1 for s in sizes):
+        raise UsageError(f"--sizes: every size must be in (0, 1], got '{args.sizes}'")
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    known = ("static", "sieve", "s3fifo", "fifo", "lru", "lfu", "lookahead")
+    bad = [p for p in policies if p not in known]
+    if bad:
+        raise UsageError(f"--policies: unknown {bad[0]!r}; choose from {', '.join(known)}")
+    return sizes, policies
+
+
+# ---- ceilings ------------------------------------------------------------------------------
+
+
+def _seq_round(reader, file_pages: int, mib: int, start: int) -> tuple[float, int]:
+    from ..features._direct_io import plan_pages
+
+    want = min(file_pages, mib * 256)
+    first = start % max(1, file_pages - want + 1)
+    chunk = 64 * 256  # 64 MiB per read() call (the buffer), 1 MiB per read
+    t0, done = time.perf_counter(), 0
+    for a in range(first, first + want, chunk):
+        pages = np.arange(a, min(a + chunk, first + want), dtype=np.int64)
+        plan = plan_pages(pages * 4096, 4096, max_run_pages=256)
+        b0 = reader.bytes_read
+        reader.read(plan)
+        done += reader.bytes_read - b0
+    return time.perf_counter() - t0, done
+
+
+def _random_round(reader, file_pages: int, n: int, rng) -> tuple[float, int, int]:
+    from ..features._direct_io import plan_pages
+
+    pages = rng.choice(file_pages, size=min(n, file_pages), replace=False).astype(np.int64)
+    plan = plan_pages(pages * 4096, 4096, max_run_pages=1)  # one read per page
+    b0 = reader.bytes_read
+    t0 = time.perf_counter()
+    reader.read(plan)
+    return time.perf_counter() - t0, reader.bytes_read - b0, int(plan.pages.size)
+
+
+def ceilings(store, args) -> dict[str, Any]:
+    """Sequential and random-4K ceilings and the store's random-row reads, interleaved."""
+    from ..features._direct_io import PageReader
+
+    reader = PageReader(str(store.path), args.queue_depth, direct=True)
+    rng = np.random.default_rng(args.seed)
+    file_pages = max(1, reader.file_size // 4096)
+    seq, rnd, rows = [], [], []
+    try:  # warm-up, untimed: reader threads started, kernels loaded
+        _random_round(reader, file_pages, min(1000, args.random_reads), rng)
+        store.gather(rng.integers(0, store.num_rows, min(1000, args.random_reads)))
+        for r in range(args.repeats):
+            t, b = _seq_round(reader, file_pages, args.seq_mib, r * 7919)
+            seq.append(b / t)
+            t, b, n = _random_round(reader, file_pages, args.random_reads, rng)
+            rnd.append((b / t, n / t))
+            ids = rng.integers(0, store.num_rows, args.random_reads)
+            b0 = store.stats.bytes_read
+            t0 = time.perf_counter()
+            store.gather(ids)
+            t = time.perf_counter() - t0
+            rows.append(((store.stats.bytes_read - b0) / t, len(ids) / t))
+        store.reset_stats()
+    finally:
+        reader.close()
+    ceil_bps = median([x[0] for x in rnd])
+    store_bps = median([x[0] for x in rows])
+    return {
+        "direct": bool(reader.direct),
+        "queue_depth": args.queue_depth,
+        "seq_read_GBps": median(seq) / 1e9,
+        "random_4k_iops": median([x[1] for x in rnd]),
+        "random_4k_MBps": ceil_bps / 1e6,
+        "store_random_MBps": store_bps / 1e6,
+        "store_random_rows_per_s": median([x[1] for x in rows]),
+        "random_read_fraction_of_ceiling": store_bps / ceil_bps if ceil_bps else 0.0,
+        "_ceiling_Bps": ceil_bps,
+    }
+
+
+# ---- epochs --------------------------------------------------------------------------------
+
+
+def _epochs(loader, store, disk, epochs: int) -> dict[str, Any]:
+    from ..train.setup_disk import proc_read_bytes
+
+    times, dbytes, kbytes, hits, rows = [], [], [], [], []
+    for e in range(epochs):
+        b0 = disk.stats.bytes_read if disk is not None else 0
+        c0 = store.counters.snapshot()["rows"]
+        k0 = proc_read_bytes()
+        t0 = time.perf_counter()
+        for _ in loader.epoch(e):
+            pass
+        times.append(time.perf_counter() - t0)
+        k1 = proc_read_bytes()
+        dbytes.append((disk.stats.bytes_read - b0) if disk is not None else 0)
+        kbytes.append(k1 - k0 if k0 is not None and k1 is not None else None)
+        c1 = store.counters.snapshot()["rows"]
+        served = {t: c1.get(t, 0) - c0.get(t, 0) for t in c1}
+        rows.append(sum(served.values()))
+        hits.append(served.get("host_cache", 0))
+    steady = times[1:] or times
+    return {
+        "first_epoch_s": times[0],
+        "steady_epoch_s": median(steady),
+        "epoch_s": times,
+        "disk_bytes": int(median(dbytes[1:] or dbytes)),
+        "disk_bytes_per_epoch": dbytes,
+        "kernel_read_bytes_per_epoch": kbytes,
+        "host_cache_hit_ratio": (sum(hits[1:] or hits) / max(1, sum(rows[1:] or rows))),
+    }
+
+
+def run(args) -> dict:
+    import gnnio
+
+    from ..features import InMemoryFeatureStore
+    from ..features.cache import FeatureCache
+    from ..features.disk import DiskFeatureStore
+    from ..features.tiered import hot_rows_for_fraction
+    from ..pipeline.loader import NodeLoader
+    from ..sampling import UniformSampler
+    from .gather import make_order, parse_fanouts_arg, seed_ids, set_threads
+    from .loader import FirstBatches
+
+    sizes, policies = _check(args)
+    set_threads(args.threads)
+    ds = gnnio.load(args.dataset)
+    fanouts = parse_fanouts_arg(args.fanouts)
+    disk = DiskFeatureStore(ds.features, queue_depth=args.queue_depth)
+    if not disk.direct:
+        raise UsageError(f"{disk.path}: this filesystem refuses O_DIRECT; nothing to measure")
+    res: dict[str, Any] = {
+        "dataset": str(ds.path),
+        "num_nodes": int(ds.num_nodes),
+        "row_bytes": int(disk.row_bytes),
+        "feature_bytes": int(disk.row_bytes * disk.num_rows),
+        "fanouts": ",".join(map(str, fanouts)),
+        "batch_size": args.batch_size,
+        "batches_per_epoch": args.batches,
+        "epochs": args.epochs,
+        "threads": args.threads,
+    }
+    res.update(ceilings(disk, args))
+    ceil_bps = res.pop("_ceiling_Bps")
+    order = FirstBatches(make_order(seed_ids(ds), args.batch_size, args.seed), args.batches)
+    labels = None if ds.labels is None else np.asarray(ds.labels)
+
+    def loader_for(store):
+        sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, num_threads=args.threads)
+        return NodeLoader(sampler, store, order, labels=labels, device=torch.device("cpu"))
+
+    mem = InMemoryFeatureStore(np.asarray(ds.features))
+    rows_mem = _epochs(loader_for(mem), mem, None, args.epochs)
+    del mem
+    memory_s = rows_mem["steady_epoch_s"]
+    res["memory"] = {k: rows_mem[k] for k in ("first_epoch_s", "steady_epoch_s", "epoch_s")}
+    hot = None
+    if "static" in policies or "lookahead" in policies:
+        from ..preprocess.hotness import compute_score
+        from ..preprocess.reorder import order_by_score
+
+        hot = order_by_score(compute_score(args.score, ds, fanouts=fanouts, progress=False))
+    configs: list[dict[str, Any]] = []
+    for size, policy in [(0.0, "none")] + [(s, p) for s in sizes for p in policies]:
+        disk.reset_stats()
+        store = disk
+        if size > 0:
+            cap = hot_rows_for_fraction(size, ds.num_nodes)
+            store = FeatureCache(disk, cap, policy, hot_ids=hot if policy in ("static",
+                                 "lookahead") else None, device="cpu", tier="host_cache",
+                                 lookahead=args.lookahead)  # fmt: skip
+        r = _epochs(loader_for(store), store, disk, args.epochs)
+        bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
+        configs.append({"host_cache": size, "policy": policy, **r,
+                        "ratio_to_bound": r["steady_epoch_s"] / bound if bound else 0.0})  # fmt: skip
+    res["disk"] = configs
+    res["disk_bytes_by_policy"] = {
+        f"{c['policy']}@{c['host_cache']:g}": c["disk_bytes"] for c in configs
+    }
+    disk.close()
+    return res
