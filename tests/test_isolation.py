@@ -100,3 +100,51 @@ def test_cli_train_isolation_auto_records_the_allocation(tmp_path):
     assert torch.get_num_threads() == threads  # restored after the run
     assert main(args + ["--isolation", "off"]) == 0
     assert json.loads(out.read_text())["isolation"] is None
+
+
+def test_core_sets_are_disjoint_blocks_or_none():
+    from gnnio.pipeline.affinity import core_sets
+
+    assert core_sets({"sample": 2, "gather": 1, "compute": 3}, list(range(8))) == {
+        "sample": [0, 1], "gather": [2], "compute": [3, 4, 5]}  # fmt: skip
+    assert core_sets({"sample": 1, "gather": 1, "compute": 1}, [0, 1]) is None  # would overlap
+
+
+def test_isolation_auto_pins_every_stage_thread_to_its_cores(tmp_path, monkeypatch):
+    """The allocation is applied, not only recorded: the training thread, the loader's sampling
+    and gather threads each run on their stage's core set (8 cores pretended; the affinity calls
+    recorded instead of made). Fails when `apply` computes the sets but does not activate them, or
+    when a stage thread does not pin itself."""
+    import os
+    import threading
+
+    from gnnio.pipeline import affinity
+    from gnnio.train import TrainConfig, train
+    from gnnio.train import isolate as iso_mod
+    from tests.helpers import write_tiny_dataset
+
+    calls = []
+    cores = list(range(8))
+    monkeypatch.setattr(affinity, "available_cores", lambda: cores)
+    monkeypatch.setattr(iso_mod, "available_cores", lambda: cores)
+    monkeypatch.setattr(
+        os, "sched_setaffinity", lambda pid, cpus: calls.append((threading.current_thread().name, sorted(cpus)))
+    )  # fmt: skip
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    path = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200, feat_dim=8)
+    cfg = TrainConfig(device="cpu", epochs=1, fanouts=(3, 2), batch_size=16, hidden=8,
+                      progress=False, isolation="auto")  # fmt: skip
+    s = train(path, cfg)
+    plan = s["isolation_profile"]["cores_by_stage"]
+    assert plan is not None and sum(len(v) for v in plan.values()) <= 8
+    assert {k: len(v) for k, v in plan.items() if k != "compute"} == {
+        k: v for k, v in s["isolation"].items() if k != "compute"}  # fmt: skip
+    by_thread = {}
+    for name, cpus in calls:
+        by_thread.setdefault(name, []).append(cpus)
+    main = threading.current_thread().name
+    assert by_thread[main][0] == plan["compute"]  # pinned when applied ...
+    assert by_thread[main][-1] == cores  # ... and given all cores back at the end
+    assert by_thread["gnnio-sample-0"][0] == plan["sample"]
+    assert by_thread["gnnio-gather"][0] == plan["gather"]
+    assert affinity.pinned() == {}  # deactivated after the run: later threads are not pinned

@@ -382,12 +382,22 @@ def run(args) -> dict:
     reset_kernel_record()
     build_cfg, plan = apply_layout_plan(ds, cfg, device)  # as gnnio train plans it
     parts = build_training(ds, build_cfg, LocalRun(), device)
+    iso = undo = None
+    if cfg.isolation == "auto":  # as gnnio train applies it (threads and core sets per stage)
+        from ..train.isolate import isolate
+
+        iso, undo = isolate(parts.sampler, parts.store, parts.model, parts.order, parts.labels,
+                            device)  # fmt: skip
     try:
         rates = device_rates(device)
         pipe = pipelined(parts, device, args.warmup, args.batches, progress)
         seq = sequential(parts, device, args.warmup, args.batches, progress)
         launches = profiled(parts, device, min(args.batches, 5))
     finally:
+        if undo is not None:
+            from ..train.isolate import restore
+
+            restore(undo, parts.sampler, parts.store)
         for ld in [parts.train_loader, *parts.eval_loaders.values()]:
             close = getattr(ld, "close", None)
             if callable(close):
@@ -412,6 +422,7 @@ def run(args) -> dict:
         "ms_per_batch_over_floor": pipe["ms_per_batch"] / floor_ms if floor_ms > 0 else None,
         "kernels": kernels_report(),
         "plan": plan,
+        "isolation": None if iso is None else iso.as_dict(),
         "sampler_device": str(getattr(parts.sampler, "device", "cpu")),
         "store": type(parts.store).__name__,
         "threads": torch.get_num_threads(),

@@ -71,6 +71,7 @@ class Allocation:
     fits: dict[str, StageFit]
     fixed: dict[str, float] = field(default_factory=dict)
     shared: bool = False
+    cores_by_stage: dict[str, list[int]] | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -88,12 +89,19 @@ class Allocation:
             },
             "fixed_ms_per_batch": {k: 1e3 * v for k, v in self.fixed.items()},
             "shared_cores": self.shared,
+            "cores_by_stage": self.cores_by_stage,
         }
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {v}" for k, v in self.threads.items())
         how = " (fewer cores than stages: shared)" if self.shared else ""
-        return f"isolation: {parts} thread(s) of {self.cores} cores{how}"
+        pin = self.cores_by_stage
+        where = (
+            ""
+            if pin is None
+            else "; pinned to cores " + ", ".join(f"{k} {v[0]}-{v[-1]}" for k, v in pin.items())
+        )
+        return f"isolation: {parts} thread(s) of {self.cores} cores{how}{where}"
 
 
 def thread_candidates(cores: int) -> list[int]:

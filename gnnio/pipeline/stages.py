@@ -16,6 +16,7 @@ import torch
 
 from ..sampling.base import MiniBatch
 from ..utils.streams import batch_tensors
+from .affinity import pin_current_thread
 
 __all__ = ["END", "POLL_S", "EpochRun", "StageFailure", "Stopped"]
 
@@ -113,6 +114,7 @@ class EpochRun:
         return st.use(stream) if st is not None else contextlib.nullcontext()
 
     def _sample_worker(self, k: int) -> None:
+        pin_current_thread("sample")  # --isolation auto's core set (a no-op without one)
         ld = self.loader
         sampler, w, keyed, st = ld.sampler, ld.num_workers, ld._keyed, ld._streams
         try:
@@ -139,6 +141,7 @@ class EpochRun:
                 return
 
     def _gather_worker(self) -> None:
+        pin_current_thread("gather")
         ld, st = self.loader, self.loader._streams
         # a lookahead cache (gnnio.features.cache_lookahead) is told the input nodes of batches
         # i + 1 .. i + K before batch i is gathered: the thread holds K sampled batches (ids and

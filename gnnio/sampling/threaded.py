@@ -109,6 +109,12 @@ def check_seeds(seeds, num_nodes: int) -> np.ndarray:
     return arr
 
 
+def _pin_sample() -> None:
+    from ..pipeline.affinity import pin_current_thread
+
+    pin_current_thread("sample")
+
+
 class ThreadedCPUSampler(Sampler):
     """What the numba CPU samplers share: fanouts, the random stream (:meth:`set_seed`, one key
     per :meth:`sample` call), the CSR as contiguous NumPy arrays, a pool of reusable scratch
@@ -173,7 +179,9 @@ class ThreadedCPUSampler(Sampler):
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
-                    max_workers=self.num_threads - 1, thread_name_prefix=self._thread_prefix
+                    max_workers=self.num_threads - 1,
+                    thread_name_prefix=self._thread_prefix,
+                    initializer=_pin_sample,  # --isolation auto's core set for sampling
                 )
                 weakref.finalize(self, self._executor.shutdown, wait=False)
             ex = self._executor

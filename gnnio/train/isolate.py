@@ -27,6 +27,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..pipeline.affinity import (
+    activate,
+    available_cores,
+    core_sets,
+    deactivate,
+    pin_current_thread,
+)
 from ..pipeline.isolation import Allocation, profile_stages, solve, thread_candidates
 
 __all__ = ["isolate", "restore"]
@@ -64,7 +71,7 @@ def _timed(fn, n: int) -> float:
 def isolate(sampler, store, model, order, labels, device: torch.device, batches: int = 4):
     """Profile, solve and apply; returns ``(allocation, undo)`` where ``undo`` is the state
     :func:`restore` puts back."""
-    cores = os.cpu_count() or 1
+    cores = len(available_cores())
     seeds = []
     for s in order.batches(0):
         seeds.append(s)
@@ -79,6 +86,7 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
         "torch_threads": torch.get_num_threads(),
         "sampler": getattr(sampler, "num_threads", None),
         "gather": [t.num_threads for t in targets],
+        "affinity": available_cores(),
     }
 
     def sample(c: int) -> float:
@@ -128,17 +136,29 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
     return alloc, undo
 
 
-def apply(alloc: Allocation, sampler, targets: list) -> None:
+def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | None:
+    """Set each stage's threads and, where the stages fit the cores without sharing, pin them to
+    disjoint core sets (:mod:`gnnio.pipeline.affinity`; the training thread here, the loader's
+    and the sampler's threads when they start). Returns the core sets (None: not pinned)."""
     th = alloc.threads
     _set_sampler_threads(sampler, th["sample"])
     for t in targets:
         t.num_threads = th.get("gather", t.num_threads)
     if "compute" in th:
         torch.set_num_threads(th["compute"])
+    plan = core_sets({**th, "compute": th.get("compute", 1)}, available_cores())
+    activate(plan)
+    pin_current_thread("compute")
+    alloc.cores_by_stage = plan
+    return plan
 
 
 def restore(undo: dict[str, Any], sampler, store) -> None:
-    """Put back the thread settings :func:`isolate` changed (torch's is process-wide)."""
+    """Put back the thread settings :func:`isolate` changed (torch's is process-wide) and the
+    training thread's cores; later threads are not pinned."""
+    deactivate()
+    if undo.get("affinity") is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, undo["affinity"])
     torch.set_num_threads(undo["torch_threads"])
     if undo["sampler"] is not None:
         _set_sampler_threads(sampler, undo["sampler"])
