@@ -210,7 +210,10 @@ def run(args) -> dict:
     ids = sample_batches(ds, args)
     store = open_store(ds, kind=args.store, num_threads=args.threads, progress=not args.no_progress)
     rows = [int(i.shape[0]) for i in ids]
-    out = torch.zeros((max(rows), store.dim), dtype=store.dtype)  # pre-faulted, reused
+    # reused and pre-faulted, on a 2 MiB boundary like the ceiling's buffers (as the loader's ring)
+    from ..pipeline.loader import _aligned_rows
+
+    out = _aligned_rows(max(rows), store.dim, store.dtype)
     useful = sum(rows) * store.row_bytes
     get_host = getattr(store, "host_tensor", None)
     host = get_host() if callable(get_host) else None
