@@ -12,8 +12,9 @@ Two implementations (recorded as ``kernels["spmm"]`` in a training summary):
 * **numba** (CPU tensors, the default where numba imports): a ``nogil`` row loop run on
   ``torch.get_num_threads()`` Python threads over row ranges, each output row accumulated edge by
   edge in CSR order -- the same order as ``torch.sparse.mm`` on a CSR tensor,
-  so the forward is bit-identical to it (tested) and measured 3-5x faster on the CPU (one thread,
-  a 2^21-node graph's layer-0 block: 9 ms against 30 ms; ``benchmarks/step_kernels.py``); the
+  so the forward is bit-identical to it (tested) and measured 1.2-3.4x faster on the CPU, the
+  transpose product 1.7-5x (one thread, a 2^21-node graph's layer-0 block, loaded VM;
+  ``benchmarks/step_kernels.py``); the
   transpose is a stable counting sort, ``O(E)``.
 * **torch** (CUDA tensors, or ``GNNIO_SPMM=torch``): ``torch.sparse.mm`` on CSR tensors (cuSPARSE on
   a GPU); the transpose by a stable ``argsort`` of the sources and
