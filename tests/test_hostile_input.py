@@ -1,0 +1,110 @@
+"""Hostile input (issue 27, item 4): the failures a probe of 448 bad inputs found, each reproduced
+here first. Every case ends with one ``gnnio: error:`` line and exit 2 (or works as documented),
+never a traceback, a segfault, a hang or a damaged original."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import gnnio
+from gnnio.cli.main import main
+from tests.test_bad_input_prepare import hidden, one_line_error
+from tests.test_importers import gap_layout, write_planetoid
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def gnnio_proc(*argv: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """``python -m gnnio ARGV`` in a child process (a crash there cannot take pytest with it)."""
+    return subprocess.run([sys.executable, "-m", "gnnio", *argv], capture_output=True, text=True,
+                          env=ENV, cwd=ROOT, timeout=timeout, **kw)  # fmt: skip
+
+
+def assert_one_line(proc: subprocess.CompletedProcess, *words: str, rc: int = 2) -> None:
+    assert proc.returncode == rc, (proc.returncode, proc.stderr[-2000:])
+    err = proc.stderr
+    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("gnnio: error: "), err
+    for w in words:
+        assert w in err, err
+
+
+# ---- memory-unsafe reads of crafted Planetoid pickles -------------------------------------------
+
+
+def _crafted_csr(edit) -> sp.csr_matrix:
+    """The gap layout's ``x`` matrix with its arrays edited in place after construction, as a
+    crafted pickle carries them (the unpickler sets them without SciPy's checks)."""
+    parts, _, _ = gap_layout()
+    m = parts["x"]
+    m.indices = m.indices.astype(np.int64)
+    edit(m)
+    return m
+
+
+def _planetoid_argv(root: Path) -> list[str]:
+    return ["prepare", "planetoid", "--name", "g", "--root", str(root), "--quiet"]
+
+
+def test_planetoid_out_of_range_csr_index_is_one_line_not_a_segfault(tmp_path):
+    """indices[0] = 10**8 made ``toarray`` write far out of bounds (segfault) before the fix."""
+    parts, _, _ = gap_layout()
+    parts["x"] = _crafted_csr(lambda m: m.indices.__setitem__(0, 10**8))
+    write_planetoid(tmp_path / "pl", "g", parts)
+    proc = gnnio_proc(*_planetoid_argv(tmp_path / "pl"), "--out", str(tmp_path / "o"))
+    assert_one_line(proc, "ind.g.x", "column index 100000000", "out of range [0, 4)")
+    assert not (tmp_path / "o").exists()
+
+
+def _set(attr, value):
+    return lambda m: setattr(m, attr, value)
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda m: m.indices.__setitem__(0, -1), ["column index -1"]),
+        (lambda m: m.indptr.__setitem__(-1, 10**6), ["indptr ends at 1000000"]),
+        (lambda m: m.indptr.__setitem__(1, 10**6), ["never decrease"]),
+        (lambda m: m.indptr.__setitem__(0, -3), ["start at 0"]),
+        (_set("indptr", np.array([0, 1], np.int32)), ["indptr has 2 entries for 2 rows"]),
+        (_set("data", np.array(["a"] * 4, dtype=object)), ["numeric array", "object"]),
+        (_set("indices", np.array([0.5] * 4)), ["integer arrays"]),
+        (_set("_shape", (2, -4)), ["bad shape"]),
+        (_set("_shape", (2, 10**12)), ["bad shape"]),
+    ],
+)
+def test_planetoid_crafted_csr_refused(tmp_path, capsys, edit, words):
+    parts, _, _ = gap_layout()
+    parts["x"] = _crafted_csr(edit)
+    write_planetoid(tmp_path / "pl", "g", parts)
+    assert main([*_planetoid_argv(tmp_path / "pl"), "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "ind.g.x", *words)
+    assert not (tmp_path / "o").exists() and hidden(tmp_path) == []
+
+
+def test_planetoid_object_array_and_huge_node_id_refused(tmp_path, capsys):
+    parts, _, _ = gap_layout()
+    parts["ally"] = parts["ally"].astype(object)
+    write_planetoid(tmp_path / "pl", "g", parts)
+    assert main([*_planetoid_argv(tmp_path / "pl"), "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "ind.g.ally", "numeric array")
+    parts, _, _ = gap_layout()
+    parts["graph"][0] = [10**30]
+    write_planetoid(tmp_path / "pl2", "g", parts)
+    assert main([*_planetoid_argv(tmp_path / "pl2"), "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "ind.g.graph", "not an int node id")
+
+
+def test_planetoid_valid_csr_still_imports(tmp_path):
+    parts, allx, _ = gap_layout()
+    write_planetoid(tmp_path / "pl", "g", parts)
+    assert main([*_planetoid_argv(tmp_path / "pl"), "--out", str(tmp_path / "o")]) == 0
+    np.testing.assert_array_equal(np.asarray(gnnio.load(tmp_path / "o").features[:5]), allx)
