@@ -4,6 +4,7 @@ never a traceback, a segfault, a hang or a damaged original."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,3 +109,82 @@ def test_planetoid_valid_csr_still_imports(tmp_path):
     write_planetoid(tmp_path / "pl", "g", parts)
     assert main([*_planetoid_argv(tmp_path / "pl"), "--out", str(tmp_path / "o")]) == 0
     np.testing.assert_array_equal(np.asarray(gnnio.load(tmp_path / "o").features[:5]), allx)
+
+
+# ---- outputs never written through a symlink into a dataset; --log atomic ------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.helpers import write_tiny_dataset
+
+    return write_tiny_dataset(tmp_path_factory.mktemp("ds") / "tiny", num_nodes=60, num_edges=300)
+
+
+TRAIN = ["--epochs", "2", "--batch-size", "16", "--quiet"]
+
+
+@pytest.mark.parametrize("option", ["--log", "--summary", "--checkpoint"])
+def test_output_symlinked_into_a_dataset_refused(tiny, tmp_path, capsys, option):
+    before = (tiny / "meta.json").read_bytes()
+    (tmp_path / "out").symlink_to(tiny / "meta.json")
+    (tmp_path / "dir").symlink_to(tiny, target_is_directory=True)
+    assert main(["train", str(tiny), *TRAIN, option, str(tmp_path / "out")]) == 2
+    one_line_error(capsys, option, "inside the dataset directory", "through a symlink")
+    assert main(["train", str(tiny), *TRAIN, option, str(tmp_path / "dir" / "new.json")]) == 2
+    one_line_error(capsys, option, "inside the dataset directory")
+    assert (tiny / "meta.json").read_bytes() == before and not (tiny / "new.json").exists()
+    assert (tmp_path / "out").is_symlink()
+
+
+def test_checkpoint_dir_symlinked_into_a_dataset_refused(tiny, tmp_path, capsys):
+    (tmp_path / "ck").symlink_to(tiny, target_is_directory=True)
+    assert main(["train", str(tiny), *TRAIN, "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    one_line_error(capsys, "--checkpoint-dir", "inside the dataset directory")
+
+
+def test_log_keeps_old_content_until_an_epoch_is_complete(tiny, tmp_path, monkeypatch, capsys):
+    """An interrupt before the first epoch ends leaves the old log whole; one in the second epoch
+    leaves the first epoch's complete line (the log was opened "w" at start before the fix)."""
+    import gnnio.train.loop as loop
+
+    log = tmp_path / "l.jsonl"
+    log.write_text('{"old": 1}\n')
+    real, calls = loop._train_epoch, []
+
+    def interrupted_at(k):
+        def epoch(*a, **kw):
+            calls.append(1)
+            if len(calls) > k:
+                raise KeyboardInterrupt
+            return real(*a, **kw)
+
+        return epoch
+
+    monkeypatch.setattr(loop, "_train_epoch", interrupted_at(0))
+    assert main(["train", str(tiny), *TRAIN, "--log", str(log)]) == 130
+    assert log.read_text() == '{"old": 1}\n'
+    calls.clear()
+    monkeypatch.setattr(loop, "_train_epoch", interrupted_at(1))
+    assert main(["train", str(tiny), *TRAIN, "--log", str(log)]) == 130
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["epoch"] == 0
+    assert hidden(tmp_path) == []
+    capsys.readouterr()
+
+
+def _fsize_limit(nbytes: int):
+    resource = pytest.importorskip("resource")
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+
+@pytest.mark.parametrize("option, limit", [("--log", 800), ("--checkpoint", 64 << 10)])
+def test_file_size_limit_on_train_outputs_is_one_line(tiny, tmp_path, option, limit):
+    out = tmp_path / "o" / "f"
+    proc = gnnio_proc("train", str(tiny), *TRAIN, option, str(out), preexec_fn=_fsize_limit(limit))
+    assert_one_line(proc, option, "cannot write it", "too large")
+    left = sorted(p.name for p in (tmp_path / "o").iterdir())
+    if option == "--log":  # the first epoch's line (about 570 bytes) fit, the second did not
+        assert left == ["f"] and len(out.read_text().splitlines()) == 1
+    else:
+        assert left == []

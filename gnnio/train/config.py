@@ -4,6 +4,7 @@ validation (one-line :class:`~gnnio.errors.UsageError` naming the option) and th
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -278,7 +279,7 @@ class TrainConfig:
             if path is not None:
                 check_output_path(path, option)
         for option, d in (("--checkpoint-dir", self.checkpoint_dir), ("--resume", self.resume)):
-            ds = dataset_dir_of(f"{d}/x") if d is not None else None
+            ds = dataset_dir_of(os.path.realpath(f"{d}/x")) if d is not None else None
             if ds is not None:
                 raise UsageError(f"{option} {d}: inside the dataset directory {ds}; use another")
         every = self.checkpoint_every

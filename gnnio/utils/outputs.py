@@ -19,7 +19,7 @@ from typing import IO
 
 from ..errors import UsageError
 
-__all__ = ["check_output_path", "dataset_dir_of", "write_atomic"]
+__all__ = ["AtomicLog", "check_output_path", "dataset_dir_of", "write_atomic"]
 
 
 def dataset_dir_of(path: str | os.PathLike) -> Path | None:
@@ -51,10 +51,32 @@ def check_output_path(path: str | os.PathLike, option: str) -> Path:
             if not a.is_dir():
                 raise UsageError(f"{option} {p}: {a} is a file, not a directory")
             break
-    ds = dataset_dir_of(p)
-    if ds is not None:
-        raise UsageError(f"{option} {p}: inside the dataset directory {ds}; write it elsewhere")
+    for where in (p, Path(os.path.realpath(p))):  # also through a symlink (file or folder)
+        ds = dataset_dir_of(where)
+        if ds is not None:
+            via = "" if where == p else f" (through a symlink to {where})"
+            raise UsageError(
+                f"{option} {p}: inside the dataset directory {ds}{via}; write it elsewhere"
+            )
     return p
+
+
+class _RecordingFile:
+    """A binary file whose ``write`` remembers the OSError it raised: ``torch.save`` reports a
+    failed write (no space, ``ulimit -f``) as a RuntimeError that no longer names the cause."""
+
+    def __init__(self, f: IO[bytes]):
+        self._f, self.error = f, None
+
+    def write(self, b) -> int:
+        try:
+            return self._f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None], option: str) -> None:
@@ -62,16 +84,38 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None], op
     (no space, no permission) is one line naming ``option`` and leaves no temporary file."""
     p = check_output_path(path, option)
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    rec = None
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            write(f)
+            rec = _RecordingFile(f)
+            write(rec)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise UsageError(f"{option} {p}: cannot write it ({e.strerror or e})") from None
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if rec is not None and rec.error is not None and isinstance(e, Exception):
+            err = rec.error
+            raise UsageError(f"{option} {p}: cannot write it ({err.strerror or err})") from None
         raise
+
+
+class AtomicLog:
+    """``--log F``: one JSON line per record, the whole file rewritten atomically
+    (:func:`write_atomic`) after every :meth:`append`. An existing ``F`` stays as it was until
+    the first record, and an interrupt or a failed write (full disk, ``ulimit -f``) leaves the
+    previous complete version, never a cut line (rewriting costs O(lines) per record: a log
+    has one line per epoch)."""
+
+    def __init__(self, path: str | os.PathLike, option: str = "--log", lines=()):
+        self.path, self.option = check_output_path(path, option), option
+        self.lines = [json.dumps(r) + "\n" for r in lines]
+
+    def append(self, record) -> None:
+        self.lines.append(json.dumps(record) + "\n")
+        text = "".join(self.lines).encode()
+        write_atomic(self.path, lambda f: f.write(text), self.option)
