@@ -6,12 +6,14 @@ An output never replaces something that is not a regular file (a directory, a de
 longer open); the check is one line naming the option. Writes go to a temporary file unique to
 this process and call (``.NAME.tmp-<pid>-<random>`` next to the target), are ``fsync``-ed and
 renamed over the target, so two concurrent writers never share a temporary file and a reader
-sees the old or the new file, never a part."""
+sees the old or the new file, never a part. The temporaries a killed writer left (its pid no
+longer runs) are removed by the next write to the same target (:func:`remove_stale_files`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,13 @@ from typing import IO
 
 from ..errors import UsageError
 
-__all__ = ["AtomicLog", "check_output_path", "dataset_dir_of", "write_atomic"]
+__all__ = [
+    "AtomicLog",
+    "check_output_path",
+    "dataset_dir_of",
+    "remove_stale_files",
+    "write_atomic",
+]
 
 
 def dataset_dir_of(path: str | os.PathLike) -> Path | None:
@@ -61,6 +69,29 @@ def check_output_path(path: str | os.PathLike, option: str) -> Path:
     return p
 
 
+def remove_stale_files(directory: str | os.PathLike, prefix: str) -> list[Path]:
+    """Remove the temporary files ``<prefix>...tmp-<pid>-<random>`` in ``directory`` whose
+    writer is gone (its pid no longer runs): what a process killed in the middle of a write
+    left (:func:`write_atomic`'s, a checkpoint's). Returns what was removed."""
+    from ..graph.output_dir import _pid_alive
+
+    pat = re.compile(rf"^{re.escape(prefix)}.*\.tmp-(\d+)-[0-9a-f]+$")
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return []
+    gone = []
+    for e in entries:
+        m = pat.match(e.name)
+        if m is not None and e.is_file() and not e.is_symlink() and not _pid_alive(int(m[1])):
+            try:
+                e.unlink()
+                gone.append(e)
+            except OSError:
+                continue
+    return gone
+
+
 class _RecordingFile:
     """A binary file whose ``write`` remembers the OSError it raised: ``torch.save`` reports a
     failed write (no space, ``ulimit -f``) as a RuntimeError that no longer names the cause."""
@@ -84,6 +115,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None], op
     (no space, no permission) is one line naming ``option`` and leaves no temporary file."""
     p = check_output_path(path, option)
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    remove_stale_files(p.parent, f".{p.name}.")
     rec = None
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
