@@ -188,3 +188,48 @@ def test_file_size_limit_on_train_outputs_is_one_line(tiny, tmp_path, option, li
         assert left == ["f"] and len(out.read_text().splitlines()) == 1
     else:
         assert left == []
+
+
+# ---- leftovers of killed writers ----------------------------------------------------------------
+
+
+def test_temporary_dataset_dir_with_meta_never_opens(tiny, tmp_path, capsys):
+    """A writer killed right after its meta.json leaves a complete-looking temporary directory;
+    ``gnnio info`` opened it as a dataset before (docs/format.md says it cannot)."""
+    import shutil
+
+    tmp = tmp_path / ".tiny.tmp-12345-0a1b2c3d"
+    shutil.copytree(tiny, tmp)
+    assert main(["info", str(tmp)]) == 2
+    one_line_error(capsys, "temporary directory of an interrupted write")
+    with pytest.raises(gnnio.errors.DatasetError, match="temporary directory"):
+        gnnio.load(tmp)
+    shutil.copytree(tiny, tmp_path / ".tiny.old-12345-0a1b2c3d")  # the previous dataset: opens
+    assert main(["info", str(tmp_path / ".tiny.old-12345-0a1b2c3d")]) == 0
+    capsys.readouterr()
+
+
+def test_partition_temporaries_carry_the_pid_and_stale_ones_go(tiny, tmp_path, caplog):
+    from tests.test_bad_input_prepare import dead_pid
+
+    stale = tmp_path / f".p.tmp-{dead_pid()}-0a1b2c3d"
+    live = tmp_path / f".p.tmp-{os.getpid()}-0a1b2c3d"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "parts.npy").write_bytes(b"cut short")
+    argv = ["partition", str(tiny), "--parts", "2", "--method", "random", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "p")]) == 0
+    assert not stale.exists() and live.exists() and (tmp_path / "p" / "meta.json").is_file()
+    assert "removed 1 stale temporary" in caplog.text
+
+
+def test_file_size_limit_during_partition_is_one_line(tmp_path):
+    from tests.helpers import write_tiny_dataset
+
+    ds = write_tiny_dataset(tmp_path / "ds", num_nodes=400, num_edges=20000)
+    out = tmp_path / "o" / "p"
+    out.parent.mkdir()
+    proc = gnnio_proc("partition", str(ds), "--parts", "2", "--method", "random", "--quiet",
+                      "--out", str(out), preexec_fn=_fsize_limit(8 << 10))  # fmt: skip
+    assert_one_line(proc, str(out), "no room to write")
+    assert os.listdir(out.parent) == []

@@ -268,6 +268,11 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     mfile = path / META_FILE
     if not path.is_dir():
         raise DatasetError(f"{path}: not a directory")
+    if output_dir.is_temp_dir_name(Path(os.path.abspath(path)).name):
+        raise DatasetError(
+            f"{path}: the temporary directory of an interrupted write, not a dataset (the next "
+            "write to its target removes it)"
+        )
     if not mfile.is_file():
         raise DatasetError(f"{mfile}: missing (not a gnnio dataset, or an interrupted write)")
     try:

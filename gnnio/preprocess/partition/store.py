@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import UsageError
+from ...graph import output_dir
 from ...graph.csr import CSRGraph
 
 __all__ = ["PARTITION_FORMAT", "Partition", "load_partition", "save_partition", "shard_of"]
@@ -103,46 +103,63 @@ def save_partition(
     if out.exists() and not (out / "meta.json").is_file():
         raise UsageError(f"{out}: exists and is not a gnnio partition; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        sums = {}
-        for name, arr in (("parts", part.parts.astype(np.int16)), ("replicated", part.replicated)):
-            np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
-            sums[name] = _sha(arr)
-        shards = []
-        for k in range(part.num_parts):
-            nodes, indptr, indices = shard_of(graph, part, k)
-            d = tmp / f"part{k}"
-            d.mkdir()
-            for name, arr in (("nodes", nodes), ("indptr", indptr), ("indices", indices)):
-                np.save(d / f"{name}.npy", arr, allow_pickle=False)
-            shards.append({"rows": int(nodes.size), "entries": int(indices.size)})
-        meta = {
-            "format": PARTITION_FORMAT,
-            "dataset": part.dataset,
-            "dataset_fingerprint": part.fingerprint,
-            "num_nodes": part.num_nodes,
-            "num_parts": part.num_parts,
-            "method": part.method,
-            "params": part.params,
-            "prep_s": part.prep_s,
-            "quality": part.quality,
-            "shards": shards,
-            "sha256": sums,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "p")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with output_dir.claim(out):  # one writer; temporaries of killed writers (pid gone) removed
+        output_dir.remove_stale(out)
+        tmp = output_dir.make_temp_dir(out, "tmp")  # .NAME.tmp-<pid>-<random>
+        try:
+            _write_partition(part, graph, out, tmp)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            err = output_dir.write_error(out, e)
+            if err is None and e.errno is None:  # np.save's short write: no room, ulimit -f
+                err = UsageError(
+                    f"{out}: no room to write it ({e}); the partial output was removed"
+                )
+            if err is None:
+                raise
+            raise err from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
+
+
+def _write_partition(part: Partition, graph: CSRGraph, out: Path, tmp: Path) -> None:
+    """Write the partition into ``tmp`` and rename it to ``out`` (replacing an old one)."""
+    sums = {}
+    for name, arr in (("parts", part.parts.astype(np.int16)), ("replicated", part.replicated)):
+        np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
+        sums[name] = _sha(arr)
+    shards = []
+    for k in range(part.num_parts):
+        nodes, indptr, indices = shard_of(graph, part, k)
+        d = tmp / f"part{k}"
+        d.mkdir()
+        for name, arr in (("nodes", nodes), ("indptr", indptr), ("indices", indices)):
+            np.save(d / f"{name}.npy", arr, allow_pickle=False)
+        shards.append({"rows": int(nodes.size), "entries": int(indices.size)})
+    meta = {
+        "format": PARTITION_FORMAT,
+        "dataset": part.dataset,
+        "dataset_fingerprint": part.fingerprint,
+        "num_nodes": part.num_nodes,
+        "num_parts": part.num_parts,
+        "method": part.method,
+        "params": part.params,
+        "prep_s": part.prep_s,
+        "quality": part.quality,
+        "shards": shards,
+        "sha256": sums,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    if out.exists():
+        old = output_dir.make_temp_dir(out, "old")
+        os.replace(out, old / "p")
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
 
 
 def load_partition(
