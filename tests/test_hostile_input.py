@@ -233,3 +233,55 @@ def test_file_size_limit_during_partition_is_one_line(tmp_path):
                       "--out", str(out), preexec_fn=_fsize_limit(8 << 10))  # fmt: skip
     assert_one_line(proc, str(out), "no room to write")
     assert os.listdir(out.parent) == []
+
+
+# ---- argparse errors: one line for every subcommand ---------------------------------------------
+
+
+def _leaf_commands():
+    import argparse
+
+    from gnnio.cli.main import build_parser
+
+    out = []
+
+    def walk(p, prefix):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            out.append(prefix)
+        for a in subs:
+            for name, sp_ in a.choices.items():
+                walk(sp_, (*prefix, name))
+
+    walk(build_parser(), ())
+    return out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        ("train D --threads 0", "argument --threads: must be >= 1, got 0"),
+        ("train D --seed -1", "argument --seed: must be >= 0, got -1"),
+        ("train D --po-sequences 0", "argument --po-sequences: must be >= 1"),
+        ("reorder D --by bogus --out X", "argument --by: invalid choice: 'bogus'"),
+        ("bench sampling D --threads 0", "see 'gnnio bench sampling --help'"),
+        ("train D --epochs x", "argument --epochs: invalid int value: 'x'"),
+        ("", "the following arguments are required: COMMAND"),
+        ("frobnicate", "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_argparse_errors_are_one_line(argv, words, capsys):
+    assert main(argv.split()) == 2
+    one_line_error(capsys, words)
+
+
+def test_every_subcommand_argparse_error_is_one_line(capsys):
+    """Before: argparse's usage block (29 lines for train) and SystemExit from ``main``."""
+    leaves = _leaf_commands()
+    assert len(leaves) > 10
+    for cmd in leaves:
+        assert main([*cmd, "--no-such-option"]) == 2, cmd
+        err = one_line_error(capsys, "--help'")  # required arguments first, or the unknown one
+        assert "usage:" not in err
+        assert main([*cmd, "--threads"]) == 2, cmd  # an option without its value, or unknown
+        one_line_error(capsys, "--help'")

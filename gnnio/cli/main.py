@@ -18,14 +18,24 @@ import sys
 import threading
 
 from .. import __version__
-from ..errors import GnnioError
+from ..errors import GnnioError, UsageError
 from ..utils.argtypes import apply_common_ranges
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors (a missing option, a value out of range, an unknown choice)
+    are one ``gnnio: error:`` line (a :class:`~gnnio.errors.UsageError`, exit 2) naming the
+    command's ``--help``, instead of argparse's usage block. Subcommand parsers inherit it
+    (``add_subparsers`` makes them of the parent's class)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{' '.join(message.split())} (see '{self.prog} --help')")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import bench, info, partition, plan, prepare, reorder, train
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gnnio",
         description=(
             "Fast mini-batch GNN training on graphs whose features do not fit in GPU memory. "

@@ -1,5 +1,5 @@
-"""argparse value types with a range: a value out of range is argparse's one usage line and
-``error: argument --threads: must be >= 1, got 0`` (exit 2), before anything runs."""
+"""argparse value types with a range: a value out of range is one line,
+``gnnio: error: argument --threads: must be >= 1, got 0 (see ...)`` (exit 2, gnnio.cli.main.OneLineParser), before anything runs."""
 
 from __future__ import annotations
 
