@@ -86,7 +86,7 @@ def _is_dataset(d: Path) -> bool:
         import json
 
         return json.loads((d / "meta.json").read_text()).get("format") == "gnnio-dataset"
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 

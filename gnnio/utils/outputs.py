@@ -38,7 +38,7 @@ def dataset_dir_of(path: str | os.PathLike) -> Path | None:
             try:
                 if json.loads(meta.read_text()).get("format") == "gnnio-dataset":
                     return d
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 continue
     return None
 

@@ -173,8 +173,8 @@ def load_partition(
         raise UsageError(f"{pdir}: not a gnnio partition (no meta.json)")
     try:
         meta = json.loads(mf.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{pdir}: unreadable meta.json: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"{pdir}: unreadable meta.json: {type(e).__name__} {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != PARTITION_FORMAT:
         raise UsageError(f"{pdir}: not a {PARTITION_FORMAT} directory")
     try:
