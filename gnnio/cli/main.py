@@ -133,6 +133,12 @@ def rank_main(argv: list[str]) -> int:
     command line with exceptions propagated and recorded for the elastic agent."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    # Ctrl-C reaches every process of the terminal's group; the launcher's agent (gnnio's or
+    # torchrun's) stops the ranks and gnnio prints its one line. A rank ends at once, by the
+    # signal's default action: a KeyboardInterrupt would print a traceback per rank, or abort
+    # inside a C++ callback ("terminate called after throwing ... KeyboardInterrupt")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     @record
     def run() -> int:
         args = build_parser().parse_args(join_negative_lists(list(argv)))

@@ -13,6 +13,9 @@ import torch
 from ..errors import UsageError
 from .models import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 
+#: ``--nproc`` starts at most this many local ranks (processes) per CPU core
+MAX_RANKS_PER_CORE = 8
+
 #: the largest --lr and --weight-decay: far above any useful value and clear of float32's
 #: overflow inside the optimizer (Adam divides lr by its bias correction)
 MAX_RATE = 1e9
@@ -399,6 +402,12 @@ class TrainConfig:
         """Refuse, with one line naming the option, what makes no sense with several ranks."""
         if self.nproc < 1:
             raise UsageError(f"--nproc: must be >= 1, got {self.nproc}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if self.nproc > MAX_RANKS_PER_CORE * (cores or 1):  # each local rank is a process
+            raise UsageError(
+                f"--nproc {self.nproc}: more local ranks than {MAX_RANKS_PER_CORE} per CPU core "
+                f"({cores} cores here: at most {MAX_RANKS_PER_CORE * (cores or 1)})"
+            )
         if self.dist_timeout is not None and not self.dist_timeout > 0:
             raise UsageError(f"--dist-timeout: must be > 0 seconds, got {self.dist_timeout}")
         if not (math.isfinite(self.buffer) and 0.0 <= self.buffer <= 1.0):
