@@ -67,3 +67,36 @@ def test_ctrl_c_during_nproc_2_is_one_line(tiny, tmp_path):
     # the ranks' progress lines, then gnnio's line last (perhaps after a cut progress bar)
     assert err.rstrip().endswith("gnnio: interrupted") and err.count("gnnio:") == 1, err[-3000:]
     assert "death signal" not in err and "leaked semaphore" not in err, err[-3000:]
+
+
+def test_sigint_during_a_numba_compile_waits_for_its_end():
+    """A SIGINT that lands inside numba's compiler (here: sent from the compile event itself) is
+    raised once the kernel is complete, not in the middle (which left numba's and LLVM's state
+    half built: a segfault at the next call of ``partition --method bfs-block``)."""
+    import numpy as np
+    from numba import njit
+    from numba.core import event
+
+    from gnnio.utils.interrupts import defer_sigint_while_compiling
+
+    defer_sigint_while_compiling()
+
+    @njit(cache=False)
+    def kernel(a):
+        s = 0.0
+        for x in a:
+            s += x * 2.0
+        return s
+
+    class Interrupt(event.Listener):
+        def on_start(self, ev):
+            os.kill(os.getpid(), signal.SIGINT)
+
+        def on_end(self, ev):
+            pass
+
+    with event.install_listener("numba:compile", Interrupt()):
+        with pytest.raises(KeyboardInterrupt):
+            kernel(np.arange(4.0))
+    assert len(kernel.signatures) == 1  # compiled whole before the interrupt was raised
+    assert kernel(np.arange(4.0)) == 12.0

@@ -98,6 +98,9 @@ def _build_parser_interruptible() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = _build_parser_interruptible()
+        from ..utils.interrupts import defer_sigint_while_compiling
+
+        defer_sigint_while_compiling()  # Ctrl-C never cuts a numba compile in half
         argv = join_negative_lists(list(argv) if argv is not None else sys.argv[1:])
         args = parser.parse_args(argv)
         args.argv = argv
