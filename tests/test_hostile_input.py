@@ -285,3 +285,17 @@ def test_every_subcommand_argparse_error_is_one_line(capsys):
         assert "usage:" not in err
         assert main([*cmd, "--threads"]) == 2, cmd  # an option without its value, or unknown
         one_line_error(capsys, "--help'")
+
+
+def test_output_temporaries_of_killed_writers_removed(tmp_path):
+    from gnnio.utils.outputs import write_atomic
+    from tests.test_bad_input_prepare import dead_pid
+
+    stale = tmp_path / f".s.json.tmp-{dead_pid()}-0a1b2c3d"
+    live = tmp_path / f".s.json.tmp-{os.getpid()}-0a1b2c3d"
+    other = tmp_path / f".t.json.tmp-{dead_pid()}-0a1b2c3d"  # another target's: left alone
+    for f in (stale, live, other):
+        f.write_text("cut")
+    write_atomic(tmp_path / "s.json", lambda f: f.write(b"{}"), "--summary")
+    assert not stale.exists() and live.exists() and other.exists()
+    assert (tmp_path / "s.json").read_text() == "{}"

@@ -115,7 +115,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None], op
     (no space, no permission) is one line naming ``option`` and leaves no temporary file."""
     p = check_output_path(path, option)
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    remove_stale_files(p.parent, f".{p.name}.")
+    remove_stale_files(p.parent, f".{p.name}")
     rec = None
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
