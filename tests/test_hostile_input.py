@@ -299,3 +299,38 @@ def test_output_temporaries_of_killed_writers_removed(tmp_path):
     write_atomic(tmp_path / "s.json", lambda f: f.write(b"{}"), "--summary")
     assert not stale.exists() and live.exists() and other.exists()
     assert (tmp_path / "s.json").read_text() == "{}"
+
+
+# ---- partition shards: checked before the samplers' kernels index with them ---------------------
+
+
+def _shard_edit(name, edit):
+    def apply(p):
+        a = np.load(p / "part0" / f"{name}.npy")
+        a = edit(a)
+        np.save(p / "part0" / f"{name}.npy", a)
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (_shard_edit("indices", lambda a: np.where(np.arange(a.size) == 0, 10**8, a)),
+         "indices.npy: node ids outside [0, 60)"),
+        (_shard_edit("indices", lambda a: -a - 1), "indices.npy: node ids outside"),
+        (_shard_edit("indptr", lambda a: a * 3), "indptr.npy"),
+        (_shard_edit("indptr", lambda a: a[::-1].copy()), "indptr.npy: not a CSR row pointer"),
+        (_shard_edit("nodes", lambda a: a[::-1].copy()), "nodes.npy: not the nodes"),
+        (_shard_edit("indices", lambda a: a.astype(np.float64)), "1-D integer arrays"),
+    ],
+)  # fmt: skip
+def test_crafted_partition_shard_refused(tiny, tmp_path, capsys, damage, words):
+    """A shard's indices/indptr were never checked: the sharded sampler's compiled kernels read
+    with them (found next to the Planetoid case, issue 27)."""
+    argv = ["partition", str(tiny), "--parts", "2", "--method", "random", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "p")]) == 0
+    damage(tmp_path / "p")
+    assert main(["train", str(tiny), "--nproc", "2", "--partition", str(tmp_path / "p"),
+                 "--epochs", "1", "--quiet"]) == 2  # fmt: skip
+    one_line_error(capsys, words)

@@ -13,8 +13,8 @@ place, so a crash never leaves a half-written partition that loads)::
     PDIR/part<k>/indices.npy  global neighbour ids
 
 :func:`load_partition` validates it (format, shapes, ranges, checksums of the small arrays, and
-the dataset fingerprint when a dataset is given), so a partition made for another dataset or a
-corrupt one is refused with one line.
+the dataset fingerprint when a dataset is given, and every shard's structure: :func:`_check_shard`),
+so a partition made for another dataset or a corrupt one is refused with one line.
 """
 
 from __future__ import annotations
@@ -87,6 +87,33 @@ def shard_of(graph: CSRGraph, part: Partition, k: int) -> tuple[np.ndarray, np.n
     offs = np.arange(int(indptr[-1]), dtype=np.int64) - np.repeat(indptr[:-1], counts)
     indices = np.asarray(graph.indices)[np.repeat(starts, counts) + offs]
     return nodes, indptr, indices
+
+
+def _check_shard(pdir: Path, k: int, parts: np.ndarray, rep: np.ndarray, n: int) -> None:
+    """One line unless shard ``k`` is what :func:`shard_of` writes: ``nodes`` the part's own
+    nodes then its replicated ones (derived from the checksummed ``parts``/``replicated``),
+    ``indptr`` from 0, non-decreasing, ending at ``len(indices)``, every index in ``[0, n)``
+    (a crafted shard would make the sampler's kernels read out of bounds)."""
+    d = pdir / f"part{k}"
+    try:
+        nodes, indptr, indices = (
+            np.load(d / f"{a}.npy", mmap_mode="r", allow_pickle=False)
+            for a in ("nodes", "indptr", "indices")
+        )
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{d}: cannot read shard: {' '.join(str(e).split())}") from None
+    want = np.concatenate([np.flatnonzero(parts == k), rep[parts[rep] != k]])
+    if nodes.shape != want.shape or not np.array_equal(nodes, want):
+        raise UsageError(f"{d}/nodes.npy: not the nodes parts.npy gives part {k}")
+    if indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu" or indices.ndim != 1:
+        raise UsageError(f"{d}: indptr.npy and indices.npy must be 1-D integer arrays")
+    ip = np.asarray(indptr, dtype=np.int64)
+    if ip.shape != (nodes.shape[0] + 1,) or ip[0] != 0 or (np.diff(ip) < 0).any():
+        raise UsageError(f"{d}/indptr.npy: not a CSR row pointer of {nodes.shape[0]} rows")
+    if int(ip[-1]) != indices.shape[0]:
+        raise UsageError(f"{d}/indptr.npy: ends at {int(ip[-1])}, indices has {indices.shape[0]}")
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
+        raise UsageError(f"{d}/indices.npy: node ids outside [0, {n})")
 
 
 def _sha(a: np.ndarray) -> str:
@@ -192,6 +219,8 @@ def load_partition(
         raise UsageError(f"{pdir}: parts.npy has parts outside [0, {m})")
     if rep.ndim != 1 or (rep.size and (int(rep.min()) < 0 or int(rep.max()) >= n)):
         raise UsageError(f"{pdir}: replicated.npy has ids outside [0, {n})")
+    for k in range(m):  # the samplers' compiled kernels index with these: checked first
+        _check_shard(pdir, k, parts, rep, n)
     if dataset is not None:
         fp = meta.get("dataset_fingerprint")
         if fp != dataset.fingerprint or n != dataset.num_nodes:
