@@ -334,3 +334,22 @@ def test_crafted_partition_shard_refused(tiny, tmp_path, capsys, damage, words):
     assert main(["train", str(tiny), "--nproc", "2", "--partition", str(tmp_path / "p"),
                  "--epochs", "1", "--quiet"]) == 2  # fmt: skip
     one_line_error(capsys, words)
+
+
+def test_partition_never_replaces_or_writes_into_a_dataset(tiny, tmp_path, capsys):
+    """``partition D --out D --overwrite`` replaced the dataset by the partition before (its
+    meta.json passed for a partition's)."""
+    import shutil
+
+    d = tmp_path / "d"
+    shutil.copytree(tiny, d)
+    (tmp_path / "link").symlink_to(d, target_is_directory=True)
+    (tmp_path / "notp").mkdir()
+    (tmp_path / "notp" / "meta.json").write_text('{"format": "something-else"}')
+    argv = ["partition", str(d), "--parts", "2", "--method", "random", "--quiet", "--overwrite"]
+    for out, words in ((d, "dataset directory"), (d / "p", "dataset directory"),
+                       (tmp_path / "link" / "p", "dataset directory"),
+                       (tmp_path / "notp", "not a gnnio partition")):  # fmt: skip
+        assert main([*argv, "--out", str(out)]) == 2
+        one_line_error(capsys, words)
+    assert gnnio.load(d).num_nodes == 60 and not (d / "p").exists()

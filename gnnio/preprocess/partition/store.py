@@ -89,6 +89,13 @@ def shard_of(graph: CSRGraph, part: Partition, k: int) -> tuple[np.ndarray, np.n
     return nodes, indptr, indices
 
 
+def _is_partition(d: Path) -> bool:
+    try:
+        return json.loads((d / "meta.json").read_text()).get("format") == PARTITION_FORMAT
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
 def _check_shard(pdir: Path, k: int, parts: np.ndarray, rep: np.ndarray, n: int) -> None:
     """One line unless shard ``k`` is what :func:`shard_of` writes: ``nodes`` the part's own
     nodes then its replicated ones (derived from the checksummed ``parts``/``replicated``),
@@ -125,9 +132,15 @@ def save_partition(
 ) -> Path:
     """Write ``part`` (with its shards of ``graph``) to ``out`` atomically."""
     out = Path(out)
+    from ...utils.outputs import dataset_dir_of
+
+    for where in (out / "x", Path(os.path.realpath(out)) / "x"):  # out itself, or inside one
+        ds = dataset_dir_of(where)
+        if ds is not None:
+            raise UsageError(f"{out}: is or lies in the dataset directory {ds}; write it elsewhere")
     if out.exists() and not overwrite:
         raise UsageError(f"{out}: exists (pass --overwrite to replace it)")
-    if out.exists() and not (out / "meta.json").is_file():
+    if out.exists() and not _is_partition(out):
         raise UsageError(f"{out}: exists and is not a gnnio partition; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     with output_dir.claim(out):  # one writer; temporaries of killed writers (pid gone) removed
