@@ -18,14 +18,24 @@ import sys
 import threading
 
 from .. import __version__
-from ..errors import GnnioError
+from ..errors import GnnioError, UsageError
 from ..utils.argtypes import apply_common_ranges
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors (a missing option, a value out of range, an unknown choice)
+    are one ``gnnio: error:`` line (a :class:`~gnnio.errors.UsageError`, exit 2) naming the
+    command's ``--help``, instead of argparse's usage block. Subcommand parsers inherit it
+    (``add_subparsers`` makes them of the parent's class)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{' '.join(message.split())} (see '{self.prog} --help')")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import bench, info, partition, plan, prepare, reorder, train
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gnnio",
         description=(
             "Fast mini-batch GNN training on graphs whose features do not fit in GPU memory. "
@@ -88,6 +98,9 @@ def _build_parser_interruptible() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = _build_parser_interruptible()
+        from ..utils.interrupts import defer_sigint_while_compiling
+
+        defer_sigint_while_compiling()  # Ctrl-C never cuts a numba compile in half
         argv = join_negative_lists(list(argv) if argv is not None else sys.argv[1:])
         args = parser.parse_args(argv)
         args.argv = argv
@@ -122,6 +135,12 @@ def rank_main(argv: list[str]) -> int:
     """One rank of ``gnnio train --nproc N`` (started by :func:`gnnio.dist.launch.launch`): the
     command line with exceptions propagated and recorded for the elastic agent."""
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    # Ctrl-C reaches every process of the terminal's group; the launcher's agent (gnnio's or
+    # torchrun's) stops the ranks and gnnio prints its one line. A rank ends at once, by the
+    # signal's default action: a KeyboardInterrupt would print a traceback per rank, or abort
+    # inside a C++ callback ("terminate called after throwing ... KeyboardInterrupt")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     @record
     def run() -> int:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import sys
 import uuid
 
 from ..errors import GnnioError
@@ -101,12 +103,14 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
     Raises:
         DistRunError: a rank failed (one line naming it).
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # the agent logs each failure's traceback and every signal it sends; gnnio prints one line
     for name in (
         "torch.distributed.elastic",
+        "torch.distributed.elastic.agent.server.api",  # "Received 2 death signal"
         "torch.distributed.launcher",
         "torch.multiprocessing",
     ):
@@ -115,6 +119,12 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
     cores = os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
     os.environ.setdefault("NUMBA_NUM_THREADS", str(max(1, cores // nproc)))
+    # a rank ended by Ctrl-C (the signal's default action, gnnio.cli.main.rank_main) cannot
+    # unlink its semaphores: multiprocessing's resource tracker (started below, with this
+    # process's warning options) unlinks them and would warn about each "leaked" one
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if quiet not in sys.warnoptions:
+        sys.warnoptions.append(quiet)
     port = _free_port()
     timeout = int(timeout_s) if timeout_s else 120
     config = LaunchConfig(
@@ -133,3 +143,7 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
         return dict(elastic_launch(config, entrypoint)(argv))
     except ChildFailedError as e:
         raise DistRunError(failure_line(e)) from None
+    except SignalException as e:  # the agent stopped the ranks; Ctrl-C is gnnio's one line
+        if e.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise DistRunError(f"stopped by {signal.Signals(e.sigval).name}") from None

@@ -288,12 +288,19 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     mfile = path / META_FILE
     if not path.is_dir():
         raise DatasetError(f"{path}: not a directory")
+    if output_dir.is_temp_dir_name(Path(os.path.abspath(path)).name):
+        raise DatasetError(
+            f"{path}: the temporary directory of an interrupted write, not a dataset (the next "
+            "write to its target removes it)"
+        )
     if not mfile.is_file():
         raise DatasetError(f"{mfile}: missing (not a gnnio dataset, or an interrupted write)")
     try:
         meta = json.loads(mfile.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"{mfile}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise DatasetError(f"{mfile}: not a gnnio dataset (JSON nested too deep)") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DatasetError(f"{mfile}: not a gnnio dataset (format is not '{FORMAT_NAME}')")
     check_version(meta.get("format_version"), mfile, FORMAT_VERSION)
@@ -312,6 +319,9 @@ def load_arrays(path: Path, keys: list[str], meta: dict | None = None) -> dict[s
         f = Path(path) / fname
         if not f.is_file():
             raise DatasetError(f"{f}: missing array file")
+        real, root = os.path.realpath(f), os.path.realpath(path)
+        if os.path.commonpath([real, root]) != root:  # a dataset reads only its own files
+            raise DatasetError(f"{f}: a symlink to {real}, outside the dataset directory")
         try:
             a = np.load(f, mmap_mode="c", allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:

@@ -47,6 +47,7 @@ __all__ = [
     "claim",
     "format_size",
     "free_space",
+    "is_temp_dir_name",
     "make_temp_dir",
     "preallocate",
     "remove_stale",
@@ -85,7 +86,7 @@ def _is_dataset(d: Path) -> bool:
         import json
 
         return json.loads((d / "meta.json").read_text()).get("format") == "gnnio-dataset"
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -192,6 +193,16 @@ def make_temp_dir(out: str | os.PathLike, kind: str = "tmp") -> Path:
             raise DatasetError(
                 f"{out}: cannot create it in {out.parent} ({e.strerror or e})"
             ) from None
+
+
+#: the name of a writer's temporary directory (not ``old``: that one holds a complete dataset)
+_TEMP_NAME = re.compile(r"^\..+\.(tmp|prepare)-\d+-[0-9a-f]+$")
+
+
+def is_temp_dir_name(name: str) -> bool:
+    """Whether ``name`` is a writer's temporary directory (``.NAME.tmp-<pid>-<random>``): one a
+    killed writer left, perhaps with its ``meta.json`` written, never a dataset to open."""
+    return _TEMP_NAME.match(name) is not None
 
 
 def _pid_alive(pid: int) -> bool:

@@ -135,6 +135,8 @@ def _read_feature_lists(path: Path, n: int) -> tuple[list[np.ndarray], int]:
             obj = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise DatasetError(f"{path}: JSON nested too deep for feature lists") from None
     if not isinstance(obj, dict):
         raise DatasetError(f"{path}: expected a JSON object mapping node ids to feature-id lists")
     lists: list[np.ndarray] = [np.zeros(0, np.int64)] * n

@@ -169,11 +169,76 @@ def _find_dir(root: Path, name: str) -> Path:
     raise DatasetError(f"{root / probe}: no such file (is --name {name!r} right?)")
 
 
+#: dtype kinds a Planetoid matrix may hold: bool, signed/unsigned integer, float
+_NUMERIC = "biuf"
+
+
+def _numeric(arr: Any, path: Path, what: str) -> np.ndarray:
+    """``arr`` if it is a NumPy array of numbers, else a one-line DatasetError (an object array
+    from a crafted pickle never reaches NumPy's or SciPy's compiled code)."""
+    if type(arr) is not np.ndarray or arr.dtype.kind not in _NUMERIC or arr.dtype.hasobject:
+        kind = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise DatasetError(f"{path}: {what} must be a numeric array, got {kind}")
+    return arr
+
+
+def _checked_csr(obj: Any, path: Path) -> sp.csr_matrix:
+    """A fresh ``csr_matrix`` from an unpickled one, after checking everything its compiled
+    code (``toarray``) trusts: the unpickler sets ``indptr``/``indices``/``data``/``_shape``
+    without SciPy's checks, and an index past the shape makes ``toarray`` write out of bounds
+    (a segfault, or silently wrong memory). Checked in NumPy: shape two non-negative ints,
+    ``indptr`` 1-D integer of ``rows + 1`` entries from 0, non-decreasing, ending at
+    ``len(indices) == len(data)``, every index in ``[0, cols)``."""
+    try:
+        state = vars(obj)
+        shape, indptr = state["_shape"], state["indptr"]
+        indices, data = state["indices"], state["data"]
+    except (TypeError, KeyError) as e:
+        raise DatasetError(f"{path}: malformed sparse matrix (missing {e})") from None
+    if (
+        not isinstance(shape, tuple)
+        or len(shape) != 2
+        or not all(isinstance(v, (int, np.integer)) and 0 <= v < 2**31 for v in shape)
+    ):
+        raise DatasetError(f"{path}: sparse matrix has a bad shape {shape!r}")
+    rows, cols = int(shape[0]), int(shape[1])
+    indptr = _numeric(indptr, path, "the sparse matrix's indptr")
+    indices = _numeric(indices, path, "the sparse matrix's indices")
+    data = _numeric(data, path, "the sparse matrix's data")
+    if indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu":
+        raise DatasetError(f"{path}: sparse matrix indptr/indices must be integer arrays")
+    if indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1:
+        raise DatasetError(f"{path}: sparse matrix indptr/indices/data must be 1-D")
+    if indptr.shape[0] != rows + 1:
+        raise DatasetError(
+            f"{path}: sparse matrix indptr has {indptr.shape[0]} entries for {rows} rows"
+        )
+    ip = indptr.astype(np.int64)
+    if ip[0] != 0 or (ip.shape[0] > 1 and (np.diff(ip) < 0).any()):
+        raise DatasetError(f"{path}: sparse matrix indptr must start at 0 and never decrease")
+    if int(ip[-1]) != indices.shape[0] or indices.shape[0] != data.shape[0]:
+        raise DatasetError(
+            f"{path}: sparse matrix indptr ends at {int(ip[-1])} but indices has "
+            f"{indices.shape[0]} and data {data.shape[0]} entries"
+        )
+    if indices.size:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= cols:
+            bad = lo if lo < 0 else hi
+            raise DatasetError(
+                f"{path}: sparse matrix column index {bad} is out of range [0, {cols})"
+            )
+    check_ram(rows * cols * data.dtype.itemsize, f"{path}: the dense [{rows:,}, {cols:,}] matrix")
+    return sp.csr_matrix(
+        (data.copy(), indices.astype(np.int64), ip), shape=(rows, cols), copy=False
+    )
+
+
 def _dense(obj: Any, path: Path) -> np.ndarray:
     if isinstance(obj, (sp.spmatrix, sp.sparray)):
-        arr = obj.toarray()
+        arr = _checked_csr(obj, path).toarray()
     elif isinstance(obj, np.ndarray):
-        arr = obj
+        arr = _numeric(obj, path, "the matrix")
     else:
         raise DatasetError(f"{path}: expected a matrix, got {type(obj).__name__}")
     if arr.ndim != 2:
@@ -203,7 +268,7 @@ def _edges_from_adjacency(graph: dict, path: Path) -> tuple[np.ndarray, np.ndarr
         try:
             v = np.asarray(list(nbrs), dtype=np.int64).reshape(-1)
             src_parts.append(np.full(v.shape[0], int(u), dtype=np.int64))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise DatasetError(
                 f"{path}: entry {u!r} is not an int node id with a list of int neighbours"
             ) from None

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import DatasetError, UsageError
+from ..errors import DatasetError, GnnioError, UsageError
 from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
 from ..utils.progress import bar
@@ -113,17 +113,28 @@ def load_object(module: str, attr: str) -> Any:
     except UsageError:
         raise
     except Exception as e:
-        raise UsageError(f"--module {module}: cannot import it ({type(e).__name__}: {e})") from e
+        msg = " ".join(str(e).split())[:300]
+        raise UsageError(
+            f"--module {module}: cannot import it ({type(e).__name__}: {msg})"
+        ) from None
     finally:
         if added is not None and added in sys.path:
             sys.path.remove(added)
-    if not hasattr(mod, attr):
-        raise UsageError(f"--attr {attr}: module {module} has no attribute '{attr}'")
-    obj = getattr(mod, attr)
-    if callable(obj) and not hasattr(obj, "edge_index"):
-        obj = obj()
-    if not hasattr(obj, "edge_index") and hasattr(obj, "__len__") and len(obj) == 1:
-        obj = obj[0]
+    try:  # the user's code runs here too: its exception is one line, not a traceback
+        if not hasattr(mod, attr):
+            raise UsageError(f"--attr {attr}: module {module} has no attribute '{attr}'")
+        obj = getattr(mod, attr)
+        if callable(obj) and not hasattr(obj, "edge_index"):
+            obj = obj()
+        if not hasattr(obj, "edge_index") and hasattr(obj, "__len__") and len(obj) == 1:
+            obj = obj[0]
+    except GnnioError:
+        raise
+    except Exception as e:
+        msg = " ".join(str(e).split())[:300]
+        raise UsageError(
+            f"--attr {attr}: module {module} raised {type(e).__name__}: {msg}"
+        ) from None
     return obj
 
 

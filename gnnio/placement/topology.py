@@ -27,6 +27,7 @@ modeled.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -95,8 +96,11 @@ class Topology:
             )
         for attr in ("host_bw", "peer_bw", "network_bw"):
             v = getattr(self, attr)
-            if not (float(v) > 0):
-                raise UsageError(f"topology {self.name!r}: {attr} must be > 0 bytes/s, got {v}")
+            if not (0 < float(v) <= MAX_BANDWIDTH):  # also NaN and infinity
+                raise UsageError(
+                    f"topology {self.name!r}: {attr} must be in (0, {MAX_BANDWIDTH:.0e}] "
+                    f"bytes/s, got {v}"
+                )
         for attr in ("gpu_memory_bytes", "feature_budget_bytes"):
             v = getattr(self, attr)
             if v is not None and int(v) < 0:
@@ -223,6 +227,9 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+#: the largest bandwidth (bytes/s, 1 PB/s) and byte count (1 EB) a topology may give
+MAX_BANDWIDTH = 1e15
+MAX_BYTES = 1e18
 _QTY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -231,36 +238,38 @@ def parse_bytes(value: Any, what: str = "size") -> int:
     if isinstance(value, bool):
         raise UsageError(f"{what}: expected a byte count, got {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
-            raise UsageError(f"{what}: must be >= 0 bytes, got {value}")
-        return int(value)
-    m = _QTY_RE.match(str(value))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _UNITS:
-        raise UsageError(f"{what}: cannot read {value!r} as bytes (e.g. 16GiB, 8GB, 1e9)")
-    return int(float(m.group(1)) * _UNITS[unit])
+        v = float(value)
+    else:
+        m = _QTY_RE.match(str(value))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise UsageError(f"{what}: cannot read {value!r} as bytes (e.g. 16GiB, 8GB, 1e9)")
+        v = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(v) or v > MAX_BYTES:  # 1e400 in JSON is inf
+        raise UsageError(f"{what}: {value!r} is not a byte count (at most {MAX_BYTES:.0e})")
+    if v < 0:
+        raise UsageError(f"{what}: must be >= 0 bytes, got {value}")
+    return int(value) if isinstance(value, int) else int(v)
 
 
 def parse_bandwidth(value: Any, what: str = "bandwidth") -> float:
     """Bytes/s from a number (bytes/s) or a string: ``"12 GB/s"``, ``"25GB"`` (bytes, capital B) or
-    ``"100 Gb/s"`` (bits: a final lower-case ``b``)."""
+    ``"100 Gb/s"`` (bits: a final lower-case ``b``); in ``(0, MAX_BANDWIDTH]`` (``1e400`` in a
+    JSON file reads as infinity, which would make every modeled time 0)."""
     if isinstance(value, bool):
         raise UsageError(f"{what}: expected bytes per second, got {value!r}")
     if isinstance(value, int | float):
-        if value <= 0:
-            raise UsageError(f"{what}: must be > 0 bytes/s, got {value}")
-        return float(value)
-    text = str(value).strip()
-    if text.endswith("/s"):
-        text = text[:-2]
-    m = _QTY_RE.match(text)
-    unit = m.group(2) if m else None
-    if not m or unit.lower() not in _UNITS:
-        raise UsageError(f"{what}: cannot read {value!r} as a bandwidth (e.g. 12GB/s, 100Gb/s)")
-    bits = unit.endswith("b")  # "Gb/s" = gigabits per second; "GB/s" = gigabytes
-    v = float(m.group(1)) * _UNITS[unit.lower()] / (8 if bits else 1)
-    if v <= 0:
-        raise UsageError(f"{what}: must be > 0, got {value!r}")
+        v = float(value)
+    else:
+        text = str(value).strip().removesuffix("/s")
+        m = _QTY_RE.match(text)
+        unit = m.group(2) if m else None
+        if not m or unit.lower() not in _UNITS:
+            raise UsageError(f"{what}: cannot read {value!r} as a bandwidth (e.g. 12GB/s, 100Gb/s)")
+        bits = unit.endswith("b")  # "Gb/s" = gigabits per second; "GB/s" = gigabytes
+        v = float(m.group(1)) * _UNITS[unit.lower()] / (8 if bits else 1)
+    if not 0 < v <= MAX_BANDWIDTH:  # also NaN and infinity
+        raise UsageError(f"{what}: must be in (0, {MAX_BANDWIDTH:.0e}] bytes/s, got {value!r}")
     return v
 
 
@@ -454,7 +463,7 @@ def load_topology(spec: str | Path, **overrides: Any) -> Topology:
                 data = _read_toml(path)
             else:
                 data = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:  # TOMLDecodeError, JSONDecodeError
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # TOML/JSONDecodeError
             raise UsageError(
                 f"{path}: cannot parse topology file: {e}".replace("\n", " ")
             ) from None

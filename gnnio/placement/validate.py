@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +119,7 @@ def read_fields(path: str | Path) -> dict[str, Any]:
                 raise UsageError(f"{path}: 'peer_reads' must be a boolean")
             try:
                 params = json.loads(str(z["params_json"]))
-            except ValueError:
+            except (ValueError, RecursionError):
                 params = None
             if not isinstance(params, dict):
                 raise UsageError(f"{path}: 'params_json' must hold a JSON object")
@@ -141,7 +143,7 @@ def read_fields(path: str | Path) -> dict[str, Any]:
                 prep_s=float(prep),
                 parts=parts,
             )
-    except (OSError, ValueError, KeyError, EOFError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise UsageError(f"{path}: cannot read placement: {e}".replace("\n", " ")) from None
 
 

@@ -45,18 +45,18 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
-import secrets
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..utils.outputs import remove_stale_files, write_atomic
+from .checkpoint_checks import check_contents, check_regular, check_within, malformed
+from .rng_state import capture_rng, restore_rng
 
 __all__ = [
     "FORMAT_VERSION",
@@ -148,6 +148,7 @@ class CheckpointDir:
                 f"--checkpoint-dir {self.path}: cannot create it ({e.strerror})"
             ) from None
         self._lock_fd = self._claim()
+        remove_stale_files(self.path, ".ckpt-")  # temporaries of killed writers (pid gone)
 
     def _claim(self) -> int | None:
         import fcntl
@@ -177,62 +178,13 @@ class CheckpointDir:
         """Write ``state`` (a dict for :func:`torch.save`) as the checkpoint at its
         ``(epoch, batch)`` atomically, then drop all but the newest :data:`KEEP`."""
         target = self.path / _file_name(state["epoch"], state["batch"], self.rank, self.world_size)
-        tmp = self.path / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise UsageError(
-                f"--checkpoint-dir {self.path}: cannot write a checkpoint ({e.strerror})"
-            ) from None
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # .NAME.tmp-<pid>-<random>, fsync, rename; a failed write (also inside torch.save) is one
+        # line and removes the temporary file
+        write_atomic(target, lambda f: torch.save(state, f), "--checkpoint-dir")
         _fsync_dir(self.path)
         for _e, _b, old in checkpoint_files(self.path, self.rank, self.world_size)[:-KEEP]:
             old.unlink(missing_ok=True)
         return target
-
-
-# ---- random states ------------------------------------------------------------------------------
-
-
-def capture_rng() -> dict[str, Any]:
-    """Torch's (CPU, and CUDA when initialised), NumPy's and Python's global generator states, in
-    types ``torch.load(weights_only=True)`` reads back."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    out: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "name": str(name),
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Undo :func:`capture_rng`."""
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-         n["cached_gaussian"])
-    )  # fmt: skip
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def stateful_stores(store) -> list:
@@ -372,6 +324,7 @@ def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size
     for pos in sorted(common, reverse=True):
         p = files[pos]
         raw = None
+        check_regular(p, d)  # a fifo would block torch.load for good
         try:
             raw = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # a damaged file: try the one before
@@ -380,7 +333,10 @@ def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size
             continue  # some rank cannot read its file of this position
         if not isinstance(raw, dict):
             raise UsageError(f"--resume {d}: {p.name} is not a gnnio training checkpoint")
+        if raw.get("format_version") == FORMAT_VERSION:  # another version: check_binding says
+            check_contents(raw, p, d, pos)  # the contents, not the name, give the position
         check_binding(str(d), raw, now)
+        check_within(raw, p, d, cfg.epochs)
         return ResumeState(path=p, epoch=pos[0], batch=pos[1], raw=raw)
     if files and world_size > 1:
         raise UsageError(f"--resume {d}: no checkpoint position that all {world_size} ranks hold")
@@ -483,10 +439,13 @@ def resume_progress(resumed: ResumeState | None, *, model, opt, store, sampler, 
     sampler scale and random states are put back (call right before the first epoch runs)."""
     if resumed is None:
         return Progress()
-    restore(resumed, model=model, opt=opt, stores=stateful_stores(store), sampler=sampler,
-            adaptive=adaptive, run=run)  # fmt: skip
     raw = resumed.raw
-    restore_rng(raw["rng"])
+    try:
+        restore(resumed, model=model, opt=opt, stores=stateful_stores(store), sampler=sampler,
+                adaptive=adaptive, run=run)  # fmt: skip
+        restore_rng(raw["rng"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+        raise malformed(resumed.path.parent, resumed.path, e) from None
     return Progress(
         epoch=resumed.epoch,
         batch=resumed.batch,

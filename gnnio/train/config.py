@@ -4,13 +4,16 @@ validation (one-line :class:`~gnnio.errors.UsageError` naming the option) and th
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
-
 from ..errors import UsageError
+from .device import check_device
 from .models import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
+
+#: ``--nproc`` starts at most this many local ranks (processes) per CPU core
+MAX_RANKS_PER_CORE = 8
 
 #: the largest --lr and --weight-decay: far above any useful value and clear of float32's
 #: overflow inside the optimizer (Adam divides lr by its bias correction)
@@ -290,7 +293,7 @@ class TrainConfig:
             if path is not None:
                 check_output_path(path, option)
         for option, d in (("--checkpoint-dir", self.checkpoint_dir), ("--resume", self.resume)):
-            ds = dataset_dir_of(f"{d}/x") if d is not None else None
+            ds = dataset_dir_of(os.path.realpath(f"{d}/x")) if d is not None else None
             if ds is not None:
                 raise UsageError(f"{option} {d}: inside the dataset directory {ds}; use another")
         every = self.checkpoint_every
@@ -414,6 +417,12 @@ class TrainConfig:
         """Refuse, with one line naming the option, what makes no sense with several ranks."""
         if self.nproc < 1:
             raise UsageError(f"--nproc: must be >= 1, got {self.nproc}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if self.nproc > MAX_RANKS_PER_CORE * (cores or 1):  # each local rank is a process
+            raise UsageError(
+                f"--nproc {self.nproc}: more local ranks than {MAX_RANKS_PER_CORE} per CPU core "
+                f"({cores} cores here: at most {MAX_RANKS_PER_CORE * (cores or 1)})"
+            )
         if self.dist_timeout is not None and not self.dist_timeout > 0:
             raise UsageError(f"--dist-timeout: must be > 0 seconds, got {self.dist_timeout}")
         if not (math.isfinite(self.buffer) and 0.0 <= self.buffer <= 1.0):
@@ -472,28 +481,3 @@ class TrainConfig:
         d["fanouts"] = list(self.fanouts)
         d["num_layers"] = self.num_layers
         return d
-
-
-def check_device(device: str) -> torch.device:
-    """``torch.device(device)``, or a one-line UsageError if it is malformed or CUDA is missing;
-    ``"auto"`` is CUDA when present, else the CPU (:func:`gnnio.train.gpu_plan.resolve_device`)."""
-    if device == "auto":
-        from .gpu_plan import resolve_device
-
-        device = resolve_device(device)
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"--device: unknown device '{device}' (use cpu or cuda)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(
-                "--device cuda: CUDA is not available on this machine (use --device cpu)"
-            )
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UsageError(
-                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present"
-            )
-    elif dev.type != "cpu":
-        raise UsageError(f"--device: unsupported device '{device}' (use cpu or cuda)")
-    return dev

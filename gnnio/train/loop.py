@@ -50,7 +50,7 @@ import torch
 
 from ..errors import DatasetError, GnnioError
 from ..graph.dataset import Dataset, load
-from ..utils.outputs import write_atomic
+from ..utils.outputs import AtomicLog, write_atomic
 from ..utils.progress import bar
 from ..utils.rss import rss_bytes
 from ..utils.triton_kernels import kernels_report, reset_kernel_record
@@ -219,11 +219,8 @@ def train(
     ckdir, resumed = open_checkpoints(cfg, ds, run)  # --checkpoint-dir / --resume
     prog = resume_progress(resumed, model=model, opt=opt, store=store, sampler=sampler,
                            adaptive=adaptive, run=run)  # fmt: skip
-    log_f = None
-    if cfg.log and run.is_main:
-        Path(cfg.log).parent.mkdir(parents=True, exist_ok=True)
-        log_f = open(cfg.log, "w")  # noqa: SIM115 - closed in finally
-        log_f.writelines(json.dumps(rec) + "\n" for rec in prog.history)  # a resumed run's
+    # --log: rewritten atomically per epoch (a resumed run's lines first); old file kept till then
+    log_f = AtomicLog(cfg.log, "--log", prog.history) if cfg.log and run.is_main else None
     ckpt = Path(cfg.checkpoint) if cfg.checkpoint and run.is_main else None
     if ckpt is not None:
         ckpt.parent.mkdir(parents=True, exist_ok=True)
@@ -288,8 +285,7 @@ def train(
             rec["rss_mb"] = rss_bytes() / 2**20  # after training and evaluation (flat: issue 16)
             history.append(rec)
             if log_f is not None:
-                log_f.write(json.dumps(rec) + "\n")
-                log_f.flush()
+                log_f.append(rec)
             if cfg.progress and run.is_main:
                 bd = rec["breakdown_s"]
                 _status(
@@ -306,8 +302,6 @@ def train(
                 stopped_early = epoch < cfg.epochs - 1
                 break
     finally:
-        if log_f is not None:
-            log_f.close()
         if ckdir is not None:
             ckdir.close()
         if iso_undo is not None:

@@ -1,5 +1,6 @@
-"""argparse value types with a range: a value out of range is argparse's one usage line and
-``error: argument --threads: must be >= 1, got 0`` (exit 2), before anything runs."""
+"""argparse value types with a range: a value out of range is one line (exit 2, before anything
+runs; :class:`gnnio.cli.main.OneLineParser`), ``gnnio: error: argument --threads: must be >= 1,
+got 0 (see 'gnnio train --help')``."""
 
 from __future__ import annotations
 

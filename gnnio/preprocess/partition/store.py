@@ -13,8 +13,8 @@ place, so a crash never leaves a half-written partition that loads)::
     PDIR/part<k>/indices.npy  global neighbour ids
 
 :func:`load_partition` validates it (format, shapes, ranges, checksums of the small arrays, and
-the dataset fingerprint when a dataset is given), so a partition made for another dataset or a
-corrupt one is refused with one line.
+the dataset fingerprint when a dataset is given, and every shard's structure: :func:`_check_shard`),
+so a partition made for another dataset or a corrupt one is refused with one line.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import UsageError
+from ...graph import output_dir
 from ...graph.csr import CSRGraph
 
 __all__ = ["PARTITION_FORMAT", "Partition", "load_partition", "save_partition", "shard_of"]
@@ -89,6 +89,40 @@ def shard_of(graph: CSRGraph, part: Partition, k: int) -> tuple[np.ndarray, np.n
     return nodes, indptr, indices
 
 
+def _is_partition(d: Path) -> bool:
+    try:
+        return json.loads((d / "meta.json").read_text()).get("format") == PARTITION_FORMAT
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
+def _check_shard(pdir: Path, k: int, parts: np.ndarray, rep: np.ndarray, n: int) -> None:
+    """One line unless shard ``k`` is what :func:`shard_of` writes: ``nodes`` the part's own
+    nodes then its replicated ones (derived from the checksummed ``parts``/``replicated``),
+    ``indptr`` from 0, non-decreasing, ending at ``len(indices)``, every index in ``[0, n)``
+    (a crafted shard would make the sampler's kernels read out of bounds)."""
+    d = pdir / f"part{k}"
+    try:
+        nodes, indptr, indices = (
+            np.load(d / f"{a}.npy", mmap_mode="r", allow_pickle=False)
+            for a in ("nodes", "indptr", "indices")
+        )
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{d}: cannot read shard: {' '.join(str(e).split())}") from None
+    want = np.concatenate([np.flatnonzero(parts == k), rep[parts[rep] != k]])
+    if nodes.shape != want.shape or not np.array_equal(nodes, want):
+        raise UsageError(f"{d}/nodes.npy: not the nodes parts.npy gives part {k}")
+    if indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu" or indices.ndim != 1:
+        raise UsageError(f"{d}: indptr.npy and indices.npy must be 1-D integer arrays")
+    ip = np.asarray(indptr, dtype=np.int64)
+    if ip.shape != (nodes.shape[0] + 1,) or ip[0] != 0 or (np.diff(ip) < 0).any():
+        raise UsageError(f"{d}/indptr.npy: not a CSR row pointer of {nodes.shape[0]} rows")
+    if int(ip[-1]) != indices.shape[0]:
+        raise UsageError(f"{d}/indptr.npy: ends at {int(ip[-1])}, indices has {indices.shape[0]}")
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
+        raise UsageError(f"{d}/indices.npy: node ids outside [0, {n})")
+
+
 def _sha(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8)).hexdigest()
 
@@ -98,51 +132,74 @@ def save_partition(
 ) -> Path:
     """Write ``part`` (with its shards of ``graph``) to ``out`` atomically."""
     out = Path(out)
+    from ...utils.outputs import dataset_dir_of
+
+    for where in (out / "x", Path(os.path.realpath(out)) / "x"):  # out itself, or inside one
+        ds = dataset_dir_of(where)
+        if ds is not None:
+            raise UsageError(f"{out}: is or lies in the dataset directory {ds}; write it elsewhere")
     if out.exists() and not overwrite:
         raise UsageError(f"{out}: exists (pass --overwrite to replace it)")
-    if out.exists() and not (out / "meta.json").is_file():
+    if out.exists() and not _is_partition(out):
         raise UsageError(f"{out}: exists and is not a gnnio partition; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        sums = {}
-        for name, arr in (("parts", part.parts.astype(np.int16)), ("replicated", part.replicated)):
-            np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
-            sums[name] = _sha(arr)
-        shards = []
-        for k in range(part.num_parts):
-            nodes, indptr, indices = shard_of(graph, part, k)
-            d = tmp / f"part{k}"
-            d.mkdir()
-            for name, arr in (("nodes", nodes), ("indptr", indptr), ("indices", indices)):
-                np.save(d / f"{name}.npy", arr, allow_pickle=False)
-            shards.append({"rows": int(nodes.size), "entries": int(indices.size)})
-        meta = {
-            "format": PARTITION_FORMAT,
-            "dataset": part.dataset,
-            "dataset_fingerprint": part.fingerprint,
-            "num_nodes": part.num_nodes,
-            "num_parts": part.num_parts,
-            "method": part.method,
-            "params": part.params,
-            "prep_s": part.prep_s,
-            "quality": part.quality,
-            "shards": shards,
-            "sha256": sums,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "p")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with output_dir.claim(out):  # one writer; temporaries of killed writers (pid gone) removed
+        output_dir.remove_stale(out)
+        tmp = output_dir.make_temp_dir(out, "tmp")  # .NAME.tmp-<pid>-<random>
+        try:
+            _write_partition(part, graph, out, tmp)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            err = output_dir.write_error(out, e)
+            if err is None and e.errno is None:  # np.save's short write: no room, ulimit -f
+                err = UsageError(
+                    f"{out}: no room to write it ({e}); the partial output was removed"
+                )
+            if err is None:
+                raise
+            raise err from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
+
+
+def _write_partition(part: Partition, graph: CSRGraph, out: Path, tmp: Path) -> None:
+    """Write the partition into ``tmp`` and rename it to ``out`` (replacing an old one)."""
+    sums = {}
+    for name, arr in (("parts", part.parts.astype(np.int16)), ("replicated", part.replicated)):
+        np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
+        sums[name] = _sha(arr)
+    shards = []
+    for k in range(part.num_parts):
+        nodes, indptr, indices = shard_of(graph, part, k)
+        d = tmp / f"part{k}"
+        d.mkdir()
+        for name, arr in (("nodes", nodes), ("indptr", indptr), ("indices", indices)):
+            np.save(d / f"{name}.npy", arr, allow_pickle=False)
+        shards.append({"rows": int(nodes.size), "entries": int(indices.size)})
+    meta = {
+        "format": PARTITION_FORMAT,
+        "dataset": part.dataset,
+        "dataset_fingerprint": part.fingerprint,
+        "num_nodes": part.num_nodes,
+        "num_parts": part.num_parts,
+        "method": part.method,
+        "params": part.params,
+        "prep_s": part.prep_s,
+        "quality": part.quality,
+        "shards": shards,
+        "sha256": sums,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    if out.exists():
+        old = output_dir.make_temp_dir(out, "old")
+        os.replace(out, old / "p")
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
 
 
 def load_partition(
@@ -156,8 +213,8 @@ def load_partition(
         raise UsageError(f"{pdir}: not a gnnio partition (no meta.json)")
     try:
         meta = json.loads(mf.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{pdir}: unreadable meta.json: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"{pdir}: unreadable meta.json: {type(e).__name__} {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != PARTITION_FORMAT:
         raise UsageError(f"{pdir}: not a {PARTITION_FORMAT} directory")
     try:
@@ -175,6 +232,8 @@ def load_partition(
         raise UsageError(f"{pdir}: parts.npy has parts outside [0, {m})")
     if rep.ndim != 1 or (rep.size and (int(rep.min()) < 0 or int(rep.max()) >= n)):
         raise UsageError(f"{pdir}: replicated.npy has ids outside [0, {n})")
+    for k in range(m):  # the samplers' compiled kernels index with these: checked first
+        _check_shard(pdir, k, parts, rep, n)
     if dataset is not None:
         fp = meta.get("dataset_fingerprint")
         if fp != dataset.fingerprint or n != dataset.num_nodes:

@@ -1,0 +1,125 @@
+"""What ``--resume`` checks in a checkpoint file before trusting it (issue 27).
+
+A checkpoint's name (``ckpt-e<E>-b<B>...pt``) only says where to look: the position, the record
+and the state come from the file's contents, and they must agree with the name and with each
+other. :func:`check_regular` refuses an entry under a checkpoint's name that is not a regular file
+(a fifo would block ``torch.load`` forever, a directory or device is not a checkpoint);
+:func:`check_contents` checks every field :func:`~gnnio.train.checkpoint.restore` and the
+summary read (keys, types, the position against the name, the history against the position, the
+position against ``--epochs``: :func:`check_within`); :func:`malformed` turns whatever a tampered file still gets past
+them (a tensor of another shape, a key the model lacks) into one line naming the file.
+The binding (dataset fingerprint, model configuration, options, world size:
+:func:`~gnnio.train.checkpoint.check_binding`) is the run's fingerprint: two runs that agree on it
+compute the same states, so a checkpoint of one continues the other exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import UsageError
+
+__all__ = ["check_contents", "check_regular", "check_within", "malformed"]
+
+#: keys of a checkpoint and the types they must have (``None`` allowed where listed)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (str,),
+    "format_version": (int,),
+    "binding": (dict,),
+    "epoch": (int,),
+    "batch": (int,),
+    "model": (dict,),
+    "optimizer": (dict,),
+    "rng": (dict,),
+    "stores": (list,),
+    "run": (dict,),
+    "sampler_scale": (float, type(None)),
+    "adaptive": (str, type(None)),
+    "best_valid": (float,),
+    "best_epoch": (int,),
+    "stopped": (bool,),
+    "history": (str,),
+    "partial": (str, type(None)),
+}
+_BINDING = ("dataset", "dataset_name", "model", "options", "world_size")
+
+
+def check_regular(p: Path, directory: Path) -> None:
+    """One line unless ``p`` (followed if a symlink) is a regular file."""
+    try:
+        mode = os.stat(p).st_mode
+    except OSError as e:
+        raise UsageError(f"--resume {directory}: cannot read {p.name} ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(
+            f"--resume {directory}: {p.name} is not a regular file (a fifo, device or "
+            "directory under a checkpoint's name); remove it"
+        )
+
+
+def _bad(directory: Path, p: Path, why: str) -> UsageError:
+    return UsageError(f"--resume {directory}: {p.name} is not a valid checkpoint ({why})")
+
+
+def check_contents(raw: Any, p: Path, directory: Path, pos: tuple[int, int]) -> None:
+    """One line unless ``raw`` (a loaded checkpoint of the position ``pos`` its name gives) has
+    every field with its type, its own position equal to the name's and a history of one record
+    per epoch complete."""
+    if not isinstance(raw, dict) or raw.get("format") != "gnnio-train-checkpoint":
+        raise UsageError(f"--resume {directory}: {p.name} is not a gnnio training checkpoint")
+    for key, types in _FIELDS.items():
+        if key not in raw:
+            raise _bad(directory, p, f"no {key!r}")
+        v = raw[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise _bad(directory, p, f"{key!r} is a {type(v).__name__}")
+    if any(k not in raw["binding"] for k in _BINDING):
+        raise _bad(directory, p, "incomplete binding")
+    epoch, batch = raw["epoch"], raw["batch"]
+    if (epoch, batch) != tuple(pos):
+        raise _bad(
+            directory, p,
+            f"it holds epoch {epoch} batch {batch}, its name says epoch {pos[0]} batch {pos[1]}",
+        )  # fmt: skip
+    try:
+        history = json.loads(raw["history"])
+        partial = None if raw["partial"] is None else json.loads(raw["partial"])
+        adaptive = None if raw["adaptive"] is None else json.loads(raw["adaptive"])
+    except (ValueError, RecursionError) as e:
+        raise _bad(directory, p, f"malformed JSON: {type(e).__name__}") from None
+    if not isinstance(history, list) or len(history) != epoch:
+        n = len(history) if isinstance(history, list) else type(history).__name__
+        raise _bad(directory, p, f"a history of {n} epochs at epoch {epoch}")
+    for i, rec in enumerate(history):
+        if not isinstance(rec, dict) or rec.get("epoch") != i:
+            raise _bad(directory, p, f"history record {i} is not epoch {i}'s")
+    if (batch > 0) != isinstance(partial, dict) or epoch < 0 or batch < 0:
+        raise _bad(directory, p, f"position epoch {epoch} batch {batch} and its partial sums")
+    if adaptive is not None and not isinstance(adaptive, dict):
+        raise _bad(directory, p, "malformed adaptive state")
+    if not all(isinstance(t, torch.Tensor) for t in raw["model"].values()):
+        raise _bad(directory, p, "a model parameter that is not a tensor")
+
+
+def check_within(raw: dict, p: Path, directory: Path, epochs: int) -> None:
+    """One line when the checkpoint's position lies past ``epochs`` (``--epochs``): the run
+    would report more epochs than asked for."""
+    epoch, batch = raw["epoch"], raw["batch"]
+    if epoch > epochs or (epoch == epochs and batch > 0):
+        raise UsageError(
+            f"--resume {directory}: {p.name} is at epoch {epoch}, past --epochs {epochs}; "
+            f"give --epochs {epoch + (batch > 0)} or more to continue it"
+        )
+
+
+def malformed(directory: Path, p: Path, e: BaseException) -> UsageError:
+    """One line for a checkpoint whose contents passed :func:`check_contents` but still do not
+    fit the run (a tensor of another shape, a key the model or optimizer lacks)."""
+    msg = " ".join(str(e).split())[:200] or type(e).__name__
+    return _bad(directory, p, f"{type(e).__name__}: {msg}")
