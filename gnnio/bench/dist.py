@@ -238,18 +238,16 @@ def _combine(ranks: list[dict], pl, batches: int) -> dict:
 def _all_to_all_ceiling(ctx, torch, nbytes: int = 16 << 20, reps: int = 3) -> float:
     """GB/s one rank receives from a raw ``all_to_all_single`` of ``nbytes`` per rank (split
     evenly over the others), best of ``reps``: the ceiling of the fetch's collective."""
-    import torch.distributed as dist
-
     w = ctx.world_size
     per = nbytes // max(w - 1, 1)
     splits = [0 if k == ctx.rank else per for k in range(w)]
-    send = torch.ones(sum(splits), dtype=torch.uint8, device=ctx.comm_device)
-    recv = torch.empty(sum(splits), dtype=torch.uint8, device=ctx.comm_device)
+    send = ctx.to_comm(torch.ones(sum(splits), dtype=torch.uint8))
+    recv = ctx.empty(sum(splits), torch.uint8)
     best = float("inf")
     for _ in range(reps):
         ctx.barrier()
         t0 = time.perf_counter()
-        dist.all_to_all_single(recv, send, splits, splits, group=ctx.fetch_group)
+        ctx.all_to_all_single(send, splits, splits, group="fetch", out=recv)
         best = min(best, time.perf_counter() - t0)
     got = ctx.all_reduce_sum([sum(splits) / best / 1e9])[0] / w
     return got

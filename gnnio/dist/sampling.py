@@ -19,8 +19,9 @@ list is read where it lives:
 The random choice of a row is a pure function of (sampler seed, call key, hop, node id): the same
 counter-based state as the single-process kernels, so for the same seeds and ``epoch_seed`` both
 modes give **exactly** the single-process :class:`~gnnio.sampling.UniformSampler`'s batch (a
-test checks it), whoever samples which row. Every collective runs on the context's
-``sample_group``, so the sampling thread never interleaves with the feature exchange or DDP.
+test checks it), whoever samples which row. Every collective goes through the rank context on
+its ``sample`` group (``eval_sample`` for evaluation), so the sampling thread never interleaves
+with the feature exchange or DDP, and every tensor is on the device the backend needs.
 
 Counted per batch (:attr:`ShardedSampler.stats`): ``requests`` (remote rows asked for or read),
 ``bytes_by_link`` ``local`` (entries read from the own shard: the sampled ones, plus the row's
@@ -120,13 +121,14 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
     Args:
         partition: a loaded :class:`~gnnio.preprocess.partition.Partition`.
         pdir: its directory (the shards are memory-mapped from it).
-        ctx: the rank context (``sample_group`` carries the dsp collectives).
+        ctx: the rank context (its ``group`` carries the dsp collectives).
         fanouts, seed: as :class:`~gnnio.sampling.UniformSampler`'s.
         mode: ``dsp`` or ``shared``.
         prune: HyDRA threshold pruning ``(alpha, beta)`` or None (module docstring); the batches
             are then :class:`~gnnio.sampling.PrunedUniformSampler`'s, with its HT weights.
         avg_degree: edges / nodes of the whole graph (Eq. 4's ``avg_degree``; needed with
             ``prune``, as a rank does not hold the whole graph).
+        group: the context's process group (``sample``; ``eval_sample`` for evaluation).
 
     Attributes:
         thresholds: pruning threshold per hop (``fanouts`` order; 0 = not pruned), or None.
@@ -135,6 +137,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
     def __init__(
         self, partition, pdir, ctx: DistContext, fanouts, seed: int = 0, mode="dsp",
         prune: tuple[float, float] | None = None, avg_degree: float | None = None,
+        group: str = "sample",
     ):  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
@@ -145,7 +148,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             if avg_degree is None:
                 raise ValueError("avg_degree: needed with prune (edges / nodes of the graph)")
             self.thresholds = prune_thresholds(float(avg_degree), self.fanouts, self.prune)
-        self.partition, self.ctx, self.mode = partition, ctx, mode
+        self.partition, self.ctx, self.mode, self.group = partition, ctx, mode, group
         self.num_nodes = partition.num_nodes
         self.parts = np.asarray(partition.parts, dtype=np.int64)
         self.rank = ctx.rank
@@ -268,34 +271,30 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         serves the other ranks' requests from the own shard. Returns ``(where, counts, flat,
         degrees)``: with pruning (``theta`` not None) each count travels with its row's degree
         (for the HT weights), else degrees is None."""
-        import torch.distributed as dist
-
-        ctx, w, grp = self.ctx, self.ctx.world_size, self.ctx.sample_group
+        ctx, w, grp = self.ctx, self.ctx.world_size, self.group
         t0 = time.perf_counter()
         order = np.argsort(owner, kind="stable")
         where, ids, owner = where[order], ids[order], owner[order]
         send_n = np.bincount(owner, minlength=w).astype(np.int64)
-        recv_n = torch.empty(w, dtype=torch.int64)
-        dist.all_to_all_single(recv_n, torch.from_numpy(send_n), group=grp)
+        # every tensor goes through the context, which places it where the backend needs it
+        # (NCCL: this rank's GPU; handing it numpy-backed CPU tensors fails on the first hop)
+        recv_n = ctx.all_to_all_single(torch.from_numpy(send_n), group=grp).cpu()
         sc, rc = send_n.tolist(), recv_n.tolist()
-        req = torch.empty(sum(rc), dtype=torch.int64)
-        dist.all_to_all_single(req, torch.from_numpy(ids), rc, sc, group=grp)
+        req = ctx.all_to_all_single(torch.from_numpy(ids), rc, sc, group=grp).cpu().numpy()
         # serve: sample the requested rows from my shard
-        my_c, my_f = self.own.sample(req.numpy(), fo, hkey, theta)
+        my_c, my_f = self.own.sample(req, fo, hkey, theta)
         per = 1 if theta is None else 2  # int64 values per row in the counts message
         if theta is None:
             reply = torch.from_numpy(my_c)
         else:
-            reply = torch.from_numpy(np.stack([my_c, self.own.degrees(req.numpy())], axis=1))
-        got = torch.empty((sum(sc), per) if per > 1 else sum(sc), dtype=torch.int64)
-        dist.all_to_all_single(got, reply, sc, rc, group=grp)
+            reply = torch.from_numpy(np.stack([my_c, self.own.degrees(req)], axis=1))
+        got = ctx.all_to_all_single(reply, sc, rc, group=grp).cpu()
         got_c = got if per == 1 else got[:, 0].contiguous()
         bounds = np.r_[0, np.cumsum(rc)]
         out_f = [int(my_c[bounds[k] : bounds[k + 1]].sum()) for k in range(w)]
         bounds_in = np.r_[0, np.cumsum(sc)]
         in_f = [int(got_c[bounds_in[k] : bounds_in[k + 1]].sum()) for k in range(w)]
-        got_f = torch.empty(sum(in_f), dtype=torch.int64)
-        dist.all_to_all_single(got_f, torch.from_numpy(my_f), in_f, out_f, group=grp)
+        got_f = ctx.all_to_all_single(torch.from_numpy(my_f), in_f, out_f, group=grp).cpu()
         for k in range(w):
             if sc[k]:
                 self.bytes_by_link[ctx.link_to(k)] += 8 * ((1 + per) * sc[k] + in_f[k])

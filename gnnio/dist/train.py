@@ -65,7 +65,7 @@ class DistRun(LocalRun):
         self.rank = ctx.rank
         self.world_size = ctx.world_size
         self.is_main = ctx.is_main
-        self.grad = GradCounter(ctx.world_size)
+        self.grad = GradCounter(ctx.world_size, ctx)
         self.placement = None
         self._last = {"collective_s": 0.0, "grad_bytes": 0, "grad_s": 0.0}
         self._model: torch.nn.Module | None = None
@@ -120,6 +120,7 @@ class DistRun(LocalRun):
         eval_store.__dict__.update(store.__dict__)
         eval_store.counters = type(store.counters)()
         eval_store.reuse, eval_store.trace, eval_store.fault = False, None, None
+        eval_store.group = "eval_fetch"  # the evaluation loaders' gather thread (context.py)
         eval_store._prev_ids = eval_store._prev_rows = None
         eval_store._buffers = {}
         eval_store.keep_log, eval_store._log = False, collections.deque(maxlen=store.LOG)
@@ -252,8 +253,9 @@ class DistRun(LocalRun):
 
         part = self._load_partition(ds, cfg)
         return ShardedSampler(
-            part, cfg.partition, self.ctx, fanouts, cfg.seed + 1, cfg.sampling_mode
-        )
+            part, cfg.partition, self.ctx, fanouts, cfg.seed + 1, cfg.sampling_mode,
+            group="eval_sample",
+        )  # fmt: skip
 
     # -- per epoch ------------------------------------------------------------------------
     def evaluate(self, model, loaders: dict, epoch: int) -> dict[str, float]:
