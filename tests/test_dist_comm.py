@@ -1,7 +1,7 @@
 """Every collective of every distributed mode, checked (issue 26) on gloo with CPU processes:
 
 * NCCL's tensor rules: with ``GNNIO_COMM_CHECK`` each rank checks every tensor handed to
-  ``torch.distributed`` as if the run were NCCL (:mod:`gnnio.dist.commcheck`): it must have been
+  ``torch.distributed`` as if the run were NCCL (:mod:`gnnio.distributed.commcheck`): it must have been
   placed by the rank context, which on NCCL puts it on ``cuda:<local_rank>``;
 * one thread per communicator: no group is used by two threads, across training with
   prefetching, evaluation, mid-epoch checkpoints and resume.
@@ -121,7 +121,7 @@ def _check_worker(rank: int, world: int, port: int, out: str) -> None:
     )  # fmt: skip
     import torch.distributed as dist
 
-    from gnnio.dist.context import init, shutdown
+    from gnnio.distributed.context import init, shutdown
 
     ctx = init(timeout_s=60)
     # through the context: placed for the backend, no violation

@@ -1,4 +1,4 @@
-"""Sampling over a partitioned topology (gnnio.dist.sampling) on gloo processes: both modes give
+"""Sampling over a partitioned topology (gnnio.distributed.sampling) on gloo processes: both modes give
 exactly the single-process sampler's batches, replicated lists are read locally, and the
 training / benchmark commands run. Multi-process tests are small and bounded by timeouts."""
 
@@ -56,8 +56,8 @@ def _sampling_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, 
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
     )  # fmt: skip
     import gnnio
-    from gnnio.dist.context import init, shutdown
-    from gnnio.dist.sampling import ShardedSampler
+    from gnnio.distributed.context import init, shutdown
+    from gnnio.distributed.sampling import ShardedSampler
     from gnnio.preprocess.partition import load_partition
     from gnnio.sampling import UniformSampler
 
@@ -141,8 +141,8 @@ def _pruned_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, ou
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
     )  # fmt: skip
     import gnnio
-    from gnnio.dist.context import init, shutdown
-    from gnnio.dist.sampling import ShardedSampler
+    from gnnio.distributed.context import init, shutdown
+    from gnnio.distributed.sampling import ShardedSampler
     from gnnio.preprocess.partition import load_partition
     from gnnio.sampling import PrunedUniformSampler
 

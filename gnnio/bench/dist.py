@@ -3,7 +3,7 @@
 N ranks (local processes started by PyTorch's elastic launcher, or the ranks of a ``torchrun``
 launch) each sample the first ``--batches`` batches of their slice of one global shuffle, then,
 for every strategy of ``--strategies``: the placement is computed on rank 0 and broadcast (its
-time is not counted), every rank builds its :class:`~gnnio.dist.store.ShardedFeatureStore`
+time is not counted), every rank builds its :class:`~gnnio.distributed.store.ShardedFeatureStore`
 (the rows of its buffer; host rows from the memory-mapped features), one untimed warm-up gather,
 then the batches' gathers (the first ``--batches`` of epoch 1; the warm-up is epoch 0's first),
 each one collective step on all ranks.
@@ -92,7 +92,7 @@ def run(args) -> dict:
 
     import gnnio
 
-    from ..dist.context import env_world_size
+    from ..distributed.context import env_world_size
 
     names = _check(args)
     gnnio.load(args.dataset)  # a bad directory fails here, once
@@ -103,7 +103,7 @@ def run(args) -> dict:
         return out if out is not None else {}
     if args.nproc < 2:
         raise UsageError("--nproc: the fetch across ranks needs at least 2")
-    from ..dist.launch import launch
+    from ..distributed.launch import launch
 
     cores = os.cpu_count() or 1
     opts["threads"] = args.threads or max(1, cores // args.nproc)
@@ -122,9 +122,9 @@ def rank_main(opts: dict) -> dict | None:
 def _rank_body(opts: dict, torch) -> dict | None:
     import gnnio
 
-    from ..dist.context import init, shutdown
-    from ..dist.store import ShardedFeatureStore
-    from ..dist.train import get_placement
+    from ..distributed.context import init, shutdown
+    from ..distributed.store import ShardedFeatureStore
+    from ..distributed.train import get_placement
     from ..features import open_store
     from ..ordering import RandomOrder
     from ..sampling import UniformSampler, parse_fanouts

@@ -39,7 +39,7 @@ def counting_allreduce(state: GradCounter, bucket):
     state.bytes += buf.numel() * buf.element_size()
     t0 = time.perf_counter()
     buf.div_(state.world_size)
-    if state.ctx is not None:  # the default group: DDP's own (gnnio.dist.context)
+    if state.ctx is not None:  # the default group: DDP's own (gnnio.distributed.context)
         fut = state.ctx.all_reduce(buf, group="default", async_op=True).get_future()
     else:
         import torch.distributed as dist

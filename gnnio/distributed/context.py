@@ -2,7 +2,7 @@
 
 A run is distributed when ``WORLD_SIZE`` > 1 is in the environment, as PyTorch's launchers set it
 (``torchrun``, or ``gnnio train --nproc N``, which starts the same workers through
-``torch.distributed.run``'s elastic launcher; see :mod:`gnnio.dist.launch`). :func:`init` joins the
+``torch.distributed.run``'s elastic launcher; see :mod:`gnnio.distributed.launch`). :func:`init` joins the
 process group from ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT`` (``env://``) and
 learns every rank's machine with one ``all_gather`` of ``GROUP_RANK`` (torchrun's node rank).
 
@@ -31,14 +31,14 @@ ranks, and hang). The groups, created in this order on every rank, and their onl
                    while the main thread waits in ``backward``)
 ``control``        the main thread's barriers, reductions, object gathers, the placement's
                    broadcast and the checkpoints' agreement
-``fetch``          the training loader's gather thread (:class:`~gnnio.dist.store.
+``fetch``          the training loader's gather thread (:class:`~gnnio.distributed.store.
                    ShardedFeatureStore` exchanges)
-``sample``         the training loader's sampling thread (:mod:`gnnio.dist.sampling`, dsp)
+``sample``         the training loader's sampling thread (:mod:`gnnio.distributed.sampling`, dsp)
 ``eval_fetch``     the evaluation loaders' gather thread
 ``eval_sample``    the evaluation loaders' sampling thread
 =================  ===========================================================================
 
-``GNNIO_COMM_CHECK=DIR`` (tests, :mod:`gnnio.dist.commcheck`) wraps ``torch.distributed``'s
+``GNNIO_COMM_CHECK=DIR`` (tests, :mod:`gnnio.distributed.commcheck`) wraps ``torch.distributed``'s
 collectives in every rank and records, per call, the thread and group, and every tensor NCCL
 would refuse.
 """

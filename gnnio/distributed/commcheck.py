@@ -1,15 +1,15 @@
 """A check of every collective a rank issues, for tests (issue 26): ``GNNIO_COMM_CHECK=DIR``.
 
-:func:`install_from_env` (called by :func:`gnnio.dist.context.init`) wraps ``torch.distributed``'s
+:func:`install_from_env` (called by :func:`gnnio.distributed.context.init`) wraps ``torch.distributed``'s
 collectives in this process. For every call it records the function, the process group (by the
 context's names: ``default``, ``control``, ``fetch``, ...) and the issuing thread, and it checks
-two rules; :func:`finish_active` (called by :func:`~gnnio.dist.context.shutdown`) writes
+two rules; :func:`finish_active` (called by :func:`~gnnio.distributed.context.shutdown`) writes
 ``DIR/rank<k>.json`` with the calls per (function, group, thread) and every violation:
 
 * **NCCL's tensor rules**: NCCL accepts only tensors on the rank's own GPU (``cuda:<local_rank>``);
   a CPU tensor, or one on another GPU, is refused. On NCCL the check compares devices. On gloo,
   where every tensor is a CPU tensor, the run is checked *as if* it were NCCL: a tensor passes
-  when the rank context placed it for the collective (:meth:`~gnnio.dist.context.DistContext.
+  when the rank context placed it for the collective (:meth:`~gnnio.distributed.context.DistContext.
   to_comm` / ``empty``, which on NCCL move it to ``cuda:<local_rank>``; the check tags what they
   return) -- a tensor handed to ``torch.distributed`` any other way (``torch.from_numpy(...)``, a
   CPU scratch buffer) is what NCCL would refuse, and is reported with its call site. Object

@@ -66,7 +66,7 @@ class ShardedFeatureStore(FeatureStore):
         ctx: the rank context (rank, links, fetch group).
         reuse: HyDRA cross-batch reuse of the previous batch's non-local rows.
         record_trace: count reads per node for the cost model (an ``[N]`` int64 array).
-        group: the context's process group for the exchanges (:data:`gnnio.dist.context.GROUPS`:
+        group: the context's process group for the exchanges (:data:`gnnio.distributed.context.GROUPS`:
             ``fetch`` for training, ``eval_fetch`` for evaluation; one thread each).
     """
 

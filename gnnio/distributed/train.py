@@ -2,7 +2,7 @@
 
 :class:`DistRun` is :class:`gnnio.train.loop.LocalRun` for one rank of a torch.distributed run:
 
-* **store**: a :class:`~gnnio.dist.store.ShardedFeatureStore` over the placement (``--placement
+* **store**: a :class:`~gnnio.distributed.store.ShardedFeatureStore` over the placement (``--placement
   FILE`` from ``gnnio plan --save``, or ``--placement-strategy S --buffer B`` computed on rank 0
   and broadcast); host rows from the memory-mapped feature file (``--store mmap``, the default
   with ranks) or a per-rank copy in memory (``--store memory``), optionally behind a per-rank
