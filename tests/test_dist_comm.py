@@ -65,10 +65,16 @@ def test_train_partitioned_dsp_with_checkpoints_and_resume(graph, tmp_path):
     d, pdirs = graph
     ck = tmp_path / "ck"
     base = ["train", str(d), *TRAIN, "--partition", str(pdirs[0]), "--sampling-mode", "dsp"]
+    summ = tmp_path / "s.json"
     recs = _run_checked(
         tmp_path, "dsp", [*base, "--epochs", "2", "--checkpoint-dir", str(ck),
-                          "--checkpoint-every", "2"],
+                          "--checkpoint-every", "2", "--summary", str(summ)],
     )  # fmt: skip
+    s = json.loads(summ.read_text())
+    # issue 26, item 5: each rank's peak memory, and what it holds sized by the whole graph:
+    # the store's lookup (int16 owner + int32 position), its int32 trace, the int16 partition book
+    assert len(s["rss_mb_peak_per_rank"]) == 2 and min(s["rss_mb_peak_per_rank"]) > 10
+    assert s["whole_graph_bytes_per_rank"] == [300 * (2 + 4 + 4 + 2)] * 2
     used = _groups_threads(recs)
     # each group had its one thread: DDP and control on the main thread, the loaders' own
     assert used["default"] == {"MainThread"} and used["control"] == {"MainThread"}

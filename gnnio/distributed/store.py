@@ -103,8 +103,12 @@ class ShardedFeatureStore(FeatureStore):
         self.reuse = bool(reuse)
         peers = bool(placement.peer_reads) and bool(ctx.topology.peers_cheaper)
         lk = placement.lookup(self.rank, peers=peers)
-        self.dev_num = torch.from_numpy(lk.dev_num.astype(np.int64))
-        self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int64, copy=False))
+        # Song & Jiang's per-node lookup (where each row is read from) is the one structure sized
+        # by the whole graph a rank keeps: any row may be asked for. At the narrowest dtypes it
+        # is 2 + 4 bytes per node (was 16); ``lookup_bytes`` counts it with the trace.
+        self.dev_num = torch.from_numpy(lk.dev_num.astype(np.int16))
+        self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int32))
+        del lk
         own = torch.from_numpy(np.asarray(placement.buffers[self.rank], dtype=np.int64))
         self.shard = host_store.gather(own).to(self.device).contiguous()
         host_store.counters.reset()  # filling the shard is set-up, not a batch's traffic
@@ -112,7 +116,15 @@ class ShardedFeatureStore(FeatureStore):
         self.control_bytes = 0
         self.collective_s = 0.0
         self.num_gathers = 0
-        self.trace = np.zeros(self.num_rows, dtype=np.int64) if record_trace else None
+        # reads per node for the cost model (int32: a node read more than 2^31 times by one
+        # rank would take ~10^5 epochs of a batch per node)
+        self.trace = np.zeros(self.num_rows, dtype=np.int32) if record_trace else None
+        #: bytes of the arrays sized by the whole graph that this rank holds (lookup + trace)
+        self.lookup_bytes = int(
+            self.dev_num.numel() * self.dev_num.element_size()
+            + self.buf_pos.numel() * self.buf_pos.element_size()
+            + (0 if self.trace is None else self.trace.nbytes)
+        )
         self.fault: tuple[int, str] | None = None  # (gather number, "kill"|"raise"): tests only
         self._prev_ids: torch.Tensor | None = None  # sorted unique non-local ids of last batch
         self._prev_rows: torch.Tensor | None = None
@@ -149,8 +161,8 @@ class ShardedFeatureStore(FeatureStore):
         u = int(uniq.shape[0])
         rows_u = self._scratch("rows", u)
         rb = self.row_bytes
-        src = self.dev_num[uniq]
-        pos = self.buf_pos[uniq]
+        src = self.dev_num[uniq].long()
+        pos = self.buf_pos[uniq].long()
 
         # local shard
         is_local = src == self.rank
@@ -313,10 +325,11 @@ class ShardedFeatureStore(FeatureStore):
         if self.trace is None:
             raise RuntimeError("record_trace=False: no trace to model")
         n = self.placement.num_devices
-        w = np.zeros((n, self.num_rows), dtype=np.float64)
-        w[self.rank] = self.trace
-        rep = placement_cost(self.placement, self.ctx.topology, w, self.row_bytes)
-        dc = rep.devices[self.rank]
+        # this rank's row of the cost model only (no dense [world, N] array)
+        rep = placement_cost(
+            self.placement, self.ctx.topology, self.trace, self.row_bytes, devices=[self.rank]
+        )
+        dc = rep.devices[0]
         rows = {t: float(dc.rows.get(t, 0.0)) for t in ("local", "peer", "host")}
         rows["network"] = 0.0
         if self.ctx.num_machines > 1 and rows["peer"]:

@@ -21,7 +21,10 @@
   ``bytes_by_link`` (``local``/``peer``/``host``/``network``, summed and ``per_rank``),
   ``feature_bytes_by_link``, ``gradient_bytes_by_link``, ``modeled_bytes_by_link`` (the cost
   model's rows for the same reads), per-rank stage times, collective seconds and the share of
-  the fetch the loader hid behind compute.
+  the fetch the loader hid behind compute, ``rss_mb_peak_per_rank`` (each rank's peak resident
+  memory, MiB, file pages it touched included) and ``whole_graph_bytes_per_rank`` (the arrays a
+  rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
+  owner of every node).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ..ordering import RandomOrder
 from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
+from ..utils.rss import peak_rss_bytes
 from .context import DistContext
 from .ddp import GradCounter, counting_allreduce, param_digest
 from .plan import LocalSeedsOrder, check_placement_file, get_placement
@@ -360,6 +364,11 @@ class DistRun(LocalRun):
             "batches_per_epoch": summary["batches_per_epoch"],
             "seeds_per_epoch": int(hist[0]["seeds"]) if hist else 0,
             "epochs": len(hist),  # the same on every rank: early stopping reads reduced accs
+            # issue 26: the rank's peak resident memory, and the arrays it holds that are sized
+            # by the whole graph (the store's lookup and trace, the partition's owner of each node)
+            "rss_mb_peak": peak_rss_bytes() / 2**20,
+            "whole_graph_bytes": int(store.lookup_bytes)
+            + (int(self.partition.parts.nbytes) if self.partition is not None else 0),
         }
         if self.samplers:  # partitioned topology: the training sampler's traffic
             smp = self.samplers[0]
@@ -429,6 +438,8 @@ class DistRun(LocalRun):
             bytes_by_tier=tiers,
             rows_by_tier=rows,
             per_rank=ranks,
+            rss_mb_peak_per_rank=[r["rss_mb_peak"] for r in ranks],
+            whole_graph_bytes_per_rank=[r["whole_graph_bytes"] for r in ranks],
             collective_s=max(r["collective_s"] for r in ranks),
             seeds_per_epoch_per_rank=[r["seeds_per_epoch"] for r in ranks],
             epochs_per_rank=[r["epochs"] for r in ranks],
