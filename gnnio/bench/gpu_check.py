@@ -22,6 +22,11 @@ what is left of the budget, a failure in one step recorded and the next one run:
    hit ratios; the ``sampling`` step also compares the GPU's batch ``checksum`` with the CPU's
    (counter-based sampling: bit-identical batches);
 
+9. ``nccl`` (issue 26, :mod:`gnnio.bench.gpu_nccl`): every distributed mode (sharded store per
+   placement strategy, partitioned dsp/shared sampling with and without pruning, DDP training
+   with evaluation, checkpoints and resume) on NCCL at world size 1, each tensor checked against
+   NCCL's rules and each group against one thread; ``goals.nccl_modes_failed`` (goal 0);
+
 then writes ``OUTDIR/report.json`` (everything), ``OUTDIR/gpu_tests.log`` (pytest's output) and ``OUTDIR/report.md`` (the figures against the
 goals of issue 15). Without CUDA it prints one line saying no GPU is present and exits 0;
 ``--device cpu`` runs the same steps on the CPU instead (a dry run of the plumbing, used by the
@@ -40,6 +45,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from .gpu_nccl import step_nccl
 
 __all__ = ["GOALS", "main", "write_markdown"]
 
@@ -254,6 +261,7 @@ STEPS = [
     ("loader", step_loader),
     ("epochs", step_epochs),
     ("cache", step_cache),
+    ("nccl", step_nccl),
 ]
 
 
@@ -271,7 +279,7 @@ def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
             steps.get("cache", {}).get("manage_ms_median", {}), "lru", "lookahead"
         ),  # fmt: skip
     }
-    return {
+    out = {
         name: {
             "what": what,
             "goal": thr,
@@ -280,6 +288,15 @@ def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
         }  # fmt: skip
         for name, what, thr in GOALS
     }
+    nf = steps.get("nccl", {}).get("nccl_modes_failed")  # issue 26: a count, goal 0
+    out["nccl_modes_failed"] = {
+        "what": "distributed modes failing on NCCL (world size 1)",
+        "goal": 0,
+        "cmp": "<=",
+        "value": nf,
+        "met": None if nf is None or device != "cuda" else nf == 0,
+    }
+    return out
 
 
 def _ratio(d: dict[str, float], a: str, b: str) -> float | None:
@@ -306,7 +323,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     for g in report["goals"].values():
         v = "not measured" if g["value"] is None else f"{g['value']:.2f}"
         met = {None: "-", True: "yes", False: "**no**"}[g["met"]]
-        lines.append(f"| {g['what']} | {v} | >= {g['goal']} | {met} |")
+        lines.append(f"| {g['what']} | {v} | {g.get('cmp', '>=')} {g['goal']} | {met} |")
     lines += ["", "| step | status |", "| --- | --- |"]
     for name, res in report["steps"].items():
         status = res.get("error") or res.get("skipped") or "ok"
