@@ -74,6 +74,8 @@ def test_train_partitioned_dsp_with_checkpoints_and_resume(graph, tmp_path):
     # issue 26, item 5: each rank's peak memory, and what it holds sized by the whole graph:
     # the store's lookup (int16 owner + int32 position), its int32 trace, the int16 partition book
     assert len(s["rss_mb_peak_per_rank"]) == 2 and min(s["rss_mb_peak_per_rank"]) > 10
+    for kinds, peak in zip(s["rss_mb_by_kind_per_rank"], s["rss_mb_peak_per_rank"]):
+        assert kinds["anon"] > 10 and 0 < sum(kinds.values()) <= peak + 1
     assert s["whole_graph_bytes_per_rank"] == [300 * (2 + 4 + 4 + 2)] * 2
     used = _groups_threads(recs)
     # each group had its one thread: DDP and control on the main thread, the loaders' own
@@ -88,11 +90,16 @@ def test_train_partitioned_dsp_with_checkpoints_and_resume(graph, tmp_path):
 
 def test_train_partitioned_shared_pruned(graph, tmp_path):
     d, pdirs = graph
-    _run_checked(
+    recs = _run_checked(
         tmp_path, "shared", ["train", str(d), *TRAIN, "--epochs", "1", "--partition",
                              str(pdirs[1]), "--sampling-mode", "shared", "--prune-threshold", "1,1",
                              "--placement-strategy", "mod"],
     )  # fmt: skip
+    # two object broadcasts: the placement's and the training sampler's shared-memory names;
+    # the evaluation sampler reads the shards the training sampler mapped (no second copy)
+    for rec in recs:
+        n = sum(c for f, g, _, c in rec["calls"] if f == "broadcast_object_list")
+        assert n == 2, rec["calls"]
 
 
 def test_bench_dist_every_strategy(graph, tmp_path):

@@ -162,6 +162,8 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         avg_degree: edges / nodes of the whole graph (Eq. 4's ``avg_degree``; needed with
             ``prune``, as a rank does not hold the whole graph).
         group: the context's process group (``sample``; ``eval_sample`` for evaluation).
+        share_with: another ``shared``-mode sampler of the same partition whose mapped peer
+            shards this one reads too (the evaluation sampler: no second copy in shared memory).
 
     Attributes:
         thresholds: pruning threshold per hop (``fanouts`` order; 0 = not pruned), or None.
@@ -170,7 +172,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
     def __init__(
         self, partition, pdir, ctx: DistContext, fanouts, seed: int = 0, mode="dsp",
         prune: tuple[float, float] | None = None, avg_degree: float | None = None,
-        group: str = "sample",
+        group: str = "sample", share_with: ShardedSampler | None = None,
     ):  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
@@ -193,7 +195,9 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         # memory (/dev/shm on the CPU, CUDA IPC on GPUs: gnnio.distributed.shm)
         self.peer_shards: dict[int, _Shard] = {}
         self.shared_via: str | None = None
-        if mode == "shared":
+        if mode == "shared" and share_with is not None and share_with.mode == "shared":
+            self.peer_shards, self.shared_via = share_with.peer_shards, share_with.shared_via
+        elif mode == "shared":
             from .shm import share_shards
 
             peers = [

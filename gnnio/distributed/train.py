@@ -22,7 +22,8 @@
   ``feature_bytes_by_link``, ``gradient_bytes_by_link``, ``modeled_bytes_by_link`` (the cost
   model's rows for the same reads), per-rank stage times, collective seconds and the share of
   the fetch the loader hid behind compute, ``rss_mb_peak_per_rank`` (each rank's peak resident
-  memory, MiB, file pages it touched included) and ``whole_graph_bytes_per_rank`` (the arrays a
+  memory, MiB, file pages it touched included; ``rss_mb_by_kind_per_rank`` splits its memory at
+  the end into anonymous, file and shared pages) and ``whole_graph_bytes_per_rank`` (the arrays a
   rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
   owner of every node).
 """
@@ -41,7 +42,7 @@ from ..ordering import RandomOrder
 from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
-from ..utils.rss import peak_rss_bytes
+from ..utils.rss import peak_rss_bytes, rss_by_kind
 from .context import DistContext
 from .ddp import GradCounter, counting_allreduce, param_digest
 from .plan import LocalSeedsOrder, check_placement_file, get_placement
@@ -258,7 +259,7 @@ class DistRun(LocalRun):
         part = self._load_partition(ds, cfg)
         return ShardedSampler(
             part, cfg.partition, self.ctx, fanouts, cfg.seed + 1, cfg.sampling_mode,
-            group="eval_sample",
+            group="eval_sample", share_with=self.samplers[0] if self.samplers else None,
         )  # fmt: skip
 
     # -- per epoch ------------------------------------------------------------------------
@@ -367,6 +368,7 @@ class DistRun(LocalRun):
             # issue 26: the rank's peak resident memory, and the arrays it holds that are sized
             # by the whole graph (the store's lookup and trace, the partition's owner of each node)
             "rss_mb_peak": peak_rss_bytes() / 2**20,
+            "rss_mb_by_kind": {k: v / 2**20 for k, v in rss_by_kind().items()},  # now
             "whole_graph_bytes": int(store.lookup_bytes)
             + (int(self.partition.parts.nbytes) if self.partition is not None else 0),
         }
@@ -439,6 +441,7 @@ class DistRun(LocalRun):
             rows_by_tier=rows,
             per_rank=ranks,
             rss_mb_peak_per_rank=[r["rss_mb_peak"] for r in ranks],
+            rss_mb_by_kind_per_rank=[r["rss_mb_by_kind"] for r in ranks],
             whole_graph_bytes_per_rank=[r["whole_graph_bytes"] for r in ranks],
             collective_s=max(r["collective_s"] for r in ranks),
             seeds_per_epoch_per_rank=[r["seeds_per_epoch"] for r in ranks],
