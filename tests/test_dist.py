@@ -1,4 +1,4 @@
-"""Distributed training and the sharded feature store (gnnio.dist) on gloo, CPU processes.
+"""Distributed training and the sharded feature store (gnnio.distributed) on gloo, CPU processes.
 
 Multi-process tests are few and small (a 3,000-node synthetic graph, Cora when ../shared has it),
 each bounded by a timeout: a hang fails the test instead of blocking the suite.
@@ -22,8 +22,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnnio.dist.context import infer_topology_spec
-from gnnio.dist.launch import failure_line
+from gnnio.distributed.context import infer_topology_spec
+from gnnio.distributed.launch import failure_line
 from gnnio.errors import UsageError
 from gnnio.ordering import RandomOrder
 from gnnio.train import TrainConfig
@@ -126,7 +126,7 @@ def test_single_process_refuses_dist_only_options():
 
 def test_placement_for_other_devices_or_dataset_is_refused(tmp_path, syn):
     import gnnio
-    from gnnio.dist.train import get_placement
+    from gnnio.distributed.train import get_placement
     from gnnio.placement import PlacementRequest, place, save_placement
     from gnnio.placement.topology import load_topology
 
@@ -197,8 +197,8 @@ def _store_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world),
     )
-    from gnnio.dist.context import init, shutdown
-    from gnnio.dist.store import ShardedFeatureStore
+    from gnnio.distributed.context import init, shutdown
+    from gnnio.distributed.store import ShardedFeatureStore
     from gnnio.features import InMemoryFeatureStore
     from gnnio.placement import PlacementRequest, place
     from tests.helpers import random_graph

@@ -91,7 +91,7 @@ def test_refused_with_one_line_before_launch(syn, plans, extra, words, capsys, m
     def no_launch(*a, **k):  # a refusal must come before any process starts
         raise AssertionError("ranks were launched")
 
-    monkeypatch.setattr("gnnio.dist.launch.launch", no_launch)
+    monkeypatch.setattr("gnnio.distributed.launch.launch", no_launch)
     argv = ["train", str(syn), "--nproc", "2", "--quiet", *[a.format(**plans) for a in extra]]
     assert main(argv) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
@@ -152,7 +152,7 @@ def test_proximity_order_shards_with_equal_batches():
 
 
 def test_local_seeds_order_with_po_inner():
-    from gnnio.dist.train import LocalSeedsOrder
+    from gnnio.distributed.train import LocalSeedsOrder
     from gnnio.ordering.po import ProximityOrder
     from tests.helpers import random_graph
 
@@ -174,7 +174,7 @@ def test_local_seeds_order_with_po_inner():
 
 @pytest.mark.parametrize("policy", ["static", "fifo", "lru", "lfu"])
 def test_cache_never_skips_the_collective(policy):
-    from gnnio.dist.store import ShardedFeatureStore
+    from gnnio.distributed.store import ShardedFeatureStore
     from gnnio.features import InMemoryFeatureStore
     from gnnio.features.cache import FeatureCache
     from gnnio.placement import PlacementRequest, place

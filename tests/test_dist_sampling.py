@@ -1,4 +1,4 @@
-"""Sampling over a partitioned topology (gnnio.dist.sampling) on gloo processes: both modes give
+"""Sampling over a partitioned topology (gnnio.distributed.sampling) on gloo processes: both modes give
 exactly the single-process sampler's batches, replicated lists are read locally, and the
 training / benchmark commands run. Multi-process tests are small and bounded by timeouts."""
 
@@ -56,8 +56,8 @@ def _sampling_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, 
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
     )  # fmt: skip
     import gnnio
-    from gnnio.dist.context import init, shutdown
-    from gnnio.dist.sampling import ShardedSampler
+    from gnnio.distributed.context import init, shutdown
+    from gnnio.distributed.sampling import ShardedSampler
     from gnnio.preprocess.partition import load_partition
     from gnnio.sampling import UniformSampler
 
@@ -69,6 +69,8 @@ def _sampling_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, 
         part = load_partition(pdir, ds, world)
         for mode in ("dsp", "shared"):
             s = ShardedSampler(part, pdir, ctx, FANOUTS, seed=3, mode=mode)
+            if mode == "shared":  # issue 26: peers' shards read from the owner's /dev/shm
+                res.setdefault("shared_via", []).append(s.shared_via)
             rng = np.random.default_rng(10 + rank)
             for b in range(6):  # the same number of calls on every rank (dsp collectives)
                 seeds = torch.from_numpy(rng.choice(ds.num_nodes, 40, replace=False))
@@ -92,6 +94,9 @@ def _sampling_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, 
                 r1 = ShardedSampler(part, pdir, ctx, [3], seed=3, mode=mode)
                 r1.sample(torch.from_numpy(part.replicated), epoch_seed=7)
                 res["replicated_requests"][mode] = r1.stats["requests"]
+    import glob
+
+    res["shm_left"] = glob.glob("/dev/shm/gnnio-*")  # the names are removed once mapped
     Path(out, f"rank{rank}.json").write_text(json.dumps(res))
     shutdown()
 
@@ -129,6 +134,7 @@ def test_partitioned_sampling_matches_single_process(tmp_path):
         assert chi2_uniform_p(np.asarray(counts), nbrs) > 1e-4, key
     for r in ranks:
         assert r["replicated_requests"] == {"dsp": 0, "shared": 0}
+        assert set(r["shared_via"]) == {"shm"} and r["shm_left"] == []
 
 
 PRUNE = (1.0, 1.0)  # thresholds ceil(8 + f): 12, 11, 10 on the test graph (avg degree ~8)
@@ -141,8 +147,8 @@ def _pruned_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, ou
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
     )  # fmt: skip
     import gnnio
-    from gnnio.dist.context import init, shutdown
-    from gnnio.dist.sampling import ShardedSampler
+    from gnnio.distributed.context import init, shutdown
+    from gnnio.distributed.sampling import ShardedSampler
     from gnnio.preprocess.partition import load_partition
     from gnnio.sampling import PrunedUniformSampler
 

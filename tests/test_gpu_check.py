@@ -45,7 +45,7 @@ def test_goals_from_the_steps():
 
 
 def test_a_dry_run_writes_both_reports(tmp_path):
-    skip = "gpu_tests,cpu_vs_cuda,dataset,bandwidth,sampling,loader,epochs,cache"
+    skip = "gpu_tests,cpu_vs_cuda,dataset,bandwidth,sampling,loader,epochs,cache,nccl"
     rc = gpu_check.main([str(tmp_path), "--device", "cpu", "--skip", skip])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())

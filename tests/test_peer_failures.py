@@ -178,7 +178,7 @@ def test_gnnio_never_forks(small, monkeypatch):
     # ranks (gnnio train --nproc N) are started with spawn, never fork
     import torch.distributed.launcher.api as api
 
-    from gnnio.dist import launch
+    from gnnio.distributed import launch
 
     seen = {}
 

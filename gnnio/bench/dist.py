@@ -3,7 +3,7 @@
 N ranks (local processes started by PyTorch's elastic launcher, or the ranks of a ``torchrun``
 launch) each sample the first ``--batches`` batches of their slice of one global shuffle, then,
 for every strategy of ``--strategies``: the placement is computed on rank 0 and broadcast (its
-time is not counted), every rank builds its :class:`~gnnio.dist.store.ShardedFeatureStore`
+time is not counted), every rank builds its :class:`~gnnio.distributed.store.ShardedFeatureStore`
 (the rows of its buffer; host rows from the memory-mapped features), one untimed warm-up gather,
 then the batches' gathers (the first ``--batches`` of epoch 1; the warm-up is epoch 0's first),
 each one collective step on all ranks.
@@ -92,7 +92,7 @@ def run(args) -> dict:
 
     import gnnio
 
-    from ..dist.context import env_world_size
+    from ..distributed.context import env_world_size
 
     names = _check(args)
     gnnio.load(args.dataset)  # a bad directory fails here, once
@@ -103,7 +103,7 @@ def run(args) -> dict:
         return out if out is not None else {}
     if args.nproc < 2:
         raise UsageError("--nproc: the fetch across ranks needs at least 2")
-    from ..dist.launch import launch
+    from ..distributed.launch import launch
 
     cores = os.cpu_count() or 1
     opts["threads"] = args.threads or max(1, cores // args.nproc)
@@ -122,9 +122,9 @@ def rank_main(opts: dict) -> dict | None:
 def _rank_body(opts: dict, torch) -> dict | None:
     import gnnio
 
-    from ..dist.context import init, shutdown
-    from ..dist.store import ShardedFeatureStore
-    from ..dist.train import get_placement
+    from ..distributed.context import init, shutdown
+    from ..distributed.store import ShardedFeatureStore
+    from ..distributed.train import get_placement
     from ..features import open_store
     from ..ordering import RandomOrder
     from ..sampling import UniformSampler, parse_fanouts
@@ -238,18 +238,16 @@ def _combine(ranks: list[dict], pl, batches: int) -> dict:
 def _all_to_all_ceiling(ctx, torch, nbytes: int = 16 << 20, reps: int = 3) -> float:
     """GB/s one rank receives from a raw ``all_to_all_single`` of ``nbytes`` per rank (split
     evenly over the others), best of ``reps``: the ceiling of the fetch's collective."""
-    import torch.distributed as dist
-
     w = ctx.world_size
     per = nbytes // max(w - 1, 1)
     splits = [0 if k == ctx.rank else per for k in range(w)]
-    send = torch.ones(sum(splits), dtype=torch.uint8, device=ctx.comm_device)
-    recv = torch.empty(sum(splits), dtype=torch.uint8, device=ctx.comm_device)
+    send = ctx.to_comm(torch.ones(sum(splits), dtype=torch.uint8))
+    recv = ctx.empty(sum(splits), torch.uint8)
     best = float("inf")
     for _ in range(reps):
         ctx.barrier()
         t0 = time.perf_counter()
-        dist.all_to_all_single(recv, send, splits, splits, group=ctx.fetch_group)
+        ctx.all_to_all_single(send, splits, splits, group="fetch", out=recv)
         best = min(best, time.perf_counter() - t0)
     got = ctx.all_reduce_sum([sum(splits) / best / 1e9])[0] / w
     return got

@@ -59,7 +59,7 @@ def add_arguments(p) -> None:
 def run(args) -> dict:
     import gnnio
 
-    from ..dist.context import env_world_size
+    from ..distributed.context import env_world_size
     from ..preprocess.partition import load_partition
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -90,7 +90,7 @@ def run(args) -> dict:
     if env_world_size() > 1:
         out = rank_main(opts)
         return out if out is not None else {}
-    from ..dist.launch import launch
+    from ..distributed.launch import launch
 
     return launch(args.nproc, rank_main, opts, timeout_s=args.dist_timeout)[0]
 
@@ -122,8 +122,8 @@ def rank_main(opts: dict) -> dict | None:
 def _rank_body(opts: dict) -> dict | None:
     import gnnio
 
-    from ..dist.context import init, shutdown
-    from ..dist.sampling import ShardedSampler
+    from ..distributed.context import init, shutdown
+    from ..distributed.sampling import ShardedSampler
     from ..ordering import RandomOrder
     from ..preprocess.partition import load_partition
     from ..sampling import PrunedUniformSampler, UniformSampler, parse_fanouts

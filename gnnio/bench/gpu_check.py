@@ -22,6 +22,11 @@ what is left of the budget, a failure in one step recorded and the next one run:
    hit ratios; the ``sampling`` step also compares the GPU's batch ``checksum`` with the CPU's
    (counter-based sampling: bit-identical batches);
 
+9. ``nccl`` (issue 26, :mod:`gnnio.bench.gpu_nccl`): every distributed mode (sharded store per
+   placement strategy, partitioned dsp/shared sampling with and without pruning, DDP training
+   with evaluation, checkpoints and resume) on NCCL at world size 1, each tensor checked against
+   NCCL's rules and each group against one thread; ``goals.nccl_modes_failed`` (goal 0);
+
 then writes ``OUTDIR/report.json`` (everything), ``OUTDIR/gpu_tests.log`` (pytest's output) and ``OUTDIR/report.md`` (the figures against the
 goals of issue 15). Without CUDA it prints one line saying no GPU is present and exits 0;
 ``--device cpu`` runs the same steps on the CPU instead (a dry run of the plumbing, used by the
@@ -47,6 +52,7 @@ from .gpu_check_epoch import (
     step_feature_bound,
     step_train_step,
 )
+from .gpu_nccl import step_nccl
 
 __all__ = ["GOALS", "main", "write_markdown"]
 
@@ -71,8 +77,9 @@ GOALS = [
         1.6,
     ),
     ("kernel_fallbacks", "runs of this check that fell back from a Triton kernel", 0),
+    ("nccl_modes_failed", "distributed modes failing on NCCL (world size 1)", 0),
 ]
-AT_MOST = {"train_step_ms", "epoch_s", "kernel_fallbacks"}
+AT_MOST = {"train_step_ms", "epoch_s", "kernel_fallbacks", "nccl_modes_failed"}
 
 
 class Check:
@@ -278,6 +285,7 @@ STEPS = [
     ("epochs", step_epochs),
     ("loader", step_loader),
     ("cache", step_cache),
+    ("nccl", step_nccl),
 ]
 
 
@@ -300,6 +308,7 @@ def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
             "tiering_speedup_10pct"
         ),
         "kernel_fallbacks": kernel_fallbacks(steps),
+        "nccl_modes_failed": steps.get("nccl", {}).get("nccl_modes_failed"),  # issue 26
     }
 
     def met(name: str, thr: float):

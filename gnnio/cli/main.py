@@ -132,7 +132,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def rank_main(argv: list[str]) -> int:
-    """One rank of ``gnnio train --nproc N`` (started by :func:`gnnio.dist.launch.launch`): the
+    """One rank of ``gnnio train --nproc N`` (started by :func:`gnnio.distributed.launch.launch`): the
     command line with exceptions propagated and recorded for the elastic agent."""
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -329,7 +329,7 @@ def _refuse_ignored(args, ranks: int) -> None:
 
 
 def run(args) -> int:
-    from ..dist.context import env_world_size
+    from ..distributed.context import env_world_size
     from ..train import check_device, train
     from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
 

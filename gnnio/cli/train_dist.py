@@ -80,12 +80,12 @@ def add_dist_arguments(p) -> None:
 
 def launch_ranks(args, cfg, dataset) -> int:
     """``--nproc N`` outside a launcher: start N ranks running this same command line."""
-    from ..dist.launch import launch
+    from ..distributed.launch import launch
     from ..graph.dataset import Dataset, load
 
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)  # fail here, not N times
     if cfg.placement is not None:  # a file for another dataset or device count: refuse now
-        from ..dist.train import check_placement_file
+        from ..distributed.train import check_placement_file
         from ..placement import load_placement
 
         pl = load_placement(cfg.placement)
@@ -110,8 +110,8 @@ def launch_ranks(args, cfg, dataset) -> int:
 def train_rank(dataset, cfg):
     """One rank of a distributed run (``WORLD_SIZE`` > 1 in the environment): join the group,
     train, and return the summary on rank 0 (None on the others)."""
-    from ..dist.context import init, shutdown
-    from ..dist.train import DistRun
+    from ..distributed.context import init, shutdown
+    from ..distributed.train import DistRun
     from ..train import train
 
     ctx = init(timeout_s=cfg.dist_timeout, device=cfg.device, topology=cfg.topology)

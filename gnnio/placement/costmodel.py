@@ -105,7 +105,11 @@ class CostReport:
 
 
 def placement_cost(
-    placement: Placement, topology: Topology, weights: np.ndarray, row_bytes: int
+    placement: Placement,
+    topology: Topology,
+    weights: np.ndarray,
+    row_bytes: int,
+    devices: list[int] | None = None,
 ) -> CostReport:
     """Cost of every GPU under ``placement`` (Eq. 3 summed over the weighted nodes).
 
@@ -115,6 +119,7 @@ def placement_cost(
         weights: float ``[N]`` (the same expected reads for every GPU, e.g. ``E[s_i] = p``) or
             ``[n, N]`` (reads of each GPU, e.g. counts from a sampled epoch), by global id.
         row_bytes: bytes per feature row.
+        devices: the GPUs to cost (default all; the report then holds only these, in order).
 
     Returns:
         A :class:`CostReport` in the unit of ``weights`` (per iteration, per epoch, ...).
@@ -130,14 +135,15 @@ def placement_cost(
             f"weights: need shape ({placement.num_nodes},) or ({n}, {placement.num_nodes}), got {w.shape}"
         )
     c_cpu, c_gpu = topology.c_host(row_bytes), topology.c_peer(row_bytes)
-    devices = []
-    for d in range(n):
+    which = list(range(n)) if devices is None else [int(d) for d in devices]
+    out: list[DeviceCost] = []
+    for d in which:
         lk = placement.lookup(d, peers=topology.peers_cheaper)
         wd = np.asarray(w[d], dtype=np.float64)
         by_src = np.bincount(lk.dev_num.astype(np.int64) + 1, weights=wd, minlength=n + 1)
         local, host = float(by_src[d + 1]), float(by_src[0])
         peer = float(by_src.sum()) - local - host
-        devices.append(
+        out.append(
             DeviceCost(
                 device=d,
                 rows={"local": local, "peer": peer, "host": host},
@@ -146,7 +152,7 @@ def placement_cost(
                 row_bytes=int(row_bytes),
             )
         )
-    return CostReport(devices, int(row_bytes))
+    return CostReport(out, int(row_bytes))
 
 
 def expected_reads(probs: np.ndarray, reads_per_gpu: float) -> np.ndarray:

@@ -5,7 +5,7 @@ It wraps a :class:`~gnnio.pipeline.loader.NodeLoader` (sampling, gather and tran
 overlapped background stages) and converts each batch on the consumer's thread; the conversion
 only indexes ``y``, the masks and ``input_id`` by the batch's ids. Everything of gnnio's data I/O
 stays available behind it: pass any gnnio feature store (tiered, cached, multi-GPU placement, the
-rank-sharded store of :mod:`gnnio.dist`), any sampler (locality-aware, pruned) and any seed order
+rank-sharded store of :mod:`gnnio.distributed`), any sampler (locality-aware, pruned) and any seed order
 (BGL's proximity-aware order), or build all three from a :class:`~gnnio.train.TrainConfig` with
 :meth:`PyGLoader.from_config`.
 

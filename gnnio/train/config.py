@@ -141,14 +141,14 @@ class TrainConfig:
             than ``alpha * avg_degree + beta * fanout`` neighbours samples from a random contiguous
             window of that length of its neighbour list.
 
-    Several ranks (``gnnio train --nproc N`` or ``torchrun``; :mod:`gnnio.dist`):
+    Several ranks (``gnnio train --nproc N`` or ``torchrun``; :mod:`gnnio.distributed`):
 
     Attributes:
         nproc: local processes to start (1 = this process only; ignored under ``torchrun``).
         topology: NVLink groups of the ranks (``gnnio plan``'s strings); None = one group per
             machine.
         dist_timeout: seconds a rendezvous or a collective may wait before the run fails;
-            None = :data:`gnnio.dist.context.DEFAULT_TIMEOUT_S`.
+            None = :data:`gnnio.distributed.context.DEFAULT_TIMEOUT_S`.
         placement_strategy: the placement computed at start-up on rank 0 and broadcast
             (``alg1``, ``interleaved``, ``mod``, ``rule1``, ``metis``, ``naive``, ``random``) when
             no ``placement`` file is given; default ``alg1``.
@@ -158,7 +158,7 @@ class TrainConfig:
             of one global shuffle.
         reuse: HyDRA cross-batch reuse: rows fetched for the previous batch are not fetched again.
         partition: a ``gnnio partition`` directory: every rank holds only its shard of the
-            topology and samples across ranks (:mod:`gnnio.dist.sampling`); with ``local_seeds``
+            topology and samples across ranks (:mod:`gnnio.distributed.sampling`); with ``local_seeds``
             each rank trains on the training nodes its part owns.
         sampling_mode: ``dsp`` (request/response) or ``shared`` (HyDRA memory sharing) with a
             ``partition``.

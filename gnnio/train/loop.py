@@ -87,7 +87,7 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 
 class LocalRun:
-    """How :func:`train` builds and reports a run: one process. :class:`gnnio.dist.train.DistRun`
+    """How :func:`train` builds and reports a run: one process. :class:`gnnio.distributed.train.DistRun`
     overrides these hooks for several ranks (its store, seed slices, DDP model, reduced
     evaluation and per-rank summary), so the loop itself is written once."""
 
@@ -169,7 +169,7 @@ def train(
     ``num_parameters``, ``stopped_early``.
 
     ``run`` builds the store, orders and model and reduces the results: :class:`LocalRun` (one
-    process, the default) or :class:`gnnio.dist.train.DistRun` (one rank of several).
+    process, the default) or :class:`gnnio.distributed.train.DistRun` (one rank of several).
     """
     cfg = config or TrainConfig()
     run = run or LocalRun()

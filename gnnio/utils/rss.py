@@ -7,7 +7,7 @@ import os
 import resource
 import sys
 
-__all__ = ["available_ram", "peak_rss_bytes", "rss_bytes"]
+__all__ = ["available_ram", "peak_rss_bytes", "rss_bytes", "rss_by_kind"]
 
 
 def rss_bytes() -> int:
@@ -25,6 +25,24 @@ def peak_rss_bytes() -> int:
     macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def rss_by_kind() -> dict[str, int]:
+    """Resident memory now by kind, in bytes: ``anon`` (heap, tensors), ``file`` (pages of mapped
+    files: libraries, memory-mapped datasets; shared with other processes through the page
+    cache), ``shmem`` (shared memory, e.g. ``/dev/shm``). Empty where ``/proc/self/status`` does
+    not say (not Linux)."""
+    keys = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                k = line.split(maxsplit=1)[0] if line.strip() else ""
+                if k in keys:
+                    out[keys[k]] = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
 
 
 def available_ram() -> int | None:

@@ -9,7 +9,7 @@ so one machine keeps one copy in its page cache; a per-rank cache may sit in fro
 
 One :meth:`ShardedFeatureStore.gather` is **one collective step on every rank**: the batch's ids
 are deduplicated, the remote ones grouped by owner, and three ``all_to_all_single`` calls on the
-fetch group move the request counts, the requested buffer positions and the rows (as bytes, so any
+context's ``fetch`` group (``eval_fetch`` for evaluation) move the request counts, the requested buffer positions and the rows (as bytes, so any
 dtype works on gloo and NCCL). Every rank must therefore call ``gather`` the same number of times
 in the same order -- the loader does (one gather per batch, one gather thread), and the training
 loop gives every rank the same number of batches. A call with no remote ids still takes part.
@@ -66,6 +66,8 @@ class ShardedFeatureStore(FeatureStore):
         ctx: the rank context (rank, links, fetch group).
         reuse: HyDRA cross-batch reuse of the previous batch's non-local rows.
         record_trace: count reads per node for the cost model (an ``[N]`` int64 array).
+        group: the context's process group for the exchanges (:data:`gnnio.distributed.context.GROUPS`:
+            ``fetch`` for training, ``eval_fetch`` for evaluation; one thread each).
     """
 
     LOG = 64
@@ -77,6 +79,7 @@ class ShardedFeatureStore(FeatureStore):
         ctx: DistContext,
         reuse: bool = False,
         record_trace: bool = True,
+        group: str = "fetch",
     ) -> None:
         super().__init__()
         if placement.num_devices != ctx.world_size:
@@ -91,6 +94,7 @@ class ShardedFeatureStore(FeatureStore):
         self.host_store = host_store
         self.placement = placement
         self.ctx = ctx
+        self.group = group
         self.rank = ctx.rank
         self.num_rows = int(host_store.num_rows)
         self.dim = int(host_store.dim)
@@ -99,8 +103,12 @@ class ShardedFeatureStore(FeatureStore):
         self.reuse = bool(reuse)
         peers = bool(placement.peer_reads) and bool(ctx.topology.peers_cheaper)
         lk = placement.lookup(self.rank, peers=peers)
-        self.dev_num = torch.from_numpy(lk.dev_num.astype(np.int64))
-        self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int64, copy=False))
+        # Song & Jiang's per-node lookup (where each row is read from) is the one structure sized
+        # by the whole graph a rank keeps: any row may be asked for. At the narrowest dtypes it
+        # is 2 + 4 bytes per node (was 16); ``lookup_bytes`` counts it with the trace.
+        self.dev_num = torch.from_numpy(lk.dev_num.astype(np.int16))
+        self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int32))
+        del lk
         own = torch.from_numpy(np.asarray(placement.buffers[self.rank], dtype=np.int64))
         self.shard = host_store.gather(own).to(self.device).contiguous()
         host_store.counters.reset()  # filling the shard is set-up, not a batch's traffic
@@ -108,7 +116,15 @@ class ShardedFeatureStore(FeatureStore):
         self.control_bytes = 0
         self.collective_s = 0.0
         self.num_gathers = 0
-        self.trace = np.zeros(self.num_rows, dtype=np.int64) if record_trace else None
+        # reads per node for the cost model (int32: a node read more than 2^31 times by one
+        # rank would take ~10^5 epochs of a batch per node)
+        self.trace = np.zeros(self.num_rows, dtype=np.int32) if record_trace else None
+        #: bytes of the arrays sized by the whole graph that this rank holds (lookup + trace)
+        self.lookup_bytes = int(
+            self.dev_num.numel() * self.dev_num.element_size()
+            + self.buf_pos.numel() * self.buf_pos.element_size()
+            + (0 if self.trace is None else self.trace.nbytes)
+        )
         self.fault: tuple[int, str] | None = None  # (gather number, "kill"|"raise"): tests only
         self._prev_ids: torch.Tensor | None = None  # sorted unique non-local ids of last batch
         self._prev_rows: torch.Tensor | None = None
@@ -145,8 +161,8 @@ class ShardedFeatureStore(FeatureStore):
         u = int(uniq.shape[0])
         rows_u = self._scratch("rows", u)
         rb = self.row_bytes
-        src = self.dev_num[uniq]
-        pos = self.buf_pos[uniq]
+        src = self.dev_num[uniq].long()
+        pos = self.buf_pos[uniq].long()
 
         # local shard
         is_local = src == self.rank
@@ -275,33 +291,22 @@ class ShardedFeatureStore(FeatureStore):
         """Fetch rows ``pos`` of the shards of ranks ``owner`` into ``rows_u[where]`` and serve
         the other ranks' requests from this rank's shard (three ``all_to_all_single`` calls).
         Returns the request (control) bytes sent."""
-        import torch.distributed as dist
-
-        ctx, w, cdev = self.ctx, self.ctx.world_size, self.ctx.comm_device
-        grp = ctx.fetch_group
+        ctx, w, grp = self.ctx, self.ctx.world_size, self.group
         t0 = time.perf_counter()
         order = torch.argsort(owner, stable=True)
         owner, pos, where = owner[order], pos[order], where[order]
         send_counts = torch.bincount(owner, minlength=w).to(torch.int64)
-        recv_counts = torch.empty(w, dtype=torch.int64, device=cdev)
-        dist.all_to_all_single(recv_counts, send_counts.to(cdev), group=grp)
-        recv_counts = recv_counts.cpu()
+        recv_counts = ctx.all_to_all_single(send_counts, group=grp).cpu()
         sc, rc = send_counts.tolist(), recv_counts.tolist()
         # positions requested from each owner -> positions other ranks request from me
-        req = torch.empty(sum(rc), dtype=torch.int64, device=cdev)
-        dist.all_to_all_single(
-            req, pos.to(cdev), output_split_sizes=rc, input_split_sizes=sc, group=grp
-        )
+        req = ctx.all_to_all_single(pos, rc, sc, group=grp)
         control = 8 * (w + sum(sc))
         # serve: rows of my shard, as bytes
         rb = self.row_bytes
         served = self._scratch("served", req.numel())
         move_rows(self.shard, req.to(self.device), served, None)
-        send_b = served.view(torch.uint8).reshape(-1, rb).to(cdev)
-        got_b = torch.empty((sum(sc), rb), dtype=torch.uint8, device=cdev)
-        dist.all_to_all_single(
-            got_b, send_b, output_split_sizes=sc, input_split_sizes=rc, group=grp
-        )
+        send_b = served.view(torch.uint8).reshape(-1, rb)
+        got_b = ctx.all_to_all_single(send_b, sc, rc, group=grp)
         if where.numel():
             got = got_b.to(self.device).view(self.dtype).reshape(-1, self.dim)
             move_rows(
@@ -320,10 +325,11 @@ class ShardedFeatureStore(FeatureStore):
         if self.trace is None:
             raise RuntimeError("record_trace=False: no trace to model")
         n = self.placement.num_devices
-        w = np.zeros((n, self.num_rows), dtype=np.float64)
-        w[self.rank] = self.trace
-        rep = placement_cost(self.placement, self.ctx.topology, w, self.row_bytes)
-        dc = rep.devices[self.rank]
+        # this rank's row of the cost model only (no dense [world, N] array)
+        rep = placement_cost(
+            self.placement, self.ctx.topology, self.trace, self.row_bytes, devices=[self.rank]
+        )
+        dc = rep.devices[0]
         rows = {t: float(dc.rows.get(t, 0.0)) for t in ("local", "peer", "host")}
         rows["network"] = 0.0
         if self.ctx.num_machines > 1 and rows["peer"]:

@@ -27,20 +27,24 @@ class GradCounter:
     from each bucket's hand-off to its completion (buckets overlap, so the sum can exceed the
     backward time)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, ctx=None) -> None:
         self.world_size = world_size
+        self.ctx = ctx  # the rank context, through which the all-reduce is issued
         self.bytes = 0
         self.seconds = 0.0
 
 
 def counting_allreduce(state: GradCounter, bucket):
-    import torch.distributed as dist
-
     buf = bucket.buffer()
     state.bytes += buf.numel() * buf.element_size()
     t0 = time.perf_counter()
     buf.div_(state.world_size)
-    fut = dist.all_reduce(buf, async_op=True).get_future()
+    if state.ctx is not None:  # the default group: DDP's own (gnnio.distributed.context)
+        fut = state.ctx.all_reduce(buf, group="default", async_op=True).get_future()
+    else:
+        import torch.distributed as dist
+
+        fut = dist.all_reduce(buf, async_op=True).get_future()
 
     def done(f):
         state.seconds += time.perf_counter() - t0

@@ -2,7 +2,7 @@
 
 A run is distributed when ``WORLD_SIZE`` > 1 is in the environment, as PyTorch's launchers set it
 (``torchrun``, or ``gnnio train --nproc N``, which starts the same workers through
-``torch.distributed.run``'s elastic launcher; see :mod:`gnnio.dist.launch`). :func:`init` joins the
+``torch.distributed.run``'s elastic launcher; see :mod:`gnnio.distributed.launch`). :func:`init` joins the
 process group from ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT`` (``env://``) and
 learns every rank's machine with one ``all_gather`` of ``GROUP_RANK`` (torchrun's node rank).
 
@@ -18,6 +18,29 @@ Topology: a :class:`~gnnio.placement.topology.Topology` with one device per rank
 device ``k``). Given as ``--topology`` (``gnnio plan``'s strings), each NVLink group must lie
 within one machine; by default it is inferred: one group per machine (``"P"`` on one machine,
 ``"P*M"`` for ``M`` machines of ``P`` ranks).
+
+**Every collective goes through this context** (issue 26). Its methods put each tensor on the
+device the backend needs (:attr:`DistContext.comm_device`: ``cuda:<local_rank>`` on NCCL, which
+refuses CPU tensors and another rank's device; the CPU on gloo), allocate the outputs there, and
+name the process group by the thread that owns it, so no two threads ever issue collectives on one
+communicator (on NCCL two threads on one communicator can interleave differently on different
+ranks, and hang). The groups, created in this order on every rank, and their only users:
+
+=================  ===========================================================================
+``default``        DDP's gradient all-reduce (the main thread; on GPUs autograd's device thread
+                   while the main thread waits in ``backward``)
+``control``        the main thread's barriers, reductions, object gathers, the placement's
+                   broadcast and the checkpoints' agreement
+``fetch``          the training loader's gather thread (:class:`~gnnio.distributed.store.
+                   ShardedFeatureStore` exchanges)
+``sample``         the training loader's sampling thread (:mod:`gnnio.distributed.sampling`, dsp)
+``eval_fetch``     the evaluation loaders' gather thread
+``eval_sample``    the evaluation loaders' sampling thread
+=================  ===========================================================================
+
+``GNNIO_COMM_CHECK=DIR`` (tests, :mod:`gnnio.distributed.commcheck`) wraps ``torch.distributed``'s
+collectives in every rank and records, per call, the thread and group, and every tensor NCCL
+would refuse.
 """
 
 from __future__ import annotations
@@ -30,7 +53,10 @@ import torch
 
 from ..errors import UsageError
 
-__all__ = ["DistContext", "env_world_size", "init", "infer_topology_spec"]
+__all__ = ["GROUPS", "DistContext", "env_world_size", "init", "infer_topology_spec"]
+
+#: the process groups every rank creates, in this order, after the default one (module docstring)
+GROUPS = ("control", "fetch", "sample", "eval_fetch", "eval_sample")
 
 #: collective / rendezvous timeout (seconds) when ``--dist-timeout`` is not given
 DEFAULT_TIMEOUT_S = 120.0
@@ -66,10 +92,8 @@ class DistContext:
         device: this rank's compute device (``cuda:<local_rank>`` with NCCL, else the CPU).
         simulated: True on gloo: devices are simulated in CPU memory.
         timeout_s: collective timeout.
-        fetch_group: a second process group with the same ranks for the feature exchange, so the
-            loader thread's collectives never interleave with DDP's on the default group.
-        sample_group: a third group for the sampling thread's collectives (partitioned
-            topology, :mod:`gnnio.dist.sampling`).
+        groups: :data:`GROUPS` name -> process group (module docstring: one thread each);
+            ``"default"`` is the default group (None).
         topology: the machine description (one device per rank).
     """
 
@@ -81,8 +105,7 @@ class DistContext:
     device: torch.device
     simulated: bool
     timeout_s: float
-    fetch_group: object = None
-    sample_group: object = None
+    groups: dict = field(default_factory=dict)
     topology: object = None
     topology_spec: str = ""
     inferred_topology: bool = True
@@ -106,30 +129,93 @@ class DistContext:
             return "local"
         return "peer" if self.machine_of[other] == self.machine else "network"
 
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier(group=self.fetch_group)
-
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        """Element-wise sum over ranks (float64, on the fetch group's device)."""
-        import torch.distributed as dist
-
-        t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
-        dist.all_reduce(t, group=self.fetch_group)
-        return t.cpu().tolist()
-
-    def all_gather_object(self, obj) -> list:
-        import torch.distributed as dist
-
-        out: list = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.fetch_group)
-        return out
-
+    # -- collectives: the one place that issues them (module docstring) ---------------------
     @property
     def comm_device(self) -> torch.device:
         """Where collective buffers live: the GPU for NCCL, the CPU for gloo."""
         return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def group(self, name: str):
+        """The process group called ``name`` (:data:`GROUPS`, or ``"default"``: None)."""
+        if name == "default":
+            return None
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise ValueError(
+                f"no process group {name!r} (have default, {', '.join(GROUPS)})"
+            ) from None
+
+    def to_comm(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on :attr:`comm_device`, contiguous (the same tensor when it already is)."""
+        out = t.to(self.comm_device).contiguous()
+        check = self._extra.get("check")
+        if check is not None:
+            check.placed(out)
+        return out
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised collective buffer on :attr:`comm_device`."""
+        return self.to_comm(torch.empty(shape, dtype=dtype, device=self.comm_device))
+
+    def all_to_all_single(
+        self, send: torch.Tensor, recv_splits=None, send_splits=None, group: str = "fetch",
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """``all_to_all_single`` of ``send`` (split along dim 0 by ``send_splits``; None: equal
+        parts); returns the received tensor on :attr:`comm_device` (``out`` if given)."""
+        import torch.distributed as dist
+
+        send = self.to_comm(send)
+        n = send.shape[0] if recv_splits is None else int(sum(recv_splits))
+        if out is None:
+            out = self.empty((n, *send.shape[1:]), send.dtype)
+        else:
+            out = self.to_comm(out)
+        dist.all_to_all_single(out, send, recv_splits, send_splits, group=self.group(group))
+        return out
+
+    def all_reduce(self, t: torch.Tensor, group: str = "default", async_op: bool = False):
+        """Sum ``t`` over ranks in place. ``async_op``: ``t`` must already be on
+        :attr:`comm_device` (DDP's buckets are); returns the work handle."""
+        import torch.distributed as dist
+
+        c = self.to_comm(t)
+        if async_op:
+            if c.data_ptr() != t.data_ptr():
+                raise ValueError(f"all_reduce(async_op=True): tensor on {t.device}, not "
+                                 f"{self.comm_device}")  # fmt: skip
+            return dist.all_reduce(c, group=self.group(group), async_op=True)
+        dist.all_reduce(c, group=self.group(group))
+        if c.data_ptr() != t.data_ptr():
+            t.copy_(c)
+        return None
+
+    def barrier(self, group: str = "control") -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group(group))
+
+    def all_reduce_sum(self, values: list[float], group: str = "control") -> list[float]:
+        """Element-wise sum over ranks (float64)."""
+        t = self.to_comm(torch.tensor(values, dtype=torch.float64))
+        self.all_reduce(t, group=group)
+        return t.cpu().tolist()
+
+    def all_gather_object(self, obj, group: str = "control") -> list:
+        """Every rank's ``obj`` (pickled; on NCCL through ``cuda:<local_rank>``, which
+        :func:`init` made the current device)."""
+        import torch.distributed as dist
+
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group(group))
+        return out
+
+    def broadcast_object_list(self, objs: list, src: int = 0, group: str = "control") -> None:
+        """``objs`` of rank ``src`` on every rank (in place)."""
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(objs, src=src, group=self.group(group))
 
     def describe(self) -> str:
         kind = (
@@ -190,10 +276,10 @@ def init(
             f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within {timeout:g} s "
             f"(--dist-timeout): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         ) from None
-    fetch_group = dist.new_group(backend=backend, timeout=td)
-    sample_group = dist.new_group(backend=backend, timeout=td)
+    # one group per thread that issues collectives, created in the same order on every rank
+    groups = {name: dist.new_group(backend=backend, timeout=td) for name in GROUPS}
     machines = [None] * world
-    dist.all_gather_object(machines, node)
+    dist.all_gather_object(machines, node, group=groups["control"])
     machine_of = [int(m) for m in machines]
     inferred = topology is None
     spec = infer_topology_spec(machine_of) if inferred else str(topology)
@@ -211,7 +297,7 @@ def init(
                 f"--topology {spec}: NVLink group {list(g)} spans several machines "
                 f"(ranks per machine: {machine_of})"
             )
-    return DistContext(
+    ctx = DistContext(
         rank=rank,
         world_size=world,
         local_rank=local_rank,
@@ -220,17 +306,23 @@ def init(
         device=dev,
         simulated=not use_nccl,
         timeout_s=timeout,
-        fetch_group=fetch_group,
-        sample_group=sample_group,
+        groups=groups,
         topology=topo,
         topology_spec=spec,
         inferred_topology=inferred,
     )
+    from .commcheck import install_from_env
+
+    install_from_env(ctx)
+    return ctx
 
 
 def shutdown() -> None:
-    """Leave the process group (no-op when none)."""
+    """Leave the process group (no-op when none); writes a communication check's record."""
     import torch.distributed as dist
 
+    from .commcheck import finish_active
+
+    finish_active()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -12,15 +12,17 @@ list is read where it lives:
   ``all_to_all_single``; each owner samples them from its shard and returns the sampled neighbour
   ids (4 collectives per hop: request sizes, row ids, per-row counts, neighbour ids);
 * ``shared`` (HyDRA memory sharing): the rank reads the owner's list directly from the owner's
-  shard -- on CPU the shard files are memory-mapped by every local rank (one copy in the page
-  cache; on GPUs this would be CUDA IPC memory over NVLink) -- and samples it itself. Owners on
+  memory -- on the CPU each rank's shard is a torch shared-memory tensor in ``/dev/shm`` mapped
+  by the other local ranks; on GPUs the owner's GPU memory through CUDA IPC
+  (:mod:`gnnio.distributed.shm`) -- and samples it itself. Owners on
   another machine cannot be read this way, so their rows fall back to request/response.
 
 The random choice of a row is a pure function of (sampler seed, call key, hop, node id): the same
 counter-based state as the single-process kernels, so for the same seeds and ``epoch_seed`` both
 modes give **exactly** the single-process :class:`~gnnio.sampling.UniformSampler`'s batch (a
-test checks it), whoever samples which row. Every collective runs on the context's
-``sample_group``, so the sampling thread never interleaves with the feature exchange or DDP.
+test checks it), whoever samples which row. Every collective goes through the rank context on
+its ``sample`` group (``eval_sample`` for evaluation), so the sampling thread never interleaves
+with the feature exchange or DDP, and every tensor is on the device the backend needs.
 
 Counted per batch (:attr:`ShardedSampler.stats`): ``requests`` (remote rows asked for or read),
 ``bytes_by_link`` ``local`` (entries read from the own shard: the sampled ones, plus the row's
@@ -64,16 +66,40 @@ MODES = ("dsp", "shared")
 
 
 class _Shard:
-    """One part's CSR shard (memory-mapped) and the row of every stored node."""
+    """One part's CSR shard (memory-mapped) and the row of every stored node.
 
-    def __init__(self, pdir: Path, k: int, num_nodes: int) -> None:
+    The row of a global id is found by binary search in the shard's sorted node ids (16 bytes
+    per *stored* node), not through a map of all ``N`` nodes: a rank's memory shrinks with its
+    shard (issue 26), and in shared mode it holds one such index per peer shard."""
+
+    def __init__(self, pdir: Path, k: int, num_nodes: int, arrays: dict | None = None) -> None:
+        """``arrays``: the shard's ``nodes``/``indptr``/``indices`` already mapped (shared
+        memory, or CUDA tensors of a peer's GPU: :mod:`gnnio.distributed.shm`); None: the
+        partition files, memory-mapped."""
         d = Path(pdir) / f"part{k}"
-        self.nodes = np.load(d / "nodes.npy", mmap_mode="r", allow_pickle=False)
-        self.indptr = np.load(d / "indptr.npy", mmap_mode="r", allow_pickle=False)
-        self.indices = np.load(d / "indices.npy", mmap_mode="r", allow_pickle=False)
-        self.pos = np.full(num_nodes, -1, dtype=np.int64)
-        self.pos[np.asarray(self.nodes)] = np.arange(self.nodes.shape[0], dtype=np.int64)
+        if arrays is None:
+            arrays = {
+                n: np.load(d / f"{n}.npy", mmap_mode="r", allow_pickle=False)
+                for n in ("nodes", "indptr", "indices")
+            }
+        self.nodes, self.indptr, self.indices = arrays["nodes"], arrays["indptr"], arrays["indices"]
+        # tensors (a peer's GPU memory): rows are copied into a compact CSR before sampling
+        self.tensors = isinstance(self.indices, torch.Tensor)
+        if isinstance(self.nodes, torch.Tensor):
+            self.nodes = self.nodes.cpu().numpy()
+        nodes = np.asarray(self.nodes, dtype=np.int64)
+        self._order = np.argsort(nodes, kind="stable")
+        self._sorted = nodes[self._order]
+        self.num_nodes = int(num_nodes)
         self.itemsize = int(self.indices.dtype.itemsize)
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The shard row of every global id in ``ids`` (-1 where the shard does not store it)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not self._sorted.size:
+            return np.full(ids.shape[0], -1, dtype=np.int64)
+        i = np.searchsorted(self._sorted, ids).clip(max=self._sorted.size - 1)
+        return np.where(self._sorted[i] == ids, self._order[i], -1)
 
     def sample(
         self, rows_global: np.ndarray, fanout: int, hkey, theta: int | None = None
@@ -81,19 +107,24 @@ class _Shard:
         """``(counts, flat neighbour ids)`` of rows (global ids stored here). ``theta`` None:
         :class:`~gnnio.sampling.UniformSampler`'s kernels; an int (0 = this hop is not pruned):
         :class:`~gnnio.sampling.PrunedUniformSampler`'s, with pruning threshold ``theta``."""
-        local = self.pos[rows_global]
+        local = self.rows_of(rows_global)
         if rows_global.size and local.min() < 0:
             raise RuntimeError("a requested row is not stored in this shard")
+        indptr, indices = self.indptr, self.indices
+        if self.tensors:  # the rows' lists, read from the owner's memory into a compact CSR
+            from .shm import gather_lists
+
+            indptr, indices = gather_lists(indptr, indices, local)
+            local = np.arange(local.shape[0], dtype=np.int64)
         if theta is not None:
-            return self._sample_pruned(rows_global, local, fanout, hkey, theta)
-        offs, info = _kernels.count_rows(self.indptr, local, np.int64(fanout))
+            return self._sample_pruned(indptr, indices, rows_global, local, fanout, hkey, theta)
+        offs, info = _kernels.count_rows(indptr, local, np.int64(fanout))
         edges = np.empty((2, int(offs[-1])), dtype=np.int64)
-        _kernels.sample_rows(
-            self.indices, rows_global, info, hkey, offs, 0, rows_global.shape[0], edges
-        )
+        _kernels.sample_rows(indices, rows_global, info, hkey, offs, 0, rows_global.shape[0], edges)
         return np.diff(offs), edges[0]
 
-    def _sample_pruned(self, rows_global, local, fanout: int, hkey, theta: int):
+    @staticmethod
+    def _sample_pruned(indptr, indices, rows_global, local, fanout: int, hkey, theta: int):
         n = int(rows_global.shape[0])
         offs = np.empty(n + 1, dtype=np.int64)
         rows = np.zeros((4, n), dtype=np.int64)
@@ -101,16 +132,19 @@ class _Shard:
         qptr, qpos = np.zeros(1, np.int64), np.zeros(0, np.int32)
         # ``count_rows`` reads row starts and degrees through the shard's local rows;
         # ``sample_rows`` keys each row's stream by its global id (``nodes``)
-        e = int(_las.count_rows(self.indptr, local, fo, th, False, qptr, qpos, offs, rows)[0])
+        e = int(_las.count_rows(indptr, local, fo, th, False, qptr, qpos, offs, rows)[0])
         src, dst = np.empty(e, dtype=np.int64), np.empty(e, dtype=np.int64)
         _las.sample_rows(
-            self.indices, rows_global, 0, n, offs, rows, hkey, fo, th, 1.0, False, qpos,
+            indices, rows_global, 0, n, offs, rows, hkey, fo, th, 1.0, False, qpos,
             _las.W_NONE, src, dst, np.empty(0, dtype=np.float32),
         )  # fmt: skip
         return np.diff(offs), src
 
     def degrees(self, rows_global: np.ndarray) -> np.ndarray:
-        local = self.pos[rows_global]
+        local = self.rows_of(rows_global)
+        if self.tensors:
+            loc = torch.from_numpy(local).to(self.indptr.device)
+            return (self.indptr[loc + 1] - self.indptr[loc]).long().cpu().numpy()
         return np.asarray(self.indptr)[local + 1] - np.asarray(self.indptr)[local]
 
 
@@ -120,13 +154,16 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
     Args:
         partition: a loaded :class:`~gnnio.preprocess.partition.Partition`.
         pdir: its directory (the shards are memory-mapped from it).
-        ctx: the rank context (``sample_group`` carries the dsp collectives).
+        ctx: the rank context (its ``group`` carries the dsp collectives).
         fanouts, seed: as :class:`~gnnio.sampling.UniformSampler`'s.
         mode: ``dsp`` or ``shared``.
         prune: HyDRA threshold pruning ``(alpha, beta)`` or None (module docstring); the batches
             are then :class:`~gnnio.sampling.PrunedUniformSampler`'s, with its HT weights.
         avg_degree: edges / nodes of the whole graph (Eq. 4's ``avg_degree``; needed with
             ``prune``, as a rank does not hold the whole graph).
+        group: the context's process group (``sample``; ``eval_sample`` for evaluation).
+        share_with: another ``shared``-mode sampler of the same partition whose mapped peer
+            shards this one reads too (the evaluation sampler: no second copy in shared memory).
 
     Attributes:
         thresholds: pruning threshold per hop (``fanouts`` order; 0 = not pruned), or None.
@@ -135,6 +172,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
     def __init__(
         self, partition, pdir, ctx: DistContext, fanouts, seed: int = 0, mode="dsp",
         prune: tuple[float, float] | None = None, avg_degree: float | None = None,
+        group: str = "sample", share_with: ShardedSampler | None = None,
     ):  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
@@ -145,19 +183,31 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             if avg_degree is None:
                 raise ValueError("avg_degree: needed with prune (edges / nodes of the graph)")
             self.thresholds = prune_thresholds(float(avg_degree), self.fanouts, self.prune)
-        self.partition, self.ctx, self.mode = partition, ctx, mode
+        self.partition, self.ctx, self.mode, self.group = partition, ctx, mode, group
         self.num_nodes = partition.num_nodes
-        self.parts = np.asarray(partition.parts, dtype=np.int64)
+        # the owner of every node (int16, 2 bytes per node): the one array sized by the whole
+        # graph that stays, since any node may turn up in a frontier and its owner must be known
+        # (DistDGL's partition book; a range book would need ids relabelled by part)
+        self.parts = np.asarray(partition.parts)
         self.rank = ctx.rank
         self.own = _Shard(pdir, ctx.rank, self.num_nodes)
-        self.stored = self.own.pos >= 0
-        # shared mode: the shards of the other ranks of this machine, memory-mapped
+        # shared mode: the shards of the other ranks of this machine, read from the owner's
+        # memory (/dev/shm on the CPU, CUDA IPC on GPUs: gnnio.distributed.shm)
         self.peer_shards: dict[int, _Shard] = {}
-        if mode == "shared":
-            for k in range(ctx.world_size):
-                if k != ctx.rank and ctx.machine_of[k] == ctx.machine:
-                    self.peer_shards[k] = _Shard(pdir, k, self.num_nodes)
-        self._loc = np.full(self.num_nodes, -1, dtype=np.int64)
+        self.shared_via: str | None = None
+        if mode == "shared" and share_with is not None and share_with.mode == "shared":
+            self.peer_shards, self.shared_via = share_with.peer_shards, share_with.shared_via
+        elif mode == "shared":
+            from .shm import share_shards
+
+            peers = [
+                k for k in range(ctx.world_size)
+                if k != ctx.rank and ctx.machine_of[k] == ctx.machine
+            ]  # fmt: skip
+            own = {"nodes": self.own.nodes, "indptr": self.own.indptr, "indices": self.own.indices}
+            mapped, self.shared_via = share_shards(ctx, own, peers)
+            for k in peers:
+                self.peer_shards[k] = _Shard(pdir, k, self.num_nodes, arrays=mapped.get(k))
         self.stats = {"requests": 0, "batches": 0, "seconds": 0.0, "collective_s": 0.0}
         self.bytes_by_link: dict[str, int] = defaultdict(int)
         self.requests_per_hop: list[int] = [0] * len(self.fanouts)
@@ -172,31 +222,32 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         t0 = time.perf_counter()
         key = self._next_key(epoch_seed)
         seeds = check_seeds(seeds, self.num_nodes)
-        loc = self._loc
         n0 = int(seeds.shape[0])
         if np.unique(seeds).shape[0] != n0:
             raise ValueError("seeds: must be distinct")
-        loc[seeds] = np.arange(n0)
         nodes = seeds
+        # local ids by binary search in the batch's nodes so far (sorted), not a map of all N
+        srt_ids = np.argsort(seeds, kind="stable")
+        srt = seeds[srt_ids]
         hop_nodes, hop_edges, hop_w = [n0], [], []
-        try:
-            for h, fo in enumerate(self.fanouts):
-                cnt, flat, deg = self._hop(nodes, int(fo), _hop_key(key, h), h)
-                dst = np.repeat(np.arange(nodes.shape[0], dtype=np.int64), cnt)
-                if self.thresholds is not None:
-                    w = _ht_weights(deg, self.thresholds[h], int(fo))
-                    hop_w.append(torch.from_numpy(np.repeat(w, cnt)))
-                fresh = flat[loc[flat] < 0]
-                if fresh.size:
-                    u, first = np.unique(fresh, return_index=True)
-                    new = u[np.argsort(first, kind="stable")]
-                    base = nodes.shape[0]
-                    loc[new] = base + np.arange(new.shape[0])
-                    nodes = np.concatenate([nodes, new])
-                hop_edges.append(np.stack([loc[flat], dst]))
-                hop_nodes.append(int(nodes.shape[0]))
-        finally:
-            loc[nodes] = -1
+        for h, fo in enumerate(self.fanouts):
+            cnt, flat, deg = self._hop(nodes, int(fo), _hop_key(key, h), h)
+            dst = np.repeat(np.arange(nodes.shape[0], dtype=np.int64), cnt)
+            if self.thresholds is not None:
+                w = _ht_weights(deg, self.thresholds[h], int(fo))
+                hop_w.append(torch.from_numpy(np.repeat(w, cnt)))
+            i = np.searchsorted(srt, flat).clip(max=max(srt.size - 1, 0))
+            known = srt[i] == flat if srt.size else np.zeros(flat.shape[0], dtype=bool)
+            fresh = flat[~known]
+            if fresh.size:
+                u, first = np.unique(fresh, return_index=True)
+                new = u[np.argsort(first, kind="stable")]
+                nodes = np.concatenate([nodes, new])
+                srt_ids = np.argsort(nodes, kind="stable")
+                srt = nodes[srt_ids]
+                i = np.searchsorted(srt, flat)
+            hop_edges.append(np.stack([srt_ids[i], dst]))
+            hop_nodes.append(int(nodes.shape[0]))
         blocks = [
             Block(
                 torch.from_numpy(hop_edges[h]),
@@ -222,7 +273,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         n = rows.shape[0]
         theta = None if self.thresholds is None else int(self.thresholds[h])
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
-        here = self.stored[rows]
+        here = self.own.rows_of(rows) >= 0
         idx = np.flatnonzero(here)
         c, f = self.own.sample(rows[idx], fo, hkey, theta)
         self.bytes_by_link["local"] += int(f.size * self.own.itemsize + 16 * idx.size)
@@ -268,34 +319,30 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         serves the other ranks' requests from the own shard. Returns ``(where, counts, flat,
         degrees)``: with pruning (``theta`` not None) each count travels with its row's degree
         (for the HT weights), else degrees is None."""
-        import torch.distributed as dist
-
-        ctx, w, grp = self.ctx, self.ctx.world_size, self.ctx.sample_group
+        ctx, w, grp = self.ctx, self.ctx.world_size, self.group
         t0 = time.perf_counter()
         order = np.argsort(owner, kind="stable")
         where, ids, owner = where[order], ids[order], owner[order]
         send_n = np.bincount(owner, minlength=w).astype(np.int64)
-        recv_n = torch.empty(w, dtype=torch.int64)
-        dist.all_to_all_single(recv_n, torch.from_numpy(send_n), group=grp)
+        # every tensor goes through the context, which places it where the backend needs it
+        # (NCCL: this rank's GPU; handing it numpy-backed CPU tensors fails on the first hop)
+        recv_n = ctx.all_to_all_single(torch.from_numpy(send_n), group=grp).cpu()
         sc, rc = send_n.tolist(), recv_n.tolist()
-        req = torch.empty(sum(rc), dtype=torch.int64)
-        dist.all_to_all_single(req, torch.from_numpy(ids), rc, sc, group=grp)
+        req = ctx.all_to_all_single(torch.from_numpy(ids), rc, sc, group=grp).cpu().numpy()
         # serve: sample the requested rows from my shard
-        my_c, my_f = self.own.sample(req.numpy(), fo, hkey, theta)
+        my_c, my_f = self.own.sample(req, fo, hkey, theta)
         per = 1 if theta is None else 2  # int64 values per row in the counts message
         if theta is None:
             reply = torch.from_numpy(my_c)
         else:
-            reply = torch.from_numpy(np.stack([my_c, self.own.degrees(req.numpy())], axis=1))
-        got = torch.empty((sum(sc), per) if per > 1 else sum(sc), dtype=torch.int64)
-        dist.all_to_all_single(got, reply, sc, rc, group=grp)
+            reply = torch.from_numpy(np.stack([my_c, self.own.degrees(req)], axis=1))
+        got = ctx.all_to_all_single(reply, sc, rc, group=grp).cpu()
         got_c = got if per == 1 else got[:, 0].contiguous()
         bounds = np.r_[0, np.cumsum(rc)]
         out_f = [int(my_c[bounds[k] : bounds[k + 1]].sum()) for k in range(w)]
         bounds_in = np.r_[0, np.cumsum(sc)]
         in_f = [int(got_c[bounds_in[k] : bounds_in[k + 1]].sum()) for k in range(w)]
-        got_f = torch.empty(sum(in_f), dtype=torch.int64)
-        dist.all_to_all_single(got_f, torch.from_numpy(my_f), in_f, out_f, group=grp)
+        got_f = ctx.all_to_all_single(torch.from_numpy(my_f), in_f, out_f, group=grp).cpu()
         for k in range(w):
             if sc[k]:
                 self.bytes_by_link[ctx.link_to(k)] += 8 * ((1 + per) * sc[k] + in_f[k])

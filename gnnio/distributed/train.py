@@ -2,7 +2,7 @@
 
 :class:`DistRun` is :class:`gnnio.train.loop.LocalRun` for one rank of a torch.distributed run:
 
-* **store**: a :class:`~gnnio.dist.store.ShardedFeatureStore` over the placement (``--placement
+* **store**: a :class:`~gnnio.distributed.store.ShardedFeatureStore` over the placement (``--placement
   FILE`` from ``gnnio plan --save``, or ``--placement-strategy S --buffer B`` computed on rank 0
   and broadcast); host rows from the memory-mapped feature file (``--store mmap``, the default
   with ranks) or a per-rank copy in memory (``--store memory``), optionally behind a per-rank
@@ -21,7 +21,11 @@
   ``bytes_by_link`` (``local``/``peer``/``host``/``network``, summed and ``per_rank``),
   ``feature_bytes_by_link``, ``gradient_bytes_by_link``, ``modeled_bytes_by_link`` (the cost
   model's rows for the same reads), per-rank stage times, collective seconds and the share of
-  the fetch the loader hid behind compute.
+  the fetch the loader hid behind compute, ``rss_mb_peak_per_rank`` (each rank's peak resident
+  memory, MiB, file pages it touched included; ``rss_mb_by_kind_per_rank`` splits its memory at
+  the end into anonymous, file and shared pages) and ``whole_graph_bytes_per_rank`` (the arrays a
+  rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
+  owner of every node).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..ordering import RandomOrder
 from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
+from ..utils.rss import peak_rss_bytes, rss_by_kind
 from .context import DistContext
 from .ddp import GradCounter, counting_allreduce, param_digest
 from .plan import LocalSeedsOrder, check_placement_file, get_placement
@@ -65,7 +70,7 @@ class DistRun(LocalRun):
         self.rank = ctx.rank
         self.world_size = ctx.world_size
         self.is_main = ctx.is_main
-        self.grad = GradCounter(ctx.world_size)
+        self.grad = GradCounter(ctx.world_size, ctx)
         self.placement = None
         self._last = {"collective_s": 0.0, "grad_bytes": 0, "grad_s": 0.0}
         self._model: torch.nn.Module | None = None
@@ -120,6 +125,7 @@ class DistRun(LocalRun):
         eval_store.__dict__.update(store.__dict__)
         eval_store.counters = type(store.counters)()
         eval_store.reuse, eval_store.trace, eval_store.fault = False, None, None
+        eval_store.group = "eval_fetch"  # the evaluation loaders' gather thread (context.py)
         eval_store._prev_ids = eval_store._prev_rows = None
         eval_store._buffers = {}
         eval_store.keep_log, eval_store._log = False, collections.deque(maxlen=store.LOG)
@@ -252,8 +258,9 @@ class DistRun(LocalRun):
 
         part = self._load_partition(ds, cfg)
         return ShardedSampler(
-            part, cfg.partition, self.ctx, fanouts, cfg.seed + 1, cfg.sampling_mode
-        )
+            part, cfg.partition, self.ctx, fanouts, cfg.seed + 1, cfg.sampling_mode,
+            group="eval_sample", share_with=self.samplers[0] if self.samplers else None,
+        )  # fmt: skip
 
     # -- per epoch ------------------------------------------------------------------------
     def evaluate(self, model, loaders: dict, epoch: int) -> dict[str, float]:
@@ -358,6 +365,12 @@ class DistRun(LocalRun):
             "batches_per_epoch": summary["batches_per_epoch"],
             "seeds_per_epoch": int(hist[0]["seeds"]) if hist else 0,
             "epochs": len(hist),  # the same on every rank: early stopping reads reduced accs
+            # issue 26: the rank's peak resident memory, and the arrays it holds that are sized
+            # by the whole graph (the store's lookup and trace, the partition's owner of each node)
+            "rss_mb_peak": peak_rss_bytes() / 2**20,
+            "rss_mb_by_kind": {k: v / 2**20 for k, v in rss_by_kind().items()},  # now
+            "whole_graph_bytes": int(store.lookup_bytes)
+            + (int(self.partition.parts.nbytes) if self.partition is not None else 0),
         }
         if self.samplers:  # partitioned topology: the training sampler's traffic
             smp = self.samplers[0]
@@ -427,6 +440,9 @@ class DistRun(LocalRun):
             bytes_by_tier=tiers,
             rows_by_tier=rows,
             per_rank=ranks,
+            rss_mb_peak_per_rank=[r["rss_mb_peak"] for r in ranks],
+            rss_mb_by_kind_per_rank=[r["rss_mb_by_kind"] for r in ranks],
+            whole_graph_bytes_per_rank=[r["whole_graph_bytes"] for r in ranks],
             collective_s=max(r["collective_s"] for r in ranks),
             seeds_per_epoch_per_rank=[r["seeds_per_epoch"] for r in ranks],
             epochs_per_rank=[r["epochs"] for r in ranks],

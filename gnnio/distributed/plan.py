@@ -68,8 +68,6 @@ def check_placement_file(pl, path, ds, world_size: int, local_seeds: bool = Fals
 def get_placement(ds, cfg, ctx: DistContext):
     """The run's placement: ``cfg.placement`` (checked against the dataset and the ranks) or
     ``cfg.placement_strategy`` (default ``alg1``) computed on rank 0 and broadcast."""
-    import torch.distributed as dist
-
     from ..placement import Placement, PlacementRequest, load_placement, place
     from ..utils.counts import top_count
 
@@ -111,7 +109,7 @@ def get_placement(ds, cfg, ctx: DistContext):
             ]
         except Exception as e:  # noqa: BLE001 - tell the other ranks, then fail everywhere
             payload = [{"error": f"--placement-strategy {strategy}: {e}".splitlines()[0]}]
-    dist.broadcast_object_list(payload, src=0, group=ctx.fetch_group)
+    ctx.broadcast_object_list(payload, src=0)
     p = payload[0]
     if "error" in p:
         raise UsageError(p["error"])

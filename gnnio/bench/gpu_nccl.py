@@ -1,0 +1,206 @@
+"""The gpu-check step ``nccl`` (issue 26): every distributed mode on NCCL at world size 1.
+
+One machine with one GPU cannot run two NCCL ranks, but a process group of one rank on NCCL runs
+the real NCCL code path: every tensor handed to a collective must be on ``cuda:0``, every group is
+a real communicator. :func:`step_nccl` starts one worker process (``python -m
+gnnio.bench.gpu_nccl OUTDIR --device cuda``, with ``RANK=0 WORLD_SIZE=1`` and
+``GNNIO_COMM_CHECK`` on, :mod:`gnnio.distributed.commcheck`) which runs, each mode on its own and a
+failure recorded, on a small synthetic graph:
+
+* ``store/<strategy>``: the sharded feature store under every placement strategy (rows checked
+  against the features);
+* ``sample/dsp``, ``sample/shared``, ``sample/dsp+prune``, ``sample/shared+prune``: partitioned
+  sampling (batches checked against the single-process sampler's);
+* ``train/dsp+checkpoints`` (DDP, evaluation, mid-epoch checkpoints) then ``train/resume``, and
+  ``train/shared+prune``.
+
+A mode fails when it raises or when the check saw a violation (a tensor NCCL refused, two
+threads on one group). ``nccl_modes_failed`` (goal 0) counts them. ``--device cpu`` runs the same
+worker on gloo with the check in its simulated-NCCL mode (the CPU dry run the tests use).
+
+Awaiting two GPUs (listed in the step's ``awaiting_two_gpus``): collectives that move bytes
+between ranks (at world size 1 every all_to_all is a local copy), CUDA IPC reads of another
+rank's shard (``shared`` mode), gradient all-reduce across GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+__all__ = ["AWAITING", "step_nccl"]
+
+STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
+AWAITING = [
+    "rows and sampled ids crossing between two ranks (world size 1: every exchange is local)",
+    "CUDA IPC reads of another rank's shard in shared sampling mode",
+    "DDP gradient all-reduce between two GPUs",
+    "bench dist / bench dist-sampling (gloo only; their store and sampler run here)",
+]
+
+
+def step_nccl(c) -> dict[str, Any]:
+    """The step (module docstring); ``c`` is :class:`gnnio.bench.gpu_check.Check`."""
+    import torch
+
+    if c.device == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "no CUDA device: NCCL needs one", "nccl_modes_failed": None}
+    work = c.out / "nccl"
+    work.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GNNIO_COMM_CHECK=str(work / "check"),
+    )  # fmt: skip
+    cmd = [sys.executable, "-m", "gnnio.bench.gpu_nccl", str(work), "--device", c.device]
+    limit = max(5.0, min(240.0, c.left_s()))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=limit)
+    (work / "worker.log").write_text(r.stdout + r.stderr)
+    res_path = work / "modes.json"
+    if not res_path.exists():
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"nccl worker exited {r.returncode}: {' | '.join(tail)}")
+    modes = json.loads(res_path.read_text())
+    chk = work / "check" / "rank0.json"
+    rec = json.loads(chk.read_text()) if chk.exists() else {}
+    failed = sorted(m for m, v in modes.items() if not v["ok"])
+    return {
+        "backend": rec.get("backend"),
+        "modes": modes,
+        "nccl_modes_failed": len(failed),
+        "failed": failed,
+        "calls": len(rec.get("calls", [])),
+        "awaiting_two_gpus": AWAITING,
+    }
+
+
+# -- the worker (one rank, WORLD_SIZE=1) ----------------------------------------------------
+
+
+def _data(work: Path):
+    import gnnio
+    from gnnio.importers.synthetic import prepare_synthetic
+    from gnnio.preprocess.partition import partition_dataset, save_partition
+
+    d, p = work / "syn", work / "part1"
+    if not d.exists():
+        prepare_synthetic(d, num_nodes=2000, avg_degree=8, feat_dim=16, num_classes=4, seed=3,
+                          progress=False)  # fmt: skip
+    ds = gnnio.load(d)
+    if not p.exists():
+        save_partition(partition_dataset(ds, 1, "random", seed=1, measure=False), ds.graph, p)
+    return ds, p
+
+
+def _store(ctx, ds, strategy: str) -> None:
+    import torch
+
+    from ..distributed.store import ShardedFeatureStore
+    from ..distributed.train import get_placement
+    from ..features import open_store
+
+    cfg = SimpleNamespace(
+        placement=None, placement_strategy=strategy, buffer=0.2, fanouts=[4, 3], batch_size=64,
+        progress=False, seed=0, num_layers=2, local_seeds=False,
+    )  # fmt: skip
+    host = open_store(ds, "memory", "cpu", progress=False)
+    store = ShardedFeatureStore(host, get_placement(ds, cfg, ctx), ctx, reuse=True)
+    feats = torch.from_numpy(np.asarray(ds.features))
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ids = torch.from_numpy(rng.integers(0, ds.num_nodes, 300))
+        if not torch.equal(store.gather(ids).cpu(), feats[ids]):
+            raise AssertionError(f"{strategy}: gathered rows differ from the features")
+
+
+def _sample(ctx, ds, pdir: Path, mode: str, prune) -> None:
+    from ..distributed.sampling import ShardedSampler
+    from ..preprocess.partition import load_partition
+    from ..sampling import PrunedUniformSampler, UniformSampler
+
+    part = load_partition(pdir, ds, 1)
+    avg = ds.num_edges / ds.num_nodes
+    s = ShardedSampler(part, pdir, ctx, [4, 3], seed=1, mode=mode, prune=prune, avg_degree=avg)
+    if prune is None:
+        ref = UniformSampler(ds.graph, [4, 3], seed=1, num_threads=1)
+    else:
+        ref = PrunedUniformSampler(ds.graph, [4, 3], prune, seed=1, num_threads=1)
+    seeds = np.asarray(ds.train_idx[:64], dtype=np.int64)
+    a, b = s.sample(seeds, epoch_seed=5), ref.sample(seeds, epoch_seed=5)
+    if not np.array_equal(a.input_nodes.numpy(), b.input_nodes.numpy()):
+        raise AssertionError(f"{mode}: batch differs from the single-process sampler's")
+
+
+def _train(ctx, ds, pdir: Path, work: Path, device: str, **kw) -> None:
+    from ..distributed.train import DistRun
+    from ..train import TrainConfig, train
+
+    cfg = TrainConfig(fanouts=[4, 3], batch_size=64, hidden=8, device=device, partition=str(pdir),
+                      progress=False, **kw)  # fmt: skip
+    # world size 1 on the distributed path: the option checks of a run of two ranks
+    cfg.validate_dist = lambda w: TrainConfig.validate_dist(cfg, max(w, 2))  # type: ignore
+    s = train(ds, cfg, run=DistRun(ctx))
+    if not s.get("params_identical", False):
+        raise AssertionError("params_identical is not true")
+
+
+def worker(work: Path, device: str) -> dict[str, Any]:
+    from ..distributed.context import init, shutdown
+
+    ds, pdir = _data(work)
+    ctx = init(timeout_s=120, device=device)
+    chk = ctx._extra.get("check")
+    ck = work / "ck"
+    modes: list[tuple[str, Any]] = [(f"store/{s}", lambda s=s: _store(ctx, ds, s))
+                                    for s in STRATEGIES]  # fmt: skip
+    for m in ("dsp", "shared"):
+        for prune in (None, (1.0, 1.0)):
+            name = f"sample/{m}" + ("+prune" if prune else "")
+            modes.append((name, lambda m=m, p=prune: _sample(ctx, ds, pdir, m, p)))
+    modes += [
+        ("train/dsp+checkpoints", lambda: _train(ctx, ds, pdir, work, device, epochs=1,
+                                                 checkpoint_dir=str(ck), checkpoint_every=3)),
+        ("train/resume", lambda: _train(ctx, ds, pdir, work, device, epochs=2, resume=str(ck))),
+        ("train/shared+prune", lambda: _train(ctx, ds, pdir, work, device, epochs=1,
+                                              sampling_mode="shared", prune_threshold=(1.0, 1.0))),
+    ]  # fmt: skip
+    out: dict[str, Any] = {}
+    for name, fn in modes:
+        before = len(chk.violations) if chk is not None else 0
+        t0 = time.monotonic()
+        try:
+            fn()
+            err = None
+        except Exception as e:  # noqa: BLE001 - one mode's failure is recorded, the next runs
+            import traceback
+
+            tb = traceback.extract_tb(e.__traceback__)[-1]
+            err = (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                   f"({Path(tb.filename).name}:{tb.lineno})")  # fmt: skip
+        bad = list(chk.violations[before:]) if chk is not None else []
+        out[name] = {"ok": err is None and not bad, "error": err, "violations": bad[:5],
+                     "s": round(time.monotonic() - t0, 2)}  # fmt: skip
+    (work / "modes.json").write_text(json.dumps(out, indent=1))
+    shutdown()
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="gpu-check-nccl")
+    ap.add_argument("work")
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    worker(Path(a.work), a.device)
