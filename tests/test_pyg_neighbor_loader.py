@@ -22,7 +22,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
 
 from gnnio.errors import UsageError
-from gnnio.pyg import GnnioFeatureStore, GnnioGraphStore, NeighborLoader
+from gnnio.pyg import GnnioFeatureStore, GnnioGraphStore, NeighborLoader, PyGLoader, from_pyg
 from gnnio.pyg import neighbor_loader as nl_mod
 from gnnio.pyg.arguments import ARGUMENTS
 from gnnio.pyg.data_input import cached_dataset
@@ -98,6 +98,10 @@ def test_kept_batches_hold_their_rows(cache):
     assert sum(not torch.equal(b.x, data.x[b.n_id]) for b in batches) == 0
     ring = list(NeighborLoader(data, [5, 5], batch_size=16, reuse_buffers=True))
     assert sum(not torch.equal(b.x, data.x[b.n_id]) for b in ring) > 0
+    # gnnio's own PyGLoader keeps batches by default too
+    ds = from_pyg(data, cache.parent / "ds", progress=False)
+    kept = list(PyGLoader(ds, [5, 5], batch_size=16, shuffle=True))
+    assert sum(not torch.equal(b.x, data.x[b.n_id]) for b in kept) == 0
 
 
 def test_loader_data_steers_what_is_read(cache):
@@ -189,7 +193,6 @@ def test_transform_and_filter_per_worker(cache):
 
 def test_store_pair_and_dataset_path(cache, tmp_path):
     from gnnio.graph import load
-    from gnnio.pyg import from_pyg
 
     data = make_data()
     ds = load(from_pyg(data, tmp_path / "d", progress=False))

@@ -88,6 +88,16 @@ def _input_nodes(input_nodes, num_nodes: int) -> tuple[torch.Tensor, bool]:
     return t, False
 
 
+def _device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"NeighborLoader: device={device!r} is not a torch device") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"NeighborLoader: device={device!r}, but CUDA is not available")
+    return dev
+
+
 class NeighborLoader:
     """PyG's ``NeighborLoader`` on gnnio (module docstring; arguments as in PyG, see
     :data:`~gnnio.pyg.arguments.ARGUMENTS`).
@@ -161,7 +171,7 @@ class NeighborLoader:
         else:
             self.order = InOrder(seeds, opts.batch_size, drop_last=opts.drop_last)
         self.batch_size = opts.batch_size
-        self.device = torch.device(device) if device is not None else src.device
+        self.device = src.device if device is None else _device(device)
         self.store = src.store
         self.transform = transform
         self.filter_per_worker = filter_per_worker
