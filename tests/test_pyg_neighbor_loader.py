@@ -326,3 +326,32 @@ def test_input_nodes_checked(cache):
     ids = torch.cat([b.n_id[b.input_id * 0 + torch.arange(b.batch_size)] for b in ld])
     assert torch.equal(ids, torch.tensor([5, 2, 8]))
     assert torch.equal(torch.cat([b.input_id for b in ld]), torch.tensor([0, 1, 2]))
+
+
+# ---- PyG-style scripts, import line changed ----------------------------------------------------
+
+CORA_RAW = Path("/work/shared/datasets/cora")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CORA_RAW.is_dir(), reason="/work/shared/datasets/cora not present")
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("reddit_sage.py", ["--epochs", "2"]),
+        ("hierarchical_sage.py", ["--epochs", "2"]),
+        ("ogbn_models.py", ["--epochs", "2", "--model", "sgformer"]),
+        ("distributed_sage.py", ["--epochs", "2", "--world_size", "2"]),
+    ],
+)
+def test_pyg_example_runs_with_one_changed_line(tmp_path, script, args):
+    """The scripts of examples/pyg/ are PyG code; with only the import line changed they run on
+    gnnio (compare.py records their accuracy against PyG's loader)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "pyg_examples"))
+    import compare as runner
+
+    root = runner.planetoid_root(CORA_RAW, "Cora", tmp_path)
+    r = runner.run_one(ROOT / "examples" / "pyg" / script, args, "gnnio", tmp_path, root)
+    assert r["rc"] == 0, r.get("error")
+    assert r["edits_beyond_import"] == 0 and 0.0 < r["test_acc"] <= 1.0
+    assert "from gnnio.pyg import NeighborLoader" in (tmp_path / f"gnnio_{script}").read_text()

@@ -2,7 +2,7 @@
 
 A PyG script: it imports ``NeighborLoader`` from ``torch_geometric.loader``. To run it on gnnio,
 change that one line to ``from gnnio.pyg import NeighborLoader``
-(``benchmarks/pyg_examples/run.py`` does exactly that and runs both). Prints one JSON object last.
+(``benchmarks/pyg_examples/compare.py`` does exactly that and runs both). Prints one JSON object last.
 
     python examples/pyg/reddit_sage.py --root /tmp/planetoid --epochs 10
 """

@@ -4,7 +4,7 @@ on the pyg-lib stand-in of ``standin.py``) and with the one import line changed 
 Also counts, on the dataset, the batches of ``list(loader)`` whose ``x`` differs from the source
 rows, for gnnio's ``NeighborLoader`` and ``PyGLoader`` with their defaults.
 
-    python benchmarks/pyg_examples/run.py --raw /work/shared/datasets/cora --repeats 3 --json
+    python benchmarks/pyg_examples/compare.py --raw /work/shared/datasets/cora --repeats 3 --json
 
 Prints a line per run and, last, one JSON object (``--json``).
 """
