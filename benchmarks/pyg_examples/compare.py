@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PYG_IMPORT = "from torch_geometric.loader import NeighborLoader\n"
 GNNIO_IMPORT = "from gnnio.pyg import NeighborLoader\n"
-#: script, its arguments (Cora-sized runs)
+#: script, its arguments (Cora-sized runs; ``{repeat}`` becomes the repeat's number, for scripts
+#: that seed themselves)
 SCRIPTS = [
     ("reddit_sage.py", ["--epochs", "10"]),
     ("hierarchical_sage.py", ["--epochs", "10"]),
-    ("ogbn_models.py", ["--epochs", "10", "--model", "sgformer"]),
+    ("ogbn_models.py", ["--epochs", "10", "--model", "sgformer", "--seed", "{repeat}"]),
     ("distributed_sage.py", ["--epochs", "10", "--world_size", "2"]),
 ]
 
@@ -122,8 +123,9 @@ def main(argv=None) -> int:
         root = planetoid_root(a.raw, a.name, work)
         runs = []
         chosen = [s for s in SCRIPTS if not a.scripts or s[0] in a.scripts.split(",")]
-        for _ in range(a.repeats):
+        for rep in range(a.repeats):
             for name, args in chosen:
+                args = [x.replace("{repeat}", str(rep)) for x in args]
                 for loader in ("pyg", "gnnio"):
                     r = run_one(ROOT / "examples" / "pyg" / name, args, loader, work, root)
                     runs.append(r)
