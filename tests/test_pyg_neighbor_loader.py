@@ -206,6 +206,23 @@ def test_store_pair_and_dataset_path(cache, tmp_path):
     assert "x" not in next(iter(ld))
 
 
+def test_any_pyg_store_pair(cache):
+    """PyG's own test stores: the graph from csc() (e_id through its perm), x and y through
+    get_tensor."""
+    from torch_geometric.testing.feature_store import MyFeatureStore
+    from torch_geometric.testing.graph_store import MyGraphStore
+
+    data = make_data()
+    fs, gs = MyFeatureStore(), MyGraphStore()
+    fs.put_tensor(data.x, group_name=None, attr_name="x", index=None)
+    fs.put_tensor(data.y, group_name=None, attr_name="y", index=None)
+    gs.put_edge_index(data.edge_index, edge_type=None, layout="coo", size=(60, 60))
+    for b in NeighborLoader((fs, gs), [-1, 2], input_nodes=data.train_mask, batch_size=8):
+        assert torch.equal(b.x, data.x[b.n_id]) and torch.equal(b.y, data.y[b.n_id])
+        assert torch.equal(data.edge_index[0, b.e_id], b.n_id[b.edge_index[0]])
+        assert torch.equal(data.edge_index[1, b.e_id], b.n_id[b.edge_index[1]])
+
+
 def _worker(data, root, barrier, out):
     barrier.wait()
     out.put(cached_dataset(data, root))

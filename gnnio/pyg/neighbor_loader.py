@@ -215,6 +215,7 @@ class NeighborLoader:
     def epoch(self, key: int) -> Iterator[Data]:
         """The batches of the epoch keyed ``key`` (what ``iter(loader)`` draws from torch): the
         shuffle and the sampling depend only on it, the rank and the loader's settings."""
+        self.close()  # one epoch at a time, as gnnio's NodeLoader
         x_store = self._x_source()
         in_pipeline = x_store is not None and self.filter_per_worker is not False
         self.loader = NodeLoader(
