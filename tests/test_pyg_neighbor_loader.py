@@ -206,6 +206,11 @@ def test_store_pair_and_dataset_path(cache, tmp_path):
     assert "x" not in next(iter(ld))
 
 
+def test_pygloader_names_the_data_it_cannot_take():
+    with pytest.raises(UsageError, match="NeighborLoader"):
+        PyGLoader(make_data(), [2])
+
+
 def test_any_pyg_store_pair(cache):
     """PyG's own test stores: the graph from csc() (e_id through its perm), x and y through
     get_tensor."""

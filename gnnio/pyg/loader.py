@@ -58,9 +58,18 @@ class InOrder(SeedOrder):
 
 
 def _open_dataset(data):
+    import os
+
     from ..graph.dataset import Dataset, load
 
-    return data if isinstance(data, Dataset) else load(data)
+    if isinstance(data, Dataset):
+        return data
+    if not isinstance(data, (str, os.PathLike)):
+        raise UsageError(
+            f"data: PyGLoader takes a gnnio dataset or its path, got {type(data).__name__}; for a "
+            "PyG Data use gnnio.pyg.NeighborLoader (or gnnio.from_pyg first)"
+        )
+    return load(data)
 
 
 def resolve_input_nodes(ds, input_nodes) -> tuple[np.ndarray, bool]:
