@@ -33,7 +33,7 @@ SCRIPTS = [
     ("reddit_sage.py", ["--epochs", "10"]),
     ("hierarchical_sage.py", ["--epochs", "10"]),
     ("ogbn_models.py", ["--epochs", "10", "--model", "sgformer", "--seed", "{repeat}"]),
-    ("distributed_sage.py", ["--epochs", "10", "--world_size", "2"]),
+    ("distributed_sage.py", ["--epochs", "10", "--world_size", "2", "--seed", "{repeat}"]),
 ]
 
 

@@ -54,7 +54,7 @@ def split(mask, rank, world_size):
     return idx.split(ceil(idx.size(0) / world_size))[rank]
 
 
-def run(rank, world_size, dataset, epochs):
+def run(rank, world_size, dataset, epochs, seed):
     gpu = torch.cuda.is_available()
     dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world_size)
     device = torch.device("cuda", rank) if gpu else torch.device("cpu")
@@ -74,7 +74,7 @@ def run(rank, world_size, dataset, epochs):
     val_loader = NeighborLoader(input_nodes=split(data.val_mask, rank, world_size), **kwargs)
     test_loader = NeighborLoader(input_nodes=split(data.test_mask, rank, world_size), **kwargs)
 
-    torch.manual_seed(12345)
+    torch.manual_seed(seed)
     model = SAGE(dataset.num_features, 128, dataset.num_classes).to(device)
     model = DistributedDataParallel(model, device_ids=[rank] if gpu else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
@@ -115,8 +115,14 @@ if __name__ == "__main__":
     parser.add_argument("--name", default="Cora")
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=12345)
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "12355")
     dataset = Planetoid(args.root, args.name)
-    mp.spawn(run, args=(args.world_size, dataset, args.epochs), nprocs=args.world_size, join=True)
+    mp.spawn(
+        run,
+        args=(args.world_size, dataset, args.epochs, args.seed),
+        nprocs=args.world_size,
+        join=True,
+    )
