@@ -72,7 +72,7 @@ def run_one(script: Path, args: list[str], loader: str, work: Path, root: Path) 
         env["GNNIO_PYG_STANDIN"] = "1"
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, str(copy), "--root", str(root), *args], env=env,
-                       capture_output=True, text=True, timeout=1800, cwd=work)  # fmt: skip
+                       capture_output=True, text=True, timeout=900, cwd=work)  # fmt: skip
     out = {"script": script.name, "loader": loader, "edits_beyond_import": max(edits - 1, 0),
            "rc": r.returncode, "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
     if r.returncode == 0:

@@ -106,6 +106,10 @@ def run(rank, world_size, dataset, epochs, seed):
                 }
             )
         )
+    # free DDP's reducer (it holds the process group) while every rank is still here: a gloo
+    # group torn down after a peer has exited can wait forever in its destructor
+    dist.barrier()
+    del model, optimizer
     dist.destroy_process_group()
 
 
