@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PYG_IMPORT = "from torch_geometric.loader import NeighborLoader\n"
 GNNIO_IMPORT = "from gnnio.pyg import NeighborLoader\n"
-#: script, its arguments (Cora-sized runs; ``{repeat}`` becomes the repeat's number, for scripts
-#: that seed themselves)
+#: script, its arguments (Cora-sized runs; ``{repeat}`` becomes the repeat's seed, ``--first-seed``
+#: plus its number, for scripts that seed themselves)
 SCRIPTS = [
     ("reddit_sage.py", ["--epochs", "10"]),
     ("hierarchical_sage.py", ["--epochs", "10"]),
@@ -115,6 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--raw", type=Path, default=Path("/work/shared/datasets/cora"))
     p.add_argument("--name", default="Cora")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--first-seed", type=int, default=0, help="seed of the first repeat")
     p.add_argument("--scripts", default="", help="comma-separated subset of script names")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
         chosen = [s for s in SCRIPTS if not a.scripts or s[0] in a.scripts.split(",")]
         for rep in range(a.repeats):
             for name, args in chosen:
-                args = [x.replace("{repeat}", str(rep)) for x in args]
+                args = [x.replace("{repeat}", str(a.first_seed + rep)) for x in args]
                 for loader in ("pyg", "gnnio"):
                     r = run_one(ROOT / "examples" / "pyg" / name, args, loader, work, root)
                     runs.append(r)
