@@ -2,6 +2,11 @@
 over gnnio, and PyG ``Data`` in and out of gnnio's format. Importing it imports torch_geometric;
 nothing else in gnnio imports this package.
 
+* :class:`NeighborLoader` (:mod:`.neighbor_loader`) -- PyG's ``NeighborLoader`` by name and
+  signature (``from gnnio.pyg import NeighborLoader`` is the one line a PyG script changes): a
+  ``Data``, a store pair, a gnnio dataset or a path as ``data``; every argument implemented, mapped
+  or refused (:data:`~gnnio.pyg.arguments.ARGUMENTS`); batches safe to keep, on ``data.x``'s
+  device, seeded from torch's generator;
 * :class:`PyGLoader` (:mod:`.loader`) -- gnnio's pipelined loader yielding ``Data`` batches with
   ``NeighborLoader``'s fields and order (``x``, ``edge_index``, ``y``, masks, ``n_id``, ``e_id``,
   ``num_sampled_nodes``, ``num_sampled_edges``, ``input_id``, ``batch_size``; the fields are listed
@@ -40,11 +45,13 @@ least the largest degree) the batches equal ``NeighborLoader``'s field for field
 from ..importers.pyg import from_pyg, to_pyg
 from .batch import to_pyg_data
 from .loader import PyGLoader
+from .neighbor_loader import NeighborLoader
 from .stores import GnnioFeatureStore, GnnioGraphStore
 
 __all__ = [
     "GnnioFeatureStore",
     "GnnioGraphStore",
+    "NeighborLoader",
     "PyGLoader",
     "from_pyg",
     "to_pyg",

@@ -14,8 +14,9 @@ Differences from ``NeighborLoader`` a user may notice:
 * epochs: each ``iter(loader)`` starts the next epoch (a new shuffle), like a ``DataLoader``;
   :meth:`PyGLoader.epoch` runs a given one. The shuffle is gnnio's seeded order (``seed``,
   ``epoch``), not torch's global generator, so runs repeat exactly;
-* ``batch.x`` on the CPU is a slot of the loader's buffer ring, valid until the next batch is
-  requested (copy it, or pass ``reuse_buffers=False``, to keep batches around);
+* each batch has its own ``x`` and may be kept (``reuse_buffers=False``, the default);
+  ``reuse_buffers=True`` gathers into the loader's ring of buffers instead: ``batch.x`` on the CPU
+  is then a slot of the ring, valid only until the next batch is requested;
 * batches arrive on ``device`` already (``batch.to(device)`` is then a no-op);
 * the random draws differ from pyg-lib's (layout and semantics are the same with the default
   ``expand="new"``).
@@ -57,9 +58,18 @@ class InOrder(SeedOrder):
 
 
 def _open_dataset(data):
+    import os
+
     from ..graph.dataset import Dataset, load
 
-    return data if isinstance(data, Dataset) else load(data)
+    if isinstance(data, Dataset):
+        return data
+    if not isinstance(data, (str, os.PathLike)):
+        raise UsageError(
+            f"data: PyGLoader takes a gnnio dataset or its path, got {type(data).__name__}; for a "
+            "PyG Data use gnnio.pyg.NeighborLoader (or gnnio.from_pyg first)"
+        )
+    return load(data)
 
 
 def resolve_input_nodes(ds, input_nodes) -> tuple[np.ndarray, bool]:
@@ -115,8 +125,9 @@ class PyGLoader:
             are the input nodes (``input_id`` = their positions) and ``input_nodes``,
             ``shuffle`` and ``drop_last`` must be left at their defaults.
         device: where batches are delivered.
-        prefetch, num_workers, reuse_buffers: of the :class:`NodeLoader` (``num_workers`` are
-            sampling threads).
+        prefetch, num_workers: of the :class:`NodeLoader` (``num_workers`` are sampling threads).
+        reuse_buffers: gather into a ring of buffers (faster on the CPU, but ``batch.x`` is then
+            overwritten once the next batch is requested); default False: batches may be kept.
         seed: seeds the sampler and the shuffle.
         masks: add ``train_mask`` / ``val_mask`` / ``test_mask`` of ``n_id`` for the splits the
             dataset has (Planetoid-style ``Data`` carries them).
@@ -138,7 +149,7 @@ class PyGLoader:
         device: str | torch.device = "cpu",
         prefetch: int = 2,
         num_workers: int = 1,
-        reuse_buffers: bool = True,
+        reuse_buffers: bool = False,
         seed: int = 0,
         masks: bool = True,
         threads: int | None = None,

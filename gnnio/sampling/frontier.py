@@ -28,8 +28,9 @@ Draws: a node with ``deg > fanout`` takes ``fanout`` distinct CSR positions (Flo
 the counter-based stream keyed by ``(seed, call key, hop, node id)`` that
 :class:`~gnnio.sampling.uniform.UniformSampler` uses, so hop 1 draws the same neighbours as
 ``UniformSampler`` with the same seed and ``epoch_seed``; pyg-lib's own random numbers are not
-reproduced. No replacement, no temporal or weighted sampling (PyG's ``replace``, ``time_attr``,
-``weight_attr``), no disjoint subgraphs.
+reproduced. ``replace=True`` draws with replacement (PyG's ``replace``); no temporal or weighted
+sampling (PyG's ``time_attr``, ``weight_attr``); disjoint subgraphs are
+:class:`gnnio.pyg.disjoint.DisjointSampler`, one call per seed.
 
 Cost: one serial numba pass per hop over the frontier (pyg-lib is serial per batch too); a
 loader runs several batches at once with ``num_workers``. Each concurrent call holds a dense
@@ -62,12 +63,14 @@ __all__ = ["FrontierSampler"]
 
 
 @njit(cache=True, nogil=True)
-def _sample_frontier(indptr, indices, nodes, lo, hi, fanout, hop_key, loc, base):
+def _sample_frontier(indptr, indices, nodes, lo, hi, fanout, hop_key, loc, base, replace):
     """Sample the rows ``nodes[lo:hi]`` (local ids ``lo..hi-1``) of one hop.
 
     Returns ``(src, dst, pos, new)``: per edge the neighbour's local id, the expanded node's local
     id and the edge's CSR position; ``new`` the global ids first seen in this hop (numbered
-    ``base, base + 1, ...`` in ``loc``, in order of first appearance).
+    ``base, base + 1, ...`` in ``loc``, in order of first appearance). With ``replace`` a node
+    with ``d > 0`` neighbours takes ``fanout`` independent uniform draws (pyg-lib's rule: also
+    when ``d <= fanout``); ``fanout < 0`` still takes every neighbour once.
     """
     n = hi - lo
     offs = np.empty(n + 1, dtype=np.int64)
@@ -75,7 +78,10 @@ def _sample_frontier(indptr, indices, nodes, lo, hi, fanout, hop_key, loc, base)
     for r in range(n):
         v = nodes[lo + r]
         d = indptr[v + 1] - indptr[v]
-        offs[r + 1] = offs[r] + (d if (fanout < 0 or d <= fanout) else fanout)
+        if replace and fanout >= 0:
+            offs[r + 1] = offs[r] + (fanout if d > 0 else 0)
+        else:
+            offs[r + 1] = offs[r] + (d if (fanout < 0 or d <= fanout) else fanout)
     e = offs[n]
     pos = np.empty(e, dtype=np.int64)
     dst = np.empty(e, dtype=np.int64)
@@ -87,7 +93,12 @@ def _sample_frontier(indptr, indices, nodes, lo, hi, fanout, hop_key, loc, base)
         k = offs[r + 1] - o
         for q in range(o, o + k):
             dst[q] = lo + r
-        if k == d:
+        if replace and fanout >= 0 and k > 0:
+            state = mix64(hop_key ^ (np.uint64(v) * _GAMMA))
+            for q in range(o, o + k):
+                state = mix64(state + _GAMMA)
+                pos[q] = start + np.int64(state % np.uint64(d))
+        elif k == d:
             for q in range(k):
                 pos[o + q] = start + q
         elif k > 0:
@@ -126,13 +137,19 @@ class FrontierSampler(ThreadedCPUSampler):
         fanouts: neighbours per expanded node for hop 1, 2, ... (PyG's ``num_neighbors``;
             ``-1`` = all, ``0`` = none).
         seed: base random seed.
+        replace: draw neighbours with replacement (PyG's ``replace=True``): ``fanout``
+            independent uniform draws per expanded node with at least one neighbour, so an edge
+            may repeat; ``-1`` still takes every neighbour once.
 
     :meth:`sample` is thread-safe (each call takes its own id map from a pool).
     """
 
-    def __init__(self, graph: CSRGraph, fanouts: Sequence[int], seed: int = 0):
+    def __init__(
+        self, graph: CSRGraph, fanouts: Sequence[int], seed: int = 0, replace: bool = False
+    ):
         self._init_threads(fanouts, seed, 1)
         self._init_csr(graph)
+        self.replace = bool(replace)
 
     @property
     def device(self) -> torch.device:
@@ -163,7 +180,7 @@ class FrontierSampler(ThreadedCPUSampler):
             hi = hop_nodes[-1]
             src, dst, pos, new = _sample_frontier(
                 self.indptr, self.indices, nodes, lo, hi, np.int64(fanout), _hop_key(key, h),
-                loc, np.int64(hi),
+                loc, np.int64(hi), self.replace,
             )  # fmt: skip
             srcs.append(src)
             dsts.append(dst)
