@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..features._gather import host_empty
+from ..features._gather import host_empty, host_rows
 from ..utils.progress import bar
 from ..utils.rss import available_ram
 from ._timing import median, time_passes
@@ -211,9 +211,7 @@ def run(args) -> dict:
     store = open_store(ds, kind=args.store, num_threads=args.threads, progress=not args.no_progress)
     rows = [int(i.shape[0]) for i in ids]
     # reused and pre-faulted, on a 2 MiB boundary like the ceiling's buffers (as the loader's ring)
-    from ..pipeline.loader import _aligned_rows
-
-    out = _aligned_rows(max(rows), store.dim, store.dtype)
+    out = host_rows(max(rows), store.dim, store.dtype)
     useful = sum(rows) * store.row_bytes
     get_host = getattr(store, "host_tensor", None)
     host = get_host() if callable(get_host) else None

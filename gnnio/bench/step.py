@@ -176,7 +176,7 @@ def _relabel_hook(sampler, clock_box: list):
 
 def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
     """Pass 2: one part after another, each timed; op and sync counts per part."""
-    from ..features._gather import host_empty
+    from ..features._gather import host_rows
 
     sampler, store, net, opt = parts.sampler, parts.store, parts.net, parts.opt
     keyed = "epoch_seed" in inspect.signature(sampler.sample).parameters
@@ -214,8 +214,7 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
                     ids = mb.input_nodes
                     rows = int(ids.shape[0])
                     if store.device.type == "cpu" and (buf is None or buf.shape[0] < rows):
-                        buf = torch.from_numpy(host_empty((max(rows, 1) * 5 // 4, store.dim),
-                                                          _np_dtype(store.dtype)))  # fmt: skip
+                        buf = host_rows(max(rows, 1) * 5 // 4, store.dim, store.dtype)
                         if device.type == "cuda":
                             buf = buf.pin_memory()
                     before = counter.syncs
@@ -278,10 +277,6 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
         "flops_per_batch": flops / k,
         "bytes_per_batch": membytes / k,
     }
-
-
-def _np_dtype(dt: torch.dtype):
-    return torch.empty(0, dtype=dt).numpy().dtype
 
 
 def batch_work(model, mb, row_bytes: int) -> tuple[float, float]:

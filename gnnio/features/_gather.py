@@ -52,6 +52,7 @@ __all__ = [
     "copy_rows",
     "gather_rows",
     "host_empty",
+    "host_rows",
     "row_bytes_view",
     "tensor_view",
     "word_views",
@@ -180,6 +181,19 @@ def host_empty(shape: tuple[int, int], dtype) -> np.ndarray:
     raw = np.empty(nbytes + align, dtype=np.uint8)
     start = (-raw.ctypes.data) % align
     return raw[start : start + nbytes].view(dt).reshape(shape)
+
+
+def host_rows(n: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[n, dim]`` host rows of a torch ``dtype`` from :func:`host_empty` (first row on a 2 MiB
+    boundary) with every page touched once, as the gather bench's ceiling buffers are; a dtype
+    NumPy lacks (bfloat16) falls back to torch's allocator."""
+    try:
+        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return torch.zeros((n, dim), dtype=dtype)
+    a = host_empty((n, dim), np_dtype)
+    a.view(np.uint8).reshape(-1)[::4096] = 0  # pre-fault
+    return torch.from_numpy(a)
 
 
 def _as_bytes_2d(a: np.ndarray) -> np.ndarray:

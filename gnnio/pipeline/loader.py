@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from ..errors import GnnioError
+from ..features._gather import host_rows
 from ..features.base import FeatureStore
 from ..sampling.base import MiniBatch, Sampler
 from ..utils.devices import resolve_device
@@ -258,7 +259,7 @@ class NodeLoader:
             if self._pinned:  # page-locked for the async copy (page-aligned by the allocator)
                 buf = torch.empty((cap, self.store.dim), dtype=self.store.dtype, pin_memory=True)
             else:  # as the gather bench's ceiling: first row on a 2 MiB boundary, pre-faulted
-                buf = _aligned_rows(cap, self.store.dim, self.store.dtype)
+                buf = host_rows(cap, self.store.dim, self.store.dtype)
             self._slots[k] = buf
         return buf[:n]
 
@@ -269,20 +270,6 @@ class NodeLoader:
             lab = self.labels.to(seeds.device)
             self._labels_on[seeds.device] = lab
         return lab[seeds]
-
-
-def _aligned_rows(n: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[n, dim]`` host rows starting on a 2 MiB boundary (no row straddles a cache line more
-    than its size needs; huge pages cover it) with every page touched once."""
-    from ..features._gather import host_empty
-
-    try:
-        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-    except TypeError:  # a dtype NumPy lacks (bfloat16): torch's allocator
-        return torch.zeros((n, dim), dtype=dtype)
-    a = host_empty((n, dim), np_dtype)
-    a.view(np.uint8).reshape(-1)[::4096] = 0  # pre-fault
-    return torch.from_numpy(a)
 
 
 def _device_of(sampler) -> torch.device | None:

@@ -34,7 +34,6 @@ SYNC_OPS = frozenset(
     {
         "aten._local_scalar_dense",
         "aten.nonzero",
-        "aten.nonzero_static",  # not a sync, listed only to be excluded below
         "aten.masked_select",
         "aten._unique",
         "aten._unique2",
@@ -45,7 +44,7 @@ SYNC_OPS = frozenset(
         "aten.equal",
         "aten.histc",
     }
-) - {"aten.nonzero_static"}
+)
 
 
 def _packet(func) -> str:
@@ -68,7 +67,7 @@ def _is_sync(func, args, kwargs) -> bool:
             for t in (idx or ())
             if t is not None
         )
-    if name in ("aten._to_copy", "aten.copy_", "aten.to"):
+    if name in ("aten._to_copy", "aten.copy_"):  # (Tensor.to reaches here as _to_copy)
         src = args[1] if name == "aten.copy_" else args[0]
         dst_dev = args[0].device if name == "aten.copy_" else kwargs.get("device")
         if isinstance(src, torch.Tensor) and src.device.type == "cuda":
