@@ -119,7 +119,9 @@ def _spmm_threads(ptr, col, val, x, out) -> None:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL._max_workers < k:
-            _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="gnnio-spmm")
+            # process-wide and idle between calls, like torch's intra-op threads: not named
+            # "gnnio-*", the prefix of threads owned by a loader, sampler or store
+            _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="spmm-pool")
         pool = _POOL
     cuts = np.searchsorted(ptr, np.linspace(0, ptr[-1], k + 1)).clip(0, rows)
     cuts[0], cuts[-1] = 0, rows
@@ -259,12 +261,3 @@ def block_matmul(x: torch.Tensor, adj: BlockCSR) -> torch.Tensor:
     if x.shape[0] != ns:
         x = x[:ns]
     return _BlockMatmul.apply(x, adj)
-
-
-def numpy_reference(adj: BlockCSR, x: np.ndarray) -> np.ndarray:
-    """``A @ x`` in float64 with NumPy (for tests)."""
-    ptr, col, val = (t.cpu().numpy() for t in (adj.ptr, adj.col, adj.val))
-    out = np.zeros((adj.shape[0], x.shape[1]))
-    rows = np.repeat(np.arange(adj.shape[0]), np.diff(ptr))
-    np.add.at(out, rows, val[:, None].astype(np.float64) * x[col])
-    return out
