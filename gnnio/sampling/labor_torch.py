@@ -32,7 +32,8 @@ from collections.abc import Sequence
 import torch
 
 from .base import Block, MiniBatch
-from .gpu import _GAMMA, TorchUniformSampler, _relabel, _repeat_rows, _s64, _srl, mix64_torch
+from .gpu import TorchUniformSampler, _relabel
+from .gpu_hop import _GAMMA, _repeat_rows, _s64, _srl, mix64_torch
 from .threaded import hop_key
 
 __all__ = ["TorchLaborSampler", "labor_hop_torch", "vertex_rank_torch"]
