@@ -139,9 +139,26 @@ with warnings.catch_warnings():
     same_as_synced()
 assert calls and kernels_report()["relabel"] == "triton", kernels_report()
 
+# the hop kernel's bounded form: rows past `count` draw nothing (here their offsets point at
+# the real rows' edges, which they would overwrite)
+from gnnio.sampling._triton_hop import sample_hop_triton
+rng = np.random.default_rng(1)
+g = CSRGraph.from_edges(rng.integers(0, 300, 3000), rng.integers(0, 300, 3000), 300)
+ip, ix = g.to_torch()
+hub = int(torch.argmax(ip[1:] - ip[:-1]))
+dst = torch.tensor([5, 17, 2, hub, hub, hub])
+k = torch.clamp(ip[dst[:3] + 1] - ip[dst[:3]], max=4)
+e = int(k.sum())
+off = torch.cat([torch.cumsum(k, 0) - k, torch.zeros(3, dtype=torch.int64)])
+src, row = sample_hop_triton(ip, ix, dst, 4, 77, e + 8, torch.tensor([3]), off)
+want_src, want_row = sample_hop_triton(ip, ix, dst[:3], 4, 77, e)
+assert torch.equal(src[:e], want_src) and torch.equal(row[:e], want_row)
+
 # a kernel that cannot build (the third launch, after _claim wrote `first`): one warning, then
 # the torch ops, the same batches, and the report says so
 reset_kernel_record()
+
+
 def broken(*a, **k):
     raise RuntimeError("no PTX for you")
 _triton_relabel._lookup = type("K", (), {"__getitem__": lambda self, grid: broken})()

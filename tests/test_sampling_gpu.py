@@ -2,7 +2,9 @@
 
 Every torch call that reads a device value on the host (``int(t)``, ``bool(t)``, ``.item()``,
 ``.tolist()``, ``nonzero``, boolean-mask indexing, ...) is a host sync on a GPU. The sampler may
-make ``len(fanouts) + 1`` of them per batch: one for the seeds and one per hop.
+make 2 of them per batch with every fanout >= 0 (issue 24: one, at the batch's end,
+gnnio/sampling/gpu_bounded.py, tested in tests/test_gpu_bounded.py) and ``len(fanouts) + 1``
+with fanout -1: one for the seeds and one per hop.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def test_count_syncs_sees_the_usual_culprits():
 
 
 @pytest.mark.parametrize("fanouts", [[15, 10, 5], [4, -1], [0, 3], [25]])
-def test_host_syncs_per_batch_are_one_per_hop_plus_one(fanouts):
+def test_host_syncs_per_batch(fanouts):
     rng = np.random.default_rng(0)
     n = 3000
     g = CSRGraph.from_edges(rng.integers(0, n, 40000), rng.integers(0, n, 40000), n)
@@ -38,7 +40,7 @@ def test_host_syncs_per_batch_are_one_per_hop_plus_one(fanouts):
     s.sample(seeds, key=0)  # warm: the scratch tensors exist
     with count_syncs() as c:
         mb = s.sample(seeds, key=1)
-    assert c.count <= len(fanouts) + 1, c.ops
+    assert c.count <= (2 if min(fanouts) >= 0 else len(fanouts) + 1), c.ops
     assert mb.meta["hop_nodes"][0] == 256
 
 
