@@ -183,3 +183,22 @@ print("ok")
 def test_triton_relabel_equals_the_synced_path_and_falls_back_once():
     pytest.importorskip("triton")
     run_in_triton_interpreter(TRITON)
+
+
+def test_bench_step_times_the_relabelling_through_the_phase_hook():
+    """``gnnio bench step``'s ``relabel`` part: the sampler marks each hop's relabelling on the
+    bench's clock (no module function swapped); the hook is removed afterwards."""
+    from gnnio.bench.step import _Clock, _relabel_hook
+
+    inner = TorchUniformSampler(*_graph(300, 3000, 3).to_torch(), [5, 3])
+    clock = _Clock(torch.device("cpu"))
+    phases: list[str] = []
+    real_mark = clock.mark
+    clock.mark = lambda name: phases.append(name) or real_mark(name)
+    undo = _relabel_hook(type("GpuSampler", (), {"_torch": inner})(), [clock])
+    assert _relabel_hook(type("CpuSampler", (), {"_torch": None})(), [clock]) is None
+    clock.begin()
+    inner.sample(torch.arange(0, 300, 9), 1)
+    assert phases == ["sample", "relabel"] * 2 and clock.ms["relabel"] > 0
+    undo()
+    assert inner.phase_hook is None

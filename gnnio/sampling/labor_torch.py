@@ -172,7 +172,9 @@ class TorchLaborSampler(TorchUniformSampler):
         for h, fanout in enumerate(self.fanouts):
             rkey = hop_key(key, 0 if self.layer_dependency else h) ^ _DOMAIN_LABOR
             src, dst = labor_hop_torch(ip, self.indices, dst_nodes, fanout, rkey, self.poisson)
+            self._mark("sample")
             new, _, _ = _relabel(src, loc, first, hop_nodes[-1], ip, ())
+            self._mark("relabel")
             parts.append(new)
             hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
             hop_edges.append(torch.stack([loc[src], dst]))
