@@ -202,3 +202,38 @@ def test_bench_step_times_the_relabelling_through_the_phase_hook():
     assert phases == ["sample", "relabel"] * 2 and clock.ms["relabel"] > 0
     undo()
     assert inner.phase_hook is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batch_syncs_at_most_twice_and_equals_the_cpu_sampler():  # pragma: no cover - GPU
+    """On a GPU, CUDA's own sync detector (``set_sync_debug_mode``) sees at most 2 host syncs in
+    a batch of the GPU sampler (Triton hop and relabelling), and the batch is the CPU's."""
+    import warnings
+
+    from gnnio.sampling import UniformSampler
+    from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
+
+    g = _graph(3000, 40000, 0)
+    cpu = UniformSampler(g, [15, 10, 5], seed=0, num_threads=1)
+    gpu = UniformSampler(g, [15, 10, 5], seed=0, device="cuda")
+    seeds = np.random.default_rng(0).permutation(3000)[:256]
+    on_gpu = torch.from_numpy(seeds).cuda()
+    reset_kernel_record()
+    gpu.sample(on_gpu, epoch_seed=1)  # warm: the kernels are compiled, the scratch exists
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            mb = gpu.sample(on_gpu, epoch_seed=2)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(x.message) for x in w if "synchroniz" in str(x.message)]
+    assert len(syncs) <= 2, syncs
+    want = cpu.sample(seeds, epoch_seed=2)
+    assert torch.equal(mb.input_nodes.cpu(), want.input_nodes)
+    for x, y in zip(mb.blocks, want.blocks, strict=True):
+        assert torch.equal(x.edge_index.cpu(), y.edge_index)
+    rep = kernels_report()
+    assert rep["hop"] == "triton" and rep["relabel"] == "triton" and rep["fallbacks"] == 0, rep
