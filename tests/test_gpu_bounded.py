@@ -74,9 +74,12 @@ def test_sample_takes_the_bounded_path_with_at_most_two_host_syncs(monkeypatch):
     _same(mb, want)
 
 
-def test_fanout_minus_one_keeps_the_synced_path():
+@pytest.mark.parametrize("fanouts, slots", [([3, -1], None), ([3, 2], 20)])
+def test_fanout_minus_one_and_huge_bounds_keep_the_synced_path(monkeypatch, fanouts, slots):
+    if slots is not None:  # edge bounds 120 and 320 against a limit of 20
+        monkeypatch.setattr(gpu_bounded, "MAX_EDGE_SLOTS", slots)
     g = _graph(200, 1500, 1)
-    s = TorchUniformSampler(*g.to_torch(), [3, -1])
+    s = TorchUniformSampler(*g.to_torch(), fanouts)
     seeds = torch.arange(0, 200, 5)
     with count_syncs() as c:
         mb = s.sample(seeds, key=4)

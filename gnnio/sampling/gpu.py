@@ -12,7 +12,8 @@ Host synchronisations: with every fanout ``>= 0`` a batch is sampled into buffer
 (:mod:`gnnio.sampling.gpu_bounded`: sizes bounded above from the fanouts, the relabelling a Triton
 kernel or the same steps in torch ops) and reads the device **once**, at its end, for its sizes
 and its seeds' checks (issue 24). With fanout ``-1`` (all neighbours; no useful bound), and for a
-batch whose fast torch draws met a Lemire rejection, the synced path below runs: one sync for the
+batch whose fast torch draws met a Lemire rejection, or bounds past
+:data:`gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`, the synced path below runs: one sync for the
 seeds (range, repeats, and how many edges each later hop will draw from them) and one per hop (how
 many new nodes it found, and their edges in the later hops), ``len(fanouts) + 1`` per batch.
 Nothing else reads a device value on the host: no ``nonzero``, no boolean-mask indexing, no
@@ -181,11 +182,10 @@ class TorchUniformSampler:
         if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
         seeds = seeds.to(torch.int64)
-        if min(self.fanouts, default=0) >= 0:
-            mb = sample_bounded(self, seeds, key)  # one host sync
-            if mb is not None:
-                return mb
-        return self._sample_synced(seeds, key)  # fanout -1, or a Lemire rejection to redraw
+        mb = sample_bounded(self, seeds, key)  # one host sync
+        if mb is not None:
+            return mb
+        return self._sample_synced(seeds, key)  # fanout -1, huge bounds, or a Lemire rejection
 
     def _sample_synced(self, seeds: torch.Tensor, key: int) -> MiniBatch:
         """The batch with ``len(fanouts) + 1`` host syncs (see the module docstring)."""

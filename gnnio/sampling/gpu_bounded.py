@@ -40,7 +40,11 @@ from .base import Block, MiniBatch, dst_ptr
 from .gpu_hop import _SENTINEL, sample_hop_torch
 from .threaded import hop_key
 
-__all__ = ["bounds", "relabel", "relabel_torch", "sample_bounded"]
+__all__ = ["MAX_EDGE_SLOTS", "bounds", "relabel", "relabel_torch", "sample_bounded"]
+
+#: a hop whose edge bound is larger than this is sampled by the synced path instead (deep models
+#: with large fanouts: the bounded buffers, ~6 int64 arrays of the bound, would take GBs)
+MAX_EDGE_SLOTS = 1 << 25
 
 
 def bounds(num_seeds: int, fanouts, num_nodes: int, num_edges: int) -> tuple[list, list]:
@@ -118,12 +122,17 @@ def relabel(src, e_count, loc, first, nodes, count, cap) -> tuple[torch.Tensor, 
 
 
 def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
-    """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler` with every
-    fanout ``>= 0``) around int64 ``seeds`` with one host sync (module docstring); None when
-    its torch draws must be redone step by step. Raises ValueError for bad seeds."""
+    """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
+    int64 ``seeds`` with one host sync (module docstring). None where the synced path must
+    sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, or torch draws to
+    redo step by step. Raises ValueError for bad seeds."""
     dev, n_nodes, ip = sampler.device, sampler.num_nodes, sampler.indptr
     b = int(seeds.shape[0])
+    if min(sampler.fanouts, default=0) < 0:
+        return None
     rows, edges = bounds(b, sampler.fanouts, n_nodes, int(sampler.indices.shape[0]))
+    if max(edges, default=0) > MAX_EDGE_SLOTS:
+        return None
     cap = rows[-1]
     loc, first = sampler._take()
     ok = (seeds >= 0) & (seeds < n_nodes)
