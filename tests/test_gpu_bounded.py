@@ -211,7 +211,9 @@ def test_bench_step_times_the_relabelling_through_the_phase_hook():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_batch_syncs_at_most_twice_and_equals_the_cpu_sampler():  # pragma: no cover - GPU
     """On a GPU, CUDA's own sync detector (``set_sync_debug_mode``) sees at most 2 host syncs in
-    a batch of the GPU sampler (Triton hop and relabelling), and the batch is the CPU's."""
+    a batch of the GPU sampler (Triton hop and relabelling) with the seeds given as the loader
+    gives them (a host array: their copy to the GPU may be the second), and the batch is the
+    CPU's."""
     import warnings
 
     from gnnio.sampling import UniformSampler
@@ -221,15 +223,14 @@ def test_cuda_batch_syncs_at_most_twice_and_equals_the_cpu_sampler():  # pragma:
     cpu = UniformSampler(g, [15, 10, 5], seed=0, num_threads=1)
     gpu = UniformSampler(g, [15, 10, 5], seed=0, device="cuda")
     seeds = np.random.default_rng(0).permutation(3000)[:256]
-    on_gpu = torch.from_numpy(seeds).cuda()
     reset_kernel_record()
-    gpu.sample(on_gpu, epoch_seed=1)  # warm: the kernels are compiled, the scratch exists
+    gpu.sample(seeds, epoch_seed=1)  # warm: the kernels are compiled, the scratch exists
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            mb = gpu.sample(on_gpu, epoch_seed=2)
+            mb = gpu.sample(seeds, epoch_seed=2)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     syncs = [str(x.message) for x in w if "synchroniz" in str(x.message)]
