@@ -10,9 +10,10 @@ fanouts alone, and the real sizes live in 1-element int64 tensors on the device:
 * it adds at most ``E_h`` nodes, and the batch holds at most ``num_nodes`` distinct nodes:
   ``R_{h+1} = max(R_h, min(num_nodes, R_h + E_h))``, ``R_0 = len(seeds)``.
 
-(For fanouts 15,10,5 and 1024 seeds on the 2^21 graph: 1.08M node slots and 0.9M edge slots for
-~0.1M nodes and ~0.5M edges sampled: about 2x the work of exact sizes on the last hop, in
-exchange for a launch queue that never drains.)
+(For fanouts 15,10,5 and 1024 seeds on the 2^21 graph: 1.08M node slots, and 0.9M edge slots in
+the last hop, for ~0.1M nodes and ~0.5M edges sampled in all: the kernels also visit the padding,
+masked, in exchange for a launch queue that never drains. On CPU tensors, where a sync costs
+nothing, this path is slower than the synced one.)
 
 The node list is one buffer ``nodes[R_L + 1]``: seeds first, then each hop's new nodes appended at
 the device-held ``count`` (the last slot a dummy). Hop ``h``'s destination rows are the buffer's
