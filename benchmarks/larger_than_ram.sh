@@ -90,7 +90,7 @@ step() { # step NAME CMD...: run CMD under /usr/bin/time -v and append its line 
         /Maximum resident set size/ { rss = $2 * 1024 }
         /File system inputs/ { rd = $2 * 512 }
         /File system outputs/ { wr = $2 * 512 }
-        END { printf "%s\t%.1f\t%d\t%d\t%d\t%s\t%s\n", name, w, rss, rd, wr, load, rc }
+        END { printf "%s\t%.1f\t%.0f\t%.0f\t%.0f\t%s\t%s\n", name, w, rss, rd, wr, load, rc }
     ' "$tf" >>"$RESULTS"
     tail -n 1 "$RESULTS" >&2
     return "$rc"

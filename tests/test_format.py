@@ -269,3 +269,58 @@ def test_large_array_checked_by_its_sampled_hash(tmp_path):
     flip(between)
     gnnio.load(ds_dir)
     expect_error(ds_dir, "features.npy", "sha256 mismatch", verify=True)
+
+
+def _ram_and_swap() -> int:
+    with open("/proc/meminfo") as f:
+        kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.split()[-1] == "kB"}
+    return (kb["MemTotal"] + kb.get("SwapTotal", 0)) * 1024
+
+
+def test_npy_larger_than_ram_and_swap_opens_read_only(tmp_path):
+    """Issue 25: a copy-on-write mapping of a file larger than RAM + swap is refused (ENOMEM) by
+    the kernel's heuristic overcommit; such an array opens read-only instead. The file is sparse:
+    it takes no disk space."""
+    from gnnio.graph.format import load_arrays
+
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("needs /proc/meminfo")
+    cols = 1024
+    rows = _ram_and_swap() // (4 * cols) + 1
+    path = tmp_path / "big.npy"
+    with open(path, "wb") as f:
+        header = {"descr": "<f4", "fortran_order": False, "shape": (rows, cols)}
+        np.lib.format.write_array_header_1_0(f, header)
+        off = f.tell()
+    os.truncate(path, off + rows * cols * 4)
+    a = load_arrays(tmp_path, ["big"])["big"]
+    assert a.shape == (rows, cols) and float(a[rows - 1, cols - 1]) == 0.0
+
+
+def test_dataset_opens_when_a_private_mapping_is_refused(ds_dir, monkeypatch):
+    """The same, deterministic: np.load refuses every copy-on-write mapping with ENOMEM; the
+    dataset still opens (read-only arrays, same values), and another OSError stays one line."""
+    import errno
+
+    import gnnio.graph.format as fmt
+
+    want = {k: arr(ds_dir, k) for k in ("features", "indices", "labels")}
+    real = np.load
+
+    def refuse(f, mmap_mode=None, **kw):
+        if mmap_mode == "c":
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real(f, mmap_mode=mmap_mode, **kw)
+
+    monkeypatch.setattr(fmt.np, "load", refuse)
+    ds = gnnio.load(ds_dir, verify=True)
+    assert not ds.features.flags.writeable
+    got = {"features": ds.features, "indices": ds.graph.indices, "labels": ds.labels}
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v)
+
+    def eacces(f, mmap_mode=None, **kw):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(fmt.np, "load", eacces)
+    expect_error(ds_dir, "features.npy", "not a readable .npy file", "Permission denied")

@@ -9,6 +9,7 @@ second writer out, stale temporaries and a full disk: :mod:`gnnio.graph.output_d
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -311,8 +312,23 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+def _open_npy(f: Path) -> np.ndarray:
+    """``f`` memory-mapped copy-on-write, or read-only where the kernel refuses a private mapping
+    that large: a writable ``MAP_PRIVATE`` mapping is charged against the commit limit, and with
+    the default heuristic overcommit one larger than RAM + swap fails with ENOMEM (issue 25: the
+    26.8 GB features of a dataset larger than this machine's 24 GiB). A shared read-only mapping is
+    not charged; writing into it raises instead of copying the page."""
+    try:
+        return np.load(f, mmap_mode="c", allow_pickle=False)
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+    return np.load(f, mmap_mode="r", allow_pickle=False)
+
+
 def load_arrays(path: Path, keys: list[str], meta: dict | None = None) -> dict[str, np.ndarray]:
-    """Open ``.npy`` arrays memory-mapped copy-on-write (never read whole, never written back)."""
+    """Open ``.npy`` arrays memory-mapped copy-on-write (never read whole, never written back;
+    read-only where a private mapping is refused: :func:`_open_npy`)."""
     out = {}
     for key in keys:
         fname = meta["arrays"][key]["file"] if meta else f"{key}.npy"
@@ -323,7 +339,7 @@ def load_arrays(path: Path, keys: list[str], meta: dict | None = None) -> dict[s
         if os.path.commonpath([real, root]) != root:  # a dataset reads only its own files
             raise DatasetError(f"{f}: a symlink to {real}, outside the dataset directory")
         try:
-            a = np.load(f, mmap_mode="c", allow_pickle=False)
+            a = _open_npy(f)
         except (ValueError, OSError, EOFError) as e:
             raise DatasetError(f"{f}: not a readable .npy file ({e})") from None
         if not isinstance(a, np.ndarray):  # np.load opens a zip archive (.npz) as well
