@@ -12,6 +12,7 @@ from gnnio.cli.main import main
 from gnnio.graph.dataset import load
 from gnnio.importers.synthetic import prepare_synthetic
 from gnnio.preprocess import reorder_bounded as rb
+from gnnio.preprocess.hotness import score_fixed_bytes
 from gnnio.preprocess.reorder import order_by_score, relabel_csr
 from gnnio.utils.rss import rss_bytes
 from tests.helpers import random_graph
@@ -29,10 +30,11 @@ def _hashes(path) -> dict[str, str]:
     return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.glob("*.npy"))}
 
 
-@pytest.mark.parametrize("by", ["degree", "wrpr"])
+@pytest.mark.parametrize("by", ["degree", "wrpr", "sj", "presample"])
 def test_bounded_reorder_writes_the_same_files(graph, tmp_path, by):
-    n = load(graph).num_nodes
-    tiny = rb.fixed_bytes(n) + rb.MIN_CHUNK  # ~120 rows of the graph per chunk
+    g = load(graph).graph
+    # the larger of what the score and the reorder hold: ~120 rows of the graph per chunk
+    tiny = max(rb.fixed_bytes(g.num_nodes), score_fixed_bytes(by, g)) + rb.MIN_CHUNK
     assert main(["reorder", str(graph), "--by", by, "--out", str(tmp_path / "a"), "--quiet"]) == 0
     rc = main(["reorder", str(graph), "--by", by, "--out", str(tmp_path / "b"), "--quiet",
                "--memory-budget", str(tiny)])  # fmt: skip
