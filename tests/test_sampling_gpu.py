@@ -59,7 +59,7 @@ def test_hop_with_known_total_makes_no_sync():
 
 def test_pinned_csr_views_alias_the_host_csr(monkeypatch):
     """UVA sampling pins the host CSR in place and views it from the GPU: no copy."""
-    from gnnio.features import uva
+    from gnnio.features.tiers import uva
     from gnnio.sampling.gpu import pinned_csr
     from tests.fake_cuda import (
         FakeCudaRuntime,

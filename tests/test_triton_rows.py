@@ -18,8 +18,8 @@ import warnings
 import numpy as np, torch
 from gnnio.features import _triton_rows
 from gnnio.features._gather import copy_rows
-from gnnio.features.simdevice import SimulatedDevice
-from gnnio.features.tiered import TieredFeatureStore
+from gnnio.features.tiers.simdevice import SimulatedDevice
+from gnnio.features.tiers.tiered import TieredFeatureStore
 from gnnio.utils import triton_kernels
 
 warnings.simplefilter("error", RuntimeWarning)  # a kernel failure (and torch fallback) fails here

@@ -271,13 +271,13 @@ def count_syncs():
 
 def pinned_csr(indptr: torch.Tensor, indices: torch.Tensor, device: torch.device):
     """UVA sampling's topology: ``(indptr, indices, handles)`` where the two tensors are CUDA
-    views of the host CSR, pinned in place (:mod:`gnnio.features.uva`, the tiered store's
+    views of the host CSR, pinned in place (:mod:`gnnio.features.tiers.uva`, the tiered store's
     registration machinery): the GPU sampler's kernels read the rows they touch over PCIe and the
     CSR is never copied to the GPU (DGL's users found UVA sampling costing 5x the index memory,
     dgl#3918). If the host arrays cannot be registered where they are (a file-backed memory map,
     for instance), they are copied once into ordinary host memory and that is pinned. Keep
     ``handles`` alive as long as the views are used; ``release()`` them afterwards."""
-    from ..features import uva
+    from ..features.tiers import uva
 
     views, handles = [], []
     for t in (indptr, indices):
@@ -297,7 +297,7 @@ class TorchUniformSampler:
 
     Args:
         indptr: int64 ``[N + 1]``; indices: ``[E]`` -- CSR of in-neighbours, on the sampling device
-            (or pinned host memory viewed from the GPU, :mod:`gnnio.features.uva`: UVA sampling).
+            (or pinned host memory viewed from the GPU, :mod:`gnnio.features.tiers.uva`: UVA sampling).
         fanouts: per hop, ``fanouts[0]`` = the seeds' hop (see :mod:`gnnio.sampling.uniform`).
         device: where the sampling runs and the batches are returned; None = ``indptr.device``.
 

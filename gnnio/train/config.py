@@ -98,17 +98,17 @@ class TrainConfig:
         progress: show tqdm progress bars (stderr).
         gpu_cache_fraction: None = no tiering; else keep this fraction of the feature rows (the
             hottest by ``score``) in the GPU tier of a
-            :class:`~gnnio.features.tiered.TieredFeatureStore` and read the rest from (pinned) host
+            :class:`~gnnio.features.tiers.tiered.TieredFeatureStore` and read the rest from (pinned) host
             memory; simulated GPU tier without CUDA. ``bytes_by_tier`` then has ``gpu`` and
             ``host``.
         gpu_budget_bytes: cap on the GPU tier's bytes (hot rows clamped to fit); None = no cap.
         score: hotness score ranking the rows for tiering and for a static cache (a key of
             :data:`gnnio.preprocess.hotness.SCORES`, default ``wrpr``).
         placement: a placement file from ``gnnio plan --save``: features are read through a
-            :class:`~gnnio.features.multidevice.MultiDeviceFeatureStore` as GPU ``reader``
+            :class:`~gnnio.features.tiers.multidevice.MultiDeviceFeatureStore` as GPU ``reader``
             (tiers ``local``, ``peer``, ``host``). Exclusive with ``gpu_cache_fraction``.
         reader: which GPU of the placement this run trains on (0-based).
-        cache_policy: ``none`` or a :class:`~gnnio.features.cache.FeatureCache` policy
+        cache_policy: ``none`` or a :class:`~gnnio.features.caches.cache.FeatureCache` policy
             (``static``, ``fifo``, ``lru``, ``lfu``, ``lookahead``) in front of the store (tier
             ``cache``).
         cache_size: cache rows as a fraction of the nodes (``0.1`` = 10 %).
@@ -116,7 +116,7 @@ class TrainConfig:
             in host memory below the first (BGL's two-level GPU + CPU cache, same policy); the
             first level lives on the training device (simulated in host memory on a CPU).
         lookahead: ``cache_policy="lookahead"``: batches the loader announces ahead (Belady's MIN
-            over them, :mod:`gnnio.features.cache_lookahead`); 0 = the frequency fallback alone.
+            over them, :mod:`gnnio.features.caches.lookahead`); 0 = the frequency fallback alone.
         order: training seed order: ``random`` (seeded shuffle each epoch) or ``po`` (BGL's
             proximity-aware order, :class:`~gnnio.ordering.po.ProximityOrder`).
         po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the

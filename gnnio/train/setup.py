@@ -61,7 +61,7 @@ class StoreSetup:
         info: facts for the summary (hot rows, strategy, cache capacity, ...).
         eval_store: the store evaluation reads through: ``store`` without a *dynamic* cache, so
             evaluation batches do not evict the training batches' rows.
-        disk: the :class:`~gnnio.features.disk.DiskFeatureStore` at the bottom
+        disk: the :class:`~gnnio.features.stores.disk.DiskFeatureStore` at the bottom
             (``--features-on disk``), else None; disk_below_gpu: the store right under a GPU
             tier over it (its counters split the GPU tier's "host" rows), else None.
     """
@@ -123,7 +123,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
     n = ds.num_nodes
 
     if cfg.gpu_cache_fraction is not None:
-        from ..features.tiered import TieredFeatureStore, hot_rows_for_fraction
+        from ..features.tiers.tiered import TieredFeatureStore, hot_rows_for_fraction
 
         kw = {"device": device if device.type == "cuda" else "cpu", "progress": cfg.progress}
         if cfg.gpu_budget_bytes is not None:
@@ -149,7 +149,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
             }
         )
     elif cfg.placement is not None:
-        from ..features.multidevice import MultiDeviceFeatureStore
+        from ..features.tiers.multidevice import MultiDeviceFeatureStore
         from ..placement import load_placement
         from ..placement.validate import check_for_dataset
 
@@ -194,8 +194,8 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                           eval_store=eval_store, disk=disk,
                           disk_below_gpu=base if store is not base else None)  # fmt: skip
     if cfg.cache_policy != "none" and cfg.cache_size > 0:
-        from ..features.cache import FeatureCache
-        from ..features.tiered import hot_rows_for_fraction
+        from ..features.caches.cache import FeatureCache
+        from ..features.tiers.tiered import hot_rows_for_fraction
 
         hot = None
         if cfg.cache_policy == "static":
@@ -207,7 +207,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         cache_dev = device if device.type == "cuda" else None
         cpu_cap = hot_rows_for_fraction(min(getattr(cfg, "cpu_cache_size", 0.0), 1.0), n)
         if cpu_cap > 0:  # BGL's two-level cache: GPU level over a host-memory level
-            from ..features.cache import two_level_cache
+            from ..features.caches.cache import two_level_cache
 
             store = two_level_cache(store, cap, cpu_cap, cfg.cache_policy, cache_dev, hot)
             tiers = ("gpu_cache", "cpu_cache", *tiers)

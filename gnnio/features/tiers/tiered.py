@@ -20,7 +20,7 @@ Routing an id to its tier (vectorised: one mask, two gathers, one scatter):
 Cold path (``cold_mode``):
 
 * ``"zero_copy"`` (the paper's access method): the backing's host tensor is pinned in place
-  (``cudaHostRegister``) and exposed as a CUDA view (:mod:`gnnio.features.uva`); cold rows are
+  (``cudaHostRegister``) and exposed as a CUDA view (:mod:`gnnio.features.tiers.uva`); cold rows are
   gathered by a GPU kernel straight from host memory, with no CPU gather and no staging copy.
 * ``"cpu_gather"``: the CPU gathers cold rows through the backing store into a reused (pinned)
   staging buffer, which is then copied to the GPU (the baseline the paper compares against; the
@@ -30,19 +30,19 @@ Cold path (``cold_mode``):
   a :class:`TieringWarning` when pinning failed).
 
 Devices: on a CUDA device rows really move. With ``device="cpu"`` (or ``simulate=True``) the GPU
-is simulated (:mod:`gnnio.features.simdevice`): the hot tier and the lookup table are CPU tensors
-allocated on a :class:`~gnnio.features.simdevice.SimulatedDevice`, zero-copy "reads" index the host
+is simulated (:mod:`gnnio.features.tiers.simdevice`): the hot tier and the lookup table are CPU tensors
+allocated on a :class:`~gnnio.features.tiers.simdevice.SimulatedDevice`, zero-copy "reads" index the host
 tensor directly, and every row and byte is counted exactly as on a GPU. Only times differ.
 
 Robustness: a zero-byte pin is never requested (hot fraction 1, empty tables, zero-width rows);
-a failing pin either raises :class:`~gnnio.features.uva.PinError` (``cold_mode="zero_copy"``) or
+a failing pin either raises :class:`~gnnio.features.tiers.uva.PinError` (``cold_mode="zero_copy"``) or
 falls back to CPU gather + copy with a warning (``"auto"``); the GPU tier (hot rows + lookup table)
 never exceeds ``gpu_budget_bytes``: the number of hot rows is clamped, with a warning and
 :attr:`TieredFeatureStore.clamped_by_budget`.
 
 Code: the store (routing, the hot tier, the budget) is here; the cold path (pinning, zero-copy,
-CPU gather + staging) is :class:`~gnnio.features.tiered_cold.ColdPath`; reading the backing rows on
-the CPU, whatever holds them, is :class:`~gnnio.features.row_source.RowSource`.
+CPU gather + staging) is :class:`~gnnio.features.tiers.tiered_cold.ColdPath`; reading the backing rows on
+the CPU, whatever holds them, is :class:`~gnnio.features.tiers.row_source.RowSource`.
 
 The multi-GPU extension of the paper (hot rows interleaved over NVLink peers, optionally the
 hottest replicated on every GPU) is a placement concern: it adds a "peer" tier on top of the same
@@ -59,14 +59,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import GnnioError, UsageError
-from ..preprocess.reorder import order_by_score
-from ..utils.counts import top_count
-from ..utils.devices import resolve_device
-from ..utils.progress import bar
+from ...errors import GnnioError, UsageError
+from ...preprocess.reorder import order_by_score
+from ...utils.counts import top_count
+from ...utils.devices import resolve_device
+from ...utils.progress import bar
+from .._gather import as_index_array, check_out, copy_rows
+from ..base import FeatureStore
 from . import uva
-from ._gather import as_index_array, check_out, copy_rows
-from .base import FeatureStore
 from .row_source import RowSource, num_rows_of
 from .simdevice import SimulatedDevice
 from .tiered_cold import ColdPath, TieringWarning
@@ -115,11 +115,11 @@ class TieredFeatureStore(FeatureStore):
         cold_mode: ``"auto"``, ``"zero_copy"`` or ``"cpu_gather"`` (see module docstring).
         simulate: None = simulate exactly when ``device`` is the CPU; True = simulate even for a
             CUDA device (rows then return on the CPU); False = insist on a real GPU; or a
-            :class:`~gnnio.features.simdevice.SimulatedDevice` to hold the simulated GPU tier
+            :class:`~gnnio.features.tiers.simdevice.SimulatedDevice` to hold the simulated GPU tier
             (its capacity then acts as the device memory).
         pin_fn: the function that pins the host tensor for zero-copy reads and returns a handle
-            (with an optional ``release()``); default :func:`gnnio.features.uva.pin_host_tensor`
-            on a GPU, :func:`gnnio.features.simdevice.simulated_pin` when simulated. Any
+            (with an optional ``release()``); default :func:`gnnio.features.tiers.uva.pin_host_tensor`
+            on a GPU, :func:`gnnio.features.tiers.simdevice.simulated_pin` when simulated. Any
             exception it raises counts as a pin failure. Never called with zero bytes.
         chunk_rows: rows per chunk while loading the hot tier.
         progress: show a progress bar while loading the hot tier.

@@ -1,9 +1,9 @@
-"""The cold path of a :class:`~gnnio.features.tiered.TieredFeatureStore`: how the rows outside the
-GPU tier reach the device (the modes are described in :mod:`gnnio.features.tiered`).
+"""The cold path of a :class:`~gnnio.features.tiers.tiered.TieredFeatureStore`: how the rows outside the
+GPU tier reach the device (the modes are described in :mod:`gnnio.features.tiers.tiered`).
 
 * zero-copy: the host rows are pinned in place and read by a GPU gather through a CUDA view
-  (:mod:`gnnio.features.uva`; simulated: the host tensor is indexed directly);
-* CPU gather + copy: the CPU gathers the rows through the :class:`~gnnio.features.row_source.RowSource`
+  (:mod:`gnnio.features.tiers.uva`; simulated: the host tensor is indexed directly);
+* CPU gather + copy: the CPU gathers the rows through the :class:`~gnnio.features.tiers.row_source.RowSource`
   into a reused (pinned) staging buffer, which is copied to the device.
 
 :class:`ColdPath` chooses between them (``cold_mode``), pins, falls back with a
@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
+from .._gather import copy_rows
 from . import uva
-from ._gather import copy_rows
 from .row_source import RowSource
 from .simdevice import simulated_pin
 
 __all__ = ["ColdPath", "TieringWarning"]
 
-log = logging.getLogger("gnnio.features.tiered")  # the store's logger
+log = logging.getLogger("gnnio.features.tiers.tiered")  # the store's logger
 
 
 class TieringWarning(RuntimeWarning):
