@@ -67,9 +67,9 @@ def register(sub) -> None:
         "--memory-budget",
         metavar="BYTES",
         default=None,
-        help="relabel and copy in chunks that keep the pages this process holds within BYTES "
-        "(e.g. 4GiB; the per-node arrays count, the interpreter does not); same output files "
-        "(default: no budget, one pass)",
+        help="score, relabel and copy in chunks that keep the pages this process holds within "
+        "BYTES (e.g. 4GiB; the per-node arrays count, the interpreter does not; presample counts "
+        "the whole CSR); same output files (default: no budget, one pass)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary")
