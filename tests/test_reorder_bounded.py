@@ -44,13 +44,20 @@ def test_bounded_reorder_writes_the_same_files(graph, tmp_path, by):
     assert a == b
 
 
+@pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("chunk", [1, 9000, 50_000, 1 << 30])
-def test_chunked_relabel_equals_relabel_csr(tmp_path, chunk):
+def test_chunked_relabel_equals_relabel_csr(tmp_path, chunk, mapped):
+    """In RAM, or mapped from a file: resident, or read in sorted runs (rows longer than a run
+    included) when the file does not fit the chunk."""
     g = random_graph(500, 4000, seed=1)
     perm = order_by_score(np.random.default_rng(0).random(500))
     want_ptr, want_ind = relabel_csr(g.indptr, g.indices, perm)
+    ind = g.indices
+    if mapped:
+        np.save(tmp_path / "i.npy", np.asarray(g.indices))
+        ind = np.load(tmp_path / "i.npy", mmap_mode="c")
     out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", want_ind.dtype, want_ind.shape)
-    got_ptr = rb.relabel_csr_bounded(g.indptr, g.indices, perm, out, chunk)
+    got_ptr = rb.relabel_csr_bounded(g.indptr, ind, perm, out, chunk)
     assert np.array_equal(got_ptr, want_ptr)
     assert np.array_equal(np.asarray(out), want_ind)
 

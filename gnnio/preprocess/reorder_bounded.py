@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..utils.pages import drop_pages
-from ._relabel_kernels import _move_rows, _new_degrees
+from ._relabel_kernels import _move_rows, _move_run, _new_degrees
 from .budget import FAULT, MIN_CHUNK
 
 __all__ = ["MIN_CHUNK", "check_budget", "fixed_bytes", "release", "row_chunks"]
@@ -86,42 +86,73 @@ def relabel_csr_bounded(indptr, indices, new2old, out, chunk_bytes: int) -> np.n
     new rows, each making at most about ``chunk_bytes`` resident, released after it.
     ``new2old`` must be a permutation of ``[0, N)`` (the caller checked it).
 
-    When the whole input ``indices`` fits the chunk with room to spare (:data:`MIN_CHUNK`), it
-    stays resident through the pass and only the output is chunked (every chunk then writes as
-    many edges as the rest holds); else every chunk also counts the input pages its rows touch
-    (two fault-around windows a row plus its edges) and drops them."""
+    When the input ``indices`` is in RAM, or a mapped file that fits the chunk with room to spare
+    (:data:`MIN_CHUNK`), it is read in place (a mapped one stays resident through the pass) and
+    only the output is chunked. Else it is not mapped at all: each chunk of new rows reads its old
+    rows sorted by old id, in runs of consecutive edges with ``preadv`` (:func:`_read_runs`), as
+    the feature copy does; a chunk then holds 24 bytes per row besides its output edges."""
     indptr = np.asarray(indptr)
     n = new2old.shape[0]
     lookup = np.empty(n, dtype=index_dtype(n))
     lookup[new2old] = np.arange(n, dtype=lookup.dtype)  # old2new
     indptr2 = np.empty(n + 1, dtype=np.int64)
-    _new_degrees(np.ascontiguousarray(indptr, dtype=np.int64), new2old, indptr2)
-    np.cumsum(indptr2, out=indptr2)
-    in_bytes = indices.shape[0] * indices.dtype.itemsize + 2 * _FAULT
-    resident = chunk_bytes - in_bytes >= MIN_CHUNK
-    if resident:  # output edges only
-        cost = indptr2 * out.dtype.itemsize
-        limit = chunk_bytes - in_bytes
-    else:
-        cost = indptr2 * (indices.dtype.itemsize + out.dtype.itemsize)
-        cost += np.arange(n + 1, dtype=np.int64) * (2 * _FAULT)
-        limit = chunk_bytes
-    threads = numba.get_num_threads()
     src = np.ascontiguousarray(indptr, dtype=np.int64)
-    for a, b in row_chunks(cost, limit):
-        parts = max(1, min(b - a, 16 * threads))
-        e0, e1 = int(indptr2[a]), int(indptr2[b])
-        targets = e0 + (np.arange(parts + 1, dtype=np.int64) * (e1 - e0)) // parts
-        bounds = np.searchsorted(indptr2, targets, side="left").astype(np.int64)
-        bounds[0], bounds[-1] = a, b
-        bounds = np.unique(np.clip(bounds, a, b))
-        _move_rows(src, indices, new2old, lookup, indptr2, bounds, out)
-        if not resident:
-            release(indices)
-        drop_pages(out, e0, e1)
+    _new_degrees(src, new2old, indptr2)
+    np.cumsum(indptr2, out=indptr2)
+    item = indices.dtype.itemsize
+    in_bytes = indices.shape[0] * item + 2 * _FAULT
+    path = getattr(indices, "filename", None)
+    runs = path is not None and chunk_bytes - in_bytes < MIN_CHUNK
+    block = max(1, min(_READ_BYTES, chunk_bytes // 8) // item)  # edges a read run holds
+    cost = indptr2 * out.dtype.itemsize
+    if runs:
+        cost += np.arange(n + 1, dtype=np.int64) * 24  # the sort order, old ids, row ends
+        limit = max(1, chunk_bytes - 2 * block * item)
+    else:
+        limit = chunk_bytes - in_bytes if path is not None else chunk_bytes
+    threads = numba.get_num_threads()
+    fd = os.open(path, os.O_RDONLY) if runs else -1
+    try:
+        for a, b in row_chunks(cost, limit):
+            e0, e1 = int(indptr2[a]), int(indptr2[b])
+            if runs:
+                _read_runs(fd, int(indices.offset), indices.dtype, block, src, new2old[a:b], a,
+                           lookup, indptr2, out)  # fmt: skip
+            else:
+                parts = max(1, min(b - a, 16 * threads))
+                targets = e0 + (np.arange(parts + 1, dtype=np.int64) * (e1 - e0)) // parts
+                bounds = np.searchsorted(indptr2, targets, side="left").astype(np.int64)
+                bounds[0], bounds[-1] = a, b
+                bounds = np.unique(np.clip(bounds, a, b))
+                _move_rows(src, indices, new2old, lookup, indptr2, bounds, out)
+            drop_pages(out, e0, e1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
     release(indices)
     del cost
     return indptr2
+
+
+def _read_runs(fd, offset, dtype, block, indptr, old, a, lookup, indptr2, out) -> None:
+    """Move the old rows ``old`` (new rows ``a, a+1, ...``) by sorted runs of at most ``block``
+    edges read from the ``.npy`` data at ``offset`` of ``fd`` (a row longer than a run is read
+    alone)."""
+    order = np.argsort(old, kind="stable")
+    rows = old[order]
+    ends = indptr[rows + 1]
+    item = np.dtype(dtype).itemsize
+    buf = np.empty(block, dtype=dtype)
+    pos = 0
+    while pos < rows.shape[0]:
+        start = int(indptr[rows[pos]])
+        j = max(pos + 1, int(np.searchsorted(ends, start + block, side="right")))
+        end = int(ends[j - 1])
+        run = buf if end - start <= block else np.empty(end - start, dtype=dtype)
+        raw = memoryview(run.view(np.uint8))
+        _pread_rows(fd, raw, offset + start * item, (end - start) * item)
+        _move_run(run, start, indptr, rows[pos:j], a + order[pos:j], lookup, indptr2, out)
+        pos = j
 
 
 def copy_feature_rows_bounded(src, dst, new2old, chunk_bytes: int, progress: bool) -> None:
