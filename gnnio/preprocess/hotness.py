@@ -126,14 +126,14 @@ SCORES: dict[str, Callable[..., np.ndarray]] = {
         num_layers=len(o["fanouts"]),
         progress=o["progress"],
         chunk_bytes=o["chunk"],
-    ),  # fmt: skip
+    ),
     "sj_fanout": lambda ds, o: sj_estimate(
         ds.graph,
         _train_of(ds),
         fanouts=o["fanouts"],
         progress=o["progress"],
         chunk_bytes=o["chunk"],
-    ),  # fmt: skip
+    ),
     "presample": lambda ds, o: presample_counts(
         ds.graph,
         _train_of(ds),
