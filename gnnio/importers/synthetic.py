@@ -56,6 +56,8 @@ from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
 from ..graph.output_dir import check_ram
+from ..preprocess.chunked import refuse_budget
+from ..utils.pages import drop_pages
 from ..utils.progress import bar
 from . import _dcsbm
 from ._dcsbm import DCSBM, generate_dcsbm
@@ -250,6 +252,7 @@ def generate_features(
     feature_noise: float = DEFAULT_FEATURE_NOISE,
     out: np.ndarray | None = None,
     progress: bool = False,
+    drop: bool = False,
 ) -> np.ndarray:
     """Features ``centroid[label] + feature_noise * N(0, I)`` as float32 ``[N, feat_dim]``.
 
@@ -257,6 +260,8 @@ def generate_features(
     array. ``labels`` are the node classes (int, ``[N]``, in ``[0, C)``); ``C = labels.max() + 1``.
     The stream depends only on ``seed`` (not on the graph), and rows are generated in a fixed chunk
     size, so the result is identical for the same ``(labels, feat_dim, seed, feature_noise)``.
+    ``drop``: after each chunk, drop the written pages of the mapping ``out`` from this process
+    (:func:`gnnio.utils.pages.drop_pages`; they stay in the page cache and reach the file).
     """
     labels = np.asarray(labels)
     n = labels.shape[0]
@@ -278,6 +283,8 @@ def generate_features(
             blk *= noise
             blk += cent[labels[s : s + k]]
             out[s : s + k] = blk
+            if drop:
+                drop_pages(out)
             pb.update(k)
     return out
 
@@ -315,6 +322,7 @@ def prepare_synthetic(
     rmat_noise: float = DEFAULT_RMAT_NOISE,
     backbone_degree: int = DEFAULT_BACKBONE_DEGREE,
     model: str | DCSBM = "rmat",
+    memory_budget: int | None = None,
 ) -> Path:
     """Generate the synthetic dataset and write it atomically to ``out``; returns ``out``.
 
@@ -327,6 +335,10 @@ def prepare_synthetic(
     ``split = (train, valid, test)`` fractions (sorted ids). Every node is labelled.
     ``meta.json`` records the arguments under ``source`` and measured figures under ``generator``
     (e.g. the achieved homophily).
+
+    ``memory_budget`` (bytes; R-MAT only): generate within it
+    (:mod:`gnnio.importers._synthetic_bounded`), the same files bit for bit; a budget too small
+    for the graph is a one-line UsageError before anything is written. None: all in RAM.
     """
     split = tuple(split)
     _check_args(
@@ -347,11 +359,28 @@ def prepare_synthetic(
     dcsbm = DCSBM() if model == "dcsbm" else model if isinstance(model, DCSBM) else None
     if dcsbm is not None:
         dcsbm.check(num_nodes)
+        if memory_budget is not None:
+            raise UsageError("--memory-budget: --model dcsbm is generated in RAM only (use rmat)")
     out = Path(out)
     size, ram = _output_size(int(num_nodes), float(avg_degree), int(feat_dim), split, dcsbm)
+    if memory_budget is not None:
+        from ._synthetic_bounded import need_bytes
+
+        need = need_bytes(int(num_nodes), int(round(int(num_nodes) * float(avg_degree) / 2)))
+        refuse_budget(int(memory_budget), need, f"generate a synthetic graph of "
+                      f"{int(num_nodes):,} nodes, average degree {avg_degree}",
+                      "the pair keys, the trim, a chunk of pairs and the per-node arrays")  # fmt: skip
+        ram = need
     with DatasetWriter(out, name="synthetic", overwrite=overwrite, size_hint=size) as w:
         check_ram(ram, f"synthetic graph of {int(num_nodes):,} nodes, average degree {avg_degree}")
-        if dcsbm is None:
+        if memory_budget is not None:
+            from ._synthetic_bounded import generate_bounded
+
+            labels, info = generate_bounded(
+                w, int(memory_budget), num_nodes, avg_degree, num_classes, seed, homophily,
+                rmat, rmat_noise, backbone_degree, progress,
+            )  # fmt: skip
+        elif dcsbm is None:
             indptr, indices, labels, info = generate(
                 num_nodes,
                 avg_degree,
@@ -369,12 +398,14 @@ def prepare_synthetic(
             )
             w.save_array("communities", comms)
             del comms
-        w.save_array("indptr", indptr)
-        w.save_array("indices", indices)
-        del indptr, indices
+        if memory_budget is None:
+            w.save_array("indptr", indptr)
+            w.save_array("indices", indices)
+            del indptr, indices
         w.save_array("labels", labels)
         feats = w.create_array("features", (int(num_nodes), int(feat_dim)), np.float32)
-        generate_features(labels, int(feat_dim), seed, feature_noise, out=feats, progress=progress)
+        generate_features(labels, int(feat_dim), seed, feature_noise, out=feats,
+                          progress=progress, drop=memory_budget is not None)  # fmt: skip
         del feats
         tr, va, te = _splits(int(num_nodes), split, seed)
         w.save_array("train_idx", tr)
@@ -467,6 +498,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> Path:
     model = _dcsbm.from_args(args)
+    budget = getattr(args, "memory_budget", None)
+    if model is not None and not getattr(args, "memory_budget_given", False):
+        budget = None  # the DC-SBM runs in RAM; only a budget the user named is refused
     return prepare_synthetic(
         args.out,
         num_nodes=args.num_nodes,
@@ -483,4 +517,5 @@ def run(args) -> Path:
         overwrite=args.overwrite,
         progress=not args.quiet,
         model="rmat" if model is None else model,
+        memory_budget=budget,
     )
