@@ -18,7 +18,7 @@ from typing import IO
 import numpy as np
 
 from ..errors import DatasetError
-from ..preprocess.chunked import EdgeArrays
+from ..preprocess.chunked import EdgeArrays, write_to
 from ..utils.progress import bar
 from ._common import parse_csv_block, rows_per_chunk
 
@@ -60,7 +60,7 @@ def spill_csv_edges(blocks: Iterable[tuple[int, bytes]], path: Path, n: int, e: 
             if k:
                 lo, hi = min(lo, int(arr.min())), max(hi, int(arr.max()))
                 loops += int(np.count_nonzero(arr[:, 0] == arr[:, 1]))
-            np.ascontiguousarray(arr).tofile(f)
+            write_to(f, arr, spill)
             pos += k
             pb.update(k)
     if e is not None and pos != e:
@@ -85,7 +85,7 @@ def spill_npz_edges(npz: Path, n: int, spill: Path) -> tuple[EdgeArrays, int]:
             with open(spill, "wb") as out:
                 got = 0
                 while block := f.read(min(64 << 20, want - got) or 1):
-                    out.write(block)
+                    write_to(out, block, spill)
                     got += len(block)
                     if got >= want:
                         break

@@ -1,8 +1,8 @@
 """The graph of ``gnnio prepare synthetic``: noisy R-MAT pairs plus a backbone, planted classes by
 rewiring, symmetrised and deduplicated to an exact pair count, randomly relabelled (steps 1-5 of
-:mod:`gnnio.importers.synthetic`, whose docstring describes the model; its arguments are checked
-there). Vectorised numpy over chunks of pairs; everything is drawn from the graph stream of the
-seed, so the graph does not depend on the feature or split arguments.
+:mod:`gnnio.importers.synthetic`, whose docstring describes the model; it checks the arguments
+with :func:`check_args`). Vectorised numpy over chunks of pairs; everything is drawn from the
+graph stream of the seed, so the graph does not depend on the feature or split arguments.
 """
 
 from __future__ import annotations
@@ -11,13 +11,73 @@ import math
 
 import numpy as np
 
+from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..utils.progress import bar
 
-__all__ = ["draw_pairs", "finish_info", "generate"]
+__all__ = ["check_args", "draw_pairs", "finish_info", "generate"]
 
 _CHUNK_PAIRS = 1 << 22  # R-MAT pairs generated per vectorised step
 _MAX_ROUNDS = 40
+
+
+def check_args(
+    num_nodes,
+    avg_degree,
+    feat_dim,
+    num_classes,
+    seed,
+    split,
+    homophily,
+    feature_noise,
+    rmat,
+    rmat_noise,
+    backbone_degree,
+) -> None:
+    """One-line UsageError for the first argument of ``gnnio prepare synthetic`` out of range."""
+
+    def is_int(x) -> bool:
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if not is_int(num_nodes) or not 2 <= num_nodes < 2**31:
+        raise UsageError(f"--num-nodes must be an integer in [2, 2^31), got {num_nodes!r}")
+    if not is_int(num_classes) or not 2 <= num_classes <= num_nodes:
+        raise UsageError(
+            f"--num-classes must be an integer in [2, num_nodes={num_nodes}], got {num_classes!r}"
+        )
+    if not is_int(seed) or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
+    if feat_dim is not None and (not is_int(feat_dim) or feat_dim < 1):
+        raise UsageError(f"--feat-dim must be a positive integer, got {feat_dim!r}")
+    try:
+        avg = float(avg_degree)
+    except (TypeError, ValueError):
+        avg = float("nan")
+    if not (0 < avg <= num_nodes - 1):
+        raise UsageError(
+            f"--avg-degree must be in (0, num_nodes-1 = {num_nodes - 1}], got {avg_degree!r}"
+        )
+    if not (0.0 <= float(homophily) <= 1.0):
+        raise UsageError(f"--homophily must be in [0, 1], got {homophily!r}")
+    if feature_noise is not None and not (0.0 <= float(feature_noise) < float("inf")):
+        raise UsageError(f"--feature-noise must be a finite number >= 0, got {feature_noise!r}")
+    if split is not None:
+        if len(split) != 3 or any(not (0.0 <= float(s) <= 1.0) for s in split):
+            raise UsageError(f"--split needs three fractions in [0, 1], got {list(split)}")
+        if sum(float(s) for s in split) > 1.0 + 1e-9:
+            raise UsageError(f"--split fractions must sum to at most 1, got {list(split)}")
+    if len(rmat) != 4 or any(not (float(p) > 0) for p in rmat) or abs(sum(rmat) - 1) > 1e-6:
+        raise UsageError(f"rmat must be four positive probabilities summing to 1, got {rmat!r}")
+    a, b, c, d = (float(p) for p in rmat)
+    if not is_int(backbone_degree) or backbone_degree < 0:
+        raise UsageError(
+            f"--backbone-degree must be a non-negative integer, got {backbone_degree!r}"
+        )
+    lim = min(b, c, (a + d) / 2)
+    if not (0.0 <= float(rmat_noise) <= lim):
+        raise UsageError(
+            f"rmat_noise must be in [0, {lim:g}] for rmat={rmat!r}, got {rmat_noise!r}"
+        )
 
 
 def _level_probs(rng: np.random.Generator, scale: int, rmat, noise: float) -> np.ndarray:

@@ -341,19 +341,33 @@ def prepare_ogb(
     and drop the written feature pages, the same files bit for bit; a budget below what the
     per-node arrays and one chunk need is a one-line UsageError before anything is written.
     """
-    with ExitStack() as stack:
-        return _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress,
-                            allow_nonfinite, memory_budget, stack)  # fmt: skip
+    try:
+        with ExitStack() as stack:
+            return _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress,
+                                allow_nonfinite, memory_budget, stack)  # fmt: skip
+    except OSError as e:  # writing the temporary edge file (a full disk): one line
+        if memory_budget is not None and (err := output_dir.write_error(Path(out), e)):
+            raise err from None
+        raise
 
 
 def _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress, allow_nonfinite,
                  memory_budget, stack: ExitStack) -> Path:  # fmt: skip
     """:func:`prepare_ogb`; ``stack`` removes the temporary edge file on the way out."""
     bounded = memory_budget is not None
-    if bounded:
+
+    def spill_file(n: int, e: int | None) -> Path:
+        """Refuse a budget too small for ``n`` nodes and ``e`` edges (unknown: a full chunk),
+        then make the temporary directory of the edge file."""
+        keys = None if e is None else e * (2 if symmetrize else 1)
+        need = 16 * n + 8 * BLOCK_BYTES + csr_fixed_bytes(n, keys) + MIN_BUCKET
+        refuse_budget(int(memory_budget), need, f"import {n:,} nodes",
+                      "the per-node arrays, a block of the CSV, a chunk of edges and 1 MiB of "
+                      "sort keys")  # fmt: skip
         spill_dir = output_dir.make_temp_dir(Path(out), "prepare")
         stack.callback(shutil.rmtree, spill_dir, ignore_errors=True)
-        spill = spill_dir / "edges.bin"
+        return spill_dir / "edges.bin"
+
     d, name = resolve_ogb_dir(root, name)
     raw = d / "raw"
     scheme_dir = _choose_scheme(d, name, split_scheme)
@@ -367,7 +381,7 @@ def _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress,
             raise DatasetError(f"{npz}: num_nodes_list holds {nl.shape[0]} graphs, expected 1")
         n = int(nl[0])
         if bounded:
-            edges, num_self_loops = spill_npz_edges(npz, n, spill)
+            edges, num_self_loops = spill_npz_edges(npz, n, spill_file(n, None))
         else:
             ei = _npz_load(npz, "edge_index")
             if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
@@ -393,16 +407,13 @@ def _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress,
         f_dim = _feature_width(feat_file)
         efile = _need_csv(raw / "edge.csv.gz")
         if bounded:
+            spill = spill_file(n, e)
             edges, num_self_loops = spill_csv_edges(_blocks(efile), efile, n, e, spill, progress)
         else:
             src, dst = _read_edges_csv(efile, n, e, progress)
     if bounded:
         num_input_edges = edges.num_edges
         keys = num_input_edges * (2 if symmetrize else 1)
-        need = 16 * n + 8 * BLOCK_BYTES + csr_fixed_bytes(n, keys) + MIN_BUCKET
-        refuse_budget(int(memory_budget), need, f"import {n:,} nodes and {num_input_edges:,} "
-                      "edges", "the per-node arrays, a block of the CSV, a chunk of edges and "
-                      "1 MiB of sort keys")  # fmt: skip
         indptr = np.zeros(0, np.int64)  # sizes below: the CSR is built inside the writer
         indices = np.zeros(0, index_dtype(n))
         graph_bytes = 8 * (n + 1) + 2 * keys * index_dtype(n).itemsize

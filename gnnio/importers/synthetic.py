@@ -61,7 +61,7 @@ from ..utils.pages import drop_pages
 from ..utils.progress import bar
 from . import _dcsbm
 from ._dcsbm import DCSBM, generate_dcsbm
-from ._synthetic_graph import generate
+from ._synthetic_graph import check_args, generate
 
 __all__ = [
     "HELP",
@@ -96,66 +96,6 @@ DEFAULT_SPLIT = (0.10, 0.05, 0.10)
 _FEATURE_ROWS = 1 << 16  # feature rows written per step
 
 
-# --------------------------------------------------------------------------- argument checks
-
-
-def _check_args(
-    num_nodes,
-    avg_degree,
-    feat_dim,
-    num_classes,
-    seed,
-    split,
-    homophily,
-    feature_noise,
-    rmat,
-    rmat_noise,
-    backbone_degree,
-) -> None:
-    def is_int(x) -> bool:
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-    if not is_int(num_nodes) or not 2 <= num_nodes < 2**31:
-        raise UsageError(f"--num-nodes must be an integer in [2, 2^31), got {num_nodes!r}")
-    if not is_int(num_classes) or not 2 <= num_classes <= num_nodes:
-        raise UsageError(
-            f"--num-classes must be an integer in [2, num_nodes={num_nodes}], got {num_classes!r}"
-        )
-    if not is_int(seed) or seed < 0:
-        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
-    if feat_dim is not None and (not is_int(feat_dim) or feat_dim < 1):
-        raise UsageError(f"--feat-dim must be a positive integer, got {feat_dim!r}")
-    try:
-        avg = float(avg_degree)
-    except (TypeError, ValueError):
-        avg = float("nan")
-    if not (0 < avg <= num_nodes - 1):
-        raise UsageError(
-            f"--avg-degree must be in (0, num_nodes-1 = {num_nodes - 1}], got {avg_degree!r}"
-        )
-    if not (0.0 <= float(homophily) <= 1.0):
-        raise UsageError(f"--homophily must be in [0, 1], got {homophily!r}")
-    if feature_noise is not None and not (0.0 <= float(feature_noise) < float("inf")):
-        raise UsageError(f"--feature-noise must be a finite number >= 0, got {feature_noise!r}")
-    if split is not None:
-        if len(split) != 3 or any(not (0.0 <= float(s) <= 1.0) for s in split):
-            raise UsageError(f"--split needs three fractions in [0, 1], got {list(split)}")
-        if sum(float(s) for s in split) > 1.0 + 1e-9:
-            raise UsageError(f"--split fractions must sum to at most 1, got {list(split)}")
-    if len(rmat) != 4 or any(not (float(p) > 0) for p in rmat) or abs(sum(rmat) - 1) > 1e-6:
-        raise UsageError(f"rmat must be four positive probabilities summing to 1, got {rmat!r}")
-    a, b, c, d = (float(p) for p in rmat)
-    if not is_int(backbone_degree) or backbone_degree < 0:
-        raise UsageError(
-            f"--backbone-degree must be a non-negative integer, got {backbone_degree!r}"
-        )
-    lim = min(b, c, (a + d) / 2)
-    if not (0.0 <= float(rmat_noise) <= lim):
-        raise UsageError(
-            f"rmat_noise must be in [0, {lim:g}] for rmat={rmat!r}, got {rmat_noise!r}"
-        )
-
-
 def generate_graph(
     num_nodes: int,
     avg_degree: float = 16,
@@ -186,7 +126,7 @@ def generate_graph(
         in-neighbours (neighbour lists sorted, no duplicates, no self-loops) over the final
         (randomly permuted) node ids, and each node's class in ``[0, C)``.
     """
-    _check_args(
+    check_args(
         num_nodes,
         avg_degree,
         None,
@@ -226,7 +166,7 @@ def generate_dcsbm_graph(
     ``[0, K)`` and measured figures (e.g. ``mixing_measured``). ``model`` defaults to
     ``DCSBM()``."""
     model = DCSBM() if model is None else model
-    _check_args(num_nodes, avg_degree, None, num_classes, seed, None, 0.5, None, DEFAULT_RMAT, 0, 0)
+    check_args(num_nodes, avg_degree, None, num_classes, seed, None, 0.5, None, DEFAULT_RMAT, 0, 0)
     model.check(num_nodes)
     return generate_dcsbm(num_nodes, avg_degree, num_classes, seed, model, progress)
 
@@ -341,7 +281,7 @@ def prepare_synthetic(
     for the graph is a one-line UsageError before anything is written. None: all in RAM.
     """
     split = tuple(split)
-    _check_args(
+    check_args(
         num_nodes,
         avg_degree,
         feat_dim,
@@ -366,13 +306,13 @@ def prepare_synthetic(
     if memory_budget is not None:
         from ._synthetic_bounded import need_bytes
 
-        need = need_bytes(int(num_nodes), int(round(int(num_nodes) * float(avg_degree) / 2)))
-        refuse_budget(int(memory_budget), need, f"generate a synthetic graph of "
-                      f"{int(num_nodes):,} nodes, average degree {avg_degree}",
-                      "the pair keys, the trim, a chunk of pairs and the per-node arrays")  # fmt: skip
-        ram = need
+        ram = need_bytes(int(num_nodes), int(round(int(num_nodes) * float(avg_degree) / 2)))
     with DatasetWriter(out, name="synthetic", overwrite=overwrite, size_hint=size) as w:
         check_ram(ram, f"synthetic graph of {int(num_nodes):,} nodes, average degree {avg_degree}")
+        if memory_budget is not None:  # after the disk and RAM checks, before any writing
+            refuse_budget(int(memory_budget), ram, f"generate a synthetic graph of "
+                          f"{int(num_nodes):,} nodes, average degree {avg_degree}",
+                          "the pair keys, the trim, a chunk of pairs and the per-node arrays")  # fmt: skip
         if memory_budget is not None:
             from ._synthetic_bounded import generate_bounded
 

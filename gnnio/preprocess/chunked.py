@@ -43,6 +43,7 @@ __all__ = [
     "default_budget",
     "refuse_budget",
     "write_npy_from_file",
+    "write_to",
 ]
 
 #: edges read per chunk of a pass
@@ -226,7 +227,7 @@ def build_csr(
                 _row_counts(keys, n, deg[a:b])
                 step = 1 << 20  # keys converted and written at a time (in _CHUNK_COST)
                 for s0 in range(0, m, step):
-                    np.remainder(keys[s0 : s0 + step], n).astype(idt).tofile(f)
+                    write_to(f, np.remainder(keys[s0 : s0 + step], n).astype(idt), part)
                 del buf, keys
                 pb.update(want)
         del counts
@@ -240,6 +241,15 @@ def build_csr(
     finally:
         part.unlink(missing_ok=True)
     return e
+
+
+def write_to(f, data, path) -> None:
+    """``f.write(data)`` (an array's bytes or bytes) with ``path`` named in the OSError of a failed
+    write (a full disk, a file size limit), which the dataset writer turns into one line."""
+    try:
+        f.write(memoryview(np.ascontiguousarray(data)) if isinstance(data, np.ndarray) else data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 
 
 def write_npy_from_file(writer, key: str, raw, dtype, length: int) -> None:
@@ -257,8 +267,5 @@ def write_npy_from_file(writer, key: str, raw, dtype, length: int) -> None:
                          f"expected {nbytes}")  # fmt: skip
     with open(raw, "rb") as src, open(writer.path(key), "r+b") as dst:
         dst.seek(offset)
-        while True:
-            block = src.read(64 << 20)
-            if not block:
-                break
-            dst.write(block)
+        while block := src.read(64 << 20):
+            write_to(dst, block, writer.path(key))
