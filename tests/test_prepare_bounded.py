@@ -234,3 +234,20 @@ def test_bounded_ogb_binary_writes_the_same_files(tmp_path, monkeypatch, capsys)
     assert _prepare(argv, tmp_path / "o" / "c") == 2
     assert "node id 7 is out of range [0, 7)" in capsys.readouterr().err
     _no_temporaries(tmp_path / "o")
+
+
+def test_copy_rows_within_a_budget_drops_the_pages(tmp_path):
+    """``copy_rows(drop=True)`` (prepare npy within a budget) leaves neither the 64 MiB input
+    nor the output resident; without ``drop`` both stay (removing the drop fails this)."""
+    from gnnio.importers._common import copy_rows
+    from gnnio.utils.rss import rss_bytes
+
+    np.save(tmp_path / "x.npy", np.ones((1 << 16, 256), dtype=np.float32))
+    for drop, key in ((True, "a"), (False, "b")):
+        src = np.load(tmp_path / "x.npy", mmap_mode="r")
+        dst = np.lib.format.open_memmap(tmp_path / f"{key}.npy", "w+", np.float32, src.shape)
+        before = rss_bytes()
+        copy_rows(src, dst, progress=False, chunk_rows=4096, drop=drop)
+        grown = rss_bytes() - before
+        assert (grown < 16 << 20) if drop else (grown > 96 << 20), (drop, grown)
+        del src, dst

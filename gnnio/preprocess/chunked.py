@@ -138,9 +138,13 @@ def _fill_bucket(src, dst, a, b, n, buf, pos, symmetrize):
         d = dst[i]
         s = src[i]
         if a <= d < b:
+            if pos == buf.shape[0]:
+                return -1
             buf[pos] = (d - a) * n + s
             pos += 1
         if symmetrize and a <= s < b:
+            if pos == buf.shape[0]:
+                return -1
             buf[pos] = (s - a) * n + d
             pos += 1
     return pos
@@ -221,6 +225,11 @@ def build_csr(
                 pos = 0
                 for s, d in it():
                     pos = _fill_bucket(s, d, a, b, n, buf, pos, symmetrize)
+                    if pos < 0:
+                        break
+                if pos != want:  # the counting pass saw other edges: never write a wrong CSR
+                    raise RuntimeError(f"build_csr: the edges of rows [{a}, {b}) changed between "
+                                       "two passes over them")  # fmt: skip
                 buf.sort()
                 m = _unique_sorted_inplace(buf)
                 keys = buf[:m]
