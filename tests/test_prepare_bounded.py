@@ -84,6 +84,19 @@ def test_default_budget_is_bounded_and_the_same(tmp_path, monkeypatch):
     _same_dataset(tmp_path / "a", tmp_path / "b")
 
 
+def test_a_named_budget_bounds_the_reorder_too(tmp_path, monkeypatch):
+    seen = []
+    from gnnio.preprocess import reorder
+
+    real = reorder.reorder_path
+    monkeypatch.setattr(reorder, "reorder_path", lambda *a, **k: seen.append(k) or real(*a, **k))
+    budget = str(sb.need_bytes(3000, 18000))
+    assert _prepare([*SYN, "--reorder", "degree"], tmp_path / "a", "--memory-budget", "none") == 0
+    assert _prepare([*SYN, "--reorder", "degree"], tmp_path / "b", "--memory-budget", budget) == 0
+    assert [k["memory_budget"] for k in seen] == [None, int(budget)]
+    _same_dataset(tmp_path / "a", tmp_path / "b")
+
+
 def test_trim_bounded_draws_as_the_in_memory_trim():
     rng = np.random.default_rng(0)
     n = 400

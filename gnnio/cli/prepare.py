@@ -93,7 +93,8 @@ def register(sub) -> None:
                 default=None,
                 help="build the graph and write the features in chunks whose arrays and mapped "
                 "pages stay within BYTES (e.g. 4GiB; the interpreter and its libraries, about "
-                "0.4 GB, come on top); the same files as in RAM; 'none': all in RAM, one pass "
+                "0.4 GB, come on top); the same files as in RAM; 'none': all in RAM, one pass; "
+                "a budget named here also bounds --reorder "
                 f"(default: {int(DEFAULT_BUDGET_FRACTION * 100)}%% of the available RAM, "
                 "MemAvailable at the start)",
             )
