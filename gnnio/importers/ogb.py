@@ -364,6 +364,8 @@ def _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress,
         refuse_budget(int(memory_budget), need, f"import {n:,} nodes",
                       "the per-node arrays, a block of the CSV, a chunk of edges and 1 MiB of "
                       "sort keys")  # fmt: skip
+        if e is not None:
+            output_dir.check_disk(Path(out), 16 * e)  # the spill file
         spill_dir = output_dir.make_temp_dir(Path(out), "prepare")
         stack.callback(shutil.rmtree, spill_dir, ignore_errors=True)
         return spill_dir / "edges.bin"
