@@ -97,8 +97,8 @@ class DistRun(LocalRun):
         gpu_ids = np.flatnonzero(np.asarray(lk.dev_num) >= 0).astype(np.int64)
         host = base
         if cfg.cache_policy != "none" and cfg.cache_size > 0:
-            from ..features.cache import FeatureCache
-            from ..features.tiered import hot_rows_for_fraction
+            from ..features.caches.cache import FeatureCache
+            from ..features.tiers.tiered import hot_rows_for_fraction
 
             hot = None
             if cfg.cache_policy == "static":
