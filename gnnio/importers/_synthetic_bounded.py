@@ -45,7 +45,9 @@ def _capacity(target: int) -> int:
 
 
 def _chunk_pairs(cap: int) -> int:
-    """Pairs of the largest chunk a round draws (rounds never draw much more than the keys)."""
+    """Pairs of the largest chunk a round draws: at most :data:`_CHUNK_PAIRS`, and counted as at
+    most twice the keys, which the rounds do not exceed unless the graph is near-complete (then
+    a chunk may cost up to :data:`_CHUNK_PAIRS` x :data:`_PAIR_COST` bytes beyond the budget)."""
     return min(_CHUNK_PAIRS, 2 * cap)
 
 

@@ -69,7 +69,7 @@ def refuse_budget(budget: int, need: int, what: str, parts: str) -> None:
     if budget < need:
         raise UsageError(
             f"--memory-budget: {budget:,} bytes cannot {what}; at least {need:,} are needed "
-            f"({parts})"
+            f"({parts}); name a larger budget, or 'none' to work in RAM"
         )
 
 
