@@ -224,6 +224,9 @@ def test_bounded_ogb_csv_writes_the_same_files(tmp_path, monkeypatch):
     monkeypatch.setattr(chunked, "CHUNK_EDGES", 3)
     assert _prepare(args, tmp_path / "o" / "b", "--memory-budget", "200MiB") == 0
     _same_dataset(tmp_path / "o" / "a", tmp_path / "o" / "b")
+    (tmp_path / "root" / "ogbn_tiny" / "raw" / "num-edge-list.csv.gz").unlink()  # E unknown
+    assert _prepare(args, tmp_path / "o" / "c", "--memory-budget", "200MiB") == 0
+    assert _hashes(tmp_path / "o" / "c") == _hashes(tmp_path / "o" / "a")
     _no_temporaries(tmp_path / "o")
 
 
