@@ -85,10 +85,11 @@ class TrainConfig:
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
             profiled against their threads and given the allocation that minimizes the slowest;
             recorded in the summary under ``isolation`` (stage -> threads).
-        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform sampler runs on
-            the training GPU inside the loader, on its own stream: :mod:`gnnio.sampling.gpu`) or
-            ``"auto"`` (default: ``cuda`` when training on a GPU with the uniform sampler and the
-            CSR takes at most a quarter of the free GPU memory, else ``cpu``).
+        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform or LABOR-0
+            sampler runs on the training GPU inside the loader, on its own stream:
+            :mod:`gnnio.sampling.gpu`, :mod:`gnnio.sampling.labor_torch`) or ``"auto"`` (default:
+            ``cuda`` when training on a GPU with the uniform or LABOR-0 sampler and the CSR takes
+            at most a quarter of the free GPU memory, else ``cpu``).
         graph_in: with ``sampler_device="cuda"``: ``"gpu"`` (the CSR copied to the GPU),
             ``"host"`` (UVA sampling: the CSR pinned in host memory and read zero-copy, never
             copied) or ``"auto"`` (gpu when it takes at most a quarter of the free GPU memory).
@@ -406,11 +407,11 @@ class TrainConfig:
             return
         if not str(self.device).startswith("cuda"):
             raise UsageError("--sampler-device cuda: needs --device cuda")
-        plain = getattr(self, "sampler", "uniform") == "uniform"
+        plain = getattr(self, "sampler", "uniform") in ("uniform", "labor")
         if not plain or self.locality_scale is not None or self.prune_threshold is not None:
             raise UsageError(
-                "--sampler-device cuda: the GPU sampler is the uniform one (no --sampler "
-                "labor/ladies, --locality-scale or --prune-threshold)"
+                "--sampler-device cuda: the GPU samplers are the uniform and the labor one (no "
+                "--sampler ladies, --locality-scale or --prune-threshold)"
             )
 
     def validate_dist(self, world_size: int) -> None:

@@ -251,7 +251,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
       (and the pruning window when asked), Horvitz-Thompson weights (:func:`edge_weights`:
       ``1/q``, or ``1/(deg q)`` for SAGE's ``edge_weight_norm="sum"``; the default SAGE mean
       normalises them per row, see :mod:`gnnio.sampling.locality`);
-    * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights);
+    * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights), on the
+      GPU where :func:`sampler_placement` puts it;
     * ``sampler="ladies"``: :class:`~gnnio.sampling.LadiesSampler` with ``layer_size`` per hop,
       ``len(fanouts)`` hops, or with ``locality_scale``
       :class:`~gnnio.sampling.LocalityLadiesSampler` (Eq. 8 on the layer, ``B = setup.gpu_ids``).
@@ -270,9 +271,9 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     kind = getattr(cfg, "sampler", "uniform")
     w = edge_weights(cfg)
     if kind == "labor":
-        return LaborSampler(
-            ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w
-        ), None
+        sdev, graph_in = sampler_placement(ds, cfg)  # LABOR-0 on the GPU as the uniform one
+        return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w,
+                            device=sdev, graph_in=graph_in), None  # fmt: skip
     if kind == "ladies" and cfg.locality_scale is None:
         sizes = [int(cfg.layer_size)] * len(fanouts)
         return LadiesSampler(ds.graph, sizes, seed=cfg.seed, weights=w), None
@@ -336,7 +337,7 @@ def edge_weights(cfg) -> str:
 
 
 def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
-    """Where the uniform sampler runs and where its topology lives: ``(None, "gpu")`` for the
+    """Where the uniform (or LABOR-0) sampler runs and where its topology lives: ``(None, "gpu")`` for the
     CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
     CSR copied to the GPU when it takes at most a quarter of the free device memory, else read
     from pinned host memory, zero-copy: UVA sampling). ``--sampler-device auto`` (the default):
@@ -359,11 +360,11 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
 
 
 def _gpu_sampler_applies(cfg) -> bool:
-    """``--sampler-device auto``: training on a GPU with the plain uniform sampler (the one the
-    GPU sampler implements)."""
+    """``--sampler-device auto``: training on a GPU with the plain uniform or LABOR-0 sampler
+    (the ones with a GPU implementation)."""
     return (
         str(cfg.device).startswith("cuda")
-        and getattr(cfg, "sampler", "uniform") == "uniform"
+        and getattr(cfg, "sampler", "uniform") in ("uniform", "labor")
         and cfg.locality_scale is None
         and cfg.prune_threshold is None
     )

@@ -64,8 +64,9 @@ from ...preprocess.reorder import order_by_score
 from ...utils.counts import top_count
 from ...utils.devices import resolve_device
 from ...utils.progress import bar
-from .._gather import as_index_array, check_out, copy_rows
-from ..base import FeatureStore
+from .._gather import as_index_array, check_out, copy_rows, copy_tiered
+from ..accounting import DeferredSplit
+from ..base import FeatureStore, TierCounters
 from . import uva
 from .row_source import RowSource, num_rows_of
 from .simdevice import SimulatedDevice
@@ -219,6 +220,7 @@ class TieredFeatureStore(FeatureStore):
             self._table[hot_dev] = torch.arange(
                 self.num_hot, dtype=self._table_dtype, device=self._table.device
             )
+        self._deferred = DeferredSplit(self.device)
         self._cold = ColdPath(self._src, self.device, self.simulated)
         self._cold.setup(cold_mode, pin_fn, all_hot=self.num_hot == self.num_rows)
         self.cold_mode_used, self.cold_mode_reason = self._cold.mode_used, self._cold.reason
@@ -338,14 +340,17 @@ class TieredFeatureStore(FeatureStore):
         t = torch.from_numpy(as_index_array(ids, self.num_rows))
         return t.to(self.device, torch.int64)
 
+    def _slots(self, ids: torch.Tensor) -> torch.Tensor:
+        """Each id's slot in the GPU tier, -1 for a cold id (on ``self.device``; num_hot > 0)."""
+        if self.mode == "prefix":
+            return torch.where(ids < self.num_hot, ids, -1)
+        return self._table[ids]
+
     def _split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(hot_pos, hot_slots, cold_pos)``: positions in ``ids`` of hot ids, their slots in the
         GPU tier, and positions of cold ids (all on ``self.device``)."""
-        if self.mode == "prefix":
-            mask, slots = ids < self.num_hot, ids
-        else:
-            slots = self._table[ids]
-            mask = slots >= 0
+        slots = self._slots(ids)
+        mask = slots >= 0
         hot_pos = torch.nonzero(mask, as_tuple=True)[0]
         cold_pos = torch.nonzero(~mask, as_tuple=True)[0]
         return hot_pos, slots[hot_pos], cold_pos
@@ -371,7 +376,7 @@ class TieredFeatureStore(FeatureStore):
             slots = ids_d if self.mode == "prefix" else self._table[ids_d]
             copy_rows(self._hot, slots, res)
             self._count(n, 0)
-        else:
+        elif not self._fused(ids_d, res):  # else one kernel, counted on the device (no host sync)
             hot_pos, hot_slots, cold_pos = self._split(ids_d)
             if hot_pos.numel():
                 copy_rows(self._hot, hot_slots, res, hot_pos)
@@ -380,12 +385,37 @@ class TieredFeatureStore(FeatureStore):
             self._count(hot_pos.numel(), cold_pos.numel())
         return res
 
+    def _fused(self, ids: torch.Tensor, res: torch.Tensor) -> bool:
+        """Hot and cold rows in one kernel over the GPU tier and the zero-copy view, without the
+        split's two ``nonzero`` (host syncs on a GPU); False where it does not apply."""
+        view = self._cold.view
+        if view is None:
+            return False
+        slots = self._slots(ids)
+        if not copy_tiered(self._hot, view, slots, ids, res[: ids.shape[0]]):
+            return False
+        self._cold.note_use()
+        self._deferred.add(slots >= 0)
+        return True
+
+    @property
+    def counters(self) -> TierCounters:
+        """Rows/bytes per tier; reading them books the fused gathers' device-side counts."""
+        deferred = getattr(self, "_deferred", None)
+        if deferred is not None:
+            deferred.flush(self._counters, GPU_TIER, HOST_TIER, self.row_bytes)
+        return self._counters
+
+    @counters.setter
+    def counters(self, value: TierCounters) -> None:
+        self._counters = value
+
     def _count(self, gpu_rows: int, host_rows: int) -> None:
         """Book rows per tier (tiers with no rows are left out of the counters)."""
         if gpu_rows:
-            self.counters.add(GPU_TIER, gpu_rows, self.row_bytes)
+            self._counters.add(GPU_TIER, gpu_rows, self.row_bytes)
         if host_rows:
-            self.counters.add(HOST_TIER, host_rows, self.row_bytes)
+            self._counters.add(HOST_TIER, host_rows, self.row_bytes)
 
     def account(self, ids: Any) -> tuple[int, int]:
         """Route ``ids`` and count them exactly as :meth:`gather` would, without moving rows.
@@ -396,10 +426,8 @@ class TieredFeatureStore(FeatureStore):
             n_hot = 0
         elif self.num_hot == self.num_rows:
             n_hot = n
-        elif self.mode == "prefix":
-            n_hot = int((ids_d < self.num_hot).sum())
         else:
-            n_hot = int((self._table[ids_d] >= 0).sum())
+            n_hot = int((self._slots(ids_d) >= 0).sum())
         self._count(n_hot, n - n_hot)
         return n_hot, n - n_hot
 
@@ -415,9 +443,7 @@ class TieredFeatureStore(FeatureStore):
         ids_d = self._ids_on_device(ids)
         if self.num_hot == 0:
             return torch.zeros(ids_d.shape, dtype=torch.bool, device=ids_d.device)
-        if self.mode == "prefix":
-            return ids_d < self.num_hot
-        return self._table[ids_d] >= 0
+        return self._slots(ids_d) >= 0
 
     def describe(self) -> dict[str, Any]:
         """The store's configuration and tier sizes, JSON-friendly."""
@@ -443,11 +469,8 @@ class TieredFeatureStore(FeatureStore):
     def close(self) -> None:
         """Release the pinned host memory and the GPU tier (the store is unusable afterwards)."""
         self._cold.release()
-        self._hot = self._alloc_empty()
+        self._hot = torch.empty((0, self.dim), dtype=self.dtype, device=self.device)
         self._table = None
-
-    def _alloc_empty(self) -> torch.Tensor:
-        return torch.empty((0, self.dim), dtype=self.dtype, device=self.device)
 
     def __enter__(self) -> TieredFeatureStore:
         return self

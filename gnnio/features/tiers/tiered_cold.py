@@ -146,10 +146,7 @@ class ColdPath:
         if self.view is not None:
             # zero-copy: a GPU gather kernel reading pinned host memory (simulated: CPU index)
             copy_rows(self.view, ids, res, pos)
-            if not self.simulated and self._pin_handle is not None:
-                note = getattr(self._pin_handle, "note_use", None)
-                if note is not None:
-                    note()  # release() waits for this read before unpinning
+            self.note_use()
             return
         ids_np = ids.cpu().numpy()
         k = int(ids_np.shape[0])
@@ -170,6 +167,13 @@ class ColdPath:
                 res.copy_(rows)
             else:
                 res.index_copy_(0, pos, rows)
+
+    def note_use(self) -> None:
+        """Record a zero-copy read just queued: :meth:`release` waits for it before unpinning."""
+        if not self.simulated and self._pin_handle is not None:
+            note = getattr(self._pin_handle, "note_use", None)
+            if note is not None:
+                note()
 
     def _staging_buffer(self, k: int) -> torch.Tensor:
         """A reused CPU buffer of at least ``k`` rows (pinned on a GPU so the copy is a DMA)."""
