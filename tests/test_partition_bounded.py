@@ -107,3 +107,12 @@ def test_in_memory_methods_run_when_they_fit(graph, tmp_path):
     assert main(["partition", str(graph), "--parts", "2", "--method", "bfs-block", "--out",
                  str(tmp_path / "q"), "--quiet"]) == 0  # fmt: skip
     assert _hashes(tmp_path / "p") == _hashes(tmp_path / "q")
+
+
+def test_refine_is_refused_under_a_budget(graph, tmp_path, capsys):
+    rc = main(["partition", str(graph), "--parts", "2", "--method", "random", "--refine", "2",
+               "--out", str(tmp_path / "p"), "--memory-budget", "2GiB"])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gnnio: error: --refine:") and "\n" not in err
+    assert not (tmp_path / "p").exists()
