@@ -61,7 +61,8 @@ def register(sub) -> None:
         help="keep what this process allocates within BYTES (e.g. 4GiB; the CSR, the per-node "
         "arrays and one chunk count, the interpreter does not): random, range and hdr over them "
         "or greedy run in chunks, metis and bfs-block stay in memory and are refused when they "
-        "would not fit; the same files (default: no budget)",
+        "would not fit; the same files (default: half the available RAM for the chunked "
+        "methods, in RAM for metis, bfs-block and --refine; 'none': in RAM)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
     p.add_argument("--quiet", action="store_true", help="no summary line")
@@ -81,13 +82,12 @@ def run(args) -> int:
         raise UsageError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads: must be >= 1, got {args.threads}")
-    budget = None
-    if args.memory_budget is not None:
-        from ..placement.topology import parse_bytes
+    from ..preprocess.chunked import resolve_budget
+    from ..preprocess.partition.bounded import IN_MEMORY, check_budget
 
-        budget = parse_bytes(args.memory_budget, "--memory-budget")
+    which = args.base if args.method == "hdr" else args.method
+    budget = resolve_budget(args.memory_budget, which not in IN_MEMORY and not args.refine)
     ds = load(args.dir)
-    from ..preprocess.partition.bounded import check_budget
 
     chunk = check_budget(budget, ds.graph, args.method, args.base)
     part = partition_dataset(

@@ -114,7 +114,8 @@ def register(sub) -> None:
         default=None,
         help="keep what this process allocates within BYTES (e.g. 4GiB; the per-node arrays, "
         "the CSR and the score's chunks count, the interpreter does not); metis runs in memory "
-        "and is refused when it would not fit; the same placements (default: no budget)",
+        "and is refused when it would not fit; the same placements (default: half the available "
+        "RAM without metis, in RAM with it; 'none': in RAM)",
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object last")
     p.add_argument(
@@ -147,11 +148,9 @@ def run(args) -> int:
     fanouts = _parse_fanouts(args.fanouts)
     if args.save:
         check_output_path(args.save, "--save")  # before the plan is computed
-    budget = None
-    if args.memory_budget is not None:
-        from ..placement.topology import parse_bytes
+    from ..preprocess.chunked import resolve_budget
 
-        budget = parse_bytes(args.memory_budget, "--memory-budget")
+    budget = resolve_budget(args.memory_budget, "metis" not in strategies)
     topo = load_topology(args.topology, host_bw=args.host_bw, peer_bw=args.peer_bw)
     ds = load(args.dir)
     row_bytes = int(ds.feat_dim * ds.features.dtype.itemsize)

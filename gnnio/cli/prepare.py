@@ -156,17 +156,11 @@ def _import_and_reorder(args) -> Path:
 def resolve_budget(args) -> None:
     """Turn ``--memory-budget`` into bytes (``args.memory_budget``: int, or None for 'none');
     ``args.memory_budget_given`` says whether the user named one."""
-    from ..placement.topology import parse_bytes
-    from ..preprocess.chunked import default_budget
+    from ..preprocess.chunked import resolve_budget as resolve
 
     text = getattr(args, "memory_budget", None)
     args.memory_budget_given = text is not None
-    if text is None:
-        args.memory_budget = default_budget() if args.source in BOUNDED_SOURCES else None
-    elif str(text).strip().lower() == "none":
-        args.memory_budget = None
-    else:
-        args.memory_budget = parse_bytes(text, "--memory-budget")
+    args.memory_budget = resolve(text, args.source in BOUNDED_SOURCES)
 
 
 def run(args) -> int:

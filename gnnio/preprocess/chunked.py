@@ -41,6 +41,7 @@ __all__ = [
     "build_csr",
     "csr_fixed_bytes",
     "default_budget",
+    "resolve_budget",
     "refuse_budget",
     "write_npy_from_file",
     "write_to",
@@ -62,6 +63,21 @@ def default_budget() -> int:
 
     avail = available_ram()
     return int(DEFAULT_BUDGET_FRACTION * avail) if avail else 4 << 30
+
+
+def resolve_budget(text: str | None, default_applies: bool = True) -> int | None:
+    """``--memory-budget`` as bytes for ``prepare``, ``reorder``, ``partition`` and ``plan``:
+    None (work in RAM) for ``none``, or when the user named no budget and the work has no
+    bounded path (``default_applies`` False: METIS, bfs-block, ``--refine``); otherwise the named
+    budget, or :func:`default_budget` when none was named (issue 25: "the default is a fraction of
+    the available RAM")."""
+    from ..placement.topology import parse_bytes
+
+    if text is None:
+        return default_budget() if default_applies else None
+    if str(text).strip().lower() == "none":
+        return None
+    return parse_bytes(text, "--memory-budget")
 
 
 def refuse_budget(budget: int, need: int, what: str, parts: str) -> None:

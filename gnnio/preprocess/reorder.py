@@ -398,6 +398,7 @@ def reorder_path(
         "num_edges": ds.num_edges,
         "score_s": t1 - t0,
         "reorder_s": t2 - t1,
+        "memory_budget": memory_budget,
     }
 
 
