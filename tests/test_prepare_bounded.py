@@ -93,8 +93,11 @@ def test_a_named_budget_bounds_the_reorder_too(tmp_path, monkeypatch):
     budget = str(sb.need_bytes(3000, 18000))
     assert _prepare([*SYN, "--reorder", "degree"], tmp_path / "a", "--memory-budget", "none") == 0
     assert _prepare([*SYN, "--reorder", "degree"], tmp_path / "b", "--memory-budget", budget) == 0
-    assert [k["memory_budget"] for k in seen] == [None, int(budget)]
+    monkeypatch.setattr(chunked, "default_budget", lambda: 64 << 20)
+    assert _prepare([*SYN, "--reorder", "degree"], tmp_path / "c") == 0  # the default budget
+    assert [k["memory_budget"] for k in seen] == [None, int(budget), 64 << 20]
     _same_dataset(tmp_path / "a", tmp_path / "b")
+    _same_dataset(tmp_path / "a", tmp_path / "c")
 
 
 def test_trim_bounded_draws_as_the_in_memory_trim():

@@ -138,7 +138,7 @@ def _import_and_reorder(args) -> Path:
                 fanouts=args.reorder_fanouts,
                 batch_size=args.reorder_batch_size,
                 progress=not args.quiet,
-                memory_budget=args.memory_budget if args.memory_budget_given else None,
+                memory_budget=args.memory_budget,  # the default budget too (issue 25)
             )
         except GnnioError as e:  # name DIR, not the temporary import
             text = str(e).replace(str(tmp / out.name), str(out)).replace(str(tmp), str(out.parent))
