@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,15 +57,20 @@ def step_ipc(c) -> dict[str, Any]:
     limit = max(5.0, min(180.0, c.left_s()))
     res_path = work / "ipc.json"
     res_path.unlink(missing_ok=True)
+    # its own session: on a hang the launcher and both ranks are killed, not left on the GPU
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=limit)
-        log, why = r.stdout + r.stderr, f"ipc worker exited {r.returncode}"
-    except subprocess.TimeoutExpired as e:
-        log, why = f"{e.stdout or ''}{e.stderr or ''}", f"ipc worker ran past {limit:.0f} s"
-    (work / "worker.log").write_text(log if isinstance(log, str) else str(log))
+        log, _ = proc.communicate(timeout=limit)
+        why = f"ipc worker exited {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        why = f"ipc worker ran past {limit:.0f} s"
+    (work / "worker.log").write_text(log or "")
     if res_path.exists():
         return json.loads(res_path.read_text())
-    tail = " | ".join(str(log).strip().splitlines()[-3:])
+    tail = " | ".join((log or "").strip().splitlines()[-3:])
     err = f"{why}: {tail}"
     return {"modes": {m: {"ok": False, "error": err} for m in MODES}, "world_size": 2}
 
