@@ -142,6 +142,13 @@ def test_pread_rows_are_the_mapped_rows(tmp_path, dtype):
     assert store.counters.rows["disk"] == 3000  # counted as the store counts its gathers
     assert _mapped_by_file([f.parent]).get("x/features.npy", 0) == 0  # nothing of it mapped
     assert reader.gather(ids[:0], out).shape == (0, 24)
+    # straight into given rows of a batch (what the sharded store does with its host rows)
+    at = torch.randperm(4000)[:3000]
+    rows = torch.zeros((4000, 24), dtype=store.dtype)
+    assert reader.gather(ids, rows, at=at).data_ptr() == rows.data_ptr()
+    assert torch.equal(rows[at], torch.from_numpy(x[ids.numpy()]))
+    with pytest.raises(IndexError):
+        reader.gather(ids[:2], rows, at=torch.tensor([0, 4000]))
 
 
 def test_pread_rows_of_a_truncated_file_is_one_line(tmp_path):

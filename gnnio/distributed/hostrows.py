@@ -41,11 +41,11 @@ _pread = types.ExternalFunction(
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _pread_rows(fd, ids, out, offset, row_bytes, got):  # pragma: no cover - compiled
-    """Row ``ids[i]`` of the file (``row_bytes`` each from byte ``offset``) into ``out[i]``;
+def _pread_rows(fd, ids, out, at, offset, row_bytes, got):  # pragma: no cover - compiled
+    """Row ``ids[i]`` of the file (``row_bytes`` each from byte ``offset``) into ``out[at[i]]``;
     ``got[i]``: what ``pread`` returned (``row_bytes`` unless the row came back short)."""
     for i in prange(ids.shape[0]):
-        got[i] = _pread(fd, out[i].ctypes, row_bytes, offset + ids[i] * row_bytes)
+        got[i] = _pread(fd, out[at[i]].ctypes, row_bytes, offset + ids[i] * row_bytes)
 
 
 class PreadRows:
@@ -74,28 +74,33 @@ class PreadRows:
             os.close(fd)
             self._fd = None
 
-    def gather(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (int64, any order, repeats allowed) into ``out[:len(ids)]`` (contiguous
-        CPU rows of the store's dtype and width)."""
+    def gather(self, ids: torch.Tensor, out: torch.Tensor, at: torch.Tensor | None = None):
+        """Rows ``ids`` (int64, any order, repeats allowed) into ``out[at[i]]`` (contiguous CPU
+        rows of the store's dtype and width; ``at`` None: ``out[i]``, and ``out[:len(ids)]`` is
+        returned). Reading straight into the batch's rows saves a buffer and a copy."""
         n = int(ids.shape[0])
-        dst = out[:n]
         if n == 0:
-            return dst
+            return out[:0]
         if self.num_threads is not None:
             numba.set_num_threads(
                 max(1, min(int(self.num_threads), numba.config.NUMBA_NUM_THREADS))
             )
-        rows = dst.view(torch.uint8).numpy().reshape(n, self.row_bytes)
+        rows = out.view(torch.uint8).numpy().reshape(out.shape[0], self.row_bytes)
         ids_np = np.ascontiguousarray(ids.numpy(), dtype=np.int64)
+        at_np = np.arange(n, dtype=np.int64) if at is None else at.numpy()
+        if at_np.size and (int(at_np.min()) < 0 or int(at_np.max()) >= rows.shape[0]):
+            raise IndexError(f"at: positions outside the {rows.shape[0]} rows of out")
         got = np.empty(n, dtype=np.int64)
-        _pread_rows(self._fd, ids_np, rows, self.offset, self.row_bytes, got)
+        _pread_rows(self._fd, ids_np, rows, at_np, self.offset, self.row_bytes, got)
         short = np.flatnonzero(got != self.row_bytes)
         if short.size:
-            at = self.offset + int(ids_np[short[0]]) * self.row_bytes
-            raise DatasetError(f"{self.path}: short read of {self.row_bytes} bytes at offset {at}")
+            where = self.offset + int(ids_np[short[0]]) * self.row_bytes
+            raise DatasetError(
+                f"{self.path}: short read of {self.row_bytes} bytes at offset {where}"
+            )
         st = self.store
         st.counters.add(st.tier, n, st.row_bytes)
-        return dst
+        return out[:n] if at is None else out
 
 
 def pread_rows_of(store, num_threads: int | None = None) -> PreadRows | None:

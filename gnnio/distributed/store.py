@@ -193,16 +193,17 @@ class ShardedFeatureStore(FeatureStore):
         hsel = (need & (src < 0)).nonzero().squeeze(1)
         if hsel.numel():
             before = dict(self.host_store.counters.rows)
-            hbuf = self._scratch("host", hsel.numel()) if self.device.type == "cpu" else None
-            if self._pread is not None:
-                if hbuf is None:
-                    hbuf = torch.empty((hsel.numel(), self.dim), dtype=self.dtype)
-                rows = self._pread.gather(uniq[hsel], hbuf).to(self.device)
+            if self._pread is not None and self.device.type == "cpu":
+                self._pread.gather(uniq[hsel], rows_u, at=hsel)  # straight into the batch's rows
             else:
-                rows = self.host_store.gather(uniq[hsel], out=hbuf).to(self.device)
-            move_rows(
-                rows, torch.arange(rows.shape[0], device=self.device), rows_u, hsel.to(self.device)
-            )
+                hbuf = self._scratch("host", hsel.numel()) if self.device.type == "cpu" else None
+                if self._pread is not None:
+                    hbuf = torch.empty((hsel.numel(), self.dim), dtype=self.dtype)
+                    rows = self._pread.gather(uniq[hsel], hbuf).to(self.device)
+                else:
+                    rows = self.host_store.gather(uniq[hsel], out=hbuf).to(self.device)
+                at = torch.arange(rows.shape[0], device=self.device)
+                move_rows(rows, at, rows_u, hsel.to(self.device))
             for t, r in self.host_store.counters.rows.items():
                 d = int(r) - int(before.get(t, 0))
                 if d:
