@@ -23,7 +23,7 @@ import torch
 from gnnio.bench import cache as bc
 from gnnio.bench.gather import seed_ids
 from gnnio.features import open_store
-from gnnio.features.cache import FeatureCache, capacity_rows
+from gnnio.features.caches.cache import FeatureCache, capacity_rows
 from gnnio.graph.dataset import load
 from gnnio.sampling import UniformSampler, parse_fanouts
 

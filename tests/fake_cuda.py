@@ -103,7 +103,7 @@ def fake_events(monkeypatch) -> list:
 
 
 class FakeCudaRuntime:
-    """``cudaHostRegister`` / ``cudaHostUnregister`` over address ranges, for :mod:`gnnio.features.uva`.
+    """``cudaHostRegister`` / ``cudaHostUnregister`` over address ranges, for :mod:`gnnio.features.tiers.uva`.
 
     ``calls`` records every call as ``(name, ptr, nbytes or None)``; ``log`` (default: ``calls``)
     receives the same entries, so a test can interleave them with :func:`fake_events`' log.
@@ -141,7 +141,7 @@ class FakeCudaRuntime:
 def install_runtime(monkeypatch, rt: FakeCudaRuntime) -> FakeCudaRuntime:
     """Make ``uva`` register through ``rt``, ``Tensor.is_pinned`` ask it, and start with no
     registrations."""
-    from gnnio.features import uva
+    from gnnio.features.tiers import uva
 
     monkeypatch.setattr(uva, "_cudart", lambda: rt)
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: rt.pinned(self))

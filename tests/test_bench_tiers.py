@@ -10,7 +10,7 @@ import pytest
 from gnnio.bench import tiers
 from gnnio.cli.main import main
 from gnnio.errors import UsageError
-from gnnio.features.tiered import hot_rows_for_fraction
+from gnnio.features.tiers.tiered import hot_rows_for_fraction
 from gnnio.ordering import RandomOrder
 from gnnio.preprocess.hotness import out_degree, presample_counts
 from gnnio.sampling import UniformSampler

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnio.features import FeatureStore, InMemoryFeatureStore
-from gnnio.features.cache import (
+from gnnio.features.caches.cache import (
     POLICIES,
     FeatureCache,
     FirstOccurrence,
@@ -19,7 +19,7 @@ from gnnio.features.cache import (
     static_plus_dynamic,
     two_level_cache,
 )
-from gnnio.features.cache_multi import ShardedFeatureCache
+from gnnio.features.caches.multi import ShardedFeatureCache
 
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

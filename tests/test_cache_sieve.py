@@ -1,5 +1,5 @@
 """SIEVE and S3-FIFO host-cache policies (issue 25) against per-id reference simulations of the
-documented batch semantics (:mod:`gnnio.features.cache_sieve`)."""
+documented batch semantics (:mod:`gnnio.features.caches.sieve`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from gnnio.features import FeatureCache, InMemoryFeatureStore
-from gnnio.features.cache_sieve import S3FIFOPolicy, SIEVEPolicy
+from gnnio.features.caches.sieve import S3FIFOPolicy, SIEVEPolicy
 from tests.test_cache import workloads  # (n, capacity, batches, seed)
 
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from gnnio.features import uva
 from gnnio.features._gather import check_out
+from gnnio.features.tiers import uva
 from gnnio.utils.devices import resolve_device, same_device
 from tests.fake_cuda import FakeCudaTensor, fake_cuda
 
@@ -69,17 +69,14 @@ def _spy(monkeypatch, module, calls: list):
 def test_every_store_resolves_its_device_through_resolve_device(monkeypatch):
     """Each store, cache, policy and the loader call the one helper with the name they were
     given (before issue 15, three of them kept ``torch.device("cuda")`` unresolved)."""
-    from gnnio.features import (
-        cache,
-        cache_multi,
-        cache_policy,
-        memory,
-        multidevice,
-        reuse,
-    )
-    from gnnio.features.cache import FeatureCache
-    from gnnio.features.memory import InMemoryFeatureStore
-    from gnnio.features.reuse import CrossBatchReuse
+    from gnnio.features.caches import cache, reuse
+    from gnnio.features.caches import multi as cache_multi
+    from gnnio.features.caches import policy as cache_policy
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.features.caches.reuse import CrossBatchReuse
+    from gnnio.features.stores import memory
+    from gnnio.features.stores.memory import InMemoryFeatureStore
+    from gnnio.features.tiers import multidevice
     from gnnio.pipeline import loader as loader_mod
 
     feats = np.arange(40, dtype=np.float32).reshape(10, 4)
@@ -100,7 +97,7 @@ def test_every_store_resolves_its_device_through_resolve_device(monkeypatch):
 
 
 def test_tiered_store_resolves_its_device_through_resolve_device(monkeypatch):
-    from gnnio.features import tiered
+    from gnnio.features.tiers import tiered
 
     fake_cuda(monkeypatch)
     calls: list = []

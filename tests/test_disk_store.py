@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from gnnio.errors import DatasetError
 from gnnio.features import InMemoryFeatureStore, open_store
-from gnnio.features import _direct_io as dio
-from gnnio.features.disk import DiskFeatureStore
+from gnnio.features.stores import _direct_io as dio
+from gnnio.features.stores.disk import DiskFeatureStore
 from tests.helpers import write_tiny_dataset
 
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -136,7 +136,7 @@ def test_no_o_direct_at_open_falls_back_with_one_line(tmp_path, monkeypatch, cap
         return real_open(p, flags, *a)
 
     monkeypatch.setattr(dio.os, "open", no_direct)
-    with caplog.at_level(logging.WARNING, logger="gnnio.features.disk"):
+    with caplog.at_level(logging.WARNING, logger="gnnio.features.stores.disk"):
         s = DiskFeatureStore(path)
     assert not s.direct
     msgs = [r.getMessage() for r in caplog.records]
@@ -159,7 +159,7 @@ def test_no_o_direct_at_read_falls_back_with_one_line(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(dio.os, "preadv", refuse_direct)
     ids = np.arange(0, 1000, 7)
-    with caplog.at_level(logging.WARNING, logger="gnnio.features.disk"):
+    with caplog.at_level(logging.WARNING, logger="gnnio.features.stores.disk"):
         got = s.gather(ids)
         s.gather(ids)
     assert got.numpy().tobytes() == feats[ids].tobytes()

@@ -176,7 +176,7 @@ def test_local_seeds_order_with_po_inner():
 def test_cache_never_skips_the_collective(policy):
     from gnnio.distributed.store import ShardedFeatureStore
     from gnnio.features import InMemoryFeatureStore
-    from gnnio.features.cache import FeatureCache
+    from gnnio.features.caches.cache import FeatureCache
     from gnnio.placement import PlacementRequest, place
     from gnnio.placement.topology import load_topology
 

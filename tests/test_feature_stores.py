@@ -315,7 +315,9 @@ def test_large_gather_matches(factory):
 
 def test_wrappers_are_exported_from_the_package():
     import gnnio.features as features
-    from gnnio.features import cache, cache_multi, multidevice, reuse, tiered
+    from gnnio.features.caches import cache, reuse
+    from gnnio.features.caches import multi as cache_multi
+    from gnnio.features.tiers import multidevice, tiered
 
     assert features.TieredFeatureStore is tiered.TieredFeatureStore
     assert features.FeatureCache is cache.FeatureCache

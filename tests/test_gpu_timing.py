@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gnnio.features import accounting
-from gnnio.features.memory import InMemoryFeatureStore
+from gnnio.features.stores.memory import InMemoryFeatureStore
 from tests.fake_cuda import fake_cuda, fake_events
 
 CUDA0 = torch.device("cuda", 0)
@@ -41,7 +41,7 @@ def test_timer_laps_are_events_resolved_later(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["static", "fifo"])
 def test_cache_timing_on_cuda_uses_events(monkeypatch, policy):
-    from gnnio.features import cache as cache_mod
+    from gnnio.features.caches import cache as cache_mod
 
     fake_events(monkeypatch)
     monkeypatch.setattr(cache_mod, "_Timer", _cuda_timer)
@@ -60,7 +60,7 @@ def test_cache_timing_on_cuda_uses_events(monkeypatch, policy):
 
 
 def test_reuse_timing_on_cuda_uses_events(monkeypatch):
-    from gnnio.features import reuse as reuse_mod
+    from gnnio.features.caches import reuse as reuse_mod
 
     fake_events(monkeypatch)
     monkeypatch.setattr(reuse_mod, "_Timer", _cuda_timer)
@@ -100,7 +100,7 @@ def test_training_step_timing_needs_no_device_sync(monkeypatch, tmp_path):
 def test_cache_lives_on_the_training_gpu(monkeypatch, tmp_path):
     """``--cache-policy`` with ``--device cuda`` puts the cache on that GPU (it stayed in host
     memory before, so its "cache" rows still crossed PCIe)."""
-    from gnnio.features import cache as cache_mod
+    from gnnio.features.caches import cache as cache_mod
     from gnnio.graph import load
     from gnnio.train.config import TrainConfig
     from gnnio.train.setup import build_store

@@ -15,9 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gnnio.features.cache import FeatureCache
-from gnnio.features.cache_lookahead import LookaheadPolicy, make_any_policy
-from gnnio.features.memory import InMemoryFeatureStore
+from gnnio.features.caches.cache import FeatureCache
+from gnnio.features.caches.lookahead import LookaheadPolicy, make_any_policy
+from gnnio.features.stores.memory import InMemoryFeatureStore
 
 
 def _store(n: int, dim: int = 3) -> InMemoryFeatureStore:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnio.features import InMemoryFeatureStore
-from gnnio.features.multidevice import MultiDeviceFeatureStore
+from gnnio.features.tiers.multidevice import MultiDeviceFeatureStore
 from gnnio.placement import PlacementRequest, place
 from gnnio.placement.costmodel import placement_cost
 from gnnio.placement.topology import load_topology

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from gnnio.features import uva
+from gnnio.features.tiers import uva
 from tests.fake_cuda import (
     FakeCudaRuntime,
     FakeCudaTensor,
@@ -111,8 +111,8 @@ def test_a_view_is_pinned_in_place_exactly_its_bytes(runtime):
 
 
 def test_tiered_cold_path_over_the_budget(runtime, monkeypatch):
-    from gnnio.features.row_source import RowSource
-    from gnnio.features.tiered_cold import ColdPath, TieringWarning
+    from gnnio.features.tiers.row_source import RowSource
+    from gnnio.features.tiers.tiered_cold import ColdPath, TieringWarning
 
     monkeypatch.setenv("GNNIO_PIN_LIMIT", "1KiB")
     host = torch.zeros(100, 16)  # 6.25 KiB

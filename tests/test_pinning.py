@@ -12,7 +12,7 @@ import gc
 import pytest
 import torch
 
-from gnnio.features import uva
+from gnnio.features.tiers import uva
 from tests.fake_cuda import (
     FakeCudaRuntime,
     FakeCudaTensor,
@@ -77,8 +77,8 @@ def test_the_finalizer_waits_too(runtime):
 
 
 def test_tiered_cold_path_notes_its_zero_copy_reads(runtime, monkeypatch):
-    from gnnio.features.row_source import RowSource
-    from gnnio.features.tiered_cold import ColdPath
+    from gnnio.features.tiers.row_source import RowSource
+    from gnnio.features.tiers.tiered_cold import ColdPath
 
     real_as_tensor = torch.as_tensor
 

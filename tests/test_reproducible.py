@@ -148,7 +148,8 @@ def test_torch_path_matches_on_high_degree_rows():
 def test_rejected_draws_are_redrawn_as_on_the_cpu(monkeypatch):
     """Lemire rejections: bound 2**31 + 1 rejects about half the first attempts. The exact draws
     follow the CPU kernel's ``_bounded`` step for step, the fast ones report the rows to redo."""
-    from gnnio.sampling import _kernels, gpu
+    from gnnio.sampling import _kernels
+    from gnnio.sampling import gpu_hop as gpu
 
     n, bound = 64, 2**31 + 1
     rng = np.random.default_rng(0)

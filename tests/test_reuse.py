@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnio.features import FeatureStore, InMemoryFeatureStore
-from gnnio.features.cache import FeatureCache
-from gnnio.features.reuse import CrossBatchReuse, ReuseTracker, redundancy_rates
+from gnnio.features.caches.cache import FeatureCache
+from gnnio.features.caches.reuse import CrossBatchReuse, ReuseTracker, redundancy_rates
 
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -20,14 +20,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnio.errors import GnnioError, UsageError
-from gnnio.features import InMemoryFeatureStore, MmapFeatureStore, uva
-from gnnio.features.simdevice import (
+from gnnio.features import InMemoryFeatureStore, MmapFeatureStore
+from gnnio.features.tiers import uva
+from gnnio.features.tiers.simdevice import (
     SimulatedDevice,
     SimulatedOutOfMemory,
     pin_limit,
     simulated_pin,
 )
-from gnnio.features.tiered import TieredFeatureStore, TieringWarning, hot_rows_for_fraction
+from gnnio.features.tiers.tiered import TieredFeatureStore, TieringWarning, hot_rows_for_fraction
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

@@ -60,8 +60,8 @@ def test_top_count_is_nearest_monotone_and_clamped(f, g, n):
 
 def test_every_fraction_to_count_conversion_uses_the_rule():
     from gnnio.bench.hotness import captured_shares
-    from gnnio.features.cache import capacity_rows
-    from gnnio.features.tiered import hot_rows_for_fraction
+    from gnnio.features.caches.cache import capacity_rows
+    from gnnio.features.tiers.tiered import hot_rows_for_fraction
     from gnnio.placement.planner import buffer_rows_from
     from gnnio.placement.topology import load_topology
 

@@ -18,8 +18,8 @@ import warnings
 import numpy as np, torch
 from gnnio.features import _triton_rows
 from gnnio.features._gather import copy_rows
-from gnnio.features.simdevice import SimulatedDevice
-from gnnio.features.tiered import TieredFeatureStore
+from gnnio.features.tiers.simdevice import SimulatedDevice
+from gnnio.features.tiers.tiered import TieredFeatureStore
 from gnnio.utils import triton_kernels
 
 warnings.simplefilter("error", RuntimeWarning)  # a kernel failure (and torch fallback) fails here
@@ -199,3 +199,67 @@ def test_copy_rows_without_triton_is_index_select():
     big = torch.zeros(6, 12)
     copy_rows(src, ids, big[:, ::2])  # a strided destination
     assert torch.equal(big[:4, ::2], src[ids]) and not big[:, 1::2].any() and not big[4:].any()
+
+
+# The tiered store's fused gather (issue 24: no host sync per batch): hot rows from the GPU tier and
+# cold rows from the zero-copy view in one kernel, prefix and lookup modes, repeats, a reused
+# output buffer larger than the batch; the rows per tier, counted on the device, equal the split
+# path's once the counters are read; no operation that would sync a GPU inside gather().
+TIERED = r"""
+import warnings
+import numpy as np, torch
+from gnnio.features import _triton_rows
+from gnnio.features.tiers.simdevice import SimulatedDevice
+from gnnio.features.tiers.tiered import TieredFeatureStore
+from gnnio.utils import triton_kernels
+from gnnio.utils.syncs import OpCounter
+
+warnings.simplefilter("error", RuntimeWarning)
+launches = []
+real = _triton_rows._tiered
+class Spy:
+    def __getitem__(self, grid):
+        launch = real[grid]
+        def run(*a, **kw):
+            launches.append(kw["W"])
+            return launch(*a, **kw)
+        return run
+_triton_rows._tiered = Spy()
+g = torch.Generator().manual_seed(3)
+host = torch.randn(400, 24, generator=g)
+for kind in ("prefix", "lookup"):
+    for f in (0.1, 0.5, 0.9):
+        h = int(f * 400)
+        if kind == "prefix":
+            st = TieredFeatureStore(host, h, simulate=SimulatedDevice())
+        else:
+            st = TieredFeatureStore(host, hot_ids=torch.randperm(400, generator=g)[:h],
+                                    simulate=SimulatedDevice())
+        want_gpu = want_host = 0
+        for b in range(3):
+            ids = torch.randint(0, 400, (150,), generator=g)
+            ids[:10] = ids[10:20]  # repeats
+            hot = st.is_hot(ids)
+            out = torch.full((170, 24), 7.0)
+            n0 = len(launches)
+            with OpCounter() as c:
+                got = st.gather(ids, out=out)
+            assert c.syncs == 0, dict(c.sync_ops)
+            assert len(launches) == n0 + 1, "the fused kernel did not run"
+            assert torch.equal(got, host[ids]) and (out[150:] == 7).all(), (kind, f, b)
+            want_gpu += int(hot.sum()); want_host += int((~hot).sum())
+        assert st.counters.rows == {"gpu": want_gpu, "host": want_host}, (st.counters.rows, want_gpu)
+        assert st.counters.bytes["gpu"] == want_gpu * 96
+        st.counters.reset()
+        ids = torch.tensor([0, 399, 5, 200])
+        st.gather(ids)  # after a reset: only these rows, booked once
+        k = int(st.is_hot(ids).sum())
+        assert dict(st.counters.rows) == {t: r for t, r in (("gpu", k), ("host", 4 - k)) if r}
+        st.close()
+assert not triton_kernels._FAILED, triton_kernels._FAILED
+print("ok")
+"""
+
+
+def test_the_tiered_gather_is_one_kernel_without_host_syncs():
+    run_in_triton_interpreter(TIERED)

@@ -6,7 +6,7 @@ Protocol. For every seed order (``random`` = :class:`gnnio.ordering.shuffle.Rand
 :class:`gnnio.ordering.po.ProximityOrder` with the automatic number of sequences) the first
 ``--warmup + --batches`` batches (continuing into the next epochs if needed) are sampled once with
 :class:`gnnio.sampling.UniformSampler` (``--fanouts``, ``epoch_seed`` = batch index) -- the access
-trace. Every (policy, size) cache is then a real :class:`gnnio.features.cache.FeatureCache` over
+trace. Every (policy, size) cache is then a real :class:`gnnio.features.caches.cache.FeatureCache` over
 the dataset's feature store, fed the trace's ``input_nodes`` one batch at a time into a reused
 output buffer: the first ``--warmup`` batches fill it, the next ``--batches`` are measured.
 
@@ -20,7 +20,7 @@ output buffer: the first ``--warmup`` batches fill it, the next ``--batches`` ar
   store (misses). PO batches have fewer distinct input nodes (seeds close in the graph share
   neighbours), so this traffic can drop even where the hit ratio does not rise.
 * ``rows_fetched``: the same as ``fetched_rows`` (the name issue 18 uses).
-* ``lookahead`` (:mod:`gnnio.features.cache_lookahead`): Belady's MIN over the next ``--lookahead``
+* ``lookahead`` (:mod:`gnnio.features.caches.lookahead`): Belady's MIN over the next ``--lookahead``
   batches of the trace, announced to the cache before it serves each batch (what the loader does
   in training), frequency and ``--score`` hotness beyond the window; ``optimal``: MIN with the
   whole trace announced first, the offline bound (not a policy a loader can run). Their
@@ -103,7 +103,7 @@ def add_arguments(p) -> None:
 
 
 def _check(args) -> tuple[list[str], list[str], list[float], list[int]]:
-    from ..features.cache_lookahead import POLICIES
+    from ..features.caches.lookahead import POLICIES
 
     policies = _csv(args.policies, str, "policies")
     for pol in policies:
@@ -220,8 +220,8 @@ def _static_hot(ds, args) -> tuple[np.ndarray, str]:
 
 def run(args) -> dict:
     from ..features import open_store
-    from ..features.cache import FeatureCache, capacity_rows
-    from ..features.reuse import redundancy_rates
+    from ..features.caches.cache import FeatureCache, capacity_rows
+    from ..features.caches.reuse import redundancy_rates
     from ..graph.dataset import load
     from ..ordering.po import shuffling_error
     from ..sampling import UniformSampler, parse_fanouts

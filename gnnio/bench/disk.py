@@ -79,7 +79,7 @@ def _check(args) -> tuple[list[float], list[str]]:
 
 
 def _seq_round(reader, file_pages: int, mib: int, start: int) -> tuple[float, int]:
-    from ..features._direct_io import plan_pages
+    from ..features.stores._direct_io import plan_pages
 
     want = min(file_pages, mib * 256)
     first = start % max(1, file_pages - want + 1)
@@ -95,7 +95,7 @@ def _seq_round(reader, file_pages: int, mib: int, start: int) -> tuple[float, in
 
 
 def _random_round(reader, file_pages: int, n: int, rng) -> tuple[float, int, int]:
-    from ..features._direct_io import plan_pages
+    from ..features.stores._direct_io import plan_pages
 
     pages = rng.choice(file_pages, size=min(n, file_pages), replace=False).astype(np.int64)
     plan = plan_pages(pages * 4096, 4096, max_run_pages=1)  # one read per page
@@ -107,7 +107,7 @@ def _random_round(reader, file_pages: int, n: int, rng) -> tuple[float, int, int
 
 def ceilings(store, args) -> dict[str, Any]:
     """Sequential and random-4K ceilings and the store's random-row reads, interleaved."""
-    from ..features._direct_io import PageReader
+    from ..features.stores._direct_io import PageReader
 
     reader = PageReader(str(store.path), args.queue_depth, direct=True)
     rng = np.random.default_rng(args.seed)
@@ -183,9 +183,9 @@ def run(args) -> dict:
     import gnnio
 
     from ..features import InMemoryFeatureStore
-    from ..features.cache import FeatureCache
-    from ..features.disk import DiskFeatureStore
-    from ..features.tiered import hot_rows_for_fraction
+    from ..features.caches.cache import FeatureCache
+    from ..features.stores.disk import DiskFeatureStore
+    from ..features.tiers.tiered import hot_rows_for_fraction
     from ..pipeline.loader import NodeLoader
     from ..sampling import UniformSampler
     from .gather import make_order, parse_fanouts_arg, seed_ids, set_threads

@@ -113,7 +113,7 @@ def traffic_table(res: dict) -> str:
 def run(args) -> dict:
     import gnnio
 
-    from ..features.tiered import hot_rows_for_fraction
+    from ..features.tiers.tiered import hot_rows_for_fraction
     from ..ordering import RandomOrder
     from ..placement.topology import DEFAULT_HOST_BW
     from ..preprocess.hotness import SCORES, compute_score

@@ -155,23 +155,14 @@ def pipelined(parts, device, warmup: int, k: int, progress: bool) -> dict:
 
 
 def _relabel_hook(sampler, clock_box: list):
-    """Time the GPU sampler's relabelling inside ``sample`` (None where there is none to time)."""
+    """Time the GPU sampler's relabelling inside ``sample`` through its ``phase_hook`` (it marks
+    ``sample`` before each hop's relabelling and ``relabel`` after it,
+    :mod:`gnnio.sampling.gpu`); None where there is none to time (the CPU sampler fuses it)."""
     inner = getattr(sampler, "_torch", None)
-    if inner is None:
+    if inner is None or not hasattr(inner, "phase_hook"):
         return None
-    from ..sampling import gpu
-
-    real = gpu._relabel
-
-    def timed(*a, **kw):
-        clock = clock_box[0]
-        clock.mark("sample")
-        out = real(*a, **kw)
-        clock.mark("relabel")
-        return out
-
-    gpu._relabel = timed
-    return lambda: setattr(gpu, "_relabel", real)
+    inner.phase_hook = lambda phase: clock_box[0].mark(phase)
+    return lambda: setattr(inner, "phase_hook", None)
 
 
 def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from ..features import uva
 from ..features._gather import copy_rows, gather_rows, row_bytes_view
-from ..features.tiered import TieredFeatureStore
+from ..features.tiers import uva
+from ..features.tiers.tiered import TieredFeatureStore
 from ._timing import median, time_passes
 
 __all__ = ["gpu_gather_bandwidth"]

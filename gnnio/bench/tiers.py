@@ -3,7 +3,7 @@ for each hotness score (Data Tiering §5.3, Figure 10, "PCIe traffic vs. hot dat
 GPU gather-bandwidth micro-benchmark of the three ways to read feature rows.
 
 * :func:`host_traffic_experiment` runs the real sampler over the training seeds and gathers every
-  batch's ``input_nodes`` through one :class:`~gnnio.features.tiered.TieredFeatureStore` per
+  batch's ``input_nodes`` through one :class:`~gnnio.features.tiers.tiered.TieredFeatureStore` per
   (score, hot fraction); the store's own counters give the bytes per tier. The counts are exact on
   simulated devices too (they do not depend on the hardware); only times would.
 * :func:`gpu_gather_bandwidth` (CUDA only; :mod:`gnnio.bench.tier_bandwidth`) measures, on one
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..features.tiered import TieredFeatureStore, hot_rows_for_fraction
+from ..features.tiers.tiered import TieredFeatureStore, hot_rows_for_fraction
 from ..utils.progress import bar
 from .tier_bandwidth import gpu_gather_bandwidth
 

@@ -103,8 +103,8 @@ class DistRun(LocalRun):
         }
         host = base
         if cfg.cache_policy != "none" and cfg.cache_size > 0:
-            from ..features.cache import FeatureCache
-            from ..features.tiered import hot_rows_for_fraction
+            from ..features.caches.cache import FeatureCache
+            from ..features.tiers.tiered import hot_rows_for_fraction
 
             hot = None
             if cfg.cache_policy == "static":

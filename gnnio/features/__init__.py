@@ -16,6 +16,18 @@ Wrappers over another store (composition; each counts rows and bytes per tier):
 * :class:`CrossBatchReuse` — rows the previous batch already brought are not fetched again (HyDRA).
 * :class:`MultiDeviceFeatureStore` — per-GPU shards read through a placement (Song & Jiang).
 
+The modules sit in three sub-packages that show the hierarchy (issue 25, item 6):
+
+* ``features/stores/`` -- where every row lives: ``memory``, ``mmap``, ``disk`` (+ ``_direct_io``);
+* ``features/tiers/`` -- a GPU tier over a host tier: ``tiered`` (+ ``tiered_cold``, ``uva``,
+  ``row_source``, ``simdevice``) and ``multidevice``;
+* ``features/caches/`` -- caches over any store: ``cache``, ``policy``, ``lookahead``, ``sieve``,
+  ``multi``, ``reuse``.
+
+What every layer shares stays here: the contract (``base``), the gather kernels (``_gather``,
+``_triton_rows``), ``batch_ops`` and ``accounting``. The public names are exported from
+``gnnio.features`` itself; import them from there.
+
 The wrappers are imported on first use (PEP 562 ``__getattr__``), so ``import gnnio.features``
 costs no more than the two base stores, and the placement / reorder modules the wrappers import
 never form an import cycle with this package.
@@ -37,16 +49,16 @@ from ..utils.devices import resolve_device
 from ..utils.progress import bar
 from ._gather import host_empty
 from .base import FeatureStore, TierCounters
-from .memory import InMemoryFeatureStore
-from .mmap import MmapFeatureStore
+from .stores.memory import InMemoryFeatureStore
+from .stores.mmap import MmapFeatureStore
 
 if TYPE_CHECKING:  # the lazily exported names, for type checkers and IDEs
-    from .cache import FeatureCache, static_plus_dynamic, two_level_cache
-    from .cache_multi import ShardedFeatureCache
-    from .disk import DiskFeatureStore
-    from .multidevice import MultiDeviceFeatureStore
-    from .reuse import CrossBatchReuse
-    from .tiered import TieredFeatureStore
+    from .caches.cache import FeatureCache, static_plus_dynamic, two_level_cache
+    from .caches.multi import ShardedFeatureCache
+    from .caches.reuse import CrossBatchReuse
+    from .stores.disk import DiskFeatureStore
+    from .tiers.multidevice import MultiDeviceFeatureStore
+    from .tiers.tiered import TieredFeatureStore
 
 __all__ = [
     "CrossBatchReuse",
@@ -66,14 +78,14 @@ __all__ = [
 
 #: exported name -> submodule defining it (imported on first attribute access)
 _LAZY = {
-    "TieredFeatureStore": "tiered",
-    "FeatureCache": "cache",
-    "static_plus_dynamic": "cache",
-    "two_level_cache": "cache",
-    "ShardedFeatureCache": "cache_multi",
-    "DiskFeatureStore": "disk",
-    "CrossBatchReuse": "reuse",
-    "MultiDeviceFeatureStore": "multidevice",
+    "TieredFeatureStore": "tiers.tiered",
+    "FeatureCache": "caches.cache",
+    "static_plus_dynamic": "caches.cache",
+    "two_level_cache": "caches.cache",
+    "ShardedFeatureCache": "caches.multi",
+    "DiskFeatureStore": "stores.disk",
+    "CrossBatchReuse": "caches.reuse",
+    "MultiDeviceFeatureStore": "tiers.multidevice",
 }
 
 
@@ -130,7 +142,7 @@ def open_store(
                 "give the device to the loader instead"
             )
         if kind == "disk":
-            from .disk import DiskFeatureStore
+            from .stores.disk import DiskFeatureStore
 
             return DiskFeatureStore(dataset.features, **kwargs)
         return MmapFeatureStore(dataset.features, num_threads=num_threads, **kwargs)

@@ -311,6 +311,26 @@ def copy_rows(
         dst.index_copy_(0, dst_idx.long(), src.index_select(0, src_idx))
 
 
+def copy_tiered(
+    hot: torch.Tensor, cold: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor
+) -> bool:
+    """``dst[i] = hot[slots[i]]`` where ``slots[i] >= 0``, else ``cold[ids[i]]``, as one Triton
+    kernel (:func:`gnnio.features._triton_rows.copy_tiered_triton`) with no host synchronisation;
+    False (nothing written) where Triton or the kernel does not apply: the caller splits the batch
+    into hot and cold positions instead."""
+    if not triton_available(dst.device, "copy_tiered"):
+        return False
+    try:
+        from ._triton_rows import copy_tiered_triton
+
+        if copy_tiered_triton(hot, cold, slots, ids, dst):
+            kernel_ran("rows", "triton")
+            return True
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the split path
+        kernel_failed("copy_tiered", e, "splitting hot and cold rows with torch ops instead")
+    return False
+
+
 def gather_rows(
     src: np.ndarray,
     ids: np.ndarray,

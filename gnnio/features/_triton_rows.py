@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_WORDS", "copy_rows_triton"]
+__all__ = ["MAX_WORDS", "copy_rows_triton", "copy_tiered_triton"]
 
 #: widest row handled in one tile, in words (wider rows: torch ops)
 MAX_WORDS = 8192
@@ -41,6 +41,21 @@ def _rows(src, src_idx, dst, dst_idx, n, W: tl.constexpr, WP: tl.constexpr, BR: 
     m = rm[:, None] & (c < W)[None, :]
     v = tl.load(src + s[:, None] * W + c[None, :], mask=m)
     tl.store(dst + d[:, None] * W + c[None, :], v, mask=m)
+
+
+@triton.jit
+def _tiered(hot, cold, slots, ids, dst, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rm = r < n
+    s = tl.load(slots + r, mask=rm, other=0).to(tl.int64)
+    i = tl.load(ids + r, mask=rm, other=0).to(tl.int64)
+    h = s >= 0
+    c = tl.arange(0, WP)
+    m = rm[:, None] & (c < W)[None, :]
+    # masked-off lanes issue no load: a hot row reads the GPU tier only, a cold row the host only
+    vh = tl.load(hot + s[:, None] * W + c[None, :], mask=m & h[:, None], other=0)
+    vc = tl.load(cold + i[:, None] * W + c[None, :], mask=m & (~h)[:, None], other=0)
+    tl.store(dst + r[:, None] * W + c[None, :], tl.where(h[:, None], vh, vc), mask=m)
 
 
 def _word(row_bytes: int, *ptrs: int) -> int:
@@ -81,4 +96,43 @@ def copy_rows_triton(
     di = si if dst_idx is None else dst_idx.contiguous()
     _rows[(triton.cdiv(n, br),)](sv, si, dv, di, n, W=words, WP=wp, BR=br,
                                  SCATTER=dst_idx is not None)  # fmt: skip
+    return True
+
+
+def copy_tiered_triton(
+    hot: torch.Tensor,
+    cold: torch.Tensor,
+    slots: torch.Tensor,
+    ids: torch.Tensor,
+    dst: torch.Tensor,
+) -> bool:
+    """``dst[i] = hot[slots[i]]`` where ``slots[i] >= 0``, else ``cold[ids[i]]``: the tiered
+    store's gather as one kernel, without splitting the batch into hot and cold positions first
+    (``nonzero`` twice: two host synchronisations per batch on a GPU). ``cold`` is the zero-copy
+    view of the pinned host rows. Returns False (nothing written) where the kernel does not apply
+    (as :func:`copy_rows_triton`). Indices are not checked."""
+    n = int(ids.shape[0])
+    tensors = (hot, cold, dst)
+    if (
+        any(x.dim() != 2 or not x.is_contiguous() or x.dtype != dst.dtype
+            or x.shape[1] != dst.shape[1] or x.device != dst.device for x in tensors)
+        or slots.shape != ids.shape or ids.dim() != 1
+        or slots.dtype not in (torch.int32, torch.int64) or ids.dtype not in (torch.int32, torch.int64)
+    ):  # fmt: skip
+        return False
+    rb = dst.shape[1] * dst.element_size()
+    if n == 0 or rb == 0:
+        return True
+    w = _word(rb, hot.data_ptr(), cold.data_ptr(), dst.data_ptr())
+    words = rb // w
+    if words > MAX_WORDS:
+        return False
+    wp = 1 << (words - 1).bit_length()
+    br = max(1, min(64, _TILE_WORDS * 8 // w // wp))
+
+    def view(x: torch.Tensor) -> torch.Tensor:
+        return x.view(torch.uint8).view(_WORDS[w]) if w > 1 else x.view(torch.uint8)
+
+    _tiered[(triton.cdiv(n, br),)](view(hot), view(cold), slots.contiguous(), ids.contiguous(),
+                                   view(dst), n, W=words, WP=wp, BR=br)  # fmt: skip
     return True

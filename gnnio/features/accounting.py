@@ -11,7 +11,48 @@ from typing import Any
 
 import torch
 
-__all__ = ["CacheStats", "EventLaps", "counters_delta", "snapshot_rows"]
+__all__ = ["CacheStats", "DeferredSplit", "EventLaps", "counters_delta", "snapshot_rows"]
+
+
+class DeferredSplit:
+    """Rows per tier of a two-tier gather, counted on the device and read back only when asked.
+
+    The tiered store's fused gather (one kernel, no hot/cold split on the host) knows how many of a
+    batch's rows were hot only as a device tensor; reading it back per batch would be the host
+    synchronisation the kernel exists to avoid. :meth:`add` queues the batch's hot count into a
+    cumulative device counter (no synchronisation); :meth:`flush`, called when the store's
+    counters are read (once per epoch in ``gnnio train``), waits for the device once and books the
+    rows since the last flush. The device counter is only ever added to, never reset: a reset
+    queued on another stream than the adds could run before an add queued earlier on the host.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._hot = torch.zeros((), dtype=torch.int64, device=device)
+        self._hot_seen = 0  # the counter's value at the last flush
+        self._total = 0  # rows added since the last flush (known on the host)
+        self._lock = threading.Lock()
+
+    def add(self, hot_mask: torch.Tensor) -> None:
+        """Queue one batch: ``hot_mask`` is True where a row came from the hot tier."""
+        with self._lock:
+            self._hot.add_(hot_mask.sum())
+            self._total += int(hot_mask.shape[0])
+
+    def flush(self, counters: Any, hot_tier: str, cold_tier: str, row_bytes: int) -> None:
+        """Book the rows queued since the last flush into ``counters`` (one device wait)."""
+        with self._lock:
+            if not self._total:
+                return
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the adds may sit on another stream
+            now = int(self._hot)
+            hot, total = now - self._hot_seen, self._total
+            self._hot_seen, self._total = now, 0
+        if hot:
+            counters.add(hot_tier, hot, row_bytes)
+        if total - hot:
+            counters.add(cold_tier, total - hot, row_bytes)
 
 
 class EventLaps:

@@ -143,7 +143,7 @@ class EpochRun:
     def _gather_worker(self) -> None:
         pin_current_thread("gather")
         ld, st = self.loader, self.loader._streams
-        # a lookahead cache (gnnio.features.cache_lookahead) is told the input nodes of batches
+        # a lookahead cache (gnnio.features.caches.lookahead) is told the input nodes of batches
         # i + 1 .. i + K before batch i is gathered: the thread holds K sampled batches (ids and
         # blocks, never rows) and the sampling workers run K batches further ahead
         k = int(getattr(ld.store, "lookahead", 0) or 0)

@@ -29,7 +29,7 @@ Strategies (:data:`STRATEGIES`; each a function ``PlacementRequest -> Placement`
 
 "Hottest" always means the largest access probability ``probs`` given in the request (e.g.
 :func:`gnnio.preprocess.hotness.sj_estimate`). The cost of a placement is modeled by
-:mod:`gnnio.placement.costmodel`; :class:`gnnio.features.multidevice.MultiDeviceFeatureStore`
+:mod:`gnnio.placement.costmodel`; :class:`gnnio.features.tiers.multidevice.MultiDeviceFeatureStore`
 serves reads through it.
 """
 

@@ -111,11 +111,11 @@ def relabel_csr_bounded(indptr, indices, new2old, out, chunk_bytes: int) -> np.n
 
 def copy_feature_rows_bounded(src, dst, new2old, chunk_bytes: int, progress: bool) -> None:
     """``dst[i] = src[new2old[i]]`` (``src`` a memmap of a file, ``dst`` a writable memmap) in
-    chunks of rows. The rows are read with :class:`~gnnio.features.disk.DiskFeatureStore`
+    chunks of rows. The rows are read with :class:`~gnnio.features.stores.disk.DiskFeatureStore`
     (``O_DIRECT``, page-aware), not through the mapping: a random read through a mapping makes
     its fault-around pages resident (64 KiB each), which would fill the budget with pages never
     needed. Writes go through ``dst``'s mapping in order; its pages are dropped after each chunk."""
-    from ..features.disk import DiskFeatureStore
+    from ..features.stores.disk import DiskFeatureStore
     from ..utils.progress import bar
 
     n = new2old.shape[0]

@@ -36,7 +36,7 @@ import torch
 from torch_geometric.data import Data
 
 from ..errors import UsageError
-from ..features.memory import InMemoryFeatureStore
+from ..features.stores.memory import InMemoryFeatureStore
 from ..ordering.shuffle import RandomOrder
 from ..pipeline.loader import LoaderStats, NodeLoader
 from ..sampling.frontier import FrontierSampler

@@ -40,11 +40,13 @@ def _mix64(z):
     return z ^ (z >> 31)
 
 
-@triton.jit(do_not_specialize=["n", "k0", "k1", "k2"])
-def _hop(indptr, indices, dst, row_off, out_src, out_row, n, k0, k1, k2, fanout: tl.constexpr,
-         FP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2"])
+def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2,
+         fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr, HAS_CNT: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
+    if HAS_CNT:  # a bounded buffer of rows: only the first ``cnt[0]`` are real (no host sync)
+        rm = rm & (r < tl.load(cnt))
     g = tl.load(dst + r, mask=rm, other=0)
     start = tl.load(indptr + g, mask=rm, other=0)
     deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
@@ -77,9 +79,9 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, k0, k1, k2, fanout:
         t = tl.where(seen, j, val)
         picks = tl.where(col[None, :] == i, t[:, None], picks)
     pos = tl.where((deg <= fanout)[:, None], col[None, :], picks)  # short rows: all of them
-    valid = rm[:, None] & (col[None, :] < k[:, None])
-    nb = tl.load(indices + start[:, None] + pos, mask=valid, other=0)
     dest = off[:, None] + col[None, :]
+    valid = rm[:, None] & (col[None, :] < k[:, None]) & (dest < cap)
+    nb = tl.load(indices + start[:, None] + pos, mask=valid, other=0)
     tl.store(out_src + dest, nb.to(tl.int64), mask=valid)
     tl.store(out_row + dest, r[:, None] + 0 * col[None, :], mask=valid)
 
@@ -91,23 +93,33 @@ def sample_hop_triton(
     fanout: int,
     hop_key: int,
     total: int,
+    count: torch.Tensor | None = None,
+    row_off: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(src, row)`` of one hop with ``fanout >= 1`` (see
     :func:`gnnio.sampling.gpu.sample_hop_torch`, whose results these equal); ``total`` =
-    ``sum(min(deg, fanout))`` over the rows, known to the caller."""
+    ``sum(min(deg, fanout))`` over the rows, known to the caller.
+
+    Bounded form (:mod:`gnnio.sampling.gpu_bounded`, no host sync): ``count`` (int64 ``[1]`` on
+    the device) says how many leading rows of ``dst_nodes`` are real, ``row_off`` gives each
+    row's first output position (the caller computed it over the real rows), and ``total`` is
+    the outputs' size, an upper bound: only a prefix is written, nothing at or past ``total``."""
     dev, n = dst_nodes.device, int(dst_nodes.shape[0])
     src = torch.empty(total, dtype=torch.int64, device=dev)
     row = torch.empty(total, dtype=torch.int64, device=dev)
     if total == 0 or n == 0:
         return src, row
-    deg = indptr[dst_nodes + 1] - indptr[dst_nodes]
-    k = torch.clamp(deg, max=fanout)
-    row_off = torch.cumsum(k, 0) - k
+    if row_off is None:
+        deg = indptr[dst_nodes + 1] - indptr[dst_nodes]
+        k = torch.clamp(deg, max=fanout)
+        row_off = torch.cumsum(k, 0) - k
     key = hop_key & ((1 << 64) - 1)
     fp = max(2, 1 << (fanout - 1).bit_length())
     grid = (triton_cdiv(n, _BLOCK),)
-    _hop[grid](indptr, indices, dst_nodes.contiguous(), row_off, src, row, n,
-                    key & _M22, (key >> 22) & _M22, key >> 44, fanout=fanout, FP=fp, BLOCK=_BLOCK)  # fmt: skip
+    cnt = count if count is not None else row_off  # (an unread placeholder without a count)
+    _hop[grid](indptr, indices, dst_nodes.contiguous(), row_off, src, row, n, cnt, total,
+               key & _M22, (key >> 22) & _M22, key >> 44, fanout=fanout, FP=fp, BLOCK=_BLOCK,
+               HAS_CNT=count is not None)  # fmt: skip
     return src, row
 
 

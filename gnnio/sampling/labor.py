@@ -102,8 +102,10 @@ class LaborSampler(UniformSampler):
         layer_dependency: reuse hop 1's ``r_t`` in every hop.
         weights: ``"ht"`` (default), ``"ht_mean"`` or ``"none"`` (``Block.edge_weight``).
         device: ``"cuda"`` (or a CUDA device): sample there with
-            :class:`~gnnio.sampling.labor_torch.TorchLaborSampler` (the CSR copied to it); None =
-            the device of the graph's arrays.
+            :class:`~gnnio.sampling.labor_torch.TorchLaborSampler`; None = the device of the
+            graph's arrays.
+        graph_in: where a GPU sampler's topology lives: ``"gpu"`` (copied to it) or ``"host"``
+            (UVA sampling, as :class:`~gnnio.sampling.UniformSampler`'s).
 
     Memory and thread safety: as :class:`~gnnio.sampling.UniformSampler`.
     """
@@ -120,28 +122,22 @@ class LaborSampler(UniformSampler):
         layer_dependency: bool = False,
         weights: str = "ht",
         device: str | torch.device | None = None,
+        graph_in: str = "gpu",
     ):
         if design not in LABOR_DESIGNS:
             raise ValueError(f"design: choose from {', '.join(LABOR_DESIGNS)}, got {design!r}")
         if weights not in _WEIGHTS:
             raise ValueError(f"weights: choose from {', '.join(_WEIGHTS)}, got {weights!r}")
-        indptr, indices = graph.indptr, graph.indices
         self._init_threads(fanouts, seed, num_threads)
         self._torch = None
         self.design = design
         self.layer_dependency = bool(layer_dependency)
         self.weights = weights
-        tensor_dev = indptr.device if isinstance(indptr, torch.Tensor) else torch.device("cpu")
-        target = torch.device(device) if device is not None else tensor_dev
-        if target.type != "cpu":
+        topo = self._device_topology(graph, device, graph_in)
+        if topo is not None:
             from .labor_torch import TorchLaborSampler
 
-            if not isinstance(indptr, torch.Tensor):
-                indptr, indices = CSRGraph(np.asarray(indptr), np.asarray(indices)).to_torch()
-            self._torch = TorchLaborSampler(
-                indptr.to(target), indices.to(target), self.fanouts, design, layer_dependency,
-                weights,
-            )  # fmt: skip
+            self._torch = TorchLaborSampler(*topo, self.fanouts, design, layer_dependency, weights)
             self.num_nodes = self._torch.num_nodes
             return
         self._init_csr(graph)

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 import torch
 
 from .base import Block, MiniBatch
-from .gpu import _GAMMA, TorchUniformSampler, _relabel, _repeat_rows, _s64, _srl, mix64_torch
+from .gpu import TorchUniformSampler, _relabel
+from .gpu_hop import _GAMMA, _repeat_rows, _s64, _srl, mix64_torch
 from .threaded import hop_key
 
 __all__ = ["TorchLaborSampler", "labor_hop_torch", "vertex_rank_torch"]
@@ -171,7 +172,9 @@ class TorchLaborSampler(TorchUniformSampler):
         for h, fanout in enumerate(self.fanouts):
             rkey = hop_key(key, 0 if self.layer_dependency else h) ^ _DOMAIN_LABOR
             src, dst = labor_hop_torch(ip, self.indices, dst_nodes, fanout, rkey, self.poisson)
+            self._mark("sample")
             new, _, _ = _relabel(src, loc, first, hop_nodes[-1], ip, ())
+            self._mark("relabel")
             parts.append(new)
             hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
             hop_edges.append(torch.stack([loc[src], dst]))

@@ -85,10 +85,11 @@ class TrainConfig:
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
             profiled against their threads and given the allocation that minimizes the slowest;
             recorded in the summary under ``isolation`` (stage -> threads).
-        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform sampler runs on
-            the training GPU inside the loader, on its own stream: :mod:`gnnio.sampling.gpu`) or
-            ``"auto"`` (default: ``cuda`` when training on a GPU with the uniform sampler and the
-            CSR takes at most a quarter of the free GPU memory, else ``cpu``).
+        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform or LABOR-0
+            sampler runs on the training GPU inside the loader, on its own stream:
+            :mod:`gnnio.sampling.gpu`, :mod:`gnnio.sampling.labor_torch`) or ``"auto"`` (default:
+            ``cuda`` when training on a GPU with the uniform or LABOR-0 sampler and the CSR takes
+            at most a quarter of the free GPU memory, else ``cpu``).
         graph_in: with ``sampler_device="cuda"``: ``"gpu"`` (the CSR copied to the GPU),
             ``"host"`` (UVA sampling: the CSR pinned in host memory and read zero-copy, never
             copied) or ``"auto"`` (gpu when it takes at most a quarter of the free GPU memory).
@@ -98,17 +99,17 @@ class TrainConfig:
         progress: show tqdm progress bars (stderr).
         gpu_cache_fraction: None = no tiering; else keep this fraction of the feature rows (the
             hottest by ``score``) in the GPU tier of a
-            :class:`~gnnio.features.tiered.TieredFeatureStore` and read the rest from (pinned) host
+            :class:`~gnnio.features.tiers.tiered.TieredFeatureStore` and read the rest from (pinned) host
             memory; simulated GPU tier without CUDA. ``bytes_by_tier`` then has ``gpu`` and
             ``host``.
         gpu_budget_bytes: cap on the GPU tier's bytes (hot rows clamped to fit); None = no cap.
         score: hotness score ranking the rows for tiering and for a static cache (a key of
             :data:`gnnio.preprocess.hotness.SCORES`, default ``wrpr``).
         placement: a placement file from ``gnnio plan --save``: features are read through a
-            :class:`~gnnio.features.multidevice.MultiDeviceFeatureStore` as GPU ``reader``
+            :class:`~gnnio.features.tiers.multidevice.MultiDeviceFeatureStore` as GPU ``reader``
             (tiers ``local``, ``peer``, ``host``). Exclusive with ``gpu_cache_fraction``.
         reader: which GPU of the placement this run trains on (0-based).
-        cache_policy: ``none`` or a :class:`~gnnio.features.cache.FeatureCache` policy
+        cache_policy: ``none`` or a :class:`~gnnio.features.caches.cache.FeatureCache` policy
             (``static``, ``fifo``, ``lru``, ``lfu``, ``lookahead``) in front of the store (tier
             ``cache``).
         cache_size: cache rows as a fraction of the nodes (``0.1`` = 10 %).
@@ -116,7 +117,7 @@ class TrainConfig:
             in host memory below the first (BGL's two-level GPU + CPU cache, same policy); the
             first level lives on the training device (simulated in host memory on a CPU).
         lookahead: ``cache_policy="lookahead"``: batches the loader announces ahead (Belady's MIN
-            over them, :mod:`gnnio.features.cache_lookahead`); 0 = the frequency fallback alone.
+            over them, :mod:`gnnio.features.caches.lookahead`); 0 = the frequency fallback alone.
         order: training seed order: ``random`` (seeded shuffle each epoch) or ``po`` (BGL's
             proximity-aware order, :class:`~gnnio.ordering.po.ProximityOrder`).
         po_sequences: number of BFS sequences of the ``po`` order; None = chosen from the
@@ -406,11 +407,11 @@ class TrainConfig:
             return
         if not str(self.device).startswith("cuda"):
             raise UsageError("--sampler-device cuda: needs --device cuda")
-        plain = getattr(self, "sampler", "uniform") == "uniform"
+        plain = getattr(self, "sampler", "uniform") in ("uniform", "labor")
         if not plain or self.locality_scale is not None or self.prune_threshold is not None:
             raise UsageError(
-                "--sampler-device cuda: the GPU sampler is the uniform one (no --sampler "
-                "labor/ladies, --locality-scale or --prune-threshold)"
+                "--sampler-device cuda: the GPU samplers are the uniform and the labor one (no "
+                "--sampler ladies, --locality-scale or --prune-threshold)"
             )
 
     def validate_dist(self, world_size: int) -> None:

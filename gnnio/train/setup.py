@@ -61,7 +61,7 @@ class StoreSetup:
         info: facts for the summary (hot rows, strategy, cache capacity, ...).
         eval_store: the store evaluation reads through: ``store`` without a *dynamic* cache, so
             evaluation batches do not evict the training batches' rows.
-        disk: the :class:`~gnnio.features.disk.DiskFeatureStore` at the bottom
+        disk: the :class:`~gnnio.features.stores.disk.DiskFeatureStore` at the bottom
             (``--features-on disk``), else None; disk_below_gpu: the store right under a GPU
             tier over it (its counters split the GPU tier's "host" rows), else None.
     """
@@ -123,7 +123,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
     n = ds.num_nodes
 
     if cfg.gpu_cache_fraction is not None:
-        from ..features.tiered import TieredFeatureStore, hot_rows_for_fraction
+        from ..features.tiers.tiered import TieredFeatureStore, hot_rows_for_fraction
 
         kw = {"device": device if device.type == "cuda" else "cpu", "progress": cfg.progress}
         if cfg.gpu_budget_bytes is not None:
@@ -149,7 +149,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
             }
         )
     elif cfg.placement is not None:
-        from ..features.multidevice import MultiDeviceFeatureStore
+        from ..features.tiers.multidevice import MultiDeviceFeatureStore
         from ..placement import load_placement
         from ..placement.validate import check_for_dataset
 
@@ -194,8 +194,8 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                           eval_store=eval_store, disk=disk,
                           disk_below_gpu=base if store is not base else None)  # fmt: skip
     if cfg.cache_policy != "none" and cfg.cache_size > 0:
-        from ..features.cache import FeatureCache
-        from ..features.tiered import hot_rows_for_fraction
+        from ..features.caches.cache import FeatureCache
+        from ..features.tiers.tiered import hot_rows_for_fraction
 
         hot = None
         if cfg.cache_policy == "static":
@@ -207,7 +207,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         cache_dev = device if device.type == "cuda" else None
         cpu_cap = hot_rows_for_fraction(min(getattr(cfg, "cpu_cache_size", 0.0), 1.0), n)
         if cpu_cap > 0:  # BGL's two-level cache: GPU level over a host-memory level
-            from ..features.cache import two_level_cache
+            from ..features.caches.cache import two_level_cache
 
             store = two_level_cache(store, cap, cpu_cap, cfg.cache_policy, cache_dev, hot)
             tiers = ("gpu_cache", "cpu_cache", *tiers)
@@ -251,7 +251,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
       (and the pruning window when asked), Horvitz-Thompson weights (:func:`edge_weights`:
       ``1/q``, or ``1/(deg q)`` for SAGE's ``edge_weight_norm="sum"``; the default SAGE mean
       normalises them per row, see :mod:`gnnio.sampling.locality`);
-    * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights);
+    * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights), on the
+      GPU where :func:`sampler_placement` puts it;
     * ``sampler="ladies"``: :class:`~gnnio.sampling.LadiesSampler` with ``layer_size`` per hop,
       ``len(fanouts)`` hops, or with ``locality_scale``
       :class:`~gnnio.sampling.LocalityLadiesSampler` (Eq. 8 on the layer, ``B = setup.gpu_ids``).
@@ -270,9 +271,9 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     kind = getattr(cfg, "sampler", "uniform")
     w = edge_weights(cfg)
     if kind == "labor":
-        return LaborSampler(
-            ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w
-        ), None
+        sdev, graph_in = sampler_placement(ds, cfg)  # LABOR-0 on the GPU as the uniform one
+        return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w,
+                            device=sdev, graph_in=graph_in), None  # fmt: skip
     if kind == "ladies" and cfg.locality_scale is None:
         sizes = [int(cfg.layer_size)] * len(fanouts)
         return LadiesSampler(ds.graph, sizes, seed=cfg.seed, weights=w), None
@@ -336,7 +337,7 @@ def edge_weights(cfg) -> str:
 
 
 def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
-    """Where the uniform sampler runs and where its topology lives: ``(None, "gpu")`` for the
+    """Where the uniform (or LABOR-0) sampler runs and where its topology lives: ``(None, "gpu")`` for the
     CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
     CSR copied to the GPU when it takes at most a quarter of the free device memory, else read
     from pinned host memory, zero-copy: UVA sampling). ``--sampler-device auto`` (the default):
@@ -359,11 +360,11 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
 
 
 def _gpu_sampler_applies(cfg) -> bool:
-    """``--sampler-device auto``: training on a GPU with the plain uniform sampler (the one the
-    GPU sampler implements)."""
+    """``--sampler-device auto``: training on a GPU with the plain uniform or LABOR-0 sampler
+    (the ones with a GPU implementation)."""
     return (
         str(cfg.device).startswith("cuda")
-        and getattr(cfg, "sampler", "uniform") == "uniform"
+        and getattr(cfg, "sampler", "uniform") in ("uniform", "labor")
         and cfg.locality_scale is None
         and cfg.prune_threshold is None
     )

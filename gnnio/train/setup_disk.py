@@ -78,9 +78,9 @@ def needs_disk_score(cfg) -> bool:
 
 def build_disk_base(ds, cfg, get_score) -> tuple[Any, Any, tuple[str, ...], dict[str, Any]]:
     """``(store, disk, tiers, info)``: the disk store under its host cache (if any)."""
-    from ..features.cache import FeatureCache
-    from ..features.disk import DiskFeatureStore
-    from ..features.tiered import hot_rows_for_fraction
+    from ..features.caches.cache import FeatureCache
+    from ..features.stores.disk import DiskFeatureStore
+    from ..features.tiers.tiered import hot_rows_for_fraction
 
     disk = DiskFeatureStore(ds.features, queue_depth=getattr(cfg, "disk_queue_depth", 16))
     info: dict[str, Any] = {

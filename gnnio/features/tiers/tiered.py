@@ -20,7 +20,7 @@ Routing an id to its tier (vectorised: one mask, two gathers, one scatter):
 Cold path (``cold_mode``):
 
 * ``"zero_copy"`` (the paper's access method): the backing's host tensor is pinned in place
-  (``cudaHostRegister``) and exposed as a CUDA view (:mod:`gnnio.features.uva`); cold rows are
+  (``cudaHostRegister``) and exposed as a CUDA view (:mod:`gnnio.features.tiers.uva`); cold rows are
   gathered by a GPU kernel straight from host memory, with no CPU gather and no staging copy.
 * ``"cpu_gather"``: the CPU gathers cold rows through the backing store into a reused (pinned)
   staging buffer, which is then copied to the GPU (the baseline the paper compares against; the
@@ -30,19 +30,19 @@ Cold path (``cold_mode``):
   a :class:`TieringWarning` when pinning failed).
 
 Devices: on a CUDA device rows really move. With ``device="cpu"`` (or ``simulate=True``) the GPU
-is simulated (:mod:`gnnio.features.simdevice`): the hot tier and the lookup table are CPU tensors
-allocated on a :class:`~gnnio.features.simdevice.SimulatedDevice`, zero-copy "reads" index the host
+is simulated (:mod:`gnnio.features.tiers.simdevice`): the hot tier and the lookup table are CPU tensors
+allocated on a :class:`~gnnio.features.tiers.simdevice.SimulatedDevice`, zero-copy "reads" index the host
 tensor directly, and every row and byte is counted exactly as on a GPU. Only times differ.
 
 Robustness: a zero-byte pin is never requested (hot fraction 1, empty tables, zero-width rows);
-a failing pin either raises :class:`~gnnio.features.uva.PinError` (``cold_mode="zero_copy"``) or
+a failing pin either raises :class:`~gnnio.features.tiers.uva.PinError` (``cold_mode="zero_copy"``) or
 falls back to CPU gather + copy with a warning (``"auto"``); the GPU tier (hot rows + lookup table)
 never exceeds ``gpu_budget_bytes``: the number of hot rows is clamped, with a warning and
 :attr:`TieredFeatureStore.clamped_by_budget`.
 
 Code: the store (routing, the hot tier, the budget) is here; the cold path (pinning, zero-copy,
-CPU gather + staging) is :class:`~gnnio.features.tiered_cold.ColdPath`; reading the backing rows on
-the CPU, whatever holds them, is :class:`~gnnio.features.row_source.RowSource`.
+CPU gather + staging) is :class:`~gnnio.features.tiers.tiered_cold.ColdPath`; reading the backing rows on
+the CPU, whatever holds them, is :class:`~gnnio.features.tiers.row_source.RowSource`.
 
 The multi-GPU extension of the paper (hot rows interleaved over NVLink peers, optionally the
 hottest replicated on every GPU) is a placement concern: it adds a "peer" tier on top of the same
@@ -59,14 +59,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import GnnioError, UsageError
-from ..preprocess.reorder import order_by_score
-from ..utils.counts import top_count
-from ..utils.devices import resolve_device
-from ..utils.progress import bar
+from ...errors import GnnioError, UsageError
+from ...preprocess.reorder import order_by_score
+from ...utils.counts import top_count
+from ...utils.devices import resolve_device
+from ...utils.progress import bar
+from .._gather import as_index_array, check_out, copy_rows, copy_tiered
+from ..accounting import DeferredSplit
+from ..base import FeatureStore, TierCounters
 from . import uva
-from ._gather import as_index_array, check_out, copy_rows
-from .base import FeatureStore
 from .row_source import RowSource, num_rows_of
 from .simdevice import SimulatedDevice
 from .tiered_cold import ColdPath, TieringWarning
@@ -115,11 +116,11 @@ class TieredFeatureStore(FeatureStore):
         cold_mode: ``"auto"``, ``"zero_copy"`` or ``"cpu_gather"`` (see module docstring).
         simulate: None = simulate exactly when ``device`` is the CPU; True = simulate even for a
             CUDA device (rows then return on the CPU); False = insist on a real GPU; or a
-            :class:`~gnnio.features.simdevice.SimulatedDevice` to hold the simulated GPU tier
+            :class:`~gnnio.features.tiers.simdevice.SimulatedDevice` to hold the simulated GPU tier
             (its capacity then acts as the device memory).
         pin_fn: the function that pins the host tensor for zero-copy reads and returns a handle
-            (with an optional ``release()``); default :func:`gnnio.features.uva.pin_host_tensor`
-            on a GPU, :func:`gnnio.features.simdevice.simulated_pin` when simulated. Any
+            (with an optional ``release()``); default :func:`gnnio.features.tiers.uva.pin_host_tensor`
+            on a GPU, :func:`gnnio.features.tiers.simdevice.simulated_pin` when simulated. Any
             exception it raises counts as a pin failure. Never called with zero bytes.
         chunk_rows: rows per chunk while loading the hot tier.
         progress: show a progress bar while loading the hot tier.
@@ -219,6 +220,7 @@ class TieredFeatureStore(FeatureStore):
             self._table[hot_dev] = torch.arange(
                 self.num_hot, dtype=self._table_dtype, device=self._table.device
             )
+        self._deferred = DeferredSplit(self.device)
         self._cold = ColdPath(self._src, self.device, self.simulated)
         self._cold.setup(cold_mode, pin_fn, all_hot=self.num_hot == self.num_rows)
         self.cold_mode_used, self.cold_mode_reason = self._cold.mode_used, self._cold.reason
@@ -338,14 +340,17 @@ class TieredFeatureStore(FeatureStore):
         t = torch.from_numpy(as_index_array(ids, self.num_rows))
         return t.to(self.device, torch.int64)
 
+    def _slots(self, ids: torch.Tensor) -> torch.Tensor:
+        """Each id's slot in the GPU tier, -1 for a cold id (on ``self.device``; num_hot > 0)."""
+        if self.mode == "prefix":
+            return torch.where(ids < self.num_hot, ids, -1)
+        return self._table[ids]
+
     def _split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(hot_pos, hot_slots, cold_pos)``: positions in ``ids`` of hot ids, their slots in the
         GPU tier, and positions of cold ids (all on ``self.device``)."""
-        if self.mode == "prefix":
-            mask, slots = ids < self.num_hot, ids
-        else:
-            slots = self._table[ids]
-            mask = slots >= 0
+        slots = self._slots(ids)
+        mask = slots >= 0
         hot_pos = torch.nonzero(mask, as_tuple=True)[0]
         cold_pos = torch.nonzero(~mask, as_tuple=True)[0]
         return hot_pos, slots[hot_pos], cold_pos
@@ -371,7 +376,7 @@ class TieredFeatureStore(FeatureStore):
             slots = ids_d if self.mode == "prefix" else self._table[ids_d]
             copy_rows(self._hot, slots, res)
             self._count(n, 0)
-        else:
+        elif not self._fused(ids_d, res):  # else one kernel, counted on the device (no host sync)
             hot_pos, hot_slots, cold_pos = self._split(ids_d)
             if hot_pos.numel():
                 copy_rows(self._hot, hot_slots, res, hot_pos)
@@ -380,12 +385,37 @@ class TieredFeatureStore(FeatureStore):
             self._count(hot_pos.numel(), cold_pos.numel())
         return res
 
+    def _fused(self, ids: torch.Tensor, res: torch.Tensor) -> bool:
+        """Hot and cold rows in one kernel over the GPU tier and the zero-copy view, without the
+        split's two ``nonzero`` (host syncs on a GPU); False where it does not apply."""
+        view = self._cold.view
+        if view is None:
+            return False
+        slots = self._slots(ids)
+        if not copy_tiered(self._hot, view, slots, ids, res[: ids.shape[0]]):
+            return False
+        self._cold.note_use()
+        self._deferred.add(slots >= 0)
+        return True
+
+    @property
+    def counters(self) -> TierCounters:
+        """Rows/bytes per tier; reading them books the fused gathers' device-side counts."""
+        deferred = getattr(self, "_deferred", None)
+        if deferred is not None:
+            deferred.flush(self._counters, GPU_TIER, HOST_TIER, self.row_bytes)
+        return self._counters
+
+    @counters.setter
+    def counters(self, value: TierCounters) -> None:
+        self._counters = value
+
     def _count(self, gpu_rows: int, host_rows: int) -> None:
         """Book rows per tier (tiers with no rows are left out of the counters)."""
         if gpu_rows:
-            self.counters.add(GPU_TIER, gpu_rows, self.row_bytes)
+            self._counters.add(GPU_TIER, gpu_rows, self.row_bytes)
         if host_rows:
-            self.counters.add(HOST_TIER, host_rows, self.row_bytes)
+            self._counters.add(HOST_TIER, host_rows, self.row_bytes)
 
     def account(self, ids: Any) -> tuple[int, int]:
         """Route ``ids`` and count them exactly as :meth:`gather` would, without moving rows.
@@ -396,10 +426,8 @@ class TieredFeatureStore(FeatureStore):
             n_hot = 0
         elif self.num_hot == self.num_rows:
             n_hot = n
-        elif self.mode == "prefix":
-            n_hot = int((ids_d < self.num_hot).sum())
         else:
-            n_hot = int((self._table[ids_d] >= 0).sum())
+            n_hot = int((self._slots(ids_d) >= 0).sum())
         self._count(n_hot, n - n_hot)
         return n_hot, n - n_hot
 
@@ -415,9 +443,7 @@ class TieredFeatureStore(FeatureStore):
         ids_d = self._ids_on_device(ids)
         if self.num_hot == 0:
             return torch.zeros(ids_d.shape, dtype=torch.bool, device=ids_d.device)
-        if self.mode == "prefix":
-            return ids_d < self.num_hot
-        return self._table[ids_d] >= 0
+        return self._slots(ids_d) >= 0
 
     def describe(self) -> dict[str, Any]:
         """The store's configuration and tier sizes, JSON-friendly."""
@@ -443,11 +469,8 @@ class TieredFeatureStore(FeatureStore):
     def close(self) -> None:
         """Release the pinned host memory and the GPU tier (the store is unusable afterwards)."""
         self._cold.release()
-        self._hot = self._alloc_empty()
+        self._hot = torch.empty((0, self.dim), dtype=self.dtype, device=self.device)
         self._table = None
-
-    def _alloc_empty(self) -> torch.Tensor:
-        return torch.empty((0, self.dim), dtype=self.dtype, device=self.device)
 
     def __enter__(self) -> TieredFeatureStore:
         return self

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DatasetError
-from ._gather import KERNELS, as_index_array, check_out, gather_rows
-from .base import FeatureStore
+from ...errors import DatasetError
+from .._gather import KERNELS, as_index_array, check_out, gather_rows
+from ..base import FeatureStore
 
 __all__ = ["MmapFeatureStore"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..utils.devices import resolve_device
-from ..utils.rss import available_ram
-from ._gather import (
+from ...utils.devices import resolve_device
+from ...utils.rss import available_ram
+from .._gather import (
     KERNELS,
     as_index_array,
     check_out,
@@ -17,7 +17,7 @@ from ._gather import (
     row_bytes_view,
     tensor_view,
 )
-from .base import FeatureStore
+from ..base import FeatureStore
 
 __all__ = ["InMemoryFeatureStore"]
 

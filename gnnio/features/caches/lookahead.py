@@ -4,11 +4,11 @@
 Why it can beat every policy of the papers: static, FIFO, LRU and LFU guess the future from the
 past, but a loader that samples ahead already *knows* the input nodes of its next batches. The
 loader (or a benchmark) calls :meth:`LookaheadPolicy.announce` with each upcoming batch's unique
-ids, in order, before the cache serves it (:meth:`gnnio.features.cache.FeatureCache.announce`);
+ids, in order, before the cache serves it (:meth:`gnnio.features.caches.cache.FeatureCache.announce`);
 :meth:`LookaheadPolicy.begin_batch` then consumes the oldest announced batch when the cache serves
 it. A batch served without an announcement is announced and consumed at once (``K = 0``).
 
-The batch model (that of :mod:`gnnio.features.cache`): batch ``t`` reads its unique ids ``U_t``
+The batch model (that of :mod:`gnnio.features.caches.cache`): batch ``t`` reads its unique ids ``U_t``
 (hits: those cached before ``t``); afterwards the cache may hold any ``capacity`` ids of the ones
 it held and ``U_t``. The hits of a whole trace are maximized by keeping, after every batch, the
 ids whose next use is soonest (ids never used again last) -- Belady's MIN with bypass, at batch
@@ -53,15 +53,15 @@ import numpy as np
 import torch
 
 from . import _lookahead_kernels as _K
-from .cache_policy import POLICIES as BASE_POLICIES
-from .cache_policy import CachePolicy, make_policy
+from .policy import POLICIES as BASE_POLICIES
+from .policy import CachePolicy, make_policy
 
 __all__ = ["LOOKAHEAD_POLICIES", "POLICIES", "LookaheadPolicy", "make_any_policy"]
 
 #: the policies of this module: a window of K batches, and the whole trace (offline optimum)
 LOOKAHEAD_POLICIES = ("lookahead", "optimal")
-#: every policy name :class:`~gnnio.features.cache.FeatureCache` accepts (SIEVE and S3-FIFO:
-#: :mod:`gnnio.features.cache_sieve`, host caches only)
+#: every policy name :class:`~gnnio.features.caches.cache.FeatureCache` accepts (SIEVE and S3-FIFO:
+#: :mod:`gnnio.features.caches.sieve`, host caches only)
 POLICIES = (*BASE_POLICIES, *LOOKAHEAD_POLICIES, "sieve", "s3fifo")
 
 _INF = 1 << 62  # "no next use known"
@@ -73,7 +73,7 @@ class LookaheadPolicy(CachePolicy):
     """Belady's MIN over the announced batches, frequency/hotness beyond them (module docstring).
 
     Args:
-        capacity, num_keys, device: as :class:`~gnnio.features.cache_policy.CachePolicy`.
+        capacity, num_keys, device: as :class:`~gnnio.features.caches.policy.CachePolicy`.
         lookahead: the window ``K`` (batches announced ahead; what the loader reads); None =
             unbounded (``optimal``: announce the whole trace first). The policy does not enforce
             it -- whoever announces does -- it is stored for the loader.
@@ -418,7 +418,7 @@ def make_any_policy(
     lookahead: int | None = 8,
     static_capacity: int = 0,
 ) -> CachePolicy:
-    """:func:`~gnnio.features.cache_policy.make_policy`, plus ``lookahead`` (window
+    """:func:`~gnnio.features.caches.policy.make_policy`, plus ``lookahead`` (window
     ``lookahead``) and ``optimal`` (unbounded window: the caller announces the whole trace)."""
     if policy == "lookahead":
         return LookaheadPolicy(
@@ -427,7 +427,7 @@ def make_any_policy(
     if policy == "optimal":
         return LookaheadPolicy(capacity, num_keys, device, None, hot_keys, static_capacity)
     if policy in ("sieve", "s3fifo"):
-        from .cache_sieve import make_host_policy
+        from .sieve import make_host_policy
 
         return make_host_policy(policy, capacity, num_keys, device)
     return make_policy(policy, capacity, num_keys, device, hot_keys=hot_keys)

@@ -46,7 +46,7 @@ queued reads (:meth:`PinnedHost.note_use`: an event on the reading stream), and 
 waits for those events, only them, before ``cudaHostUnregister``: a zero-copy gather still queued
 when a store is closed (or collected) reads memory that is still mapped.
 
-Everything here needs CUDA; :mod:`gnnio.features.simdevice` provides the simulated stand-ins used on
+Everything here needs CUDA; :mod:`gnnio.features.tiers.simdevice` provides the simulated stand-ins used on
 machines without a GPU.
 """
 
@@ -58,8 +58,8 @@ import weakref
 
 import torch
 
-from ..errors import GnnioError
-from ..utils.devices import resolve_device
+from ...errors import GnnioError
+from ...utils.devices import resolve_device
 
 __all__ = [
     "PinError",

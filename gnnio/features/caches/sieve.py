@@ -14,7 +14,7 @@ walks a queue; no ordering by recency is kept (what makes LRU expensive at scale
   ``M``'s tail: an entry with frequency > 0 is reinserted at the head with frequency - 1, one with 0
   is evicted (libCacheSim's ``S3FIFO.c``).
 
-Batch semantics are those of :mod:`gnnio.features.cache` (its module docstring): the batch's hits
+Batch semantics are those of :mod:`gnnio.features.caches.cache` (its module docstring): the batch's hits
 are marked first (``touch``), then the misses are admitted in order, with victims chosen among the
 entries present before the batch (empty slots first), and the new entries are queued after every
 victim was chosen. The queues are arrays of slots walked by numba kernels (``nogil``); the policies
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from .cache_policy import CachePolicy
+from .policy import CachePolicy
 
 __all__ = ["HOST_POLICIES", "S3FIFOPolicy", "SIEVEPolicy", "make_host_policy"]
 

@@ -1,9 +1,9 @@
-"""The cold path of a :class:`~gnnio.features.tiered.TieredFeatureStore`: how the rows outside the
-GPU tier reach the device (the modes are described in :mod:`gnnio.features.tiered`).
+"""The cold path of a :class:`~gnnio.features.tiers.tiered.TieredFeatureStore`: how the rows outside the
+GPU tier reach the device (the modes are described in :mod:`gnnio.features.tiers.tiered`).
 
 * zero-copy: the host rows are pinned in place and read by a GPU gather through a CUDA view
-  (:mod:`gnnio.features.uva`; simulated: the host tensor is indexed directly);
-* CPU gather + copy: the CPU gathers the rows through the :class:`~gnnio.features.row_source.RowSource`
+  (:mod:`gnnio.features.tiers.uva`; simulated: the host tensor is indexed directly);
+* CPU gather + copy: the CPU gathers the rows through the :class:`~gnnio.features.tiers.row_source.RowSource`
   into a reused (pinned) staging buffer, which is copied to the device.
 
 :class:`ColdPath` chooses between them (``cold_mode``), pins, falls back with a
@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
+from .._gather import copy_rows
 from . import uva
-from ._gather import copy_rows
 from .row_source import RowSource
 from .simdevice import simulated_pin
 
 __all__ = ["ColdPath", "TieringWarning"]
 
-log = logging.getLogger("gnnio.features.tiered")  # the store's logger
+log = logging.getLogger("gnnio.features.tiers.tiered")  # the store's logger
 
 
 class TieringWarning(RuntimeWarning):
@@ -146,10 +146,7 @@ class ColdPath:
         if self.view is not None:
             # zero-copy: a GPU gather kernel reading pinned host memory (simulated: CPU index)
             copy_rows(self.view, ids, res, pos)
-            if not self.simulated and self._pin_handle is not None:
-                note = getattr(self._pin_handle, "note_use", None)
-                if note is not None:
-                    note()  # release() waits for this read before unpinning
+            self.note_use()
             return
         ids_np = ids.cpu().numpy()
         k = int(ids_np.shape[0])
@@ -170,6 +167,13 @@ class ColdPath:
                 res.copy_(rows)
             else:
                 res.index_copy_(0, pos, rows)
+
+    def note_use(self) -> None:
+        """Record a zero-copy read just queued: :meth:`release` waits for it before unpinning."""
+        if not self.simulated and self._pin_handle is not None:
+            note = getattr(self._pin_handle, "note_use", None)
+            if note is not None:
+                note()
 
     def _staging_buffer(self, k: int) -> torch.Tensor:
         """A reused CPU buffer of at least ``k`` rows (pinned on a GPU so the copy is a DMA)."""

@@ -20,7 +20,7 @@ devices (``cuda:0``, ``cuda:1``, ...) shard ``k`` lives on ``devices[k]`` and th
 reads how many rows each source serves, and then
 
 * host rows are read zero-copy by the reader's gather kernel from pinned host memory (the tiered
-  store's UVA machinery, :mod:`gnnio.features.uva`; a CPU gather + copy when pinning fails);
+  store's UVA machinery, :mod:`gnnio.features.tiers.uva`; a CPU gather + copy when pinning fails);
 * a peer's rows are gathered on a stream of the peer GPU that first waits for the reader's stream
   (the ids are ready), copied to the reader there, and the reader's stream waits for that copy's
   event before writing the output (not the peer's default stream, unordered with the reader's);
@@ -37,14 +37,14 @@ import warnings
 import numpy as np
 import torch
 
-from ..placement import Placement
-from ..placement.topology import Topology
-from ..utils.devices import resolve_device
-from ..utils.streams import CudaStreams
+from ...placement import Placement
+from ...placement.topology import Topology
+from ...utils.devices import resolve_device
+from ...utils.streams import CudaStreams
+from .._gather import as_index_array, gather_rows, output_rows, tensor_view
+from ..base import FeatureStore, TierCounters
+from ..batch_ops import ids_on
 from . import uva
-from ._gather import as_index_array, gather_rows, output_rows, tensor_view
-from .base import FeatureStore, TierCounters
-from .batch_ops import ids_on
 
 __all__ = ["MultiDeviceFeatureStore"]
 
@@ -162,9 +162,9 @@ class MultiDeviceFeatureStore(FeatureStore):
             probs: access probabilities; None = a seeded heavy-tailed random vector.
             seed: seed of the random ``probs`` and of ``random``.
         """
-        from ..placement import PlacementRequest, place
-        from ..placement.topology import load_topology
-        from ..utils.counts import top_count
+        from ...placement import PlacementRequest, place
+        from ...placement.topology import load_topology
+        from ...utils.counts import top_count
 
         topo = topology if isinstance(topology, Topology) else load_topology(topology)
         n = int(features.shape[0])

@@ -30,11 +30,11 @@ import threading
 import numpy as np
 import torch
 
-from ..utils.devices import resolve_device
-from ._gather import output_rows
-from .accounting import EventLaps, _Timer, counters_delta, snapshot_rows
-from .base import FeatureStore
-from .batch_ops import FirstOccurrence, ids_on, move_rows
+from ...utils.devices import resolve_device
+from .._gather import output_rows
+from ..accounting import EventLaps, _Timer, counters_delta, snapshot_rows
+from ..base import FeatureStore
+from ..batch_ops import FirstOccurrence, ids_on, move_rows
 
 __all__ = ["CrossBatchReuse", "ReuseTracker", "redundancy_rates"]
 

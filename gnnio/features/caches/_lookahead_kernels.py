@@ -1,4 +1,4 @@
-"""CPU kernels of the lookahead cache (:mod:`gnnio.features.cache_lookahead`): one pass over a
+"""CPU kernels of the lookahead cache (:mod:`gnnio.features.caches.lookahead`): one pass over a
 batch's ids instead of a chain of torch index ops.
 
 The per-key state is one ``[num_keys, 4]`` int64 array (rank, last announced serial, fallback
@@ -8,7 +8,7 @@ is software-prefetched ``_PF`` keys ahead, as the sampler kernels do. ``slot_ran
 cache slot, small enough to stay in cache) mirrors the rank of every cached key, so admission
 reads the cached keys' ranks as one contiguous slice instead of gathering them.
 
-They compute exactly what the torch path of :class:`~gnnio.features.cache_lookahead.LookaheadPolicy`
+They compute exactly what the torch path of :class:`~gnnio.features.caches.lookahead.LookaheadPolicy`
 computes (``tests/test_lookahead.py`` runs both on the same traces and compares the state); the
 policy uses them for CPU tensors and the torch path on a GPU.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..utils.prefetch import prefetch
+from ...utils.prefetch import prefetch
 
 INF = np.int64(1 << 62)  # "no next use known" (cache_lookahead._INF)
 BEYOND = np.int64(1 << 61)  # ranks beyond the window start here (cache_lookahead._BEYOND)

@@ -7,10 +7,10 @@ the others from ``backing`` in *one* ``gather``. Caches stack: a GPU cache over 
 memory-mapped store is ``FeatureCache(FeatureCache(mmap, c2, "fifo"), c1, "fifo", device="cuda")``
 (:func:`two_level_cache`); a static hot part in front of a dynamic one is
 :func:`static_plus_dynamic`. The multi-GPU cache sharded by ``id mod #GPUs`` is in
-:mod:`gnnio.features.cache_multi`.
+:mod:`gnnio.features.caches.multi`.
 
 Where the parts live: the policies' bookkeeping (slots, victims) in
-:mod:`gnnio.features.cache_policy`, :class:`CacheStats` and the phase timer in
+:mod:`gnnio.features.caches.policy`, :class:`CacheStats` and the phase timer in
 :mod:`gnnio.features.accounting`, the batch dedup and row copies in :mod:`gnnio.features.batch_ops`
 (their public names are re-exported here); this module holds the cache itself and its stacks.
 
@@ -73,13 +73,13 @@ from collections import deque
 import numpy as np
 import torch
 
-from ..utils.devices import resolve_device
-from ._gather import output_rows
-from .accounting import CacheStats, _Timer, counters_delta, snapshot_rows
-from .base import FeatureStore
-from .batch_ops import FirstOccurrence, ids_on, move_rows
-from .cache_lookahead import LookaheadPolicy, make_any_policy
-from .cache_policy import (
+from ...utils.devices import resolve_device
+from .._gather import output_rows
+from ..accounting import CacheStats, _Timer, counters_delta, snapshot_rows
+from ..base import FeatureStore
+from ..batch_ops import FirstOccurrence, ids_on, move_rows
+from .lookahead import LookaheadPolicy, make_any_policy
+from .policy import (
     POLICIES,
     CachePolicy,
     FIFOPolicy,
@@ -114,7 +114,7 @@ def capacity_rows(size: float | int, num_rows: int) -> int:
     if isinstance(size, float) and size < 1.0:
         if size < 0:
             raise ValueError(f"cache size must be >= 0, got {size}")
-        from ..utils.counts import top_count
+        from ...utils.counts import top_count
 
         rows = top_count(size, num_rows)
     else:
@@ -135,7 +135,7 @@ class FeatureCache(FeatureStore):
         capacity: rows the cache holds (clipped to ``[0, backing.num_rows]``); see
             :func:`capacity_rows` for fractions.
         policy: ``"static"``, ``"fifo"``, ``"lru"``, ``"lfu"`` (see module docstring), or
-            ``"lookahead"`` / ``"optimal"`` (:mod:`gnnio.features.cache_lookahead`: Belady's MIN
+            ``"lookahead"`` / ``"optimal"`` (:mod:`gnnio.features.caches.lookahead`: Belady's MIN
             over the batches announced with :meth:`announce`).
         hot_ids: for ``"static"``: global ids, hottest first (e.g. ``np.argsort(-score)``); the
             first ``capacity`` are loaded once from the bottom store of the stack at construction.

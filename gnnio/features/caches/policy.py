@@ -3,9 +3,9 @@
 Bookkeeping only, no feature rows: a policy keeps the dense ``key -> slot`` map (BGL footnote 3: "a
 contiguous 1D array as a HashMap") and its inverse, and chooses victims for static, FIFO, LRU and
 LFU (BGL §3.2.1, PaGraph). The batch semantics the methods implement are those of
-:mod:`gnnio.features.cache` (its module docstring, steps 2, 3 and 5); the row buffer that goes with
-the slots is the cache's (:class:`~gnnio.features.cache.FeatureCache`, or one shard of
-:class:`~gnnio.features.cache_multi.ShardedFeatureCache`).
+:mod:`gnnio.features.caches.cache` (its module docstring, steps 2, 3 and 5); the row buffer that goes with
+the slots is the cache's (:class:`~gnnio.features.caches.cache.FeatureCache`, or one shard of
+:class:`~gnnio.features.caches.multi.ShardedFeatureCache`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from ..utils.devices import resolve_device
+from ...utils.devices import resolve_device
 
 __all__ = [
     "POLICIES",
@@ -27,7 +27,7 @@ __all__ = [
     "make_policy",
 ]
 
-#: policy names accepted by :class:`~gnnio.features.cache.FeatureCache` and :func:`make_policy`
+#: policy names accepted by :class:`~gnnio.features.caches.cache.FeatureCache` and :func:`make_policy`
 POLICIES = ("static", "fifo", "lru", "lfu")
 
 _I32_MAX = 2**31 - 1
@@ -40,8 +40,8 @@ def _map_dtype(n: int) -> torch.dtype:
 class CachePolicy(ABC):
     """Which keys occupy the ``capacity`` slots of a cache, and whom to evict.
 
-    Keys are ints in ``[0, num_keys)`` (global ids for a :class:`~gnnio.features.cache.FeatureCache`; ``id // S`` in shard
-    ``id % S`` of a sharded cache). Tensors live on ``device``. See :mod:`gnnio.features.cache`
+    Keys are ints in ``[0, num_keys)`` (global ids for a :class:`~gnnio.features.caches.cache.FeatureCache`; ``id // S`` in shard
+    ``id % S`` of a sharded cache). Tensors live on ``device``. See :mod:`gnnio.features.caches.cache`
     for the batch semantics the methods implement.
 
     Attributes:

@@ -1,7 +1,7 @@
 """Read access on the CPU to the rows behind a tiered store, whatever holds them: a CPU
 :class:`~gnnio.features.base.FeatureStore`, a NumPy array (a ``np.memmap`` stays on disk) or a CPU
 tensor. :class:`RowSource` reads rows by id or by range, and exposes the rows as one RAM tensor when
-there is one (what :mod:`gnnio.features.tiered_cold` pins for zero-copy reads).
+there is one (what :mod:`gnnio.features.tiers.tiered_cold` pins for zero-copy reads).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UsageError
-from ._gather import gather_rows, row_bytes_view, tensor_view
-from .base import FeatureStore
+from ...errors import UsageError
+from .._gather import gather_rows, row_bytes_view, tensor_view
+from ..base import FeatureStore
 
 __all__ = ["RowSource", "num_rows_of"]
 

@@ -1,6 +1,6 @@
 """Page-aware, batched, parallel reads of byte spans of one file, with ``O_DIRECT`` (issue 25).
 
-What :class:`~gnnio.features.disk.DiskFeatureStore` reads through. Three steps per batch:
+What :class:`~gnnio.features.stores.disk.DiskFeatureStore` reads through. Three steps per batch:
 
 1. **Plan** (:func:`plan_pages`): the byte spans of the requested rows become the sorted set of the
    4 KiB pages they touch (rows sharing a page need it once), cut into *runs* of consecutive pages
@@ -21,7 +21,7 @@ measured by ``gnnio bench disk`` with the same threads and the same reads.
 
 Faults: a filesystem that refuses ``O_DIRECT`` (``EINVAL`` at open or at the first read; tmpfs
 before Linux 6.6) falls back to buffered reads and says so in one line (logger
-``gnnio.features.disk``; then the page cache serves repeats and the counted bytes are no longer all
+``gnnio.features.stores.disk``; then the page cache serves repeats and the counted bytes are no longer all
 device bytes). A read that returns fewer bytes than the file should hold (the file was truncated)
 or fails (``EIO``) raises :class:`~gnnio.errors.DatasetError` with one line naming the file and
 the offset.
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DatasetError
+from ...errors import DatasetError
 
 try:
     from numba import njit, prange
@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - numba is a hard dependency
 __all__ = ["PAGE", "PagePlan", "PageReader", "copy_spans", "plan_pages"]
 
 PAGE = 4096
-log = logging.getLogger("gnnio.features.disk")
+log = logging.getLogger("gnnio.features.stores.disk")
 
 
 @dataclass

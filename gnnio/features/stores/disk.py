@@ -1,15 +1,15 @@
 """A feature store reading rows from a file with direct I/O (tier "disk"): the SSD tier (issue 25).
 
-Where :class:`~gnnio.features.mmap.MmapFeatureStore` lets the OS page rows in (its page cache
+Where :class:`~gnnio.features.stores.mmap.MmapFeatureStore` lets the OS page rows in (its page cache
 serves repeats, so a warm store reads at memory speed and nothing says how many bytes came from
 the device), :class:`DiskFeatureStore` reads with ``O_DIRECT``: the page cache serves nothing, every
 counted byte is a device byte, and host memory holds only what a cache above it keeps. A host cache
-goes on top of it (:class:`~gnnio.features.cache.FeatureCache` with ``device="cpu"``; policies
+goes on top of it (:class:`~gnnio.features.caches.cache.FeatureCache` with ``device="cpu"``; policies
 static, SIEVE, S3-FIFO, ...), a GPU tier above that.
 
 A gather reads each 4 KiB page holding a requested row once (rows sharing a page, and repeated
 ids, are read once), in runs of consecutive pages, ``queue_depth`` reads in flight; see
-:mod:`gnnio.features._direct_io` for the plan, the reader threads and why they are not io_uring.
+:mod:`gnnio.features.stores._direct_io` for the plan, the reader threads and why they are not io_uring.
 The rows come back bit-identical to the file's. ``stats`` counts what the device delivered:
 ``pages_read``, ``bytes_read`` (what ``/proc/self/io``'s ``read_bytes`` counts for these reads)
 and ``read_amplification`` = bytes read / bytes of the distinct rows asked for (1.0 = no waste;
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DatasetError
+from ...errors import DatasetError
+from .._gather import as_index_array, output_rows, row_bytes_view
+from ..base import FeatureStore
 from ._direct_io import PageReader, copy_spans, plan_pages
-from ._gather import as_index_array, output_rows, row_bytes_view
-from .base import FeatureStore
 
 __all__ = ["DiskFeatureStore", "DiskStats"]
 

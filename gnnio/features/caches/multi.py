@@ -2,14 +2,14 @@
 ``v mod S``, peers read over NVLink; misses come from the store below (e.g. a CPU cache).
 
 Each of the ``S`` *shards* is a cache map + buffer managed by one policy
-(:mod:`gnnio.features.cache`; BGL uses FIFO). Shard ``k`` owns the ids ``v`` with ``v % S == k``
+(:mod:`gnnio.features.caches.cache`; BGL uses FIFO). Shard ``k`` owns the ids ``v`` with ``v % S == k``
 and keys them by ``v // S``, so its dense map has ``ceil(N / S)`` entries. Because only the owner
 ever inserts ``v``, **a row is never stored twice across shards** (BGL: "no duplicated entries
 among all GPU cache buffers").
 
 One :class:`ShardedFeatureCache` serves one reading GPU; :meth:`ShardedFeatureCache.for_reader`
 makes the stores of the other GPUs, sharing the shards (data-parallel training runs one per GPU).
-A batch (see :mod:`gnnio.features.cache` for the per-shard batch semantics):
+A batch (see :mod:`gnnio.features.caches.cache` for the per-shard batch semantics):
 
 1. dedup (first occurrence), split the unique ids by owner (BGL's dispatching threads, "mod
    operation");
@@ -34,13 +34,13 @@ import threading
 import numpy as np
 import torch
 
-from ..utils.devices import resolve_device
-from ._gather import output_rows
-from .accounting import CacheStats, _Timer, counters_delta, snapshot_rows
-from .base import FeatureStore, TierCounters
-from .batch_ops import FirstOccurrence, ids_on, move_rows
+from ...utils.devices import resolve_device
+from .._gather import output_rows
+from ..accounting import CacheStats, _Timer, counters_delta, snapshot_rows
+from ..base import FeatureStore, TierCounters
+from ..batch_ops import FirstOccurrence, ids_on, move_rows
 from .cache import FeatureCache, capacity_rows
-from .cache_policy import make_policy
+from .policy import make_policy
 
 __all__ = ["ShardedFeatureCache"]
 
@@ -118,7 +118,7 @@ class ShardedFeatureCache(FeatureStore):
     Attributes:
         counters: rows/bytes per tier: ``"local"``, ``"peer"`` and the tiers of ``backing``.
         shard_counters: rows/bytes per shard read (``"gpu0"``, ``"gpu1"``, ...).
-        stats: a :class:`~gnnio.features.cache.CacheStats` of this reader (all shards together).
+        stats: a :class:`~gnnio.features.caches.cache.CacheStats` of this reader (all shards together).
     """
 
     def __init__(

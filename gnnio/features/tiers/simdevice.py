@@ -7,7 +7,7 @@ row and byte they serve per tier / link in their :class:`~gnnio.features.base.Ti
 traffic figures from a simulated run are exact counts; only *times* are not those of a GPU (turn
 counted bytes into modeled time with a topology's link bandwidths, and say that they are modeled).
 
-The pin stand-ins mirror :func:`gnnio.features.uva.pin_host_tensor`:
+The pin stand-ins mirror :func:`gnnio.features.tiers.uva.pin_host_tensor`:
 
 * :func:`simulated_pin` pins nothing but checks what the real call checks (contiguous CPU tensor,
   refuses zero bytes) and records the size;
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import GnnioError
+from ...errors import GnnioError
 from .uva import PinError, format_bytes, host_memory_limits, nbytes_of
 
 __all__ = ["SimulatedDevice", "SimulatedOutOfMemory", "SimulatedPin", "pin_limit", "simulated_pin"]
