@@ -124,7 +124,7 @@ def test_a_rank_holds_no_whole_graph_array(big, tmp_path):
 def test_pread_rows_are_the_mapped_rows(tmp_path, dtype):
     from gnnio.distributed.hostrows import pread_rows_of
     from gnnio.distributed.memcheck import _mapped_by_file
-    from gnnio.features.mmap import MmapFeatureStore
+    from gnnio.features.stores.mmap import MmapFeatureStore
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5000, 24)).astype(dtype)
@@ -154,7 +154,7 @@ def test_pread_rows_are_the_mapped_rows(tmp_path, dtype):
 def test_pread_rows_of_a_truncated_file_is_one_line(tmp_path):
     from gnnio.distributed.hostrows import pread_rows_of
     from gnnio.errors import DatasetError
-    from gnnio.features.mmap import MmapFeatureStore
+    from gnnio.features.stores.mmap import MmapFeatureStore
 
     f = tmp_path / "features.npy"
     np.save(f, np.ones((100, 8), dtype=np.float32))
@@ -168,8 +168,8 @@ def test_pread_rows_of_a_truncated_file_is_one_line(tmp_path):
 def test_pread_rows_only_for_a_mapped_store_itself(tmp_path):
     from gnnio.distributed.hostrows import pread_rows_of
     from gnnio.features import InMemoryFeatureStore
-    from gnnio.features.cache import FeatureCache
-    from gnnio.features.mmap import MmapFeatureStore
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.features.stores.mmap import MmapFeatureStore
 
     f = tmp_path / "features.npy"
     np.save(f, np.ones((100, 8), dtype=np.float32))

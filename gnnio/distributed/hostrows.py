@@ -60,7 +60,7 @@ class PreadRows:
     """
 
     def __init__(self, store, path: str, num_threads: int | None = None) -> None:
-        arr = store._mm  # the store's np.memmap (features/mmap.py): its layout in the file
+        arr = store._mm  # the store's np.memmap (features/stores/mmap.py): its layout in the file
         self.store = store
         self.path = str(path)
         self.row_bytes = int(arr.strides[0])
@@ -106,7 +106,7 @@ class PreadRows:
 def pread_rows_of(store, num_threads: int | None = None) -> PreadRows | None:
     """A :class:`PreadRows` over ``store`` when it reads a file through a mapping itself (not
     behind a cache, whose state depends on what it is asked); None otherwise."""
-    from ..features.mmap import MmapFeatureStore
+    from ..features.stores.mmap import MmapFeatureStore
 
     mm = getattr(store, "_mm", None)
     path = getattr(mm, "filename", None)
