@@ -162,8 +162,9 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         avg_degree: edges / nodes of the whole graph (Eq. 4's ``avg_degree``; needed with
             ``prune``, as a rank does not hold the whole graph).
         group: the context's process group (``sample``; ``eval_sample`` for evaluation).
-        share_with: another ``shared``-mode sampler of the same partition whose mapped peer
-            shards this one reads too (the evaluation sampler: no second copy in shared memory).
+        share_with: another sampler of the same partition and rank whose shard (and, both
+            ``shared``, mapped peer shards) this one reads too (the evaluation sampler: no
+            second index of the shard, no second copy in shared memory).
         shard_device: ``shared`` mode: where the shards are shared from (``"cpu"``: ``/dev/shm``;
             ``"cuda"``: the rank's GPU, CUDA IPC, whatever the backend); None: the rank's device
             (:func:`gnnio.distributed.shm.shard_device`). A ``ValueError`` in ``dsp`` mode.
@@ -196,7 +197,9 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         # (DistDGL's partition book; a range book would need ids relabelled by part)
         self.parts = np.asarray(partition.parts)
         self.rank = ctx.rank
-        self.own = _Shard(pdir, ctx.rank, self.num_nodes)
+        # the evaluation sampler reads the training sampler's shard (one copy of its index)
+        same = share_with is not None and share_with.rank == ctx.rank
+        self.own = share_with.own if same else _Shard(pdir, ctx.rank, self.num_nodes)
         # shared mode: the shards of the other ranks of this machine, read from the owner's
         # memory (/dev/shm on the CPU, CUDA IPC on GPUs: gnnio.distributed.shm)
         self.peer_shards: dict[int, _Shard] = {}

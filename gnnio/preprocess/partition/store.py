@@ -225,10 +225,12 @@ def _write_partition(
 
 
 def load_partition(
-    pdir: str | os.PathLike, dataset=None, num_parts: int | None = None
+    pdir: str | os.PathLike, dataset=None, num_parts: int | None = None, shards=None
 ) -> Partition:
     """Read and validate a partition directory; with ``dataset``, refuse one made for another
-    dataset; with ``num_parts``, one with another number of parts (one-line UsageError)."""
+    dataset; with ``num_parts``, one with another number of parts (one-line UsageError).
+    ``shards``: the parts whose shard files are checked (None: all); a rank checks only the
+    shard it reads from its files, so it never maps the whole graph's shards (issue 26)."""
     pdir = Path(pdir)
     mf = pdir / "meta.json"
     if not mf.is_file():
@@ -254,8 +256,8 @@ def load_partition(
         raise UsageError(f"{pdir}: parts.npy has parts outside [0, {m})")
     if rep.ndim != 1 or (rep.size and (int(rep.min()) < 0 or int(rep.max()) >= n)):
         raise UsageError(f"{pdir}: replicated.npy has ids outside [0, {n})")
-    for k in range(m):  # the samplers' compiled kernels index with these: checked first
-        _check_shard(pdir, k, parts, rep, n)
+    for k in range(m) if shards is None else [k for k in shards if k < m]:
+        _check_shard(pdir, k, parts, rep, n)  # the kernels index with these: checked first
     if dataset is not None:
         fp = meta.get("dataset_fingerprint")
         if fp != dataset.fingerprint or n != dataset.num_nodes:
