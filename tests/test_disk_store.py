@@ -227,7 +227,7 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
                       progress=False)  # fmt: skip
     argv = ["bench", "disk", str(d), "--json", "--epochs", "2", "--batches", "3", "--fanouts",
             "3,3", "--batch-size", "64", "--random-reads", "300", "--seq-mib", "1", "--repeats",
-            "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo,lookahead",
+            "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo,lookahead,optimal",
             "--lookahead", "2"]  # fmt: skip
     rc = main(argv)
     out = capsys.readouterr().out.strip().splitlines()[-1]
@@ -240,10 +240,20 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
     assert r["random_read_fraction_of_ceiling"] > 0
     assert [(c["policy"], c["host_cache"]) for c in r["disk"]] == [
         ("none", 0.0), ("static", 0.1), ("sieve", 0.1), ("s3fifo", 0.1),
-        ("lookahead", 0.1)]  # fmt: skip
+        ("lookahead", 0.1), ("optimal", 0.1)]  # fmt: skip
     for c in r["disk"]:
         assert c["disk_bytes"] > 0 and len(c["epoch_s"]) == 2
-        assert {"first_epoch_s", "steady_epoch_s", "ratio_to_bound"} <= set(c)
+        assert {"first_epoch_s", "steady_epoch_s", "ratio_to_bound", "ratio_to_run_ceiling",
+                "ceiling_MBps"} <= set(c)  # fmt: skip
+        assert c["replayed"] == (c["policy"] == "optimal")
+    ratios = r["disk_bytes_over_optimal"]["0.1"]
+    assert (
+        ratios["optimal"] == 1.0
+        and ratios["sieve"] == r["disk"][2]["disk_bytes"] / opt["disk_bytes"]
+    )
+    assert r["lookahead_over_best"]["0.1"] == r["disk"][4]["disk_bytes"] / min(
+        c["disk_bytes"] for c in r["disk"][1:4]
+    )
     assert r["disk"][1]["host_cache_hit_ratio"] > 0  # the static cache serves rows
     assert main(["bench", "disk", str(d), "--sizes", "2"]) == 2
     assert main(["bench", "disk", str(d), "--policies", "belady"]) == 2
