@@ -79,6 +79,20 @@ def test_pages_shared_by_rows_are_read_once(tmp_path):
     assert s.stats.reads == 2  # pages 0-1 in one read, page 3 in another
 
 
+def test_a_batch_that_fits_the_buffer_is_read_in_one_chunk(tmp_path):
+    # rows of 512 B after the 128-byte .npy header: row 7 straddles pages 0-1, row 8 is on page
+    # 1, row 16 on page 2: three pages, the buffer limit. Counting 2 pages per first page would
+    # cut the batch in three and read page 1 twice.
+    path = tmp_path / "f.npy"
+    feats = np.arange(40 * 128, dtype=np.float32).reshape(40, 128)
+    np.save(path, feats)
+    disk = DiskFeatureStore(path, max_buffer_bytes=3 * 4096)
+    assert disk.offset == 128
+    got = disk.gather([16, 7, 8])
+    assert got.numpy().tobytes() == feats[[16, 7, 8]].tobytes()
+    assert disk.stats.pages_read == 3
+
+
 def test_plan_pages_runs_and_positions():
     plan = dio.plan_pages(np.array([0, 4090, 3 * 4096 + 10]), 20, max_run_pages=1)
     assert plan.pages.tolist() == [0, 1, 3]
@@ -227,7 +241,7 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
                       progress=False)  # fmt: skip
     argv = ["bench", "disk", str(d), "--json", "--epochs", "2", "--batches", "3", "--fanouts",
             "3,3", "--batch-size", "64", "--random-reads", "300", "--seq-mib", "1", "--repeats",
-            "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo,lookahead",
+            "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo,lookahead,optimal",
             "--lookahead", "2"]  # fmt: skip
     rc = main(argv)
     out = capsys.readouterr().out.strip().splitlines()[-1]
@@ -240,10 +254,20 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
     assert r["random_read_fraction_of_ceiling"] > 0
     assert [(c["policy"], c["host_cache"]) for c in r["disk"]] == [
         ("none", 0.0), ("static", 0.1), ("sieve", 0.1), ("s3fifo", 0.1),
-        ("lookahead", 0.1)]  # fmt: skip
+        ("lookahead", 0.1), ("optimal", 0.1)]  # fmt: skip
     for c in r["disk"]:
         assert c["disk_bytes"] > 0 and len(c["epoch_s"]) == 2
-        assert {"first_epoch_s", "steady_epoch_s", "ratio_to_bound"} <= set(c)
+        assert {"first_epoch_s", "steady_epoch_s", "ratio_to_bound", "ratio_to_run_ceiling",
+                "ceiling_MBps"} <= set(c)  # fmt: skip
+        assert c["replayed"] == (c["policy"] == "optimal")
+    ratios = r["disk_bytes_over_optimal"]["0.1"]
+    assert (
+        ratios["optimal"] == 1.0
+        and ratios["sieve"] == r["disk"][2]["disk_bytes"] / r["disk"][5]["disk_bytes"]
+    )
+    assert r["lookahead_over_best"]["0.1"] == r["disk"][4]["disk_bytes"] / min(
+        c["disk_bytes"] for c in r["disk"][1:4]
+    )
     assert r["disk"][1]["host_cache_hit_ratio"] > 0  # the static cache serves rows
     assert main(["bench", "disk", str(d), "--sizes", "2"]) == 2
     assert main(["bench", "disk", str(d), "--policies", "belady"]) == 2

@@ -4,7 +4,11 @@ arrays, at their narrowest dtypes."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -59,3 +63,151 @@ def test_a_shard_held_as_tensors_samples_exactly_as_the_files(tmp_path):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
         assert a[1].size > 0
     assert np.array_equal(files.degrees(rows), held.degrees(rows))
+
+
+# ----------------------------------------------------------------------------------------------
+# a whole training run: nothing sized by the whole graph beyond the documented arrays
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A graph whose node and edge counts no batch-sized buffer reaches (20,000 nodes, batches of
+    64 with fanouts 3,2: at most 640 rows), partitioned in 2."""
+    import gnnio
+    from gnnio.importers.synthetic import prepare_synthetic
+    from gnnio.preprocess.partition import partition_dataset, save_partition
+
+    root = tmp_path_factory.mktemp("mem")
+    d = root / "g"
+    prepare_synthetic(d, num_nodes=20_000, avg_degree=8, feat_dim=16, num_classes=4, seed=3,
+                      split=(0.02, 0.01, 0.01), progress=False)  # fmt: skip
+    ds = gnnio.load(d)
+    part = partition_dataset(ds, 2, "random", seed=1, measure=False)
+    return d, save_partition(part, ds.graph, root / "p")
+
+
+def test_a_rank_holds_no_whole_graph_array(big, tmp_path):
+    """Every rank, after its first epoch and at the end: no array or tensor with a dimension of
+    N, N + 1 or E in anonymous memory but the store's lookup and trace and the partition book,
+    and none of the feature file, the dataset's CSR or another rank's shard mapped (what made
+    a rank's RSS grow with the graph: docs/benchmarks.md, issue 26)."""
+    from tests.test_dist import run_cli
+
+    d, p = big
+    out = tmp_path / "census"
+    args = ["train", str(d), "--nproc", "2", "--partition", str(p), "--epochs", "1",
+            "--batch-size", "64", "--fanouts", "3,2", "--hidden", "8", "--quiet"]  # fmt: skip
+    r = run_cli(args, env={"GNNIO_MEM_CHECK": str(out)}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        for when in ("epoch", "finish"):
+            rec = json.loads((out / f"rank{rank}-{when}.json").read_text())
+            anon = [a for a in rec["arrays"] if a["file"] is None]
+            # the census sees the arrays kept on purpose (so it is not vacuous) ...
+            kept = sorted(a["dtype"].replace("torch.", "") for a in anon if a["allowed"])
+            assert kept == ["int16", "int16", "int32", "int32"], kept
+            # ... and nothing else sized by the graph
+            bad = [a for a in anon if not a["allowed"]]
+            assert not bad, f"rank {rank} ({when}) holds {bad}"
+            mapped = rec["mapped"]
+            for f in ("g/features.npy", "g/indices.npy", "g/indptr.npy",
+                      f"p/part{1 - rank}/indices.npy", f"p/part{1 - rank}/indptr.npy"):  # fmt: skip
+                assert mapped.get(f, 0) == 0, f"rank {rank} ({when}) maps {mapped.get(f)} B of {f}"
+            assert mapped.get(f"p/part{rank}/indices.npy", 0) > 0  # its own shard: sampled
+
+
+# ----------------------------------------------------------------------------------------------
+# host rows by pread: the rows of the mapping, counted alike, nothing mapped
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_pread_rows_are_the_mapped_rows(tmp_path, dtype):
+    from gnnio.distributed.hostrows import pread_rows_of
+    from gnnio.distributed.memcheck import _mapped_by_file
+    from gnnio.features.stores.mmap import MmapFeatureStore
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5000, 24)).astype(dtype)
+    f = tmp_path / "x" / "features.npy"
+    f.parent.mkdir()
+    np.save(f, x)
+    store = MmapFeatureStore(f)
+    reader = pread_rows_of(store, num_threads=2)
+    assert reader is not None
+    ids = torch.from_numpy(rng.integers(0, 5000, 3000))  # any order, repeats
+    out = torch.empty((4000, 24), dtype=store.dtype)
+    got = reader.gather(ids, out)
+    assert got.data_ptr() == out.data_ptr() and got.shape == (3000, 24)
+    assert torch.equal(got, torch.from_numpy(x[ids.numpy()]))
+    assert store.counters.rows["disk"] == 3000  # counted as the store counts its gathers
+    assert _mapped_by_file([f.parent]).get("x/features.npy", 0) == 0  # nothing of it mapped
+    assert reader.gather(ids[:0], out).shape == (0, 24)
+    # straight into given rows of a batch (what the sharded store does with its host rows)
+    at = torch.randperm(4000)[:3000]
+    rows = torch.zeros((4000, 24), dtype=store.dtype)
+    assert reader.gather(ids, rows, at=at).data_ptr() == rows.data_ptr()
+    assert torch.equal(rows[at], torch.from_numpy(x[ids.numpy()]))
+    with pytest.raises(IndexError):
+        reader.gather(ids[:2], rows, at=torch.tensor([0, 4000]))
+
+
+def test_pread_rows_of_a_truncated_file_is_one_line(tmp_path):
+    from gnnio.distributed.hostrows import pread_rows_of
+    from gnnio.errors import DatasetError
+    from gnnio.features.stores.mmap import MmapFeatureStore
+
+    f = tmp_path / "features.npy"
+    np.save(f, np.ones((100, 8), dtype=np.float32))
+    store = MmapFeatureStore(f)
+    reader = pread_rows_of(store)
+    os.truncate(f, os.path.getsize(f) - 64)  # the last two rows gone
+    with pytest.raises(DatasetError, match="short read"):
+        reader.gather(torch.tensor([3, 99]), torch.empty((2, 8)))
+
+
+def test_pread_rows_only_for_a_mapped_store_itself(tmp_path):
+    from gnnio.distributed.hostrows import pread_rows_of
+    from gnnio.features import InMemoryFeatureStore
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.features.stores.mmap import MmapFeatureStore
+
+    f = tmp_path / "features.npy"
+    np.save(f, np.ones((100, 8), dtype=np.float32))
+    assert pread_rows_of(InMemoryFeatureStore(np.ones((10, 2), np.float32))) is None
+    # a cache's state depends on what it is asked: its reads stay its own
+    assert pread_rows_of(FeatureCache(MmapFeatureStore(f), 10, "fifo", tier="cache")) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# opening a dataset or a partition does not leave the whole graph mapped
+
+
+def test_load_leaves_no_csr_pages_mapped(big):
+    import gnnio
+    from gnnio.distributed.memcheck import _mapped_by_file
+
+    d, _ = big
+    ds = gnnio.load(d)  # validation reads indptr, indices and labels whole
+    mapped = _mapped_by_file([d])
+    for f in ("indptr", "indices", "labels"):
+        assert mapped.get(f"g/{f}.npy", 0) == 0, (f, mapped)
+    assert int(ds.graph.indices[5]) >= 0  # the arrays still read
+
+
+def test_a_rank_checks_only_the_shard_it_reads(big, tmp_path):
+    import shutil
+
+    from gnnio.errors import UsageError
+    from gnnio.preprocess.partition import load_partition
+
+    _, p = big
+    q = tmp_path / "p"
+    shutil.copytree(p, q)
+    bad = q / "part1" / "indices.npy"
+    idx = np.load(bad)
+    idx[0] = 10**6  # out of range: the sampler's kernels would read out of bounds
+    np.save(bad, idx)
+    load_partition(q, shards=[0])  # rank 0 never reads part 1's files
+    for shards in ([1], None):
+        with pytest.raises(UsageError, match="part1/indices.npy"):
+            load_partition(q, shards=shards)

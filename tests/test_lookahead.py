@@ -220,7 +220,8 @@ def test_loader_with_a_lookahead_cache_delivers_the_same_rows(k):
         it = cached.epoch(epoch)
         for a, b in zip(plain.epoch(epoch), it, strict=True):
             assert torch.equal(a.input_nodes, b.input_nodes) and torch.equal(a.x, b.x)
-        assert cache.policy.window == 0
+        # what is left announced: the next epoch's first batches, K ahead of the last batch
+        assert cache.policy.window == min(k, len(cached))
     assert cache.stats.hits > 0
     # an epoch closed early leaves announced batches behind: the next epoch starts clean
     it = cached.epoch(2)
@@ -228,6 +229,48 @@ def test_loader_with_a_lookahead_cache_delivers_the_same_rows(k):
     it.close()
     for a, b in zip(plain.epoch(3), cached.epoch(3), strict=True):
         assert torch.equal(a.x, b.x)
+
+
+def test_the_window_runs_into_the_next_epoch(monkeypatch):
+    import gnnio.pipeline.stages as stages
+    from gnnio.ordering import RandomOrder
+    from gnnio.pipeline.loader import NodeLoader
+    from gnnio.sampling import UniformSampler
+    from tests.helpers import random_graph
+
+    g = random_graph(800, 6000, seed=4)
+    store = _store(800, dim=4)
+    order = RandomOrder(np.arange(800), 64, seed=1)
+    n = order.num_batches
+
+    def two_epochs():
+        cache = FeatureCache(store, 120, "lookahead", lookahead=2 * n)
+        loader = NodeLoader(UniformSampler(g, [4, 3], seed=2), cache, order)
+        for _ in loader.epoch(0):
+            pass
+        window, m0 = cache.policy.window, cache.stats.misses
+        for b in loader.epoch(1):  # takes the carried batches; rows are the store's
+            assert torch.equal(b.x, store.gather(b.input_nodes))
+        for _ in loader.epoch(5, start=3):  # not the carried epoch: starts clean
+            pass
+        return window, m0, cache.stats.misses - m0
+
+    window, m0, m1 = two_epochs()
+    assert window == n  # all of epoch 1, announced before epoch 0 ended
+    # epoch 0 fetches what MIN told epochs 0 and 1 in advance fetches
+    sampler = UniformSampler(g, [4, 3], seed=2)
+    trace = [sampler.sample(s, epoch_seed=(e << 32) + i).input_nodes
+             for e in (0, 1) for i, s in enumerate(order.batches(e))]  # fmt: skip
+    opt = FeatureCache(store, 120, "optimal")
+    for ids in trace:
+        opt.announce(ids)
+    for ids in trace[:n]:
+        opt.gather(ids)
+    assert m0 == opt.stats.misses
+    # a window that stops at the epoch's end keeps worse rows for epoch 1 (5,698 against 5,673)
+    monkeypatch.setattr(stages, "NextEpoch", lambda *a: None)
+    window_b, m0_b, m1_b = two_epochs()
+    assert window_b == 0 and m0_b == m0 and m1 < m1_b
 
 
 def test_cli_train_with_the_lookahead_cache(tmp_path, capsys):

@@ -21,8 +21,12 @@ from ..errors import GnnioError, UsageError
 from ..graph import output_dir
 from ..graph.dataset import info_stats, load
 from ..importers import IMPORTERS
+from ..preprocess.chunked import DEFAULT_BUDGET_FRACTION
 from ..preprocess.hotness import SCORES
 from . import HelpFormatter
+
+#: sources whose import runs within ``--memory-budget`` (issue 25); the others run in RAM
+BOUNDED_SOURCES = ("synthetic", "npy", "ogb")
 
 #: scores accepted by ``--reorder`` (all of :data:`gnnio.preprocess.hotness.SCORES`, as ``gnnio reorder``)
 REORDER_SCORES = tuple(SCORES)
@@ -82,6 +86,18 @@ def register(sub) -> None:
             metavar="B",
             help="seeds per batch for --reorder presample (one epoch, seed 1)",
         )
+        if name in BOUNDED_SOURCES:
+            sp.add_argument(
+                "--memory-budget",
+                metavar="BYTES",
+                default=None,
+                help="build the graph and write the features in chunks whose arrays and mapped "
+                "pages stay within BYTES (e.g. 4GiB; the interpreter and its libraries, about "
+                "0.4 GB, come on top); the same files as in RAM; 'none': all in RAM, one pass; "
+                "a budget named here also bounds --reorder "
+                f"(default: {int(DEFAULT_BUDGET_FRACTION * 100)}%% of the available RAM, "
+                "MemAvailable at the start)",
+            )
         sp.add_argument("--quiet", action="store_true", help="no progress bars or summary")
         sp.set_defaults(func=run, importer=mod)
 
@@ -122,6 +138,7 @@ def _import_and_reorder(args) -> Path:
                 fanouts=args.reorder_fanouts,
                 batch_size=args.reorder_batch_size,
                 progress=not args.quiet,
+                memory_budget=args.memory_budget,  # the default budget too (issue 25)
             )
         except GnnioError as e:  # name DIR, not the temporary import
             text = str(e).replace(str(tmp / out.name), str(out)).replace(str(tmp), str(out.parent))
@@ -136,7 +153,18 @@ def _import_and_reorder(args) -> Path:
     return out
 
 
+def resolve_budget(args) -> None:
+    """Turn ``--memory-budget`` into bytes (``args.memory_budget``: int, or None for 'none');
+    ``args.memory_budget_given`` says whether the user named one."""
+    from ..preprocess.chunked import resolve_budget as resolve
+
+    text = getattr(args, "memory_budget", None)
+    args.memory_budget_given = text is not None
+    args.memory_budget = resolve(text, args.source in BOUNDED_SOURCES)
+
+
 def run(args) -> int:
+    resolve_budget(args)
     if check_reorder_score(getattr(args, "reorder", None)) is None:
         out = args.importer.run(args)
     else:

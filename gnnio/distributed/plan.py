@@ -11,6 +11,7 @@ import torch
 
 from ..errors import UsageError
 from ..ordering import RandomOrder
+from ..utils.pages import drop_pages
 from .context import DistContext
 
 __all__ = ["LocalSeedsOrder", "check_placement_file", "get_placement"]
@@ -96,6 +97,10 @@ def get_placement(ds, cfg, ctx: DistContext):
                 progress=cfg.progress,
             )
             pl = place(strategy, req)
+            # the score and the placement read the whole CSR: its pages leave this rank's
+            # mapping (the page cache keeps them); a partitioned run samples its shard only
+            drop_pages(ds.graph.indptr)
+            drop_pages(ds.graph.indices)
             payload = [
                 {
                     "strategy": pl.strategy,

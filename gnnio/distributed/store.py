@@ -47,6 +47,7 @@ from ..features._gather import as_index_array, output_rows
 from ..features.base import FeatureStore
 from ..features.batch_ops import move_rows
 from .context import DistContext
+from .hostrows import pread_rows_of
 
 __all__ = ["LINKS", "ShardedFeatureStore"]
 
@@ -102,6 +103,7 @@ class ShardedFeatureStore(FeatureStore):
         self.device = ctx.device
         self.reuse = bool(reuse)
         peers = bool(placement.peer_reads) and bool(ctx.topology.peers_cheaper)
+        self._peers = peers
         lk = placement.lookup(self.rank, peers=peers)
         # Song & Jiang's per-node lookup (where each row is read from) is the one structure sized
         # by the whole graph a rank keeps: any row may be asked for. At the narrowest dtypes it
@@ -110,7 +112,14 @@ class ShardedFeatureStore(FeatureStore):
         self.buf_pos = torch.from_numpy(lk.buf_pos.astype(np.int32))
         del lk
         own = torch.from_numpy(np.asarray(placement.buffers[self.rank], dtype=np.int64))
-        self.shard = host_store.gather(own).to(self.device).contiguous()
+        # rows of a memory-mapped feature file are read with pread (hostrows.py), so the pages
+        # they come from do not stay mapped in this rank: its RSS holds its rows, not the file
+        self._pread = pread_rows_of(host_store, getattr(host_store, "num_threads", None))
+        if self._pread is not None:
+            rows = torch.empty((own.shape[0], self.dim), dtype=self.dtype)
+            self.shard = self._pread.gather(own, rows).to(self.device).contiguous()
+        else:
+            self.shard = host_store.gather(own).to(self.device).contiguous()
         host_store.counters.reset()  # filling the shard is set-up, not a batch's traffic
         self.shard_bytes = int(self.shard.numel() * self.shard.element_size())
         self.control_bytes = 0
@@ -184,11 +193,17 @@ class ShardedFeatureStore(FeatureStore):
         hsel = (need & (src < 0)).nonzero().squeeze(1)
         if hsel.numel():
             before = dict(self.host_store.counters.rows)
-            hbuf = self._scratch("host", hsel.numel()) if self.device.type == "cpu" else None
-            rows = self.host_store.gather(uniq[hsel], out=hbuf).to(self.device)
-            move_rows(
-                rows, torch.arange(rows.shape[0], device=self.device), rows_u, hsel.to(self.device)
-            )
+            if self._pread is not None and self.device.type == "cpu":
+                self._pread.gather(uniq[hsel], rows_u, at=hsel)  # straight into the batch's rows
+            else:
+                hbuf = self._scratch("host", hsel.numel()) if self.device.type == "cpu" else None
+                if self._pread is not None:
+                    hbuf = torch.empty((hsel.numel(), self.dim), dtype=self.dtype)
+                    rows = self._pread.gather(uniq[hsel], hbuf).to(self.device)
+                else:
+                    rows = self.host_store.gather(uniq[hsel], out=hbuf).to(self.device)
+                at = torch.arange(rows.shape[0], device=self.device)
+                move_rows(rows, at, rows_u, hsel.to(self.device))
             for t, r in self.host_store.counters.rows.items():
                 d = int(r) - int(before.get(t, 0))
                 if d:
@@ -272,7 +287,11 @@ class ShardedFeatureStore(FeatureStore):
             self._flip ^= 1
             self._prev_rows = self._scratch(f"prev{self._flip}", int(prev.numel()))
             if prev.numel():
-                rows = root.gather(self._prev_ids).to(self.device)
+                if self._pread is not None and root is host:
+                    buf = torch.empty((int(prev.numel()), self.dim), dtype=self.dtype)
+                    rows = self._pread.gather(self._prev_ids, buf).to(self.device)
+                else:
+                    rows = root.gather(self._prev_ids).to(self.device)
                 self._prev_rows.copy_(rows)
 
     def _scratch(self, name: str, n: int) -> torch.Tensor:
@@ -325,16 +344,24 @@ class ShardedFeatureStore(FeatureStore):
         if self.trace is None:
             raise RuntimeError("record_trace=False: no trace to model")
         n = self.placement.num_devices
-        # this rank's row of the cost model only (no dense [world, N] array)
-        rep = placement_cost(
-            self.placement, self.ctx.topology, self.trace, self.row_bytes, devices=[self.rank]
-        )
-        dc = rep.devices[0]
-        rows = {t: float(dc.rows.get(t, 0.0)) for t in ("local", "peer", "host")}
+        if self._peers == bool(self.ctx.topology.peers_cheaper):
+            # the model's lookup is this store's: its reads by source, a chunk of nodes at a
+            # time (the model would build a second lookup and float64 and int64 copies of N)
+            by_src = np.zeros(n + 1, dtype=np.float64)
+            dev = self.dev_num.numpy()
+            for a in range(0, self.num_rows, 1 << 20):
+                src = dev[a : a + (1 << 20)].astype(np.int64) + 1
+                by_src += np.bincount(src, weights=self.trace[a : a + (1 << 20)], minlength=n + 1)
+        else:  # this rank's row of the cost model only (no dense [world, N] array)
+            rep = placement_cost(
+                self.placement, self.ctx.topology, self.trace, self.row_bytes, devices=[self.rank]
+            )
+            by_src = rep.devices[0].rows_by_source  # [1 + n]: host, then device k
+        local, host = float(by_src[self.rank + 1]), float(by_src[0])
+        rows = {"local": local, "peer": float(by_src.sum()) - local - host, "host": host}
         rows["network"] = 0.0
         if self.ctx.num_machines > 1 and rows["peer"]:
             # peers on another machine: split the modeled peer rows by the owner's machine
-            by_src = dc.rows_by_source  # [1 + n]: host, then device k
             net = sum(
                 float(by_src[k + 1])
                 for k in range(n)

@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from typing import Any
 
@@ -45,6 +46,7 @@ from ..train.setup import StoreSetup
 from ..utils.rss import peak_rss_bytes, rss_by_kind
 from .context import DistContext
 from .ddp import GradCounter, counting_allreduce, param_digest
+from .hostrows import pread_rows_of
 from .plan import LocalSeedsOrder, check_placement_file, get_placement
 from .store import LINKS, ShardedFeatureStore, fault_from_env
 
@@ -76,6 +78,8 @@ class DistRun(LocalRun):
         self._model: torch.nn.Module | None = None
         self.partition = None  # a gnnio partition (topology shards), when training with one
         self.samplers: list = []
+        self._graph: tuple | None = None  # (N, E, dirs) for GNNIO_MEM_CHECK
+        self._censuses: list[str] = []
 
     # -- building -------------------------------------------------------------------------
     def build_store(self, ds, cfg, device):
@@ -84,6 +88,11 @@ class DistRun(LocalRun):
         ctx = self.ctx
         pl = get_placement(ds, cfg, ctx)
         self.placement = pl
+        self._graph = (
+            ds.num_nodes,
+            ds.num_edges,
+            [ds.path, *([cfg.partition] * bool(cfg.partition))],
+        )
         # host memory: the memory-mapped feature file (one copy per machine, in the page cache),
         # or with --store memory a private copy per rank
         base = open_store(ds, cfg.store, "cpu", num_threads=cfg.threads, progress=cfg.progress)
@@ -92,9 +101,6 @@ class DistRun(LocalRun):
             if cfg.store == "mmap"
             else "memory (every rank reads the features into its own host memory)"
         }
-        # the same lookup as the store's: rows this rank reads from its shard or a peer's
-        lk = pl.lookup(ctx.rank, peers=bool(pl.peer_reads) and ctx.topology.peers_cheaper)
-        gpu_ids = np.flatnonzero(np.asarray(lk.dev_num) >= 0).astype(np.int64)
         host = base
         if cfg.cache_policy != "none" and cfg.cache_size > 0:
             from ..features.caches.cache import FeatureCache
@@ -105,7 +111,9 @@ class DistRun(LocalRun):
                 from ..train.setup import hot_score
 
                 score = hot_score(ds, cfg, progress=False)
-                held = np.asarray(lk.dev_num) >= 0
+                # the same lookup as the store's: rows this rank reads from its shard or a peer's
+                peers = bool(pl.peer_reads) and ctx.topology.peers_cheaper
+                held = np.asarray(pl.lookup(ctx.rank, peers=peers).dev_num) >= 0
                 hot = np.argsort(-score, kind="stable")
                 hot = hot[~held[hot]]  # rows the rank reads from host memory only
             cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), ds.num_nodes)
@@ -119,6 +127,7 @@ class DistRun(LocalRun):
         # the cache only serves the host reads: every gather still takes part in the exchange
         store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse)
         store.fault = fault_from_env(ctx.rank)
+        gpu_ids = torch.nonzero(store.dev_num >= 0).squeeze(1).numpy()  # its shard + peers'
         # evaluation: the same shard and exchange, without cross-batch reuse and, as in one
         # process, without a dynamic cache (evaluation batches do not evict training rows)
         eval_store = ShardedFeatureStore.__new__(ShardedFeatureStore)
@@ -134,6 +143,7 @@ class DistRun(LocalRun):
         store.keep_log = bool(cfg.checkpoint_every) and bool(cfg.checkpoint_dir or cfg.resume)
         if cfg.cache_policy in ("fifo", "lru", "lfu"):
             eval_store.host_store = base
+            eval_store._pread = pread_rows_of(base, cfg.threads)
         info["placement"] = {
             "file": cfg.placement,
             "strategy": pl.strategy,
@@ -233,7 +243,11 @@ class DistRun(LocalRun):
         if self.partition is None and cfg.partition is not None:
             from ..preprocess.partition import load_partition
 
-            self.partition = load_partition(cfg.partition, ds, self.ctx.world_size)
+            # the launcher checked every shard before the ranks started; under torchrun each
+            # rank checks the one it reads from its files (a peer's comes from the peer's memory)
+            self.partition = load_partition(
+                cfg.partition, ds, self.ctx.world_size, shards=[self.ctx.rank]
+            )
         return self.partition
 
     def build_sampler(self, ds, cfg, fanouts, setup):
@@ -284,6 +298,8 @@ class DistRun(LocalRun):
         last.update(
             collective_s=store.collective_s, grad_bytes=self.grad.bytes, grad_s=self.grad.seconds
         )
+        if len(self._censuses) < 1:  # GNNIO_MEM_CHECK (tests): after the first epoch
+            self._census("epoch", store)
         bd = rec["breakdown_s"]
         fetch = bd["gather"]
         rec["rank"] = self.rank
@@ -337,6 +353,18 @@ class DistRun(LocalRun):
         out["network" if self.ctx.num_machines > 1 else "peer"] = sent
         return out
 
+    def _census(self, when: str, store) -> None:
+        """``GNNIO_MEM_CHECK=DIR`` (tests, :mod:`gnnio.distributed.memcheck`): what this rank
+        holds that is sized by the whole graph, beside what it keeps on purpose."""
+        from .memcheck import ENV, write_census
+
+        self._censuses.append(when)
+        if os.environ.get(ENV) and self._graph is not None:
+            keep = [store.dev_num, store.buf_pos, store.trace]
+            if self.partition is not None:
+                keep.append(self.partition.parts)
+            write_census(when, self.rank, *self._graph[:2], keep, self._graph[2])
+
     def finish(self, summary: dict[str, Any], setup, model) -> dict[str, Any]:
         ctx, store = self.ctx, setup.store
         hist = summary["history"]
@@ -383,6 +411,7 @@ class DistRun(LocalRun):
                 "ms_per_batch": 1000 * smp.stats["seconds"] / b,
                 "collective_s": smp.stats["collective_s"],
             }
+        self._census("finish", store)
         ranks = ctx.all_gather_object(mine)
         if self.samplers:
             per = [r["sampling"] for r in ranks]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DatasetError
+from ..utils.pages import drop_pages
 from .csr import CSRGraph
 from .format import load_arrays, read_meta, validate_arrays, verify_checksums
 from .integrity import printable, quick_check
@@ -100,9 +101,15 @@ def load(path: str | os.PathLike, verify: bool = False, quick: bool = True) -> D
     if verify:
         verify_checksums(path, meta)
     arrays = load_arrays(path, list(meta["arrays"]), meta)
-    validate_arrays(path, meta, arrays)
+    validate_arrays(path, meta, arrays, drop=True)  # drop: the CSR's pages as it is read
     if quick and not verify:
         quick_check(path, meta, arrays)
+    # validation read the CSR and the labels whole: their pages leave this process's mapping
+    # (the page cache keeps them), else they stay in its RSS for the whole run, though a rank
+    # of a partitioned run never reads the whole graph again (issue 26)
+    for key in ("indptr", "indices", "labels"):
+        if key in arrays:
+            drop_pages(arrays[key])
     core = {"indptr", "indices", "features", "labels", "train_idx", "valid_idx", "test_idx"}
     return Dataset(
         path=path,

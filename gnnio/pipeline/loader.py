@@ -214,6 +214,9 @@ class NodeLoader:
             [st.new_stream(f"sample{k}") for k in range(self.num_workers)] if st else []
         )
         self._labels_on: dict[torch.device, torch.Tensor] = {}
+        # (epoch, input nodes of its first batches) announced to a lookahead store at the end
+        # of the previous epoch (gnnio.pipeline.stages.NextEpoch)
+        self._carried: tuple[int, list[torch.Tensor]] | None = None
 
     def __len__(self) -> int:
         return int(self.order.num_batches)

@@ -46,6 +46,45 @@ def _note(exc: BaseException, stage: str, busy, epoch: int) -> None:
                      f"{busy[1]} of epoch {epoch})")  # fmt: skip
 
 
+def _announce(store, item, ahead, carried: list, j: int) -> list:
+    """Announce sampled batch ``j`` of the epoch to a lookahead store, unless the previous epoch
+    announced it already (``carried[j]``, checked equal). A carried batch that differs (a
+    sampler not keyed after all) drops the carried window: the batches held are announced
+    again. Returns what is left of ``carried``."""
+    ids = item[0].input_nodes
+    if j < len(carried):
+        if torch.equal(ids, carried[j]):
+            item[0].input_nodes = carried[j]  # the announced tensor: deduplicated once
+            return carried
+        store.reset_window()
+        for held in ahead:
+            store.announce(held[0].input_nodes)
+        carried = []
+    store.announce(ids)
+    return carried
+
+
+class NextEpoch:
+    """The first batches of epoch ``epoch``, sampled early (keyed, so as that epoch will) and
+    announced to the loader's lookahead store; ``ids``: their input nodes, in order."""
+
+    def __init__(self, loader, epoch: int) -> None:
+        self.loader, self.epoch = loader, epoch
+        self.batches: list[torch.Tensor] | None = None
+        self.ids: list[torch.Tensor] = []
+
+    def top_up(self, want: int) -> None:
+        """Announce batches until ``want`` of them are (at most the epoch's)."""
+        ld = self.loader
+        if self.batches is None:
+            self.batches = [torch.as_tensor(s).long() for s in ld.order.batches(self.epoch)]
+        while len(self.ids) < min(want, len(self.batches)):
+            j = len(self.ids)
+            mb = ld.sampler.sample(self.batches[j], epoch_seed=(self.epoch << 32) + j)
+            ld.store.announce(mb.input_nodes)
+            self.ids.append(mb.input_nodes)
+
+
 class Stopped(Exception):
     """The run was closed while a stage thread was blocked."""
 
@@ -147,8 +186,18 @@ class EpochRun:
         # i + 1 .. i + K before batch i is gathered: the thread holds K sampled batches (ids and
         # blocks, never rows) and the sampling workers run K batches further ahead
         k = int(getattr(ld.store, "lookahead", 0) or 0)
+        # the window does not end with the epoch: near its end the next epoch's first batches
+        # are sampled here (keyed sampling: the very batches that epoch samples) and announced;
+        # the next epoch checks them and announces only what follows
+        carried, nexts = [], None
         if k:
-            ld.store.reset_window()  # (batches announced by an epoch closed early)
+            c, ld._carried = ld._carried, None
+            if c is not None and c[0] == self.epoch and self.start == 0:
+                carried = c[1]
+            else:
+                ld.store.reset_window()  # (batches announced by an epoch closed early)
+            if ld._keyed and st is None:
+                nexts = NextEpoch(ld, self.epoch + 1)
         ahead: collections.deque = collections.deque()
         nxt = self.start  # the next batch to take from the sampling queues
         try:
@@ -162,10 +211,14 @@ class EpochRun:
                         if k:
                             if st is not None:  # the ids may still be written on a sampler stream
                                 st.wait(ld._side, item[1])
-                            ld.store.announce(item[0].input_nodes)
+                            carried = _announce(ld.store, item, ahead, carried, nxt - self.start)
                         ahead.append(item)
                         nxt += 1
+                    if nexts is not None and nxt == len(self.batches):
+                        nexts.top_up(i + k - (len(self.batches) - 1))
                     self.put(self.out, self._gather_one(*ahead.popleft(), i))
+            if nexts is not None:
+                ld._carried = (self.epoch + 1, nexts.ids)
             self.put(self.out, END)
         except Stopped:
             return

@@ -194,14 +194,18 @@ class DiskFeatureStore(FeatureStore):
 
     def _chunks(self, uniq: np.ndarray) -> list[tuple[int, int]]:
         """Ranges of the sorted unique rows whose pages fit the buffer limit (one range when all
-        do). Cut by the index of each row's first page among all needed pages, so a chunk needs
+        do: counted exactly for rows of at most a page, so a batch of 10,000 pages is not cut in
+        two by an estimate of twice that, re-reading the pages shared across the cut). Cut by the index of each row's first page among all needed pages, so a chunk needs
         at most ``limit`` pages plus the pages its last row spills into the next."""
         rb = self.row_bytes
         per_row = (rb + 4095) // 4096 + 1
         limit = max(per_row, self.max_buffer_bytes // 4096)
-        first = (self.offset + uniq.astype(np.int64) * rb) // 4096
-        distinct = np.count_nonzero(np.diff(first)) + 1 if first.size else 0
-        if distinct * per_row <= limit:
+        starts = self.offset + uniq.astype(np.int64) * rb
+        first = starts // 4096
+        if rb <= 4096:  # a row touches its first page and maybe the next: count them exactly
+            if np.union1d(first, (starts + rb - 1) // 4096).size <= limit:
+                return [(0, int(uniq.size))]
+        elif (np.count_nonzero(np.diff(first)) + 1) * per_row <= limit:
             return [(0, int(uniq.size))]
         rank = np.concatenate([[0], np.cumsum(np.diff(first) != 0)])  # first page's index
         step = max(1, (limit - per_row) // per_row)
