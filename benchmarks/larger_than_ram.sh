@@ -9,7 +9,7 @@
 # usage: benchmarks/larger_than_ram.sh WORK NUM_NODES FEAT_DIM [options]
 #   --mem-limit BYTES   (6GiB, 6G or bytes) run every step in one child memory cgroup limited to BYTES (page cache
 #                       included), i.e. on a machine with BYTES of RAM; cgroup v1 or v2, needs root
-#   --budget B          reorder's --memory-budget (default 4GiB)
+#   --budget B          prepare's and reorder's --memory-budget (default 4GiB)
 #   --split "T V E"     prepare's --split (default "0.01 0.001 0.001": a modest epoch)
 #   --fanouts F         train's --fanouts (default 10,5)
 #   --host-cache F      train's --host-cache-size (default 0.05)
@@ -98,7 +98,7 @@ step() { # step NAME CMD...: run CMD under /usr/bin/time -v and append its line 
 
 # shellcheck disable=SC2086  # SPLIT is three words
 step prepare "$GNNIO" prepare synthetic --num-nodes "$NODES" --feat-dim "$DIM" --split $SPLIT \
-    --out "$DIR" --overwrite --quiet
+    --memory-budget "$BUDGET" --out "$DIR" --overwrite --quiet
 TRAIN_DIR=$DIR
 if [ "$SKIP_REORDER" = 0 ]; then
     step reorder "$GNNIO" reorder "$DIR" --by degree --out "$DIR2" --overwrite \
