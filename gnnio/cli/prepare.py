@@ -20,9 +20,10 @@ from pathlib import Path
 from ..errors import GnnioError, UsageError
 from ..graph import output_dir
 from ..graph.dataset import info_stats, load
+from ..graph.feature_dtype import writing_as
 from ..importers import IMPORTERS
 from ..preprocess.hotness import SCORES
-from . import HelpFormatter
+from . import HelpFormatter, add_feature_dtype_argument
 
 #: scores accepted by ``--reorder`` (all of :data:`gnnio.preprocess.hotness.SCORES`, as ``gnnio reorder``)
 REORDER_SCORES = tuple(SCORES)
@@ -82,6 +83,7 @@ def register(sub) -> None:
             metavar="B",
             help="seeds per batch for --reorder presample (one epoch, seed 1)",
         )
+        add_feature_dtype_argument(sp)
         sp.add_argument("--quiet", action="store_true", help="no progress bars or summary")
         sp.set_defaults(func=run, importer=mod)
 
@@ -137,10 +139,11 @@ def _import_and_reorder(args) -> Path:
 
 
 def run(args) -> int:
-    if check_reorder_score(getattr(args, "reorder", None)) is None:
-        out = args.importer.run(args)
-    else:
-        out = _import_and_reorder(args)
+    with writing_as(args.feature_dtype):
+        if check_reorder_score(getattr(args, "reorder", None)) is None:
+            out = args.importer.run(args)
+        else:
+            out = _import_and_reorder(args)
     if not args.quiet:
         s = info_stats(load(out))
         print(

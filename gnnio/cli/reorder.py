@@ -6,9 +6,10 @@ import argparse
 import json
 
 from ..errors import UsageError
+from ..graph.feature_dtype import writing_as
 from ..preprocess.hotness import SCORES
 from ..preprocess.reorder import reorder_path
-from . import HelpFormatter
+from . import HelpFormatter, add_feature_dtype_argument
 
 
 def _fanouts(text: str) -> list[int]:
@@ -71,6 +72,7 @@ def register(sub) -> None:
         "(e.g. 4GiB; the per-node arrays count, the interpreter does not); same output files "
         "(default: no budget, one pass)",
     )
+    add_feature_dtype_argument(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     p.set_defaults(func=run)
@@ -89,17 +91,18 @@ def run(args) -> int:
         from ..placement.topology import parse_bytes
 
         budget = parse_bytes(args.memory_budget, "--memory-budget")
-    summary = reorder_path(
-        args.dir,
-        args.by,
-        out=args.out,
-        overwrite=args.overwrite,
-        fanouts=args.fanouts,
-        batch_size=args.batch_size,
-        progress=not args.quiet,
-        memory_budget=budget,
-        **opts,
-    )
+    with writing_as(args.feature_dtype):  # --feature-dtype: the writer recodes the rows
+        summary = reorder_path(
+            args.dir,
+            args.by,
+            out=args.out,
+            overwrite=args.overwrite,
+            fanouts=args.fanouts,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
+            memory_budget=budget,
+            **opts,
+        )
     if args.json:
         print(json.dumps(summary))
     elif not args.quiet:
