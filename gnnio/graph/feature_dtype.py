@@ -185,7 +185,12 @@ def int8_params(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     module docstring): zero is put inside the range; an all-zero column gets scale 0, zero point 0."""
     lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
-    scale = ((hi - lo) / 255.0).astype(np.float32).astype(np.float64)
+    width = hi - lo
+    scale32 = (width / 255.0).astype(np.float32)
+    # a float32 scale rounded down (or to 0 for a subnormal range) would not cover the range
+    short = scale32.astype(np.float64) * 255.0 < width
+    scale32[short] = np.nextafter(scale32[short], np.float32(np.inf))
+    scale = scale32.astype(np.float64)
     safe = np.where(scale > 0, scale, 1.0)
     zp = np.where(scale > 0, np.clip(np.round(-128.0 - lo / safe), -128, 127), 0.0)
     return scale.astype(np.float32), zp.astype(np.float32)
