@@ -203,6 +203,23 @@ def test_from_pyg_keeps_half_precision(tmp_path, tdtype):
     assert ds32.feat_dtype == "float32" and torch.equal(torch.from_numpy(ds32.features), x.float())
 
 
+def test_prepare_npy_keeps_float16_unless_told(tmp_path):
+    rng = np.random.default_rng(0)
+    files = {"indptr": np.arange(9, dtype=np.int64), "indices": rng.integers(0, 8, 8),
+             "features": rng.standard_normal((8, 3)).astype(np.float16),
+             "labels": rng.integers(0, 2, 8), "train-idx": np.arange(4)}  # fmt: skip
+    argv = ["prepare", "npy", "--quiet"]
+    for key, arr in files.items():
+        np.save(tmp_path / f"{key}.npy", arr)
+        argv += [f"--{key}", str(tmp_path / f"{key}.npy")]
+    assert main([*argv, "--out", str(tmp_path / "h")]) == 0
+    h = load(tmp_path / "h")
+    assert h.feat_dtype == "float16"
+    assert np.asarray(h.features).tobytes() == files["features"].tobytes()
+    assert main([*argv, "--out", str(tmp_path / "q"), "--feature-dtype", "int8"]) == 0
+    assert load(tmp_path / "q").feat_dtype == "int8"
+
+
 # ---- training and bytes -------------------------------------------------------------------------
 
 
