@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
+from ..utils.pages import drop_pages
 
 __all__ = [
     "FEATURE_DTYPES",
@@ -262,7 +263,8 @@ def recode_features(
     :class:`~gnnio.graph.format.DatasetWriter`) from encoding ``source`` to ``target``, a chunk of
     rows at a time, through a temporary file renamed over it. For int8 the codec arrays are
     written (a first pass finds the column ranges); leaving int8 removes them. ``arrays`` (key ->
-    file name) is updated. Raises DatasetError for non-finite values (int8 cannot hold them) and
+    file name) is updated. Each chunk's pages of both files are dropped from this process after
+    it (:func:`gnnio.utils.pages.drop_pages`), so the resident memory stays about two chunks. Raises DatasetError for non-finite values (int8 cannot hold them) and
     for values float16 cannot hold."""
     src_path = tmp / arrays["features"]
     src = np.load(src_path, mmap_mode="r")
@@ -286,6 +288,7 @@ def recode_features(
                 )
             lo = block.min(axis=0) if s == 0 else np.minimum(lo, block.min(axis=0))
             hi = block.max(axis=0) if s == 0 else np.maximum(hi, block.max(axis=0))
+            drop_pages(src)  # keep the pass's resident pages to one chunk (bounded memory)
         scale, zp = int8_params(lo, hi)
     part = tmp / "features.recode.npy"
     dst = np.lib.format.open_memmap(part, mode="w+", dtype=storage_dtype(target), shape=(n, f))
@@ -295,6 +298,8 @@ def recode_features(
                 dst[s : s + rows] = encode(floats(s, s + rows), target, scale, zp)
             except ValueError as e:
                 raise DatasetError(f"{tmp}: --feature-dtype {target}: {e}") from None
+            drop_pages(src)
+            drop_pages(dst)  # written pages stay in the page cache and reach the file
         dst.flush()
     finally:
         del dst
