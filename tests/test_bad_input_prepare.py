@@ -345,8 +345,11 @@ def test_synthetic_size_checked_before_writing(tmp_path, capsys, monkeypatch):
     from gnnio.graph import output_dir
 
     monkeypatch.setattr(output_dir, "available_ram", lambda: 16 << 30)
-    assert main([*argv, "--out", str(tmp_path / "big"), "--quiet"]) == 2
+    assert main([*argv, "--out", str(tmp_path / "big"), "--quiet", "--memory-budget", "none"]) == 2
     one_line_error(capsys, "needs at least 256 GiB of memory", "only 16 GiB is available")
+    # within the default --memory-budget: what the bounded generator keeps (issue 25)
+    assert main([*argv, "--out", str(tmp_path / "big"), "--quiet"]) == 2
+    one_line_error(capsys, "needs at least 394 GiB of memory", "only 16 GiB is available")
     assert time.perf_counter() - t0 < 30 and os.listdir(tmp_path) == []
 
 

@@ -309,9 +309,11 @@ def test_train_and_bench_with_a_partition(tmp_path):
     # pruned (HyDRA Eq. 4, (0, 1): windows of one fanout): fewer bytes per remote list read
     r = run_cli(["bench", "dist-sampling", str(d), "--nproc", "2", "--partition", str(pdirs[0]),
                  "--modes", "shared", "--batches", "2", "--batch-size", "16",
-                 "--prune-threshold", "0,1", "--json"])  # fmt: skip
+                 "--prune-threshold", "0,1", "--shard-device", "cpu", "--json"])  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     pruned = json.loads(r.stdout.strip().splitlines()[-1])
+    # issue 26: the CPU's path, asked for or by default (the rank's device on gloo)
+    assert pruned["modes"]["shared"]["shared_via"] == out["modes"]["shared"]["shared_via"] == "shm"
     assert pruned["prune_threshold"] == [0.0, 1.0] and pruned["thresholds"] == [15, 10, 5]
     a, b = out["modes"]["shared"], pruned["modes"]["shared"]  # (other frontiers after hop 1)
     per_request = [m["bytes_by_link"]["peer"] / m["requests_per_batch"] for m in (a, b)]

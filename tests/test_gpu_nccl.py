@@ -32,10 +32,15 @@ def test_cpu_dry_run_passes_every_mode_and_counts_failures(tmp_path):
     expected = {f"store/{s}" for s in STRATEGIES} | {
         "sample/dsp", "sample/shared", "sample/dsp+prune", "sample/shared+prune",
         "train/dsp+checkpoints", "train/resume", "train/shared+prune",
+        "ipc/shared", "ipc/shared+prune",  # two ranks (issue 26 item 4; /dev/shm on the CPU)
     }  # fmt: skip
     assert set(modes) == expected
     assert r["nccl_modes_failed"] == 0, {m: v for m, v in modes.items() if not v["ok"]}
     assert r["backend"] == "gloo" and r["calls"] > 0 and r["awaiting_two_gpus"]
+    for m in ("ipc/shared", "ipc/shared+prune"):
+        assert modes[m]["shared_via"] == ["shm"] and modes[m]["peer_bytes"] > 0, modes[m]
+        assert len(modes[m]["peer_bytes_per_rank"]) == 2
+    assert not any("another rank's shard" in a for a in r["awaiting_two_gpus"])
     g = gpu_check.goals({"nccl": r}, device="cpu")["nccl_modes_failed"]
     assert g["value"] == 0 and g["met"] is None  # a CPU dry run is not a GPU figure
     assert gpu_check.goals({"nccl": r})["nccl_modes_failed"]["met"] is True

@@ -244,3 +244,42 @@ def test_full_neighbor_block_is_exact(n, e, seed, data):
     gs, gd = g.edges()
     want = sorted((int(u), int(v)) for u, v in zip(gs, gd) if start <= v < end)
     assert got == want
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gat_layer_equals_pyg_self_loop_handling_without_a_mask(weighted):
+    """GATLayer keeps a block's self-loop edges at weight 0 and appends the loops itself (no
+    data-dependent mask, so no host sync on a GPU); PyG's GATConv(add_self_loops=True) removes the
+    self-loop edges and appends loops with the mean weight of the other in-edges. The two agree on
+    a block with self-loop edges, repeated edges and a destination without in-edges."""
+    import torch.nn.functional as F
+    from torch_geometric.utils import softmax
+
+    from gnnio.train.models import GATLayer, _WeightedGATConv
+    from gnnio.utils.syncs import OpCounter
+
+    class PyGSelfLoops(_WeightedGATConv):  # the pre-change layer: PyG's own loops, clamped log w
+        def edge_update(self, alpha_j, alpha_i, edge_attr, index, ptr, dim_size):
+            if edge_attr is None:
+                return super().edge_update(alpha_j, alpha_i, edge_attr, index, ptr, dim_size)
+            alpha = F.leaky_relu(alpha_j + alpha_i, self.negative_slope)
+            alpha = alpha + torch.log(edge_attr.clamp_min(1e-30)).view(-1, 1)
+            return softmax(alpha, index, ptr, dim_size)
+
+    torch.manual_seed(0)
+    src = torch.tensor([0, 1, 2, 3, 3, 1, 4, 5, 2, 2, 6])
+    # self loops 0->0, 1->1, 2->2; node 4 has no in-edges
+    dst = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
+    ns, nd = 7, 5
+    w = torch.rand(src.numel()) + 0.1 if weighted else None
+    block = Block(torch.stack([src, dst]), ns, nd, w)
+    x = torch.randn(ns, 6)
+    for concat in (True, False):
+        layer = GATLayer(6, 8, 2, concat=concat, attn_dropout=0.0).eval()
+        ref = PyGSelfLoops(6, layer.conv.out_channels, heads=2, concat=concat, add_self_loops=True)
+        ref.load_state_dict(layer.conv.state_dict())
+        with OpCounter() as c:
+            got = layer(x, block)
+        want = ref.eval()((x, x[:nd]), block.edge_index, edge_attr=w, size=(ns, nd))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert c.syncs == 0, dict(c.sync_ops)

@@ -142,23 +142,33 @@ def test_existing_out_needs_overwrite(tmp_path, capsys):
     assert load(out).meta["reordered_by"] == "degree"
 
 
-def test_failure_while_reordering_leaves_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("budget", ["none", "default"])
+def test_failure_while_reordering_leaves_nothing(tmp_path, monkeypatch, budget):
+    """Both reorder paths: one pass in RAM (``--memory-budget none``) and the bounded one that
+    ``prepare --reorder`` takes by default."""
+    from gnnio.preprocess import reorder_bounded
+
     out = tmp_path / "r"
+    opts = ["--memory-budget", "none"] if budget == "none" else []
 
     def boom(*a, **k):
         raise RuntimeError("disk full while relabelling")
 
-    monkeypatch.setattr(reorder_mod, "relabel_csr", boom)
+    def break_it():
+        monkeypatch.setattr(reorder_mod, "relabel_csr", boom)
+        monkeypatch.setattr(reorder_bounded, "relabel_csr_bounded", boom)
+
+    break_it()
     with pytest.raises(RuntimeError, match="disk full"):
-        main([*SYN, "--out", str(out), "--reorder", "degree", "--quiet"])
+        main([*SYN, "--out", str(out), "--reorder", "degree", "--quiet", *opts])
     assert not out.exists() and leftovers(tmp_path) == []
 
     # with --overwrite the old dataset survives a failed replacement untouched
     monkeypatch.undo()
     assert main([*SYN, "--out", str(out), "--quiet"]) == 0
     before = read_meta(out)
-    monkeypatch.setattr(reorder_mod, "relabel_csr", boom)
+    break_it()
     with pytest.raises(RuntimeError, match="disk full"):
-        main([*SYN, "--out", str(out), "--reorder", "degree", "--quiet", "--overwrite"])
+        main([*SYN, "--out", str(out), "--reorder", "degree", "--quiet", "--overwrite", *opts])
     assert read_meta(out) == before and "reordered_by" not in before
     assert leftovers(tmp_path) == []

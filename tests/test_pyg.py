@@ -75,42 +75,12 @@ def random_data(n=40, e=160, f=5, seed=0, sort_by_target=False, edge_attr=True, 
 # ---- a stand-in for pyg-lib's neighbor_sample ------------------------------------------------
 
 
-def _fake_neighbor_sample(colptr, row, seed, num_neighbors, node_time, seed_time, csc, replace,
-                          directed, disjoint, temporal_strategy, return_edge_id):  # fmt: skip
-    """pyg-lib's homogeneous algorithm: hop h+1 expands the nodes new at hop h; all neighbours in
-    CSC order when k < 0 or k >= deg, else k random ones; edges (neighbour, expanded node) in
-    local ids with their CSC positions; per-hop node and edge counts, seeds first."""
-    assert csc and directed and not disjoint and not replace and node_time is None
-    gen = torch.Generator().manual_seed(0)
-    nodes = seed.tolist()
-    local = {v: i for i, v in enumerate(nodes)}
-    rows, cols, edges = [], [], []
-    num_nodes, num_edges = [len(nodes)], []
-    begin, end = 0, len(nodes)
-    for k in num_neighbors:
-        e0 = len(edges)
-        for i in range(begin, end):
-            start, stop = int(colptr[nodes[i]]), int(colptr[nodes[i] + 1])
-            if k < 0 or k >= stop - start:
-                picks = range(start, stop)
-            else:
-                picks = (start + torch.randperm(stop - start, generator=gen)[:k]).tolist()
-            for p in picks:
-                u = int(row[p])
-                if u not in local:
-                    local[u] = len(nodes)
-                    nodes.append(u)
-                rows.append(local[u])
-                cols.append(i)
-                edges.append(p)
-        num_edges.append(len(edges) - e0)
-        num_nodes.append(len(nodes) - end)
-        begin, end = end, len(nodes)
+def _fake_neighbor_sample(*args):
+    """pyg-lib's homogeneous algorithm (benchmarks/pyg_examples/standin.py), drawing from a
+    generator seeded 0 on every call, so a batch is a function of its seeds."""
+    from benchmarks.pyg_examples.standin import neighbor_sample
 
-    def t(a):
-        return torch.tensor(a, dtype=torch.long)
-
-    return t(rows), t(cols), t(nodes), t(edges), num_nodes, num_edges
+    return neighbor_sample(*args, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture

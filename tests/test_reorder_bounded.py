@@ -12,6 +12,7 @@ from gnnio.cli.main import main
 from gnnio.graph.dataset import load
 from gnnio.importers.synthetic import prepare_synthetic
 from gnnio.preprocess import reorder_bounded as rb
+from gnnio.preprocess.hotness import score_fixed_bytes
 from gnnio.preprocess.reorder import order_by_score, relabel_csr
 from gnnio.utils.rss import rss_bytes
 from tests.helpers import random_graph
@@ -29,10 +30,11 @@ def _hashes(path) -> dict[str, str]:
     return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.glob("*.npy"))}
 
 
-@pytest.mark.parametrize("by", ["degree", "wrpr"])
+@pytest.mark.parametrize("by", ["degree", "wrpr", "sj", "presample"])
 def test_bounded_reorder_writes_the_same_files(graph, tmp_path, by):
-    n = load(graph).num_nodes
-    tiny = rb.fixed_bytes(n) + rb.MIN_CHUNK  # ~120 rows of the graph per chunk
+    g = load(graph).graph
+    # the larger of what the score and the reorder hold: ~120 rows of the graph per chunk
+    tiny = max(rb.fixed_bytes(g.num_nodes), score_fixed_bytes(by, g)) + rb.MIN_CHUNK
     assert main(["reorder", str(graph), "--by", by, "--out", str(tmp_path / "a"), "--quiet"]) == 0
     rc = main(["reorder", str(graph), "--by", by, "--out", str(tmp_path / "b"), "--quiet",
                "--memory-budget", str(tiny)])  # fmt: skip
@@ -42,13 +44,20 @@ def test_bounded_reorder_writes_the_same_files(graph, tmp_path, by):
     assert a == b
 
 
+@pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("chunk", [1, 9000, 50_000, 1 << 30])
-def test_chunked_relabel_equals_relabel_csr(tmp_path, chunk):
+def test_chunked_relabel_equals_relabel_csr(tmp_path, chunk, mapped):
+    """In RAM, or mapped from a file: resident, or read in sorted runs (rows longer than a run
+    included) when the file does not fit the chunk."""
     g = random_graph(500, 4000, seed=1)
     perm = order_by_score(np.random.default_rng(0).random(500))
     want_ptr, want_ind = relabel_csr(g.indptr, g.indices, perm)
+    ind = g.indices
+    if mapped:
+        np.save(tmp_path / "i.npy", np.asarray(g.indices))
+        ind = np.load(tmp_path / "i.npy", mmap_mode="c")
     out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", want_ind.dtype, want_ind.shape)
-    got_ptr = rb.relabel_csr_bounded(g.indptr, g.indices, perm, out, chunk)
+    got_ptr = rb.relabel_csr_bounded(g.indptr, ind, perm, out, chunk)
     assert np.array_equal(got_ptr, want_ptr)
     assert np.array_equal(np.asarray(out), want_ind)
 
@@ -83,3 +92,19 @@ def test_release_drops_the_pages_of_a_mapping(tmp_path):
     assert touched - before > (12 << 20)
     assert touched - after > (12 << 20)
     assert int(arr[-1]) == 1  # still readable afterwards
+
+
+@pytest.mark.parametrize("chunk", [1, 5000, 70_000, 1 << 30])
+def test_chunked_feature_copy_equals_the_gather(tmp_path, chunk):
+    """The external permutation (sorted runs read with preadv, scattered into the chunk) writes
+    ``src[new2old]``, whatever the chunk; rows wider than a read run included."""
+    rng = np.random.default_rng(2)
+    for shape, dt in (((3001, 24), np.float32), ((257, 3000), np.float64), ((999,), np.int64)):
+        x = rng.random(shape).astype(dt)
+        np.save(tmp_path / "x.npy", x)
+        src = np.load(tmp_path / "x.npy", mmap_mode="c")
+        perm = rng.permutation(shape[0]).astype(np.int64)
+        dst = np.lib.format.open_memmap(tmp_path / "y.npy", "w+", dt, shape)
+        rb.copy_feature_rows_bounded(src, dst, perm, chunk, progress=False)
+        assert np.asarray(dst).tobytes() == x[perm].tobytes()
+        del dst

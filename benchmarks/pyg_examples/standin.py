@@ -1,11 +1,10 @@
 """A stand-in for pyg-lib's ``torch.ops.pyg.neighbor_sample`` (pyg-lib and torch-sparse do not
 install on this project's machines), so PyG's own ``NeighborLoader`` runs here.
 
-It follows pyg-lib's homogeneous algorithm, as ``tests/test_pyg.py``'s stand-in does: hop ``h + 1``
+It follows pyg-lib's homogeneous algorithm (``tests/test_pyg.py`` uses it too): hop ``h + 1``
 expands the nodes new at hop ``h``; a node takes all its neighbours in CSC order when ``k < 0`` or
-``k >= deg``, else ``k`` distinct random ones. Unlike the test's stand-in it draws from torch's
-global generator (as pyg-lib does), so ``seed_everything`` seeds it and every batch draws anew,
-and it implements ``disjoint=True`` (nodes are ``(subgraph, node)`` pairs, returned as pyg-lib
+``k >= deg``, else ``k`` distinct random ones. It draws from torch's global generator (as pyg-lib
+does), so ``seed_everything`` seeds it and every batch draws anew, and it implements ``disjoint=True`` (nodes are ``(subgraph, node)`` pairs, returned as pyg-lib
 returns them: a ``[N, 2]`` tensor of ``(batch, node)``). Pure Python: slow, but exact.
 
 :func:`install` patches PyG in this process; ``sitecustomize.py`` beside this file calls it in
@@ -19,7 +18,10 @@ import torch
 
 
 def neighbor_sample(colptr, row, seed, num_neighbors, node_time, seed_time, csc, replace,
-                    directed, disjoint, temporal_strategy, return_edge_id):  # fmt: skip
+                    directed, disjoint, temporal_strategy, return_edge_id,
+                    generator=None):  # fmt: skip
+    """pyg-lib's signature; ``generator`` (not pyg-lib's) draws instead of torch's global one
+    (``tests/test_pyg.py`` passes a fixed one per call, so its batches are fixed)."""
     assert csc and directed and not replace and node_time is None
     seeds = seed.tolist()
     keys = [(i if disjoint else 0, v) for i, v in enumerate(seeds)]
@@ -35,7 +37,7 @@ def neighbor_sample(colptr, row, seed, num_neighbors, node_time, seed_time, csc,
             if k < 0 or k >= stop - start:
                 picks = range(start, stop)
             else:
-                picks = (start + torch.randperm(stop - start)[:k]).tolist()
+                picks = (start + torch.randperm(stop - start, generator=generator)[:k]).tolist()
             for p in picks:
                 key = (b, int(row[p]))
                 if key not in local:

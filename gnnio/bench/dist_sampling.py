@@ -20,6 +20,10 @@ those of loopback collectives and CPU kernels.
 ``ceil(ALPHA * avg_degree + BETA * fanout)`` per hop, ``avg_degree`` of the whole graph): both
 modes then produce exactly :class:`~gnnio.sampling.PrunedUniformSampler`'s batches (also the
 single-process reference), and ``shared`` reads only each remote list's window.
+
+``--shard-device cuda`` shares the shards of ``shared`` mode from the GPU with CUDA IPC (two ranks
+on gloo may share one GPU; :mod:`gnnio.distributed.shm`); ``cpu`` from ``/dev/shm``; default: the
+rank's device (the CPU here). The mode's ``shared_via`` says which path ran.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ def add_arguments(p) -> None:
         "--prune-threshold", metavar="ALPHA,BETA", nargs="?", const="1,1", default=None,
         help="HyDRA threshold pruning (window of ALPHA*avg_degree + BETA*fanout; flag alone: 1,1)",
     )  # fmt: skip
+    p.add_argument(
+        "--shard-device", choices=["cpu", "cuda"], default=None,
+        help="shared mode: shards shared from /dev/shm (cpu) or the GPU with CUDA IPC (cuda)",
+    )  # fmt: skip
     p.add_argument("--topology", default=None, help="NVLink groups of the ranks")
     p.add_argument("--dist-timeout", type=float, default=None, help="collective timeout, seconds")
     p.add_argument(
@@ -72,6 +80,13 @@ def run(args) -> dict:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     prune = parse_prune(args.prune_threshold)
+    if args.shard_device is not None and "shared" not in modes:
+        raise UsageError("--shard-device: only with --modes shared")
+    if args.shard_device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--shard-device cuda: no CUDA device is present")
     ds = gnnio.load(args.dataset)
     if prune is not None:
         from ..sampling import parse_fanouts, prune_thresholds
@@ -174,7 +189,7 @@ def _rank_body(opts: dict) -> dict | None:
         for mode in o.modes:
             s = ShardedSampler(
                 part, o.partition, ctx, fanouts, seed=o.seed, mode=mode, prune=o.prune,
-                avg_degree=avg_degree,
+                avg_degree=avg_degree, shard_device=o.shard_device if mode == "shared" else None,
             )  # fmt: skip
             s.sample(batches[0], epoch_seed=0)  # warm-up
             s.bytes_by_link.clear()
@@ -206,6 +221,8 @@ def _rank_body(opts: dict) -> dict | None:
                 "ms_per_batch_per_rank": [r["ms_per_batch"] for r in ranks],
                 "collective_ms_per_batch": max(r["collective_ms_per_batch"] for r in ranks),
             }
+            if mode == "shared":
+                per_mode[mode]["shared_via"] = s.shared_via
         refs = ctx.all_gather_object(ref_ms)
         if not ctx.is_main:
             return None

@@ -25,7 +25,9 @@ what is left of the budget, a failure in one step recorded and the next one run:
 9. ``nccl`` (issue 26, :mod:`gnnio.bench.gpu_nccl`): every distributed mode (sharded store per
    placement strategy, partitioned dsp/shared sampling with and without pruning, DDP training
    with evaluation, checkpoints and resume) on NCCL at world size 1, each tensor checked against
-   NCCL's rules and each group against one thread; ``goals.nccl_modes_failed`` (goal 0);
+   NCCL's rules and each group against one thread; and two ranks on the one GPU sampling in
+   ``shared`` mode with their shards shared by CUDA IPC (:mod:`gnnio.bench.gpu_ipc`);
+   ``goals.nccl_modes_failed`` (goal 0);
 
 then writes ``OUTDIR/report.json`` (everything), ``OUTDIR/gpu_tests.log`` (pytest's output) and ``OUTDIR/report.md`` (the figures against the
 goals of issue 15). Without CUDA it prints one line saying no GPU is present and exits 0;
@@ -77,7 +79,7 @@ GOALS = [
         1.6,
     ),
     ("kernel_fallbacks", "runs of this check that fell back from a Triton kernel", 0),
-    ("nccl_modes_failed", "distributed modes failing on NCCL (world size 1)", 0),
+    ("nccl_modes_failed", "distributed modes failing (NCCL at world size 1; CUDA IPC, 2 ranks)", 0),
 ]
 AT_MOST = {"train_step_ms", "epoch_s", "kernel_fallbacks", "nccl_modes_failed"}
 

@@ -14,13 +14,19 @@ failure recorded, on a small synthetic graph:
 * ``train/dsp+checkpoints`` (DDP, evaluation, mid-epoch checkpoints) then ``train/resume``, and
   ``train/shared+prune``.
 
+It also runs two processes on the one GPU for what needs no NCCL between them
+(:mod:`gnnio.bench.gpu_ipc`): ``ipc/shared`` and ``ipc/shared+prune``, two ranks on gloo whose
+shards are shared on the GPU with CUDA IPC, batches checked against the single-process sampler's
+and the bytes read from the peer reported.
+
 A mode fails when it raises or when the check saw a violation (a tensor NCCL refused, two
-threads on one group). ``nccl_modes_failed`` (goal 0) counts them. ``--device cpu`` runs the same
-worker on gloo with the check in its simulated-NCCL mode (the CPU dry run the tests use).
+threads on one group). ``nccl_modes_failed`` (goal 0) counts them, the ``ipc/`` modes included.
+``--device cpu`` runs the same workers on gloo with the check in its simulated-NCCL mode, the
+``ipc/`` shards in ``/dev/shm`` (the CPU dry run the tests use).
 
 Awaiting two GPUs (listed in the step's ``awaiting_two_gpus``): collectives that move bytes
 between ranks (at world size 1 every all_to_all is a local copy), CUDA IPC reads of another
-rank's shard (``shared`` mode), gradient all-reduce across GPUs.
+GPU's memory (here both ranks share one GPU), gradient all-reduce across GPUs.
 """
 
 from __future__ import annotations
@@ -37,12 +43,14 @@ from typing import Any
 
 import numpy as np
 
+from .gpu_ipc import step_ipc
+
 __all__ = ["AWAITING", "step_nccl"]
 
 STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
 AWAITING = [
     "rows and sampled ids crossing between two ranks (world size 1: every exchange is local)",
-    "CUDA IPC reads of another rank's shard in shared sampling mode",
+    "CUDA IPC reads of another GPU's memory (ipc/ modes: two ranks share one GPU here)",
     "DDP gradient all-reduce between two GPUs",
     "bench dist / bench dist-sampling (gloo only; their store and sampler run here)",
 ]
@@ -72,6 +80,8 @@ def step_nccl(c) -> dict[str, Any]:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"nccl worker exited {r.returncode}: {' | '.join(tail)}")
     modes = json.loads(res_path.read_text())
+    ipc = step_ipc(c)  # two ranks on the one GPU, CUDA IPC (item 4)
+    modes.update(ipc.get("modes", {}))
     chk = work / "check" / "rank0.json"
     rec = json.loads(chk.read_text()) if chk.exists() else {}
     failed = sorted(m for m, v in modes.items() if not v["ok"])

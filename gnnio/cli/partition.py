@@ -54,6 +54,16 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="sampler threads for the epoch")
     p.add_argument("--out", required=True, metavar="PDIR", help="partition directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace PDIR if it is a partition")
+    p.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        default=None,
+        help="keep what this process allocates within BYTES (e.g. 4GiB; the CSR, the per-node "
+        "arrays and one chunk count, the interpreter does not): random, range and hdr over them "
+        "or greedy run in chunks, metis and bfs-block stay in memory and are refused when they "
+        "would not fit; the same files (default: half the available RAM for the chunked "
+        "methods, in RAM for metis, bfs-block and --refine; 'none': in RAM)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
     p.add_argument("--quiet", action="store_true", help="no summary line")
     p.set_defaults(func=run)
@@ -72,7 +82,14 @@ def run(args) -> int:
         raise UsageError(f"--batch-size: must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads: must be >= 1, got {args.threads}")
+    from ..preprocess.chunked import resolve_budget
+    from ..preprocess.partition.bounded import IN_MEMORY, check_budget
+
+    which = args.base if args.method == "hdr" else args.method
+    budget = resolve_budget(args.memory_budget, which not in IN_MEMORY and not args.refine)
     ds = load(args.dir)
+
+    chunk = check_budget(budget, ds.graph, args.method, args.base)
     part = partition_dataset(
         ds,
         args.parts,
@@ -85,8 +102,9 @@ def run(args) -> int:
         batch_size=args.batch_size,
         threads=args.threads,
         refine=args.refine,
+        memory_budget=budget,
     )
-    out = save_partition(part, ds.graph, args.out, overwrite=args.overwrite)
+    out = save_partition(part, ds.graph, args.out, overwrite=args.overwrite, chunk_bytes=chunk)
     q = dict(part.quality)
     report = {
         "dataset": ds.name,

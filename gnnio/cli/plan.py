@@ -108,6 +108,15 @@ def register(sub) -> None:
     p.add_argument(
         "--save", metavar="FILE", default=None, help="write the best placement to FILE (.npz)"
     )
+    p.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        default=None,
+        help="keep what this process allocates within BYTES (e.g. 4GiB; the per-node arrays, "
+        "the CSR and the score's chunks count, the interpreter does not); metis runs in memory "
+        "and is refused when it would not fit; the same placements (default: half the available "
+        "RAM without metis, in RAM with it; 'none': in RAM)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object last")
     p.add_argument(
         "--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars"
@@ -139,6 +148,9 @@ def run(args) -> int:
     fanouts = _parse_fanouts(args.fanouts)
     if args.save:
         check_output_path(args.save, "--save")  # before the plan is computed
+    from ..preprocess.chunked import resolve_budget
+
+    budget = resolve_budget(args.memory_budget, "metis" not in strategies)
     topo = load_topology(args.topology, host_bw=args.host_bw, peer_bw=args.peer_bw)
     ds = load(args.dir)
     row_bytes = int(ds.feat_dim * ds.features.dtype.itemsize)
@@ -158,6 +170,7 @@ def run(args) -> int:
         local_seeds=args.local_seeds,
         pagraph_max_nodes=args.pagraph_max_nodes,
         progress=not args.quiet and not args.json,
+        memory_budget=budget,
     )
     if args.save and result.best is not None:
         best = result.outcomes[result.best].placement

@@ -22,8 +22,12 @@ from ..graph import output_dir
 from ..graph.dataset import info_stats, load
 from ..graph.feature_dtype import writing_as
 from ..importers import IMPORTERS
+from ..preprocess.chunked import DEFAULT_BUDGET_FRACTION
 from ..preprocess.hotness import SCORES
 from . import HelpFormatter, add_feature_dtype_argument
+
+#: sources whose import runs within ``--memory-budget`` (issue 25); the others run in RAM
+BOUNDED_SOURCES = ("synthetic", "npy", "ogb")
 
 #: scores accepted by ``--reorder`` (all of :data:`gnnio.preprocess.hotness.SCORES`, as ``gnnio reorder``)
 REORDER_SCORES = tuple(SCORES)
@@ -83,6 +87,18 @@ def register(sub) -> None:
             metavar="B",
             help="seeds per batch for --reorder presample (one epoch, seed 1)",
         )
+        if name in BOUNDED_SOURCES:
+            sp.add_argument(
+                "--memory-budget",
+                metavar="BYTES",
+                default=None,
+                help="build the graph and write the features in chunks whose arrays and mapped "
+                "pages stay within BYTES (e.g. 4GiB; the interpreter and its libraries, about "
+                "0.4 GB, come on top); the same files as in RAM; 'none': all in RAM, one pass; "
+                "a budget named here also bounds --reorder "
+                f"(default: {int(DEFAULT_BUDGET_FRACTION * 100)}%% of the available RAM, "
+                "MemAvailable at the start)",
+            )
         add_feature_dtype_argument(sp)
         sp.add_argument("--quiet", action="store_true", help="no progress bars or summary")
         sp.set_defaults(func=run, importer=mod)
@@ -124,6 +140,7 @@ def _import_and_reorder(args) -> Path:
                 fanouts=args.reorder_fanouts,
                 batch_size=args.reorder_batch_size,
                 progress=not args.quiet,
+                memory_budget=args.memory_budget,  # the default budget too (issue 25)
             )
         except GnnioError as e:  # name DIR, not the temporary import
             text = str(e).replace(str(tmp / out.name), str(out)).replace(str(tmp), str(out.parent))
@@ -138,8 +155,19 @@ def _import_and_reorder(args) -> Path:
     return out
 
 
+def resolve_budget(args) -> None:
+    """Turn ``--memory-budget`` into bytes (``args.memory_budget``: int, or None for 'none');
+    ``args.memory_budget_given`` says whether the user named one."""
+    from ..preprocess.chunked import resolve_budget as resolve
+
+    text = getattr(args, "memory_budget", None)
+    args.memory_budget_given = text is not None
+    args.memory_budget = resolve(text, args.source in BOUNDED_SOURCES)
+
+
 def run(args) -> int:
-    with writing_as(args.feature_dtype):
+    resolve_budget(args)
+    with writing_as(args.feature_dtype):  # --feature-dtype: every writer recodes the rows
         if check_reorder_score(getattr(args, "reorder", None)) is None:
             out = args.importer.run(args)
         else:

@@ -68,9 +68,10 @@ def register(sub) -> None:
         "--memory-budget",
         metavar="BYTES",
         default=None,
-        help="relabel and copy in chunks that keep the pages this process holds within BYTES "
-        "(e.g. 4GiB; the per-node arrays count, the interpreter does not); same output files "
-        "(default: no budget, one pass)",
+        help="score, relabel and copy in chunks that keep the pages this process holds within "
+        "BYTES (e.g. 4GiB; the per-node arrays count, the interpreter does not; presample counts "
+        "the whole CSR); same output files (default: half the available RAM; 'none': one pass "
+        "in RAM)",
     )
     add_feature_dtype_argument(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -86,11 +87,9 @@ def run(args) -> int:
         if args.by not in ("rpr", "wrpr"):
             raise UsageError(f"--iterations: only applies to rpr and wrpr, not '{args.by}'")
         opts[f"{args.by}_iterations"] = args.iterations
-    budget = None
-    if args.memory_budget is not None:
-        from ..placement.topology import parse_bytes
+    from ..preprocess.chunked import resolve_budget
 
-        budget = parse_bytes(args.memory_budget, "--memory-budget")
+    budget = resolve_budget(args.memory_budget)
     with writing_as(args.feature_dtype):  # --feature-dtype: the writer recodes the rows
         summary = reorder_path(
             args.dir,

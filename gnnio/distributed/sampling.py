@@ -164,6 +164,9 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         group: the context's process group (``sample``; ``eval_sample`` for evaluation).
         share_with: another ``shared``-mode sampler of the same partition whose mapped peer
             shards this one reads too (the evaluation sampler: no second copy in shared memory).
+        shard_device: ``shared`` mode: where the shards are shared from (``"cpu"``: ``/dev/shm``;
+            ``"cuda"``: the rank's GPU, CUDA IPC, whatever the backend); None: the rank's device
+            (:func:`gnnio.distributed.shm.shard_device`). A ``ValueError`` in ``dsp`` mode.
 
     Attributes:
         thresholds: pruning threshold per hop (``fanouts`` order; 0 = not pruned), or None.
@@ -173,9 +176,12 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         self, partition, pdir, ctx: DistContext, fanouts, seed: int = 0, mode="dsp",
         prune: tuple[float, float] | None = None, avg_degree: float | None = None,
         group: str = "sample", share_with: ShardedSampler | None = None,
+        shard_device: str | torch.device | None = None,
     ):  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
+        if shard_device is not None and mode != "shared":
+            raise ValueError(f"shard device: only with sampling mode shared, not {mode}")
         self._init_threads(fanouts, seed, 1)
         self.prune = None if prune is None else tuple(float(x) for x in prune)
         self.thresholds: list[int] | None = None
@@ -198,14 +204,17 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         if mode == "shared" and share_with is not None and share_with.mode == "shared":
             self.peer_shards, self.shared_via = share_with.peer_shards, share_with.shared_via
         elif mode == "shared":
+            from .shm import shard_device as _where
             from .shm import share_shards
+
+            where = _where(ctx, shard_device)  # before any collective: a refusal on every rank
 
             peers = [
                 k for k in range(ctx.world_size)
                 if k != ctx.rank and ctx.machine_of[k] == ctx.machine
             ]  # fmt: skip
             own = {"nodes": self.own.nodes, "indptr": self.own.indptr, "indices": self.own.indices}
-            mapped, self.shared_via = share_shards(ctx, own, peers)
+            mapped, self.shared_via = share_shards(ctx, own, peers, where)
             for k in peers:
                 self.peer_shards[k] = _Shard(pdir, k, self.num_nodes, arrays=mapped.get(k))
         self.stats = {"requests": 0, "batches": 0, "seconds": 0.0, "collective_s": 0.0}

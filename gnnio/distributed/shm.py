@@ -8,13 +8,21 @@ the owner removes the names: the mappings stay valid and nothing is left in ``/d
 if the run dies later. A peer's neighbour list is then read from the owner's memory, not from
 pages of the partition files. The bytes read are counted by the sampler exactly as before.
 
-**GPU** (NCCL with ``--device cuda``; written, awaiting a GPU with two processes): the owner's
-shard is a CUDA tensor on its GPU, shared with torch's CUDA IPC (``torch.multiprocessing.
-reductions.reduce_tensor``: a handle the other process opens with ``cudaIpcOpenMemHandle``), so a
-peer reads the owner's GPU memory directly (over NVLink where there is one), as HyDRA does.
-:func:`share_shards` returns the peers' arrays as CUDA tensors then; the sampler reads the rows
-it needs from them (:func:`gather_lists`). Owners on other machines are never mapped: their
-rows go through request/response.
+**GPU** (CUDA IPC): when the shards live on a GPU, the owner's shard is a CUDA tensor there,
+shared with torch's CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``: a handle the
+other process opens with ``cudaIpcOpenMemHandle``), so a peer reads the owner's GPU memory
+directly (over NVLink where there is one), as HyDRA does. :func:`share_shards` returns the
+peers' arrays as CUDA tensors then; the sampler reads the rows it needs from them
+(:func:`gather_lists`). Owners on other machines are never mapped: their rows go through
+request/response.
+
+**Which path** (:func:`sharing_path`) depends only on where the shards live, never on the
+backend: the ``shard_device`` (:func:`shard_device`) is the rank's device unless the run names one
+-- ``cuda:<local_rank>`` on NCCL with ``--device cuda``, the CPU on gloo -- and ``"cuda"`` puts the
+shards on a GPU whatever the backend: two ranks on gloo on one GPU (``gnnio bench dist-sampling
+--shard-device cuda``, the gpu-check step ``nccl``) run their collectives on gloo with CPU
+tensors and share their shards on the GPU with CUDA IPC. No collective ever carries a shard
+tensor: the handles and ``/dev/shm`` names travel as pickled objects.
 
 All collectives run in the calling thread on the context's ``control`` group: the sampler is
 built by the main thread, on every rank, in the same order.
@@ -29,28 +37,59 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["SHM_DIR", "gather_lists", "share_shards"]
+__all__ = ["SHM_DIR", "gather_lists", "shard_device", "share_shards", "sharing_path"]
 
 SHM_DIR = Path("/dev/shm")
 NAMES = ("nodes", "indptr", "indices")
 
 
-def _use_cuda_ipc(ctx) -> bool:
-    return ctx.backend == "nccl" and ctx.device.type == "cuda"
+def shard_device(ctx, want: str | torch.device | None = None) -> torch.device:
+    """Where this rank's shard lives in shared mode: ``want`` None -> the rank's device
+    (``ctx.device``); ``"cpu"``; ``"cuda"`` -> the rank's GPU (``ctx.device`` on NCCL, else
+    ``cuda:<local_rank mod GPUs>``: several ranks on gloo may share one GPU). A ``ValueError``
+    with one line for anything else or for ``"cuda"`` without a CUDA device."""
+    if want is None:
+        return torch.device(ctx.device)
+    try:
+        dev = torch.device(want)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"shard device: cpu or cuda, got {want!r}") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ValueError(f"shard device: cpu or cuda, got {want!r}")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        raise ValueError("shard device cuda: no CUDA device is present")
+    if dev.index is not None:
+        raise ValueError(f"shard device: give cuda without an index (the rank's GPU), got {want!r}")
+    if torch.device(ctx.device).type == "cuda":
+        return torch.device(ctx.device)
+    return torch.device("cuda", ctx.local_rank % torch.cuda.device_count())
 
 
-def share_shards(ctx, arrays: dict[str, np.ndarray], peers: list[int]):
+def sharing_path(device: torch.device, shm_ok: bool) -> str:
+    """How shards on ``device`` are shared within a machine: ``"cuda_ipc"`` (CUDA tensors,
+    whatever the backend), ``"shm"`` (CPU, ``/dev/shm`` writable) or ``"files"`` (the caller
+    maps the partition files)."""
+    if torch.device(device).type == "cuda":
+        return "cuda_ipc"
+    return "shm" if shm_ok else "files"
+
+
+def share_shards(ctx, arrays: dict[str, np.ndarray], peers: list[int], device=None):
     """Share this rank's shard ``arrays`` and map those of ``peers`` (ranks of this machine).
 
-    Returns ``(mapped, via)``: ``{peer: {name: array}}`` (NumPy arrays in shared memory on the
-    CPU; CUDA tensors with CUDA IPC) and how (``"shm"``, ``"cuda_ipc"``, or ``"files"`` where
-    ``/dev/shm`` is missing: the caller then maps the partition files). A collective step: every
-    rank calls it, with or without peers."""
-    if _use_cuda_ipc(ctx):  # pragma: no cover - needs CUDA (gpu-check, two processes)
-        return _share_cuda(ctx, arrays, peers), "cuda_ipc"
+    ``device``: where the shards live (:func:`shard_device`; None: the CPU). Returns ``(mapped,
+    via)``: ``{peer: {name: array}}`` (NumPy arrays in shared memory on the CPU; CUDA tensors
+    with CUDA IPC) and how (:func:`sharing_path`). A collective step: every rank calls it, with
+    the same ``device`` type, with or without peers."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    use = SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
+    via = sharing_path(device, use)
+    if via == "cuda_ipc":
+        return _share_cuda(ctx, arrays, peers, device), via
     tag = [uuid.uuid4().hex if ctx.is_main else None]
     ctx.broadcast_object_list(tag)
-    use = SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
     mine: dict[str, tuple[str, str, tuple[int, ...]]] = {}
     if use:
         for name in NAMES:
@@ -79,20 +118,42 @@ def share_shards(ctx, arrays: dict[str, np.ndarray], peers: list[int]):
         ctx.barrier()  # every peer has mapped my shard: the names can go
         for path, _, _ in mine.values():
             Path(path).unlink(missing_ok=True)
-    return mapped, ("shm" if use else "files")
+    return mapped, via
 
 
-def _share_cuda(ctx, arrays, peers):  # pragma: no cover - needs CUDA
-    """CUDA IPC: each rank's shard on its GPU, the handles exchanged as objects."""
+def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``a`` as a 1-D tensor of at least one element on ``device`` (CUDA IPC cannot share an
+    empty allocation; the receiver cuts it back to the real length)."""
+    t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1))
+    if t.numel() == 0:
+        t = torch.zeros(1, dtype=t.dtype)
+    return t.to(device)
+
+
+def _reduce(t: torch.Tensor):  # pragma: no cover - needs CUDA (tests replace it)
     from torch.multiprocessing.reductions import reduce_tensor
 
-    keep = {n: torch.from_numpy(np.ascontiguousarray(arrays[n])).to(ctx.device) for n in NAMES}
-    handles = {n: reduce_tensor(t) for n, t in keep.items()}
+    return reduce_tensor(t)
+
+
+def _share_cuda(ctx, arrays, peers, device):
+    """CUDA IPC: each rank's shard on ``device``, the handles exchanged as objects (on the
+    ``control`` group); a peer's arrays come back as CUDA tensors of the owner's memory."""
+    keep, handles = {}, {}
+    for n in NAMES:
+        a = np.asarray(arrays[n])
+        keep[n] = _to_device(a, device)
+        handles[n] = (_reduce(keep[n]), a.shape)
     every = ctx.all_gather_object(handles)
     mapped = {}
     for k in peers:
-        mapped[k] = {n: fn(*args) for n, (fn, args) in every[k].items()}
-    ctx._extra.setdefault("ipc_keep", []).append(keep)  # the owner keeps its shard alive
+        views = {}
+        for n, ((fn, args), shape) in every[k].items():
+            t = fn(*args)
+            views[n] = t[: int(np.prod(shape))].reshape(shape)
+        mapped[k] = views
+    # the owner keeps its shard alive as long as the run (a peer may read it at any time)
+    ctx._extra.setdefault("ipc_keep", []).append(keep)
     ctx.barrier()
     return mapped
 

@@ -18,6 +18,7 @@ from ..errors import DatasetError, UsageError
 from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
 from ..graph.output_dir import check_ram
+from ..utils.pages import drop_pages
 from ..utils.progress import bar
 
 __all__ = [
@@ -126,12 +127,15 @@ def copy_rows(
     desc: str = "features",
     progress: bool = True,
     chunk_rows: int | None = None,
+    drop: bool = False,
 ) -> None:
     """Copy ``src`` into ``dst`` (same number of rows) one row chunk at a time, casting to
     ``dst.dtype``.
 
     Only one chunk (about :data:`CHUNK_BYTES` of the wider of the two dtypes) is in RAM at a time,
-    so a memory-mapped ``src`` of any size is never read whole.
+    so a memory-mapped ``src`` of any size is never read whole. ``drop``: after each chunk, drop
+    the pages of both mappings from this process (:func:`gnnio.utils.pages.drop_pages`), so
+    they do not stay resident either.
     """
     n = int(src.shape[0])
     if int(dst.shape[0]) != n:
@@ -142,6 +146,9 @@ def copy_rows(
         for s in range(0, n, step):
             e = min(n, s + step)
             dst[s:e] = np.asarray(src[s:e]).astype(dst.dtype, copy=False)
+            if drop:
+                drop_pages(src)
+                drop_pages(dst)
             pb.update(e - s)
 
 

@@ -1,8 +1,8 @@
 """The graph of ``gnnio prepare synthetic``: noisy R-MAT pairs plus a backbone, planted classes by
 rewiring, symmetrised and deduplicated to an exact pair count, randomly relabelled (steps 1-5 of
-:mod:`gnnio.importers.synthetic`, whose docstring describes the model; its arguments are checked
-there). Vectorised numpy over chunks of pairs; everything is drawn from the graph stream of the
-seed, so the graph does not depend on the feature or split arguments.
+:mod:`gnnio.importers.synthetic`, whose docstring describes the model; it checks the arguments
+with :func:`check_args`). Vectorised numpy over chunks of pairs; everything is drawn from the
+graph stream of the seed, so the graph does not depend on the feature or split arguments.
 """
 
 from __future__ import annotations
@@ -11,13 +11,73 @@ import math
 
 import numpy as np
 
+from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..utils.progress import bar
 
-__all__ = ["generate"]
+__all__ = ["check_args", "draw_pairs", "finish_info", "generate"]
 
 _CHUNK_PAIRS = 1 << 22  # R-MAT pairs generated per vectorised step
 _MAX_ROUNDS = 40
+
+
+def check_args(
+    num_nodes,
+    avg_degree,
+    feat_dim,
+    num_classes,
+    seed,
+    split,
+    homophily,
+    feature_noise,
+    rmat,
+    rmat_noise,
+    backbone_degree,
+) -> None:
+    """One-line UsageError for the first argument of ``gnnio prepare synthetic`` out of range."""
+
+    def is_int(x) -> bool:
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if not is_int(num_nodes) or not 2 <= num_nodes < 2**31:
+        raise UsageError(f"--num-nodes must be an integer in [2, 2^31), got {num_nodes!r}")
+    if not is_int(num_classes) or not 2 <= num_classes <= num_nodes:
+        raise UsageError(
+            f"--num-classes must be an integer in [2, num_nodes={num_nodes}], got {num_classes!r}"
+        )
+    if not is_int(seed) or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
+    if feat_dim is not None and (not is_int(feat_dim) or feat_dim < 1):
+        raise UsageError(f"--feat-dim must be a positive integer, got {feat_dim!r}")
+    try:
+        avg = float(avg_degree)
+    except (TypeError, ValueError):
+        avg = float("nan")
+    if not (0 < avg <= num_nodes - 1):
+        raise UsageError(
+            f"--avg-degree must be in (0, num_nodes-1 = {num_nodes - 1}], got {avg_degree!r}"
+        )
+    if not (0.0 <= float(homophily) <= 1.0):
+        raise UsageError(f"--homophily must be in [0, 1], got {homophily!r}")
+    if feature_noise is not None and not (0.0 <= float(feature_noise) < float("inf")):
+        raise UsageError(f"--feature-noise must be a finite number >= 0, got {feature_noise!r}")
+    if split is not None:
+        if len(split) != 3 or any(not (0.0 <= float(s) <= 1.0) for s in split):
+            raise UsageError(f"--split needs three fractions in [0, 1], got {list(split)}")
+        if sum(float(s) for s in split) > 1.0 + 1e-9:
+            raise UsageError(f"--split fractions must sum to at most 1, got {list(split)}")
+    if len(rmat) != 4 or any(not (float(p) > 0) for p in rmat) or abs(sum(rmat) - 1) > 1e-6:
+        raise UsageError(f"rmat must be four positive probabilities summing to 1, got {rmat!r}")
+    a, b, c, d = (float(p) for p in rmat)
+    if not is_int(backbone_degree) or backbone_degree < 0:
+        raise UsageError(
+            f"--backbone-degree must be a non-negative integer, got {backbone_degree!r}"
+        )
+    lim = min(b, c, (a + d) / 2)
+    if not (0.0 <= float(rmat_noise) <= lim):
+        raise UsageError(
+            f"rmat_noise must be in [0, {lim:g}] for rmat={rmat!r}, got {rmat_noise!r}"
+        )
 
 
 def _level_probs(rng: np.random.Generator, scale: int, rmat, noise: float) -> np.ndarray:
@@ -141,7 +201,35 @@ def _share_for(fraction_same: float, c: int) -> float:
     return min(1.0, max(0.0, (fraction_same - 1.0 / c) / (1.0 - 1.0 / c)))
 
 
-def generate(
+class _MemoryKeys:
+    """The sorted unique pair keys drawn so far, in RAM; a round's chunks are merged at its end.
+    (:class:`gnnio.importers._synthetic_bounded.BoundedKeys` keeps the same set within a budget.)"""
+
+    def __init__(self, keys: np.ndarray, cls: np.ndarray):
+        self.keys = keys
+        self._parts: list[np.ndarray] = []
+
+    @property
+    def size(self) -> int:
+        return int(self.keys.size)
+
+    def add(self, chunk: np.ndarray) -> None:
+        """Add one chunk's sorted unique keys (:func:`_pair_keys`) to the current round."""
+        self._parts.append(chunk)
+
+    def end_round(self, cls: np.ndarray, n: int) -> int:
+        """Merge the round's keys; returns how many of the new ones are same-class pairs."""
+        parts, self._parts = self._parts, []
+        new = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        if len(parts) > 1:  # several chunks: sort and deduplicate their union
+            new.sort()
+            new = _unique_sorted(new)
+        del parts
+        self.keys, new = _merge_new(self.keys, new)
+        return _count_same(new, cls, n)
+
+
+def draw_pairs(
     num_nodes: int,
     avg_degree: float,
     num_classes: int,
@@ -151,9 +239,11 @@ def generate(
     rmat_noise: float,
     backbone_degree: int,
     progress: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """Steps 1-5 of the generator on checked arguments: ``(indptr, indices, labels, info)``, where
-    ``info`` holds measured figures of the graph (recorded as ``meta.json``'s ``generator``)."""
+    make_keys=_MemoryKeys,
+) -> tuple:
+    """Steps 1-4 up to the trim: ``(keys, rng, cls, target, want_same, info)``, where ``keys``
+    is ``make_keys(first_keys, classes)`` after the top-up rounds (it holds every unique pair key
+    ``lo * n + hi`` in generation ids) and ``rng`` the graph stream, ready for the trim."""
     n, c, h = int(num_nodes), int(num_classes), float(homophily)
     graph_ss, _, _ = np.random.SeedSequence(seed).spawn(3)
     rng = np.random.default_rng(graph_ss)
@@ -167,7 +257,6 @@ def generate(
     target = int(round(n * float(avg_degree) / 2))  # undirected pairs
     want_same = int(round(h * target))
     want_cross = target - want_same
-    keys = np.empty(0, dtype=np.int64)
     same = 0
     generated = 0
     rounds = 0
@@ -181,9 +270,9 @@ def generate(
             first = np.sort(rng.choice(first, nb, replace=False))
         stubs = _rmat_endpoints(rng, nb, n, probs, gen_dtype)
         _rewire(rng, first, stubs, cls, c, _share_for(h, c))
-        keys = _pair_keys(first, stubs, n)
+        keys = make_keys(_pair_keys(first, stubs, n), cls)
         del first, stubs
-        same = _count_same(keys, cls, n)
+        same = _count_same(keys.keys, cls, n)
         pb.update(keys.size)
         share = _share_for(h, c)
         want = 64 + int(math.ceil(max(0, target - keys.size) * 1.06))
@@ -192,25 +281,17 @@ def generate(
             rounds += 1
             before, same_before = keys.size, same
             drawn = 0
-            parts = []
             for s in range(0, want, _CHUNK_PAIRS):
                 m = min(_CHUNK_PAIRS, want - s)
                 u, v = _rmat_pairs(rng, m, probs, gen_dtype)
                 ok = (u < n) & (v < n)
                 u, v = u[ok], v[ok]
                 _rewire(rng, u, v, cls, c, share)
-                parts.append(_pair_keys(u, v, n))
+                keys.add(_pair_keys(u, v, n))
                 drawn += m
                 del u, v, ok
             generated += drawn
-            new = np.concatenate(parts) if len(parts) != 1 else parts[0]
-            del parts
-            if drawn > _CHUNK_PAIRS:  # several chunks: sort and deduplicate their union
-                new.sort()
-                new = _unique_sorted(new)
-            keys, new = _merge_new(keys, new)
-            same += _count_same(new, cls, n)
-            del new
+            same += keys.end_round(cls, n)
             pb.update(min(keys.size, target) - min(before, target))
             gained = keys.size - before
             if gained == 0:
@@ -234,8 +315,52 @@ def generate(
             want = min(want, 64 * need + 1024)
     finally:
         pb.close()
+    info = {
+        "target_pairs": target,
+        "backbone_pairs": int(nb),
+        "rmat_pairs_drawn": int(generated),
+        "rounds": rounds,
+        "scale": scale,
+        "level_probs": np.round(probs, 6).tolist(),
+    }
+    return keys, rng, cls, target, want_same, info
 
-    keys, trimmed = _trim(rng, keys, cls, n, target, want_same)
+
+def finish_info(info: dict, pairs: int, same: int, trimmed: int) -> dict:
+    """``meta.json``'s ``generator`` record, in its order, from :func:`draw_pairs`'s ``info``."""
+    return {
+        "pairs": pairs,
+        "target_pairs": info["target_pairs"],
+        "backbone_pairs": info["backbone_pairs"],
+        "rmat_pairs_drawn": info["rmat_pairs_drawn"],
+        "rounds": info["rounds"],
+        "trimmed_pairs": int(trimmed),
+        "homophily_measured": same / pairs if pairs else 0.0,
+        "scale": info["scale"],
+        "level_probs": info["level_probs"],
+    }
+
+
+def generate(
+    num_nodes: int,
+    avg_degree: float,
+    num_classes: int,
+    seed: int,
+    homophily: float,
+    rmat,
+    rmat_noise: float,
+    backbone_degree: int,
+    progress: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Steps 1-5 of the generator on checked arguments: ``(indptr, indices, labels, info)``, where
+    ``info`` holds measured figures of the graph (recorded as ``meta.json``'s ``generator``)."""
+    n = int(num_nodes)
+    store, rng, cls, target, want_same, info = draw_pairs(
+        num_nodes, avg_degree, num_classes, seed, homophily, rmat, rmat_noise,
+        backbone_degree, progress,
+    )  # fmt: skip
+    keys, trimmed = _trim(rng, store.keys, cls, n, target, want_same)
+    del store
 
     # random relabelling: generation id g becomes perm[g]
     perm = rng.permutation(n)
@@ -249,18 +374,7 @@ def generate(
     hi = perm[hi]
     del perm, cls
     indptr, indices = _symmetric_csr(lo, hi, n, progress)
-    info = {
-        "pairs": pairs,
-        "target_pairs": target,
-        "backbone_pairs": int(nb),
-        "rmat_pairs_drawn": int(generated),
-        "rounds": rounds,
-        "trimmed_pairs": int(trimmed),
-        "homophily_measured": same / pairs if pairs else 0.0,
-        "scale": scale,
-        "level_probs": np.round(probs, 6).tolist(),
-    }
-    return indptr, indices, labels, info
+    return indptr, indices, labels, finish_info(info, pairs, same, trimmed)
 
 
 def _count_same(keys: np.ndarray, cls: np.ndarray, n: int) -> int:

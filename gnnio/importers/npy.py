@@ -21,8 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, UsageError
+from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
+from ..preprocess.chunked import MIN_BUCKET, EdgeArrays, build_csr, csr_fixed_bytes, refuse_budget
 from ._common import (
+    CHUNK_BYTES,
     add_nonfinite_argument,
     copy_rows,
     edges_to_graph,
@@ -69,6 +72,12 @@ def add_arguments(parser) -> None:
     add_nonfinite_argument(parser)
 
 
+def _feature_chunk(budget: int, row_bytes: int) -> int:
+    """Bytes of one chunk of feature rows within ``budget``: :data:`._common.CHUNK_BYTES` at most,
+    a sixteenth of the budget, one row at least."""
+    return max(int(row_bytes), min(CHUNK_BYTES, int(budget) // 16))
+
+
 def run(args) -> Path:
     return prepare_npy(
         args.features,
@@ -85,6 +94,7 @@ def run(args) -> Path:
         overwrite=args.overwrite,
         progress=not args.quiet,
         allow_nonfinite=args.allow_nonfinite,
+        memory_budget=getattr(args, "memory_budget", None),
     )
 
 
@@ -130,8 +140,17 @@ def _split_ids(arr: np.ndarray, n: int, where: str) -> np.ndarray:
     return ids
 
 
-def _topology(indptr, indices, edges, num_nodes, n_feat, files):
-    """``(src, dst, n, layout)`` after checking the topology arguments."""
+def _check_range_chunked(ea: EdgeArrays, n: int, where: str) -> None:
+    """:func:`_check_range` of every id of ``ea``, one chunk at a time."""
+    lo, hi = ea.min_max()
+    if lo < 0 or hi >= n:
+        raise DatasetError(f"{where}: node id {lo if lo < 0 else hi} is out of range [0, {n})")
+
+
+def _topology(indptr, indices, edges, num_nodes, n_feat, files, bounded=False):
+    """``(edges, n, layout)`` after checking the topology arguments: ``edges`` is ``(src, dst)``
+    int64 arrays, or with ``bounded`` an :class:`~gnnio.preprocess.chunked.EdgeArrays` over the
+    (memory-mapped) inputs, checked one chunk at a time."""
     if edges is not None and (indptr is not None or indices is not None):
         raise UsageError("--edges: give either --edges or --indptr/--indices, not both")
     if edges is None:
@@ -159,16 +178,20 @@ def _topology(indptr, indices, edges, num_nodes, n_feat, files):
             raise DatasetError(
                 f"{w_ip}: ends at {int(ip[-1])} but {w_ix} has {ix.shape[0]} entries"
             )
+        if bounded:
+            ea = EdgeArrays(ix, indptr=ip)
+            _check_range_chunked(ea, n, w_ix)
+            return ea, n, "csr"
         src = np.asarray(ix, dtype=np.int64)
         _check_range(src, n, w_ix)
         dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(ip))
-        return src, dst, n, "csr"
+        return (src, dst), n, "csr"
     ed, w_ed = _open(edges, "--edges", files)
     _int_array(ed, w_ed, 2)
     if ed.shape[0] == 2:  # [2, E]; also the ambiguous [2, 2]
-        src, dst, layout = np.asarray(ed[0], np.int64), np.asarray(ed[1], np.int64), "[2,E]"
+        src, dst, layout = ed[0], ed[1], "[2,E]"
     elif ed.shape[1] == 2:
-        src, dst, layout = np.asarray(ed[:, 0], np.int64), np.asarray(ed[:, 1], np.int64), "[E,2]"
+        src, dst, layout = ed[:, 0], ed[:, 1], "[E,2]"
     else:
         raise DatasetError(f"{w_ed}: expected shape [2, E] or [E, 2], got {list(ed.shape)}")
     if num_nodes is not None:
@@ -177,9 +200,14 @@ def _topology(indptr, indices, edges, num_nodes, n_feat, files):
         n = int(num_nodes)
     else:
         n = n_feat
+    if bounded:
+        ea = EdgeArrays(src, dst)
+        _check_range_chunked(ea, n, w_ed)
+        return ea, n, layout
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     _check_range(src, n, w_ed)
     _check_range(dst, n, w_ed)
-    return src, dst, n, layout
+    return (src, dst), n, layout
 
 
 def prepare_npy(
@@ -198,6 +226,7 @@ def prepare_npy(
     overwrite: bool = False,
     progress: bool = True,
     allow_nonfinite: bool = False,
+    memory_budget: int | None = None,
 ) -> Path:
     """Import a graph from ``.npy`` files (paths) or in-memory arrays into a gnnio dataset.
 
@@ -205,6 +234,11 @@ def prepare_npy(
     anything is written; errors are one-line DatasetErrors (bad files) or UsageErrors (bad argument
     combinations) naming the argument and file. ``name`` defaults to the output folder's name.
     NaN or infinite features are refused unless ``allow_nonfinite``. Returns ``out``.
+
+    ``memory_budget`` (bytes): read the inputs through their mappings one chunk at a time and
+    build the CSR in buckets (:func:`gnnio.preprocess.chunked.build_csr`), the same files bit for
+    bit; a budget below what the per-node arrays and one chunk need is a one-line UsageError
+    before anything is written. None: all in RAM.
     """
     files: dict[str, str] = {}
     feats, w_f = _open(features, "--features", files)
@@ -212,7 +246,8 @@ def prepare_npy(
         raise DatasetError(f"{w_f}: expected a 2-D [N, F] array, got shape {list(feats.shape)}")
     if feats.dtype.kind not in "fiub":
         raise DatasetError(f"{w_f}: expected numeric features, got {feats.dtype}")
-    src, dst, n, layout = _topology(indptr, indices, edges, num_nodes, feats.shape[0], files)
+    bounded = memory_budget is not None
+    topo, n, layout = _topology(indptr, indices, edges, num_nodes, feats.shape[0], files, bounded)
     if feats.shape[0] != n:
         what = "--num-nodes" if num_nodes is not None else "the topology"
         raise DatasetError(f"{w_f}: has {feats.shape[0]} rows but {what} gives {n} nodes")
@@ -242,9 +277,25 @@ def prepare_npy(
         splits[key] = ids
     del owner
 
-    num_input_edges = int(src.shape[0])
-    indptr_out, indices_out = edges_to_graph(src, dst, n, symmetrize=symmetrize)
-    del src, dst
+    feat_dtype = feature_dtype_for(feats.dtype)
+    row_bytes = feats.shape[1] * feat_dtype.itemsize
+    num_input_edges = int(topo.num_edges if bounded else topo[0].shape[0])
+    if bounded:
+        held = n * 16 + (lab.nbytes if lab is not None else 0)  # indptr input, labels, splits
+        held += sum(int(ids.nbytes) for ids in splits.values())
+        chunk = _feature_chunk(int(memory_budget), row_bytes)
+        keys = num_input_edges * (2 if symmetrize else 1)
+        need = held + 2 * chunk + csr_fixed_bytes(n, keys) + MIN_BUCKET
+        refuse_budget(int(memory_budget), need, f"import {n:,} nodes and {num_input_edges:,} "
+                      "edges", "the per-node arrays, a chunk of feature rows and of edges, and "
+                      "1 MiB of sort keys")  # fmt: skip
+        csr_bytes = int(memory_budget) - held - 2 * chunk
+        isize = index_dtype(n).itemsize
+        graph_bytes = 8 * (n + 1) + 2 * keys * isize  # indices and their part file, at most
+    else:
+        indptr_out, indices_out = edges_to_graph(*topo, n, symmetrize=symmetrize)
+        graph_bytes = int(indptr_out.nbytes + indices_out.nbytes)
+        del topo
     source = {
         "importer": "npy",
         "inputs": files,
@@ -254,15 +305,18 @@ def prepare_npy(
         "input_feature_dtype": str(feats.dtype),
     }
     out = Path(out)
-    feat_dtype = feature_dtype_for(feats.dtype)
-    size = output_bytes(indptr_out, indices_out, lab, *splits.values(),
-                        rows=n, row_bytes=feats.shape[1] * feat_dtype.itemsize)  # fmt: skip
+    size = output_bytes(lab, *splits.values(), rows=n, row_bytes=row_bytes) + graph_bytes
     with DatasetWriter(out, name=name or out.name, overwrite=overwrite,
                        allow_nonfinite=allow_nonfinite, size_hint=size) as w:  # fmt: skip
-        write_graph(w, indptr_out, indices_out)
-        del indptr_out, indices_out
+        if bounded:
+            build_csr(w, topo, n, csr_bytes, symmetrize=symmetrize, progress=progress)
+            del topo
+        else:
+            write_graph(w, indptr_out, indices_out)
+            del indptr_out, indices_out
         dst_feats = w.create_array("features", tuple(feats.shape), feat_dtype)
-        copy_rows(feats, dst_feats, desc="features", progress=progress)
+        copy_rows(feats, dst_feats, desc="features", progress=progress, drop=bounded,
+                  chunk_rows=chunk // max(1, feats[:1].nbytes, row_bytes) if bounded else None)  # fmt: skip
         del dst_feats
         if lab is not None:
             w.save_array("labels", lab)

@@ -24,15 +24,20 @@ itself), always deduplicated; self-loops are kept as stored. Labels: NaN -> -1.
 from __future__ import annotations
 
 import gzip
-import zipfile
+import shutil
 import zlib
+from contextlib import ExitStack
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
 from ..errors import DatasetError, UsageError
+from ..graph import output_dir
+from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
+from ..preprocess.chunked import MIN_BUCKET, build_csr, csr_fixed_bytes, refuse_budget
+from ..utils.pages import drop_pages
 from ..utils.progress import bar
 from ._common import (
     add_nonfinite_argument,
@@ -42,9 +47,10 @@ from ._common import (
     labels_to_int64,
     output_bytes,
     parse_csv_block,
-    rows_per_chunk,
     write_graph,
 )
+from ._ogb_stream import npz_load as _npz_load
+from ._ogb_stream import spill_csv_edges, spill_npz_edges, stream_npz_rows
 
 __all__ = ["prepare_ogb", "resolve_ogb_dir", "HELP", "DESCRIPTION"]
 
@@ -104,6 +110,7 @@ def run(args) -> Path:
         overwrite=args.overwrite,
         progress=not args.quiet,
         allow_nonfinite=args.allow_nonfinite,
+        memory_budget=getattr(args, "memory_budget", None),
     )
 
 
@@ -286,7 +293,7 @@ def _feature_width(path: Path) -> int:
     return first.count(b",") + 1
 
 
-def _stream_features_csv(path: Path, feats: np.ndarray, progress: bool) -> None:
+def _stream_features_csv(path: Path, feats: np.ndarray, progress: bool, drop: bool) -> None:
     n, f_dim = feats.shape
     pos = 0
     with bar(total=n, desc="features", unit="row", enabled=progress) as pb:
@@ -296,6 +303,8 @@ def _stream_features_csv(path: Path, feats: np.ndarray, progress: bool) -> None:
             if pos + k > n:
                 raise DatasetError(f"{path}: more than {n} rows (num-node-list says {n})")
             feats[pos : pos + k] = arr
+            if drop:  # within a memory budget: the written pages leave the process
+                drop_pages(feats)
             pos += k
             pb.update(k)
     if pos != n:
@@ -303,57 +312,6 @@ def _stream_features_csv(path: Path, feats: np.ndarray, progress: bool) -> None:
 
 
 # --- binary (papers100M) layout ----------------------------------------------------------------
-
-
-def _npz_header(f: IO[bytes], where: str):
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            return np.lib.format.read_array_header_1_0(f)
-        if version == (2, 0):
-            return np.lib.format.read_array_header_2_0(f)
-    except ValueError as e:
-        raise DatasetError(f"{where}: not a .npy member ({e})") from None
-    raise DatasetError(f"{where}: unsupported .npy version {version}")
-
-
-def _npz_load(path: Path, key: str) -> np.ndarray:
-    """One (small enough) member of an .npz archive, without pickles."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if key not in z.files:
-                raise DatasetError(f"{path}: has no array '{key}' (has {', '.join(z.files)})")
-            return z[key]
-    except (ValueError, OSError, zipfile.BadZipFile) as e:
-        raise DatasetError(f"{path}: cannot read '{key}' ({' '.join(str(e).split())})") from None
-
-
-def _stream_npz_rows(path: Path, key: str, progress: bool):
-    """Open ``key`` inside ``path`` and yield its shape/dtype, then row blocks, streamed."""
-    where = f"{path}[{key}]"
-    try:
-        zf = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise DatasetError(f"{path}: not a readable .npz archive ({e})") from None
-    with zf:
-        if f"{key}.npy" not in zf.namelist():
-            raise DatasetError(f"{path}: has no array '{key}'")
-        with zf.open(f"{key}.npy") as f:
-            shape, fortran, dtype = _npz_header(f, where)
-            if fortran or len(shape) != 2 or dtype.hasobject:
-                raise DatasetError(f"{where}: expected a C-ordered 2-D numeric array")
-            yield shape, dtype
-            n, f_dim = shape
-            step = rows_per_chunk(f_dim * dtype.itemsize)
-            with bar(total=n, desc="features", unit="row", enabled=progress) as pb:
-                for s in range(0, n, step):
-                    k = min(step, n - s)
-                    want = k * f_dim * dtype.itemsize
-                    buf = f.read(want)
-                    if len(buf) != want:
-                        raise DatasetError(f"{where}: truncated at row {s}")
-                    yield np.frombuffer(buf, dtype=dtype).reshape(k, f_dim)
-                    pb.update(k)
 
 
 # --- main entry --------------------------------------------------------------------------------
@@ -368,6 +326,7 @@ def prepare_ogb(
     overwrite: bool = False,
     progress: bool = True,
     allow_nonfinite: bool = False,
+    memory_budget: int | None = None,
 ) -> Path:
     """Import an OGB node-property dataset from its local on-disk layout into ``out``.
 
@@ -376,7 +335,41 @@ def prepare_ogb(
     ``"auto"``. ``symmetrize``: add each edge reversed (then deduplicate). Features are float32
     (float16 inputs stay float16; NaN or infinite values refused unless ``allow_nonfinite``),
     labels int64 with -1 for NaN, splits int64 as stored. Returns ``out``.
+
+    ``memory_budget`` (bytes): spill the edges to a temporary file next to ``out``
+    (:mod:`._edge_spill`), build the CSR in buckets (:func:`gnnio.preprocess.chunked.build_csr`)
+    and drop the written feature pages, the same files bit for bit; a budget below what the
+    per-node arrays and one chunk need is a one-line UsageError before anything is written.
     """
+    try:
+        with ExitStack() as stack:
+            return _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress,
+                                allow_nonfinite, memory_budget, stack)  # fmt: skip
+    except OSError as e:  # writing the temporary edge file (a full disk): one line
+        if memory_budget is not None and (err := output_dir.write_error(Path(out), e)):
+            raise err from None
+        raise
+
+
+def _prepare_ogb(root, out, name, split_scheme, symmetrize, overwrite, progress, allow_nonfinite,
+                 memory_budget, stack: ExitStack) -> Path:  # fmt: skip
+    """:func:`prepare_ogb`; ``stack`` removes the temporary edge file on the way out."""
+    bounded = memory_budget is not None
+
+    def spill_file(n: int, e: int | None) -> Path:
+        """Refuse a budget too small for ``n`` nodes and ``e`` edges (unknown: a full chunk),
+        then make the temporary directory of the edge file."""
+        keys = None if e is None else e * (2 if symmetrize else 1)
+        need = 16 * n + 8 * BLOCK_BYTES + csr_fixed_bytes(n, keys) + MIN_BUCKET
+        refuse_budget(int(memory_budget), need, f"import {n:,} nodes",
+                      "the per-node arrays, a block of the CSV, a chunk of edges and 1 MiB of "
+                      "sort keys")  # fmt: skip
+        if e is not None:
+            output_dir.check_disk(Path(out), 16 * e)  # the spill file
+        spill_dir = output_dir.make_temp_dir(Path(out), "prepare")
+        stack.callback(shutil.rmtree, spill_dir, ignore_errors=True)
+        return spill_dir / "edges.bin"
+
     d, name = resolve_ogb_dir(root, name)
     raw = d / "raw"
     scheme_dir = _choose_scheme(d, name, split_scheme)
@@ -389,13 +382,16 @@ def prepare_ogb(
         if nl.shape[0] != 1:
             raise DatasetError(f"{npz}: num_nodes_list holds {nl.shape[0]} graphs, expected 1")
         n = int(nl[0])
-        ei = _npz_load(npz, "edge_index")
-        if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
-            raise DatasetError(
-                f"{npz}: edge_index is {ei.dtype} {list(ei.shape)}, expected integers [2, E]"
-            )
-        src, dst = ei[0], ei[1]
-        _check_ids(src, dst, n, npz)
+        if bounded:
+            edges, num_self_loops = spill_npz_edges(npz, n, spill_file(n, None))
+        else:
+            ei = _npz_load(npz, "edge_index")
+            if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
+                raise DatasetError(
+                    f"{npz}: edge_index is {ei.dtype} {list(ei.shape)}, expected integers [2, E]"
+                )
+            src, dst = ei[0], ei[1]
+            _check_ids(src, dst, n, npz)
     else:
         nfile = _need_csv(raw / "num-node-list.csv.gz")
         nl = _read_ints(nfile)
@@ -411,13 +407,26 @@ def prepare_ogb(
             e = int(el[0])
         feat_file = _need_csv(raw / "node-feat.csv.gz")  # gnnio needs node features
         f_dim = _feature_width(feat_file)
-        src, dst = _read_edges_csv(_need_csv(raw / "edge.csv.gz"), n, e, progress)
-    num_input_edges = int(src.shape[0])
-    num_self_loops = int(np.count_nonzero(src == dst))
-    indptr, indices = edges_to_graph(src, dst, n, symmetrize=symmetrize)
-    del src, dst
-    if binary:
-        del ei
+        efile = _need_csv(raw / "edge.csv.gz")
+        if bounded:
+            spill = spill_file(n, e)
+            edges, num_self_loops = spill_csv_edges(_blocks(efile), efile, n, e, spill, progress)
+        else:
+            src, dst = _read_edges_csv(efile, n, e, progress)
+    if bounded:
+        num_input_edges = edges.num_edges
+        keys = num_input_edges * (2 if symmetrize else 1)
+        indptr = np.zeros(0, np.int64)  # sizes below: the CSR is built inside the writer
+        indices = np.zeros(0, index_dtype(n))
+        graph_bytes = 8 * (n + 1) + 2 * keys * index_dtype(n).itemsize
+    else:
+        num_input_edges = int(src.shape[0])
+        num_self_loops = int(np.count_nonzero(src == dst))
+        indptr, indices = edges_to_graph(src, dst, n, symmetrize=symmetrize)
+        graph_bytes = 0
+        del src, dst
+        if binary:
+            del ei
 
     labels = None
     if binary and (raw / "node-label.npz").is_file():
@@ -444,11 +453,17 @@ def prepare_ogb(
     size = output_bytes(indptr, indices, labels, *splits.values(),
                         rows=0 if binary else n, row_bytes=0 if binary else 4 * f_dim)  # fmt: skip
     with DatasetWriter(out, name=name, overwrite=overwrite, allow_nonfinite=allow_nonfinite,
-                       size_hint=size) as w:  # fmt: skip
-        write_graph(w, indptr, indices)
+                       size_hint=size + graph_bytes) as w:  # fmt: skip
+        if bounded:
+            held = 8 * n + sum(int(a.nbytes) for a in (labels, *splits.values()) if a is not None)
+            build_csr(w, edges, n, int(memory_budget) - held - 8 * BLOCK_BYTES,
+                      symmetrize=symmetrize, progress=progress)  # fmt: skip
+            del edges
+        else:
+            write_graph(w, indptr, indices)
         del indptr, indices
         if binary:
-            rows = _stream_npz_rows(raw / "data.npz", "node_feat", progress)
+            rows = stream_npz_rows(raw / "data.npz", "node_feat", progress)
             shape, dtype = next(rows)
             if shape[0] != n:
                 raise DatasetError(f"{raw / 'data.npz'}[node_feat]: {shape[0]} rows for {n} nodes")
@@ -457,9 +472,11 @@ def prepare_ogb(
             for block in rows:
                 feats[pos : pos + block.shape[0]] = block
                 pos += block.shape[0]
+                if bounded:
+                    drop_pages(feats)
         else:
             feats = w.create_array("features", (n, f_dim), np.float32)
-            _stream_features_csv(feat_file, feats, progress)
+            _stream_features_csv(feat_file, feats, progress, drop=bounded)
         del feats
         if labels is not None:
             w.save_array("labels", labels)

@@ -56,10 +56,12 @@ from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..graph.format import DatasetWriter
 from ..graph.output_dir import check_ram
+from ..preprocess.chunked import refuse_budget
+from ..utils.pages import drop_pages
 from ..utils.progress import bar
 from . import _dcsbm
 from ._dcsbm import DCSBM, generate_dcsbm
-from ._synthetic_graph import generate
+from ._synthetic_graph import check_args, generate
 
 __all__ = [
     "HELP",
@@ -94,66 +96,6 @@ DEFAULT_SPLIT = (0.10, 0.05, 0.10)
 _FEATURE_ROWS = 1 << 16  # feature rows written per step
 
 
-# --------------------------------------------------------------------------- argument checks
-
-
-def _check_args(
-    num_nodes,
-    avg_degree,
-    feat_dim,
-    num_classes,
-    seed,
-    split,
-    homophily,
-    feature_noise,
-    rmat,
-    rmat_noise,
-    backbone_degree,
-) -> None:
-    def is_int(x) -> bool:
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-    if not is_int(num_nodes) or not 2 <= num_nodes < 2**31:
-        raise UsageError(f"--num-nodes must be an integer in [2, 2^31), got {num_nodes!r}")
-    if not is_int(num_classes) or not 2 <= num_classes <= num_nodes:
-        raise UsageError(
-            f"--num-classes must be an integer in [2, num_nodes={num_nodes}], got {num_classes!r}"
-        )
-    if not is_int(seed) or seed < 0:
-        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
-    if feat_dim is not None and (not is_int(feat_dim) or feat_dim < 1):
-        raise UsageError(f"--feat-dim must be a positive integer, got {feat_dim!r}")
-    try:
-        avg = float(avg_degree)
-    except (TypeError, ValueError):
-        avg = float("nan")
-    if not (0 < avg <= num_nodes - 1):
-        raise UsageError(
-            f"--avg-degree must be in (0, num_nodes-1 = {num_nodes - 1}], got {avg_degree!r}"
-        )
-    if not (0.0 <= float(homophily) <= 1.0):
-        raise UsageError(f"--homophily must be in [0, 1], got {homophily!r}")
-    if feature_noise is not None and not (0.0 <= float(feature_noise) < float("inf")):
-        raise UsageError(f"--feature-noise must be a finite number >= 0, got {feature_noise!r}")
-    if split is not None:
-        if len(split) != 3 or any(not (0.0 <= float(s) <= 1.0) for s in split):
-            raise UsageError(f"--split needs three fractions in [0, 1], got {list(split)}")
-        if sum(float(s) for s in split) > 1.0 + 1e-9:
-            raise UsageError(f"--split fractions must sum to at most 1, got {list(split)}")
-    if len(rmat) != 4 or any(not (float(p) > 0) for p in rmat) or abs(sum(rmat) - 1) > 1e-6:
-        raise UsageError(f"rmat must be four positive probabilities summing to 1, got {rmat!r}")
-    a, b, c, d = (float(p) for p in rmat)
-    if not is_int(backbone_degree) or backbone_degree < 0:
-        raise UsageError(
-            f"--backbone-degree must be a non-negative integer, got {backbone_degree!r}"
-        )
-    lim = min(b, c, (a + d) / 2)
-    if not (0.0 <= float(rmat_noise) <= lim):
-        raise UsageError(
-            f"rmat_noise must be in [0, {lim:g}] for rmat={rmat!r}, got {rmat_noise!r}"
-        )
-
-
 def generate_graph(
     num_nodes: int,
     avg_degree: float = 16,
@@ -184,7 +126,7 @@ def generate_graph(
         in-neighbours (neighbour lists sorted, no duplicates, no self-loops) over the final
         (randomly permuted) node ids, and each node's class in ``[0, C)``.
     """
-    _check_args(
+    check_args(
         num_nodes,
         avg_degree,
         None,
@@ -224,7 +166,7 @@ def generate_dcsbm_graph(
     ``[0, K)`` and measured figures (e.g. ``mixing_measured``). ``model`` defaults to
     ``DCSBM()``."""
     model = DCSBM() if model is None else model
-    _check_args(num_nodes, avg_degree, None, num_classes, seed, None, 0.5, None, DEFAULT_RMAT, 0, 0)
+    check_args(num_nodes, avg_degree, None, num_classes, seed, None, 0.5, None, DEFAULT_RMAT, 0, 0)
     model.check(num_nodes)
     return generate_dcsbm(num_nodes, avg_degree, num_classes, seed, model, progress)
 
@@ -250,6 +192,7 @@ def generate_features(
     feature_noise: float = DEFAULT_FEATURE_NOISE,
     out: np.ndarray | None = None,
     progress: bool = False,
+    drop: bool = False,
 ) -> np.ndarray:
     """Features ``centroid[label] + feature_noise * N(0, I)`` as float32 ``[N, feat_dim]``.
 
@@ -257,6 +200,8 @@ def generate_features(
     array. ``labels`` are the node classes (int, ``[N]``, in ``[0, C)``); ``C = labels.max() + 1``.
     The stream depends only on ``seed`` (not on the graph), and rows are generated in a fixed chunk
     size, so the result is identical for the same ``(labels, feat_dim, seed, feature_noise)``.
+    ``drop``: after each chunk, drop the written pages of the mapping ``out`` from this process
+    (:func:`gnnio.utils.pages.drop_pages`; they stay in the page cache and reach the file).
     """
     labels = np.asarray(labels)
     n = labels.shape[0]
@@ -278,6 +223,8 @@ def generate_features(
             blk *= noise
             blk += cent[labels[s : s + k]]
             out[s : s + k] = blk
+            if drop:
+                drop_pages(out)
             pb.update(k)
     return out
 
@@ -315,6 +262,7 @@ def prepare_synthetic(
     rmat_noise: float = DEFAULT_RMAT_NOISE,
     backbone_degree: int = DEFAULT_BACKBONE_DEGREE,
     model: str | DCSBM = "rmat",
+    memory_budget: int | None = None,
 ) -> Path:
     """Generate the synthetic dataset and write it atomically to ``out``; returns ``out``.
 
@@ -327,9 +275,13 @@ def prepare_synthetic(
     ``split = (train, valid, test)`` fractions (sorted ids). Every node is labelled.
     ``meta.json`` records the arguments under ``source`` and measured figures under ``generator``
     (e.g. the achieved homophily).
+
+    ``memory_budget`` (bytes; R-MAT only): generate within it
+    (:mod:`gnnio.importers._synthetic_bounded`), the same files bit for bit; a budget too small
+    for the graph is a one-line UsageError before anything is written. None: all in RAM.
     """
     split = tuple(split)
-    _check_args(
+    check_args(
         num_nodes,
         avg_degree,
         feat_dim,
@@ -347,11 +299,28 @@ def prepare_synthetic(
     dcsbm = DCSBM() if model == "dcsbm" else model if isinstance(model, DCSBM) else None
     if dcsbm is not None:
         dcsbm.check(num_nodes)
+        if memory_budget is not None:
+            raise UsageError("--memory-budget: --model dcsbm is generated in RAM only (use rmat)")
     out = Path(out)
     size, ram = _output_size(int(num_nodes), float(avg_degree), int(feat_dim), split, dcsbm)
+    if memory_budget is not None:
+        from ._synthetic_bounded import need_bytes
+
+        ram = need_bytes(int(num_nodes), int(round(int(num_nodes) * float(avg_degree) / 2)))
     with DatasetWriter(out, name="synthetic", overwrite=overwrite, size_hint=size) as w:
         check_ram(ram, f"synthetic graph of {int(num_nodes):,} nodes, average degree {avg_degree}")
-        if dcsbm is None:
+        if memory_budget is not None:  # after the disk and RAM checks, before any writing
+            refuse_budget(int(memory_budget), ram, f"generate a synthetic graph of "
+                          f"{int(num_nodes):,} nodes, average degree {avg_degree}",
+                          "the pair keys, the trim, a chunk of pairs and the per-node arrays")  # fmt: skip
+        if memory_budget is not None:
+            from ._synthetic_bounded import generate_bounded
+
+            labels, info = generate_bounded(
+                w, int(memory_budget), num_nodes, avg_degree, num_classes, seed, homophily,
+                rmat, rmat_noise, backbone_degree, progress,
+            )  # fmt: skip
+        elif dcsbm is None:
             indptr, indices, labels, info = generate(
                 num_nodes,
                 avg_degree,
@@ -369,12 +338,14 @@ def prepare_synthetic(
             )
             w.save_array("communities", comms)
             del comms
-        w.save_array("indptr", indptr)
-        w.save_array("indices", indices)
-        del indptr, indices
+        if memory_budget is None:
+            w.save_array("indptr", indptr)
+            w.save_array("indices", indices)
+            del indptr, indices
         w.save_array("labels", labels)
         feats = w.create_array("features", (int(num_nodes), int(feat_dim)), np.float32)
-        generate_features(labels, int(feat_dim), seed, feature_noise, out=feats, progress=progress)
+        generate_features(labels, int(feat_dim), seed, feature_noise, out=feats,
+                          progress=progress, drop=memory_budget is not None)  # fmt: skip
         del feats
         tr, va, te = _splits(int(num_nodes), split, seed)
         w.save_array("train_idx", tr)
@@ -467,6 +438,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> Path:
     model = _dcsbm.from_args(args)
+    budget = getattr(args, "memory_budget", None)
+    if model is not None and not getattr(args, "memory_budget_given", False):
+        budget = None  # the DC-SBM runs in RAM; only a budget the user named is refused
     return prepare_synthetic(
         args.out,
         num_nodes=args.num_nodes,
@@ -483,4 +457,5 @@ def run(args) -> Path:
         overwrite=args.overwrite,
         progress=not args.quiet,
         model="rmat" if model is None else model,
+        memory_budget=budget,
     )

@@ -176,6 +176,7 @@ def make_plan(
     partition_cache: dict | None = None,
     local_trace_cache: dict | None = None,
     progress: bool = True,
+    memory_budget: int | None = None,
 ) -> PlanResult:
     """Place with every strategy and model the costs (see module docstring).
 
@@ -200,8 +201,12 @@ def make_plan(
         local_trace_cache: reuse the partition-local traces of ``local_seeds`` across calls
             (keyed by strategy and GPU count; valid while the partitions are reused too).
         progress: progress bars.
+        memory_budget: bytes; a budget too small for the plan or its score is refused with one
+            line before anything starts (:mod:`gnnio.placement.plan_budget`); the score runs in
+            chunked passes and the CSR's pages are dropped after the trace.
     """
     from ..preprocess.hotness import compute_score
+    from .plan_budget import check_plan_budget
 
     warm_up_kernels()
     ds = dataset
@@ -210,12 +215,14 @@ def make_plan(
     n = ds.num_nodes
     row_bytes = int(ds.feat_dim * ds.features.dtype.itemsize)
     train = np.asarray(ds.train_idx, dtype=np.int64)
+    check_plan_budget(memory_budget, ds, topology.num_gpus, buffer_rows, strategies, score)
     if probs is None:
         t0 = time.perf_counter()
         opts = {"seed": seed + 1} if score == "presample" else {}
         probs = compute_score(
-            score, ds, fanouts=fanouts, batch_size=batch_size, progress=progress, **opts
-        )
+            score, ds, fanouts=fanouts, batch_size=batch_size, progress=progress,
+            memory_budget=memory_budget, **opts,
+        )  # fmt: skip
         prob_s = time.perf_counter() - t0
     n_dev = topology.num_gpus
     if trace is None:
@@ -231,6 +238,11 @@ def make_plan(
         )
     elif trace.counts.shape[0] != n_dev:
         trace = regroup(trace, n_dev)
+    if memory_budget is not None:  # the sampler's pages of the CSR are not kept
+        from ..utils.pages import drop_pages
+
+        drop_pages(ds.graph.indices)
+        drop_pages(ds.graph.indptr)
     reads = float(trace.rows_per_device.mean())
     predicted_w = expected_reads(probs, reads)
     result = PlanResult(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from numba import njit, prange
 
-__all__ = ["_move_rows", "_new_degrees"]
+__all__ = ["_move_rows", "_move_run", "_new_degrees"]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -32,3 +32,16 @@ def _move_rows(indptr, indices, new2old, old2new, indptr2, bounds, indices2):
             t = indptr2[i]
             for j in range(d):
                 indices2[t + j] = old2new[indices[s + j]]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _move_run(buf, start, indptr, rows_old, rows_new, old2new, indptr2, indices2):
+    """The bounded relabel's kernel for one read run: old row ``rows_old[k]``, whose edges sit in
+    ``buf`` from position ``indptr[rows_old[k]] - start``, becomes new row ``rows_new[k]``."""
+    for k in prange(rows_old.shape[0]):
+        o = rows_old[k]
+        s = indptr[o] - start
+        d = indptr[o + 1] - indptr[o]
+        t = indptr2[rows_new[k]]
+        for j in range(d):
+            indices2[t + j] = old2new[buf[s + j]]

@@ -6,6 +6,13 @@ Linear algebra. With ``M`` the ``N x N`` 0/1 matrix of the CSR (``M[v, u] = 1`` 
 every propagation below is ``y = M^T x``, i.e. ``y[u] = sum over edges u -> v of x[v]``: each node
 collects from the nodes that aggregate from it. :func:`propagate` computes it in one pass over the
 CSR (numba, O(N + E), no extra copy of the edges).
+
+Within a memory budget (``chunk_bytes``, issue 25 item 1; :func:`gnnio.preprocess.hotness.compute_score`
+turns ``--memory-budget`` into it): every pass over the edges runs in consecutive ranges of rows
+whose pages of ``indices`` are dropped after each range (:func:`gnnio.utils.pages.drop_pages`). The
+ranges are visited in order and each edge adds to its sum in the same order as in one pass, so
+the scores are the same numbers, bit for bit; the per-node arrays (:data:`FIXED_BYTES_PER_NODE`)
+stay in RAM.
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ from numba import njit
 
 from ..errors import DatasetError, UsageError
 from ..graph.csr import CSRGraph
+from ..utils.pages import drop_pages
 from ..utils.progress import bar
+from .budget import edge_ranges, row_ranges
 
 __all__ = [
     "DEFAULT_DAMPING",
+    "FIXED_BYTES_PER_NODE",
     "degree",
     "in_degree",
     "out_degree",
@@ -33,6 +43,13 @@ __all__ = [
 #: damping factor d. Data Tiering leaves its value unstated ("damp d" is an input of Algorithm 1);
 #: we use the customary PageRank value (Brin & Page), also the default of DGL's PageRank example.
 DEFAULT_DAMPING = 0.85
+
+#: bytes per node a score holds in RAM besides its chunks (``indptr``, the degrees, the score
+#: vectors and their temporaries), what ``--memory-budget`` counts as fixed
+FIXED_BYTES_PER_NODE = {
+    "degree": 16, "out_degree": 16, "in_degree": 24, "rpr": 64, "wrpr": 64, "sj": 72,
+    "sj_fanout": 72,
+}  # fmt: skip
 
 #: graphs with at least this many edges show progress bars (when ``progress=True``)
 _PROGRESS_MIN_EDGES = 1 << 20
@@ -47,11 +64,9 @@ def _show(graph: CSRGraph, progress: bool) -> bool:
 
 
 @njit(cache=True, nogil=True)
-def _propagate_kernel(indptr, indices, x, out):
-    """``out[u] = sum over CSR rows v containing u of x[v]`` (serial scatter over the edges)."""
-    out[:] = 0.0
-    n = indptr.shape[0] - 1
-    for v in range(n):
+def _propagate_rows(indptr, indices, x, out, a, b):
+    """``out[u] += x[v]`` for every edge of the CSR rows ``v`` in ``[a, b)`` (serial scatter)."""
+    for v in range(a, b):
         xv = x[v]
         if xv == 0.0:
             continue
@@ -59,13 +74,27 @@ def _propagate_kernel(indptr, indices, x, out):
             out[indices[e]] += xv
 
 
-def propagate(graph: CSRGraph, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+@njit(cache=True, nogil=True)
+def _count_values(indices, s, e, counts):
+    """``counts[indices[k]] += 1`` for ``k`` in ``[s, e)``."""
+    for k in range(s, e):
+        counts[indices[k]] += 1
+
+
+def propagate(
+    graph: CSRGraph,
+    x: np.ndarray,
+    out: np.ndarray | None = None,
+    chunk_bytes: int | None = None,
+) -> np.ndarray:
     """``M^T x``: for every node ``u``, the sum of ``x[v]`` over its out-edges ``u -> v``.
 
     Args:
         graph: CSR of in-neighbours (row ``v`` lists the ``u`` with ``u -> v``).
         x: float64 ``[N]`` values on the aggregating (destination) nodes, global ids.
         out: optional float64 ``[N]`` buffer to write into.
+        chunk_bytes: walk the edges in ranges of rows making at most this many bytes of
+            ``indices`` resident, dropped after each (module docstring); the same sums.
 
     Returns:
         float64 ``[N]`` indexed by global id. One pass over the edges, O(N + E).
@@ -76,7 +105,14 @@ def propagate(graph: CSRGraph, x: np.ndarray, out: np.ndarray | None = None) -> 
         raise ValueError(f"propagate: x must have shape ({n},), got {x.shape}")
     if out is None:
         out = np.empty(n, dtype=np.float64)
-    _propagate_kernel(np.asarray(graph.indptr), np.asarray(graph.indices), x, out)
+    out[:] = 0.0
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    if chunk_bytes is None:
+        _propagate_rows(indptr, indices, x, out, 0, n)
+        return out
+    for a, b in row_ranges(indptr, chunk_bytes, indices.dtype.itemsize):
+        _propagate_rows(indptr, indices, x, out, a, b)
+        drop_pages(graph.indices, int(indptr[a]), int(indptr[b]))
     return out
 
 
@@ -84,23 +120,34 @@ def propagate(graph: CSRGraph, x: np.ndarray, out: np.ndarray | None = None) -> 
 # degree scores
 
 
-def out_degree(graph: CSRGraph, progress: bool = True) -> np.ndarray:
+def out_degree(
+    graph: CSRGraph, progress: bool = True, chunk_bytes: int | None = None
+) -> np.ndarray:
     """Paper out-degree of every node: how many nodes aggregate from it (float64 ``[N]``).
 
     This is Data Tiering's first score ("a node with a high out degree has a higher cumulative
     chance of being selected"), = :meth:`CSRGraph.out_degrees` in gnnio's direction terms.
+    ``chunk_bytes``: count in ranges of edges, each dropped after it (the same counts).
     """
     del progress  # one bincount: nothing to show
-    return graph.out_degrees().astype(np.float64)
+    if chunk_bytes is None:
+        return graph.out_degrees().astype(np.float64)
+    indices = np.asarray(graph.indices)
+    counts = np.zeros(graph.num_nodes, dtype=np.int64)
+    for s, e in edge_ranges(indices.shape[0], chunk_bytes, indices.dtype.itemsize):
+        _count_values(indices, s, e, counts)
+        drop_pages(graph.indices, s, e)
+    return counts.astype(np.float64)
 
 
 #: the paper's "degree" score
 degree = out_degree
 
 
-def in_degree(graph: CSRGraph, progress: bool = True) -> np.ndarray:
-    """Row length of every node: how many in-neighbours it aggregates from (float64 ``[N]``)."""
-    del progress
+def in_degree(graph: CSRGraph, progress: bool = True, chunk_bytes: int | None = None) -> np.ndarray:
+    """Row length of every node: how many in-neighbours it aggregates from (float64 ``[N]``).
+    It reads ``indptr`` only, which the budget counts whole (``chunk_bytes`` is not needed)."""
+    del progress, chunk_bytes
     return graph.in_degrees().astype(np.float64)
 
 
@@ -123,6 +170,7 @@ def _rpr_iterate(
     tol: float | None,
     progress: bool,
     desc: str,
+    chunk_bytes: int | None = None,
 ) -> np.ndarray:
     """Run the reverse-PageRank update ``iterations`` times from the scores ``r`` (see
     :func:`reverse_pagerank`); stop early when the L1 change drops below ``tol``."""
@@ -139,7 +187,9 @@ def _rpr_iterate(
     with bar(iterations, desc=desc, unit="iter", enabled=_show(graph, progress)) as pb:
         for _ in range(iterations):
             np.multiply(r, inv, out=share)  # a node's score divided by ITS in-degree
-            propagate(graph, share, out=nxt)  # ... summed over the nodes it targets
+            propagate(
+                graph, share, out=nxt, chunk_bytes=chunk_bytes
+            )  # ... summed over the nodes it targets
             nxt *= d
             nxt += teleport
             delta = float(np.abs(nxt - r).sum()) if tol is not None else None
@@ -156,6 +206,7 @@ def reverse_pagerank(
     damping: float = DEFAULT_DAMPING,
     tol: float | None = None,
     progress: bool = True,
+    chunk_bytes: int | None = None,
 ) -> np.ndarray:
     """Reverse PageRank (Bar-Yossef & Mashiach 2008), as Data Tiering §3.1 / Fig. 2 describe it.
 
@@ -179,13 +230,17 @@ def reverse_pagerank(
         damping: ``d`` in [0, 1].
         tol: optional early stop when ``||r_{t+1} - r_t||_1 < tol``.
         progress: progress bar (on graphs with >= 2^20 edges).
+        chunk_bytes: walk the edges in chunks of at most this many resident bytes (module
+            docstring); the same scores, bit for bit.
 
     Returns:
         float64 ``[N]`` scores by global id.
     """
     n = graph.num_nodes
     r = np.full(n, 1.0 / n if n else 0.0, dtype=np.float64)
-    return _rpr_iterate(graph, r, iterations, damping, tol, progress, "reverse pagerank")
+    return _rpr_iterate(
+        graph, r, iterations, damping, tol, progress, "reverse pagerank", chunk_bytes
+    )
 
 
 def _check_train_idx(train_idx: np.ndarray | None, n: int) -> np.ndarray:
@@ -211,6 +266,7 @@ def weighted_reverse_pagerank(
     iterations: int = 5,
     damping: float = DEFAULT_DAMPING,
     progress: bool = True,
+    chunk_bytes: int | None = None,
 ) -> np.ndarray:
     """Weighted reverse PageRank: Data Tiering Algorithm 1.
 
@@ -231,6 +287,8 @@ def weighted_reverse_pagerank(
         iterations: number of updates (paper: 5).
         damping: ``d`` (paper: unstated; :data:`DEFAULT_DAMPING`).
         progress: progress bar (on graphs with >= 2^20 edges).
+        chunk_bytes: walk the edges in chunks of at most this many resident bytes (module
+            docstring); the same scores, bit for bit.
 
     Returns:
         float64 ``[N]`` scores by global id.
@@ -240,7 +298,8 @@ def weighted_reverse_pagerank(
     weight = n / t.size
     r = np.full(n, 1.0 / n, dtype=np.float64)
     r[t] *= weight
-    return _rpr_iterate(graph, r, iterations, damping, None, progress, "weighted reverse pagerank")
+    desc = "weighted reverse pagerank"
+    return _rpr_iterate(graph, r, iterations, damping, None, progress, desc, chunk_bytes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,6 +312,7 @@ def sj_estimate(
     num_layers: int = 3,
     fanouts: Sequence[int] | None = None,
     progress: bool = True,
+    chunk_bytes: int | None = None,
 ) -> np.ndarray:
     """Song & Jiang (ICS '22) §3.2: sampling probability from L-hop training-node counts, by SpMV.
 
@@ -290,6 +350,8 @@ def sj_estimate(
         num_layers: ``L`` (used when ``fanouts`` is None).
         fanouts: per-hop fanouts; when given, ``L = len(fanouts)`` and the weighted form is used.
         progress: progress bar (on graphs with >= 2^20 edges).
+        chunk_bytes: walk the edges in chunks of at most this many resident bytes (module
+            docstring); the same scores, bit for bit.
 
     Returns:
         float64 ``[N]`` estimated sampling probability per epoch, by global id.
@@ -304,7 +366,7 @@ def sj_estimate(
             raise UsageError(f"num_layers: must be >= 0, got {num_layers}")
         with bar(num_layers, desc="sj estimate", unit="hop", enabled=_show(graph, progress)) as pb:
             for _ in range(num_layers):
-                propagate(graph, h, out=nxt)
+                propagate(graph, h, out=nxt, chunk_bytes=chunk_bytes)
                 h += nxt
                 pb.update(1)
         return h / t.size
@@ -322,7 +384,7 @@ def sj_estimate(
                 take[:] = 0.0
                 np.divide(float(k), indeg, out=take, where=indeg > 0)
                 np.minimum(take, 1.0, out=take)
-            propagate(graph, h * take, out=nxt)
+            propagate(graph, h * take, out=nxt, chunk_bytes=chunk_bytes)
             h, nxt = nxt, h
             total += h
             pb.update(1)

@@ -37,6 +37,13 @@ Scores (registry :data:`SCORES`, dispatcher :func:`compute_score`):
     expected number of times a node is sampled in one epoch, see :func:`sj_estimate`.
 ``presample``
     access counts from running the real sampler for some epochs, see :func:`presample_counts`.
+
+Within a memory budget (``compute_score(..., memory_budget=BYTES)``, ``gnnio reorder
+--memory-budget``; issue 25 item 1): the graph scores walk the memory-mapped CSR in chunks whose
+pages are dropped after each (:mod:`gnnio.preprocess.graph_scores`; the same numbers, bit for
+bit), next to their per-node arrays. ``presample`` runs the sampler, which reads the CSR at random:
+it is not chunked, the whole CSR counts against the budget, and a budget that cannot hold it is
+refused with one line before sampling (:func:`score_fixed_bytes`).
 """
 
 from __future__ import annotations
@@ -50,8 +57,11 @@ import numpy as np
 
 from ..errors import DatasetError, UsageError
 from ..utils.counts import top_count
+from ..utils.pages import drop_pages
+from .budget import chunk_bytes
 from .graph_scores import (
     DEFAULT_DAMPING,
+    FIXED_BYTES_PER_NODE,
     degree,
     in_degree,
     out_degree,
@@ -67,6 +77,7 @@ __all__ = [
     "SCORES",
     "TRAIN_SCORES",
     "compute_score",
+    "score_fixed_bytes",
     "in_degree",
     "out_degree",
     "degree",
@@ -91,14 +102,15 @@ def _train_of(ds) -> np.ndarray:
 
 #: score name -> function(dataset, options) -> float64 [N]
 SCORES: dict[str, Callable[..., np.ndarray]] = {
-    "degree": lambda ds, o: out_degree(ds.graph, progress=o["progress"]),
-    "out_degree": lambda ds, o: out_degree(ds.graph, progress=o["progress"]),
-    "in_degree": lambda ds, o: in_degree(ds.graph, progress=o["progress"]),
+    "degree": lambda ds, o: out_degree(ds.graph, o["progress"], o["chunk"]),
+    "out_degree": lambda ds, o: out_degree(ds.graph, o["progress"], o["chunk"]),
+    "in_degree": lambda ds, o: in_degree(ds.graph, o["progress"], o["chunk"]),
     "rpr": lambda ds, o: reverse_pagerank(
         ds.graph,
         iterations=o.get("rpr_iterations", 20),
         damping=o.get("damping", DEFAULT_DAMPING),
         progress=o["progress"],
+        chunk_bytes=o["chunk"],
     ),
     "wrpr": lambda ds, o: weighted_reverse_pagerank(
         ds.graph,
@@ -106,12 +118,21 @@ SCORES: dict[str, Callable[..., np.ndarray]] = {
         iterations=o.get("wrpr_iterations", 5),
         damping=o.get("damping", DEFAULT_DAMPING),
         progress=o["progress"],
+        chunk_bytes=o["chunk"],
     ),
     "sj": lambda ds, o: sj_estimate(
-        ds.graph, _train_of(ds), num_layers=len(o["fanouts"]), progress=o["progress"]
+        ds.graph,
+        _train_of(ds),
+        num_layers=len(o["fanouts"]),
+        progress=o["progress"],
+        chunk_bytes=o["chunk"],
     ),
     "sj_fanout": lambda ds, o: sj_estimate(
-        ds.graph, _train_of(ds), fanouts=o["fanouts"], progress=o["progress"]
+        ds.graph,
+        _train_of(ds),
+        fanouts=o["fanouts"],
+        progress=o["progress"],
+        chunk_bytes=o["chunk"],
     ),
     "presample": lambda ds, o: presample_counts(
         ds.graph,
@@ -129,12 +150,24 @@ SCORES: dict[str, Callable[..., np.ndarray]] = {
 TRAIN_SCORES = ("wrpr", "sj", "sj_fanout", "presample")
 
 
+def score_fixed_bytes(name: str, graph) -> int:
+    """Bytes the score ``name`` holds in RAM on ``graph`` besides its chunks (what a memory budget
+    must leave room for): its per-node arrays, and for ``presample`` the whole CSR (module
+    docstring)."""
+    n = graph.num_nodes + 1
+    if name == "presample":  # counts, their float copy, the sampler's per-node maps + the CSR
+        csr = graph.indptr.shape[0] * graph.indptr.dtype.itemsize
+        return 32 * n + csr + graph.num_edges * graph.indices.dtype.itemsize
+    return FIXED_BYTES_PER_NODE[name] * n
+
+
 def compute_score(
     name: str,
     dataset: Any,
     fanouts: Sequence[int] = (15, 10, 5),
     batch_size: int = 1024,
     progress: bool = True,
+    memory_budget: int | None = None,
     **options: Any,
 ) -> np.ndarray:
     """Compute the score ``name`` (a key of :data:`SCORES`) for a dataset.
@@ -145,6 +178,8 @@ def compute_score(
         fanouts: per-hop fanouts (``sj``: L = len(fanouts); ``sj_fanout``, ``presample``: sampling).
         batch_size: seeds per batch (``presample``).
         progress: progress bars.
+        memory_budget: bytes (module docstring); a budget too small is refused with one line
+            before any work.
         **options: ``damping``, ``rpr_iterations`` (20), ``wrpr_iterations`` (5), and for
             ``presample``: ``epochs`` (1), ``seed`` (1), ``num_threads``.
 
@@ -159,4 +194,15 @@ def compute_score(
         dataset = load(dataset)
     opts = dict(options)
     opts.update(fanouts=[int(k) for k in fanouts], batch_size=int(batch_size), progress=progress)
-    return SCORES[name](dataset, opts)
+    g = dataset.graph
+    fixed = score_fixed_bytes(name, g)
+    opts["chunk"] = chunk_bytes(
+        memory_budget, fixed, f"the '{name}' score of {g.num_nodes:,} nodes"
+    )
+    if memory_budget is not None and name == "presample":
+        opts["chunk"] = None  # the sampler reads the whole CSR, counted in `fixed`
+    score = SCORES[name](dataset, opts)
+    if memory_budget is not None:  # the pages its passes left (presample's CSR) are not kept
+        drop_pages(g.indices)
+        drop_pages(g.indptr)
+    return score

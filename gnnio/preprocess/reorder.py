@@ -378,8 +378,9 @@ def reorder_path(
         check_budget(int(memory_budget), ds.num_nodes)
     t0 = time.perf_counter()
     score = compute_score(
-        by, ds, fanouts=fanouts, batch_size=batch_size, progress=progress, **score_options
-    )
+        by, ds, fanouts=fanouts, batch_size=batch_size, progress=progress,
+        memory_budget=memory_budget, **score_options,
+    )  # fmt: skip
     t1 = time.perf_counter()
     new2old = order_by_score(score)
     del score
@@ -401,6 +402,7 @@ def reorder_path(
         "num_edges": ds.num_edges,
         "score_s": t1 - t0,
         "reorder_s": t2 - t1,
+        "memory_budget": memory_budget,
     }
 
 

@@ -12,17 +12,20 @@ values in the same places, so the output files are the in-memory path's, bit for
 
 What the budget counts: the arrays of length N that must stay in RAM (``new2old``, the
 ``old2new`` lookup, the input ``indptr`` and the new one, the cumulative chunk costs, the permuted
-labels: :func:`fixed_bytes`) plus one chunk, whose cost is what it can make resident: every row it
-reads touches at least one 4 KiB page of the input (two when it straddles one), every edge or
-feature byte is read once and written once. A budget that leaves less than :data:`MIN_CHUNK` for
-the chunks is refused before anything is written. Not bounded yet: the hotness score itself
-(``degree`` reads only ``indptr``; the others walk the edges once per iteration, then their pages
-are dropped before the reorder starts), and a single row larger than the chunk (a hub with more
-edges than the chunk holds is still moved at once).
+labels: :func:`fixed_bytes`) plus one chunk. The relabel keeps the whole input ``indices``
+resident when it fits the chunk (then only the output is chunked), else every row it reads costs
+two fault-around windows plus its edges. The feature copy is an external permutation by sorted,
+sequential ``preadv`` runs (:func:`copy_feature_rows_bounded`). A budget that leaves less than
+:data:`MIN_CHUNK` for the chunks is refused before anything is written. The hotness score before
+it runs within the same budget (:mod:`gnnio.preprocess.graph_scores`, chunked passes; the budget
+must hold the larger of the two phases). Not bounded: a single row larger than the chunk (a hub
+with more edges than the chunk holds is still moved at once).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterator
 
 import numba
@@ -31,16 +34,14 @@ import numpy as np
 from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..utils.pages import drop_pages
-from ._relabel_kernels import _move_rows, _new_degrees
+from ._relabel_kernels import _move_rows, _move_run, _new_degrees
+from .budget import FAULT, MIN_CHUNK
 
 __all__ = ["MIN_CHUNK", "check_budget", "fixed_bytes", "release", "row_chunks"]
 
-#: the least a budget must leave for the chunks (bytes)
-MIN_CHUNK = 1 << 20
-_PAGE = 4096
-#: what one read fault through a file mapping can make resident: the kernel maps the pages around
-#: it that are already cached ("fault-around", 64 KiB by default), whatever madvise says
-_FAULT = 64 << 10
+_FAULT = FAULT
+#: the source rows one read of the feature copy brings in (bytes)
+_READ_BYTES = 64 << 20
 
 
 def fixed_bytes(num_nodes: int) -> int:
@@ -83,55 +84,130 @@ def row_chunks(cost_cum: np.ndarray, chunk_bytes: int) -> Iterator[tuple[int, in
 def relabel_csr_bounded(indptr, indices, new2old, out, chunk_bytes: int) -> np.ndarray:
     """:func:`gnnio.preprocess.reorder.relabel_csr` (``impl="numba"``) into ``out`` in chunks of
     new rows, each making at most about ``chunk_bytes`` resident, released after it.
-    ``new2old`` must be a permutation of ``[0, N)`` (the caller checked it)."""
+    ``new2old`` must be a permutation of ``[0, N)`` (the caller checked it).
+
+    When the input ``indices`` is in RAM, or a mapped file that fits the chunk with room to spare
+    (:data:`MIN_CHUNK`), it is read in place (a mapped one stays resident through the pass) and
+    only the output is chunked. Else it is not mapped at all: each chunk of new rows reads its old
+    rows sorted by old id, in runs of consecutive edges with ``preadv`` (:func:`_read_runs`), as
+    the feature copy does; a chunk then holds 24 bytes per row besides its output edges."""
     indptr = np.asarray(indptr)
     n = new2old.shape[0]
     lookup = np.empty(n, dtype=index_dtype(n))
     lookup[new2old] = np.arange(n, dtype=lookup.dtype)  # old2new
     indptr2 = np.empty(n + 1, dtype=np.int64)
-    _new_degrees(np.ascontiguousarray(indptr, dtype=np.int64), new2old, indptr2)
-    np.cumsum(indptr2, out=indptr2)
-    per_edge = indices.dtype.itemsize + out.dtype.itemsize
-    cost = indptr2 * per_edge + np.arange(n + 1, dtype=np.int64) * (2 * _FAULT)
-    threads = numba.get_num_threads()
     src = np.ascontiguousarray(indptr, dtype=np.int64)
-    for a, b in row_chunks(cost, chunk_bytes):
-        parts = max(1, min(b - a, 16 * threads))
-        e0, e1 = int(indptr2[a]), int(indptr2[b])
-        targets = e0 + (np.arange(parts + 1, dtype=np.int64) * (e1 - e0)) // parts
-        bounds = np.searchsorted(indptr2, targets, side="left").astype(np.int64)
-        bounds[0], bounds[-1] = a, b
-        bounds = np.unique(np.clip(bounds, a, b))
-        _move_rows(src, indices, new2old, lookup, indptr2, bounds, out)
-        release(indices)
-        release(out)
+    _new_degrees(src, new2old, indptr2)
+    np.cumsum(indptr2, out=indptr2)
+    item = indices.dtype.itemsize
+    in_bytes = indices.shape[0] * item + 2 * _FAULT
+    path = getattr(indices, "filename", None)
+    runs = path is not None and chunk_bytes - in_bytes < MIN_CHUNK
+    block = max(1, min(_READ_BYTES, chunk_bytes // 8) // item)  # edges a read run holds
+    cost = indptr2 * out.dtype.itemsize
+    if runs:
+        cost += np.arange(n + 1, dtype=np.int64) * 24  # the sort order, old ids, row ends
+        limit = max(1, chunk_bytes - 2 * block * item)
+    else:
+        limit = chunk_bytes - in_bytes if path is not None else chunk_bytes
+    threads = numba.get_num_threads()
+    fd = os.open(path, os.O_RDONLY) if runs else -1
+    try:
+        for a, b in row_chunks(cost, limit):
+            e0, e1 = int(indptr2[a]), int(indptr2[b])
+            if runs:
+                _read_runs(fd, int(indices.offset), indices.dtype, block, src, new2old[a:b], a,
+                           lookup, indptr2, out)  # fmt: skip
+            else:
+                parts = max(1, min(b - a, 16 * threads))
+                targets = e0 + (np.arange(parts + 1, dtype=np.int64) * (e1 - e0)) // parts
+                bounds = np.searchsorted(indptr2, targets, side="left").astype(np.int64)
+                bounds[0], bounds[-1] = a, b
+                bounds = np.unique(np.clip(bounds, a, b))
+                _move_rows(src, indices, new2old, lookup, indptr2, bounds, out)
+            drop_pages(out, e0, e1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    release(indices)
     del cost
     return indptr2
 
 
+def _read_runs(fd, offset, dtype, block, indptr, old, a, lookup, indptr2, out) -> None:
+    """Move the old rows ``old`` (new rows ``a, a+1, ...``) by sorted runs of at most ``block``
+    edges read from the ``.npy`` data at ``offset`` of ``fd`` (a row longer than a run is read
+    alone)."""
+    order = np.argsort(old, kind="stable")
+    rows = old[order]
+    ends = indptr[rows + 1]
+    item = np.dtype(dtype).itemsize
+    buf = np.empty(block, dtype=dtype)
+    pos = 0
+    while pos < rows.shape[0]:
+        start = int(indptr[rows[pos]])
+        j = max(pos + 1, int(np.searchsorted(ends, start + block, side="right")))
+        end = int(ends[j - 1])
+        run = buf if end - start <= block else np.empty(end - start, dtype=dtype)
+        raw = memoryview(run.view(np.uint8))
+        _pread_rows(fd, raw, offset + start * item, (end - start) * item)
+        _move_run(run, start, indptr, rows[pos:j], a + order[pos:j], lookup, indptr2, out)
+        pos = j
+
+
 def copy_feature_rows_bounded(src, dst, new2old, chunk_bytes: int, progress: bool) -> None:
     """``dst[i] = src[new2old[i]]`` (``src`` a memmap of a file, ``dst`` a writable memmap) in
-    chunks of rows. The rows are read with :class:`~gnnio.features.stores.disk.DiskFeatureStore`
-    (``O_DIRECT``, page-aware), not through the mapping: a random read through a mapping makes
-    its fault-around pages resident (64 KiB each), which would fill the budget with pages never
-    needed. Writes go through ``dst``'s mapping in order; its pages are dropped after each chunk."""
-    from ..features.stores.disk import DiskFeatureStore
+    chunks of output rows, each within ``chunk_bytes``.
+
+    An external permutation by sequential reads: a chunk's source rows, sorted by old id, are
+    read in runs of at most :data:`_READ_BYTES` with ``preadv`` (through the page cache into
+    one buffer: no mapping of the source, so nothing of it stays resident), each run from the
+    first row still missing, and scattered into the chunk's rows of ``dst``'s mapping, whose
+    pages are dropped after the chunk. Every chunk reads at most the whole source once, so a
+    budget that holds all the rows reads it once, in order. Per output row the chunk holds the
+    row, its sort order and its sorted old id (``row_bytes + 16``)."""
     from ..utils.progress import bar
 
     n = new2old.shape[0]
     row_bytes = max(1, int(np.prod(src.shape[1:], dtype=np.int64)) * src.dtype.itemsize)
-    if src.ndim != 2 or n == 0 or row_bytes == 0:  # nothing the page reader handles: as before
+    path = getattr(src, "filename", None)
+    if src.ndim < 1 or n == 0 or path is None:  # not a mapped file: gather in memory
         dst[:] = src[new2old]
         return
-    buf = max(_PAGE * 4, min(64 << 20, chunk_bytes // 4))
-    store = DiskFeatureStore(src, max_buffer_bytes=buf)
-    rows = max(1, (chunk_bytes - buf) // (2 * row_bytes))
+    block = max(1, min(_READ_BYTES, chunk_bytes // 8) // row_bytes)
+    rows = max(1, (chunk_bytes - 2 * block * (row_bytes + 8)) // (row_bytes + 16))
+    buf = np.empty((block, *src.shape[1:]), dtype=src.dtype)
+    raw = memoryview(buf.reshape(-1).view(np.uint8))
+    offset = int(src.offset)
+    nsrc = src.shape[0]
+    fd = os.open(path, os.O_RDONLY)
     try:
         with bar(n, desc="reorder features", unit="row", enabled=progress) as pb:
             for s in range(0, n, rows):
                 e = min(n, s + rows)
-                dst[s:e] = store.gather(new2old[s:e]).numpy()
-                drop_pages(dst)
+                order = np.argsort(new2old[s:e], kind="stable")
+                old = new2old[s:e][order]
+                view = dst[s:e]
+                pos = 0
+                while pos < old.shape[0]:
+                    r0 = int(old[pos])
+                    r1 = min(nsrc, r0 + block)
+                    j = int(np.searchsorted(old, r1, side="left"))
+                    _pread_rows(fd, raw, offset + r0 * row_bytes, (r1 - r0) * row_bytes)
+                    view[order[pos:j]] = buf[old[pos:j] - r0]
+                    pos = j
+                del view
+                drop_pages(dst, s, e)
                 pb.update(e - s)
     finally:
-        store.close()
+        os.close(fd)
+
+
+def _pread_rows(fd: int, raw: memoryview, offset: int, nbytes: int) -> None:
+    """Fill ``raw[:nbytes]`` from ``fd`` at ``offset`` (short reads continued; EOF is an error)."""
+    got = 0
+    while got < nbytes:
+        k = os.preadv(fd, [raw[got:nbytes]], offset + got)
+        if k <= 0:
+            raise OSError(errno.EIO, f"short read of the features at byte {offset + got}")
+        got += k

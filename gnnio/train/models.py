@@ -136,33 +136,54 @@ class GCNLayer(nn.Module):
 
 class _WeightedGATConv(GATConv):
     """GATConv whose ``edge_attr`` (when the layer has no ``edge_dim``) is a ``[E]`` weight vector
-    multiplying the unnormalised attention: ``alpha_ij = softmax_j(leaky_relu(e_ij) + log w_j)``."""
+    multiplying the unnormalised attention: ``alpha_ij = softmax_j(leaky_relu(e_ij) + log w_j)``.
+    A weight of 0 gives ``log 0 = -inf``: the edge gets no attention at all (how
+    :class:`GATLayer` drops self-loop edges without a data-dependent mask)."""
 
     def edge_update(self, alpha_j, alpha_i, edge_attr, index, ptr, dim_size):
         if edge_attr is None or self.lin_edge is not None:
             return super().edge_update(alpha_j, alpha_i, edge_attr, index, ptr, dim_size)
         alpha = alpha_j if alpha_i is None else alpha_j + alpha_i
         alpha = F.leaky_relu(alpha, self.negative_slope)
-        alpha = alpha + torch.log(edge_attr.clamp_min(1e-30)).view(-1, 1)
+        alpha = alpha + torch.log(edge_attr).view(-1, 1)
         alpha = softmax(alpha, index, ptr, dim_size)
         return F.dropout(alpha, p=self.dropout, training=self.training)
 
 
 class GATLayer(nn.Module):
-    """GAT over one block; ``heads`` attention heads, concatenated (inner) or averaged (last)."""
+    """GAT over one block; ``heads`` attention heads, concatenated (inner) or averaged (last).
+
+    PyG's ``GATConv(add_self_loops=True)`` removes the self-loop edges with a boolean mask (two
+    host synchronisations per layer on a GPU: the kept edges' count is data-dependent) and then
+    appends one loop per destination node, its weight the mean of the node's other in-edges. This
+    layer gives the same attention without the mask: a self-loop edge of the block stays in place
+    with weight 0 (``log 0 = -inf``, so ``exp`` gives it exactly no attention) and the loops are
+    appended here, with PyG's ``fill_value="mean"`` computed over the kept edges. Results equal
+    PyG's to float rounding (tested in tests/test_models.py); with ``attn_dropout > 0`` the
+    dropout draws one mask entry per edge, kept self-loop edges included, so its random stream
+    differs from PyG's."""
 
     def __init__(self, in_dim: int, out_dim: int, heads: int, concat: bool, attn_dropout: float):
         super().__init__()
         per_head = out_dim // heads if concat else out_dim
         self.conv = _WeightedGATConv(
-            in_dim, per_head, heads=heads, concat=concat, dropout=attn_dropout, add_self_loops=True
+            in_dim, per_head, heads=heads, concat=concat, dropout=attn_dropout, add_self_loops=False
         )
 
     def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
         ns, nd = block.num_src, block.num_dst
-        w = block.edge_weight
-        w = None if w is None else w.to(x.dtype)
-        return self.conv((x, x[:nd]), block.edge_index, edge_attr=w, size=(ns, nd))
+        ei = block.edge_index
+        keep = (ei[0] != ei[1]).to(x.dtype)  # self-loop edges: weight 0 (PyG removes them)
+        if block.edge_weight is None:
+            w, loop_w = keep, x.new_ones(nd)
+        else:
+            w = block.edge_weight.to(x.dtype).clamp_min(1e-30) * keep
+            loop_w = _scatter_sum(w, ei[1], nd) / _scatter_sum(keep, ei[1], nd).clamp_min(1)
+            loop_w = loop_w.clamp_min(1e-30)  # PyG: the mean of no edges is 0, clamped as above
+        loops = torch.arange(nd, device=ei.device, dtype=ei.dtype)
+        ei = torch.cat([ei, torch.stack([loops, loops])], dim=1)
+        w = torch.cat([w, loop_w])
+        return self.conv((x, x[:nd]), ei, edge_attr=w, size=(ns, nd))
 
 
 class GINLayer(nn.Module):

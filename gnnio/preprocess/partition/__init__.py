@@ -19,6 +19,9 @@
 ``replicate`` also applies to the other methods (their parts, plus the top-degree replicated
 set), which is how HDR composes with any base. ``refine=R`` (off by default; not in either paper)
 follows any method with ``R`` rounds of size-constrained label propagation (:mod:`.refine`).
+``memory_budget`` (``--memory-budget``) bounds ``random``, ``range`` and ``hdr`` over them and
+``greedy``; ``metis`` and ``bfs-block`` stay in memory and are refused when they would not fit
+(:mod:`.bounded`).
 """
 
 from __future__ import annotations
@@ -77,10 +80,13 @@ def partition_dataset(
     measure: bool = True,
     threads: int | None = None,
     refine: int = 0,
+    memory_budget: int | None = None,
 ) -> Partition:
     """Partition ``ds`` into ``nparts`` with ``method`` (module docstring); with ``measure`` the
     quality report (one sampled epoch for ``remote_fraction``) is attached. ``refine``: rounds of
-    label-propagation refinement after the method (0 = none, the papers' algorithms as printed)."""
+    label-propagation refinement after the method (0 = none, the papers' algorithms as printed).
+    ``memory_budget``: bytes (:mod:`.bounded`; refused with one line before starting when the
+    method cannot run within it; the same parts and report)."""
     n = ds.num_nodes
     if method not in METHODS:
         raise UsageError(f"--method: unknown '{method}' (choose from {', '.join(METHODS)})")
@@ -94,6 +100,11 @@ def partition_dataset(
         raise UsageError(f"--refine: must be in [0, 1000] rounds, got {refine}")
     if method == "hdr" and base not in BASES:
         raise UsageError(f"--base: unknown '{base}' (choose from {', '.join(BASES)})")
+    if refine > 0 and memory_budget is not None:
+        raise UsageError("--refine: not with --memory-budget (it keeps the transposed CSR in RAM)")
+    from .bounded import check_budget
+
+    chunk = check_budget(memory_budget, ds.graph, method, base)
     t0 = time.perf_counter()
     rep = hdr_replicated(ds.graph, replicate)
     parts, facts = _parts(base if method == "hdr" else method, ds, nparts, hops, seed, rep)
@@ -122,7 +133,7 @@ def partition_dataset(
         from .quality import partition_quality
 
         p.quality = partition_quality(
-            ds.graph, p.parts, rep, ds.train_idx, fanouts, batch_size, seed, threads
+            ds.graph, p.parts, rep, ds.train_idx, fanouts, batch_size, seed, threads, chunk
         )
         p.quality["prep_s"] = prep
     return p

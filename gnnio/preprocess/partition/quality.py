@@ -65,14 +65,16 @@ def partition_quality(
     batch_size: int = 1024,
     seed: int = 0,
     threads: int | None = None,
+    chunk_bytes: int | None = None,
 ) -> dict:
-    """The quality report of a partition (module docstring)."""
+    """The quality report of a partition (module docstring); ``chunk_bytes``: count the edge cut
+    in chunks of rows (:func:`gnnio.preprocess.partition.bounded.edge_cut`, the same count)."""
+    from .bounded import edge_cut
+
     n = graph.num_nodes
     nparts = int(parts.max()) + 1 if parts.size else 1
-    src = np.asarray(graph.indices, dtype=np.int64)
-    dst = np.repeat(np.arange(n, dtype=np.int64), graph.in_degrees())
-    e = max(int(src.size), 1)
-    cut = float((parts[src] != parts[dst]).sum()) / e
+    e = max(graph.num_edges, 1)
+    cut = float(edge_cut(graph, parts, chunk_bytes)) / e
     node_counts = np.bincount(parts, minlength=nparts).astype(np.float64)
     out = {
         "num_parts": nparts,

@@ -75,15 +75,22 @@ class Partition:
         return s
 
 
-def shard_of(graph: CSRGraph, part: Partition, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(nodes, indptr, indices)`` of part ``k``'s shard (module docstring)."""
+def _shard_rows(graph: CSRGraph, part: Partition, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(nodes, indptr)`` of part ``k``'s shard (module docstring)."""
     own = np.flatnonzero(part.parts == k)
     extra = part.replicated[part.parts[part.replicated] != k]
     nodes = np.concatenate([own, extra]).astype(np.int64)
     ip = np.asarray(graph.indptr, dtype=np.int64)
-    starts, counts = ip[nodes], ip[nodes + 1] - ip[nodes]
     indptr = np.zeros(nodes.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
+    np.cumsum(ip[nodes + 1] - ip[nodes], out=indptr[1:])
+    return nodes, indptr
+
+
+def shard_of(graph: CSRGraph, part: Partition, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(nodes, indptr, indices)`` of part ``k``'s shard (module docstring)."""
+    nodes, indptr = _shard_rows(graph, part, k)
+    ip = np.asarray(graph.indptr, dtype=np.int64)
+    starts, counts = ip[nodes], np.diff(indptr)
     offs = np.arange(int(indptr[-1]), dtype=np.int64) - np.repeat(indptr[:-1], counts)
     indices = np.asarray(graph.indices)[np.repeat(starts, counts) + offs]
     return nodes, indptr, indices
@@ -128,9 +135,15 @@ def _sha(a: np.ndarray) -> str:
 
 
 def save_partition(
-    part: Partition, graph: CSRGraph, out: str | os.PathLike, overwrite=False
+    part: Partition,
+    graph: CSRGraph,
+    out: str | os.PathLike,
+    overwrite=False,
+    chunk_bytes: int | None = None,
 ) -> Path:
-    """Write ``part`` (with its shards of ``graph``) to ``out`` atomically."""
+    """Write ``part`` (with its shards of ``graph``) to ``out`` atomically. ``chunk_bytes``:
+    write each shard's neighbour lists in chunks of rows whose pages are dropped
+    (:mod:`gnnio.preprocess.partition.bounded`; the same files)."""
     out = Path(out)
     from ...utils.outputs import dataset_dir_of
 
@@ -147,7 +160,7 @@ def save_partition(
         output_dir.remove_stale(out)
         tmp = output_dir.make_temp_dir(out, "tmp")  # .NAME.tmp-<pid>-<random>
         try:
-            _write_partition(part, graph, out, tmp)
+            _write_partition(part, graph, out, tmp, chunk_bytes)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             err = output_dir.write_error(out, e)
@@ -164,7 +177,9 @@ def save_partition(
     return out
 
 
-def _write_partition(part: Partition, graph: CSRGraph, out: Path, tmp: Path) -> None:
+def _write_partition(
+    part: Partition, graph: CSRGraph, out: Path, tmp: Path, chunk: int | None = None
+) -> None:
     """Write the partition into ``tmp`` and rename it to ``out`` (replacing an old one)."""
     sums = {}
     for name, arr in (("parts", part.parts.astype(np.int16)), ("replicated", part.replicated)):
@@ -172,12 +187,19 @@ def _write_partition(part: Partition, graph: CSRGraph, out: Path, tmp: Path) -> 
         sums[name] = _sha(arr)
     shards = []
     for k in range(part.num_parts):
-        nodes, indptr, indices = shard_of(graph, part, k)
         d = tmp / f"part{k}"
         d.mkdir()
-        for name, arr in (("nodes", nodes), ("indptr", indptr), ("indices", indices)):
+        if chunk is None:
+            nodes, indptr, indices = shard_of(graph, part, k)
+            np.save(d / "indices.npy", indices, allow_pickle=False)
+        else:
+            from .bounded import write_lists
+
+            nodes, indptr = _shard_rows(graph, part, k)
+            write_lists(d / "indices.npy", graph, nodes, indptr, chunk)
+        for name, arr in (("nodes", nodes), ("indptr", indptr)):
             np.save(d / f"{name}.npy", arr, allow_pickle=False)
-        shards.append({"rows": int(nodes.size), "entries": int(indices.size)})
+        shards.append({"rows": int(nodes.size), "entries": int(indptr[-1])})
     meta = {
         "format": PARTITION_FORMAT,
         "dataset": part.dataset,
