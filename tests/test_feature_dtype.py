@@ -257,3 +257,15 @@ def test_training_runs_and_moves_compressed_bytes(graphs, kw):
         assert abs(s["loss_history"][0] - base["loss_history"][0]) < 0.05
     assert runs["int8"]["feature_codec_bytes"] == 2 * 4 * 32  # scale + zero point, once
     assert base["feature_codec_bytes"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_pyg_loader_hands_decoded_rows(graphs, dtype):
+    from gnnio.pyg.loader import PyGLoader
+
+    ds = load(graphs[dtype])
+    want = ds.feature_codec.decode(np.asarray(ds.features))
+    for batch in PyGLoader(ds, [3, 3], input_nodes="train", batch_size=128):
+        x = batch.x.float().numpy()
+        assert batch.x.dtype == (torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+        assert x.tobytes() == want[batch.n_id.numpy()].tobytes()
