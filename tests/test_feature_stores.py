@@ -163,12 +163,18 @@ HYP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChec
 
 @st.composite
 def features_and_ids(draw, max_rows=40, max_dim=9, max_ids=60):
-    """A random ``[N, F]`` float32/float16 matrix and ids into it (repeats allowed)."""
+    """A random ``[N, F]`` matrix of every stored feature encoding (float32, float16, int16 =
+    bfloat16 bits, int8: rows of any byte width, odd ones included) and ids into it (repeats
+    allowed)."""
     n = draw(st.integers(1, max_rows))
     f = draw(st.integers(1, max_dim))
-    dtype = draw(st.sampled_from([np.float32, np.float16]))
+    dtype = draw(st.sampled_from([np.float32, np.float16, np.int16, np.int8]))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    feats = rng.standard_normal((n, f)).astype(dtype)
+    if np.dtype(dtype).kind == "i":  # every bit pattern, as the compressed rows hold them
+        info = np.iinfo(dtype)
+        feats = rng.integers(info.min, info.max, (n, f), endpoint=True).astype(dtype)
+    else:
+        feats = rng.standard_normal((n, f)).astype(dtype)
     ids = draw(st.lists(st.integers(0, n - 1), max_size=max_ids))
     id_dtype = draw(st.sampled_from([np.int32, np.int64]))
     as_tensor = draw(st.booleans())
@@ -254,7 +260,7 @@ def test_counters_add_up(factory, data, repeat):
 
 
 @stores
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int16, np.int8])
 def test_attributes(factory, dtype):
     feats = np.arange(30, dtype=dtype).reshape(10, 3)
     store = factory(feats)

@@ -12,3 +12,20 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or "(default" in help_text:
             return help_text
         return super()._get_help_string(action)
+
+
+def add_feature_dtype_argument(p: argparse.ArgumentParser) -> None:
+    """``--feature-dtype`` of ``prepare`` and ``reorder`` (issue 25, item 4)."""
+    from ..graph.feature_dtype import FEATURE_DTYPES
+
+    p.add_argument(
+        "--feature-dtype",
+        choices=list(FEATURE_DTYPES),
+        default=None,
+        metavar="DTYPE",
+        help="store the feature rows as DTYPE: float32, float16, bfloat16 (its bits as int16) or "
+        "int8 (asymmetric per-column min/max quantization; the scale and zero point are kept as "
+        "arrays x_scale and x_zero_point); every tier then stores and moves the compressed rows "
+        "and the model decodes them on its device (default: as the input has them: float16 and "
+        "bfloat16 stay, anything else float32)",
+    )

@@ -20,10 +20,11 @@ from pathlib import Path
 from ..errors import GnnioError, UsageError
 from ..graph import output_dir
 from ..graph.dataset import info_stats, load
+from ..graph.feature_dtype import writing_as
 from ..importers import IMPORTERS
 from ..preprocess.chunked import DEFAULT_BUDGET_FRACTION
 from ..preprocess.hotness import SCORES
-from . import HelpFormatter
+from . import HelpFormatter, add_feature_dtype_argument
 
 #: sources whose import runs within ``--memory-budget`` (issue 25); the others run in RAM
 BOUNDED_SOURCES = ("synthetic", "npy", "ogb")
@@ -98,6 +99,7 @@ def register(sub) -> None:
                 f"(default: {int(DEFAULT_BUDGET_FRACTION * 100)}%% of the available RAM, "
                 "MemAvailable at the start)",
             )
+        add_feature_dtype_argument(sp)
         sp.add_argument("--quiet", action="store_true", help="no progress bars or summary")
         sp.set_defaults(func=run, importer=mod)
 
@@ -165,10 +167,11 @@ def resolve_budget(args) -> None:
 
 def run(args) -> int:
     resolve_budget(args)
-    if check_reorder_score(getattr(args, "reorder", None)) is None:
-        out = args.importer.run(args)
-    else:
-        out = _import_and_reorder(args)
+    with writing_as(args.feature_dtype):  # --feature-dtype: every writer recodes the rows
+        if check_reorder_score(getattr(args, "reorder", None)) is None:
+            out = args.importer.run(args)
+        else:
+            out = _import_and_reorder(args)
     if not args.quiet:
         s = info_stats(load(out))
         print(

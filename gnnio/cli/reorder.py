@@ -6,9 +6,10 @@ import argparse
 import json
 
 from ..errors import UsageError
+from ..graph.feature_dtype import writing_as
 from ..preprocess.hotness import SCORES
 from ..preprocess.reorder import reorder_path
-from . import HelpFormatter
+from . import HelpFormatter, add_feature_dtype_argument
 
 
 def _fanouts(text: str) -> list[int]:
@@ -72,6 +73,7 @@ def register(sub) -> None:
         "the whole CSR); same output files (default: half the available RAM; 'none': one pass "
         "in RAM)",
     )
+    add_feature_dtype_argument(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     p.set_defaults(func=run)
@@ -88,17 +90,18 @@ def run(args) -> int:
     from ..preprocess.chunked import resolve_budget
 
     budget = resolve_budget(args.memory_budget)
-    summary = reorder_path(
-        args.dir,
-        args.by,
-        out=args.out,
-        overwrite=args.overwrite,
-        fanouts=args.fanouts,
-        batch_size=args.batch_size,
-        progress=not args.quiet,
-        memory_budget=budget,
-        **opts,
-    )
+    with writing_as(args.feature_dtype):  # --feature-dtype: the writer recodes the rows
+        summary = reorder_path(
+            args.dir,
+            args.by,
+            out=args.out,
+            overwrite=args.overwrite,
+            fanouts=args.fanouts,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
+            memory_budget=budget,
+            **opts,
+        )
     if args.json:
         print(json.dumps(summary))
     elif not args.quiet:

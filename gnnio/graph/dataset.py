@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import DatasetError
 from ..utils.pages import drop_pages
 from .csr import CSRGraph
+from .feature_dtype import SCALE, ZERO_POINT, FeatureCodec, decode
 from .format import load_arrays, read_meta, validate_arrays, verify_checksums
 from .integrity import printable, quick_check
 
@@ -27,7 +28,8 @@ class Dataset:
 
     Attributes:
         graph: CSR of in-neighbours.
-        features: ``[N, F]`` float32/float16, memory-mapped.
+        features: ``[N, F]`` as stored (``feat_dtype``: float32, float16, int16 = bfloat16 bits,
+            int8; :attr:`feature_codec` decodes them), memory-mapped.
         labels: ``[N]`` int64, -1 = unlabeled; None if the dataset has no labels.
         train_idx, valid_idx, test_idx: int64 node ids; None when absent.
         extra: any further arrays stored in the dataset (e.g. id maps after reordering).
@@ -82,6 +84,23 @@ class Dataset:
             raise DatasetError(
                 f"{self.path}: has no labels or no train split; it can be benchmarked but not trained"
             )
+
+    @property
+    def feat_dtype(self) -> str:
+        """How the features are stored: float32, float16, bfloat16 (int16 bits) or int8
+        (:mod:`gnnio.graph.feature_dtype`)."""
+        return str(self.meta["feat_dtype"])
+
+    @property
+    def feature_codec(self) -> FeatureCodec:
+        """What turns the stored rows into float32 (the int8 scale and zero point)."""
+        if self.feat_dtype != "int8":
+            return FeatureCodec(self.feat_dtype)
+        return FeatureCodec(
+            "int8",
+            np.array(self.extra[SCALE], dtype=np.float32),
+            np.array(self.extra[ZERO_POINT], dtype=np.float32),
+        )
 
     def load_features_in_memory(self) -> np.ndarray:
         """Read the whole feature matrix into RAM (only when asked)."""
@@ -142,7 +161,7 @@ def info_stats(
         "num_nodes": n,
         "num_edges": e,
         "feat_dim": ds.feat_dim,
-        "feat_dtype": str(ds.features.dtype),
+        "feat_dtype": ds.feat_dtype,
         "num_classes": ds.num_classes,
         "feature_bytes": int(ds.features.nbytes),
         "topology_bytes": int(ds.graph.indptr.nbytes + ds.graph.indices.nbytes),
@@ -163,6 +182,8 @@ def info_stats(
         nan = inf = 0
         for s in range(0, n, chunk_rows):
             block = np.asarray(ds.features[s : s + chunk_rows])
+            if ds.feat_dtype == "bfloat16":  # the bits as float32 (exact)
+                block = decode(block, "bfloat16")
             nan += int(np.isnan(block).sum())
             inf += int(np.isinf(block).sum())
         stats["features_nan"] = nan

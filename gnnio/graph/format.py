@@ -23,9 +23,10 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..utils.pages import drop_pages
+from . import feature_dtype as fdt
 from . import output_dir
 from .csr import index_dtype
-from .integrity import check_meta, check_version, sample_sha256
+from .integrity import check_meta, check_version, printable, sample_sha256
 
 __all__ = [
     "FORMAT_NAME",
@@ -47,7 +48,7 @@ META_FILE = "meta.json"
 #: arrays with a fixed meaning; any other array is allowed and only checksummed
 CORE_ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "valid_idx", "test_idx")
 SPLITS = ("train_idx", "valid_idx", "test_idx")
-FEATURE_DTYPES = ("float32", "float16")
+FEATURE_DTYPES = fdt.FEATURE_DTYPES
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
@@ -84,6 +85,11 @@ class DatasetWriter:
     anywhere in the write is one line. The written data is refused when a train split holds no
     labeled node, and when features hold NaN or infinite values unless ``allow_nonfinite``
     (then ``meta["nonfinite_features"]`` counts them).
+
+    ``feature_dtype``: store the features as this encoding (float32, float16, bfloat16, int8;
+    :mod:`gnnio.graph.feature_dtype`), converted in the temporary directory after the arrays are
+    written; None: the encoding of the enclosing :func:`~gnnio.graph.feature_dtype.writing_as`
+    block, else as written (float32, float16, int16 bits = bfloat16, int8 with its codec arrays).
     """
 
     def __init__(
@@ -94,8 +100,10 @@ class DatasetWriter:
         *,
         allow_nonfinite: bool = False,
         size_hint: int | None = None,
+        feature_dtype: str | None = None,
     ):
         self.out = Path(out)
+        self.feature_dtype = feature_dtype if feature_dtype is not None else fdt.requested()
         self.name = name
         self.overwrite = overwrite
         self.allow_nonfinite = allow_nonfinite
@@ -170,6 +178,15 @@ class DatasetWriter:
         for key in ("indptr", "indices", "features"):
             if key not in arrays:
                 raise DatasetError(f"{self.out}: a dataset needs an array '{key}'")
+        try:
+            feat_dtype = fdt.feature_dtype_of(arrays["features"].dtype)
+        except ValueError as e:
+            raise DatasetError(f"{self.out}: {e}") from None
+        if self.feature_dtype is not None and self.feature_dtype != feat_dtype:
+            del arrays
+            fdt.recode_features(self.tmp, self._arrays, feat_dtype, self.feature_dtype)
+            feat_dtype = self.feature_dtype
+            arrays = load_arrays(self.tmp, list(self._arrays))
         n = int(arrays["indptr"].shape[0]) - 1
         meta: dict[str, Any] = {
             "format": FORMAT_NAME,
@@ -178,7 +195,7 @@ class DatasetWriter:
             "num_nodes": n,
             "num_edges": int(arrays["indices"].shape[0]),
             "feat_dim": int(arrays["features"].shape[1]) if arrays["features"].ndim == 2 else -1,
-            "feat_dtype": str(arrays["features"].dtype),
+            "feat_dtype": feat_dtype,
             "num_classes": 0,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -186,6 +203,7 @@ class DatasetWriter:
             lab = np.asarray(arrays["labels"])
             meta["num_classes"] = int(lab.max()) + 1 if lab.size and lab.max() >= 0 else 0
         meta.update(self.meta)
+        meta["feat_dtype"] = feat_dtype
         meta["arrays"] = {
             key: {
                 "file": fname,
@@ -200,7 +218,7 @@ class DatasetWriter:
         written = load_arrays(self.tmp, list(self._arrays))
         validate_arrays(self.tmp, meta, written, drop=True)
         self._check_trainable(written)
-        bad = count_nonfinite(written["features"], drop=True)
+        bad = count_nonfinite(written["features"], drop=True, feat_dtype=feat_dtype)
         del written
         if bad and not self.allow_nonfinite:
             raise DatasetError(
@@ -251,10 +269,15 @@ class DatasetWriter:
             )
 
 
-def count_nonfinite(feats: np.ndarray, chunk_bytes: int = 64 << 20, drop: bool = False) -> int:
+def count_nonfinite(
+    feats: np.ndarray, chunk_bytes: int = 64 << 20, drop: bool = False, feat_dtype: str = ""
+) -> int:
     """Number of NaN or infinite values in ``feats`` (read ``chunk_bytes`` at a time). ``drop``:
     after each chunk, drop the pages read from this process (a mapping never written to;
-    :func:`gnnio.utils.pages.drop_pages`), so the pass does not keep the file resident."""
+    :func:`gnnio.utils.pages.drop_pages`), so the pass does not keep the file resident.
+    ``feat_dtype="bfloat16"``: ``feats`` holds bfloat16 bits (int16)."""
+    if feat_dtype == "bfloat16":
+        return fdt.count_nonfinite_encoded(feats, feat_dtype)
     if feats.dtype.kind != "f" or feats.size == 0:
         return 0
     rows = max(1, chunk_bytes // max(1, feats[:1].nbytes))
@@ -385,16 +408,23 @@ def validate_arrays(
             f"{fname('indices')}: must be {want_idx} of length num_edges = {e}, "
             f"got {indices.dtype} {list(indices.shape)}"
         )
-    if str(feats.dtype) not in FEATURE_DTYPES or feats.ndim != 2 or feats.shape[0] != n:
+    if meta["feat_dtype"] not in FEATURE_DTYPES:
         raise DatasetError(
-            f"{fname('features')}: must be float32 or float16 of shape [{n}, F], "
+            f"{Path(path) / META_FILE}: feat_dtype {printable(repr(meta['feat_dtype']))} is not "
+            f"one of {', '.join(FEATURE_DTYPES)}"
+        )
+    want = fdt.storage_dtype(meta["feat_dtype"])
+    if feats.dtype != want or feats.ndim != 2 or feats.shape[0] != n:
+        raise DatasetError(
+            f"{fname('features')}: must be {want} ({meta['feat_dtype']}) of shape [{n}, F], "
             f"got {feats.dtype} {list(feats.shape)}"
         )
-    if feats.shape[1] != int(meta["feat_dim"]) or str(feats.dtype) != meta["feat_dtype"]:
+    if feats.shape[1] != int(meta["feat_dim"]):
         raise DatasetError(
             f"{fname('features')}: {feats.dtype} [{n}, {feats.shape[1]}] does not match "
             f"meta.json feat_dim={meta['feat_dim']} feat_dtype={meta['feat_dtype']}"
         )
+    fdt.check_codec(path, meta, arrays)
     # CSR invariants
     if indptr[0] != 0:
         raise DatasetError(f"{fname('indptr')}: must start at 0, starts at {int(indptr[0])}")

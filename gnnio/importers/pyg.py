@@ -3,7 +3,8 @@
 
 What is read from the ``Data`` (duck-typed: any object with these attributes):
 
-* ``x`` ``[N, F]`` (required): float16 stays float16, any other dtype becomes float32; copied into
+* ``x`` ``[N, F]`` (required): float16 and bfloat16 stay as they are (bfloat16 stored as its
+  int16 bits), any other dtype becomes float32; copied into
   the output file one chunk of rows at a time (``.to()`` per chunk, so a CUDA or bfloat16 tensor is
   never converted whole);
 * ``edge_index`` ``[2, E]`` (row 0 source, row 1 target, PyG's ``source_to_target`` flow): stored
@@ -246,7 +247,10 @@ def from_pyg(
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     indices = src[perm].astype(index_dtype(n))
     del src, dst
-    feat_dtype = np.float16 if x.dtype == torch.float16 else np.float32
+    # half precision stays as it is: float16, bfloat16 (its bits as int16, gnnio.graph.feature_dtype)
+    feat_dtype = {torch.float16: np.float16, torch.bfloat16: np.int16}.get(x.dtype, np.float32)
+    if x.dtype == torch.bfloat16:
+        x = x.view(torch.int16)
     out = Path(out)
     size = output_bytes(indptr, indices, lab, None if identity else perm, *splits.values(), rows=n,
                         row_bytes=int(x.shape[1]) * np.dtype(feat_dtype).itemsize)  # fmt: skip
@@ -302,7 +306,12 @@ def to_pyg(dataset):
     else:
         order = np.asarray(order)
         edge_index[0, order], edge_index[1, order] = src, dst
-    data = Data(x=torch.from_numpy(ds.features), edge_index=torch.from_numpy(edge_index))
+    x = torch.from_numpy(ds.features)
+    if ds.feat_dtype == "bfloat16":
+        x = x.view(torch.bfloat16)
+    elif ds.feat_dtype == "int8":  # PyG has no per-column int8 rows: float32, dequantized
+        x = torch.from_numpy(ds.feature_codec.decode(np.asarray(ds.features)))
+    data = Data(x=x, edge_index=torch.from_numpy(edge_index))
     if "edge_attr" in ds.extra:
         data.edge_attr = torch.from_numpy(ds.extra["edge_attr"])
     if ds.labels is not None:

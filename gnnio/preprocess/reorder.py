@@ -33,6 +33,7 @@ from ..errors import UsageError
 from ..graph import output_dir
 from ..graph.csr import index_dtype
 from ..graph.dataset import Dataset, load
+from ..graph.feature_dtype import SCALE, ZERO_POINT
 from ..graph.format import SPLITS, DatasetWriter
 from ..utils.progress import bar
 from ._relabel_kernels import _move_rows, _new_degrees
@@ -329,6 +330,9 @@ def reorder_dataset(
         w.save_array("old2new", orig_o2n)
         for key, arr in ds.extra.items():
             if key in ("new2old", "old2new"):
+                continue
+            if key in (SCALE, ZERO_POINT):  # the int8 codec: per column, not per node
+                w.save_array(key, np.asarray(arr))
                 continue
             if arr.ndim >= 1 and arr.shape[0] == n:
                 w.save_array(key, np.asarray(arr)[new2old])

@@ -294,6 +294,9 @@ class PyGLoader:
 
     def convert(self, mb) -> Data:
         """One gathered :class:`~gnnio.sampling.base.MiniBatch` as a PyG ``Data`` batch."""
+        codec = self.dataset.feature_codec
+        if mb.x is not None and codec.feat_dtype in ("bfloat16", "int8"):  # compressed rows
+            mb.x = _user_rows(mb.x, codec, self)
         return to_pyg_data(
             mb,
             graph=self.dataset.graph,
@@ -313,3 +316,17 @@ class PyGLoader:
             f"{type(self).__name__}(batches={len(self)}, expand={self.expand!r}, "
             f"sampler={type(self.sampler).__name__}, store={type(self.store).__name__})"
         )
+
+
+def _user_rows(x: torch.Tensor, codec, loader) -> torch.Tensor:
+    """Rows as a PyG user reads them: bfloat16 bits (int16) as a bfloat16 view, int8 rows
+    dequantized to float32 on their device (:class:`~gnnio.train.decode.FeatureDecoder`, built
+    once per loader); float32 and float16 rows are not touched."""
+    if codec.feat_dtype == "bfloat16":
+        return x.view(torch.bfloat16)
+    dec = getattr(loader, "_decoder", None)
+    if dec is None or dec.scale.device != x.device:
+        from ..train.decode import FeatureDecoder
+
+        dec = loader._decoder = FeatureDecoder(codec).to(x.device)
+    return dec(x)

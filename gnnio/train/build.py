@@ -87,6 +87,7 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         feature_norm=cfg.feature_norm,
         edge_weight_norm=cfg.edge_weight_norm,
     ).to(device)
+    model.set_feature_codec(ds.feature_codec)  # compressed rows decoded on `device`
     net = run.wrap_model(model)  # what trains (DDP with ranks); `model` evaluates and is saved
     opt = make_optimizer(model, cfg)
     return TrainingParts(setup, store, sampler, adaptive, order, labels, train_loader,

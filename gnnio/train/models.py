@@ -57,6 +57,7 @@ from ..features.base import FeatureStore
 from ..graph.csr import CSRGraph
 from ..sampling.base import Block
 from ..utils.progress import bar
+from .decode import FeatureDecoder
 from .spmm import block_csr, block_matmul
 
 __all__ = [
@@ -219,15 +220,25 @@ class BlockGNN(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.dropout = float(dropout)
         self.feature_norm = feature_norm
+        self.decode = FeatureDecoder()  # stored rows -> float32: set_feature_codec
+
+    def set_feature_codec(self, codec) -> BlockGNN:
+        """Decode input rows stored as ``codec`` says (a dataset's
+        :attr:`~gnnio.graph.dataset.Dataset.feature_codec`: float16, bfloat16, int8) on the
+        model's device; see :mod:`gnnio.train.decode`. Returns the model."""
+        dev = next(self.parameters()).device
+        self.decode = FeatureDecoder(codec).to(dev)
+        return self
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
     def normalize_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Feature transform applied before layer 0: float32 and, with ``feature_norm="row"``,
-        each row divided by its sum of absolute values (rows that sum to 0 are left as is)."""
-        x = x.float()
+        """Feature transform applied before layer 0: the stored rows decoded to float32
+        (:class:`~gnnio.train.decode.FeatureDecoder`) and, with ``feature_norm="row"``, each row
+        divided by its sum of absolute values (rows that sum to 0 are left as is)."""
+        x = self.decode(x)
         if self.feature_norm == "row":
             x = x / x.abs().sum(dim=1, keepdim=True).clamp_min(1e-12)
         return x
@@ -287,7 +298,7 @@ class BlockGNN(nn.Module):
                     for s, e in chunks:
                         block, src_nodes = full_neighbor_block(graph, s, e)
                         if h is None:
-                            x = self.normalize_input(_rows(features, src_nodes)).to(device)
+                            x = self.normalize_input(_rows(features, src_nodes).to(device))
                         else:
                             x = h[torch.from_numpy(src_nodes)].to(device)
                         y = self.layers[i](x, block.to(device))

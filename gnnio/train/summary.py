@@ -60,6 +60,8 @@ def summarize(ds, cfg, device, model, history, best_epoch, stopped_early, ckpt) 
         "bytes_by_tier": bytes_total,
         "rows_by_tier": rows_total,
         "bytes_by_tier_scope": "feature rows gathered during training passes (evaluation excluded)",
+        "feat_dtype": ds.feat_dtype,  # the rows every tier stores and moves (issue 25, item 4)
+        "feature_codec_bytes": ds.feature_codec.bytes,  # int8 scale + zero point, moved once
         "device": str(device),
         "num_parameters": count_parameters(model),
         "num_train": num_train,
