@@ -253,7 +253,11 @@ def test_training_runs_and_moves_compressed_bytes(graphs, kw):
         assert s["feat_dtype"] == dt
         assert all(np.isfinite(s["loss_history"])) and 0 <= s["test_acc"] <= 1
         assert s["rows_by_tier"] == base["rows_by_tier"]  # the same rows, compressed
-        assert s["bytes_by_tier"] == {k: v * ratio for k, v in base["bytes_by_tier"].items()}
+        rows = {k: v for k, v in s["bytes_by_tier"].items() if k != "disk"}
+        assert rows == {k: v * ratio for k, v in base["bytes_by_tier"].items() if k != "disk"}
+        if "disk" in base["bytes_by_tier"]:  # device bytes, whole pages: fewer, not exactly
+            assert s["bytes_by_tier"]["disk"] == s["disk"]["bytes_read"]
+            assert s["bytes_by_tier"]["disk"] <= base["bytes_by_tier"]["disk"]
         assert abs(s["loss_history"][0] - base["loss_history"][0]) < 0.05
     assert runs["int8"]["feature_codec_bytes"] == 2 * 4 * 32  # scale + zero point, once
     assert base["feature_codec_bytes"] == 0
