@@ -28,7 +28,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..preprocess.chunked import CHUNK_EDGES, MIN_BUCKET, build_csr, csr_fixed_bytes
+from ..preprocess.chunked import (
+    CHUNK_EDGES,
+    MIN_BUCKET,
+    _unique_sorted_inplace,
+    build_csr,
+    csr_fixed_bytes,
+)
 from ._synthetic_graph import _CHUNK_PAIRS, draw_pairs, finish_info
 
 __all__ = ["BoundedKeys", "generate_bounded", "need_bytes", "trim_bounded"]
@@ -102,19 +108,6 @@ def _merge_back(buf, k, new, fresh):
             buf[w] = x
             w -= 1
             j -= 1
-
-
-@numba.njit(cache=True, nogil=True)
-def _unique_inplace(keys):
-    m = keys.shape[0]
-    if m == 0:
-        return 0
-    w = 1
-    for i in range(1, m):
-        if keys[i] != keys[w - 1]:
-            keys[w] = keys[i]
-            w += 1
-    return w
 
 
 @numba.njit(cache=True, nogil=True)
@@ -209,7 +202,7 @@ class BoundedKeys:
     def _flush(self) -> None:
         r = self.round[: self.pos]
         r.sort()
-        self._merge(r[: _unique_inplace(r)])
+        self._merge(r[: _unique_sorted_inplace(r)])
         self.pos = 0
 
     def _merge(self, new: np.ndarray) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import UsageError
 
-__all__ = ["FAULT", "MIN_CHUNK", "chunk_bytes", "edge_ranges", "row_ranges"]
+__all__ = ["FAULT", "MIN_CHUNK", "chunk_bytes", "cum_ranges", "edge_ranges", "row_ranges"]
 
 #: the least a budget must leave for the chunks (bytes)
 MIN_CHUNK = 1 << 20
@@ -41,19 +41,26 @@ def chunk_bytes(budget: int | None, fixed: int, what: str) -> int | None:
     return budget - fixed
 
 
+def cum_ranges(cum: np.ndarray, cap: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges ``[a, b)`` of rows whose summed cost (``cum[b] - cum[a]``; ``cum`` is
+    cumulative, length rows + 1, e.g. a CSR ``indptr``) stays within ``cap``; at least one row
+    each (a row costing more than ``cap`` stands alone). The one range cutter of the bounded
+    passes: the scores and partition (:func:`row_ranges`), the reorder's chunks and prepare's
+    CSR buckets."""
+    n = cum.shape[0] - 1
+    a = 0
+    while a < n:
+        b = int(np.searchsorted(cum, int(cum[a]) + cap, side="right")) - 1
+        b = min(n, max(a + 1, b))
+        yield a, b
+        a = b
+
+
 def row_ranges(indptr: np.ndarray, chunk: int, per_edge: int) -> Iterator[tuple[int, int]]:
     """Ranges ``[a, b)`` of CSR rows (consecutive) whose edges, at ``per_edge`` bytes each plus
     the two fault-around windows, fit ``chunk`` bytes; at least one row each (a row with more
     edges than a chunk holds stands alone)."""
-    n = indptr.shape[0] - 1
-    edges = max(1, (int(chunk) - 2 * FAULT) // max(1, int(per_edge)))
-    a = 0
-    while a < n:
-        lim = int(indptr[a]) + edges
-        b = int(np.searchsorted(indptr, lim, side="right")) - 1
-        b = min(n, max(a + 1, b))
-        yield a, b
-        a = b
+    return cum_ranges(indptr, max(1, (int(chunk) - 2 * FAULT) // max(1, int(per_edge))))
 
 
 def edge_ranges(num_edges: int, chunk: int, per_edge: int) -> Iterator[tuple[int, int]]:

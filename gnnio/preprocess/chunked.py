@@ -32,6 +32,7 @@ from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..utils.pages import drop_pages
 from ..utils.progress import bar
+from .budget import cum_ranges
 
 __all__ = [
     "CHUNK_EDGES",
@@ -194,13 +195,7 @@ def _buckets(counts: np.ndarray, cap: int) -> Iterator[tuple[int, int]]:
     least one row each)."""
     cum = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=cum[1:])
-    n = counts.shape[0]
-    a = 0
-    while a < n:
-        b = int(np.searchsorted(cum, cum[a] + cap, side="right")) - 1
-        b = min(n, max(a + 1, b))
-        yield a, b
-        a = b
+    return cum_ranges(cum, cap)
 
 
 def build_csr(

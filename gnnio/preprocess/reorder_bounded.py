@@ -35,7 +35,7 @@ from ..errors import UsageError
 from ..graph.csr import index_dtype
 from ..utils.pages import drop_pages
 from ._relabel_kernels import _move_rows, _move_run, _new_degrees
-from .budget import FAULT, MIN_CHUNK
+from .budget import FAULT, MIN_CHUNK, cum_ranges
 
 __all__ = ["MIN_CHUNK", "check_budget", "fixed_bytes", "release", "row_chunks"]
 
@@ -72,13 +72,7 @@ def release(arr) -> None:
 def row_chunks(cost_cum: np.ndarray, chunk_bytes: int) -> Iterator[tuple[int, int]]:
     """Ranges ``[a, b)`` of rows whose summed cost (``cost_cum[b] - cost_cum[a]``, a cumulative
     int64 array of length rows + 1) stays within ``chunk_bytes``; at least one row each."""
-    n = cost_cum.shape[0] - 1
-    a = 0
-    while a < n:
-        b = int(np.searchsorted(cost_cum, cost_cum[a] + chunk_bytes, side="right")) - 1
-        b = min(n, max(a + 1, b))
-        yield a, b
-        a = b
+    return cum_ranges(cost_cum, chunk_bytes)
 
 
 def relabel_csr_bounded(indptr, indices, new2old, out, chunk_bytes: int) -> np.ndarray:
