@@ -78,19 +78,22 @@ def step_ipc(c) -> dict[str, Any]:
 # -- the worker -------------------------------------------------------------------------------
 
 
-def _data(work: Path):
+def small_partitioned(work: Path, parts: int, feat_dim: int):
+    """A 2,000-node synthetic dataset under ``work/syn`` split into ``parts`` random parts
+    (``work/part<parts>``), each made once: ``(dataset dir, loaded dataset, partition dir)``.
+    The gpu-check workers' data (this module's and :mod:`gnnio.bench.gpu_nccl`'s)."""
     import gnnio
     from gnnio.importers.synthetic import prepare_synthetic
     from gnnio.preprocess.partition import partition_dataset, save_partition
 
-    d, p = work / "syn", work / "part2"
+    d, p = work / "syn", work / f"part{parts}"
     if not d.exists():
-        prepare_synthetic(d, num_nodes=2000, avg_degree=8, feat_dim=8, num_classes=4, seed=3,
-                          progress=False)  # fmt: skip
+        prepare_synthetic(d, num_nodes=2000, avg_degree=8, feat_dim=feat_dim, num_classes=4,
+                          seed=3, progress=False)  # fmt: skip
     ds = gnnio.load(d)
     if not p.exists():
-        save_partition(partition_dataset(ds, 2, "random", seed=1, measure=False), ds.graph, p)
-    return d, p
+        save_partition(partition_dataset(ds, parts, "random", seed=1, measure=False), ds.graph, p)
+    return d, ds, p
 
 
 def _same(a, b) -> bool:
@@ -204,7 +207,7 @@ def merge(per_rank: list[dict], device: str) -> dict[str, Any]:
 def worker(work: Path, device: str) -> dict[str, Any] | None:
     from ..distributed.launch import launch
 
-    d, p = _data(work)
+    d, _, p = small_partitioned(work, 2, feat_dim=8)
     opts = {"dataset": str(d), "partition": str(p), "device": device}
     out = launch(2, rank_main, opts, timeout_s=60)[0]
     (work / "ipc.json").write_text(json.dumps(out, indent=1))

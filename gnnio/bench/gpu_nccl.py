@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .gpu_ipc import step_ipc
+from .gpu_ipc import small_partitioned, step_ipc
 
 __all__ = ["AWAITING", "step_nccl"]
 
@@ -96,21 +96,6 @@ def step_nccl(c) -> dict[str, Any]:
 
 
 # -- the worker (one rank, WORLD_SIZE=1) ----------------------------------------------------
-
-
-def _data(work: Path):
-    import gnnio
-    from gnnio.importers.synthetic import prepare_synthetic
-    from gnnio.preprocess.partition import partition_dataset, save_partition
-
-    d, p = work / "syn", work / "part1"
-    if not d.exists():
-        prepare_synthetic(d, num_nodes=2000, avg_degree=8, feat_dim=16, num_classes=4, seed=3,
-                          progress=False)  # fmt: skip
-    ds = gnnio.load(d)
-    if not p.exists():
-        save_partition(partition_dataset(ds, 1, "random", seed=1, measure=False), ds.graph, p)
-    return ds, p
 
 
 def _store(ctx, ds, strategy: str) -> None:
@@ -168,7 +153,7 @@ def _train(ctx, ds, pdir: Path, work: Path, device: str, **kw) -> None:
 def worker(work: Path, device: str) -> dict[str, Any]:
     from ..distributed.context import init, shutdown
 
-    ds, pdir = _data(work)
+    _, ds, pdir = small_partitioned(work, 1, feat_dim=16)
     ctx = init(timeout_s=120, device=device)
     chk = ctx._extra.get("check")
     ck = work / "ck"
