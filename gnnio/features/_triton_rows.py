@@ -65,6 +65,22 @@ def _word(row_bytes: int, *ptrs: int) -> int:
     return 1
 
 
+def _tiling(row_bytes: int, *tensors: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """``(word bytes, words per row, words padded to a power of two, rows per program)`` for rows
+    of ``row_bytes`` read and written through ``tensors``; None past :data:`MAX_WORDS` words."""
+    w = _word(row_bytes, *(x.data_ptr() for x in tensors))
+    words = row_bytes // w
+    if words > MAX_WORDS:
+        return None
+    wp = 1 << (words - 1).bit_length()
+    return w, words, wp, max(1, min(64, _TILE_WORDS * 8 // w // wp))
+
+
+def _as_words(x: torch.Tensor, w: int) -> torch.Tensor:
+    """``x``'s bytes as ``w``-byte words (a view)."""
+    return x.view(torch.uint8).view(_WORDS[w]) if w > 1 else x.view(torch.uint8)
+
+
 def copy_rows_triton(
     src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor | None
 ) -> bool:
@@ -84,18 +100,14 @@ def copy_rows_triton(
     rb = src.shape[1] * src.element_size()
     if n == 0 or rb == 0:
         return True
-    w = _word(rb, src.data_ptr(), dst.data_ptr())
-    words = rb // w
-    if words > MAX_WORDS:
+    tiling = _tiling(rb, src, dst)
+    if tiling is None:
         return False
-    wp = 1 << (words - 1).bit_length()
-    br = max(1, min(64, _TILE_WORDS * 8 // w // wp))
-    sv = src.view(torch.uint8).view(_WORDS[w]) if w > 1 else src.view(torch.uint8)
-    dv = dst.view(torch.uint8).view(_WORDS[w]) if w > 1 else dst.view(torch.uint8)
+    w, words, wp, br = tiling
     si = src_idx.contiguous()
     di = si if dst_idx is None else dst_idx.contiguous()
-    _rows[(triton.cdiv(n, br),)](sv, si, dv, di, n, W=words, WP=wp, BR=br,
-                                 SCATTER=dst_idx is not None)  # fmt: skip
+    _rows[(triton.cdiv(n, br),)](_as_words(src, w), si, _as_words(dst, w), di, n, W=words, WP=wp,
+                                 BR=br, SCATTER=dst_idx is not None)  # fmt: skip
     return True
 
 
@@ -123,16 +135,11 @@ def copy_tiered_triton(
     rb = dst.shape[1] * dst.element_size()
     if n == 0 or rb == 0:
         return True
-    w = _word(rb, hot.data_ptr(), cold.data_ptr(), dst.data_ptr())
-    words = rb // w
-    if words > MAX_WORDS:
+    tiling = _tiling(rb, hot, cold, dst)
+    if tiling is None:
         return False
-    wp = 1 << (words - 1).bit_length()
-    br = max(1, min(64, _TILE_WORDS * 8 // w // wp))
-
-    def view(x: torch.Tensor) -> torch.Tensor:
-        return x.view(torch.uint8).view(_WORDS[w]) if w > 1 else x.view(torch.uint8)
-
-    _tiered[(triton.cdiv(n, br),)](view(hot), view(cold), slots.contiguous(), ids.contiguous(),
-                                   view(dst), n, W=words, WP=wp, BR=br)  # fmt: skip
+    w, words, wp, br = tiling
+    _tiered[(triton.cdiv(n, br),)](_as_words(hot, w), _as_words(cold, w), slots.contiguous(),
+                                   ids.contiguous(), _as_words(dst, w), n, W=words, WP=wp,
+                                   BR=br)  # fmt: skip
     return True
