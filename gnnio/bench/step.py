@@ -38,6 +38,7 @@ from collections import Counter
 import torch
 
 from ..errors import UsageError
+from ..features.base import ids_in_range
 from ..utils.progress import bar
 from ..utils.syncs import OpCounter
 
@@ -209,7 +210,8 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
                         if device.type == "cuda":
                             buf = buf.pin_memory()
                     before = counter.syncs
-                    mb.x = store.gather(ids, out=None if store.device.type != "cpu" else buf)
+                    with ids_in_range():  # the sampler's ids, as the loader's gather vouches
+                        mb.x = store.gather(ids, out=None if store.device.type != "cpu" else buf)
                     mb.labels = parts.train_loader._labels_for(mb.seeds)  # as the loader does
                     clock.mark("gather")
                     part_syncs["gather"] = counter.syncs - before

@@ -49,6 +49,7 @@ __all__ = [
     "KERNELS",
     "as_index_array",
     "check_out",
+    "copy_masked",
     "copy_rows",
     "gather_rows",
     "host_empty",
@@ -311,19 +312,47 @@ def copy_rows(
         dst.index_copy_(0, dst_idx.long(), src.index_select(0, src_idx))
 
 
+def copy_masked(src: torch.Tensor, slots: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst[i] = src[slots[i]]`` where ``slots[i] >= 0``; other rows of ``dst`` are left as they
+    are. No host synchronisation: one Triton kernel where it applies (nothing read for a skipped
+    row), else torch ops that read a row for every ``i`` and keep the old one where skipped."""
+    n = int(slots.shape[0])
+    if n == 0 or src.shape[0] == 0:  # (no source row: every slot is negative)
+        return
+    if triton_available(dst.device, "copy_tiered") and src.device == dst.device:
+        skip = torch.where(slots >= 0, slots, -2)
+        try:
+            from ._triton_rows import copy_tiered_triton
+
+            if copy_tiered_triton(src, src, skip, skip, dst[:n], skip=True):
+                kernel_ran("rows", "triton")
+                return
+        except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: torch ops
+            kernel_failed("copy_tiered", e, "masked row copies with torch ops instead")
+    kernel_ran("rows", "torch")
+    rows = src.index_select(0, slots.clamp(min=0))
+    keep = (slots < 0).unsqueeze(1)
+    dst[:n] = torch.where(keep, dst[:n], rows)
+
+
 def copy_tiered(
-    hot: torch.Tensor, cold: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor
+    hot: torch.Tensor,
+    cold: torch.Tensor,
+    slots: torch.Tensor,
+    ids: torch.Tensor,
+    dst: torch.Tensor,
+    skip: bool = False,
 ) -> bool:
     """``dst[i] = hot[slots[i]]`` where ``slots[i] >= 0``, else ``cold[ids[i]]``, as one Triton
     kernel (:func:`gnnio.features._triton_rows.copy_tiered_triton`) with no host synchronisation;
     False (nothing written) where Triton or the kernel does not apply: the caller splits the batch
-    into hot and cold positions instead."""
+    into hot and cold positions instead. With ``skip``, a slot below -1 leaves ``dst[i]`` as it is."""
     if not triton_available(dst.device, "copy_tiered"):
         return False
     try:
         from ._triton_rows import copy_tiered_triton
 
-        if copy_tiered_triton(hot, cold, slots, ids, dst):
+        if copy_tiered_triton(hot, cold, slots, ids, dst, skip):
             kernel_ran("rows", "triton")
             return True
     except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the split path

@@ -44,12 +44,15 @@ def _rows(src, src_idx, dst, dst_idx, n, W: tl.constexpr, WP: tl.constexpr, BR: 
 
 
 @triton.jit
-def _tiered(hot, cold, slots, ids, dst, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr):
+def _tiered(hot, cold, slots, ids, dst, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
+            SKIP: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = r < n
     s = tl.load(slots + r, mask=rm, other=0).to(tl.int64)
-    i = tl.load(ids + r, mask=rm, other=0).to(tl.int64)
     h = s >= 0
+    if SKIP:  # slot -1: the cold row; below -1: the output row is left as it is
+        rm = rm & (s >= -1)
+    i = tl.load(ids + r, mask=rm & ~h, other=0).to(tl.int64)
     c = tl.arange(0, WP)
     m = rm[:, None] & (c < W)[None, :]
     # masked-off lanes issue no load: a hot row reads the GPU tier only, a cold row the host only
@@ -117,12 +120,14 @@ def copy_tiered_triton(
     slots: torch.Tensor,
     ids: torch.Tensor,
     dst: torch.Tensor,
+    skip: bool = False,
 ) -> bool:
     """``dst[i] = hot[slots[i]]`` where ``slots[i] >= 0``, else ``cold[ids[i]]``: the tiered
     store's gather as one kernel, without splitting the batch into hot and cold positions first
     (``nonzero`` twice: two host synchronisations per batch on a GPU). ``cold`` is the zero-copy
-    view of the pinned host rows. Returns False (nothing written) where the kernel does not apply
-    (as :func:`copy_rows_triton`). Indices are not checked."""
+    view of the pinned host rows. With ``skip`` a slot below -1 leaves ``dst[i]`` as it is and
+    reads nothing (the caches' masked gathers). Returns False (nothing written) where the kernel
+    does not apply (as :func:`copy_rows_triton`). Indices are not checked."""
     n = int(ids.shape[0])
     tensors = (hot, cold, dst)
     if (
@@ -141,5 +146,5 @@ def copy_tiered_triton(
     w, words, wp, br = tiling
     _tiered[(triton.cdiv(n, br),)](_as_words(hot, w), _as_words(cold, w), slots.contiguous(),
                                    ids.contiguous(), _as_words(dst, w), n, W=words, WP=wp,
-                                   BR=br)  # fmt: skip
+                                   BR=br, SKIP=bool(skip))  # fmt: skip
     return True

@@ -11,48 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CacheStats", "DeferredSplit", "EventLaps", "counters_delta", "snapshot_rows"]
-
-
-class DeferredSplit:
-    """Rows per tier of a two-tier gather, counted on the device and read back only when asked.
-
-    The tiered store's fused gather (one kernel, no hot/cold split on the host) knows how many of a
-    batch's rows were hot only as a device tensor; reading it back per batch would be the host
-    synchronisation the kernel exists to avoid. :meth:`add` queues the batch's hot count into a
-    cumulative device counter (no synchronisation); :meth:`flush`, called when the store's
-    counters are read (once per epoch in ``gnnio train``), waits for the device once and books the
-    rows since the last flush. The device counter is only ever added to, never reset: a reset
-    queued on another stream than the adds could run before an add queued earlier on the host.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._hot = torch.zeros((), dtype=torch.int64, device=device)
-        self._hot_seen = 0  # the counter's value at the last flush
-        self._total = 0  # rows added since the last flush (known on the host)
-        self._lock = threading.Lock()
-
-    def add(self, hot_mask: torch.Tensor) -> None:
-        """Queue one batch: ``hot_mask`` is True where a row came from the hot tier."""
-        with self._lock:
-            self._hot.add_(hot_mask.sum())
-            self._total += int(hot_mask.shape[0])
-
-    def flush(self, counters: Any, hot_tier: str, cold_tier: str, row_bytes: int) -> None:
-        """Book the rows queued since the last flush into ``counters`` (one device wait)."""
-        with self._lock:
-            if not self._total:
-                return
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the adds may sit on another stream
-            now = int(self._hot)
-            hot, total = now - self._hot_seen, self._total
-            self._hot_seen, self._total = now, 0
-        if hot:
-            counters.add(hot_tier, hot, row_bytes)
-        if total - hot:
-            counters.add(cold_tier, total - hot, row_bytes)
+__all__ = ["CacheStats", "EventLaps", "counters_delta", "snapshot_rows"]
 
 
 class EventLaps:
@@ -132,15 +91,30 @@ class CacheStats:
     hit_ratio_sum: float = 0.0
     last: dict = field(default_factory=dict)
     laps: EventLaps = field(default_factory=EventLaps, repr=False, compare=False)
+    # the sync-free path's counts (unique, hits, misses, insertions, evictions, hit ratio, fetched
+    # and hit bytes), summed on the device, never reset; and their value at the last flush
+    _dev: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    _dev_seen: list = field(default_factory=lambda: [0.0] * 8, repr=False, compare=False)
 
     def reset(self) -> None:
+        self.flush()
+        keep = {"_dev": self._dev, "_dev_seen": self._dev_seen}
         for k, v in CacheStats().__dict__.items():
-            setattr(self, k, v)
+            setattr(self, k, keep.get(k, v))
 
     def flush(self, wait: bool = True) -> None:
         """Add the seconds of the event-timed laps (CUDA) to ``manage_s`` / ``copy_s``; done
         without waiting after every batch and with waiting by :meth:`as_dict` and the per-batch
-        figures, so on a GPU ``manage_s`` / ``copy_s`` read directly may lag a few batches."""
+        figures, so on a GPU ``manage_s`` / ``copy_s`` read directly may lag a few batches. With
+        ``wait`` also books the counts the sync-free path summed on the device (one wait)."""
+        if wait and self._dev is not None:
+            if self._dev.device.type == "cuda":
+                torch.cuda.synchronize(self._dev.device)
+            now = self._dev.tolist()
+            d = [a - b for a, b in zip(now, self._dev_seen, strict=True)]
+            self._dev_seen = now
+            for k, v in zip(_DEV_FIELDS, d, strict=True):
+                setattr(self, k, getattr(self, k) + (v if k == "hit_ratio_sum" else round(v)))
         if len(self.laps):
             for phase, sec in self.laps.resolve(wait).items():
                 setattr(self, f"{phase}_s", getattr(self, f"{phase}_s") + sec)
@@ -148,6 +122,7 @@ class CacheStats:
     @property
     def hit_ratio(self) -> float:
         """Mean over batches of the per-batch hit ratio (DESIGN: averaged over an epoch)."""
+        self.flush()
         return self.hit_ratio_sum / self.batches if self.batches else 0.0
 
     @property
@@ -162,13 +137,31 @@ class CacheStats:
 
     def as_dict(self) -> dict:
         self.flush()
-        d = {k: v for k, v in self.__dict__.items() if k not in ("last", "laps")}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("last", "laps") and k[0] != "_"}
         d.update(
             hit_ratio=self.hit_ratio,
             manage_ms_per_batch=self.manage_ms_per_batch,
             copy_ms_per_batch=self.copy_ms_per_batch,
         )
         return d
+
+    def _record_device(self, n, unique, hits, misses, ins, ev, row_bytes, manage, copy) -> None:
+        """:meth:`_record` with the counts as device scalars (``n`` known on the host): summed on
+        the device, booked by :meth:`flush` (``last`` holds only what the host knows)."""
+        like = next(x for x in (hits, misses, unique, ins, ev) if isinstance(x, torch.Tensor))
+        one = torch.stack([_on_device(x, like) for x in (unique, hits, misses, ins, ev)])
+        u = one[0]
+        ratio = torch.where(u > 0, one[1] / u.clamp(min=1), 0.0)
+        vec = torch.cat([one, ratio.reshape(1), one[2:3] * row_bytes, one[1:2] * row_bytes])
+        if self._dev is None:
+            self._dev = torch.zeros(8, dtype=torch.float64, device=vec.device)
+        self._dev.add_(vec)
+        self.batches += 1
+        self.queries += n
+        self.manage_s += manage
+        self.copy_s += copy
+        self.flush(wait=False)
+        self.last = dict(queries=n, manage_s=manage, copy_s=copy)
 
     def _record(self, n, unique, hits, misses, ins, ev, row_bytes, manage, copy) -> None:
         self.batches += 1
@@ -196,6 +189,17 @@ class CacheStats:
         )
 
 
+def _on_device(x, like: torch.Tensor) -> torch.Tensor:
+    """``x`` as a float64 scalar on ``like``'s device (a fill, not a copy from host memory)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64)
+    return torch.full((), float(x), dtype=torch.float64, device=like.device)
+
+
+_DEV_FIELDS = ("unique_queries", "hits", "misses", "insertions", "evictions", "hit_ratio_sum",
+               "fetched_bytes", "hit_bytes")  # fmt: skip
+
+
 class _Timer:
     """Phases of one call: wall-clock laps on the CPU; on a CUDA device, with ``laps`` given,
     event pairs on the current stream (:class:`EventLaps`; :meth:`lap` then returns 0 and the
@@ -221,10 +225,13 @@ class _Timer:
         return d
 
 
-def snapshot_rows(counters) -> dict[str, int]:
-    return dict(counters.rows)
+def snapshot_rows(counters):
+    """A mark of ``counters`` to measure a backing gather's rows from (no device wait)."""
+    return counters.mark()
 
 
-def counters_delta(before: dict[str, int], counters) -> dict[str, int]:
-    """Rows per tier counted by ``counters`` since ``before`` (a :func:`snapshot_rows`)."""
-    return {t: r - before.get(t, 0) for t, r in counters.rows.items() if r - before.get(t, 0)}
+def counters_delta(before, counters):
+    """Rows per tier counted by ``counters`` since ``before`` (a :func:`snapshot_rows`), as a
+    :class:`~gnnio.features.base.BatchCount` (device parts stay on the device); a wrapper books
+    it with :meth:`~gnnio.features.base.TierCounters.add_count`."""
+    return counters.since(before)

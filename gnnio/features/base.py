@@ -8,32 +8,186 @@ data. Caches and tiered stores are wrappers over another store (composition, as 
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
-__all__ = ["FeatureStore", "TierCounters"]
+__all__ = ["BatchCount", "FeatureStore", "TierCounters", "ids_in_range", "ids_vouched"]
 
 
-@dataclass
 class TierCounters:
-    """Rows and bytes served per tier since the last reset."""
+    """Rows and bytes served per tier since the last reset.
 
-    rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    Two kinds of counts. :meth:`add` books counts the host knows. :meth:`add_device` queues counts
+    that a gather knows only as a device tensor (a kernel routed the rows on the GPU; reading the
+    count back per batch would be the host synchronisation the kernel exists to avoid): they are
+    booked when ``rows``, ``bytes`` or :meth:`snapshot` are read (one device wait, once per epoch in
+    ``gnnio train``). :meth:`mark` and :meth:`since` measure what one batch added, device counts
+    included, without any wait (the loader's per-batch accounting); :class:`BatchCount` resolves
+    that later. A device accumulator is only ever added to, never reset: a reset queued on another
+    stream than the adds could run before an add queued earlier on the host.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, int] = defaultdict(int)
+        self._bytes: dict[str, int] = defaultdict(int)
+        self._dev: dict[
+            str, list
+        ] = {}  # tier -> [cumulative device count, value booked, row bytes]
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"TierCounters(rows={dict(self._rows)}, pending={sorted(self._dev)})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TierCounters):
+            return NotImplemented
+        return self.snapshot() == other.snapshot()
+
+    @property
+    def rows(self) -> dict[str, int]:
+        self.flush()
+        return self._rows
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        self.flush()
+        return self._bytes
 
     def add(self, tier: str, rows: int, row_bytes: int) -> None:
-        self.rows[tier] += int(rows)
-        self.bytes[tier] += int(rows) * int(row_bytes)
+        self._rows[tier] += int(rows)
+        self._bytes[tier] += int(rows) * int(row_bytes)
+
+    def add_device(self, tier: str, rows: torch.Tensor, row_bytes: int) -> None:
+        """Queue ``rows`` (a 0-d integer tensor on any device) under ``tier``, without a sync."""
+        with self._lock:
+            e = self._dev.get(tier)
+            if e is None:
+                e = self._dev[tier] = [torch.zeros((), dtype=torch.int64, device=rows.device), 0,
+                                       int(row_bytes)]  # fmt: skip
+            e[0].add_(rows)
+
+    def add_count(self, count: BatchCount, row_bytes: int) -> None:
+        """Book the rows of ``count`` (another store's :meth:`since`) at ``row_bytes`` each: host
+        parts now, device parts queued (no wait)."""
+        for t, r in count.rows.items():
+            if r:
+                self.add(t, r, row_bytes)
+        for t, d, _ in count.dev:
+            self.add_device(t, d, row_bytes)
+
+    def flush(self) -> None:
+        """Book the queued device counts (waits for the device once when there are any)."""
+        if not self._dev:
+            return
+        with self._lock:
+            _wait_for(e[0] for e in self._dev.values())
+            for tier, e in self._dev.items():
+                now = int(e[0])
+                if now != e[1]:
+                    self.add(tier, now - e[1], e[2])
+                    e[1] = now
 
     def reset(self) -> None:
-        self.rows.clear()
-        self.bytes.clear()
+        self.flush()
+        self._rows.clear()
+        self._bytes.clear()
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        return {"rows": dict(self.rows), "bytes": dict(self.bytes)}
+        self.flush()
+        return {"rows": dict(self._rows), "bytes": dict(self._bytes)}
+
+    def mark(self) -> tuple:
+        """The counts now, device counts as device copies: no host synchronisation."""
+        with self._lock:
+            dev = {t: e[0].clone() for t, e in self._dev.items()}
+        return dict(self._rows), dict(self._bytes), dev
+
+    def since(self, mark: tuple) -> BatchCount:
+        """What was counted after ``mark`` (:meth:`mark`), device parts still on the device."""
+        rows0, bytes0, dev0 = mark
+        out = BatchCount()
+        for t, r in self._rows.items():  # every tier counted so far, as a snapshot lists them
+            out.rows[t] = r - rows0.get(t, 0)
+            out.bytes[t] = self._bytes[t] - bytes0.get(t, 0)
+        with self._lock:
+            for t, e in self._dev.items():
+                d = e[0] - dev0[t] if t in dev0 else e[0].clone()
+                out.dev.append((t, d, e[2]))
+        return out
+
+
+class BatchCount:
+    """Rows and bytes per tier counted for some batches, parts of it still device tensors
+    (:meth:`TierCounters.since`). :meth:`add` sums without a wait; :meth:`resolve` returns the
+    plain ``{"rows": {...}, "bytes": {...}}`` (one device wait when there are device parts)."""
+
+    def __init__(self, counted: dict | None = None) -> None:
+        self.rows: dict[str, int] = dict((counted or {}).get("rows", {}))
+        self.bytes: dict[str, int] = dict((counted or {}).get("bytes", {}))
+        self.dev: list[tuple[str, torch.Tensor, int]] = []
+
+    def add(self, other: BatchCount | dict) -> None:
+        if isinstance(other, dict):
+            other = BatchCount(other)
+        for kind in ("rows", "bytes"):
+            mine = getattr(self, kind)
+            for t, v in getattr(other, kind).items():
+                mine[t] = mine.get(t, 0) + v
+        if other.dev:  # one running device sum per tier: no list growing with the batches
+            sums = {(t, rb): i for i, (t, _, rb) in enumerate(self.dev)}
+            for t, d, rb in other.dev:
+                i = sums.get((t, rb))
+                if i is None:
+                    sums[(t, rb)] = len(self.dev)
+                    self.dev.append((t, d.clone(), rb))
+                else:
+                    self.dev[i][1].add_(d)
+
+    def resolve(self) -> dict[str, dict[str, int]]:
+        rows, byts = dict(self.rows), dict(self.bytes)
+        _wait_for(d for _, d, _ in self.dev)
+        for t, d, rb in self.dev:
+            v = int(d)
+            if v:
+                rows[t] = rows.get(t, 0) + v
+                byts[t] = byts.get(t, 0) + v * rb
+        return {"rows": rows, "bytes": byts}
+
+
+_VOUCHED = threading.local()
+
+
+@contextmanager
+def ids_in_range() -> Iterator[None]:
+    """Within this block (this thread only), stores skip the range check of ids that are already
+    on their GPU: the caller vouches that every id is in ``[0, num_rows)``. The check reads the
+    ids' minimum and maximum back to the host -- a synchronisation per batch -- so the loader
+    enters this block around its gather: its ids come from a sampler over the validated CSR
+    (:class:`~gnnio.sampling.base.Sampler`'s contract). Ids from the host are checked anyway
+    (that costs no device wait)."""
+    before = getattr(_VOUCHED, "on", False)
+    _VOUCHED.on = True
+    try:
+        yield
+    finally:
+        _VOUCHED.on = before
+
+
+def ids_vouched() -> bool:
+    """Whether this thread is inside :func:`ids_in_range`."""
+    return getattr(_VOUCHED, "on", False)
+
+
+def _wait_for(tensors) -> None:
+    """Wait for every stream of the devices ``tensors`` live on (they may be written on a side
+    stream the reading thread does not know)."""
+    for dev in {t.device for t in tensors if t.device.type == "cuda"}:
+        torch.cuda.synchronize(dev)
 
 
 class FeatureStore(ABC):
@@ -60,3 +214,15 @@ class FeatureStore(ABC):
         tensor on ``self.device``. With ``out`` the rows are written into ``out[:len(ids)]`` (a
         reused buffer avoids page faults from a fresh allocation per batch) and that view returned.
         Raises IndexError for ids outside ``[0, num_rows)``."""
+
+    def gather_into(
+        self, ids: torch.Tensor, out: torch.Tensor, mask: torch.Tensor
+    ) -> list[tuple[str, torch.Tensor]] | None:
+        """Write row ``ids[i]`` into ``out[i]`` where ``mask[i]``, leaving the other rows of
+        ``out`` as they are, **without a host synchronisation** (the caches' misses on a GPU).
+        ``ids`` are int64 on ``self.device`` and in range where ``mask`` (not checked); ``out``
+        and ``mask`` have ``len(ids)`` rows. Returns the rows served per tier as 0-d device
+        tensors (also queued in :attr:`counters`), or None when this store cannot do it without
+        a sync -- then nothing was written and the caller gathers the masked ids itself. The
+        default: None."""
+        return None

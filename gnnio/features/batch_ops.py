@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ._gather import HAVE_NUMBA, as_index_array, copy_rows, word_views
-from .base import FeatureStore
+from .base import FeatureStore, ids_vouched
 
 __all__ = ["FirstOccurrence", "ids_on", "move_rows"]
 
@@ -51,7 +51,7 @@ def ids_on(store: FeatureStore, ids, device: torch.device) -> torch.Tensor:
             raise TypeError(f"feature ids must be int32/int64, got a tensor of {ids.dtype}")
         if ids.dim() != 1:
             raise ValueError(f"feature ids must be 1-D, got shape {tuple(ids.shape)}")
-        if ids.numel():
+        if ids.numel() and not ids_vouched():
             lo, hi = (int(v) for v in torch.aminmax(ids))
             if lo < 0 or hi >= store.num_rows:
                 raise IndexError(

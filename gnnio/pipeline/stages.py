@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from ..features.base import ids_in_range
 from ..sampling.base import MiniBatch
 from ..utils.streams import batch_tensors
 from .affinity import pin_current_thread
@@ -29,14 +30,6 @@ class StageFailure:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
-
-
-def _delta(after: dict, before: dict) -> dict[str, dict[str, int]]:
-    """Rows and bytes per tier counted between two ``TierCounters.snapshot()``."""
-    return {
-        kind: {t: int(v) - int(before[kind].get(t, 0)) for t, v in after[kind].items()}
-        for kind in ("rows", "bytes")
-    }
 
 
 def _note(exc: BaseException, stage: str, busy, epoch: int) -> None:
@@ -247,14 +240,15 @@ class EpochRun:
         ids = mb.input_nodes
         buf = None if slot is None else ld._slot_view(slot, int(ids.shape[0]))
         counters = getattr(ld.store, "counters", None)
-        before = counters.snapshot() if counters is not None else None
+        before = counters.mark() if counters is not None else None  # no device wait
         self.busy["gather"] = ("store.gather", i, time.monotonic())
-        mb.x = ld.store.gather(ids, out=buf)
+        with ids_in_range():  # the sampler's ids: no range check read back from a GPU
+            mb.x = ld.store.gather(ids, out=buf)
         del self.busy["gather"]
         if before is not None:
             # this batch's rows and bytes per tier: the consumer adds up the batches it trained
             # on, not those gathered ahead (so a checkpoint taken mid-epoch counts exactly those)
-            mb.meta["counted"] = _delta(counters.snapshot(), before)
+            mb.meta["counted"] = counters.since(before)  # device parts resolved by the consumer
         mark = getattr(ld.store, "mark", None)
         if callable(mark):  # a store with state a mid-epoch checkpoint rewinds to this batch
             mb.meta["store_mark"] = mark()

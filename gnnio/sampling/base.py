@@ -77,7 +77,9 @@ class MiniBatch:
     Attributes:
         seeds: ``[B]`` int64 global ids of the output nodes (the nodes whose labels are predicted).
         input_nodes: ``[S]`` int64 global ids of every node whose features are needed, seeds first,
-            then each hop's new nodes (see module docstring).
+            then each hop's new nodes (see module docstring). Every id is in ``[0, num_nodes)``:
+            the loader's gather relies on it and does not check ids already on a GPU
+            (:func:`gnnio.features.base.ids_in_range`).
         blocks: one :class:`Block` per GNN layer, ordered from the input layer (outermost hop, most
             src nodes) to the output layer (whose ``num_dst == len(seeds)``).
         labels: ``[B]`` int64 labels of the seeds, or None.

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from ..errors import DatasetError, GnnioError
+from ..features.base import BatchCount
 from ..graph.dataset import Dataset, load
 from ..utils.outputs import AtomicLog, write_atomic
 from ..utils.progress import bar
@@ -372,14 +373,16 @@ def _train_epoch(
     called after every batch with those sums (mid-epoch checkpoints)."""
     model.train()
     before = store.counters.snapshot()
-    counted: dict[str, dict[str, int]] | None = {"rows": {}, "bytes": {}}
+    # rows/bytes per tier of the batches trained on; device parts summed there, read at the end
+    counted: BatchCount | None = BatchCount()
     loss_sum = correct = None  # summed on the batches' device, read once after the pass
     seen = batches = 0
     wait = 0.0
     if partial is not None:
         loss_sum = torch.tensor(partial["loss_sum"], dtype=torch.float64, device=device)
         correct = torch.tensor(partial["correct"], dtype=torch.int64, device=device)
-        seen, batches, wait, counted = partial["seen"], start, partial["wait"], partial["counted"]
+        seen, batches, wait = partial["seen"], start, partial["wait"]
+        counted = None if partial["counted"] is None else BatchCount(partial["counted"])
     timer = ComputeTimer(device)
     num_batches = loader.order.num_batches if hasattr(loader, "order") else None
     pb = bar(num_batches, f"epoch {epoch}", "batch", enabled=cfg.progress)
@@ -406,16 +409,14 @@ def _train_epoch(
             if c is None:
                 counted = None  # a loader that does not count per batch: the epoch's diff below
             else:
-                for kind in ("rows", "bytes"):
-                    for t, v in c[kind].items():
-                        counted[kind][t] = counted[kind].get(t, 0) + v
+                counted.add(c)
             if device.type == "cpu" and not math.isfinite(float(loss)):  # cheap on a CPU
                 _non_finite(epoch, batches - 1, float(loss))
             every = cfg.checkpoint_every or 0
             if on_batch and batches % every == 0 and batches < (num_batches or batches + 1):
                 on_batch(epoch, batches, {
                     "loss_sum": float(loss_sum), "correct": int(correct), "seen": seen,
-                    "wait": wait, "counted": counted,
+                    "wait": wait, "counted": None if counted is None else counted.resolve(),
                     "store_mark": batch.meta.get("store_mark")})  # fmt: skip
             pb.update(1)
             elapsed = time.perf_counter() - t_start
@@ -433,7 +434,11 @@ def _train_epoch(
     stages = stage_seconds(getattr(loader, "stats", None))
     if loss_sum is not None and not math.isfinite(float(loss_sum)):  # a GPU run: per epoch
         _non_finite(epoch, None, float(loss_sum))
-    counters = counted if counted is not None else _counter_diff(store.counters.snapshot(), before)
+    counters = (
+        counted.resolve()
+        if counted is not None
+        else _counter_diff(store.counters.snapshot(), before)
+    )
     breakdown = {**stages, "compute": compute, "wait": wait}
     return {
         "epoch": epoch,

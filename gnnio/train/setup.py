@@ -206,6 +206,15 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         # on a GPU the cache lives there: its hits do not cross PCIe (issue 15, fault 7)
         cache_dev = device if device.type == "cuda" else None
         cpu_cap = hot_rows_for_fraction(min(getattr(cfg, "cpu_cache_size", 0.0), 1.0), n)
+        misses = None
+        if cache_dev is not None and store is base and cfg.store == "memory" and cpu_cap == 0:
+            # the misses read zero-copy from the pinned host rows, as a tiered store's cold rows:
+            # the GPU cache's batch then needs no host sync (caches/nosync.py), where a CPU
+            # gather of the misses needs their ids on the host (one sync per batch)
+            from ..features.tiers.tiered import TieredFeatureStore
+
+            store = TieredFeatureStore(base, 0, device=device, progress=cfg.progress)
+            misses = f"{store.cold_mode_used} ({store.cold_mode_reason})"
         if cpu_cap > 0:  # BGL's two-level cache: GPU level over a host-memory level
             from ..features.caches.cache import two_level_cache
 
@@ -227,6 +236,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                 "size": cfg.cache_size,
                 "capacity": store.capacity,
                 "device": str(store.device),
+                **({"misses": misses} if misses else {}),
                 **({"lookahead": store.lookahead} if cfg.cache_policy == "lookahead" else {}),
                 **(
                     {

@@ -76,8 +76,9 @@ import torch
 from ...utils.devices import resolve_device
 from .._gather import output_rows
 from ..accounting import CacheStats, _Timer, counters_delta, snapshot_rows
-from ..base import FeatureStore
+from ..base import BatchCount, FeatureStore
 from ..batch_ops import FirstOccurrence, ids_on, move_rows
+from . import nosync
 from .lookahead import LookaheadPolicy, make_any_policy
 from .policy import (
     POLICIES,
@@ -146,6 +147,8 @@ class FeatureCache(FeatureStore):
         tier: the counter name of rows served from the buffer (default ``"gpu_cache"`` on a GPU,
             else ``"cache"``).
         timing: measure management and copy time per batch (CUDA events on a GPU).
+        sync_free: run the batch without host synchronisations
+            (:mod:`gnnio.features.caches.nosync`; FIFO and static only). Default: on a GPU.
     """
 
     def __init__(
@@ -159,6 +162,7 @@ class FeatureCache(FeatureStore):
         timing: bool = True,
         lookahead: int = 8,
         static_capacity: int = 0,
+        sync_free: bool | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(backing, FeatureStore):
@@ -173,10 +177,21 @@ class FeatureCache(FeatureStore):
             policy, cap, self.num_rows, self.device, hot_ids, lookahead, static_capacity
         )
         self.capacity = self.policy.capacity
-        self.buffer = torch.empty((self.capacity, self.dim), dtype=self.dtype, device=self.device)
+        # one sentinel row past the end takes the sync-free path's masked-off writes
+        self._buffer_ext = torch.empty(
+            (self.capacity + 1, self.dim), dtype=self.dtype, device=self.device
+        )
+        self.buffer = self._buffer_ext[: self.capacity]
+        nosync_ok = self.policy.name in ("fifo", "static")
+        if sync_free and not nosync_ok:
+            raise ValueError(f"sync_free: FIFO and static caches only, not {self.policy.name}")
+        self.sync_free = nosync_ok if sync_free is None and self.device.type == "cuda" else bool(
+            sync_free
+        )  # fmt: skip
         self.stats = CacheStats()
         self._dedup = FirstOccurrence(self.num_rows, self.device) if self.policy.dynamic else None
         self._clock = 0
+        self._clock_dev: torch.Tensor | None = None  # the sync-free path's ticks, on the device
         self._lock = threading.Lock()
         # announced batches not served yet: (the ids object, validated ids, unique, inverse)
         self._announced: deque[tuple] = deque()
@@ -216,6 +231,7 @@ class FeatureCache(FeatureStore):
         if not self.policy.dynamic:
             return {}
         with self._lock:
+            self._fold_clock()
             return {"policy": self.policy.name, "clock": int(self._clock),
                     "maps": self.policy.state_dict()}  # fmt: skip
 
@@ -229,12 +245,17 @@ class FeatureCache(FeatureStore):
             )
         with self._lock:
             self.policy.load_state_dict(state["maps"])
-            self._clock = int(state["clock"])
+            self._clock, self._clock_dev = int(state["clock"]), None
             slots = torch.nonzero(self.policy.key_of >= 0).flatten()
             if slots.numel():
                 keys = self.policy.key_of.index_select(0, slots)
                 rows = self.root.gather(keys.to(self.root.device)).to(self.device)
                 self.buffer.index_copy_(0, slots.to(self.device), rows)
+
+    def _fold_clock(self) -> None:
+        if self._clock_dev is not None:
+            self._clock += int(self._clock_dev)
+            self._clock_dev = None
 
     @property
     def lookahead(self) -> int:
@@ -297,23 +318,27 @@ class FeatureCache(FeatureStore):
         if n == 0:
             return dst
         with self._lock:
-            if self.policy.dynamic:
+            if self.sync_free:
+                timer = _Timer(self.device, self.timing, self.stats.laps)
+                run = nosync.gather_fifo if self.policy.dynamic else nosync.gather_static
+                run(self, idx, dst, timer)
+            elif self.policy.dynamic:
                 self._gather_dynamic(idx, dst, None if pre is None else pre[1:])
             else:
                 self._gather_static(idx, dst)
         return dst
 
-    def _fetch(self, miss_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
+    def _fetch(self, miss_ids: torch.Tensor) -> tuple[torch.Tensor, BatchCount]:
         """One backing gather of ``miss_ids``; rows on this device and rows per backing tier."""
         before = snapshot_rows(self.backing.counters)
         rows = self.backing.gather(miss_ids.to(self.backing.device))
         return rows.to(self.device), counters_delta(before, self.backing.counters)
 
-    def _count(self, served_here: int, below: dict[str, int]) -> None:
+    def _count(self, served_here: int, below: BatchCount | None) -> None:
         if served_here:
             self.counters.add(self.tier, served_here, self.row_bytes)
-        for t, r in below.items():
-            self.counters.add(t, r, self.row_bytes)
+        if below is not None:
+            self.counters.add_count(below, self.row_bytes)
 
     def _gather_static(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
         timer = _Timer(self.device, self.timing, self.stats.laps)
@@ -323,7 +348,7 @@ class FeatureCache(FeatureStore):
         miss_pos = torch.nonzero(~hit).flatten()
         manage = timer.lap("manage")
         move_rows(self.buffer, slots.index_select(0, hit_pos), dst, hit_pos)
-        below: dict[str, int] = {}
+        below = None
         if miss_pos.numel():
             rows, below = self._fetch(idx.index_select(0, miss_pos))
             move_rows(rows, torch.arange(rows.shape[0], device=self.device), dst, miss_pos)
@@ -366,7 +391,7 @@ class FeatureCache(FeatureStore):
 
         move_rows(self.buffer, hit_slots, dst, hit_rows)
         m = int(miss_ids.numel())
-        below: dict[str, int] = {}
+        below = None
         fetched = None
         if m:
             fetched, below = self._fetch(miss_ids)

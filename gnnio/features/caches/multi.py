@@ -236,7 +236,7 @@ class ShardedFeatureCache(FeatureStore):
         miss_ids = uniq.index_select(0, miss_pos)
         m = int(miss_ids.numel())
         t = _Timer(self.device, self.timing, self.stats.laps)
-        below: dict[str, int] = {}
+        below = None
         fetched = None
         if m:
             before = snapshot_rows(self.backing.counters)
@@ -276,8 +276,8 @@ class ShardedFeatureCache(FeatureStore):
             self.counters.add("local", n - m - h_peer, rb)
         if h_peer:
             self.counters.add("peer", h_peer, rb)
-        for tier, r in below.items():
-            self.counters.add(tier, r, rb)
+        if below is not None:
+            self.counters.add_count(below, rb)
         for k, h in enumerate(hits_by_shard):
             if h:
                 self.shard_counters.add(f"gpu{k}", h, rb)

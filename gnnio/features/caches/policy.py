@@ -125,6 +125,7 @@ class CachePolicy(ABC):
 
     def size(self) -> int:
         """Number of cached keys."""
+        self.sync_cursors()
         return self.filled
 
     def nbytes(self) -> int:
@@ -138,15 +139,22 @@ class CachePolicy(ABC):
         """What decides the next victims and hits: every tensor attribute and the int cursors
         (``filled``, FIFO's ``head``), as CPU tensors and ints (a checkpoint saves this)."""
         out: dict = {}
+        self.sync_cursors()
         for k, v in vars(self).items():
+            if k.startswith("_"):  # working copies (sentinel-extended arrays, device cursors)
+                continue
             if isinstance(v, torch.Tensor):
                 out[k] = v.detach().cpu().clone()
             elif k in ("filled", "head"):
                 out[k] = int(v)
         return out
 
+    def sync_cursors(self) -> None:  # noqa: B027 - no-op default
+        """Bring int cursors kept on the device by a sync-free path back to the host."""
+
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (same policy, capacity and key count, else ValueError)."""
+        self.sync_cursors()
         for k, v in state.items():
             cur = getattr(self, k, None)
             if isinstance(cur, torch.Tensor):
@@ -192,8 +200,29 @@ class FIFOPolicy(CachePolicy):
     def __init__(self, capacity: int, num_keys: int, device: str | torch.device = "cpu"):
         super().__init__(capacity, num_keys, device)
         self.head = 0
+        # the maps with one sentinel entry at the end, for the sync-free path's masked writes
+        # (:mod:`gnnio.features.caches.nosync`): ``slot_of`` and ``key_of`` are views of them
+        self._slot_ext = torch.full((self.num_keys + 1,), -1, dtype=self.slot_of.dtype,
+                                    device=self.device)  # fmt: skip
+        self._key_ext = torch.full((self.capacity + 1,), -1, dtype=torch.int64, device=self.device)
+        self.slot_of, self.key_of = self._slot_ext[:-1], self._key_ext[:-1]
+        self._cur: torch.Tensor | None = None  # [head, filled] on the device (sync-free path)
+
+    def device_cursors(self) -> torch.Tensor:
+        """``[head, filled]`` as an int64 device tensor the sync-free path updates in place; the
+        int attributes are brought back by :meth:`sync_cursors` (a checkpoint, :meth:`size`)."""
+        if self._cur is None:
+            self._cur = torch.tensor([self.head, self.filled], dtype=torch.int64,
+                                     device=self.device)  # fmt: skip
+        return self._cur
+
+    def sync_cursors(self) -> None:
+        if self._cur is not None:
+            self.head, self.filled = (int(v) for v in self._cur.tolist())
+            self._cur = None  # the ints hold them again; a later batch copies them anew
 
     def _victims(self, count: int) -> torch.Tensor:
+        self.sync_cursors()
         h, c, dev = self.head, self.capacity, self.device
         if h + count <= c:
             slots = torch.arange(h, h + count, device=dev)

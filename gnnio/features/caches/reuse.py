@@ -199,7 +199,7 @@ class CrossBatchReuse(FeatureStore):
                 prev = prev.index_select(0, src)  # writing into the buffer being read: copy first
                 src = torch.arange(prev.shape[0], device=self.device)
             move_rows(prev, src, rows_u, reuse)
-        below: dict[str, int] = {}
+        below = None
         if fetch.numel():
             before = snapshot_rows(self.backing.counters)
             fetched = self.backing.gather(uniq.index_select(0, fetch).to(self.backing.device))
@@ -218,8 +218,8 @@ class CrossBatchReuse(FeatureStore):
         n, f = int(idx.numel()), int(fetch.numel())
         if n - f:
             self.counters.add(self.tier, n - f, self.row_bytes)
-        for t, r in below.items():
-            self.counters.add(t, r, self.row_bytes)
+        if below is not None:
+            self.counters.add_count(below, self.row_bytes)
         s = self.stats
         s["batches"] += 1
         s["rows"] += n

@@ -11,13 +11,14 @@ from .._gather import (
     KERNELS,
     as_index_array,
     check_out,
+    copy_masked,
     copy_rows,
     gather_rows,
     host_empty,
     row_bytes_view,
     tensor_view,
 )
-from ..base import FeatureStore
+from ..base import FeatureStore, ids_vouched
 
 __all__ = ["InMemoryFeatureStore"]
 
@@ -133,7 +134,7 @@ class InMemoryFeatureStore(FeatureStore):
             if ids.dim() != 1:
                 raise ValueError(f"feature ids must be 1-D, got shape {tuple(ids.shape)}")
             idx = ids
-            if idx.numel():
+            if idx.numel() and not ids_vouched():
                 lo, hi = (int(v) for v in torch.aminmax(idx))
                 if lo < 0 or hi >= self.num_rows:
                     bad = lo if lo < 0 else hi
@@ -148,6 +149,16 @@ class InMemoryFeatureStore(FeatureStore):
         copy_rows(self._t, idx, dst)
         self.counters.add(self.tier, n, self.row_bytes)
         return dst
+
+    def gather_into(self, ids, out, mask):
+        """:meth:`FeatureStore.gather_into`: a masked copy on the store's device (one Triton kernel
+        on a GPU; torch ops elsewhere, which read a row for every id)."""
+        if ids.device != self.device or out.device != self.device:
+            return None
+        copy_masked(self._t, torch.where(mask, ids, -1), out)
+        n = mask.sum()
+        self.counters.add_device(self.tier, n, self.row_bytes)
+        return [(self.tier, n)]
 
 
 def _worth_realigning(addr: int, nbytes: int) -> bool:

@@ -15,7 +15,7 @@ from ...errors import UsageError
 from .._gather import gather_rows, row_bytes_view, tensor_view
 from ..base import FeatureStore
 
-__all__ = ["RowSource", "num_rows_of"]
+__all__ = ["RowSource", "num_rows_of", "unique_in_order"]
 
 
 class RowSource:
@@ -116,3 +116,9 @@ def num_rows_of(backing: Any) -> int:
     if isinstance(backing, (np.ndarray, torch.Tensor)) and backing.ndim == 2:
         return int(backing.shape[0])
     return RowSource(backing).num_rows
+
+
+def unique_in_order(ids: np.ndarray) -> np.ndarray:
+    """``ids`` without repeats, first occurrences kept in their order."""
+    _, first = np.unique(ids, return_index=True)
+    return ids[np.sort(first)]

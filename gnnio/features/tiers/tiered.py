@@ -65,10 +65,9 @@ from ...utils.counts import top_count
 from ...utils.devices import resolve_device
 from ...utils.progress import bar
 from .._gather import as_index_array, check_out, copy_rows, copy_tiered
-from ..accounting import DeferredSplit
-from ..base import FeatureStore, TierCounters
+from ..base import FeatureStore, ids_vouched
 from . import uva
-from .row_source import RowSource, num_rows_of
+from .row_source import RowSource, num_rows_of, unique_in_order
 from .simdevice import SimulatedDevice
 from .tiered_cold import ColdPath, TieringWarning
 
@@ -180,7 +179,7 @@ class TieredFeatureStore(FeatureStore):
             wanted = None
         else:
             self.mode = "lookup"
-            wanted = _unique_in_order(as_index_array(hot_ids, n).astype(np.int64, copy=False))
+            wanted = unique_in_order(as_index_array(hot_ids, n).astype(np.int64, copy=False))
             self.requested_hot = int(wanted.shape[0])
 
         # ---- the budget clamp ------------------------------------------------------------------
@@ -220,7 +219,6 @@ class TieredFeatureStore(FeatureStore):
             self._table[hot_dev] = torch.arange(
                 self.num_hot, dtype=self._table_dtype, device=self._table.device
             )
-        self._deferred = DeferredSplit(self.device)
         self._cold = ColdPath(self._src, self.device, self.simulated)
         self._cold.setup(cold_mode, pin_fn, all_hot=self.num_hot == self.num_rows)
         self.cold_mode_used, self.cold_mode_reason = self._cold.mode_used, self._cold.reason
@@ -331,7 +329,7 @@ class TieredFeatureStore(FeatureStore):
                 raise TypeError(f"feature ids must be integers, got a tensor of {ids.dtype}")
             if ids.dim() != 1:
                 raise ValueError(f"feature ids must be 1-D, got shape {tuple(ids.shape)}")
-            if ids.numel():
+            if ids.numel() and not ids_vouched():
                 lo, hi = (int(v) for v in torch.aminmax(ids))
                 if lo < 0 or hi >= self.num_rows:
                     bad = lo if lo < 0 else hi
@@ -395,27 +393,37 @@ class TieredFeatureStore(FeatureStore):
         if not copy_tiered(self._hot, view, slots, ids, res[: ids.shape[0]]):
             return False
         self._cold.note_use()
-        self._deferred.add(slots >= 0)
+        n_hot = (slots >= 0).sum()  # counted on the device, booked when the counters are read
+        self.counters.add_device(GPU_TIER, n_hot, self.row_bytes)
+        self.counters.add_device(HOST_TIER, n_hot.neg().add_(int(ids.shape[0])), self.row_bytes)
         return True
 
-    @property
-    def counters(self) -> TierCounters:
-        """Rows/bytes per tier; reading them books the fused gathers' device-side counts."""
-        deferred = getattr(self, "_deferred", None)
-        if deferred is not None:
-            deferred.flush(self._counters, GPU_TIER, HOST_TIER, self.row_bytes)
-        return self._counters
-
-    @counters.setter
-    def counters(self, value: TierCounters) -> None:
-        self._counters = value
+    def gather_into(self, ids, out, mask):
+        """:meth:`~gnnio.features.base.FeatureStore.gather_into`: the fused gather's kernel with
+        the unmasked rows skipped (a cache's misses) where Triton runs and the cold rows, if any,
+        are zero-copy; None otherwise (the caller gathers with a sync)."""
+        some_cold = self.num_hot < self.num_rows
+        view = self._cold.view if some_cold else self._hot
+        if view is None or ids.device != self.device or out.device != self.device:
+            return None
+        tslots = self._slots(ids) if self.num_hot else torch.full_like(ids, -1)
+        routed = torch.where(mask, tslots, -2)
+        hot = self._hot if self.num_hot else view
+        if not copy_tiered(hot, view, routed, ids, out[: ids.shape[0]], skip=True):
+            return None
+        if some_cold:
+            self._cold.note_use()
+        n_hot, n_cold = (routed >= 0).sum(), (routed == -1).sum()
+        self.counters.add_device(GPU_TIER, n_hot, self.row_bytes)
+        self.counters.add_device(HOST_TIER, n_cold, self.row_bytes)
+        return [(GPU_TIER, n_hot), (HOST_TIER, n_cold)]
 
     def _count(self, gpu_rows: int, host_rows: int) -> None:
         """Book rows per tier (tiers with no rows are left out of the counters)."""
         if gpu_rows:
-            self._counters.add(GPU_TIER, gpu_rows, self.row_bytes)
+            self.counters.add(GPU_TIER, gpu_rows, self.row_bytes)
         if host_rows:
-            self._counters.add(HOST_TIER, host_rows, self.row_bytes)
+            self.counters.add(HOST_TIER, host_rows, self.row_bytes)
 
     def account(self, ids: Any) -> tuple[int, int]:
         """Route ``ids`` and count them exactly as :meth:`gather` would, without moving rows.
@@ -489,9 +497,3 @@ class TieredFeatureStore(FeatureStore):
 def _tier_bytes(num_hot: int, row_bytes: int, table_bytes: int) -> int:
     """Bytes of a GPU tier with ``num_hot`` rows (the lookup table only exists when num_hot > 0)."""
     return num_hot * row_bytes + (table_bytes if num_hot > 0 else 0)
-
-
-def _unique_in_order(ids: np.ndarray) -> np.ndarray:
-    """``ids`` without repeats, first occurrences kept in their order."""
-    _, first = np.unique(ids, return_index=True)
-    return ids[np.sort(first)]

@@ -1,0 +1,148 @@
+"""The caches' batch without a host synchronisation: FIFO and static on a GPU (issue 24).
+
+:class:`~gnnio.features.caches.cache.FeatureCache`'s batch path sizes its arrays on the host: the
+dedup's unique ids, the hit and miss positions (``nonzero``), the victims by count. On a GPU each
+of those is a host synchronisation -- five or six per batch for FIFO -- and the thread that gathers
+waits for the GPU each time. Here every array keeps the batch's length ``n``, with masks where
+the host path has data-dependent lengths:
+
+* **dedup** as :class:`~gnnio.features.batch_ops.FirstOccurrence`, but the unique ids padded to
+  ``n`` (``valid``: the first ``U`` entries; ``U`` stays a device scalar);
+* **serve**: hit rows from the buffer and missed rows from the backing by masked row copies
+  (:func:`~gnnio.features._gather.copy_masked`: one Triton kernel on a GPU, nothing read for a
+  masked-off row); the misses come from the backing in one masked gather
+  (:meth:`~gnnio.features.base.FeatureStore.gather_into`) where the backing can do it without a
+  sync (rows on the GPU, or a tiered store's zero-copy host rows); otherwise the misses'
+  positions are read back once (one sync) and gathered as on the host path;
+* **admission** (FIFO): the ``k``-th inserted miss goes to ring slot ``(head + k) mod capacity``
+  computed from the misses' running count; masked-off writes land in one sentinel entry past the
+  end of ``slot_of``, ``key_of`` and the buffer; ``head`` and ``filled`` live on the device
+  (:meth:`~gnnio.features.caches.policy.FIFOPolicy.device_cursors`);
+* **counts**: rows per tier queued in the counters as device tensors
+  (:meth:`~gnnio.features.base.TierCounters.add_device`), the cache's hits, misses, insertions and
+  evictions in :class:`~gnnio.features.accounting.CacheStats`' device accumulator; both are read
+  back when they are read (once per epoch in ``gnnio train``).
+
+The semantics are the host path's exactly (``cache.py``'s module docstring); the tests replay both
+paths batch by batch and compare rows, maps, cursors and counts. Cost of the fixed shapes: the
+buffer write of the admission copies ``n`` rows (the masked-off ones into the sentinel row) where
+the host path copies the inserted ones. LRU, LFU and the lookahead policies keep the host path
+(their victim choice is a selection of data-dependent size; BGL's point is that FIFO is the policy
+a GPU can afford).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._gather import copy_masked
+
+__all__ = ["dedup_padded", "fifo_admit", "gather_fifo", "gather_static"]
+
+_I32_MAX = 2**31 - 1
+
+
+def dedup_padded(
+    pos: torch.Tensor, idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(unique, inverse, valid, count)`` of int64 ``idx`` (length ``n``) without a sync:
+    ``unique[:count]`` are the distinct ids in order of first occurrence, the rest padding (0);
+    ``valid`` marks the first ``count`` entries; ``unique[inverse] == idx``. ``pos`` is the dense
+    int32 scratch of :class:`~gnnio.features.batch_ops.FirstOccurrence` (left all ``2^31-1``)."""
+    n = idx.numel()
+    ar = torch.arange(n, dtype=torch.int32, device=idx.device)
+    pos.scatter_reduce_(0, idx, ar, "amin")
+    first = pos.index_select(0, idx)
+    pos.index_fill_(0, idx, _I32_MAX)
+    is_first = first == ar
+    rank = torch.cumsum(is_first, 0) - 1
+    inverse = rank.index_select(0, first.long())
+    count = is_first.sum()
+    unique = torch.zeros(n + 1, dtype=torch.int64, device=idx.device)  # entry n: the sentinel
+    unique.index_copy_(0, torch.where(is_first, rank, n), idx)
+    valid = torch.arange(n, device=idx.device) < count
+    return unique[:n], inverse, valid, count
+
+
+def fifo_admit(pol, keys: torch.Tensor, miss: torch.Tensor):
+    """FIFO admission of the keys where ``miss`` (in order; only the last ``capacity`` of them
+    are inserted) without a sync. Returns ``(victim slot per entry, sentinel where not inserted;
+    number inserted; number evicted)``, the counts as device scalars."""
+    cap, sentinel_key = pol.capacity, pol.num_keys
+    cur = pol.device_cursors()
+    mrank = torch.cumsum(miss, 0) - 1
+    m = miss.sum()
+    skip = (m - cap).clamp(min=0)
+    ins = miss & (mrank >= skip)
+    vslot = torch.where(ins, (cur[0] + mrank - skip) % cap, cap)
+    old = pol._key_ext.index_select(0, vslot)
+    ev = ins & (old >= 0)
+    gone = torch.where(ev, old, sentinel_key)
+    pol._slot_ext.index_fill_(0, gone, -1)
+    pol._key_ext.index_copy_(0, vslot, keys)
+    pol._slot_ext.index_put_((torch.where(ins, keys, sentinel_key),), vslot.to(pol._slot_ext.dtype))
+    count = m - skip
+    cur.copy_(torch.stack([(cur[0] + count) % cap, torch.clamp(cur[1] + count, max=cap)]))
+    return vslot, count, ev.sum()
+
+
+def _fetch_masked(cache, ids: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[i] = backing row ids[i]`` where ``mask``: one masked gather where the backing can,
+    else the masked positions read back (one sync) and gathered as the host path does."""
+    got = cache.backing.gather_into(ids, out, mask)
+    if got is not None:
+        for tier, rows in got:
+            cache.counters.add_device(tier, rows, cache.row_bytes)
+        return
+    pos = torch.nonzero(mask).flatten()
+    if pos.numel():
+        rows, below = cache._fetch(ids.index_select(0, pos))
+        out.index_copy_(0, pos, rows)
+        cache._count(0, below)
+
+
+def gather_static(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> None:
+    """A static cache's batch: hit rows from the buffer, the others from the backing (rows,
+    repeats included, as the host path counts them)."""
+    slots = cache.policy.lookup(idx)
+    hit = slots >= 0
+    manage = timer.lap("manage")
+    copy_masked(cache.buffer, slots, dst)
+    _fetch_masked(cache, idx, ~hit, dst)
+    copy = timer.lap("copy")
+    n, h = int(idx.numel()), hit.sum()
+    cache.counters.add_device(cache.tier, h, cache.row_bytes)
+    cache.stats._record_device(n, n, h, n - h, 0, 0, cache.row_bytes, manage, copy)
+
+
+def gather_fifo(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> None:
+    """A FIFO cache's batch (``cache.py``'s steps 1-5 without a sync where the backing allows)."""
+    pol = cache.policy
+    n = int(idx.numel())
+    uniq, inv, valid, u = dedup_padded(cache._dedup.pos, idx)
+    if cache._clock_dev is None:  # the clock advances by the unique ids, as on the host path
+        cache._clock_dev = torch.zeros((), dtype=torch.int64, device=cache.device)
+    cache._clock_dev.add_(u)
+    slots = pol.lookup(uniq)
+    hit_u = valid & (slots >= 0)
+    miss_u = valid & (slots < 0)
+    slot_r = slots.index_select(0, inv)
+    hit_r = slot_r >= 0
+    manage = timer.lap("manage")
+
+    copy_masked(cache.buffer, slot_r, dst)  # hits
+    rows_u = torch.empty((n, cache.dim), dtype=cache.dtype, device=cache.device)
+    _fetch_masked(cache, uniq, miss_u, rows_u)  # each missed id once
+    copy_masked(rows_u, torch.where(hit_r, -1, inv), dst)  # missed rows and their repeats
+    copy = timer.lap("copy")
+
+    m = miss_u.sum()
+    if pol.capacity:
+        vslot, ins, ev = fifo_admit(pol, uniq, miss_u)
+        manage += timer.lap("manage")
+        cache._buffer_ext.index_copy_(0, vslot, rows_u)
+        copy += timer.lap("copy")
+    else:
+        ins = ev = torch.zeros((), dtype=torch.int64, device=cache.device)
+    cache.counters.add_device(cache.tier, m.neg().add_(n), cache.row_bytes)
+    cache.stats._record_device(n, u, hit_u.sum(), m, ins, ev, cache.row_bytes, manage, copy)
