@@ -66,6 +66,31 @@ def subset_counts(picks: np.ndarray, deg: int) -> np.ndarray:
     return counts
 
 
+#: the start of a script for :func:`run_in_triton_interpreter` that checks the tiered row kernel:
+#: imports, RuntimeWarnings as errors, and ``launches``: the ``SKIP`` flag of every launch
+TIERED_SPY = r"""
+import warnings
+import numpy as np, torch
+from gnnio.features import _triton_rows
+from gnnio.features.tiers.simdevice import SimulatedDevice
+from gnnio.features.tiers.tiered import TieredFeatureStore
+from gnnio.utils import triton_kernels
+from gnnio.utils.syncs import OpCounter
+
+warnings.simplefilter("error", RuntimeWarning)
+launches = []
+real = _triton_rows._tiered
+class Spy:
+    def __getitem__(self, grid):
+        launch = real[grid]
+        def run(*a, **kw):
+            launches.append(kw["SKIP"])
+            return launch(*a, **kw)
+        return run
+_triton_rows._tiered = Spy()
+"""
+
+
 def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:
     """Run ``script`` in a fresh Python with ``TRITON_INTERPRET=1`` (it must be set before Triton
     is imported) and the checkout on the path; it must exit 0 and print ``ok`` last."""

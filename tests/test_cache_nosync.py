@@ -14,7 +14,7 @@ from gnnio.features.base import FeatureStore
 from gnnio.features.caches.cache import FeatureCache
 from gnnio.features.caches.nosync import dedup_padded
 from gnnio.utils.syncs import OpCounter
-from tests.helpers import run_in_triton_interpreter
+from tests.helpers import TIERED_SPY, run_in_triton_interpreter
 from tests.test_cache import _feats, _hot, workloads
 
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -150,28 +150,11 @@ def test_sync_free_is_refused_for_the_other_policies_and_is_off_on_the_cpu():
 # kernel: run in Triton's interpreter, a FIFO cache over a tiered store (prefix and lookup, the
 # hot part 0-60 %) serves every row right, makes no sync, and books per tier what the host path
 # books; the masked kernel really runs and writes nothing where it skips.
-NOSYNC_TIERED = r"""
-import warnings
-import numpy as np, torch
-from gnnio.features import _triton_rows
+NOSYNC_TIERED = (
+    TIERED_SPY
+    + r"""
 from gnnio.features._gather import copy_masked
 from gnnio.features.caches.cache import FeatureCache
-from gnnio.features.tiers.simdevice import SimulatedDevice
-from gnnio.features.tiers.tiered import TieredFeatureStore
-from gnnio.utils import triton_kernels
-from gnnio.utils.syncs import OpCounter
-
-warnings.simplefilter("error", RuntimeWarning)
-launches = []
-real = _triton_rows._tiered
-class Spy:
-    def __getitem__(self, grid):
-        launch = real[grid]
-        def run(*a, **kw):
-            launches.append(kw["SKIP"])
-            return launch(*a, **kw)
-        return run
-_triton_rows._tiered = Spy()
 src = torch.arange(40, dtype=torch.float32).reshape(10, 4)
 dst = torch.full((5, 4), -1.0)
 copy_masked(src, torch.tensor([3, -1, 0, -1, 9]), dst)
@@ -204,6 +187,7 @@ for kind in ("prefix", "lookup"):
 assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
 """
+)
 
 
 def test_the_sync_free_cache_over_a_tiered_store_in_the_triton_interpreter():

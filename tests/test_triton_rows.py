@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gnnio.features._gather import copy_rows
-from tests.helpers import run_in_triton_interpreter
+from tests.helpers import TIERED_SPY, run_in_triton_interpreter
 
 SCRIPT = r"""
 import warnings
@@ -205,26 +205,9 @@ def test_copy_rows_without_triton_is_index_select():
 # cold rows from the zero-copy view in one kernel, prefix and lookup modes, repeats, a reused
 # output buffer larger than the batch; the rows per tier, counted on the device, equal the split
 # path's once the counters are read; no operation that would sync a GPU inside gather().
-TIERED = r"""
-import warnings
-import numpy as np, torch
-from gnnio.features import _triton_rows
-from gnnio.features.tiers.simdevice import SimulatedDevice
-from gnnio.features.tiers.tiered import TieredFeatureStore
-from gnnio.utils import triton_kernels
-from gnnio.utils.syncs import OpCounter
-
-warnings.simplefilter("error", RuntimeWarning)
-launches = []
-real = _triton_rows._tiered
-class Spy:
-    def __getitem__(self, grid):
-        launch = real[grid]
-        def run(*a, **kw):
-            launches.append(kw["W"])
-            return launch(*a, **kw)
-        return run
-_triton_rows._tiered = Spy()
+TIERED = (
+    TIERED_SPY
+    + r"""
 g = torch.Generator().manual_seed(3)
 host = torch.randn(400, 24, generator=g)
 for kind in ("prefix", "lookup"):
@@ -259,6 +242,7 @@ for kind in ("prefix", "lookup"):
 assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
 """
+)
 
 
 def test_the_tiered_gather_is_one_kernel_without_host_syncs():
