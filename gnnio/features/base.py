@@ -38,7 +38,7 @@ class TierCounters:
         self._dev: dict[
             str, list
         ] = {}  # tier -> [cumulative device count, value booked, row bytes]
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the loader's thread adds and marks while others read
 
     def __repr__(self) -> str:
         return f"TierCounters(rows={dict(self._rows)}, pending={sorted(self._dev)})"
@@ -59,8 +59,9 @@ class TierCounters:
         return self._bytes
 
     def add(self, tier: str, rows: int, row_bytes: int) -> None:
-        self._rows[tier] += int(rows)
-        self._bytes[tier] += int(rows) * int(row_bytes)
+        with self._lock:
+            self._rows[tier] += int(rows)
+            self._bytes[tier] += int(rows) * int(row_bytes)
 
     def add_device(self, tier: str, rows: torch.Tensor, row_bytes: int) -> None:
         """Queue ``rows`` (a 0-d integer tensor on any device) under ``tier``, without a sync."""
@@ -93,28 +94,30 @@ class TierCounters:
                     e[1] = now
 
     def reset(self) -> None:
-        self.flush()
-        self._rows.clear()
-        self._bytes.clear()
+        with self._lock:
+            self.flush()
+            self._rows.clear()
+            self._bytes.clear()
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        self.flush()
-        return {"rows": dict(self._rows), "bytes": dict(self._bytes)}
+        with self._lock:
+            self.flush()
+            return {"rows": dict(self._rows), "bytes": dict(self._bytes)}
 
     def mark(self) -> tuple:
         """The counts now, device counts as device copies: no host synchronisation."""
         with self._lock:
             dev = {t: e[0].clone() for t, e in self._dev.items()}
-        return dict(self._rows), dict(self._bytes), dev
+            return dict(self._rows), dict(self._bytes), dev
 
     def since(self, mark: tuple) -> BatchCount:
         """What was counted after ``mark`` (:meth:`mark`), device parts still on the device."""
         rows0, bytes0, dev0 = mark
         out = BatchCount()
-        for t, r in self._rows.items():  # every tier counted so far, as a snapshot lists them
-            out.rows[t] = r - rows0.get(t, 0)
-            out.bytes[t] = self._bytes[t] - bytes0.get(t, 0)
         with self._lock:
+            for t, r in self._rows.items():  # every tier counted so far, as a snapshot lists them
+                out.rows[t] = r - rows0.get(t, 0)
+                out.bytes[t] = self._bytes[t] - bytes0.get(t, 0)
             for t, e in self._dev.items():
                 d = e[0] - dev0[t] if t in dev0 else e[0].clone()
                 out.dev.append((t, d, e[2]))
