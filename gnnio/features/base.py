@@ -144,6 +144,8 @@ class BatchCount:
         if other.dev:  # one running device sum per tier: no list growing with the batches
             sums = {(t, rb): i for i, (t, _, rb) in enumerate(self.dev)}
             for t, d, rb in other.dev:
+                if d.is_cuda:  # made on the loader's stream, read on this one: keep its memory
+                    d.record_stream(torch.cuda.current_stream(d.device))
                 i = sums.get((t, rb))
                 if i is None:
                     sums[(t, rb)] = len(self.dev)
