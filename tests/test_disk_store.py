@@ -244,9 +244,11 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
             "1", "--sizes", "0.1", "--policies", "static,sieve,s3fifo,lookahead,optimal",
             "--lookahead", "2"]  # fmt: skip
     rc = main(argv)
-    out = capsys.readouterr().out.strip().splitlines()[-1]
+    cap = capsys.readouterr()
+    out = cap.out.strip().splitlines()[-1]
     if rc == 2:
         pytest.skip("this filesystem refuses O_DIRECT")
+    assert "disk ceilings" in cap.err and "disk configurations" in cap.err  # progress bars
     r = json.loads(out)
     for key in ("seq_read_GBps", "random_4k_iops", "random_read_fraction_of_ceiling", "memory",
                 "disk", "disk_bytes_by_policy"):  # fmt: skip
@@ -271,3 +273,12 @@ def test_bench_disk_prints_the_issue_keys(tmp_path, capsys):
     assert r["disk"][1]["host_cache_hit_ratio"] > 0  # the static cache serves rows
     assert main(["bench", "disk", str(d), "--sizes", "2"]) == 2
     assert main(["bench", "disk", str(d), "--policies", "belady"]) == 2
+    capsys.readouterr()
+    small = ["--epochs", "1", "--batches", "1", "--fanouts", "3", "--batch-size", "64",
+             "--random-reads", "50", "--seq-mib", "1", "--repeats", "1", "--sizes", "0.1",
+             "--policies", "static", "--json"]  # fmt: skip
+    for quiet in ("--quiet", "--no-progress"):  # like the other benches: no progress bars
+        assert main(["bench", "disk", str(d), *small, quiet]) == 0
+        cap = capsys.readouterr()
+        assert "disk" not in cap.err and "it/s" not in cap.err and "%|" not in cap.err, cap.err
+        assert json.loads(cap.out.strip().splitlines()[-1])["disk"][1]["policy"] == "static"

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..utils.progress import bar
 from ._timing import median
 
 HELP = "the O_DIRECT feature tier: device ceilings, random-row reads, epochs with host caches"
@@ -63,6 +64,9 @@ def add_arguments(p) -> None:
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of sampler and gather")
     p.add_argument("--seed", type=int, default=0, help="seed of the orders, sampler and reads")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
 
 
 def _check(args) -> tuple[list[float], list[str]]:
@@ -114,7 +118,15 @@ def _random_round(reader, file_pages: int, n: int, rng) -> tuple[float, int, int
     return time.perf_counter() - t0, reader.bytes_read - b0, int(plan.pages.size)
 
 
-def ceilings(store, args) -> dict[str, Any]:
+def _rounds(n: int, progress: bool):
+    """``range(n)`` under a progress bar of the ceiling rounds."""
+    with bar(n, "disk ceilings", "round", enabled=progress) as pb:
+        for r in range(n):
+            yield r
+            pb.update(1)
+
+
+def ceilings(store, args, progress: bool = False) -> dict[str, Any]:
     """Sequential and random-4K ceilings and the store's random-row reads, interleaved."""
     from ..features.stores._direct_io import PageReader
 
@@ -125,7 +137,7 @@ def ceilings(store, args) -> dict[str, Any]:
     try:  # warm-up, untimed: reader threads started, kernels loaded
         _random_round(reader, file_pages, min(1000, args.random_reads), rng)
         store.gather(rng.integers(0, store.num_rows, min(1000, args.random_reads)))
-        for r in range(args.repeats):
+        for r in _rounds(args.repeats, progress):
             t, b = _seq_round(reader, file_pages, args.seq_mib, r * 7919)
             seq.append(b / t)
             t, b, n = _random_round(reader, file_pages, args.random_reads, rng)
@@ -264,6 +276,7 @@ def run(args) -> dict:
     from .loader import FirstBatches
 
     sizes, policies = _check(args)
+    progress = not args.no_progress
     set_threads(args.threads)
     ds = gnnio.load(args.dataset)
     fanouts = parse_fanouts_arg(args.fanouts)
@@ -281,7 +294,7 @@ def run(args) -> dict:
         "epochs": args.epochs,
         "threads": args.threads,
     }
-    res.update(ceilings(disk, args))
+    res.update(ceilings(disk, args, progress))
     ceil_bps = res.pop("_ceiling_Bps")
     order = FirstBatches(make_order(seed_ids(ds), args.batch_size, args.seed), args.batches)
     labels = None if ds.labels is None else np.asarray(ds.labels)
@@ -300,29 +313,33 @@ def run(args) -> dict:
         from ..preprocess.hotness import compute_score
         from ..preprocess.reorder import order_by_score
 
-        hot = order_by_score(compute_score(args.score, ds, fanouts=fanouts, progress=False))
+        hot = order_by_score(compute_score(args.score, ds, fanouts=fanouts, progress=progress))
     trace = _trace(ds, order, fanouts, args) if "optimal" in policies else None
     configs: list[dict[str, Any]] = []
-    for size, policy in [(0.0, "none")] + [(s, p) for s in sizes for p in policies]:
-        disk.reset_stats()
-        store, replay = disk, None
-        if size > 0:
-            cap = hot_rows_for_fraction(size, ds.num_nodes)
-            store = FeatureCache(disk, cap, policy, hot_ids=hot if policy in ("static",
-                                 "lookahead", "optimal") else None, device="cpu",
-                                 tier="host_cache", lookahead=args.lookahead)  # fmt: skip
-            if policy == "optimal":
-                replay = _optimal_replay(store, trace)
-        c0 = _ceiling_Bps(args, str(disk.path))
-        r = _epochs(loader_for(store), store, disk, args.epochs, replay)
-        near = (c0 + _ceiling_Bps(args, str(disk.path))) / 2
-        bound = max(memory_s, r["disk_bytes"] / near if near else 0.0)
-        run_bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
-        configs.append({"host_cache": size, "policy": policy, **r, "replayed": replay is not None,
-                        "ceiling_MBps": near / 1e6,
-                        "ratio_to_bound": r["steady_epoch_s"] / bound if bound else 0.0,
-                        "ratio_to_run_ceiling": r["steady_epoch_s"] / run_bound if run_bound
-                        else 0.0})  # fmt: skip
+    todo = [(0.0, "none")] + [(s, p) for s in sizes for p in policies]
+    with bar(len(todo), "disk configurations", "config", enabled=progress) as pb:
+        for size, policy in todo:
+            pb.set_postfix_str(f"{policy}@{size:g}")
+            disk.reset_stats()
+            store, replay = disk, None
+            if size > 0:
+                cap = hot_rows_for_fraction(size, ds.num_nodes)
+                store = FeatureCache(disk, cap, policy, hot_ids=hot if policy in ("static",
+                                     "lookahead", "optimal") else None, device="cpu",
+                                     tier="host_cache", lookahead=args.lookahead)  # fmt: skip
+                if policy == "optimal":
+                    replay = _optimal_replay(store, trace)
+            c0 = _ceiling_Bps(args, str(disk.path))
+            r = _epochs(loader_for(store), store, disk, args.epochs, replay)
+            near = (c0 + _ceiling_Bps(args, str(disk.path))) / 2
+            bound = max(memory_s, r["disk_bytes"] / near if near else 0.0)
+            run_bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
+            configs.append({"host_cache": size, "policy": policy, **r, "replayed": replay is not None,
+                            "ceiling_MBps": near / 1e6,
+                            "ratio_to_bound": r["steady_epoch_s"] / bound if bound else 0.0,
+                            "ratio_to_run_ceiling": r["steady_epoch_s"] / run_bound if run_bound
+                            else 0.0})  # fmt: skip
+            pb.update(1)
     res["disk"] = configs
     res["disk_bytes_by_policy"] = {
         f"{c['policy']}@{c['host_cache']:g}": c["disk_bytes"] for c in configs
