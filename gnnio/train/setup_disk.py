@@ -87,7 +87,12 @@ def build_disk_base(ds, cfg, get_score) -> tuple[Any, Any, tuple[str, ...], dict
     disk = DiskFeatureStore(ds.features, queue_depth=getattr(cfg, "disk_queue_depth", 16))
     info: dict[str, Any] = {
         "store": "disk",
-        "disk": {"direct": disk.direct, "queue_depth": disk.queue_depth, "path": str(disk.path)},
+        "disk": {
+            "direct": disk.direct,
+            "queue_depth": disk.queue_depth,
+            "path": str(disk.path),
+            "block_bytes": disk.block_size,
+        },  # fmt: skip
     }
     frac = cfg.host_cache_size or 0.0
     if frac <= 0:
@@ -167,6 +172,7 @@ def disk_summary(history: list[dict[str, Any]], setup) -> dict[str, Any]:
             "read_amplification": tot["bytes_read"] / (uniq * rb) if uniq else 0.0,
             "direct": bool(setup.disk.direct),
             "queue_depth": int(setup.disk.queue_depth),
+            "block_bytes": int(setup.disk.block_size),
             "bytes_read_per_epoch": [int(r["bytes_read"]) for r in recs],
             "scope": "training passes (evaluation excluded); bytes_read counted by the store, "
             "disk_read_bytes by the kernel (/proc/self/io read_bytes)",
@@ -180,7 +186,8 @@ def disk_line(s: dict[str, Any]) -> str:
     dk, kern = s["disk"], s.get("disk_read_bytes")
     return (
         f"disk ({'O_DIRECT' if dk['direct'] else 'buffered'}, queue depth {dk['queue_depth']}): "
-        f"{dk['bytes_read'] / 2**20:,.1f} MiB read in {dk['pages_read']:,} pages, read "
+        f"{dk['bytes_read'] / 2**20:,.1f} MiB read in {dk['pages_read']:,} blocks of "
+        f"{dk.get('block_bytes', 4096)} B, read "
         f"amplification {dk['read_amplification']:.2f}"
         + (f"; the kernel counted {kern / 2**20:,.1f} MiB" if kern is not None else "")
     )
