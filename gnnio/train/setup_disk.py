@@ -12,7 +12,7 @@ What an epoch reports (``rec["disk"]``, summed in the summary's ``disk``): the p
 the store read (``bytes_read``: the device bytes gnnio counted), the kernel's count of bytes this
 process read from storage over the same training pass (``disk_read_bytes``, the ``read_bytes`` of
 ``/proc/self/io``: every thread, also the loader's), and ``read_amplification``. Evaluation reads
-are outside both. ``bytes_by_tier`` gets ``disk`` -- the device bytes read, whole 4 KiB pages,
+are outside both. ``bytes_by_tier`` gets ``disk`` -- the device bytes read, whole blocks (512 B or 4 KiB),
 the same count as ``bytes_read``, so the kernel's ``disk_read_bytes`` can be held against it;
 ``rows_by_tier["disk"]`` counts the rows -- and ``host_cache``; under a GPU tier its ``host``
 entry (rows from below the GPU) is replaced by the two it consists of.
@@ -153,7 +153,7 @@ def disk_epoch(setup, mark: dict[str, Any], rec: dict[str, Any]) -> None:
             for t, v in after[kind].items():
                 rec[key][t] = v - mark["below"][kind].get(t, 0)
     if "disk" in rec["bytes_by_tier"] or d["bytes_read"]:
-        # the disk link moves whole pages: its bytes are the device bytes read (O_DIRECT, every
+        # the disk link moves whole blocks: its bytes are the device bytes read (O_DIRECT, every
         # one from the device), not rows x row bytes; rows_by_tier keeps the rows
         rec["bytes_by_tier"]["disk"] = int(d["bytes_read"])
 
