@@ -324,3 +324,55 @@ def test_dataset_opens_when_a_private_mapping_is_refused(ds_dir, monkeypatch):
 
     monkeypatch.setattr(fmt.np, "load", eacces)
     expect_error(ds_dir, "features.npy", "not a readable .npy file", "Permission denied")
+
+
+# ---- the writer hashes the features and counts their non-finite values in one pass --------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
+def test_one_pass_hash_and_count_equal_the_two_passes(tmp_path, dtype):
+    """Chunks that cut values and rows anywhere (1000 bytes is no multiple of a row): the sha256
+    is the whole file's and every NaN/inf is counted once, at the file's first value, across a
+    chunk boundary and at its last value."""
+    from gnnio.graph.format import count_nonfinite, sha256_and_nonfinite
+
+    x = np.random.default_rng(0).standard_normal((97, 13)).astype(np.float32)
+    flat = x.reshape(-1)
+    for i, v in ((0, np.nan), (250, np.inf), (251, -np.inf), (flat.size - 1, np.nan)):
+        flat[i] = v
+    stored = {
+        "float32": x,
+        "float16": x.astype(np.float16),
+        "bfloat16": (x.view(np.uint32) >> 16).astype(np.uint16).view(np.int16),
+        "int8": np.nan_to_num(x).astype(np.int8),
+    }[dtype]
+    path = tmp_path / "features.npy"
+    np.save(path, stored)
+    want = 0 if dtype == "int8" else 4
+    assert count_nonfinite(np.load(path), feat_dtype=dtype) == want
+    for chunk in (1000, 4096, 1 << 24):
+        assert sha256_and_nonfinite(path, dtype, chunk=chunk) == (sha256_file(path), want)
+
+
+def test_the_writer_counts_a_nan_past_its_first_chunk(tmp_path):
+    """The writer's own pass (16 MiB chunks) over 20 MB of features with one NaN, the very last
+    value: refused unless allowed, then counted in meta.json, and the stored sha256 is the file's.
+    Fails when the writer skips the count, or counts only the first chunk."""
+    x = np.ones((5000, 1000), dtype=np.float32)
+    x[-1, -1] = np.nan
+
+    def write(out, **kw):
+        with DatasetWriter(out, name="nan", **kw) as w:
+            w.save_array("indptr", np.zeros(5001, dtype=np.int64))
+            w.save_array("indices", np.zeros(0, dtype=np.int32))
+            w.save_array("features", x)
+        return w
+
+    with pytest.raises(DatasetError, match="hold 1 NaN or infinite values"):
+        write(tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    w = write(tmp_path / "b", allow_nonfinite=True)
+    assert w.meta["nonfinite_features"] == 1
+    f = tmp_path / "b" / "features.npy"
+    assert w.meta["arrays"]["features"]["sha256"] == sha256_file(f)
+    gnnio.load(tmp_path / "b", verify=True)

@@ -7,6 +7,11 @@ with the features on disk against the same epochs in memory (issue 25).
    random-row reads (uniform ids, ``DiskFeatureStore.gather``) are timed between them, and
    ``random_read_fraction_of_ceiling`` = the store's device bytes per second over the 4 KiB
    ceiling's (medians of ``--repeats`` interleaved rounds; fresh random pages every round).
+   The store reads in blocks of ``block_bytes`` (``--block-size``; auto: the device's 512-byte
+   logical block where ``O_DIRECT`` takes it, else 4 KiB). When that is less than 4 KiB, the same
+   rounds also time random reads of single blocks (``random_block_iops``) and the same ids
+   through a store reading 4 KiB pages (``store_4k_*``), so the two read units are compared in
+   one run: ``rows_per_s_over_4k`` is the store's rows per second over the 4 KiB store's.
 2. **Epochs**: ``--epochs`` loading epochs (the first ``--batches`` mini-batches of each epoch's
    seed order, sampled and gathered by the pipelined loader; the consumer does nothing, so an
    epoch is what data loading costs) over the features in memory, on disk with no host cache,
@@ -36,6 +41,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..utils.progress import bar
 from ._timing import median
 
 HELP = "the O_DIRECT feature tier: device ceilings, random-row reads, epochs with host caches"
@@ -45,6 +51,12 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 def add_arguments(p) -> None:
     p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
     p.add_argument("--queue-depth", type=int, default=16, help="reads in flight (reader threads)")
+    p.add_argument(
+        "--block-size",
+        default="auto",
+        choices=["auto", "512", "1024", "2048", "4096"],
+        help="the store's read unit in bytes (auto: the smallest O_DIRECT read the file takes)",
+    )
     p.add_argument("--random-reads", type=int, default=20000, help="4 KiB reads per round")
     p.add_argument("--seq-mib", type=int, default=256, help="MiB read sequentially per round")
     p.add_argument("--repeats", type=int, default=3, help="interleaved ceiling/store rounds")
@@ -63,6 +75,9 @@ def add_arguments(p) -> None:
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of sampler and gather")
     p.add_argument("--seed", type=int, default=0, help="seed of the orders, sampler and reads")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
 
 
 def _check(args) -> tuple[list[float], list[str]]:
@@ -103,55 +118,103 @@ def _seq_round(reader, file_pages: int, mib: int, start: int) -> tuple[float, in
     return time.perf_counter() - t0, done
 
 
-def _random_round(reader, file_pages: int, n: int, rng) -> tuple[float, int, int]:
+def _random_round(
+    reader, file_pages: int, n: int, rng, block: int = 4096
+) -> tuple[float, int, int]:
+    """``n`` random reads of one ``block`` each (distinct; ``file_pages`` blocks in the file)."""
     from ..features.stores._direct_io import plan_pages
 
     pages = rng.choice(file_pages, size=min(n, file_pages), replace=False).astype(np.int64)
-    plan = plan_pages(pages * 4096, 4096, max_run_pages=1)  # one read per page
+    plan = plan_pages(pages * block, block, max_run_pages=1, block=block)  # one read per block
     b0 = reader.bytes_read
     t0 = time.perf_counter()
     reader.read(plan)
     return time.perf_counter() - t0, reader.bytes_read - b0, int(plan.pages.size)
 
 
-def ceilings(store, args) -> dict[str, Any]:
-    """Sequential and random-4K ceilings and the store's random-row reads, interleaved."""
-    from ..features.stores._direct_io import PageReader
+def _rounds(n: int, progress: bool):
+    """``range(n)`` under a progress bar of the ceiling rounds."""
+    with bar(n, "disk ceilings", "round", enabled=progress) as pb:
+        for r in range(n):
+            yield r
+            pb.update(1)
 
-    reader = PageReader(str(store.path), args.queue_depth, direct=True)
+
+def _timed_gather(store, ids) -> tuple[float, float]:
+    """``(device bytes/s, rows/s)`` of one gather of ``ids``."""
+    b0 = store.stats.bytes_read
+    t0 = time.perf_counter()
+    store.gather(ids)
+    t = time.perf_counter() - t0
+    return (store.stats.bytes_read - b0) / t, len(ids) / t
+
+
+def ceilings(store, args, progress: bool = False) -> dict[str, Any]:
+    """Sequential and random-4K ceilings and the store's random-row reads, interleaved (with a
+    sub-page block: also single-block reads and a 4 KiB-page store on the same ids)."""
+    from ..features.stores._direct_io import PageReader
+    from ..features.stores.disk import DiskFeatureStore
+
+    reader = PageReader(str(store.path), args.queue_depth, direct=True, block=4096)
     rng = np.random.default_rng(args.seed)
     file_pages = max(1, reader.file_size // 4096)
-    seq, rnd, rows = [], [], []
+    bs = store.block_size
+    pages = sub = None
+    if bs < 4096:
+        sub = PageReader(str(store.path), args.queue_depth, direct=True, block=bs)
+        pages = DiskFeatureStore(str(store.path), store._np_dtype, (store.num_rows, store.dim),
+                                 queue_depth=args.queue_depth, block_size=4096)  # fmt: skip
+    seq, rnd, rows, blk, rows4k = [], [], [], [], []
     try:  # warm-up, untimed: reader threads started, kernels loaded
         _random_round(reader, file_pages, min(1000, args.random_reads), rng)
-        store.gather(rng.integers(0, store.num_rows, min(1000, args.random_reads)))
-        for r in range(args.repeats):
+        for s in (store, pages):
+            if s is not None:
+                s.gather(rng.integers(0, store.num_rows, min(1000, args.random_reads)))
+        for r in _rounds(args.repeats, progress):
             t, b = _seq_round(reader, file_pages, args.seq_mib, r * 7919)
             seq.append(b / t)
             t, b, n = _random_round(reader, file_pages, args.random_reads, rng)
             rnd.append((b / t, n / t))
             ids = rng.integers(0, store.num_rows, args.random_reads)
-            b0 = store.stats.bytes_read
-            t0 = time.perf_counter()
-            store.gather(ids)
-            t = time.perf_counter() - t0
-            rows.append(((store.stats.bytes_read - b0) / t, len(ids) / t))
+            rows.append(_timed_gather(store, ids))
+            if pages is not None:  # the same ids in 4 KiB pages, and single-block reads
+                rows4k.append(_timed_gather(pages, ids))
+                nb = max(1, reader.file_size // bs)
+                t, b, n = _random_round(sub, nb, args.random_reads, rng, bs)
+                blk.append((b / t, n / t))
+        amp = store.stats.read_amplification
+        amp4k = pages.stats.read_amplification if pages is not None else amp
         store.reset_stats()
     finally:
         reader.close()
+        for s in (pages, sub):
+            if s is not None:
+                s.close()
     ceil_bps = median([x[0] for x in rnd])
     store_bps = median([x[0] for x in rows])
-    return {
+    out = {
         "direct": bool(reader.direct),
         "queue_depth": args.queue_depth,
+        "block_bytes": bs,
         "seq_read_GBps": median(seq) / 1e9,
         "random_4k_iops": median([x[1] for x in rnd]),
         "random_4k_MBps": ceil_bps / 1e6,
         "store_random_MBps": store_bps / 1e6,
         "store_random_rows_per_s": median([x[1] for x in rows]),
+        "store_read_amplification": amp,
         "random_read_fraction_of_ceiling": store_bps / ceil_bps if ceil_bps else 0.0,
         "_ceiling_Bps": ceil_bps,
     }
+    if pages is not None:
+        out.update({
+            "random_block_iops": median([x[1] for x in blk]),
+            "random_block_MBps": median([x[0] for x in blk]) / 1e6,
+            "store_4k_random_MBps": median([x[0] for x in rows4k]) / 1e6,
+            "store_4k_random_rows_per_s": median([x[1] for x in rows4k]),
+            "store_4k_read_amplification": amp4k,
+            "rows_per_s_over_4k": median([a[1] / b[1] for a, b in zip(rows, rows4k, strict=True)]),
+        })  # fmt: skip
+    return out
 
 
 # ---- epochs --------------------------------------------------------------------------------
@@ -264,10 +327,12 @@ def run(args) -> dict:
     from .loader import FirstBatches
 
     sizes, policies = _check(args)
+    progress = not args.no_progress
     set_threads(args.threads)
     ds = gnnio.load(args.dataset)
     fanouts = parse_fanouts_arg(args.fanouts)
-    disk = DiskFeatureStore(ds.features, queue_depth=args.queue_depth)
+    block = None if args.block_size == "auto" else int(args.block_size)
+    disk = DiskFeatureStore(ds.features, queue_depth=args.queue_depth, block_size=block)
     if not disk.direct:
         raise UsageError(f"{disk.path}: this filesystem refuses O_DIRECT; nothing to measure")
     res: dict[str, Any] = {
@@ -281,7 +346,7 @@ def run(args) -> dict:
         "epochs": args.epochs,
         "threads": args.threads,
     }
-    res.update(ceilings(disk, args))
+    res.update(ceilings(disk, args, progress))
     ceil_bps = res.pop("_ceiling_Bps")
     order = FirstBatches(make_order(seed_ids(ds), args.batch_size, args.seed), args.batches)
     labels = None if ds.labels is None else np.asarray(ds.labels)
@@ -300,29 +365,33 @@ def run(args) -> dict:
         from ..preprocess.hotness import compute_score
         from ..preprocess.reorder import order_by_score
 
-        hot = order_by_score(compute_score(args.score, ds, fanouts=fanouts, progress=False))
+        hot = order_by_score(compute_score(args.score, ds, fanouts=fanouts, progress=progress))
     trace = _trace(ds, order, fanouts, args) if "optimal" in policies else None
     configs: list[dict[str, Any]] = []
-    for size, policy in [(0.0, "none")] + [(s, p) for s in sizes for p in policies]:
-        disk.reset_stats()
-        store, replay = disk, None
-        if size > 0:
-            cap = hot_rows_for_fraction(size, ds.num_nodes)
-            store = FeatureCache(disk, cap, policy, hot_ids=hot if policy in ("static",
-                                 "lookahead", "optimal") else None, device="cpu",
-                                 tier="host_cache", lookahead=args.lookahead)  # fmt: skip
-            if policy == "optimal":
-                replay = _optimal_replay(store, trace)
-        c0 = _ceiling_Bps(args, str(disk.path))
-        r = _epochs(loader_for(store), store, disk, args.epochs, replay)
-        near = (c0 + _ceiling_Bps(args, str(disk.path))) / 2
-        bound = max(memory_s, r["disk_bytes"] / near if near else 0.0)
-        run_bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
-        configs.append({"host_cache": size, "policy": policy, **r, "replayed": replay is not None,
-                        "ceiling_MBps": near / 1e6,
-                        "ratio_to_bound": r["steady_epoch_s"] / bound if bound else 0.0,
-                        "ratio_to_run_ceiling": r["steady_epoch_s"] / run_bound if run_bound
-                        else 0.0})  # fmt: skip
+    todo = [(0.0, "none")] + [(s, p) for s in sizes for p in policies]
+    with bar(len(todo), "disk configurations", "config", enabled=progress) as pb:
+        for size, policy in todo:
+            pb.set_postfix_str(f"{policy}@{size:g}")
+            disk.reset_stats()
+            store, replay = disk, None
+            if size > 0:
+                cap = hot_rows_for_fraction(size, ds.num_nodes)
+                store = FeatureCache(disk, cap, policy, hot_ids=hot if policy in ("static",
+                                     "lookahead", "optimal") else None, device="cpu",
+                                     tier="host_cache", lookahead=args.lookahead)  # fmt: skip
+                if policy == "optimal":
+                    replay = _optimal_replay(store, trace)
+            c0 = _ceiling_Bps(args, str(disk.path))
+            r = _epochs(loader_for(store), store, disk, args.epochs, replay)
+            near = (c0 + _ceiling_Bps(args, str(disk.path))) / 2
+            bound = max(memory_s, r["disk_bytes"] / near if near else 0.0)
+            run_bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
+            configs.append({"host_cache": size, "policy": policy, **r, "replayed": replay is not None,
+                            "ceiling_MBps": near / 1e6,
+                            "ratio_to_bound": r["steady_epoch_s"] / bound if bound else 0.0,
+                            "ratio_to_run_ceiling": r["steady_epoch_s"] / run_bound if run_bound
+                            else 0.0})  # fmt: skip
+            pb.update(1)
     res["disk"] = configs
     res["disk_bytes_by_policy"] = {
         f"{c['policy']}@{c['host_cache']:g}": c["disk_bytes"] for c in configs

@@ -10,7 +10,6 @@ second writer out, stale temporaries and a full disk: :mod:`gnnio.graph.output_d
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -26,7 +25,15 @@ from ..utils.pages import drop_pages
 from . import feature_dtype as fdt
 from . import output_dir
 from .csr import index_dtype
-from .integrity import check_meta, check_version, printable, sample_sha256
+from .integrity import (
+    check_meta,
+    check_version,
+    count_nonfinite,
+    printable,
+    sample_sha256,
+    sha256_and_nonfinite,
+    sha256_file,
+)
 
 __all__ = [
     "FORMAT_NAME",
@@ -38,6 +45,7 @@ __all__ = [
     "validate_arrays",
     "verify_checksums",
     "sha256_file",
+    "sha256_and_nonfinite",
     "count_nonfinite",
 ]
 
@@ -49,17 +57,6 @@ META_FILE = "meta.json"
 CORE_ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "valid_idx", "test_idx")
 SPLITS = ("train_idx", "valid_idx", "test_idx")
 FEATURE_DTYPES = fdt.FEATURE_DTYPES
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 class DatasetWriter:
@@ -204,12 +201,15 @@ class DatasetWriter:
             meta["num_classes"] = int(lab.max()) + 1 if lab.size and lab.max() >= 0 else 0
         meta.update(self.meta)
         meta["feat_dtype"] = feat_dtype
+        # the features are hashed and their non-finite values counted in the same pass (one read
+        # of a file that may be larger than RAM); the count is acted on after the other checks
+        feat_sha, bad = sha256_and_nonfinite(self.tmp / self._arrays["features"], feat_dtype)
         meta["arrays"] = {
             key: {
                 "file": fname,
                 "dtype": str(arrays[key].dtype),
                 "shape": list(arrays[key].shape),
-                "sha256": sha256_file(self.tmp / fname),
+                "sha256": feat_sha if key == "features" else sha256_file(self.tmp / fname),
                 "sample_sha256": sample_sha256(self.tmp / fname),
             }
             for key, fname in sorted(self._arrays.items())
@@ -218,7 +218,6 @@ class DatasetWriter:
         written = load_arrays(self.tmp, list(self._arrays))
         validate_arrays(self.tmp, meta, written, drop=True)
         self._check_trainable(written)
-        bad = count_nonfinite(written["features"], drop=True, feat_dtype=feat_dtype)
         del written
         if bad and not self.allow_nonfinite:
             raise DatasetError(
@@ -267,29 +266,6 @@ class DatasetWriter:
                 f"{self.out}: no labeled training node in the train split ({why}); training "
                 "needs at least one"
             )
-
-
-def count_nonfinite(
-    feats: np.ndarray, chunk_bytes: int = 64 << 20, drop: bool = False, feat_dtype: str = ""
-) -> int:
-    """Number of NaN or infinite values in ``feats`` (read ``chunk_bytes`` at a time). ``drop``:
-    after each chunk, drop the pages read from this process (a mapping never written to;
-    :func:`gnnio.utils.pages.drop_pages`), so the pass does not keep the file resident.
-    ``feat_dtype="bfloat16"``: ``feats`` holds bfloat16 bits (int16)."""
-    if feat_dtype == "bfloat16":
-        return fdt.count_nonfinite_encoded(feats, feat_dtype)
-    if feats.dtype.kind != "f" or feats.size == 0:
-        return 0
-    rows = max(1, chunk_bytes // max(1, feats[:1].nbytes))
-    bad = 0
-    for s in range(0, feats.shape[0], rows):
-        block = np.asarray(feats[s : s + rows])
-        # cheap test first: a NaN or an infinity anywhere makes the sum non-finite
-        if not np.isfinite(block.sum(dtype=np.float64)):
-            bad += int(block.size - np.count_nonzero(np.isfinite(block)))
-        if drop:
-            drop_pages(feats)
-    return bad
 
 
 def _min_max(a: np.ndarray, drop: bool, chunk: int = 1 << 24) -> tuple[int, int]:

@@ -12,7 +12,7 @@ What an epoch reports (``rec["disk"]``, summed in the summary's ``disk``): the p
 the store read (``bytes_read``: the device bytes gnnio counted), the kernel's count of bytes this
 process read from storage over the same training pass (``disk_read_bytes``, the ``read_bytes`` of
 ``/proc/self/io``: every thread, also the loader's), and ``read_amplification``. Evaluation reads
-are outside both. ``bytes_by_tier`` gets ``disk`` -- the device bytes read, whole 4 KiB pages,
+are outside both. ``bytes_by_tier`` gets ``disk`` -- the device bytes read, whole blocks (512 B or 4 KiB),
 the same count as ``bytes_read``, so the kernel's ``disk_read_bytes`` can be held against it;
 ``rows_by_tier["disk"]`` counts the rows -- and ``host_cache``; under a GPU tier its ``host``
 entry (rows from below the GPU) is replaced by the two it consists of.
@@ -87,7 +87,12 @@ def build_disk_base(ds, cfg, get_score) -> tuple[Any, Any, tuple[str, ...], dict
     disk = DiskFeatureStore(ds.features, queue_depth=getattr(cfg, "disk_queue_depth", 16))
     info: dict[str, Any] = {
         "store": "disk",
-        "disk": {"direct": disk.direct, "queue_depth": disk.queue_depth, "path": str(disk.path)},
+        "disk": {
+            "direct": disk.direct,
+            "queue_depth": disk.queue_depth,
+            "path": str(disk.path),
+            "block_bytes": disk.block_size,
+        },  # fmt: skip
     }
     frac = cfg.host_cache_size or 0.0
     if frac <= 0:
@@ -148,7 +153,7 @@ def disk_epoch(setup, mark: dict[str, Any], rec: dict[str, Any]) -> None:
             for t, v in after[kind].items():
                 rec[key][t] = v - mark["below"][kind].get(t, 0)
     if "disk" in rec["bytes_by_tier"] or d["bytes_read"]:
-        # the disk link moves whole pages: its bytes are the device bytes read (O_DIRECT, every
+        # the disk link moves whole blocks: its bytes are the device bytes read (O_DIRECT, every
         # one from the device), not rows x row bytes; rows_by_tier keeps the rows
         rec["bytes_by_tier"]["disk"] = int(d["bytes_read"])
 
@@ -167,6 +172,7 @@ def disk_summary(history: list[dict[str, Any]], setup) -> dict[str, Any]:
             "read_amplification": tot["bytes_read"] / (uniq * rb) if uniq else 0.0,
             "direct": bool(setup.disk.direct),
             "queue_depth": int(setup.disk.queue_depth),
+            "block_bytes": int(setup.disk.block_size),
             "bytes_read_per_epoch": [int(r["bytes_read"]) for r in recs],
             "scope": "training passes (evaluation excluded); bytes_read counted by the store, "
             "disk_read_bytes by the kernel (/proc/self/io read_bytes)",
@@ -180,7 +186,8 @@ def disk_line(s: dict[str, Any]) -> str:
     dk, kern = s["disk"], s.get("disk_read_bytes")
     return (
         f"disk ({'O_DIRECT' if dk['direct'] else 'buffered'}, queue depth {dk['queue_depth']}): "
-        f"{dk['bytes_read'] / 2**20:,.1f} MiB read in {dk['pages_read']:,} pages, read "
+        f"{dk['bytes_read'] / 2**20:,.1f} MiB read in {dk['pages_read']:,} blocks of "
+        f"{dk.get('block_bytes', 4096)} B, read "
         f"amplification {dk['read_amplification']:.2f}"
         + (f"; the kernel counted {kern / 2**20:,.1f} MiB" if kern is not None else "")
     )

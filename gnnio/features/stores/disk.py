@@ -7,13 +7,15 @@ counted byte is a device byte, and host memory holds only what a cache above it 
 goes on top of it (:class:`~gnnio.features.caches.cache.FeatureCache` with ``device="cpu"``; policies
 static, SIEVE, S3-FIFO, ...), a GPU tier above that.
 
-A gather reads each 4 KiB page holding a requested row once (rows sharing a page, and repeated
-ids, are read once), in runs of consecutive pages, ``queue_depth`` reads in flight; see
-:mod:`gnnio.features.stores._direct_io` for the plan, the reader threads and why they are not io_uring.
-The rows come back bit-identical to the file's. ``stats`` counts what the device delivered:
-``pages_read``, ``bytes_read`` (what ``/proc/self/io``'s ``read_bytes`` counts for these reads)
-and ``read_amplification`` = bytes read / bytes of the distinct rows asked for (1.0 = no waste;
-a 512-byte row alone in its page costs 8).
+A gather reads each block holding a requested row once (rows sharing a block, and repeated ids,
+are read once), in runs of consecutive blocks, ``queue_depth`` reads in flight; a block is the
+smallest ``O_DIRECT`` read the file accepts (the device's 512-byte logical block where it takes
+one, else a 4 KiB page; ``block_size``); see :mod:`gnnio.features.stores._direct_io` for the plan,
+the reader threads and why they are not io_uring. The rows come back bit-identical to the file's.
+``stats`` counts what the device delivered: ``pages_read`` (blocks), ``bytes_read`` (what
+``/proc/self/io``'s ``read_bytes`` counts for these reads) and ``read_amplification`` = bytes read
+/ bytes of the distinct rows asked for (1.0 = no waste; a 512-byte row alone in its 4 KiB page
+costs 8, in its 512-byte sector 1).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from ...errors import DatasetError
 from .._gather import as_index_array, output_rows, row_bytes_view
 from ..base import FeatureStore
-from ._direct_io import PageReader, copy_spans, plan_pages
+from ._direct_io import PAGE, PageReader, copy_spans, plan_pages
 
 __all__ = ["DiskFeatureStore", "DiskStats"]
 
@@ -40,8 +42,9 @@ class DiskStats:
 
     Attributes:
         gathers: gather calls; rows: rows served (repeats included); unique_rows: distinct rows
-        read (per gather); pages_read: 4 KiB pages read; bytes_read: bytes the reads returned;
-        reads: read calls (runs of consecutive pages); row_bytes: bytes of one row.
+        read (per gather); pages_read: blocks read (of ``block_bytes`` each: 4 KiB pages or the
+        device's smaller logical blocks); bytes_read: bytes the reads returned; reads: read calls
+        (runs of consecutive blocks); row_bytes: bytes of one row.
     """
 
     gathers: int = 0
@@ -51,6 +54,7 @@ class DiskStats:
     bytes_read: int = 0
     reads: int = 0
     row_bytes: int = 0
+    block_bytes: int = PAGE
 
     @property
     def read_amplification(self) -> float:
@@ -67,6 +71,7 @@ class DiskStats:
             "bytes_read": self.bytes_read,
             "reads": self.reads,
             "read_amplification": self.read_amplification,
+            "block_bytes": self.block_bytes,
         }
 
 
@@ -80,7 +85,10 @@ class DiskFeatureStore(FeatureStore):
         dtype, shape: layout of a raw file; ignored otherwise.
         queue_depth: reads in flight (reader threads).
         direct: read with ``O_DIRECT`` (False: buffered reads, through the page cache).
-        max_run_pages: most pages one read fetches (longer runs of needed pages are split).
+        block_size: the read unit in bytes (512, 1024, 2048 or 4096); None: the smallest the file
+            takes with ``O_DIRECT`` (:func:`~gnnio.features.stores._direct_io.direct_block_size`),
+            4096 for buffered reads.
+        max_run_pages: most 4 KiB pages one read fetches (longer runs of needed blocks are split).
         max_buffer_bytes: the page buffer's size limit; a batch needing more pages is read in
             chunks of rows (a page shared by two chunks is read twice).
     """
@@ -94,6 +102,7 @@ class DiskFeatureStore(FeatureStore):
         shape: tuple[int, int] | None = None,
         queue_depth: int = 16,
         direct: bool = True,
+        block_size: int | None = None,
         max_run_pages: int = 64,
         max_buffer_bytes: int = 64 << 20,
     ) -> None:
@@ -118,14 +127,19 @@ class DiskFeatureStore(FeatureStore):
             )
         self.max_run_pages = int(max_run_pages)
         self.max_buffer_bytes = int(max_buffer_bytes)
-        self._reader = PageReader(str(self.path), queue_depth, direct)
-        self.stats = DiskStats(row_bytes=self.row_bytes)
+        self._reader = PageReader(str(self.path), queue_depth, direct, block_size)
+        self.stats = DiskStats(row_bytes=self.row_bytes, block_bytes=self.block_size)
         self._lock = threading.Lock()
 
     @property
     def direct(self) -> bool:
         """Whether reads bypass the page cache (False after a fallback to buffered reads)."""
         return self._reader.direct
+
+    @property
+    def block_size(self) -> int:
+        """Bytes per read unit (block): 512-4096 (class docstring)."""
+        return self._reader.block
 
     @property
     def queue_depth(self) -> int:
@@ -135,7 +149,8 @@ class DiskFeatureStore(FeatureStore):
         mode = "O_DIRECT" if self.direct else "buffered"
         return (
             f"DiskFeatureStore(num_rows={self.num_rows}, dim={self.dim}, dtype={self.dtype}, "
-            f"path={str(self.path)!r}, {mode}, queue_depth={self.queue_depth})"
+            f"path={str(self.path)!r}, {mode}, queue_depth={self.queue_depth}, "
+            f"block_size={self.block_size})"
         )
 
     def close(self) -> None:
@@ -151,7 +166,7 @@ class DiskFeatureStore(FeatureStore):
     def reset_stats(self) -> None:
         """Zero ``stats`` and ``counters``."""
         with self._lock:
-            self.stats = DiskStats(row_bytes=self.row_bytes)
+            self.stats = DiskStats(row_bytes=self.row_bytes, block_bytes=self.block_size)
             self.counters.reset()
 
     def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,7 +179,8 @@ class DiskFeatureStore(FeatureStore):
         dst = output_rows(out, n, self.dim, self.dtype, self.device)
         if n == 0:
             return dst
-        rb = self.row_bytes
+        rb, bs = self.row_bytes, self.block_size
+        max_run = max(1, self.max_run_pages * PAGE // bs)
         uniq, inv = np.unique(idx, return_inverse=True)
         out_b = row_bytes_view(dst)
         with self._lock:
@@ -173,7 +189,7 @@ class DiskFeatureStore(FeatureStore):
             reads0 = r.reads
             for a, b in self._chunks(uniq):
                 starts = self.offset + uniq[a:b].astype(np.int64) * rb
-                plan = plan_pages(starts, rb, self.max_run_pages)
+                plan = plan_pages(starts, rb, max_run, bs)
                 buf = r.read(plan)
                 if a == 0 and b == uniq.size:
                     sel = np.arange(n, dtype=np.int64)
@@ -193,17 +209,18 @@ class DiskFeatureStore(FeatureStore):
         return dst
 
     def _chunks(self, uniq: np.ndarray) -> list[tuple[int, int]]:
-        """Ranges of the sorted unique rows whose pages fit the buffer limit (one range when all
-        do: counted exactly for rows of at most a page, so a batch of 10,000 pages is not cut in
-        two by an estimate of twice that, re-reading the pages shared across the cut). Cut by the index of each row's first page among all needed pages, so a chunk needs
-        at most ``limit`` pages plus the pages its last row spills into the next."""
-        rb = self.row_bytes
-        per_row = (rb + 4095) // 4096 + 1
-        limit = max(per_row, self.max_buffer_bytes // 4096)
+        """Ranges of the sorted unique rows whose blocks fit the buffer limit (one range when all
+        do: counted exactly for rows of at most a block, so a batch of 10,000 blocks is not cut in
+        two by an estimate of twice that, re-reading the blocks shared across the cut). Cut by the
+        index of each row's first block among all needed blocks, so a chunk needs at most
+        ``limit`` blocks plus the blocks its last row spills into the next."""
+        rb, bs = self.row_bytes, self.block_size
+        per_row = (rb + bs - 1) // bs + 1
+        limit = max(per_row, self.max_buffer_bytes // bs)
         starts = self.offset + uniq.astype(np.int64) * rb
-        first = starts // 4096
-        if rb <= 4096:  # a row touches its first page and maybe the next: count them exactly
-            if np.union1d(first, (starts + rb - 1) // 4096).size <= limit:
+        first = starts // bs
+        if rb <= bs:  # a row touches its first block and maybe the next: count them exactly
+            if np.union1d(first, (starts + rb - 1) // bs).size <= limit:
                 return [(0, int(uniq.size))]
         elif (np.count_nonzero(np.diff(first)) + 1) * per_row <= limit:
             return [(0, int(uniq.size))]
