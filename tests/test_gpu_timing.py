@@ -115,12 +115,26 @@ def test_cache_lives_on_the_training_gpu(monkeypatch, tmp_path):
         return real(*a, **k)  # built on the CPU: only the device asked for is checked
 
     monkeypatch.setattr(cache_mod, "FeatureCache", spy)
+    # ... over the host rows read zero-copy (a tiered store with no hot rows): the GPU cache's
+    # batch then needs no host sync (gnnio.features.caches.nosync)
+    from gnnio.features.tiers import tiered as tiered_mod
+
+    tiers = []
+    real_t = tiered_mod.TieredFeatureStore
+
+    def tspy(base, hot=None, device=None, **k):
+        tiers.append((hot, device))
+        return real_t(base, hot, device="cpu", **k)  # simulated: only the request is checked
+
+    monkeypatch.setattr(tiered_mod, "TieredFeatureStore", tspy)
     ds = load(write_tiny_dataset(tmp_path / "d", num_nodes=40, num_edges=100))
     cfg = TrainConfig(cache_policy="fifo", cache_size=0.2, progress=False)
     setup = build_store(ds, cfg, CUDA0)
     assert made == [CUDA0] and setup.info["cache"]["capacity"] == 8
+    assert tiers == [(0, CUDA0)] and isinstance(setup.store.backing, real_t)
+    assert "misses" in setup.info["cache"]
     build_store(ds, cfg, torch.device("cpu"))
-    assert made[-1] is None
+    assert made[-1] is None and len(tiers) == 1
 
 
 def test_cpu_run_summary_says_simulated_and_hidden_fraction(tmp_path):
