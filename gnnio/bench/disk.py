@@ -5,11 +5,14 @@ with the features on disk against the same epochs in memory (issue 25).
    store's reader threads (``--queue-depth``): sequential reads of 1 MiB (``seq_read_GBps``) and
    random 4 KiB reads of distinct pages (``random_4k_iops``, ``random_4k_MBps``). The store's
    random-row reads (uniform ids, ``DiskFeatureStore.gather``) are timed between them, and
-   ``random_read_fraction_of_ceiling`` = the store's device bytes per second over the 4 KiB
-   ceiling's (medians of ``--repeats`` interleaved rounds; fresh random pages every round).
-   The store reads in blocks of ``block_bytes`` (``--block-size``; auto: the device's 512-byte
-   logical block where ``O_DIRECT`` takes it, else 4 KiB). When that is less than 4 KiB, the same
-   rounds also time random reads of single blocks (``random_block_iops``) and the same ids
+   ``random_read_fraction_of_ceiling`` = the store's device bytes per second over the ceiling's
+   in the unit the store reads (medians of ``--repeats`` interleaved rounds; fresh random blocks
+   every round; ``ceiling_block_bytes``). The store reads in blocks of ``block_bytes``
+   (``--block-size``; auto: the device's 512-byte logical block where ``O_DIRECT`` takes it, else
+   4 KiB). When that is less than 4 KiB, the ceiling is random reads of single blocks of that size
+   (``random_block_iops``; ``random_read_fraction_of_4k_ceiling`` keeps the 4 KiB one: half the
+   bytes per read count half the bytes per second on a disk bound by reads per second), and the
+   same rounds also time the same ids
    through a store reading 4 KiB pages (``store_4k_*``), so the two read units are compared in
    one run: ``rows_per_s_over_4k`` is the store's rows per second over the 4 KiB store's.
 2. **Epochs**: ``--epochs`` loading epochs (the first ``--batches`` mini-batches of each epoch's
@@ -23,7 +26,8 @@ with the features on disk against the same epochs in memory (issue 25).
    true). Per configuration: the first and the steady epoch (median of the
    later ones), the device bytes per steady epoch (``disk_bytes``), the kernel's count
    (``/proc/self/io``), the host-cache hit ratio, and ``ratio_to_bound`` = steady epoch over
-   ``max(in-memory epoch, disk bytes / 4 KiB ceiling)`` (issue 25's goal: <= 1.2), with the
+   ``max(in-memory epoch, disk bytes / ceiling)`` (issue 25's goal: <= 1.2; the ceiling in the
+   store's read unit, as above), with the
    ceiling measured right before and right after the configuration's epochs (``ceiling_MBps``,
    their mean: a shared virtual disk's rate drifts by 2x within a minute);
    ``ratio_to_run_ceiling`` uses the ceiling of step 1 instead.
@@ -190,7 +194,8 @@ def ceilings(store, args, progress: bool = False) -> dict[str, Any]:
         for s in (pages, sub):
             if s is not None:
                 s.close()
-    ceil_bps = median([x[0] for x in rnd])
+    ceil4k_bps = median([x[0] for x in rnd])
+    ceil_bps = median([x[0] for x in blk]) if blk else ceil4k_bps  # in the store's read unit
     store_bps = median([x[0] for x in rows])
     out = {
         "direct": bool(reader.direct),
@@ -198,11 +203,13 @@ def ceilings(store, args, progress: bool = False) -> dict[str, Any]:
         "block_bytes": bs,
         "seq_read_GBps": median(seq) / 1e9,
         "random_4k_iops": median([x[1] for x in rnd]),
-        "random_4k_MBps": ceil_bps / 1e6,
+        "random_4k_MBps": ceil4k_bps / 1e6,
+        "ceiling_block_bytes": bs if blk else 4096,
         "store_random_MBps": store_bps / 1e6,
         "store_random_rows_per_s": median([x[1] for x in rows]),
         "store_read_amplification": amp,
         "random_read_fraction_of_ceiling": store_bps / ceil_bps if ceil_bps else 0.0,
+        "random_read_fraction_of_4k_ceiling": store_bps / ceil4k_bps if ceil4k_bps else 0.0,
         "_ceiling_Bps": ceil_bps,
     }
     if pages is not None:
@@ -285,15 +292,15 @@ def _optimal_replay(cache, trace):
     return serve
 
 
-def _ceiling_Bps(args, path: str, rounds: int = 1) -> float:
-    """The 4 KiB random-read ceiling now (bytes/s; median of ``rounds`` rounds)."""
+def _ceiling_Bps(args, path: str, block: int = 4096, rounds: int = 1) -> float:
+    """The random-read ceiling now, in reads of one ``block`` (bytes/s; median of ``rounds``)."""
     from ..features.stores._direct_io import PageReader
 
-    reader = PageReader(path, args.queue_depth, direct=True)
+    reader = PageReader(path, args.queue_depth, direct=True, block=block)
     rng = np.random.default_rng(args.seed + 1)
     try:
-        pages = max(1, reader.file_size // 4096)
-        got = [_random_round(reader, pages, args.random_reads, rng) for _ in range(rounds)]
+        pages = max(1, reader.file_size // block)
+        got = [_random_round(reader, pages, args.random_reads, rng, block) for _ in range(rounds)]
     finally:
         reader.close()
     return median([b / t for t, b, _n in got])
@@ -381,9 +388,9 @@ def run(args) -> dict:
                                      tier="host_cache", lookahead=args.lookahead)  # fmt: skip
                 if policy == "optimal":
                     replay = _optimal_replay(store, trace)
-            c0 = _ceiling_Bps(args, str(disk.path))
+            c0 = _ceiling_Bps(args, str(disk.path), res["ceiling_block_bytes"])
             r = _epochs(loader_for(store), store, disk, args.epochs, replay)
-            near = (c0 + _ceiling_Bps(args, str(disk.path))) / 2
+            near = (c0 + _ceiling_Bps(args, str(disk.path), res["ceiling_block_bytes"])) / 2
             bound = max(memory_s, r["disk_bytes"] / near if near else 0.0)
             run_bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
             configs.append({"host_cache": size, "policy": policy, **r, "replayed": replay is not None,
