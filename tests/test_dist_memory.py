@@ -110,7 +110,8 @@ def test_a_rank_holds_no_whole_graph_array(big, tmp_path):
             bad = [a for a in anon if not a["allowed"]]
             assert not bad, f"rank {rank} ({when}) holds {bad}"
             mapped = rec["mapped"]
-            for f in ("g/features.npy", "g/indices.npy", "g/indptr.npy",
+            # (labels: a rank reads its seeds' by pread, never labels[seeds] through a mapping)
+            for f in ("g/features.npy", "g/indices.npy", "g/indptr.npy", "g/labels.npy",
                       f"p/part{1 - rank}/indices.npy", f"p/part{1 - rank}/indptr.npy"):  # fmt: skip
                 assert mapped.get(f, 0) == 0, f"rank {rank} ({when}) maps {mapped.get(f)} B of {f}"
             assert mapped.get(f"p/part{rank}/indices.npy", 0) > 0  # its own shard: sampled
@@ -211,3 +212,49 @@ def test_a_rank_checks_only_the_shard_it_reads(big, tmp_path):
     for shards in ([1], None):
         with pytest.raises(UsageError, match="part1/indices.npy"):
             load_partition(q, shards=shards)
+
+
+# ----------------------------------------------------------------------------------------------
+# a rank's labels: only its seeds', read by pread, looked up as the [N] array is
+
+
+def test_seed_labels_are_the_arrays_labels_read_by_pread(tmp_path):
+    from gnnio.distributed.labels import SeedLabels, read_seed_labels
+    from gnnio.distributed.memcheck import _mapped_by_file
+    from gnnio.pipeline.loader import _is_label_map
+
+    rng = np.random.default_rng(1)
+    lab = rng.integers(-1, 7, 50_000).astype(np.int64)
+    f = tmp_path / "g" / "labels.npy"
+    f.parent.mkdir()
+    np.save(f, lab)
+    mm = np.load(f, mmap_mode="r")
+    train, valid = rng.choice(50_000, 900, replace=False), rng.choice(50_000, 300, replace=False)
+    got = read_seed_labels(mm, train, valid, None)
+    assert isinstance(got, SeedLabels) and _is_label_map(got)
+    assert _mapped_by_file([f.parent]).get("g/labels.npy", 0) == 0  # read by pread, not mapped
+    ids = np.union1d(train, valid)
+    assert len(got) == ids.size and got.nbytes == 16 * ids.size  # sized by the seeds, not N
+    ask = torch.from_numpy(rng.permutation(ids)[:500])
+    assert torch.equal(got[ask], torch.from_numpy(lab[ask.numpy()]))
+    assert np.array_equal(got.numpy_of(valid), lab[valid])
+    assert got[ask[:0]].shape == (0,)
+    # the same from an array in memory (no file)
+    assert torch.equal(read_seed_labels(lab, train, valid)[ask], got[ask])
+    # a node it does not hold is an error, never a made-up label
+    missing = np.setdiff1d(np.arange(50_000), ids)[:1]
+    with pytest.raises(KeyError, match=str(int(missing[0]))):
+        got[torch.from_numpy(missing)]
+
+
+def test_seed_labels_of_a_truncated_file_is_one_line(tmp_path):
+    from gnnio.distributed.labels import read_seed_labels
+    from gnnio.errors import DatasetError
+
+    f = tmp_path / "labels.npy"
+    np.save(f, np.arange(1000, dtype=np.int64))
+    mm = np.load(f, mmap_mode="r")
+    os.truncate(f, os.path.getsize(f) - 80)  # the last ten labels gone
+    assert int(read_seed_labels(mm, np.array([5]))[torch.tensor([5])][0]) == 5
+    with pytest.raises(DatasetError, match="short read"):
+        read_seed_labels(mm, np.array([3, 995]))

@@ -31,7 +31,7 @@ from numba import njit, prange, types
 
 from ..errors import DatasetError
 
-__all__ = ["PreadRows", "pread_rows_of"]
+__all__ = ["PreadRows", "pread_into", "pread_rows_of"]
 
 # libc's pread, resolved by symbol when the kernel is linked (so the compiled kernel can be
 # cached on disk, which a ctypes pointer, an address of this process, does not allow)
@@ -46,6 +46,23 @@ def _pread_rows(fd, ids, out, at, offset, row_bytes, got):  # pragma: no cover -
     ``got[i]``: what ``pread`` returned (``row_bytes`` unless the row came back short)."""
     for i in prange(ids.shape[0]):
         got[i] = _pread(fd, out[at[i]].ctypes, row_bytes, offset + ids[i] * row_bytes)
+
+
+def pread_into(fd: int, path: str, ids, rows: np.ndarray, at: np.ndarray, offset: int) -> None:
+    """Row ``ids[i]`` of the file open as ``fd`` (rows of ``rows.shape[1]`` bytes from byte
+    ``offset``) into ``rows[at[i]]`` (``rows``: a C-contiguous uint8 ``[n, row_bytes]``), one
+    ``pread`` per row; a short read (a truncated file) is one :class:`DatasetError` naming
+    ``path``."""
+    row_bytes = int(rows.shape[1])
+    ids_np = np.ascontiguousarray(ids, dtype=np.int64)
+    if at.size and (int(at.min()) < 0 or int(at.max()) >= rows.shape[0]):
+        raise IndexError(f"at: positions outside the {rows.shape[0]} rows of out")
+    got = np.empty(ids_np.shape[0], dtype=np.int64)
+    _pread_rows(fd, ids_np, rows, at, int(offset), row_bytes, got)
+    short = np.flatnonzero(got != row_bytes)
+    if short.size:
+        where = int(offset) + int(ids_np[short[0]]) * row_bytes
+        raise DatasetError(f"{path}: short read of {row_bytes} bytes at offset {where}")
 
 
 class PreadRows:
@@ -86,18 +103,8 @@ class PreadRows:
                 max(1, min(int(self.num_threads), numba.config.NUMBA_NUM_THREADS))
             )
         rows = out.view(torch.uint8).numpy().reshape(out.shape[0], self.row_bytes)
-        ids_np = np.ascontiguousarray(ids.numpy(), dtype=np.int64)
         at_np = np.arange(n, dtype=np.int64) if at is None else at.numpy()
-        if at_np.size and (int(at_np.min()) < 0 or int(at_np.max()) >= rows.shape[0]):
-            raise IndexError(f"at: positions outside the {rows.shape[0]} rows of out")
-        got = np.empty(n, dtype=np.int64)
-        _pread_rows(self._fd, ids_np, rows, at_np, self.offset, self.row_bytes, got)
-        short = np.flatnonzero(got != self.row_bytes)
-        if short.size:
-            where = self.offset + int(ids_np[short[0]]) * self.row_bytes
-            raise DatasetError(
-                f"{self.path}: short read of {self.row_bytes} bytes at offset {where}"
-            )
+        pread_into(self._fd, self.path, ids.numpy(), rows, at_np, self.offset)
         st = self.store
         st.counters.add(st.tier, n, st.row_bytes)
         return out[:n] if at is None else out

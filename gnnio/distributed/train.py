@@ -156,13 +156,28 @@ class DistRun(LocalRun):
             store=store, tiers=store.tiers, gpu_ids=gpu_ids, info=info, eval_store=eval_store
         )
 
+    def _seed_parts(self):
+        """The owner of every node for ``--local-seeds``: the topology's partition when there
+        is one, else the placement's (None: neither has one)."""
+        if self.partition is not None:  # the topology's partition decides who owns a seed
+            return self.partition.parts
+        return None if self.placement is None else self.placement.parts
+
+    def build_labels(self, ds, cfg):
+        """Only the labels of the seeds this rank may train (``--local-seeds``: its own) or
+        evaluate on, read by ``pread``: no ``[N]`` array, nothing of the file mapped."""
+        from .labels import read_seed_labels
+
+        train, parts = np.asarray(ds.train_idx, dtype=np.int64), self._seed_parts()
+        if cfg.local_seeds and parts is not None:
+            train = train[np.asarray(parts)[train] == self.rank]
+        return read_seed_labels(ds.labels, train, ds.valid_idx, ds.test_idx)
+
     def build_order(self, ds, cfg, seeds, labels, batch_size: int, seed: int):
         ctx = self.ctx
         seeds = np.asarray(seeds, dtype=np.int64)
         if cfg.local_seeds:
-            parts = None if self.placement is None else self.placement.parts
-            if self.partition is not None:  # the topology's partition decides who owns a seed
-                parts = self.partition.parts
+            parts = self._seed_parts()
             if parts is None:
                 raise UsageError(
                     f"--local-seeds: placement '{getattr(self.placement, 'strategy', '?')}' has "
@@ -205,7 +220,7 @@ class DistRun(LocalRun):
         return ProximityOrder(
             ds.graph,
             seeds,
-            np.asarray(labels),
+            labels.numpy_of(seeds),  # aligned with the seeds (a rank holds no [N] labels)
             batch_size,
             seed=seed,
             num_sequences=cfg.po_sequences,
