@@ -86,26 +86,41 @@ def big(tmp_path_factory):
     return d, save_partition(part, ds.graph, root / "p")
 
 
-def test_a_rank_holds_no_whole_graph_array(big, tmp_path):
+@pytest.mark.parametrize(
+    "extra, cache_maps",
+    [
+        ([], []),
+        # a cache's misses read by pread, its maps counted; the static score's CSR pages dropped
+        (["--cache-policy", "static", "--cache-size", "0.05"], ["int32"]),
+        (["--cache-policy", "lru", "--cache-size", "0.05"], ["int32", "int32"]),
+    ],
+    ids=["default", "static-cache", "lru-cache"],
+)
+def test_a_rank_holds_no_whole_graph_array(big, tmp_path, extra, cache_maps):
     """Every rank, after its first epoch and at the end: no array or tensor with a dimension of
-    N, N + 1 or E in anonymous memory but the store's lookup and trace and the partition book,
-    and none of the feature file, the dataset's CSR or another rank's shard mapped (what made
-    a rank's RSS grow with the graph: docs/benchmarks.md, issue 26)."""
+    N, N + 1 or E in anonymous memory but the store's lookup and trace, the partition book and
+    a cache's maps, all counted in ``whole_graph_bytes_per_rank``, and none of the feature file,
+    the dataset's CSR or labels or another rank's shard mapped (what made a rank's RSS grow with
+    the graph: docs/benchmarks.md, issue 26)."""
     from tests.test_dist import run_cli
 
     d, p = big
     out = tmp_path / "census"
     args = ["train", str(d), "--nproc", "2", "--partition", str(p), "--epochs", "1",
-            "--batch-size", "64", "--fanouts", "3,2", "--hidden", "8", "--quiet"]  # fmt: skip
+            "--batch-size", "64", "--fanouts", "3,2", "--hidden", "8", "--quiet",
+            "--summary", str(tmp_path / "s.json"), *extra]  # fmt: skip
     r = run_cli(args, env={"GNNIO_MEM_CHECK": str(out)}, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    counted = json.loads((tmp_path / "s.json").read_text())["whole_graph_bytes_per_rank"]
     for rank in (0, 1):
         for when in ("epoch", "finish"):
             rec = json.loads((out / f"rank{rank}-{when}.json").read_text())
             anon = [a for a in rec["arrays"] if a["file"] is None]
             # the census sees the arrays kept on purpose (so it is not vacuous) ...
             kept = sorted(a["dtype"].replace("torch.", "") for a in anon if a["allowed"])
-            assert kept == ["int16", "int16", "int32", "int32"], kept
+            assert kept == sorted(["int16", "int16", "int32", "int32", *cache_maps]), kept
+            if when == "finish":  # the summary counts exactly what the rank keeps
+                assert counted[rank] == sum(a["bytes"] for a in anon if a["allowed"])
             # ... and nothing else sized by the graph
             bad = [a for a in anon if not a["allowed"]]
             assert not bad, f"rank {rank} ({when}) holds {bad}"
@@ -258,3 +273,37 @@ def test_seed_labels_of_a_truncated_file_is_one_line(tmp_path):
     assert int(read_seed_labels(mm, np.array([5]))[torch.tensor([5])][0]) == 5
     with pytest.raises(DatasetError, match="short read"):
         read_seed_labels(mm, np.array([3, 995]))
+
+
+def test_pread_feature_store_gathers_as_the_mapped_store(tmp_path):
+    """A rank's cache reads its misses through this store: the mapped store's rows, checks and
+    counts, nothing of the file mapped."""
+    from gnnio.distributed.hostrows import PreadFeatureStore
+    from gnnio.distributed.memcheck import _mapped_by_file
+    from gnnio.features import InMemoryFeatureStore
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.features.stores.mmap import MmapFeatureStore
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3000, 12)).astype(np.float32)
+    f = tmp_path / "x" / "features.npy"
+    f.parent.mkdir()
+    np.save(f, x)
+    base = MmapFeatureStore(f)
+    st = PreadFeatureStore(base, num_threads=2)
+    ids = torch.from_numpy(rng.integers(0, 3000, 2000))
+    assert torch.equal(st.gather(ids), torch.from_numpy(x[ids.numpy()]))
+    out = torch.empty((2500, 12))
+    assert st.gather(ids[:7], out=out).data_ptr() == out.data_ptr()
+    cache = FeatureCache(st, 300, "lru", tier="cache")
+    assert torch.equal(cache.gather(ids), torch.from_numpy(x[ids.numpy()]))
+    assert _mapped_by_file([f.parent]).get("x/features.npy", 0) == 0
+    mapped = MmapFeatureStore(f)  # counted as the mapped store counts its own gathers
+    mapped.gather(ids), mapped.gather(ids[:7])
+    st.counters.reset()
+    st.gather(ids), st.gather(ids[:7])
+    assert st.counters.snapshot() == base.counters.snapshot() == mapped.counters.snapshot()
+    with pytest.raises(IndexError):
+        st.gather(torch.tensor([3000]))
+    with pytest.raises(TypeError):
+        PreadFeatureStore(InMemoryFeatureStore(x))

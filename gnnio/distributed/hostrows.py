@@ -30,8 +30,9 @@ import torch
 from numba import njit, prange, types
 
 from ..errors import DatasetError
+from ..features.base import FeatureStore
 
-__all__ = ["PreadRows", "pread_into", "pread_rows_of"]
+__all__ = ["PreadFeatureStore", "PreadRows", "pread_into", "pread_rows_of"]
 
 # libc's pread, resolved by symbol when the kernel is linked (so the compiled kernel can be
 # cached on disk, which a ctypes pointer, an address of this process, does not allow)
@@ -120,3 +121,42 @@ def pread_rows_of(store, num_threads: int | None = None) -> PreadRows | None:
     if type(store) is not MmapFeatureStore or path is None:
         return None
     return PreadRows(store, path, num_threads)
+
+
+class PreadFeatureStore(FeatureStore):
+    """A memory-mapped store's rows read by ``pread`` (:class:`PreadRows`), as a store of its
+    own: the backing of a rank's ``--cache-policy`` cache, so the cache's misses leave nothing
+    of the feature file mapped either. Its gathers are counted in ``base``'s counters, under
+    ``base``'s tier, as ``base.gather`` counts them (the same rows and bytes per tier).
+
+    Args:
+        base: a :class:`~gnnio.features.MmapFeatureStore` (:func:`pread_rows_of` must accept it).
+        num_threads: the kernel's threads (None: numba's setting).
+    """
+
+    def __init__(self, base, num_threads: int | None = None) -> None:
+        super().__init__()
+        reader = pread_rows_of(base, num_threads)
+        if reader is None:
+            raise TypeError(
+                f"PreadFeatureStore: needs a MmapFeatureStore, got {type(base).__name__}"
+            )
+        self.base, self._reader = base, reader
+        self.counters, self.tier = base.counters, base.tier
+        self.num_rows, self.dim, self.dtype, self.device = (
+            base.num_rows, base.dim, base.dtype, base.device
+        )  # fmt: skip
+
+    def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``ids`` as :meth:`~gnnio.features.MmapFeatureStore.gather` returns them (the
+        same checks of the ids and of ``out``)."""
+        from ..features._gather import as_index_array, check_out
+
+        idx = torch.from_numpy(as_index_array(ids, self.num_rows).astype(np.int64, copy=False))
+        n = int(idx.shape[0])
+        if out is None:
+            out = torch.empty((n, self.dim), dtype=self.dtype)
+        dst = check_out(out, n, self.dim, self.dtype, self.device)
+        if not dst.is_contiguous():
+            raise ValueError("out: rows must be contiguous")
+        return self._reader.gather(idx, dst)
