@@ -10,7 +10,8 @@ some epoch; with ``--local-seeds`` those of its own partition only) and of the v
 test seeds (the evaluation order deals them alike). :func:`read_seed_labels` reads exactly these
 with one ``pread`` each (:func:`gnnio.distributed.hostrows.pread_into`: nothing of the file is
 mapped) into a :class:`SeedLabels`, 16 bytes per seed held (its id and its label), which the
-loaders, the seed orders and the isolation profile look up as they would index the whole array.
+loaders (on the CPU or the rank's GPU) and BGL's seed order look up as they would index the
+whole array.
 """
 
 from __future__ import annotations
