@@ -25,7 +25,8 @@
   memory, MiB, file pages it touched included; ``rss_mb_by_kind_per_rank`` splits its memory at
   the end into anonymous, file and shared pages) and ``whole_graph_bytes_per_rank`` (the arrays a
   rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
-  owner of every node).
+  owner of every node, a ``--cache-policy`` cache's maps). A rank holds the labels of its seeds
+  only (:mod:`gnnio.distributed.labels`).
 """
 
 from __future__ import annotations
