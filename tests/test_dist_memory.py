@@ -86,31 +86,47 @@ def big(tmp_path_factory):
     return d, save_partition(part, ds.graph, root / "p")
 
 
-def test_a_rank_holds_no_whole_graph_array(big, tmp_path):
+@pytest.mark.parametrize(
+    "extra, cache_maps",
+    [
+        ([], []),
+        # a cache's misses read by pread, its maps counted; the static score's CSR pages dropped
+        (["--cache-policy", "static", "--cache-size", "0.05"], ["int32"]),
+        (["--cache-policy", "lru", "--cache-size", "0.05"], ["int32", "int32"]),
+    ],
+    ids=["default", "static-cache", "lru-cache"],
+)
+def test_a_rank_holds_no_whole_graph_array(big, tmp_path, extra, cache_maps):
     """Every rank, after its first epoch and at the end: no array or tensor with a dimension of
-    N, N + 1 or E in anonymous memory but the store's lookup and trace and the partition book,
-    and none of the feature file, the dataset's CSR or another rank's shard mapped (what made
-    a rank's RSS grow with the graph: docs/benchmarks.md, issue 26)."""
+    N, N + 1 or E in anonymous memory but the store's lookup and trace, the partition book and
+    a cache's maps, all counted in ``whole_graph_bytes_per_rank``, and none of the feature file,
+    the dataset's CSR or labels or another rank's shard mapped (what made a rank's RSS grow with
+    the graph: docs/benchmarks.md, issue 26)."""
     from tests.test_dist import run_cli
 
     d, p = big
     out = tmp_path / "census"
     args = ["train", str(d), "--nproc", "2", "--partition", str(p), "--epochs", "1",
-            "--batch-size", "64", "--fanouts", "3,2", "--hidden", "8", "--quiet"]  # fmt: skip
+            "--batch-size", "64", "--fanouts", "3,2", "--hidden", "8", "--quiet",
+            "--summary", str(tmp_path / "s.json"), *extra]  # fmt: skip
     r = run_cli(args, env={"GNNIO_MEM_CHECK": str(out)}, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    counted = json.loads((tmp_path / "s.json").read_text())["whole_graph_bytes_per_rank"]
     for rank in (0, 1):
         for when in ("epoch", "finish"):
             rec = json.loads((out / f"rank{rank}-{when}.json").read_text())
             anon = [a for a in rec["arrays"] if a["file"] is None]
             # the census sees the arrays kept on purpose (so it is not vacuous) ...
             kept = sorted(a["dtype"].replace("torch.", "") for a in anon if a["allowed"])
-            assert kept == ["int16", "int16", "int32", "int32"], kept
+            assert kept == sorted(["int16", "int16", "int32", "int32", *cache_maps]), kept
+            if when == "finish":  # the summary counts exactly what the rank keeps
+                assert counted[rank] == sum(a["bytes"] for a in anon if a["allowed"])
             # ... and nothing else sized by the graph
             bad = [a for a in anon if not a["allowed"]]
             assert not bad, f"rank {rank} ({when}) holds {bad}"
             mapped = rec["mapped"]
-            for f in ("g/features.npy", "g/indices.npy", "g/indptr.npy",
+            # (labels: a rank reads its seeds' by pread, never labels[seeds] through a mapping)
+            for f in ("g/features.npy", "g/indices.npy", "g/indptr.npy", "g/labels.npy",
                       f"p/part{1 - rank}/indices.npy", f"p/part{1 - rank}/indptr.npy"):  # fmt: skip
                 assert mapped.get(f, 0) == 0, f"rank {rank} ({when}) maps {mapped.get(f)} B of {f}"
             assert mapped.get(f"p/part{rank}/indices.npy", 0) > 0  # its own shard: sampled
@@ -211,3 +227,100 @@ def test_a_rank_checks_only_the_shard_it_reads(big, tmp_path):
     for shards in ([1], None):
         with pytest.raises(UsageError, match="part1/indices.npy"):
             load_partition(q, shards=shards)
+
+
+# ----------------------------------------------------------------------------------------------
+# a rank's labels: only its seeds', read by pread, looked up as the [N] array is
+
+
+def test_seed_labels_are_the_arrays_labels_read_by_pread(tmp_path):
+    from gnnio.distributed.labels import SeedLabels, read_seed_labels
+    from gnnio.distributed.memcheck import _mapped_by_file
+    from gnnio.pipeline.loader import _is_label_map
+
+    rng = np.random.default_rng(1)
+    lab = rng.integers(-1, 7, 50_000).astype(np.int64)
+    f = tmp_path / "g" / "labels.npy"
+    f.parent.mkdir()
+    np.save(f, lab)
+    mm = np.load(f, mmap_mode="r")
+    train, valid = rng.choice(50_000, 900, replace=False), rng.choice(50_000, 300, replace=False)
+    got = read_seed_labels(mm, train, valid, None)
+    assert isinstance(got, SeedLabels) and _is_label_map(got)
+    assert _mapped_by_file([f.parent]).get("g/labels.npy", 0) == 0  # read by pread, not mapped
+    ids = np.union1d(train, valid)
+    assert len(got) == ids.size and got.nbytes == 16 * ids.size  # sized by the seeds, not N
+    ask = torch.from_numpy(rng.permutation(ids)[:500])
+    assert torch.equal(got[ask], torch.from_numpy(lab[ask.numpy()]))
+    assert np.array_equal(got.numpy_of(valid), lab[valid])
+    assert got[ask[:0]].shape == (0,)
+    # the same from an array in memory (no file)
+    assert torch.equal(read_seed_labels(lab, train, valid)[ask], got[ask])
+    # a node it does not hold is an error, never a made-up label
+    missing = np.setdiff1d(np.arange(50_000), ids)[:1]
+    with pytest.raises(KeyError, match=str(int(missing[0]))):
+        got[torch.from_numpy(missing)]
+
+
+def test_seed_labels_of_a_truncated_file_is_one_line(tmp_path):
+    from gnnio.distributed.labels import read_seed_labels
+    from gnnio.errors import DatasetError
+
+    f = tmp_path / "labels.npy"
+    np.save(f, np.arange(1000, dtype=np.int64))
+    mm = np.load(f, mmap_mode="r")
+    os.truncate(f, os.path.getsize(f) - 80)  # the last ten labels gone
+    assert int(read_seed_labels(mm, np.array([5]))[torch.tensor([5])][0]) == 5
+    with pytest.raises(DatasetError, match="short read"):
+        read_seed_labels(mm, np.array([3, 995]))
+
+
+def test_pread_feature_store_gathers_as_the_mapped_store(tmp_path):
+    """A rank's cache reads its misses through this store: the mapped store's rows, checks and
+    counts, nothing of the file mapped."""
+    from gnnio.distributed.hostrows import PreadFeatureStore
+    from gnnio.distributed.memcheck import _mapped_by_file
+    from gnnio.features import InMemoryFeatureStore
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.features.stores.mmap import MmapFeatureStore
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3000, 12)).astype(np.float32)
+    f = tmp_path / "x" / "features.npy"
+    f.parent.mkdir()
+    np.save(f, x)
+    base = MmapFeatureStore(f)
+    st = PreadFeatureStore(base, num_threads=2)
+    ids = torch.from_numpy(rng.integers(0, 3000, 2000))
+    assert torch.equal(st.gather(ids), torch.from_numpy(x[ids.numpy()]))
+    out = torch.empty((2500, 12))
+    assert st.gather(ids[:7], out=out).data_ptr() == out.data_ptr()
+    cache = FeatureCache(st, 300, "lru", tier="cache")
+    assert torch.equal(cache.gather(ids), torch.from_numpy(x[ids.numpy()]))
+    assert _mapped_by_file([f.parent]).get("x/features.npy", 0) == 0
+    mapped = MmapFeatureStore(f)  # counted as the mapped store counts its own gathers
+    mapped.gather(ids), mapped.gather(ids[:7])
+    st.counters.reset()
+    st.gather(ids), st.gather(ids[:7])
+    assert st.counters.snapshot() == base.counters.snapshot() == mapped.counters.snapshot()
+    with pytest.raises(IndexError):
+        st.gather(torch.tensor([3000]))
+    with pytest.raises(TypeError):
+        PreadFeatureStore(InMemoryFeatureStore(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_seed_labels_on_a_gpu_look_up_as_on_the_cpu():
+    """The loader moves a rank's labels to its GPU and looks seeds up there (no host sync)."""
+    from gnnio.distributed.labels import read_seed_labels
+
+    rng = np.random.default_rng(3)
+    lab = rng.integers(-1, 5, 10_000).astype(np.int64)
+    held = read_seed_labels(lab, rng.choice(10_000, 700, replace=False))
+    gpu = held.to("cuda")
+    ask = held.ids[torch.from_numpy(rng.integers(0, 700, 300))]
+    assert gpu.device.type == "cuda"
+    assert torch.equal(gpu[ask.cuda()].cpu(), held[ask])
+    # (a seed it does not hold fails a device assertion: not tried here, it would leave the
+    # CUDA context unusable for the tests after this one)

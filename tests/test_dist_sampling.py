@@ -281,6 +281,8 @@ def test_train_and_bench_with_a_partition(tmp_path):
     assert ps["bytes_by_link"]["peer"] > 0 and s["params_identical"]
     avg = gnnio.load(d).num_edges / gnnio.load(d).num_nodes  # Eq. 4 with (1, 1)
     assert s["sampling"]["sampler"] == "ShardedSampler"
+    # which implementation of the hop ran, as the single-process samplers record it
+    assert s["kernels"]["hop"] == "numba", s["kernels"]
     assert s["sampling"]["thresholds"] == [math.ceil(avg + f) for f in (4, 3)]
     r = run_cli(
         [

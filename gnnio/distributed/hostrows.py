@@ -30,8 +30,9 @@ import torch
 from numba import njit, prange, types
 
 from ..errors import DatasetError
+from ..features.base import FeatureStore
 
-__all__ = ["PreadRows", "pread_rows_of"]
+__all__ = ["PreadFeatureStore", "PreadRows", "pread_into", "pread_rows_of"]
 
 # libc's pread, resolved by symbol when the kernel is linked (so the compiled kernel can be
 # cached on disk, which a ctypes pointer, an address of this process, does not allow)
@@ -46,6 +47,23 @@ def _pread_rows(fd, ids, out, at, offset, row_bytes, got):  # pragma: no cover -
     ``got[i]``: what ``pread`` returned (``row_bytes`` unless the row came back short)."""
     for i in prange(ids.shape[0]):
         got[i] = _pread(fd, out[at[i]].ctypes, row_bytes, offset + ids[i] * row_bytes)
+
+
+def pread_into(fd: int, path: str, ids, rows: np.ndarray, at: np.ndarray, offset: int) -> None:
+    """Row ``ids[i]`` of the file open as ``fd`` (rows of ``rows.shape[1]`` bytes from byte
+    ``offset``) into ``rows[at[i]]`` (``rows``: a C-contiguous uint8 ``[n, row_bytes]``), one
+    ``pread`` per row; a short read (a truncated file) is one :class:`DatasetError` naming
+    ``path``."""
+    row_bytes = int(rows.shape[1])
+    ids_np = np.ascontiguousarray(ids, dtype=np.int64)
+    if at.size and (int(at.min()) < 0 or int(at.max()) >= rows.shape[0]):
+        raise IndexError(f"at: positions outside the {rows.shape[0]} rows of out")
+    got = np.empty(ids_np.shape[0], dtype=np.int64)
+    _pread_rows(fd, ids_np, rows, at, int(offset), row_bytes, got)
+    short = np.flatnonzero(got != row_bytes)
+    if short.size:
+        where = int(offset) + int(ids_np[short[0]]) * row_bytes
+        raise DatasetError(f"{path}: short read of {row_bytes} bytes at offset {where}")
 
 
 class PreadRows:
@@ -86,18 +104,8 @@ class PreadRows:
                 max(1, min(int(self.num_threads), numba.config.NUMBA_NUM_THREADS))
             )
         rows = out.view(torch.uint8).numpy().reshape(out.shape[0], self.row_bytes)
-        ids_np = np.ascontiguousarray(ids.numpy(), dtype=np.int64)
         at_np = np.arange(n, dtype=np.int64) if at is None else at.numpy()
-        if at_np.size and (int(at_np.min()) < 0 or int(at_np.max()) >= rows.shape[0]):
-            raise IndexError(f"at: positions outside the {rows.shape[0]} rows of out")
-        got = np.empty(n, dtype=np.int64)
-        _pread_rows(self._fd, ids_np, rows, at_np, self.offset, self.row_bytes, got)
-        short = np.flatnonzero(got != self.row_bytes)
-        if short.size:
-            where = self.offset + int(ids_np[short[0]]) * self.row_bytes
-            raise DatasetError(
-                f"{self.path}: short read of {self.row_bytes} bytes at offset {where}"
-            )
+        pread_into(self._fd, self.path, ids.numpy(), rows, at_np, self.offset)
         st = self.store
         st.counters.add(st.tier, n, st.row_bytes)
         return out[:n] if at is None else out
@@ -113,3 +121,42 @@ def pread_rows_of(store, num_threads: int | None = None) -> PreadRows | None:
     if type(store) is not MmapFeatureStore or path is None:
         return None
     return PreadRows(store, path, num_threads)
+
+
+class PreadFeatureStore(FeatureStore):
+    """A memory-mapped store's rows read by ``pread`` (:class:`PreadRows`), as a store of its
+    own: the backing of a rank's ``--cache-policy`` cache, so the cache's misses leave nothing
+    of the feature file mapped either. Its gathers are counted in ``base``'s counters, under
+    ``base``'s tier, as ``base.gather`` counts them (the same rows and bytes per tier).
+
+    Args:
+        base: a :class:`~gnnio.features.MmapFeatureStore` (:func:`pread_rows_of` must accept it).
+        num_threads: the kernel's threads (None: numba's setting).
+    """
+
+    def __init__(self, base, num_threads: int | None = None) -> None:
+        super().__init__()
+        reader = pread_rows_of(base, num_threads)
+        if reader is None:
+            raise TypeError(
+                f"PreadFeatureStore: needs a MmapFeatureStore, got {type(base).__name__}"
+            )
+        self.base, self._reader = base, reader
+        self.counters, self.tier = base.counters, base.tier
+        self.num_rows, self.dim, self.dtype, self.device = (
+            base.num_rows, base.dim, base.dtype, base.device
+        )  # fmt: skip
+
+    def gather(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``ids`` as :meth:`~gnnio.features.MmapFeatureStore.gather` returns them (the
+        same checks of the ids and of ``out``)."""
+        from ..features._gather import as_index_array, check_out
+
+        idx = torch.from_numpy(as_index_array(ids, self.num_rows).astype(np.int64, copy=False))
+        n = int(idx.shape[0])
+        if out is None:
+            out = torch.empty((n, self.dim), dtype=self.dtype)
+        dst = check_out(out, n, self.dim, self.dtype, self.device)
+        if not dst.is_contiguous():
+            raise ValueError("out: rows must be contiguous")
+        return self._reader.gather(idx, dst)

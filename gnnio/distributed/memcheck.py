@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["ENV", "census", "write_census"]
+__all__ = ["ENV", "census", "node_arrays_of", "write_census"]
 
 ENV = "GNNIO_MEM_CHECK"
 
@@ -82,6 +82,36 @@ def _address(a) -> tuple[int, int]:
     if isinstance(a, torch.Tensor):
         return int(a.data_ptr()), int(a.numel() * a.element_size())
     return int(a.__array_interface__["data"][0]), int(a.nbytes)
+
+
+def node_arrays_of(obj, num_nodes: int, depth: int = 3) -> list:
+    """The arrays/tensors of ``obj`` (a rank's per-rank cache, its policy and maps, up to
+    ``depth`` attributes deep) with a first dimension of ``num_nodes``, in memory (not a file's
+    mapping), not looking into the stores behind it (``backing``: counted by their own owner).
+    A cache of ``F * N`` rows keeps the slot of every node (and a dynamic one the first
+    occurrence of every id in a batch): :class:`~gnnio.features.caches.cache.FeatureCache`'s
+    maps, which answer "is row ``i`` cached?" for any ``i`` in O(1); DistRun counts them.
+    A store's mapped feature file is not one of them (its pages: the census's ``mapped``)."""
+    from ..features.base import FeatureStore
+
+    out: dict[int, object] = {}
+    files = _file_ranges()
+
+    def walk(o, d: int) -> None:
+        for v in vars(o).values():
+            if isinstance(v, (np.ndarray, torch.Tensor)):
+                ptr = _address(v)[0]
+                mapped = any(a <= ptr < b for a, b, _ in files)  # a file's pages: not held
+                if v.ndim and int(v.shape[0]) == int(num_nodes) and not mapped:
+                    out.setdefault(id(v), v)
+            elif isinstance(v, FeatureStore) or isinstance(v, type):
+                continue
+            elif d > 0 and hasattr(v, "__dict__"):
+                walk(v, d - 1)
+
+    if obj is not None and hasattr(obj, "__dict__"):
+        walk(obj, depth)
+    return list(out.values())
 
 
 def census(num_nodes: int, num_edges: int, allowed, dirs) -> dict:

@@ -14,7 +14,7 @@ from ..ordering import RandomOrder
 from ..utils.pages import drop_pages
 from .context import DistContext
 
-__all__ = ["LocalSeedsOrder", "check_placement_file", "get_placement"]
+__all__ = ["LocalSeedsOrder", "check_placement_file", "get_placement", "proximity_order"]
 
 
 class LocalSeedsOrder(RandomOrder):
@@ -127,4 +127,26 @@ def get_placement(ds, cfg, ctx: DistContext):
         params=p["params"],
         prep_s=p["prep_s"],
         parts=p["parts"],
+    )
+
+
+def proximity_order(ds, cfg, seeds, labels, batch_size, seed, rank, world_size, equal_batches):
+    """BGL's proximity-aware order of ``seeds`` (``labels``: a rank's
+    :class:`~gnnio.distributed.labels.SeedLabels`); every rank builds the same one and takes its
+    slice. Its BFS walks the whole graph's CSR (``ds.graph``) on every rank: with ``--order po``
+    the pages it touched stay mapped, so that part of a rank's memory does not shrink with the
+    shard (the default random order reads no CSR)."""
+    from ..ordering.po import ProximityOrder
+
+    return ProximityOrder(
+        ds.graph,
+        seeds,
+        labels.numpy_of(seeds),  # aligned with the seeds (a rank holds no [N] labels)
+        batch_size,
+        seed=seed,
+        num_sequences=cfg.po_sequences,
+        rank=rank,
+        world_size=world_size,
+        equal_batches=equal_batches,
+        progress=cfg.progress,
     )

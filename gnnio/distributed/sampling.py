@@ -58,6 +58,7 @@ from ..sampling import _las_kernels as _las
 from ..sampling.base import Block, MiniBatch, Sampler
 from ..sampling.locality import prune_thresholds
 from ..sampling.threaded import ThreadedCPUSampler, _hop_key, check_seeds
+from ..utils.triton_kernels import kernel_ran
 from .context import DistContext
 
 __all__ = ["MODES", "ShardedSampler"]
@@ -233,6 +234,9 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         ``shared`` mode across machines), so every rank must call it equally often."""
         t0 = time.perf_counter()
         key = self._next_key(epoch_seed)
+        # the summary's kernels: every shard's rows (own, peers', requested) go through the
+        # single-process samplers' numba kernels (UniformSampler / PrunedUniformSampler)
+        kernel_ran("hop", "numba")
         seeds = check_seeds(seeds, self.num_nodes)
         n0 = int(seeds.shape[0])
         if np.unique(seeds).shape[0] != n0:

@@ -25,7 +25,8 @@
   memory, MiB, file pages it touched included; ``rss_mb_by_kind_per_rank`` splits its memory at
   the end into anonymous, file and shared pages) and ``whole_graph_bytes_per_rank`` (the arrays a
   rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
-  owner of every node).
+  owner of every node, a ``--cache-policy`` cache's maps). A rank holds the labels of its seeds
+  only (:mod:`gnnio.distributed.labels`).
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ from ..ordering import RandomOrder
 from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
+from ..utils.pages import drop_pages
 from ..utils.rss import peak_rss_bytes, rss_by_kind
 from .context import DistContext
 from .ddp import GradCounter, counting_allreduce, param_digest
-from .hostrows import pread_rows_of
-from .plan import LocalSeedsOrder, check_placement_file, get_placement
+from .hostrows import PreadFeatureStore, pread_rows_of
+from .plan import LocalSeedsOrder, check_placement_file, get_placement, proximity_order
 from .store import LINKS, ShardedFeatureStore, fault_from_env
 
 __all__ = [
@@ -111,13 +113,17 @@ class DistRun(LocalRun):
                 from ..train.setup import hot_score
 
                 score = hot_score(ds, cfg, progress=False)
+                for a in (ds.graph.indptr, ds.graph.indices):  # read once, at set-up: the
+                    drop_pages(a)  # pages leave this rank's mapping (as in plan.py)
                 # the same lookup as the store's: rows this rank reads from its shard or a peer's
                 peers = bool(pl.peer_reads) and ctx.topology.peers_cheaper
                 held = np.asarray(pl.lookup(ctx.rank, peers=peers).dev_num) >= 0
                 hot = np.argsort(-score, kind="stable")
                 hot = hot[~held[hot]]  # rows the rank reads from host memory only
             cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), ds.num_nodes)
-            host = FeatureCache(base, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
+            # the misses read by pread too (hostrows.py): nothing of the feature file mapped
+            back = PreadFeatureStore(base, cfg.threads) if cfg.store == "mmap" else base
+            host = FeatureCache(back, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
             info["cache"] = {
                 "policy": cfg.cache_policy,
                 "size": cfg.cache_size,
@@ -156,13 +162,28 @@ class DistRun(LocalRun):
             store=store, tiers=store.tiers, gpu_ids=gpu_ids, info=info, eval_store=eval_store
         )
 
+    def _seed_parts(self):
+        """The owner of every node for ``--local-seeds``: the topology's partition when there
+        is one, else the placement's (None: neither has one)."""
+        if self.partition is not None:  # the topology's partition decides who owns a seed
+            return self.partition.parts
+        return None if self.placement is None else self.placement.parts
+
+    def build_labels(self, ds, cfg):
+        """Only the labels of the seeds this rank may train (``--local-seeds``: its own) or
+        evaluate on, read by ``pread``: no ``[N]`` array, nothing of the file mapped."""
+        from .labels import read_seed_labels
+
+        train, parts = np.asarray(ds.train_idx, dtype=np.int64), self._seed_parts()
+        if cfg.local_seeds and parts is not None:
+            train = train[np.asarray(parts)[train] == self.rank]
+        return read_seed_labels(ds.labels, train, ds.valid_idx, ds.test_idx)
+
     def build_order(self, ds, cfg, seeds, labels, batch_size: int, seed: int):
         ctx = self.ctx
         seeds = np.asarray(seeds, dtype=np.int64)
         if cfg.local_seeds:
-            parts = None if self.placement is None else self.placement.parts
-            if self.partition is not None:  # the topology's partition decides who owns a seed
-                parts = self.partition.parts
+            parts = self._seed_parts()
             if parts is None:
                 raise UsageError(
                     f"--local-seeds: placement '{getattr(self.placement, 'strategy', '?')}' has "
@@ -179,11 +200,13 @@ class DistRun(LocalRun):
             nb = max(-(-int(c) // batch_size) for c in counts)
             inner = None
             if cfg.order == "po":  # BGL's order over the rank's own seeds
-                inner = self._po(ds, cfg, mine, labels, -(-mine.size // nb), seed, 0, 1, False)
+                inner = proximity_order(
+                    ds, cfg, mine, labels, -(-mine.size // nb), seed, 0, 1, False
+                )
             return LocalSeedsOrder(mine, batch_size, nb, seed=seed, order=inner)
         try:
             if cfg.order == "po":
-                return self._po(
+                return proximity_order(
                     ds, cfg, seeds, labels, batch_size, seed, ctx.rank, ctx.world_size, True
                 )
             return RandomOrder(
@@ -196,24 +219,6 @@ class DistRun(LocalRun):
             )
         except ValueError as e:  # too few seeds for the ranks, or batch size 1
             raise UsageError(f"--batch-size {batch_size} on {ctx.world_size} ranks: {e}") from None
-
-    @staticmethod
-    def _po(ds, cfg, seeds, labels, batch_size, seed, rank, world_size, equal_batches):
-        """BGL's proximity-aware order; every rank builds the same one and takes its slice."""
-        from ..ordering.po import ProximityOrder
-
-        return ProximityOrder(
-            ds.graph,
-            seeds,
-            np.asarray(labels),
-            batch_size,
-            seed=seed,
-            num_sequences=cfg.po_sequences,
-            rank=rank,
-            world_size=world_size,
-            equal_batches=equal_batches,
-            progress=cfg.progress,
-        )
 
     def eval_order(self, seeds, batch_size: int, seed: int):
         try:
@@ -360,10 +365,17 @@ class DistRun(LocalRun):
 
         self._censuses.append(when)
         if os.environ.get(ENV) and self._graph is not None:
-            keep = [store.dev_num, store.buf_pos, store.trace]
-            if self.partition is not None:
-                keep.append(self.partition.parts)
+            keep = [store.dev_num, store.buf_pos, store.trace, *self._node_arrays(store)]
             write_census(when, self.rank, *self._graph[:2], keep, self._graph[2])
+
+    def _node_arrays(self, store) -> list:
+        """Arrays sized by the whole graph a rank keeps besides the store's lookup and trace
+        (counted in ``whole_graph_bytes``): the partition book, a ``--cache-policy`` cache's
+        maps (memcheck.node_arrays_of says why they stay)."""
+        from .memcheck import node_arrays_of
+
+        cache = node_arrays_of(store.host_store, store.num_rows)
+        return cache + ([self.partition.parts] if self.partition is not None else [])
 
     def finish(self, summary: dict[str, Any], setup, model) -> dict[str, Any]:
         ctx, store = self.ctx, setup.store
@@ -394,11 +406,12 @@ class DistRun(LocalRun):
             "seeds_per_epoch": int(hist[0]["seeds"]) if hist else 0,
             "epochs": len(hist),  # the same on every rank: early stopping reads reduced accs
             # issue 26: the rank's peak resident memory, and the arrays it holds that are sized
-            # by the whole graph (the store's lookup and trace, the partition's owner of each node)
+            # by the whole graph (the store's lookup and trace, the partition's owner of each
+            # node, a --cache-policy cache's maps)
             "rss_mb_peak": peak_rss_bytes() / 2**20,
             "rss_mb_by_kind": {k: v / 2**20 for k, v in rss_by_kind().items()},  # now
             "whole_graph_bytes": int(store.lookup_bytes)
-            + (int(self.partition.parts.nbytes) if self.partition is not None else 0),
+            + sum(int(a.nbytes) for a in self._node_arrays(store)),
         }
         if self.samplers:  # partitioned topology: the training sampler's traffic
             smp = self.samplers[0]

@@ -135,7 +135,8 @@ class NodeLoader:
         store: the feature store; ``batch.x = store.gather(batch.input_nodes)``.
         order: seed order with ``num_batches`` and ``batches(epoch) -> Iterator[Tensor]`` (global
             seed ids per batch), e.g. ``gnnio.ordering.shuffle.RandomOrder``.
-        labels: optional ``[N]`` int64 labels (global ids); ``batch.labels = labels[batch.seeds]``.
+        labels: optional ``[N]`` int64 labels (global ids), or a map of the seeds' labels
+            (:class:`~gnnio.distributed.labels.SeedLabels`); ``batch.labels = labels[batch.seeds]``.
         device: where batches are delivered. On CUDA, rows of a CPU store are gathered into pinned
             host slots and copied with ``non_blocking`` on a side stream; a store on the GPU
             returns its rows there directly (no host slot).
@@ -193,7 +194,9 @@ class NodeLoader:
         self.prefetch = int(prefetch)
         self.num_workers = int(num_workers)
         self.reuse_buffers = bool(reuse_buffers)
-        self.labels = None if labels is None else torch.as_tensor(np.asarray(labels)).long()
+        self.labels = labels
+        if labels is not None and not _is_label_map(labels):
+            self.labels = torch.as_tensor(np.asarray(labels)).long()
         self.stats: LoaderStats | None = None
         self._epoch = 0
         self._active: weakref.ref | None = None
@@ -273,6 +276,12 @@ class NodeLoader:
             lab = self.labels.to(seeds.device)
             self._labels_on[seeds.device] = lab
         return lab[seeds]
+
+
+def _is_label_map(labels) -> bool:
+    """Whether ``labels`` is a map of some nodes' labels (``labels[seeds]``, ``.to(device)``: a
+    rank's :class:`gnnio.distributed.labels.SeedLabels`) rather than an array of all ``N``."""
+    return not isinstance(labels, (np.ndarray, torch.Tensor)) and hasattr(labels, "numpy_of")
 
 
 def _device_of(sampler) -> torch.device | None:

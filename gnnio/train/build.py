@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,7 +31,7 @@ class TrainingParts:
     sampler: Any
     adaptive: Any
     order: Any
-    labels: torch.Tensor
+    labels: Any  # [N] int64 tensor, or a rank's SeedLabels (labels[seeds] alike)
     train_loader: Any
     eval_loaders: dict
     model: torch.nn.Module
@@ -47,11 +46,11 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
     torch.manual_seed(cfg.seed)
     fanouts = [int(f) for f in cfg.fanouts]
     eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
-    labels = torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
 
     setup = run.build_store(ds, cfg, device)
     store = setup.store
     sampler, adaptive = run.build_sampler(ds, cfg, fanouts, setup)
+    labels = run.build_labels(ds, cfg)  # [N], or a rank's seeds' (SeedLabels)
     order = run.build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
     train_loader = make_node_loader(
         sampler,

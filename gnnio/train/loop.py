@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import DatasetError, GnnioError
@@ -101,6 +102,11 @@ class LocalRun:
 
         score = hot_score(ds, cfg, cfg.progress) if needs_score(ds, cfg) else None
         return build_store(ds, cfg, device, score=score)
+
+    def build_labels(self, ds, cfg: TrainConfig):
+        """The labels the loaders index by global id: the dataset's ``[N]`` array (a rank holds
+        only its seeds': :meth:`gnnio.distributed.train.DistRun.build_labels`)."""
+        return torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
 
     def build_order(self, ds, cfg: TrainConfig, seeds, labels, batch_size: int, seed: int):
         from .setup import build_order
