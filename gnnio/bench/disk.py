@@ -9,10 +9,11 @@ with the features on disk against the same epochs in memory (issue 25).
    in the unit the store reads (medians of ``--repeats`` interleaved rounds; fresh random blocks
    every round; ``ceiling_block_bytes``). The store reads in blocks of ``block_bytes``
    (``--block-size``; auto: the device's 512-byte logical block where ``O_DIRECT`` takes it, else
-   4 KiB). When that is less than 4 KiB, the ceiling is random reads of single blocks of that size
-   (``random_block_iops``; ``random_read_fraction_of_4k_ceiling`` keeps the 4 KiB one: half the
-   bytes per read count half the bytes per second on a disk bound by reads per second), and the
-   same rounds also time the same ids
+   4 KiB). When that is less than 4 KiB, the ceiling is random reads of a row's span in such
+   blocks, each one read (``random_block_iops``: the bytes a row read costs, at random places;
+   ``random_read_fraction_of_4k_ceiling`` keeps the 4 KiB one, which on a disk bound by reads per
+   second credits a sub-page read with half the bytes per second), and the same rounds also time
+   the same ids
    through a store reading 4 KiB pages (``store_4k_*``), so the two read units are compared in
    one run: ``rows_per_s_over_4k`` is the store's rows per second over the 4 KiB store's.
 2. **Epochs**: ``--epochs`` loading epochs (the first ``--batches`` mini-batches of each epoch's
@@ -123,17 +124,20 @@ def _seq_round(reader, file_pages: int, mib: int, start: int) -> tuple[float, in
 
 
 def _random_round(
-    reader, file_pages: int, n: int, rng, block: int = 4096
+    reader, file_pages: int, n: int, rng, block: int = 4096, span: int = 0
 ) -> tuple[float, int, int]:
-    """``n`` random reads of one ``block`` each (distinct; ``file_pages`` blocks in the file)."""
+    """``n`` random reads of one ``block`` each (distinct; ``file_pages`` blocks in the file), or
+    with ``span``: of the blocks of ``span`` bytes from a random block, each as one read."""
     from ..features.stores._direct_io import plan_pages
 
-    pages = rng.choice(file_pages, size=min(n, file_pages), replace=False).astype(np.int64)
-    plan = plan_pages(pages * block, block, max_run_pages=1, block=block)  # one read per block
+    width = max(1, -(-span // block))
+    room = max(1, file_pages - width + 1)
+    pages = rng.choice(room, size=min(n, room), replace=False).astype(np.int64)
+    plan = plan_pages(pages * block, max(span, block), max_run_pages=width, block=block)
     b0 = reader.bytes_read
     t0 = time.perf_counter()
     reader.read(plan)
-    return time.perf_counter() - t0, reader.bytes_read - b0, int(plan.pages.size)
+    return time.perf_counter() - t0, reader.bytes_read - b0, int(pages.size)  # reads issued
 
 
 def _rounds(n: int, progress: bool):
@@ -184,7 +188,7 @@ def ceilings(store, args, progress: bool = False) -> dict[str, Any]:
             if pages is not None:  # the same ids in 4 KiB pages, and single-block reads
                 rows4k.append(_timed_gather(pages, ids))
                 nb = max(1, reader.file_size // bs)
-                t, b, n = _random_round(sub, nb, args.random_reads, rng, bs)
+                t, b, n = _random_round(sub, nb, args.random_reads, rng, bs, store.row_bytes)
                 blk.append((b / t, n / t))
         amp = store.stats.read_amplification
         amp4k = pages.stats.read_amplification if pages is not None else amp
@@ -292,15 +296,17 @@ def _optimal_replay(cache, trace):
     return serve
 
 
-def _ceiling_Bps(args, path: str, block: int = 4096, rounds: int = 1) -> float:
-    """The random-read ceiling now, in reads of one ``block`` (bytes/s; median of ``rounds``)."""
+def _ceiling_Bps(args, path: str, block: int = 4096, span: int = 0, rounds: int = 1) -> float:
+    """The random-read ceiling now, in reads of one ``block`` or of ``span`` bytes' blocks
+    (bytes/s; median of ``rounds``)."""
     from ..features.stores._direct_io import PageReader
 
     reader = PageReader(path, args.queue_depth, direct=True, block=block)
     rng = np.random.default_rng(args.seed + 1)
     try:
         pages = max(1, reader.file_size // block)
-        got = [_random_round(reader, pages, args.random_reads, rng, block) for _ in range(rounds)]
+        got = [_random_round(reader, pages, args.random_reads, rng, block, span)
+               for _ in range(rounds)]  # fmt: skip
     finally:
         reader.close()
     return median([b / t for t, b, _n in got])
@@ -388,9 +394,11 @@ def run(args) -> dict:
                                      tier="host_cache", lookahead=args.lookahead)  # fmt: skip
                 if policy == "optimal":
                     replay = _optimal_replay(store, trace)
-            c0 = _ceiling_Bps(args, str(disk.path), res["ceiling_block_bytes"])
+            unit = (res["ceiling_block_bytes"], disk.row_bytes if res["ceiling_block_bytes"] < 4096
+                                                 else 0)  # fmt: skip
+            c0 = _ceiling_Bps(args, str(disk.path), *unit)
             r = _epochs(loader_for(store), store, disk, args.epochs, replay)
-            near = (c0 + _ceiling_Bps(args, str(disk.path), res["ceiling_block_bytes"])) / 2
+            near = (c0 + _ceiling_Bps(args, str(disk.path), *unit)) / 2
             bound = max(memory_s, r["disk_bytes"] / near if near else 0.0)
             run_bound = max(memory_s, r["disk_bytes"] / ceil_bps if ceil_bps else 0.0)
             configs.append({"host_cache": size, "policy": policy, **r, "replayed": replay is not None,
