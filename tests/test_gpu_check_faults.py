@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gnnio.bench import gpu_check, gpu_nccl
+from gnnio.bench import gpu_check, gpu_check_epoch, gpu_nccl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,3 +183,30 @@ def test_store_metis_is_skipped_without_pymetis(tmp_path, monkeypatch):
     assert out["store/metis"]["ok"] and "pymetis" in out["store/metis"]["skipped"]
     assert out["store/mod"]["ok"] and seen == ["store/mod"]
     assert gpu_nccl.RUNNING not in json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def small_graph(tmp_path_factory):
+    from gnnio.importers.synthetic import prepare_synthetic
+
+    out = tmp_path_factory.mktemp("data") / "g"
+    prepare_synthetic(out, num_nodes=1500, avg_degree=8, feat_dim=16, num_classes=4, seed=0,
+                      split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
+    return out
+
+
+_CONFIGS = sorted({tuple(o) for _, base, tech in gpu_check_epoch.TECHNIQUES for o in (base, tech)})
+
+
+@pytest.mark.parametrize("opts", _CONFIGS, ids=" ".join)
+def test_every_feature_bound_configuration_runs_in_bench_step(small_graph, opts, capsys):
+    """What the feature_bound step runs, each once on the CPU: `--cache-policy lookahead` used to
+    fail in bench step's sequential pass (its batches were never announced to the cache)."""
+    from gnnio.cli.main import main
+
+    rc = main(["bench", "step", str(small_graph), "--device", "cpu", "--batches", "2", "--warmup",
+               "1", "--fanouts", "5,5", "--batch-size", "64", "--score", "wrpr", "--quiet",
+               "--json", *opts])  # fmt: skip
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["ms_per_batch"] > 0 and r["kernels"]["fallbacks"] == 0

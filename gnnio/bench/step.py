@@ -182,6 +182,12 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
     sizes = {"input_nodes": 0, "edges": 0}
     flops = membytes = 0.0
     total = Counter()
+    # a lookahead cache serves only the batches announced to it, in order (the loader announces
+    # them from its gather thread): forget the window the pipelined pass left, announce each
+    # batch just before its gather (a window of one batch)
+    ahead = int(getattr(store, "lookahead", 0) or 0)
+    if ahead:
+        store.reset_window()
     net.train()
     try:
         with bar(warmup + k, "sequential", "batch", enabled=progress) as pb:
@@ -209,6 +215,8 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
                         if device.type == "cuda":
                             buf = buf.pin_memory()
                     before = counter.syncs
+                    if ahead:
+                        store.announce(ids)
                     mb.x = store.gather(ids, out=None if store.device.type != "cpu" else buf)
                     mb.labels = parts.train_loader._labels_for(mb.seeds)  # as the loader does
                     clock.mark("gather")
