@@ -24,6 +24,12 @@ class DeferredSplit:
     counters are read (once per epoch in ``gnnio train``), waits for the device once and books the
     rows since the last flush. The device counter is only ever added to, never reset: a reset
     queued on another stream than the adds could run before an add queued earlier on the host.
+
+    The flush waits for the adds only: each add records an event on its stream, and the flush
+    synchronizes the last event of every stream that added since the last flush -- never the
+    whole device, which would also wait for the training stream and every copy in flight (the
+    loader reads the counters after every batch, from its gather thread:
+    :meth:`gnnio.pipeline.stages.EpochRun._gather_one`).
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -31,6 +37,7 @@ class DeferredSplit:
         self._hot = torch.zeros((), dtype=torch.int64, device=device)
         self._hot_seen = 0  # the counter's value at the last flush
         self._total = 0  # rows added since the last flush (known on the host)
+        self._events: dict[int, Any] = {}  # stream handle -> event after its last add (CUDA)
         self._lock = threading.Lock()
 
     def add(self, hot_mask: torch.Tensor) -> None:
@@ -38,14 +45,20 @@ class DeferredSplit:
         with self._lock:
             self._hot.add_(hot_mask.sum())
             self._total += int(hot_mask.shape[0])
+            if self.device.type == "cuda":
+                stream = torch.cuda.current_stream(self.device)
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                self._events[stream.cuda_stream] = ev
 
     def flush(self, counters: Any, hot_tier: str, cold_tier: str, row_bytes: int) -> None:
-        """Book the rows queued since the last flush into ``counters`` (one device wait)."""
+        """Book the rows queued since the last flush into ``counters`` (waits for the adds)."""
         with self._lock:
             if not self._total:
                 return
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the adds may sit on another stream
+            for ev in self._events.values():  # the adds may sit on other streams
+                ev.synchronize()
+            self._events.clear()
             now = int(self._hot)
             hot, total = now - self._hot_seen, self._total
             self._hot_seen, self._total = now, 0
