@@ -4,10 +4,15 @@ test, since a device-wide sync waits for every stream (training and the loader's
 
 from __future__ import annotations
 
+import threading
+import warnings
+
+import pytest
 import torch
 
 from gnnio.features import accounting
 from gnnio.features.base import TierCounters
+from gnnio.utils.syncs import CudaSyncLog
 from tests.fake_cuda import FakeStream, fake_events
 
 
@@ -32,3 +37,73 @@ def test_the_deferred_split_waits_for_its_adds_not_for_the_device(monkeypatch):
     assert synced == [recorded[1][0], recorded[2][0]]  # the last add of each stream
     split.flush(counters, "gpu", "host", 8)  # nothing added since: no wait
     assert [op for op, *_ in log].count("synchronize") == 2
+
+
+def _fake_sync_mode(monkeypatch) -> list:
+    modes: list = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    return modes
+
+
+def _cuda_says_sync():
+    warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+
+def test_cuda_sync_log_counts_every_thread_by_line(monkeypatch):
+    """What CUDA reports (``set_sync_debug_mode("warn")``: a warning at the Python line that
+    synced) is counted per thread and line, other warnings are not, and the mode and the
+    warning machinery are put back, also when the block raises."""
+    modes = _fake_sync_mode(monkeypatch)
+    show = warnings.showwarning
+    with CudaSyncLog() as log:
+        _cuda_says_sync()
+        _cuda_says_sync()
+        warnings.warn("something else", stacklevel=1)
+        t = threading.Thread(target=_cuda_says_sync, name="gnnio-gather")
+        t.start()
+        t.join()
+    assert modes == ["warn", 0] and warnings.showwarning is show
+    here = "test_gpu_syncs.py"
+    assert log.count == 3 and len(log.sites) == 2, log.sites
+    assert any(k.startswith(f"train {here}:") and n == 2 for k, n in log.sites.items())
+    assert any(k.startswith(f"gnnio-gather {here}:") for k in log.sites)
+    with pytest.raises(RuntimeError), CudaSyncLog():
+        raise RuntimeError("step failed")
+    assert modes[-1] == 0 and warnings.showwarning is show
+
+
+def test_bench_step_sync_pass_reports_the_loader_threads_too(monkeypatch, tmp_path):
+    """bench step's CUDA pass over the real loop: a sync in the store's gather (the loader's
+    gather thread) and one in the model (the training thread), per batch, by thread and line."""
+    import gnnio
+    from gnnio.bench import step
+    from gnnio.importers.synthetic import prepare_synthetic
+    from gnnio.train import TrainConfig
+    from gnnio.train.build import build_training
+    from gnnio.train.loop import LocalRun
+
+    _fake_sync_mode(monkeypatch)
+    prepare_synthetic(tmp_path / "g", num_nodes=600, avg_degree=6, feat_dim=8, num_classes=3,
+                      seed=0, split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
+    cfg = TrainConfig(fanouts=(3, 3), batch_size=32, hidden=8, progress=False, seed=0)
+    parts = build_training(gnnio.load(tmp_path / "g"), cfg, LocalRun(), torch.device("cpu"))
+    gather, forward = parts.store.gather, parts.net.forward
+
+    def syncing_gather(ids, out=None):
+        _cuda_says_sync()
+        return gather(ids, out=out)
+
+    def syncing_forward(*a, **kw):
+        _cuda_says_sync()
+        return forward(*a, **kw)
+
+    monkeypatch.setattr(parts.store, "gather", syncing_gather)
+    monkeypatch.setattr(parts.net, "forward", syncing_forward)
+    try:
+        r = step.sync_pass(parts, torch.device("cpu"), 4)
+    finally:
+        parts.train_loader.close()
+    sites = r["cuda_sync_sites"]
+    assert sites[next(k for k in sites if k.startswith("train "))] == 1.0  # one per batch
+    assert any(k.startswith("gnnio-gather test_gpu_syncs.py:") for k in sites), sites
+    assert r["cuda_syncs_per_batch"] >= 2.0

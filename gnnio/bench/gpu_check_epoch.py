@@ -114,6 +114,8 @@ def step_feature_bound(c) -> dict[str, Any]:
             "breakdown": t.get("breakdown"),
             "baseline_breakdown": b.get("breakdown"),
             "kernels": t.get("kernels"),
+            "cuda_syncs_per_batch": t.get("cuda_syncs_per_batch"),
+            "baseline_cuda_syncs_per_batch": b.get("cuda_syncs_per_batch"),
             "fell_back": fallbacks(t) > 0 or fallbacks(b) > 0,
         }
     tiers = out["techniques"].get("tiering_10pct", {})

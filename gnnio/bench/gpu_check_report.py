@@ -46,6 +46,10 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                 f"{p} {ms:.2f} ms, hits {res['hit_ratio'][p]:.3f}"
                 for p, ms in res["manage_ms_median"].items()
             )
+        if name == "step" and "ms_per_batch" in res:
+            status = (f"{res['ms_per_batch']:.2f} ms per batch; host syncs per batch: "
+                      f"{res.get('host_syncs_per_batch')} by the op counter (training thread), "
+                      f"{res.get('cuda_syncs_per_batch')} by CUDA (every thread)")  # fmt: skip
         if name == "nccl" and "modes" in res:
             status = (f"{res['nccl_modes_failed']} of {len(res['modes'])} modes failed"
                       + (f": {', '.join(res['failed'])}" if res.get("failed") else "")
