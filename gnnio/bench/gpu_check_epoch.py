@@ -86,7 +86,8 @@ def step_feature_bound(c) -> dict[str, Any]:
                 "--feat-dim", "512", "--num-classes", "16", "--split", "0.1", "0.01", "0.01",
                 "--reorder", "wrpr", "--out", str(data), "--quiet", limit_s=240)  # fmt: skip
     common = ["bench", "step", str(data), "--device", c.device, "--batches",
-              str(c.args.fb_batches), "--warmup", "10", "--score", "wrpr", "--quiet", "--json"]  # fmt: skip
+              str(c.args.fb_batches), "--warmup", "10", "--score", "wrpr", "--no-gpu-passes",
+              "--quiet", "--json"]  # fmt: skip
     cache: dict[tuple, dict] = {}
 
     def measure(opts: list[str]) -> dict[str, Any]:

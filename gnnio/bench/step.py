@@ -59,6 +59,12 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--warmup", type=int_range(0), default=3, help="untimed batches before each pass"
     )
+    p.add_argument(
+        "--no-gpu-passes",
+        action="store_true",
+        help="skip passes 3 and 4 (a GPU only: kernel launches, CUDA's sync count); gpu-check "
+        "runs bench step once per technique and needs only ms_per_batch and the breakdown",
+    )
 
 
 class _Clock:
@@ -414,10 +420,9 @@ def run(args) -> dict:
         rates = device_rates(device)
         pipe = pipelined(parts, device, args.warmup, args.batches, progress)
         seq = sequential(parts, device, args.warmup, args.batches, progress)
-        launches = profiled(parts, device, min(args.batches, 5))
-        cuda_syncs = (
-            sync_pass(parts, device, min(args.batches, 10)) if device.type == "cuda" else {}
-        )
+        gpu_passes = device.type == "cuda" and not args.no_gpu_passes
+        launches = profiled(parts, device, min(args.batches, 5)) if gpu_passes else None
+        cuda_syncs = sync_pass(parts, device, min(args.batches, 10)) if gpu_passes else {}
     finally:
         if undo is not None:
             from ..train.isolate import restore
