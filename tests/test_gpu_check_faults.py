@@ -34,7 +34,8 @@ def test_a_killed_run_leaves_the_report_of_the_steps_before(tmp_path):
         "from gnnio.bench import gpu_check as g\n"
         "g.STEPS = [('env', g.step_env), ('first', lambda c: {'value': 1}),\n"
         "           ('dies', lambda c: os._exit(9))]\n"
-        f"sys.exit(g.main([{str(tmp_path)!r}, '--device', 'cpu']))\n"
+        f"sys.exit(g.main([{str(tmp_path)!r}, '--device', 'cpu', '--report-dir', "
+        f"{str(tmp_path / 'back')!r}]))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)  # fmt: skip
@@ -42,6 +43,9 @@ def test_a_killed_run_leaves_the_report_of_the_steps_before(tmp_path):
     rep = _report(tmp_path)
     assert rep["steps"]["first"]["value"] == 1 and rep["complete"] is False
     assert "dies" not in rep["steps"] and (tmp_path / "report.md").is_file()
+    back = tmp_path / "back"  # --report-dir: the reports only, as of the last step done
+    assert sorted(p.name for p in back.iterdir()) == ["report.json", "report.md"]
+    assert _report(back) == rep
 
 
 def test_sigterm_records_the_step_and_writes_the_report(tmp_path, monkeypatch):

@@ -37,7 +37,9 @@ what is left of the budget, a failure in one step recorded and the next one run,
 rewritten after every step, each atomically, so a run killed in any step (SIGKILL at a session's
 time limit) leaves the report of the steps before it; SIGTERM or Ctrl-C records the step as
 stopped, writes the report and exits (143 for SIGTERM); ``complete`` says whether every step
-ran. ``OUTDIR/gpu_tests.log`` holds pytest's output. Without CUDA it prints one line saying no GPU
+ran. ``--report-dir DIR`` keeps a copy of the three report files (and nothing else) in ``DIR``,
+also after every step: on a device machine that returns a few small files, give it the folder
+that comes back and keep OUTDIR (GBs of datasets, many small files) elsewhere. ``OUTDIR/gpu_tests.log`` holds pytest's output. Without CUDA it prints one line saying no GPU
 is present and exits 0; ``--device cpu`` runs the same steps on the CPU instead (a dry run of the
 plumbing, used by the tests; its numbers are not GPU figures).
 """
@@ -91,6 +93,9 @@ GOALS = [
     ("kernel_fallbacks", "runs of this check that fell back from a Triton kernel", 0),
     ("nccl_modes_failed", "distributed modes failing (NCCL at world size 1; CUDA IPC, 2 ranks)", 0),
 ]
+#: what --report-dir receives
+REPORT_FILES = ("report.json", "report.md", "gpu_tests.log")
+
 #: the most seconds the gpu tests may take: H100 run 2 of 2026-11-25 (--budget-s 350) gave them at
 #: most 110 s and its 34 passed; more gpu tests since, the rest of the budget is for measurements
 GPU_TESTS_S = 180.0
@@ -413,6 +418,13 @@ def save(c: Check, complete: bool = False) -> None:
     except Exception as e:  # noqa: BLE001 - the summary must not cost the run (report.json has it all)
         md = f"# gnnio GPU check\n\nreport.md could not be written ({type(e).__name__}: {e}); see report.json.\n"
         write_atomic(c.out / "report.md", lambda f: f.write(md.encode()), "report")
+    dest = c.args.report_dir
+    if dest:  # only the reports: a device machine returns few files (the datasets are GBs)
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        for name in REPORT_FILES:
+            if (c.out / name).is_file():
+                data = (c.out / name).read_bytes()
+                write_atomic(Path(dest) / name, lambda f, d=data: f.write(d), "--report-dir")
 
 
 def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -429,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fb-batches", type=int, default=30, help="timed batches per technique")
     p.add_argument("--budget-s", type=float, default=570.0, help="wall-clock budget")
     p.add_argument("--skip", default="", help="comma-separated steps to skip")
+    p.add_argument("--report-dir", default=None,
+                   help="also keep report.json, report.md and gpu_tests.log (only these) here, "
+                        "updated after every step: a folder a device session copies back, while "
+                        "OUTDIR with its GBs of datasets stays on the machine")  # fmt: skip
     p.add_argument("--commit", default=os.environ.get("GNNIO_COMMIT"),
                    help="the commit checked, for report.json where the tree has no .git "
                         "(default: $GNNIO_COMMIT, else git rev-parse HEAD)")  # fmt: skip
