@@ -214,3 +214,22 @@ def test_every_feature_bound_configuration_runs_in_bench_step(small_graph, opts,
     assert rc == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["ms_per_batch"] > 0 and r["kernels"]["fallbacks"] == 0
+
+
+def test_cpu_vs_cuda_trains_with_a_short_stall_timeout(tmp_path, monkeypatch):
+    """cpu_vs_cuda trains inside gpu-check's own process: a loader stage stuck on the GPU must
+    end that step (LoaderStall after STALL_S), not hang the check for the default 600 s."""
+    import gnnio.train
+
+    seen = []
+
+    def fake_train(path, cfg):
+        seen.append(cfg.stall_timeout)
+        h = [{"loss": 1.0}, {"loss": 0.5}]
+        return {"history": h, "bytes_by_tier": {"gpu": 1}, "simulated": True}
+
+    monkeypatch.setattr(gnnio.train, "train", fake_train)
+    (tmp_path / "data" / "small").mkdir(parents=True)
+    res = gpu_check.step_cpu_vs_cuda(SimpleNamespace(out=tmp_path, device="cpu"))
+    assert seen == [gpu_check.STALL_S] * 2 and gpu_check.STALL_S <= 60
+    assert res["identical_bytes_by_tier"] and res["losses_close"]

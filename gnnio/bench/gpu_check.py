@@ -93,6 +93,9 @@ GOALS = [
     ("kernel_fallbacks", "runs of this check that fell back from a Triton kernel", 0),
     ("nccl_modes_failed", "distributed modes failing (NCCL at world size 1; CUDA IPC, 2 ranks)", 0),
 ]
+#: cpu_vs_cuda's --stall-timeout (it trains in this process: a stuck loader must not stop the rest)
+STALL_S = 60.0
+
 #: what --report-dir receives
 REPORT_FILES = ("report.json", "report.md", "gpu_tests.log")
 
@@ -209,8 +212,9 @@ def step_cpu_vs_cuda(c: Check) -> dict[str, Any]:
     if not path.exists():
         prepare_synthetic(path, num_nodes=1 << 14, avg_degree=8, feat_dim=32, num_classes=4,
                           seed=0, progress=False)  # fmt: skip
+    # in this process, so a loader stage that hangs must end the step, not the whole check
     kw = dict(fanouts=(5, 5), batch_size=256, epochs=2, hidden=32, dropout=0.0, progress=False,
-              gpu_cache_fraction=0.1)  # fmt: skip
+              gpu_cache_fraction=0.1, stall_timeout=STALL_S)  # fmt: skip
     runs = {d: train(path, TrainConfig(device=d, **kw)) for d in ("cpu", c.device)}
     a, b = runs["cpu"], runs[c.device]
     rel = max(
