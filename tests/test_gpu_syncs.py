@@ -107,3 +107,35 @@ def test_bench_step_sync_pass_reports_the_loader_threads_too(monkeypatch, tmp_pa
     assert sites[next(k for k in sites if k.startswith("train "))] == 1.0  # one per batch
     assert any(k.startswith("gnnio-gather test_gpu_syncs.py:") for k in sites), sites
     assert r["cuda_syncs_per_batch"] >= 2.0
+
+
+def test_sampled_evaluation_reads_its_counts_once(tmp_path):
+    """Evaluation (every epoch) summed ``correct`` and ``total`` with a boolean mask and ``int``
+    per batch: four host syncs per batch on a GPU. Now they are summed on the device and read
+    once: two syncs per evaluation, whatever the batches, and the same counts."""
+    import gnnio
+    from gnnio.importers.synthetic import prepare_synthetic
+    from gnnio.train import TrainConfig
+    from gnnio.train.build import build_training
+    from gnnio.train.evaluate import evaluate_sampled_counts
+    from gnnio.train.loop import LocalRun
+    from gnnio.utils.syncs import OpCounter
+
+    prepare_synthetic(tmp_path / "g", num_nodes=800, avg_degree=6, feat_dim=8, num_classes=3,
+                      seed=0, split=(0.3, 0.4, 0.3), progress=False)  # fmt: skip
+    cfg = TrainConfig(fanouts=(3, 3), batch_size=32, eval_batch_size=64, hidden=8,
+                      progress=False, seed=0)  # fmt: skip
+    parts = build_training(gnnio.load(tmp_path / "g"), cfg, LocalRun(), torch.device("cpu"))
+    loader = next(iter(parts.eval_loaders.values()))
+    want_c = want_t = batches = 0
+    with torch.no_grad():
+        for b in loader.epoch(0):
+            pred = parts.net.eval()(b.x, b.blocks).argmax(dim=1)
+            m = b.labels >= 0
+            want_c += int((pred[m] == b.labels[m]).sum())
+            want_t += int(m.sum())
+            batches += 1
+    with OpCounter() as c:
+        got = evaluate_sampled_counts(parts.net, loader, 0)
+    assert got == (want_c, want_t) and want_t > 0 and batches >= 3
+    assert c.syncs <= 2, dict(c.sync_ops)
