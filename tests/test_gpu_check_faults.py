@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gnnio.bench import gpu_check, gpu_check_epoch, gpu_nccl
+from gnnio.bench import gpu_check, gpu_check_epoch, gpu_ipc, gpu_nccl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,8 +159,8 @@ def test_the_nccl_step_survives_a_hanging_worker(tmp_path, monkeypatch):
                 raise subprocess.TimeoutExpired("worker", timeout)
             return "init\nstuck in a collective\n", None
 
-    monkeypatch.setattr(gpu_nccl.subprocess, "Popen", Hanging)
-    monkeypatch.setattr(gpu_nccl.os, "killpg", lambda pid, sig: killed.append((pid, sig)))
+    monkeypatch.setattr(gpu_ipc.subprocess, "Popen", Hanging)
+    monkeypatch.setattr(gpu_ipc.os, "killpg", lambda pid, sig: killed.append((pid, sig)))
     monkeypatch.setattr(gpu_nccl, "step_ipc", lambda c: {"modes": {"ipc/shared": {"ok": True}}})
     c = SimpleNamespace(out=tmp_path, device="cpu", left_s=lambda: 300.0)
     r = gpu_nccl.step_nccl(c)

@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .gpu_ipc import small_partitioned, step_ipc
+from .gpu_ipc import run_worker, small_partitioned, step_ipc
 
 __all__ = ["AWAITING", "step_nccl"]
 
@@ -80,21 +78,11 @@ def step_nccl(c) -> dict[str, Any]:
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GNNIO_COMM_CHECK=str(work / "check"),
     )  # fmt: skip
     cmd = [sys.executable, "-m", "gnnio.bench.gpu_nccl", str(work), "--device", c.device]
-    limit = max(5.0, min(WORKER_S, c.left_s()))
     res_path = work / "modes.json"
     res_path.unlink(missing_ok=True)
-    # its own session: on a hang (a collective that never returns) it is killed whole
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
-    try:
-        log, _ = proc.communicate(timeout=limit)
-        why = f"exited {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        why = f"ran past {limit:.0f} s"
-    (work / "worker.log").write_text(log or "")
-    modes = read_modes(res_path, why, log or "")
+    # a collective that never returns: killed after the limit, its modes read from modes.json
+    log, why = run_worker(cmd, env, max(5.0, min(WORKER_S, c.left_s())), work / "worker.log")
+    modes = read_modes(res_path, why, log)
     ipc = step_ipc(c)  # two ranks on the one GPU, CUDA IPC (item 4)
     modes.update(ipc.get("modes", {}))
     chk = work / "check" / "rank0.json"
