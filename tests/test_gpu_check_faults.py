@@ -233,3 +233,33 @@ def test_cpu_vs_cuda_trains_with_a_short_stall_timeout(tmp_path, monkeypatch):
     res = gpu_check.step_cpu_vs_cuda(SimpleNamespace(out=tmp_path, device="cpu"))
     assert seen == [gpu_check.STALL_S] * 2 and gpu_check.STALL_S <= 60
     assert res["identical_bytes_by_tier"] and res["losses_close"]
+
+
+def test_a_failing_measurement_keeps_its_steps_other_figures(tmp_path, monkeypatch):
+    """UVA sampling refused (pinning not allowed, say) and one epoch run failing: the GPU and
+    CPU sampling figures, their ratio, and the other epochs are still reported."""
+    monkeypatch.setattr(gpu_check, "uva_sampling", lambda c: 1 / 0)
+    c = gpu_check.Check(SimpleNamespace(outdir=str(tmp_path), device="cuda", budget_s=100.0,
+                                        nodes=16, batches=2))  # fmt: skip
+
+    def gnnio(*argv, limit_s=0):
+        if argv[0] == "bench":
+            return {"edges_per_s": 30.0 if "cuda" in argv else 10.0, "checksum": "x"}
+        frac = argv[argv.index("--gpu-cache-fraction") + 1]
+        if frac == "0.05":
+            raise RuntimeError("train exited 1: boom")
+        path = Path(argv[argv.index("--summary") + 1])
+        last = {"epoch_time_s": 2.0 if frac == "0" else 1.0, "breakdown_s": {},
+                "bytes_by_tier": {"host": 1}}  # fmt: skip
+        path.write_text(json.dumps({"history": [last, last]}))
+        return {}
+
+    monkeypatch.setattr(c, "gnnio", gnnio)
+    s = gpu_check.step_sampling(c)
+    assert s["gpu_over_cpu"] == 3.0 and s["checksum_equal"] is True
+    assert "ZeroDivisionError" in s["uva"]["error"] and s["uva_over_cpu"] is None
+    e = gpu_check.step_epochs(c)
+    assert "boom" in e["0.05"]["error"] and e["speedup_10pct"] == 2.0
+    md = tmp_path / "r.md"
+    gpu_check.write_markdown({"steps": {"epochs": e}, "goals": {}, "elapsed_s": 1.0}, md)
+    assert "| 0.05 | RuntimeError: train exited 1: boom | | |" in md.read_text()

@@ -1,13 +1,84 @@
-"""``report.md`` of the GPU check (:mod:`gnnio.bench.gpu_check`): the goals met or not, one line
-per step, the feature-bound techniques and the epochs at each hot fraction, from ``report.json``'s
-content. A step's result of an unexpected shape shows as a dash, never stops the report."""
+"""The goals of the GPU check (:mod:`gnnio.bench.gpu_check`) and its ``report.md``: the goals
+met or not, one line per step, the feature-bound techniques and the epochs at each hot fraction,
+from ``report.json``'s content."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_markdown"]
+from .gpu_check_epoch import kernel_fallbacks
+
+__all__ = ["AT_MOST", "GOALS", "goals", "write_markdown"]
+
+#: issues 15 and 24's goals: (name, what is measured, threshold); a value meets its goal when it
+#: is >= the threshold, except the names in AT_MOST (<=)
+GOALS = [
+    ("uva_gather", "zero-copy gather / pinned host->device copy", 0.80),
+    ("gpu_tier_gather", "GPU-tier gather / device-to-device copy", 0.80),
+    ("gpu_sampling", "GPU sampler edges/s / CPU sampler edges/s", 10.0),
+    ("uva_sampling", "UVA sampler (CSR in pinned host memory) edges/s / CPU edges/s", 4.0),
+    ("tiering_speedup", "epoch time at 0 % hot / at 10 % hot", 1.6),
+    ("lookahead_overhead", "LRU management ms / lookahead management ms (GPU cache)", 1.0),
+    (
+        "train_step_ms",
+        "forward + backward + optimizer ms per batch, 2^21 graph, default model",
+        3.0,
+    ),
+    ("epoch_s", "warm epoch seconds, 2^21 graph, default options on CUDA", 1.0),
+    (
+        "tiering_speedup_feature_bound",
+        "feature-bound graph: ms per batch at 0 % / at 10 % hot",
+        1.6,
+    ),
+    ("kernel_fallbacks", "runs of this check that fell back from a Triton kernel", 0),
+    ("nccl_modes_failed", "distributed modes failing (NCCL at world size 1; CUDA IPC, 2 ranks)", 0),
+]
+AT_MOST = {"train_step_ms", "epoch_s", "kernel_fallbacks", "nccl_modes_failed"}
+
+
+def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
+    """Each goal's measured value and whether it is met (None when its step did not run, and
+    always on a CPU dry run: those figures are not GPU figures)."""
+    bw = steps.get("bandwidth", {}).get("bandwidth", {}).get("ratio", {})
+    values = {
+        "uva_gather": bw.get("zero_copy/h2d_copy"),
+        "gpu_tier_gather": bw.get("gpu_resident/d2d_copy"),
+        "gpu_sampling": steps.get("sampling", {}).get("gpu_over_cpu"),
+        "uva_sampling": steps.get("sampling", {}).get("uva_over_cpu"),
+        "tiering_speedup": steps.get("epochs", {}).get("speedup_10pct"),
+        "lookahead_overhead": _ratio(
+            steps.get("cache", {}).get("manage_ms_median", {}), "lru", "lookahead"
+        ),  # fmt: skip
+        "train_step_ms": steps.get("step", {}).get("train_step_ms"),
+        "epoch_s": steps.get("epoch_default", {}).get("epoch_s"),
+        "tiering_speedup_feature_bound": steps.get("feature_bound", {}).get(
+            "tiering_speedup_10pct"
+        ),
+        "kernel_fallbacks": kernel_fallbacks(steps),
+        "nccl_modes_failed": steps.get("nccl", {}).get("nccl_modes_failed"),  # issue 26
+    }
+
+    def met(name: str, thr: float):
+        v = values[name]
+        if v is None or device != "cuda":
+            return None
+        return v <= thr if name in AT_MOST else v >= thr
+
+    return {
+        name: {
+            "what": what,
+            "goal": thr,
+            "direction": "<=" if name in AT_MOST else ">=",
+            "value": values[name],
+            "met": met(name, thr),
+        }  # fmt: skip
+        for name, what, thr in GOALS
+    }
+
+
+def _ratio(d: dict[str, float], a: str, b: str) -> float | None:
+    return d[a] / max(d[b], 1e-12) if a in d and b in d else None
 
 
 def write_markdown(report: dict[str, Any], path: Path) -> None:
@@ -73,7 +144,9 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     if any(k in ep for k in ("0", "0.1")):
         lines += ["", "| hot fraction | epoch s | hidden_fraction | host bytes |", "| --- | --- | --- | --- |"]  # fmt: skip
         for f in ("0", "0.05", "0.1", "0.25"):
-            if f in ep:
+            if f in ep and "error" in ep[f]:
+                lines.append(f"| {f} | {ep[f]['error']} | | |")
+            elif f in ep:
                 e = ep[f]
                 hf = e.get("hidden_fraction")
                 lines.append(f"| {f} | {e['epoch_time_s']:.2f} | "
