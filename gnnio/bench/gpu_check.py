@@ -400,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu-check: no GPU present (torch.cuda.is_available() is False); nothing to check")
+        print(f"gpu-check: no GPU present (torch.cuda.is_available() is False; torch "
+              f"{torch.__version__} of {sys.executable}); nothing to check")  # fmt: skip
         return 0
     c = Check(args)
     c.out.mkdir(parents=True, exist_ok=True)
