@@ -205,7 +205,7 @@ def test_two_processes_on_one_gpu_share_shards_with_cuda_ipc(tmp_path):
 def test_bench_dist_sampling_shard_device_cuda(tmp_path):
     from gnnio.bench import gpu_ipc
 
-    d, p = gpu_ipc._data(tmp_path)
+    d, _, p = gpu_ipc.small_partitioned(tmp_path, 2, feat_dim=8)
     r = run_cli(["bench", "dist-sampling", str(d), "--nproc", "2", "--partition", str(p),
                  "--modes", "shared", "--shard-device", "cuda", "--batches", "2",
                  "--batch-size", "32", "--fanouts", "4,3", "--json"], timeout=300)  # fmt: skip

@@ -25,6 +25,7 @@ def test_script_without_a_gpu_prints_one_line_and_exits_0(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 and "no GPU" in lines[0]
+    assert f"torch {torch.__version__} of " in lines[0]  # a CPU build in .venv is seen at once
     assert not (tmp_path / "out").exists()
 
 

@@ -150,3 +150,18 @@ def test_labor_on_cuda_equals_cpu(design):  # pragma: no cover - GPU only
     gpu = LaborSampler(g, [10, 5], seed=0, design=design, device="cuda")
     assert gpu.device.type == "cuda"
     same_batch(cpu, gpu.sample(seeds, epoch_seed=3).to("cpu"))
+
+
+@pytest.mark.parametrize("design", ["fixed", "poisson"])
+def test_torch_blocks_carry_their_csr_pointer(design):
+    """The torch path (what a GPU samples) hands its blocks' CSR row pointer to the model, so
+    aggregation on a GPU does not sort the edges again; the pointer is the edges' own."""
+    rng = np.random.default_rng(4)
+    g = random_graph(2000, 20000, seed=4)
+    seeds = rng.permutation(2000)[:150]
+    mb = TorchLaborSampler(*g.to_torch(), [10, 5], design=design).sample(seeds, 123)
+    for b in mb.blocks:
+        assert b.ptr is not None
+        dst = b.edge_index[1]
+        assert bool((dst[1:] >= dst[:-1]).all())  # grouped by destination, in order
+        assert torch.equal(b.ptr, torch._convert_indices_from_coo_to_csr(dst, b.num_dst))

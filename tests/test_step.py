@@ -110,6 +110,7 @@ def test_bench_step_prints_the_issue_keys(easy, capsys):
     assert r["ms_per_batch"] > 0 and r["floor_ms"] > 0
     assert r["host_syncs_per_batch"] == 0
     assert r["kernel_launches_per_batch"] is None  # a GPU only
+    assert r["cuda_syncs_per_batch"] is None and r["cuda_sync_sites"] is None  # a GPU only
     assert r["kernels"]["spmm"] == "numba" and r["kernels"]["hop"] == "numba"
     assert r["simulated"] is True
 

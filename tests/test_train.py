@@ -158,22 +158,31 @@ def test_config_errors(kw, match):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_training_on_cuda(easy):
-    s = train(easy, small_config(device="cuda", epochs=2))
+    # --sampler-device cpu: no planned layout, so the loader copies the host rows to the GPU (with
+    # no layout option the planner puts this small graph's rows and CSR on the GPU: nothing left
+    # to transfer, test_training_on_cuda_matches_cpu[planned])
+    s = train(easy, small_config(device="cuda", epochs=2, sampler_device="cpu"))
     assert s["device"].startswith("cuda") and s["best_valid_acc"] > 0.6
     assert s["breakdown_s"]["transfer"] > 0 and s["simulated"] is False
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("data", ["plain", "tiered"])
+@pytest.mark.parametrize("data", ["planned", "tiered"])
 def test_training_on_cuda_matches_cpu(easy, data):
     """The same run on the CPU and on CUDA: the same rows per tier (the sampler and the seed
-    order are the same), and losses that differ only by floating-point order (no dropout)."""
+    order are the same), and losses that differ only by floating-point order (no dropout).
+    ``planned``: no layout option, so on CUDA gnnio plans it (this small graph fits: every row on
+    the GPU, the GPU sampler); the CPU run is given that layout (``gpu_cache_fraction=1``,
+    simulated) -- the CPU's own default, a plain host store, books its rows as ``host``."""
     kw = dict(epochs=2, dropout=0.0)
     if data == "tiered":
         kw["gpu_cache_fraction"] = 0.25
-    cpu = train(easy, small_config(device="cpu", **kw))
+    cpu_kw = dict(kw, gpu_cache_fraction=1.0) if data == "planned" else kw
+    cpu = train(easy, small_config(device="cpu", **cpu_kw))
     gpu = train(easy, small_config(device="cuda", **kw))
+    if data == "planned":
+        assert gpu["plan"]["planned"] and gpu["plan"]["gpu_cache_fraction"] == 1.0, gpu["plan"]
     assert gpu["bytes_by_tier"] == cpu["bytes_by_tier"]
     assert gpu["rows_by_tier"] == cpu["rows_by_tier"]
     for a, b in zip(cpu["history"], gpu["history"]):

@@ -86,7 +86,8 @@ def step_feature_bound(c) -> dict[str, Any]:
                 "--feat-dim", "512", "--num-classes", "16", "--split", "0.1", "0.01", "0.01",
                 "--reorder", "wrpr", "--out", str(data), "--quiet", limit_s=240)  # fmt: skip
     common = ["bench", "step", str(data), "--device", c.device, "--batches",
-              str(c.args.fb_batches), "--warmup", "10", "--score", "wrpr", "--quiet", "--json"]  # fmt: skip
+              str(c.args.fb_batches), "--warmup", "10", "--score", "wrpr", "--no-gpu-passes",
+              "--quiet", "--json"]  # fmt: skip
     cache: dict[tuple, dict] = {}
 
     def measure(opts: list[str]) -> dict[str, Any]:
@@ -114,6 +115,8 @@ def step_feature_bound(c) -> dict[str, Any]:
             "breakdown": t.get("breakdown"),
             "baseline_breakdown": b.get("breakdown"),
             "kernels": t.get("kernels"),
+            "cuda_syncs_per_batch": t.get("cuda_syncs_per_batch"),
+            "baseline_cuda_syncs_per_batch": b.get("cuda_syncs_per_batch"),
             "fell_back": fallbacks(t) > 0 or fallbacks(b) > 0,
         }
     tiers = out["techniques"].get("tiering_10pct", {})

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BATCHES", "MODES", "step_ipc"]
+__all__ = ["BATCHES", "MODES", "run_worker", "step_ipc"]
 
 MODES = {"ipc/shared": None, "ipc/shared+prune": (1.0, 1.0)}
 BATCHES = 4
@@ -54,25 +54,31 @@ def step_ipc(c) -> dict[str, Any]:
                 "MASTER_PORT", "GROUP_RANK"):  # fmt: skip
         env.pop(var, None)  # the launcher sets them for its two ranks
     cmd = [sys.executable, "-m", "gnnio.bench.gpu_ipc", str(work), "--device", c.device]
-    limit = max(5.0, min(180.0, c.left_s()))
     res_path = work / "ipc.json"
     res_path.unlink(missing_ok=True)
-    # its own session: on a hang the launcher and both ranks are killed, not left on the GPU
+    log, why = run_worker(cmd, env, max(5.0, min(180.0, c.left_s())), work / "worker.log")
+    if res_path.exists():
+        return json.loads(res_path.read_text())
+    tail = " | ".join(log.strip().splitlines()[-3:])
+    err = f"ipc worker {why}: {tail}"
+    return {"modes": {m: {"ok": False, "error": err} for m in MODES}, "world_size": 2}
+
+
+def run_worker(cmd: list[str], env: dict, limit: float, log_path: Path) -> tuple[str, str]:
+    """Run a gpu-check worker in its own session (on a hang it is killed with every process it
+    started -- a launcher's ranks -- not left on the GPU); its output goes to ``log_path``.
+    Returns ``(output, why it ended)``: ``"exited N"`` or ``"ran past L s"``."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)  # fmt: skip
     try:
         log, _ = proc.communicate(timeout=limit)
-        why = f"ipc worker exited {proc.returncode}"
+        why = f"exited {proc.returncode}"
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
-        why = f"ipc worker ran past {limit:.0f} s"
-    (work / "worker.log").write_text(log or "")
-    if res_path.exists():
-        return json.loads(res_path.read_text())
-    tail = " | ".join((log or "").strip().splitlines()[-3:])
-    err = f"{why}: {tail}"
-    return {"modes": {m: {"ok": False, "error": err} for m in MODES}, "world_size": 2}
+        why = f"ran past {limit:.0f} s"
+    log_path.write_text(log or "")
+    return log or "", why
 
 
 # -- the worker -------------------------------------------------------------------------------

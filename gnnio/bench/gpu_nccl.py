@@ -21,6 +21,10 @@ and the bytes read from the peer reported.
 
 A mode fails when it raises or when the check saw a violation (a tensor NCCL refused, two
 threads on one group). ``nccl_modes_failed`` (goal 0) counts them, the ``ipc/`` modes included.
+The worker rewrites ``modes.json`` before and after every mode, so a collective that never returns
+(killed after :data:`WORKER_S`) fails the mode it hung in and the modes after it, and the ``ipc/``
+sub-step still runs. A mode the environment cannot run (``store/metis`` without pymetis, which the
+GPU image lacks) is reported under ``skipped_modes``, not failed.
 ``--device cpu`` runs the same workers on gloo with the check in its simulated-NCCL mode, the
 ``ipc/`` shards in ``/dev/shm`` (the CPU dry run the tests use).
 
@@ -34,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,11 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from .gpu_ipc import small_partitioned, step_ipc
+from .gpu_ipc import run_worker, small_partitioned, step_ipc
 
 __all__ = ["AWAITING", "step_nccl"]
 
 STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
+#: the most seconds the world-size-1 worker may take (the ``ipc/`` sub-step has its own limit)
+WORKER_S = 180.0
+RUNNING = "_running"  # modes.json's key for the mode in progress
 AWAITING = [
     "rows and sampled ids crossing between two ranks (world size 1: every exchange is local)",
     "CUDA IPC reads of another GPU's memory (ipc/ modes: two ranks share one GPU here)",
@@ -72,14 +78,11 @@ def step_nccl(c) -> dict[str, Any]:
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GNNIO_COMM_CHECK=str(work / "check"),
     )  # fmt: skip
     cmd = [sys.executable, "-m", "gnnio.bench.gpu_nccl", str(work), "--device", c.device]
-    limit = max(5.0, min(240.0, c.left_s()))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=limit)
-    (work / "worker.log").write_text(r.stdout + r.stderr)
     res_path = work / "modes.json"
-    if not res_path.exists():
-        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"nccl worker exited {r.returncode}: {' | '.join(tail)}")
-    modes = json.loads(res_path.read_text())
+    res_path.unlink(missing_ok=True)
+    # a collective that never returns: killed after the limit, its modes read from modes.json
+    log, why = run_worker(cmd, env, max(5.0, min(WORKER_S, c.left_s())), work / "worker.log")
+    modes = read_modes(res_path, why, log)
     ipc = step_ipc(c)  # two ranks on the one GPU, CUDA IPC (item 4)
     modes.update(ipc.get("modes", {}))
     chk = work / "check" / "rank0.json"
@@ -90,9 +93,35 @@ def step_nccl(c) -> dict[str, Any]:
         "modes": modes,
         "nccl_modes_failed": len(failed),
         "failed": failed,
+        "skipped_modes": sorted(m for m, v in modes.items() if v.get("skipped")),
         "calls": len(rec.get("calls", [])),
         "awaiting_two_gpus": AWAITING,
     }
+
+
+def mode_names() -> list[str]:
+    """The worker's modes, in the order it runs them."""
+    names = [f"store/{s}" for s in STRATEGIES]
+    names += [f"sample/{m}{p}" for m in ("dsp", "shared") for p in ("", "+prune")]
+    return names + ["train/dsp+checkpoints", "train/resume", "train/shared+prune"]
+
+
+def read_modes(path: Path, why: str, log: str) -> dict[str, Any]:
+    """Every mode's result from the worker's ``modes.json`` (written after each mode). A worker
+    that died or hung (``why``) fails the mode it was in, with its last lines, and every mode it
+    did not reach: one mode that never returns costs the others nothing but their run."""
+    got = json.loads(path.read_text()) if path.exists() else {}
+    running = got.pop(RUNNING, None)
+    tail = " | ".join(log.strip().splitlines()[-3:])
+    out: dict[str, Any] = {}
+    for name in mode_names():
+        if name in got:
+            out[name] = got[name]
+        elif name == running:
+            out[name] = {"ok": False, "error": f"nccl worker {why} in this mode: {tail}"}
+        else:
+            out[name] = {"ok": False, "error": f"not run: the nccl worker {why} before it"}
+    return out
 
 
 # -- the worker (one rank, WORLD_SIZE=1) ----------------------------------------------------
@@ -170,8 +199,33 @@ def worker(work: Path, device: str) -> dict[str, Any]:
         ("train/shared+prune", lambda: _train(ctx, ds, pdir, work, device, epochs=1,
                                               sampling_mode="shared", prune_threshold=(1.0, 1.0))),
     ]  # fmt: skip
+    assert [m for m, _ in modes] == mode_names()
+    out = run_modes(modes, chk, work / "modes.json")
+    shutdown()
+    return out
+
+
+def skip_reason(name: str) -> str | None:
+    """Why mode ``name`` cannot run in this environment (it is then reported, not failed)."""
+    if name == "store/metis":
+        try:
+            import pymetis  # noqa: F401 - (the GPU image of 2026-11 has no pymetis)
+        except ImportError:
+            return "pymetis is not installed (carry its wheel to run this mode)"
+    return None
+
+
+def run_modes(modes: list[tuple[str, Any]], chk, path: Path) -> dict[str, Any]:
+    """Run each ``(name, fn)``, a failure recorded and the next one run; ``path`` is rewritten
+    before each mode (naming it under :data:`RUNNING`) and after it, so a mode that hangs or
+    kills the process is known (:func:`read_modes`)."""
     out: dict[str, Any] = {}
     for name, fn in modes:
+        why = skip_reason(name)
+        if why is not None:
+            out[name] = {"ok": True, "skipped": why}
+            continue
+        _write(path, {**out, RUNNING: name})
         before = len(chk.violations) if chk is not None else 0
         t0 = time.monotonic()
         try:
@@ -186,9 +240,15 @@ def worker(work: Path, device: str) -> dict[str, Any]:
         bad = list(chk.violations[before:]) if chk is not None else []
         out[name] = {"ok": err is None and not bad, "error": err, "violations": bad[:5],
                      "s": round(time.monotonic() - t0, 2)}  # fmt: skip
-    (work / "modes.json").write_text(json.dumps(out, indent=1))
-    shutdown()
+        _write(path, out)
     return out
+
+
+def _write(path: Path, obj: dict) -> None:
+    """``path`` replaced whole (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

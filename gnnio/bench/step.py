@@ -21,6 +21,9 @@ training order, after ``--warmup`` untimed batches:
    kernels are not seen).
 3. **profiled** (a GPU only): ``kernel_launches_per_batch`` from torch's profiler (the CUDA runtime's
    launch calls), in a separate pass so the profiler does not disturb the timings.
+4. **synced** (a GPU only): ``cuda_syncs_per_batch`` and ``cuda_sync_sites`` (``"<thread>
+   <file>:<line>"`` -> syncs per batch), the host synchronisations CUDA itself reports
+   (``torch.cuda.set_sync_debug_mode``) in every thread of the real loop, the loader's included.
 
 ``floor_ms`` is what the batch's arithmetic and bytes would take at the device's own rates, both
 measured in the same run (``floor``): the dense layers' FLOPs (forward, and twice that backward)
@@ -56,6 +59,12 @@ def add_arguments(p) -> None:
     p.add_argument("--batches", type=int_range(1), default=20, help="timed batches per pass")
     p.add_argument(
         "--warmup", type=int_range(0), default=3, help="untimed batches before each pass"
+    )
+    p.add_argument(
+        "--no-gpu-passes",
+        action="store_true",
+        help="skip passes 3 and 4 (a GPU only: kernel launches, CUDA's sync count); gpu-check "
+        "runs bench step once per technique and needs only ms_per_batch and the breakdown",
     )
 
 
@@ -183,6 +192,12 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
     sizes = {"input_nodes": 0, "edges": 0}
     flops = membytes = 0.0
     total = Counter()
+    # a lookahead cache serves only the batches announced to it, in order (the loader announces
+    # them from its gather thread): forget the window the pipelined pass left, announce each
+    # batch just before its gather (a window of one batch)
+    ahead = int(getattr(store, "lookahead", 0) or 0)
+    if ahead:
+        store.reset_window()
     net.train()
     try:
         with bar(warmup + k, "sequential", "batch", enabled=progress) as pb:
@@ -210,6 +225,8 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
                         if device.type == "cuda":
                             buf = buf.pin_memory()
                     before = counter.syncs
+                    if ahead:
+                        store.announce(ids)
                     with ids_in_range():  # the sampler's ids, as the loader's gather vouches
                         mb.x = store.gather(ids, out=None if store.device.type != "cpu" else buf)
                     mb.labels = parts.train_loader._labels_for(mb.seeds)  # as the loader does
@@ -318,6 +335,31 @@ def profiled(parts, device, k: int) -> float | None:
     return launches / k
 
 
+def sync_pass(parts, device, k: int) -> dict:
+    """Pass 4 (CUDA only): the host synchronisations CUDA itself reports
+    (:class:`~gnnio.utils.syncs.CudaSyncLog`) over ``k`` batches of the real loop, in every
+    thread -- the training thread's and the loader's, which the op counter of pass 2 does not
+    see -- by source line. The loader runs ahead of the step by its prefetch depth, so a few of
+    the loader's are those of batches after the ``k``-th."""
+    from ..train.build import train_step
+    from ..utils.syncs import CudaSyncLog
+
+    it = _batches(parts.train_loader, 3)
+    train_step(parts.net, parts.opt, next(it))
+    _sync(device)
+    try:
+        with CudaSyncLog() as log:
+            for _ in range(k):
+                train_step(parts.net, parts.opt, next(it))
+    finally:
+        it.close()
+    _sync(device)
+    return {
+        "cuda_syncs_per_batch": log.count / k,
+        "cuda_sync_sites": {where: n / k for where, n in log.sites.most_common(25)},
+    }
+
+
 def device_rates(device: torch.device) -> dict:
     """The device's float32 matmul rate and copy bandwidth, measured now."""
     n = 4096 if device.type == "cuda" else 1024
@@ -380,7 +422,9 @@ def run(args) -> dict:
         rates = device_rates(device)
         pipe = pipelined(parts, device, args.warmup, args.batches, progress)
         seq = sequential(parts, device, args.warmup, args.batches, progress)
-        launches = profiled(parts, device, min(args.batches, 5))
+        gpu_passes = device.type == "cuda" and not args.no_gpu_passes
+        launches = profiled(parts, device, min(args.batches, 5)) if gpu_passes else None
+        cuda_syncs = sync_pass(parts, device, min(args.batches, 10)) if gpu_passes else {}
     finally:
         if undo is not None:
             from ..train.isolate import restore
@@ -405,6 +449,8 @@ def run(args) -> dict:
         "step_ms": pipe["step_ms"],
         **seq,
         "kernel_launches_per_batch": launches,
+        "cuda_syncs_per_batch": cuda_syncs.get("cuda_syncs_per_batch"),  # a GPU only
+        "cuda_sync_sites": cuda_syncs.get("cuda_sync_sites"),
         "floor_ms": floor_ms,
         "floor": {"compute_ms": compute_ms, "memory_ms": memory_ms, **rates},
         "ms_per_batch_over_floor": pipe["ms_per_batch"] / floor_ms if floor_ms > 0 else None,

@@ -35,10 +35,10 @@ class TierCounters:
     def __init__(self) -> None:
         self._rows: dict[str, int] = defaultdict(int)
         self._bytes: dict[str, int] = defaultdict(int)
-        self._dev: dict[
-            str, list
-        ] = {}  # tier -> [cumulative device count, value booked, row bytes]
+        # tier -> [cumulative device count, value booked, row bytes]
+        self._dev: dict[str, list] = {}
         self._lock = threading.RLock()  # the loader's thread adds and marks while others read
+        self._events: dict[int, object] = {}  # CUDA stream -> event after its last device add
 
     def __repr__(self) -> str:
         return f"TierCounters(rows={dict(self._rows)}, pending={sorted(self._dev)})"
@@ -71,6 +71,16 @@ class TierCounters:
                 e = self._dev[tier] = [torch.zeros((), dtype=torch.int64, device=rows.device), 0,
                                        int(row_bytes)]  # fmt: skip
             e[0].add_(rows)
+            if rows.is_cuda:
+                self._note_stream(rows.device)
+
+    def _note_stream(self, device: torch.device) -> None:
+        """Record an event after this add on the current stream of ``device``: a flush waits for
+        the adds' streams, never for the whole device (which would also wait for training)."""
+        stream = torch.cuda.current_stream(device)
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        self._events[stream.cuda_stream] = ev
 
     def add_count(self, count: BatchCount, row_bytes: int) -> None:
         """Book the rows of ``count`` (another store's :meth:`since`) at ``row_bytes`` each: host
@@ -86,7 +96,9 @@ class TierCounters:
         if not self._dev:
             return
         with self._lock:
-            _wait_for(e[0] for e in self._dev.values())
+            for ev in self._events.values():  # the adds may sit on other threads' streams
+                ev.synchronize()
+            self._events.clear()
             for tier, e in self._dev.items():
                 now = int(e[0])
                 if now != e[1]:

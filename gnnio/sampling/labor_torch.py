@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import Block, MiniBatch
+from .base import Block, MiniBatch, dst_ptr
 from .gpu import TorchUniformSampler, _relabel
 from .gpu_hop import _GAMMA, _repeat_rows, _s64, _srl, mix64_torch
 from .threaded import hop_key
@@ -183,7 +183,11 @@ class TorchLaborSampler(TorchUniformSampler):
         self._give(loc, first)
         blocks = []
         for h in range(len(hop_edges) - 1, -1, -1):
-            blk = Block(hop_edges[h], num_src=hop_nodes[h + 1], num_dst=hop_nodes[h])
+            # edges grouped by row in destination order (labor_hop_torch): the CSR pointer, so
+            # the model aggregates without sorting them again (on a GPU it always would)
+            ei = hop_edges[h]
+            blk = Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
+                        ptr=dst_ptr(ei, hop_nodes[h]))  # fmt: skip
             if self.weights != "none":
                 rows = dst_nodes[: hop_nodes[h]]
                 w_row = self._edge_weight(ip[rows + 1] - ip[rows], self.fanouts[h])

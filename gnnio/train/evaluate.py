@@ -53,17 +53,20 @@ def evaluate_sampled_counts(model: BlockGNN, loader, epoch: int = 0) -> tuple[in
     :func:`evaluate_sampled`); ranks of a distributed run add these up."""
     was = model.training
     model.eval()
-    correct = total = 0
+    correct = total = None  # summed on the batches' device, read once: no host sync per batch
     try:
         for batch in loader.epoch(epoch):
             pred = model(batch.x, batch.blocks).argmax(dim=1)
             y = batch.labels
             mask = y >= 0
-            correct += int((pred[mask] == y[mask]).sum())
-            total += int(mask.sum())
+            c, t = ((pred == y) & mask).sum(), mask.sum()
+            correct = c if correct is None else correct + c
+            total = t if total is None else total + t
     finally:
         model.train(was)
-    return correct, total
+    if correct is None:
+        return 0, 0
+    return int(correct), int(total)
 
 
 def evaluate_full(

@@ -16,18 +16,27 @@ times per batch is paced by the host. :class:`OpCounter` counts, in the thread t
 seen on the CPU (on CUDA it copies to the host first, which is). It works on CPU tensors too,
 where nothing really waits: that is the point -- a test on the CPU
 finds the operations that *would* stall a GPU (``tests/test_step.py``). Only torch operations are
-seen: numba kernels (the CPU sampler, the row gather) are not, and need none of this. On a GPU,
-``gnnio bench step`` cross-checks with ``torch.cuda.set_sync_debug_mode``.
+seen: numba kernels (the CPU sampler, the row gather) are not, and need none of this. It counts
+only the thread that entered it, and only the ops it dispatches itself (not a sync hidden inside
+an op's CUDA implementation).
+
+On a GPU, :class:`CudaSyncLog` asks CUDA itself (``torch.cuda.set_sync_debug_mode("warn")``): it
+sees every synchronising call in every thread -- the loader's sampling and gather threads too --
+with the Python line that made it; ``gnnio bench step`` reports them per batch
+(``cuda_syncs_per_batch``, ``cuda_sync_sites``).
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OpCounter", "SYNC_OPS"]
+__all__ = ["CudaSyncLog", "OpCounter", "SYNC_OPS"]
 
 #: ATen ops (overload packets) that synchronise the host with a CUDA device
 SYNC_OPS = frozenset(
@@ -96,3 +105,61 @@ class OpCounter(TorchDispatchMode):
             self.syncs += 1
             self.sync_ops[_packet(func)] += 1
         return func(*args, **kwargs)
+
+
+class CudaSyncLog:
+    """``with CudaSyncLog() as log: ...`` then ``log.sites``: a Counter of ``"<thread>
+    <file>:<line>"`` -> host synchronisations CUDA reported inside the block, from every thread
+    (``train`` is the main thread; the loader's are ``gnnio-sample-K`` / ``gnnio-gather``), and
+    ``log.count``. Uses ``torch.cuda.set_sync_debug_mode("warn")`` (process-wide, put back to 0 on
+    exit) and Python's warnings (filters and ``showwarning`` replaced for the block, restored on
+    exit; other warnings raised meanwhile are dropped). The warnings cost host time: never time a
+    pass inside it."""
+
+    MARK = "synchroniz"  # CUDA's message: "called a synchronizing CUDA operation"
+
+    def __init__(self) -> None:
+        self.sites: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._cm = None
+
+    @property
+    def count(self) -> int:
+        return sum(self.sites.values())
+
+    def _show(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if self.MARK not in str(message):
+            return
+        t = threading.current_thread()
+        who = "train" if t is threading.main_thread() else t.name
+        where = _short(filename)
+        with self._lock:
+            self.sites[f"{who} {where}:{lineno}"] += 1
+
+    def __enter__(self) -> CudaSyncLog:
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._show
+        try:
+            torch.cuda.set_sync_debug_mode("warn")
+        except BaseException:
+            self._cm.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            torch.cuda.set_sync_debug_mode(0)
+        finally:
+            self._cm.__exit__(*exc)
+
+
+def _short(filename: str) -> str:
+    """``gnnio/...`` for gnnio's files, the file name for others (torch's, the tests')."""
+    p = Path(filename)
+    parts = p.parts
+    if "gnnio" in parts:
+        i = len(parts) - 1 - parts[::-1].index("gnnio")
+        return "/".join(parts[i:])
+    return p.name
