@@ -176,6 +176,9 @@ class TorchUniformSampler:
 
     def sample(self, seeds, key: int) -> MiniBatch:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
+        if self._device.type == "cuda" and not (isinstance(seeds, torch.Tensor) and seeds.is_cuda):
+            # from pinned memory the copy is queued, not waited for (a pageable one syncs)
+            seeds = torch.as_tensor(seeds).pin_memory().to(self._device, non_blocking=True)
         seeds = torch.as_tensor(seeds, device=self._device)
         if seeds.dim() != 1:
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(seeds.shape)}")
