@@ -172,5 +172,8 @@ def test_layout_is_planned_only_on_a_gpu_without_layout_options(easy):
     chosen = _cfg(gpu_cache_fraction=0.1)
     same, plan = apply_layout_plan(ds, chosen, cuda, free_bytes=80 * GiB)
     assert same is chosen and not plan["planned"]
+    on_disk = _cfg(store="disk")  # --features-on disk is a layout choice too
+    same, plan = apply_layout_plan(ds, on_disk, cuda, free_bytes=80 * GiB)
+    assert same is on_disk and not plan["planned"]
     same, plan = apply_layout_plan(ds, cfg, cuda, world_size=2, free_bytes=80 * GiB)
     assert same is cfg and not plan["planned"]

@@ -3,7 +3,8 @@
 ``--device auto`` (the CLI's default) trains on CUDA when a GPU is present, else on the CPU.
 
 On a GPU with none of the placement options given (``--gpu-cache-fraction``, ``--placement``,
-``--cache-policy``, ``--sampler-device``/``--graph-in`` left at ``auto``), :func:`plan_layout`
+``--cache-policy``, ``--features-on disk``, ``--sampler-device``/``--graph-in`` left at
+``auto``), :func:`plan_layout`
 decides where the features and the topology live, from the dataset's sizes and the GPU's free
 memory, in this order:
 
@@ -109,6 +110,7 @@ def _user_chose_layout(cfg) -> bool:
         or cfg.cache_policy != "none"
         or cfg.sampler_device != "auto"
         or cfg.graph_in != "auto"
+        or cfg.store == "disk"  # --features-on disk: the SSD tier and its host cache were chosen
     )
 
 
