@@ -128,6 +128,13 @@ def test_torch_errors_and_empty_seeds():
     s = TorchLaborSampler(*g.to_torch(), [3, 2])
     with pytest.raises(ValueError, match="more than once"):
         s.sample([1, 1], key=0)
+    with pytest.raises(ValueError, match="node id 3 appears more than once"):  # the smallest
+        s.sample([9, 7, 3, 8, 9, 3], key=0)
+    from gnnio.utils.syncs import OpCounter
+
+    with OpCounter() as c:  # the checks read back once, by ``.tolist()`` (unseen on the CPU)
+        s._check_seeds(torch.tensor([5, 2, 9]))
+    assert c.syncs == 0, dict(c.sync_ops)  # no bincount, no int(): was 3 syncs on a GPU
     with pytest.raises(ValueError, match="out of range"):
         s.sample([0, 50], key=0)
     with pytest.raises(ValueError, match="integer"):

@@ -136,14 +136,16 @@ class TorchLaborSampler(TorchUniformSampler):
         if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
         seeds = seeds.to(torch.int64)
-        if seeds.numel():
-            lo, hi = torch.stack([seeds.min(), seeds.max()]).tolist()
+        if seeds.numel():  # range and repeats read back together: one host sync, not three
+            srt = torch.sort(seeds).values
+            none = torch.iinfo(torch.int64).max
+            repeat = torch.where(srt[1:] == srt[:-1], srt[1:], none)
+            dup = torch.cat([repeat, srt.new_full((1,), none)]).min()  # smallest repeated id
+            lo, hi, dup = torch.stack([srt[0], srt[-1], dup]).tolist()
             if lo < 0 or hi >= self.num_nodes:
                 bad = lo if lo < 0 else hi
                 raise ValueError(f"seeds: node id {bad} out of range [0, {self.num_nodes})")
-            counts = torch.bincount(seeds)
-            if int(counts.max()) > 1:
-                dup = int(torch.nonzero(counts > 1)[0, 0])
+            if dup != none:
                 raise ValueError(
                     f"seeds: node id {dup} appears more than once; seeds must be distinct"
                 )
