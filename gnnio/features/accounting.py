@@ -1,6 +1,7 @@
-"""What the feature-store wrappers measure: a cache's :class:`CacheStats`, the wall-clock phase
-timer that splits *cache management* from *data movement*, and per-tier row deltas of a backing
-store's counters (so a wrapper books the rows its backing served under the backing's tiers)."""
+"""What the feature-store wrappers measure: a cache's :class:`CacheStats` and the phase timer that
+splits *cache management* from *data movement*. (A wrapper books the rows its backing served
+under the backing's tiers with the backing's ``counters.mark()`` / ``since()`` and its own
+``counters.add_count()``: :class:`~gnnio.features.base.TierCounters`.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CacheStats", "EventLaps", "counters_delta", "snapshot_rows"]
+__all__ = ["CacheStats", "EventLaps"]
 
 
 class EventLaps:
@@ -223,15 +224,3 @@ class _Timer:
         now = time.perf_counter()
         d, self.t = now - self.t, now
         return d
-
-
-def snapshot_rows(counters):
-    """A mark of ``counters`` to measure a backing gather's rows from (no device wait)."""
-    return counters.mark()
-
-
-def counters_delta(before, counters):
-    """Rows per tier counted by ``counters`` since ``before`` (a :func:`snapshot_rows`), as a
-    :class:`~gnnio.features.base.BatchCount` (device parts stay on the device); a wrapper books
-    it with :meth:`~gnnio.features.base.TierCounters.add_count`."""
-    return counters.since(before)

@@ -75,7 +75,7 @@ import torch
 
 from ...utils.devices import resolve_device
 from .._gather import output_rows
-from ..accounting import CacheStats, _Timer, counters_delta, snapshot_rows
+from ..accounting import CacheStats, _Timer
 from ..base import BatchCount, FeatureStore
 from ..batch_ops import FirstOccurrence, ids_on, move_rows
 from . import nosync
@@ -330,9 +330,9 @@ class FeatureCache(FeatureStore):
 
     def _fetch(self, miss_ids: torch.Tensor) -> tuple[torch.Tensor, BatchCount]:
         """One backing gather of ``miss_ids``; rows on this device and rows per backing tier."""
-        before = snapshot_rows(self.backing.counters)
+        before = self.backing.counters.mark()  # no device wait
         rows = self.backing.gather(miss_ids.to(self.backing.device))
-        return rows.to(self.device), counters_delta(before, self.backing.counters)
+        return rows.to(self.device), self.backing.counters.since(before)
 
     def _count(self, served_here: int, below: BatchCount | None) -> None:
         if served_here:

@@ -36,7 +36,7 @@ import torch
 
 from ...utils.devices import resolve_device
 from .._gather import output_rows
-from ..accounting import CacheStats, _Timer, counters_delta, snapshot_rows
+from ..accounting import CacheStats, _Timer
 from ..base import FeatureStore, TierCounters
 from ..batch_ops import FirstOccurrence, ids_on, move_rows
 from .cache import FeatureCache, capacity_rows
@@ -239,9 +239,9 @@ class ShardedFeatureCache(FeatureStore):
         below = None
         fetched = None
         if m:
-            before = snapshot_rows(self.backing.counters)
+            before = self.backing.counters.mark()  # no device wait
             fetched = self.backing.gather(miss_ids.to(self.backing.device)).to(self.device)
-            below = counters_delta(before, self.backing.counters)
+            below = self.backing.counters.since(before)
             move_rows(fetched, torch.arange(m, device=self.device), rows_u, miss_pos)
         copy += t.lap("copy")
         ins = ev = 0

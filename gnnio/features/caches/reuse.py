@@ -32,7 +32,7 @@ import torch
 
 from ...utils.devices import resolve_device
 from .._gather import output_rows
-from ..accounting import EventLaps, _Timer, counters_delta, snapshot_rows
+from ..accounting import EventLaps, _Timer
 from ..base import FeatureStore
 from ..batch_ops import FirstOccurrence, ids_on, move_rows
 
@@ -201,9 +201,9 @@ class CrossBatchReuse(FeatureStore):
             move_rows(prev, src, rows_u, reuse)
         below = None
         if fetch.numel():
-            before = snapshot_rows(self.backing.counters)
+            before = self.backing.counters.mark()  # no device wait
             fetched = self.backing.gather(uniq.index_select(0, fetch).to(self.backing.device))
-            below = counters_delta(before, self.backing.counters)
+            below = self.backing.counters.since(before)
             move_rows(
                 fetched.to(self.device),
                 torch.arange(fetch.numel(), device=self.device),
