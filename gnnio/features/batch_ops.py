@@ -29,11 +29,7 @@ class FirstOccurrence:
         n = ids.numel()
         if n >= _I32_MAX:
             raise ValueError(f"a batch of {n} ids is too large (limit {_I32_MAX - 1})")
-        ar = torch.arange(n, dtype=torch.int32, device=ids.device)
-        self.pos.scatter_reduce_(0, ids, ar, "amin")
-        first = self.pos.index_select(0, ids)
-        self.pos.index_fill_(0, ids, _I32_MAX)
-        is_first = first == ar
+        first, is_first = first_positions(self.pos, ids)
         if bool(is_first.all()):
             return ids, None
         uniq = ids[is_first]
@@ -42,6 +38,17 @@ class FirstOccurrence:
 
     def nbytes(self) -> int:
         return self.pos.numel() * self.pos.element_size()
+
+
+def first_positions(pos: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, is_first)``: for each entry of int64 ``ids``, the position of its id's first
+    occurrence (int32), and whether it is that occurrence. ``pos`` is a dense int32 scratch of
+    ``[num_rows]`` entries all ``2^31 - 1``, left so (O(batch) work, no host sync)."""
+    ar = torch.arange(ids.numel(), dtype=torch.int32, device=ids.device)
+    pos.scatter_reduce_(0, ids, ar, "amin")
+    first = pos.index_select(0, ids)
+    pos.index_fill_(0, ids, _I32_MAX)
+    return first, first == ar
 
 
 def ids_on(store: FeatureStore, ids, device: torch.device) -> torch.Tensor:

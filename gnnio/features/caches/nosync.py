@@ -36,10 +36,9 @@ from __future__ import annotations
 import torch
 
 from .._gather import copy_masked
+from ..batch_ops import first_positions
 
 __all__ = ["dedup_padded", "fifo_admit", "gather_fifo", "gather_static"]
-
-_I32_MAX = 2**31 - 1
 
 
 def dedup_padded(
@@ -50,11 +49,7 @@ def dedup_padded(
     ``valid`` marks the first ``count`` entries; ``unique[inverse] == idx``. ``pos`` is the dense
     int32 scratch of :class:`~gnnio.features.batch_ops.FirstOccurrence` (left all ``2^31-1``)."""
     n = idx.numel()
-    ar = torch.arange(n, dtype=torch.int32, device=idx.device)
-    pos.scatter_reduce_(0, idx, ar, "amin")
-    first = pos.index_select(0, idx)
-    pos.index_fill_(0, idx, _I32_MAX)
-    is_first = first == ar
+    first, is_first = first_positions(pos, idx)
     rank = torch.cumsum(is_first, 0) - 1
     inverse = rank.index_select(0, first.long())
     count = is_first.sum()
