@@ -184,6 +184,31 @@ for kind in ("prefix", "lookup"):
         assert st_free.counters.snapshot() == st_host.counters.snapshot()
         assert torch.equal(free.policy.key_of, ref.policy.key_of)
         st_free.close(); st_host.close()
+# the admission's buffer write: only the inserted rows, by the row kernel with its skip state
+rows_launch = []
+real_rows = _triton_rows._rows
+class RowSpy:
+    def __getitem__(self, grid):
+        launch = real_rows[grid]
+        def run(*a, **kw):
+            rows_launch.append(kw.get("SKIP"))
+            return launch(*a, **kw)
+        return run
+_triton_rows._rows = RowSpy()
+base = torch.randn(100, 8, generator=g)
+free = FeatureCache(TieredFeatureStore(base, 0, simulate=SimulatedDevice()), 30, "fifo",
+                    sync_free=True)
+ref = FeatureCache(TieredFeatureStore(base, 0, simulate=SimulatedDevice()), 30, "fifo",
+                   sync_free=False)
+free._buffer_ext[-1] = 5.0  # the sentinel row: untouched when the scatter skips
+for b in range(5):
+    ids = torch.randint(0, 100, (40,), generator=g)
+    assert torch.equal(free.gather(ids), base[ids]) and torch.equal(ref.gather(ids), base[ids])
+assert True in rows_launch, rows_launch
+filled = ref.policy.key_of >= 0
+assert torch.equal(free.policy.key_of, ref.policy.key_of)
+assert torch.equal(free.buffer[filled], ref.buffer[filled])
+assert (free._buffer_ext[-1] == 5.0).all(), "the skipped rows were written"
 assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
 """

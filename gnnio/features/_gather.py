@@ -55,6 +55,7 @@ __all__ = [
     "host_empty",
     "host_rows",
     "row_bytes_view",
+    "scatter_masked",
     "tensor_view",
     "word_views",
 ]
@@ -333,6 +334,24 @@ def copy_masked(src: torch.Tensor, slots: torch.Tensor, dst: torch.Tensor) -> No
     rows = src.index_select(0, slots.clamp(min=0))
     keep = (slots < 0).unsqueeze(1)
     dst[:n] = torch.where(keep, dst[:n], rows)
+
+
+def scatter_masked(src: torch.Tensor, dst_idx: torch.Tensor, dst: torch.Tensor) -> bool:
+    """``dst[dst_idx[i]] = src[i]`` where ``dst_idx[i] >= 0``, as one Triton kernel that reads and
+    writes only those rows (no host synchronisation); False (nothing written) where Triton or the
+    kernel does not apply: the caller then writes every row, the skipped ones somewhere harmless."""
+    if not triton_available(dst.device, "copy_rows") or src.device != dst.device:
+        return False
+    try:
+        from ._triton_rows import copy_rows_triton
+
+        ar = torch.arange(dst_idx.shape[0], device=dst_idx.device)
+        if copy_rows_triton(src, ar, dst, dst_idx, skip=True):
+            kernel_ran("rows", "triton")
+            return True
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the caller's path
+        kernel_failed("copy_rows", e, "writing every row with index_copy_ instead")
+    return False
 
 
 def copy_tiered(

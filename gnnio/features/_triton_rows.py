@@ -29,14 +29,16 @@ _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 @triton.jit
 def _rows(src, src_idx, dst, dst_idx, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
-          SCATTER: tl.constexpr):  # fmt: skip
+          SCATTER: tl.constexpr, SKIP: tl.constexpr = False):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = r < n
-    s = tl.load(src_idx + r, mask=rm, other=0).to(tl.int64)
     if SCATTER:
         d = tl.load(dst_idx + r, mask=rm, other=0).to(tl.int64)
+        if SKIP:  # a negative destination: nothing read, nothing written
+            rm = rm & (d >= 0)
     else:
         d = r
+    s = tl.load(src_idx + r, mask=rm, other=0).to(tl.int64)
     c = tl.arange(0, WP)
     m = rm[:, None] & (c < W)[None, :]
     v = tl.load(src + s[:, None] * W + c[None, :], mask=m)
@@ -85,12 +87,17 @@ def _as_words(x: torch.Tensor, w: int) -> torch.Tensor:
 
 
 def copy_rows_triton(
-    src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor | None
+    src: torch.Tensor,
+    src_idx: torch.Tensor,
+    dst: torch.Tensor,
+    dst_idx: torch.Tensor | None,
+    skip: bool = False,
 ) -> bool:
     """``dst[dst_idx] = src[src_idx]`` (``dst[:n] = src[src_idx]`` without ``dst_idx``) when the
     kernel applies -- contiguous 2-D ``src``/``dst`` of one dtype and row width, 1-D int32/int64
     indices on their device, rows of at most :data:`MAX_WORDS` words -- returning True; False
-    (nothing written) otherwise. Indices are not checked."""
+    (nothing written) otherwise. With ``skip`` a negative ``dst_idx[i]`` copies nothing. Indices
+    are not checked."""
     n = int(src_idx.shape[0])
     if (
         src.dim() != 2 or dst.dim() != 2 or src.dtype != dst.dtype or src.shape[1] != dst.shape[1]
@@ -110,7 +117,8 @@ def copy_rows_triton(
     si = src_idx.contiguous()
     di = si if dst_idx is None else dst_idx.contiguous()
     _rows[(triton.cdiv(n, br),)](_as_words(src, w), si, _as_words(dst, w), di, n, W=words, WP=wp,
-                                 BR=br, SCATTER=dst_idx is not None)  # fmt: skip
+                                 BR=br, SCATTER=dst_idx is not None,
+                                 SKIP=bool(skip) and dst_idx is not None)  # fmt: skip
     return True
 
 

@@ -24,9 +24,9 @@ the host path has data-dependent lengths:
   back when they are read (once per epoch in ``gnnio train``).
 
 The semantics are the host path's exactly (``cache.py``'s module docstring); the tests replay both
-paths batch by batch and compare rows, maps, cursors and counts. Cost of the fixed shapes: the
-buffer write of the admission copies ``n`` rows (the masked-off ones into the sentinel row) where
-the host path copies the inserted ones. LRU, LFU and the lookahead policies keep the host path
+paths batch by batch and compare rows, maps, cursors and counts. The admission writes only the
+inserted rows into the buffer where Triton runs (a row scatter with a skip state), else all ``n``
+rows (the masked-off ones into the sentinel row). LRU, LFU and the lookahead policies keep the host path
 (their victim choice is a selection of data-dependent size; BGL's point is that FIFO is the policy
 a GPU can afford).
 """
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .._gather import copy_masked
+from .._gather import copy_masked, scatter_masked
 from ..batch_ops import first_positions
 
 __all__ = ["dedup_padded", "fifo_admit", "gather_fifo", "gather_static"]
@@ -135,7 +135,8 @@ def gather_fifo(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> None:
     if pol.capacity:
         vslot, ins, ev = fifo_admit(pol, uniq, miss_u)
         manage += timer.lap("manage")
-        cache._buffer_ext.index_copy_(0, vslot, rows_u)
+        if not scatter_masked(rows_u, torch.where(vslot < pol.capacity, vslot, -1), cache.buffer):
+            cache._buffer_ext.index_copy_(0, vslot, rows_u)  # the skipped rows: the sentinel
         copy += timer.lap("copy")
     else:
         ins = ev = torch.zeros((), dtype=torch.int64, device=cache.device)
