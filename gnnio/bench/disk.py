@@ -382,6 +382,8 @@ def run(args) -> dict:
     trace = _trace(ds, order, fanouts, args) if "optimal" in policies else None
     configs: list[dict[str, Any]] = []
     todo = [(0.0, "none")] + [(s, p) for s in sizes for p in policies]
+    blk = res["ceiling_block_bytes"]  # the ceilings around each configuration: the store's unit
+    unit = (blk, disk.row_bytes if blk < 4096 else 0)
     with bar(len(todo), "disk configurations", "config", enabled=progress) as pb:
         for size, policy in todo:
             pb.set_postfix_str(f"{policy}@{size:g}")
@@ -394,8 +396,6 @@ def run(args) -> dict:
                                      tier="host_cache", lookahead=args.lookahead)  # fmt: skip
                 if policy == "optimal":
                     replay = _optimal_replay(store, trace)
-            unit = (res["ceiling_block_bytes"], disk.row_bytes if res["ceiling_block_bytes"] < 4096
-                                                 else 0)  # fmt: skip
             c0 = _ceiling_Bps(args, str(disk.path), *unit)
             r = _epochs(loader_for(store), store, disk, args.epochs, replay)
             near = (c0 + _ceiling_Bps(args, str(disk.path), *unit)) / 2
