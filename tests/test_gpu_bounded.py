@@ -233,7 +233,7 @@ def test_cuda_batch_syncs_at_most_twice_and_equals_the_cpu_sampler():  # pragma:
             mb = gpu.sample(seeds, epoch_seed=2)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = [str(x.message) for x in w if "synchroniz" in str(x.message)]
+    syncs = [str(x.message) for x in w if "called a synchronizing" in str(x.message)]
     assert len(syncs) <= 2, syncs
     want = cpu.sample(seeds, epoch_seed=2)
     assert torch.equal(mb.input_nodes.cpu(), want.input_nodes)

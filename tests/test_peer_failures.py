@@ -187,11 +187,44 @@ def test_gnnio_never_forks(small, monkeypatch):
         return lambda argv: {0: 0, 1: 0}
 
     monkeypatch.setattr(api, "elastic_launch", fake_launch)
-    # the launcher sets OMP/NUMBA_NUM_THREADS for its ranks in os.environ: on a copy here, so
-    # this process's numba does not see a new thread count (later kernels would refuse it)
-    monkeypatch.setattr(os, "environ", dict(os.environ))
     launch.launch(2, print, ["train"])
     assert seen["start_method"] == "spawn"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_launch_sets_thread_counts_for_the_ranks_only(monkeypatch, fails):
+    """The ranks get OMP/NUMBA_NUM_THREADS = cores // nproc (unless the user set them); the
+    caller's environment is put back after the launch, also when a rank fails: left there, numba
+    refused every later compile in the caller ("Cannot set NUMBA_NUM_THREADS to a different value
+    once the threads have been launched": 18 gpu tests after an in-process launch, H200 run of
+    2026-11-26)."""
+    import torch.distributed.launcher.api as api
+
+    from gnnio.distributed import launch
+
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own: kept, also for the ranks
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    seen = {}
+
+    def fake_launch(config, entry):
+        def run(argv):
+            seen["env"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+            if fails:
+                raise RuntimeError("rank 1 failed")
+            return {0: 0, 1: 0}
+
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", fake_launch)
+    if fails:
+        with pytest.raises(RuntimeError):
+            launch.launch(2, print, ["train"])
+    else:
+        launch.launch(2, print, ["train"])
+    assert seen["env"] == {"OMP_NUM_THREADS": "3", "NUMBA_NUM_THREADS": "8"}
+    assert "NUMBA_NUM_THREADS" not in os.environ
+    assert os.environ["OMP_NUM_THREADS"] == "3"
 
 
 @pytest.mark.gpu

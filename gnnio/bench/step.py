@@ -15,7 +15,8 @@ training order, after ``--warmup`` untimed batches:
    the CPU sampler's does: ``relabel_fused`` says so), ``gather`` (the store, into a reused buffer
    as the loader does), ``transfer`` (host to device), ``forward`` (model and loss), ``backward``,
    ``optimizer``, and ``other`` (the batch's wall time minus the parts: Python, labels, waits).
-   The same pass counts ``host_syncs_per_batch`` and ``ops_per_batch`` with
+   A few more batches, untimed (the counter's dispatch mode slows the host), count
+   ``host_syncs_per_batch`` and ``ops_per_batch`` with
    :class:`gnnio.utils.syncs.OpCounter` (the torch operations that would synchronise a GPU with
    the host, per part in ``host_syncs_by_part``; on the CPU nothing really waits, and the numba
    kernels are not seen).
@@ -175,8 +176,22 @@ def _relabel_hook(sampler, clock_box: list):
     return lambda: setattr(inner, "phase_hook", None)
 
 
-def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
-    """Pass 2: one part after another, each timed; op and sync counts per part."""
+def sequential(parts, device, warmup: int, k: int, progress: bool, counted: int = 5) -> dict:
+    """Pass 2: one part after another, each timed; then ``counted`` more batches (untimed) with
+    op and sync counts per part. Counting runs every torch op through a Python dispatch mode,
+    which slows the host: inside the timed batches it had inflated forward + backward from 6.5
+    to 8.4 ms per batch (H200 run of 2026-11-26, where the host paces the step)."""
+    timed = _sequential(parts, device, warmup, k, progress, count=False)
+    counts = _sequential(parts, device, 0, max(1, min(counted, k)), progress, count=True)
+    for key in ("host_syncs_per_batch", "host_syncs_by_part", "sync_ops", "ops_per_batch"):
+        timed[key] = counts[key]
+    return timed
+
+
+def _sequential(parts, device, warmup: int, k: int, progress: bool, count: bool) -> dict:
+    """:func:`sequential`'s pass: timed (``count=False``) or counted."""
+    import contextlib
+
     from ..features._gather import host_rows
 
     sampler, store, net, opt = parts.sampler, parts.store, parts.net, parts.opt
@@ -200,7 +215,8 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
         store.reset_window()
     net.train()
     try:
-        with bar(warmup + k, "sequential", "batch", enabled=progress) as pb:
+        name = "counted" if count else "sequential"
+        with bar(warmup + k, name, "batch", enabled=progress) as pb:
             for n, (epoch, i, s) in enumerate(seeds):
                 timed = n >= warmup
                 clock = _Clock(device)
@@ -209,7 +225,7 @@ def sequential(parts, device, warmup: int, k: int, progress: bool) -> dict:
                 _sync(device)
                 t0 = time.perf_counter()
                 clock.begin()
-                with counter:
+                with counter if count else contextlib.nullcontext():
                     before = counter.syncs
                     mb = (
                         sampler.sample(s, epoch_seed=(epoch << 32) + i)

@@ -115,10 +115,12 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
         "torch.multiprocessing",
     ):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    # one thread per rank unless the user set it: N ranks on a few cores must not oversubscribe
+    # one thread per rank unless the user set it: N ranks on a few cores must not oversubscribe.
+    # Set for the ranks (spawned with this process's environment) and put back afterwards: left
+    # in os.environ, numba would refuse every later compile in this process once its threads run
+    # with another count ("Cannot set NUMBA_NUM_THREADS ...": a GPU test run, 2026-11-26)
     cores = os.cpu_count() or 1
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
-    os.environ.setdefault("NUMBA_NUM_THREADS", str(max(1, cores // nproc)))
+    per_rank = str(max(1, cores // nproc))
     # a rank ended by Ctrl-C (the signal's default action, gnnio.cli.main.rank_main) cannot
     # unlink its semaphores: multiprocessing's resource tracker (started below, with this
     # process's warning options) unlinks them and would warn about each "leaked" one
@@ -139,6 +141,9 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
         monitor_interval=0.2,
         start_method="spawn",
     )
+    added = [k for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS") if k not in os.environ]
+    for k in added:
+        os.environ[k] = per_rank
     try:
         return dict(elastic_launch(config, entrypoint)(argv))
     except ChildFailedError as e:
@@ -147,3 +152,6 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
         if e.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
         raise DistRunError(f"stopped by {signal.Signals(e.sigval).name}") from None
+    finally:
+        for k in added:
+            os.environ.pop(k, None)

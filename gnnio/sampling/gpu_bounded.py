@@ -100,9 +100,9 @@ def relabel_torch(
     ok = is_new & (pos < cap)
     nodes.scatter_(0, torch.where(ok, pos, cap), s)
     loc.scatter_(0, torch.where(ok, s, dummy), pos)
-    loc[dummy] = -1
+    loc.narrow(0, dummy, 1).fill_(-1)  # (t[i] = v copies v up from the host and waits)
     first.scatter_(0, torch.where(is_new, s, dummy), _SENTINEL)
-    first[dummy] = _SENTINEL
+    first.narrow(0, dummy, 1).fill_(_SENTINEL)
     return local, count + rank[-1:]
 
 
@@ -140,7 +140,7 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
     slot = torch.where(ok, seeds, n_nodes)
     loc[slot] = torch.arange(b, device=dev)
     repeated = ((loc[slot] != torch.arange(b, device=dev)) & ok).sum().view(1)
-    loc[n_nodes] = -1
+    loc.narrow(0, n_nodes, 1).fill_(-1)  # (t[i] = v copies v up from the host and waits)
     nodes = torch.zeros(cap + 1, dtype=torch.int64, device=dev)
     nodes[:b] = torch.where(ok, seeds, 0)  # bad seeds sampled as node 0 until the end's check
     count = torch.full((1,), b, dtype=torch.int64, device=dev)
@@ -168,7 +168,7 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
     hop_nodes = [b] + [min(c, cap) for c in head[3 : 3 + L]]
     sizes, redo = head[3 + L : 3 + 2 * L], any(head[3 + 2 * L :])
     input_nodes = nodes[: hop_nodes[-1]]
-    loc[input_nodes] = -1
+    loc.index_fill_(0, input_nodes, -1)
     sampler._give(loc, first)
     if b and (lo < 0 or hi >= n_nodes or rep):
         if lo < 0 or hi >= n_nodes:

@@ -9,8 +9,11 @@ times per batch is paced by the host. :class:`OpCounter` counts, in the thread t
 * ``syncs``: the operations that **synchronise with the host on CUDA**: reading a value back
   (``.item()``, ``bool(t)``, ``int(t)``, ``.tolist()``: ``aten._local_scalar_dense``), operations
   whose output size depends on the data (``nonzero``, ``masked_select``, boolean indexing,
-  ``unique``, ``bincount``, ``repeat_interleave`` without ``output_size``), and copies from a CUDA
-  tensor to the host.
+  ``unique``, ``bincount``, ``repeat_interleave`` without ``output_size``), copies from a CUDA
+  tensor to the host or from the host to it without ``non_blocking``, and ``t[i] = v`` of a Python
+  scalar ``v`` into a device tensor by an ``int`` or tensor index (torch copies ``v`` up from the
+  host and waits: ``loc[n] = -1`` synced twice per batch in the GPU sampler, H200 run of
+  2026-11-26; ``t.index_fill_(0, idx, v)`` or a slice's ``fill_`` does not).
 
 ``Tensor.tolist()`` on a CPU tensor reads the memory without dispatching an operation, so it is not
 seen on the CPU (on CUDA it copies to the host first, which is). It works on CPU tensors too,
@@ -61,7 +64,12 @@ def _packet(func) -> str:
     return f"aten.{name}" if not name.startswith("aten.") else name
 
 
-def _is_sync(func, args, kwargs) -> bool:
+def _is_sync(func, args, kwargs, lifted: int | None = None) -> bool:
+    """Whether ``func(*args, **kwargs)`` synchronises the host with a CUDA device (or would, were
+    its tensors on one). ``lifted``: the ``data_ptr`` of the last ``aten.lift_fresh`` output, the
+    0-dim tensor torch makes of a Python scalar in ``t[i] = v``: on CUDA that tensor stays on the
+    host and writing it into a device tensor is a blocking copy (``copy_`` for an ``int`` index,
+    ``index_put_`` for a tensor index; a slice's ``fill_`` does not copy)."""
     name = _packet(func)
     if name in SYNC_OPS:
         return True
@@ -71,21 +79,43 @@ def _is_sync(func, args, kwargs) -> bool:
         )
     if name in ("aten.index", "aten.index_put", "aten.index_put_"):
         idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        return any(
+        if any(
             isinstance(t, torch.Tensor) and t.dtype == torch.bool
             for t in (idx or ())
             if t is not None
-        )
+        ):
+            return True
+        value = args[2] if len(args) > 2 else kwargs.get("values")
+        return name != "aten.index" and _is_lifted(value, lifted, args[0])
     if name in ("aten._to_copy", "aten.copy_"):  # (Tensor.to reaches here as _to_copy)
         src = args[1] if name == "aten.copy_" else args[0]
         dst_dev = args[0].device if name == "aten.copy_" else kwargs.get("device")
-        if isinstance(src, torch.Tensor) and src.device.type == "cuda":
-            non_blocking = kwargs.get("non_blocking", False) or (
-                name == "aten.copy_" and len(args) > 2 and bool(args[2])
-            )
-            to_host = dst_dev is not None and torch.device(dst_dev).type == "cpu"
-            return to_host and not non_blocking
+        if not isinstance(src, torch.Tensor) or dst_dev is None:
+            return False
+        non_blocking = kwargs.get("non_blocking", False) or (
+            name == "aten.copy_" and len(args) > 2 and bool(args[2])
+        )
+        dst_type = torch.device(dst_dev).type
+        if src.device.type == "cuda" and dst_type == "cpu":
+            return not non_blocking
+        if src.device.type == "cpu" and dst_type == "cuda":  # a blocking upload waits for it
+            return not non_blocking
+        return name == "aten.copy_" and _is_lifted(src, lifted, args[0])
     return False
+
+
+def _is_lifted(value, lifted: int | None, dst) -> bool:
+    """``value`` is the Python scalar of ``t[i] = v`` (see :func:`_is_sync`), written into a
+    tensor on the CPU (a CUDA destination is caught as a host-to-device copy)."""
+    return (
+        lifted is not None
+        and isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and value.device.type == "cpu"
+        and isinstance(dst, torch.Tensor)
+        and dst.device.type == "cpu"
+        and value.data_ptr() == lifted
+    )
 
 
 class OpCounter(TorchDispatchMode):
@@ -97,14 +127,18 @@ class OpCounter(TorchDispatchMode):
         self.ops = 0
         self.syncs = 0
         self.sync_ops: Counter[str] = Counter()
+        self._lifted: int | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops += 1
-        if _is_sync(func, args, kwargs):
+        if _is_sync(func, args, kwargs, self._lifted):
             self.syncs += 1
             self.sync_ops[_packet(func)] += 1
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if _packet(func) == "aten.lift_fresh" and isinstance(out, torch.Tensor):
+            self._lifted = out.data_ptr() if out.dim() == 0 else None
+        return out
 
 
 class CudaSyncLog:
@@ -116,7 +150,9 @@ class CudaSyncLog:
     exit; other warnings raised meanwhile are dropped). The warnings cost host time: never time a
     pass inside it."""
 
-    MARK = "synchroniz"  # CUDA's message: "called a synchronizing CUDA operation"
+    #: CUDA's message per sync (not its one-off "Synchronization debug mode is a prototype
+    #: feature ..." when the mode is first set: counted as a sync before, H200 run of 2026-11-26)
+    MARK = "called a synchronizing"
 
     def __init__(self) -> None:
         self.sites: Counter[str] = Counter()
