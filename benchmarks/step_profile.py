@@ -4,6 +4,8 @@ slow; this says *which operations* and whether the device or the host paces them
 
     python benchmarks/step_profile.py DIR --device cuda [train options] [--out FILE.json]
 
+(``PYTHONPATH=.`` in a checkout where gnnio is not installed, as on a lent GPU machine.)
+
 It builds the run as ``gnnio train`` does (``gnnio bench step``'s options), draws ``--batches``
 batches from the loader onto the device (cloned, so the loader's reused buffers cannot change
 them), then measures:
@@ -44,8 +46,14 @@ def _table(prof, key: str, rows: int = 25) -> str:
 
 
 def _device_us(prof) -> float:
+    """Kernel time (us) in the profile, as the table's "Self CUDA time total" sums it: over the
+    host-side ops (each kernel's time is also listed under its own name: counted once)."""
+    from torch.autograd import DeviceType
+
     tot = 0.0
     for e in prof.key_averages():
+        if getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU:
+            continue
         v = getattr(e, "self_device_time_total", None)
         if v is None:
             v = getattr(e, "self_cuda_time_total", 0.0)
