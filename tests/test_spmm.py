@@ -164,3 +164,26 @@ def test_threaded_product_equals_one_thread(monkeypatch):
     finally:
         torch.set_num_threads(prev)
     assert torch.equal(one, three)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("layout", ["ptr", "unsorted"])
+def test_torch_path_builds_the_numba_paths_matrix_and_transpose_exactly(
+    monkeypatch, weighted, layout
+):
+    """The GPU's (torch) construction -- values from the pointer's differences and the block's
+    destinations, the transpose from one stable sort -- gives the numba path's arrays bit for bit
+    (the values too: 1 / deg as one division), forward and transposed, with the sampler's pointer
+    and without it (edges out of order). Fails when the values or the transpose's rows are taken
+    from anything but each edge's own destination."""
+    rng = np.random.default_rng(7 + weighted)
+    block = _random_block(rng, 60, 150, 900, weighted, sorted_dst=layout == "ptr")
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("GNNIO_SPMM", "")
+    ref = spmm.block_csr(block, "mean", torch.float32, cpu)
+    monkeypatch.setenv("GNNIO_SPMM", "torch")
+    got = spmm.block_csr(block, "mean", torch.float32, cpu)
+    assert (ref.impl, got.impl) == ("numba", "torch")
+    for a, b in ((ref, got), (ref.t(), got.t())):
+        assert torch.equal(a.ptr, b.ptr) and torch.equal(a.col, b.col), a.shape
+        assert torch.equal(a.val, b.val), (a.val - b.val).abs().max()

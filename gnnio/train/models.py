@@ -113,7 +113,10 @@ class SAGELayer(nn.Module):
 
     def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
         agg = aggregate(x, block, "mean" if block.edge_weight is None else self.edge_weight_norm)
-        return self.conv.lin_l(agg) + self.conv.lin_r(x[: block.num_dst])
+        root = self.conv.lin_r
+        if root.bias is None:  # lin_r(x) added inside lin_l's product: one op (and backward) less
+            return torch.addmm(self.conv.lin_l(agg), x[: block.num_dst], root.weight.t())
+        return self.conv.lin_l(agg) + root(x[: block.num_dst])
 
 
 class GCNLayer(nn.Module):

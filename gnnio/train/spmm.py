@@ -16,9 +16,13 @@ Two implementations (recorded as ``kernels["spmm"]`` in a training summary):
   transpose product 1.7-5x (one thread, a 2^21-node graph's layer-0 block, loaded VM;
   ``benchmarks/step_kernels.py``); the
   transpose is a stable counting sort, ``O(E)``.
-* **torch** (CUDA tensors, or ``GNNIO_SPMM=torch``): ``torch.sparse.mm`` on CSR tensors (cuSPARSE on
-  a GPU); the transpose by a stable ``argsort`` of the sources and
+* **torch** (CUDA tensors, or ``GNNIO_SPMM=torch``): ``torch.mm`` of a CSR tensor (cuSPARSE on a
+  GPU); the transpose by one stable ``sort`` of the sources and
   ``torch._convert_indices_from_coo_to_csr``, neither of which reads anything back to the host.
+  On a GPU the host paces the training step (an H200, 2026-11-26: 1.2 ms of kernels in a 4.9 ms
+  step), so this path is written in few torch operations: each edge's row is the block's own
+  destination (``edge_index[1]``, no expansion of the pointer), ``mean``'s values are ``1 / deg``
+  from the pointer's differences, the product is one ``torch.mm``.
 
 Values: ``reduce="sum"`` ``A_ij = w_j``; ``reduce="mean"`` ``A_ij = w_j / sum_k w_k`` over the
 in-edges of ``i`` (``1 / deg(i)`` without weights); rows without in-edges are 0. The per-edge
@@ -147,8 +151,9 @@ class BlockCSR:
     backward pass) and kept.
     """
 
-    def __init__(self, ptr, col, val, shape: tuple[int, int], impl: str):
+    def __init__(self, ptr, col, val, shape: tuple[int, int], impl: str, row=None):
         self.ptr, self.col, self.val = ptr, col, val
+        self.row = row  # each entry's row (the block's destinations), where known: no expansion
         self.shape = (int(shape[0]), int(shape[1]))
         self.impl = impl
         self._t: BlockCSR | None = None
@@ -163,7 +168,11 @@ class BlockCSR:
                           out.numpy())  # fmt: skip
             return out
         adj = _csr_tensor(self.ptr, self.col, self.val, self.shape)
-        return torch.sparse.mm(adj, x)
+        return torch.mm(adj, x)  # (torch.sparse.mm: the same product behind a zeros + addmm)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.col.shape[0])
 
     def t(self) -> BlockCSR:
         """``A^T`` (``[shape[1], shape[0]]``), edges of equal column in row order."""
@@ -175,21 +184,33 @@ class BlockCSR:
                 tval = torch.empty_like(self.val)
                 _transpose(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), tptr.numpy(),
                            tcol.numpy(), tval.numpy())  # fmt: skip
-            else:
-                order = torch.argsort(self.col, stable=True)
-                row = _expand_rows(self.ptr, self.col.shape[0])
+            else:  # one stable sort gives the order and the sorted columns (the new rows)
+                tcol_row, order = torch.sort(self.col, stable=True)
+                row = self.row if self.row is not None else _expand_rows(self.ptr, self.nnz)
                 tcol, tval = row[order], self.val[order]
-                tptr = torch._convert_indices_from_coo_to_csr(self.col[order], cols)
+                tptr = torch._convert_indices_from_coo_to_csr(tcol_row, cols)
             self._t = BlockCSR(tptr, tcol, tval, (cols, rows), self.impl)
         return self._t
 
 
+_CSR_WARNED = False
+
+
 def _csr_tensor(ptr, col, val, shape):
+    """A CSR tensor of gnnio's own (valid) arrays: no invariant checks. torch says once per
+    process that CSR support is in beta: not for our users, caught on the first call only (a
+    ``catch_warnings`` block per layer and pass costs host time on a GPU, where the host paces
+    the step)."""
+    global _CSR_WARNED
+    if _CSR_WARNED:
+        return torch.sparse_csr_tensor(ptr, col, val, shape, check_invariants=False)
     import warnings
 
-    with warnings.catch_warnings():  # "sparse CSR support is in beta" is not for our users
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(ptr, col, val, shape)
+        out = torch.sparse_csr_tensor(ptr, col, val, shape, check_invariants=False)
+    _CSR_WARNED = True
+    return out
 
 
 def _expand_rows(ptr: torch.Tensor, nnz: int) -> torch.Tensor:
@@ -223,17 +244,17 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device) -> B
     nd, ns = block.num_dst, block.num_src
     impl = spmm_impl(device)
     src = block.edge_index[0].to(device=device, dtype=torch.int64)
+    dst = block.edge_index[1].to(device=device, dtype=torch.int64)
     w = block.edge_weight
     w = None if w is None else w.to(device=device, dtype=dtype)
     ptr = getattr(block, "ptr", None)
     if ptr is None:
-        dst = block.edge_index[1].to(device=device, dtype=torch.int64)
         if device.type != "cpu" or (dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all())):
-            order = torch.argsort(dst, stable=True)  # on a GPU always: a check would sync
-            src, dst = src[order], dst[order]
+            dst, order = torch.sort(dst, stable=True)  # on a GPU always: a check would sync
+            src = src[order]
             w = None if w is None else w[order]
         ptr = torch._convert_indices_from_coo_to_csr(dst, nd)
-    else:
+    else:  # edges ptr[i]:ptr[i+1] go into i: dst is ptr's expansion, in edge order
         ptr = ptr.to(device=device, dtype=torch.int64)
     e = int(src.shape[0])
     if impl == "numba":
@@ -246,13 +267,14 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device) -> B
             val = w.contiguous()
         else:
             _row_values(ptr.numpy(), w.contiguous().numpy(), val.numpy())
+    elif w is None and reduce == "mean":  # 1 / deg(i): the in-degrees are ptr's differences
+        val = (ptr[1:] - ptr[:-1]).to(dtype).reciprocal_()[dst]
     else:
         val = torch.ones(e, dtype=dtype, device=device) if w is None else w
         if reduce == "mean":
-            rows = _expand_rows(ptr, e)
-            sums = torch.zeros(nd, dtype=dtype, device=device).index_add_(0, rows, val)
-            val = val / sums.clamp_min(1e-30)[rows]
-    return BlockCSR(ptr, src, val, (nd, ns), impl)
+            sums = torch.zeros(nd, dtype=dtype, device=device).index_add_(0, dst, val)
+            val = val / sums.clamp_min(1e-30)[dst]
+    return BlockCSR(ptr, src, val, (nd, ns), impl, row=dst)
 
 
 def block_matmul(x: torch.Tensor, adj: BlockCSR) -> torch.Tensor:
