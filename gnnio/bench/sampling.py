@@ -71,6 +71,13 @@ def add_arguments(p) -> None:
         "--device", default="cpu", help="'cpu' (numba kernels) or 'cuda' (topology on the GPU)"
     )
     p.add_argument(
+        "--graph-in",
+        default="gpu",
+        choices=["gpu", "host"],
+        help="--device cuda: the topology in GPU memory, or read zero-copy from pinned host "
+        "memory (UVA sampling)",
+    )
+    p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
     )
 
@@ -102,15 +109,17 @@ def _check(args) -> list[int]:
     return fanouts
 
 
-def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads: int, device):
+def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads: int, device,
+                 graph_in: str = "gpu"):  # fmt: skip
     """The sampler ``--sampler`` names (see module docstring)."""
     from ..sampling import LaborSampler, LadiesSampler, UniformSampler
 
+    gpu = {"graph_in": graph_in} if torch.device(device).type == "cuda" else {}
     if kind == "labor":
-        return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device)
+        return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
-    return UniformSampler(graph, fanouts, seed=seed, num_threads=threads, device=device)
+    return UniformSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
 
 
 def fixed_batches(seeds: np.ndarray, batch_size: int, batches: int, seed: int) -> list:
@@ -162,8 +171,9 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)  # asked for by --threads (process-wide, this command only)
     kind = getattr(args, "sampler", "uniform")
     layer_size = getattr(args, "layer_size", 8192)
+    graph_in = getattr(args, "graph_in", "gpu")
     sampler = make_sampler(
-        kind, ds.graph, fanouts, layer_size, args.seed, args.threads, args.device
+        kind, ds.graph, fanouts, layer_size, args.seed, args.threads, args.device, graph_in
     )
     sync = torch.cuda.synchronize if sampler.device.type == "cuda" else None
     stats = {"edges": 0, "input_nodes": 0, "seeds": 0}
@@ -198,6 +208,7 @@ def run(args) -> dict:
         "num_edges": ds.num_edges,
         "seed_set": seed_set,
         "device": str(sampler.device),
+        "graph_in": graph_in if sampler.device.type == "cuda" else None,
         "threads": args.threads,
         "sampler": kind,
         "fanouts": fanouts,
