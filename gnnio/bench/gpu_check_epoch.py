@@ -59,6 +59,16 @@ def step_train_step(c) -> dict[str, Any]:
     bd = r.get("breakdown", {})
     r["train_step_ms"] = sum(bd.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
     r["fell_back"] = fallbacks(r) > 0
+    # the same with the step replayed as a CUDA graph (--cuda-graph, gnnio.train.graphed): step
+    # alone (step_ms, as gnnio train times it) and the pipelined batch, against the eager ones
+    try:
+        g = c.gnnio("bench", "step", str(c.data), "--device", c.device, "--batches", "20",
+                    "--warmup", "5", "--cuda-graph", "--no-gpu-passes", "--quiet", "--json",
+                    limit_s=120)  # fmt: skip
+        r["cuda_graph"] = {k: g.get(k) for k in ("ms_per_batch", "step_ms", "cuda_graph")}
+        r["cuda_graph"]["eager_step_ms"] = r.get("step_ms")
+    except Exception as e:  # noqa: BLE001 - recorded; the eager figures above stand
+        r["cuda_graph"] = {"error": f"{type(e).__name__}: {e}"}
     return r
 
 

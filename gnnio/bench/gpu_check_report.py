@@ -121,6 +121,10 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
             status = (f"{res['ms_per_batch']:.2f} ms per batch; host syncs per batch: "
                       f"{res.get('host_syncs_per_batch')} by the op counter (training thread), "
                       f"{res.get('cuda_syncs_per_batch')} by CUDA (every thread)")  # fmt: skip
+            cg = res.get("cuda_graph") or {}
+            if cg.get("step_ms") is not None:
+                status += (f"; --cuda-graph: {cg['ms_per_batch']:.2f} ms per batch, step "
+                           f"{cg['step_ms']:.2f} ms (eager {res.get('step_ms', 0):.2f})")  # fmt: skip
         if name == "nccl" and "modes" in res:
             status = (f"{res['nccl_modes_failed']} of {len(res['modes'])} modes failed"
                       + (f": {', '.join(res['failed'])}" if res.get("failed") else "")

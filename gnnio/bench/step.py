@@ -5,7 +5,8 @@ model, optimizer; :func:`gnnio.train.build.build_training`) and measures three p
 training order, after ``--warmup`` untimed batches:
 
 1. **pipelined** (``ms_per_batch``): the real training loop, the loader's stages in their
-   background threads and the step (:func:`gnnio.train.build.train_step`) on the main thread;
+   background threads and the step (:func:`gnnio.train.build.train_step`, or with ``--cuda-graph``
+   its graph replay, :mod:`gnnio.train.graphed`) on the main thread;
    wall time per batch over ``--batches`` batches, the device synchronised once at the end.
    ``step_ms`` is the step alone as ``gnnio train`` times it (CUDA events on a GPU).
 2. **sequential** (``breakdown``, ms per batch): the same work one part after another in one
@@ -144,20 +145,21 @@ def _seed_batches(order, n: int, start_epoch: int):
 
 def pipelined(parts, device, warmup: int, k: int, progress: bool) -> dict:
     """Pass 1: the real loop (loader threads + step) over ``k`` batches after ``warmup``."""
-    from ..train.build import train_step
     from ..train.timing import ComputeTimer
 
     parts.net.train()
+    if hasattr(parts.step, "warmup"):  # --cuda-graph: its eager batches and the capture untimed
+        warmup = max(warmup, parts.step.warmup + 2)
     it = _batches(parts.train_loader, 0)
     timer = ComputeTimer(device)
     with bar(warmup + k, "pipelined", "batch", enabled=progress) as pb:
         for _ in range(warmup):
-            train_step(parts.net, parts.opt, next(it))
+            parts.step(parts.net, parts.opt, next(it))
             pb.update(1)
         _sync(device)
         t0 = time.perf_counter()
         for _ in range(k):
-            train_step(parts.net, parts.opt, next(it), timer)
+            parts.step(parts.net, parts.opt, next(it), timer)
             pb.update(1)
         _sync(device)
         wall = time.perf_counter() - t0
@@ -333,14 +335,12 @@ def profiled(parts, device, k: int) -> float | None:
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    from ..train.build import train_step
-
     it = _batches(parts.train_loader, 2)
-    train_step(parts.net, parts.opt, next(it))
+    parts.step(parts.net, parts.opt, next(it))
     _sync(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(k):
-            train_step(parts.net, parts.opt, next(it))
+            parts.step(parts.net, parts.opt, next(it))
         _sync(device)
     it.close()
     launches = sum(
@@ -357,16 +357,15 @@ def sync_pass(parts, device, k: int) -> dict:
     thread -- the training thread's and the loader's, which the op counter of pass 2 does not
     see -- by source line. The loader runs ahead of the step by its prefetch depth, so a few of
     the loader's are those of batches after the ``k``-th."""
-    from ..train.build import train_step
     from ..utils.syncs import CudaSyncLog
 
     it = _batches(parts.train_loader, 3)
-    train_step(parts.net, parts.opt, next(it))
+    parts.step(parts.net, parts.opt, next(it))
     _sync(device)
     try:
         with CudaSyncLog() as log:
             for _ in range(k):
-                train_step(parts.net, parts.opt, next(it))
+                parts.step(parts.net, parts.opt, next(it))
     finally:
         it.close()
     _sync(device)
@@ -471,6 +470,7 @@ def run(args) -> dict:
         "floor": {"compute_ms": compute_ms, "memory_ms": memory_ms, **rates},
         "ms_per_batch_over_floor": pipe["ms_per_batch"] / floor_ms if floor_ms > 0 else None,
         "kernels": kernels_report(),
+        "cuda_graph": parts.step.report() if hasattr(parts.step, "report") else None,
         "plan": plan,
         "isolation": None if iso is None else iso.as_dict(),
         "sampler_device": str(getattr(parts.sampler, "device", "cpu")),

@@ -102,6 +102,13 @@ def add_train_arguments(p) -> None:
         "threads, give each stage the share that minimizes the slowest (printed, and in the "
         "summary under 'isolation'); off: every stage uses its default threads (default: off)",
     )
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="replay the training step as one CUDA graph, batches padded to fixed sizes (one "
+        "process; dropout masks differ from an eager run's; default off: not yet measured on a "
+        "GPU); the summary's 'cuda_graph' says how many batches it replayed",
+    )
     g = p.add_argument_group(
         "feature placement and caching",
         "where feature rows live during training (docs: README, 'Data I/O options')",

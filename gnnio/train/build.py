@@ -38,6 +38,9 @@ class TrainingParts:
     net: torch.nn.Module
     opt: torch.optim.Optimizer
     eval_batch_size: int
+    #: ``step(net, opt, batch, timer=None)``: :func:`train_step`, or with ``cuda_graph`` a
+    #: :class:`~gnnio.train.graphed.GraphedStep` (its ``report()`` goes in the summary)
+    step: Any = None
 
 
 def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingParts:
@@ -89,8 +92,13 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
     model.set_feature_codec(ds.feature_codec)  # compressed rows decoded on `device`
     net = run.wrap_model(model)  # what trains (DDP with ranks); `model` evaluates and is saved
     opt = make_optimizer(model, cfg)
+    step = train_step
+    if getattr(cfg, "cuda_graph", False):
+        from .graphed import GraphedStep
+
+        step = GraphedStep(device)
     return TrainingParts(setup, store, sampler, adaptive, order, labels, train_loader,
-                         eval_loaders, model, net, opt, eval_bs)  # fmt: skip
+                         eval_loaders, model, net, opt, eval_bs, step)  # fmt: skip
 
 
 def train_step(net, opt, batch, timer=None):

@@ -85,6 +85,9 @@ class TrainConfig:
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
             profiled against their threads and given the allocation that minimizes the slowest;
             recorded in the summary under ``isolation`` (stage -> threads).
+        cuda_graph: the training step as one CUDA graph replay, batches padded to fixed
+            sizes (:mod:`gnnio.train.graphed`; one process; default off: not yet measured on a
+            GPU).
         sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform or LABOR-0
             sampler runs on the training GPU inside the loader, on its own stream:
             :mod:`gnnio.sampling.gpu`, :mod:`gnnio.sampling.labor_torch`) or ``"auto"`` (default:
@@ -191,6 +194,7 @@ class TrainConfig:
     store: str = "memory"
     threads: int | None = None
     isolation: str = "off"
+    cuda_graph: bool = False
     sampler_device: str = "auto"
     graph_in: str = "auto"
     prefetch: int = 2
@@ -447,6 +451,8 @@ class TrainConfig:
             raise UsageError("--eval full: single-process only; use --eval sampled with ranks")
         if self.isolation != "off":
             raise UsageError("--isolation auto: single-process only for now")
+        if self.cuda_graph:
+            raise UsageError("--cuda-graph: single-process only (DDP's hooks are not captured)")
         if self.placement is not None and self.placement_strategy is not None:
             raise UsageError("--placement and --placement-strategy exclude each other; give one")
         if self.placement_strategy is not None and self.placement_strategy not in DIST_STRATEGIES:

@@ -253,7 +253,7 @@ def train(
             resume_at = (prog.batch, prog.partial) if epoch == prog.epoch else (0, None)
             mark = disk_mark(setup) if setup.disk is not None else None
             rec = _train_epoch(net, opt, train_loader, store, epoch, cfg, device, *resume_at,
-                               on_batch=on_batch)  # fmt: skip
+                               on_batch=on_batch, step=parts.step)  # fmt: skip
             if mark is not None:  # --features-on disk: what the pass read (setup_disk)
                 disk_epoch(setup, mark, rec)
             run.epoch_record(rec, setup)
@@ -324,6 +324,8 @@ def train(
     summary["isolation"] = dict(iso.threads) if iso is not None else None
     summary["plan"] = plan
     summary["kernels"] = kernels_report()  # which implementation ran (a fallback shows here)
+    if hasattr(parts.step, "report"):  # --cuda-graph: batches replayed, eager, why not
+        summary["cuda_graph"] = parts.step.report()
     summary["sampler_device"] = str(getattr(sampler, "device", "cpu"))
     if summary["sampler_device"].startswith("cuda"):
         summary["graph_in"] = getattr(sampler, "graph_in", None)
@@ -370,7 +372,17 @@ def _status(msg: str) -> None:
 
 
 def _train_epoch(
-    model, opt, loader, store, epoch, cfg, device, start=0, partial=None, on_batch=None
+    model,
+    opt,
+    loader,
+    store,
+    epoch,
+    cfg,
+    device,
+    start=0,
+    partial=None,
+    on_batch=None,
+    step=train_step,
 ) -> dict[str, Any]:
     """One training pass; returns the epoch record (loss, train_acc, timings, counters).
 
@@ -402,7 +414,7 @@ def _train_epoch(
             except StopIteration:
                 break
             wait += time.perf_counter() - t0
-            logits, loss = train_step(model, opt, batch, timer)
+            logits, loss = step(model, opt, batch, timer)
             y = batch.labels
             b = int(y.shape[0])
             batch_loss = loss.double() * b

@@ -1,0 +1,150 @@
+"""The padded training step that ``--cuda-graph`` captures (gnnio.train.graphed), checked on the
+CPU: the batches copied into fixed-size buffers and padded train the model as the eager step does
+(losses and parameters to float rounding), larger batches and a failed capture fall back to the
+eager step, and the option's rules."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import gnnio
+from gnnio.errors import UsageError
+from gnnio.importers.synthetic import prepare_synthetic
+from gnnio.train import TrainConfig, train
+from gnnio.train.build import build_training, train_step
+from gnnio.train.graphed import GraphedStep
+from gnnio.train.loop import LocalRun
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "small"
+    prepare_synthetic(out, num_nodes=1200, avg_degree=8, feat_dim=16, num_classes=4, seed=1,
+                      split=(0.6, 0.2, 0.2), progress=False)  # fmt: skip
+    return out
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(fanouts=(5, 4), batch_size=64, epochs=1, hidden=16, lr=0.01, dropout=0.0,
+                progress=False, seed=0)  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _batches(path, cfg, n):
+    parts = build_training(gnnio.load(path), cfg, LocalRun(), torch.device("cpu"))
+    it = iter(parts.train_loader.epoch(0))
+    out = []
+    for _ in range(n):
+        b = next(it)
+        b.x = b.x.clone()
+        out.append(b)
+    it.close()
+    return parts, out
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"model": "sage"}, {"model": "gin"}, {"model": "gcn"}, {"model": "sage", "sampler": "labor"}],
+)
+def test_the_padded_step_trains_as_the_eager_step(small, kw):
+    """Same start, same batches: after the eager warmup, every padded batch gives the eager
+    step's loss and logits, and the parameters stay equal (float rounding: dense products over
+    more rows). Fails when a padded row leaks into a real one (padding edges into a real row, a
+    padding label that is not ignored, a pointer that gives a real row the padding edges)."""
+    cfg = _cfg(**kw)
+    parts, batches = _batches(small, cfg, 8)
+    assert any(b.blocks[0].edge_weight is not None for b in batches) == (
+        kw.get("sampler") == "labor"
+    )
+    net2, opt2 = copy.deepcopy(parts.net), None
+    opt2 = type(parts.opt)(net2.parameters(), **{k: v for k, v in parts.opt.defaults.items()
+                                                 if k in ("lr", "weight_decay", "fused", "foreach")})  # fmt: skip
+    step = GraphedStep("cpu", warmup=2, capture=False)
+    for i, b in enumerate(batches):
+        lg, loss = step(parts.net, parts.opt, b)
+        lg2, loss2 = train_step(net2, opt2, b)
+        assert lg.shape == lg2.shape
+        assert loss.item() == pytest.approx(loss2.item(), rel=1e-5, abs=1e-6), i
+        torch.testing.assert_close(lg, lg2, rtol=1e-4, atol=1e-5)
+    for p, q in zip(parts.net.parameters(), net2.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    rep = step.report()
+    assert rep["graphed"] == 6 and rep["eager"] == 2 and rep["failed"] is None
+    rows, edges = rep["rows"], rep["edges"]
+    assert all(r % 256 == 0 for r in rows + edges) and rows == sorted(rows, reverse=True)
+    # the buffers really were padded: fewer real rows and edges than the capacities
+    b = batches[-1]
+    assert b.blocks[-1].num_dst < rows[-1] and b.blocks[0].num_edges < edges[0]
+
+
+def test_a_larger_batch_and_a_failed_capture_train_eagerly(small):
+    """A batch past the capacities runs the eager step (counted), and the padded ones after it
+    still work; asking to capture where it cannot (no CUDA here) warns once, records why and
+    trains eagerly with the eager step's results."""
+    parts, small_b = _batches(small, _cfg(batch_size=32), 4)
+    _, big_b = _batches(small, _cfg(batch_size=128), 1)
+    step = GraphedStep("cpu", warmup=2, capture=False, margin=1.0)
+    for b in small_b[:3] + big_b + small_b[3:]:
+        lg, _ = step(parts.net, parts.opt, b)
+        assert lg.shape[0] == b.labels.shape[0]
+    assert (step.graphed, step.eager) == (2, 3)
+
+    net2 = copy.deepcopy(parts.net)
+    opt2 = torch.optim.Adam(net2.parameters(), lr=0.01)
+    opt1 = torch.optim.Adam(parts.net.parameters(), lr=0.01)
+    step = GraphedStep("cpu", warmup=1, capture=True)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for b in small_b:
+            _, loss = step(parts.net, opt1, b)
+            _, loss2 = train_step(net2, opt2, b)
+            assert loss.item() == loss2.item()
+    assert sum("--cuda-graph: capture failed" in str(x.message) for x in w) == 1
+    rep = step.report()
+    assert rep["failed"] and rep["graphed"] == 0 and rep["eager"] == 4 and not rep["captured"]
+
+
+def test_cuda_graph_option(small, capsys):
+    """``--cuda-graph``: one process only; on the CPU a run trains (the padded step, eagerly) and
+    its summary says how many batches were padded."""
+    with pytest.raises(UsageError, match="--cuda-graph: single-process"):
+        _cfg(cuda_graph=True, nproc=2).validate_dist(2)
+    s = train(small, _cfg(cuda_graph=True, epochs=2))
+    eager = train(small, _cfg(epochs=2))
+    cg = s["cuda_graph"]
+    per_epoch = -(-len(gnnio.load(small).train_idx) // 64)
+    assert cg["graphed"] + cg["eager"] == 2 * per_epoch
+    assert cg["graphed"] > 0 and cg["failed"] is None
+    assert s["loss_history"] == pytest.approx(eager["loss_history"], rel=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("model", ["sage", "gin"])
+def test_the_captured_step_trains_as_the_eager_step_on_cuda(small, model):  # pragma: no cover
+    """On a GPU the step is captured once and replayed: no capture failure, every batch past the
+    warmup replayed, losses and parameters those of the eager step (dropout 0)."""
+    cfg = _cfg(model=model, device="cuda")
+    parts = build_training(gnnio.load(small), cfg, LocalRun(), torch.device("cuda"))
+    it = iter(parts.train_loader.epoch(0))
+    batches = [next(it) for _ in range(8)]
+    it.close()
+    for b in batches:
+        b.x = b.x.clone()
+    net2 = copy.deepcopy(parts.net)
+    opt2 = torch.optim.Adam(net2.parameters(), lr=0.01, fused=True, capturable=True)
+    opt1 = torch.optim.Adam(parts.net.parameters(), lr=0.01, fused=True)
+    step = GraphedStep("cuda", warmup=2)
+    for b in batches:
+        _, loss = step(parts.net, opt1, b)
+        _, loss2 = train_step(net2, opt2, b)
+        assert loss.item() == pytest.approx(loss2.item(), rel=1e-4, abs=1e-5)
+    rep = step.report()
+    assert rep["failed"] is None and rep["captured"] and rep["graphed"] == 6, rep
+    for p, q in zip(parts.net.parameters(), net2.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
