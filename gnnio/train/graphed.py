@@ -156,7 +156,9 @@ class GraphedStep:
     def _capture(self, net, opt) -> None:
         opt.zero_grad(set_to_none=True)  # the graph's backward allocates (and then reuses) grads
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # thread_local: only this thread's unsafe calls break the capture -- the loader's
+        # threads go on sampling and gathering (their syncs and allocations) meanwhile
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
             self._out = self._body(net, opt)
         self._graph = g
 
