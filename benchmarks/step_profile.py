@@ -16,6 +16,8 @@ them), then measures:
   ``isolated_step_ms`` means the host (Python, launches) paces the step, not the device;
 * the profiler's top operations by self CPU and by self device time (``isolated`` and
   ``pipelined``: the real loop, its loader threads competing for the interpreter);
+* ``graphed``: the same batches through ``--cuda-graph``'s step (captured once, replayed):
+  ``graphed_step_ms`` against ``isolated_step_ms``;
 * ``aggregation``: one layer-0 aggregation forward + backward, as built now (CSR from the
   sampler's pointer, ``torch.sparse.mm``) against ``index_add_`` of gathered rows, ms each.
 
@@ -151,6 +153,24 @@ def main(argv=None) -> int:
                 "synced_backward_ms": bwd / k * 1e3, "synced_optimizer_ms": stp / k * 1e3}  # fmt: skip
 
     _part(res, "isolated", isolated)
+
+    def graphed():
+        """The same batches through --cuda-graph's step (gnnio.train.graphed): captured after
+        two eager ones, then replayed; wall time per step over the replayed ones."""
+        from gnnio.train.graphed import GraphedStep
+
+        step = GraphedStep(device, warmup=2)
+        for mb in batches[:3]:  # 2 eager, then the capture and its first replay
+            step(net, opt, mb)
+        _sync(device)
+        t0 = time.perf_counter()
+        for mb in batches[3:]:
+            step(net, opt, mb)
+        _sync(device)
+        ms = (time.perf_counter() - t0) / max(1, len(batches) - 3) * 1e3
+        return {"graphed_step_ms": ms, **step.report()}
+
+    _part(res, "graphed", graphed)
 
     def prof_isolated():
         sel = batches[args.warmup : args.warmup + pk]

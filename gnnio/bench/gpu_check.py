@@ -13,7 +13,9 @@ what is left of the budget, a failure in one step recorded and the next one run,
 4. ``dataset``: a synthetic 2^21-node graph (``--nodes``), reordered by ``wrpr``, small
    valid/test splits so that evaluation stays cheap;
 5. ``step``, ``epoch_default`` (issue 24, :mod:`gnnio.bench.gpu_check_epoch`): the training
-   step's breakdown and the default epoch on CUDA;
+   step's breakdown (eager, and replayed as a CUDA graph: ``--cuda-graph``) and the default epoch
+   on CUDA; ``profile``: ``benchmarks/step_profile.py``, the step's operations by host and device
+   time (``isolated_step_ms`` against its kernel time);
 6. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores), and the GPU
    sampler reading the CSR from pinned host memory (UVA): edges/s; the GPU's batch ``checksum``
    against the CPU's (counter-based sampling: bit-identical batches);
@@ -291,20 +293,38 @@ def step_epochs(c: Check) -> dict[str, Any]:
     return out
 
 
-def step_cache(c: Check) -> dict[str, Any]:
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cache_overhead.py"
+def _script(c: Check, name: str, args: list[str], limit_s: float) -> dict[str, Any]:
+    """Run ``benchmarks/NAME`` (the checkout on ``PYTHONPATH``); its last stdout line, parsed."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / name
     if not script.is_file():
         return {"skipped": "no benchmarks/ next to the package (installed, not a checkout)"}
-    cmd = [sys.executable, str(script), str(c.data), "--device", c.device, "--rounds", "3",
-           "--batches", str(min(30, c.args.batches)), "--json"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(script.parents[1]),
                                                                      os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                       timeout=max(5.0, min(240.0, c.left_s())))  # fmt: skip
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                       env=env, timeout=max(5.0, min(limit_s, c.left_s())))  # fmt: skip
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"cache_overhead.py exited {r.returncode}: {' | '.join(tail)}")
+        raise RuntimeError(f"{name} exited {r.returncode}: {' | '.join(tail)}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def step_cache(c: Check) -> dict[str, Any]:
+    return _script(c, "cache_overhead.py", [str(c.data), "--device", c.device, "--rounds", "3",
+                   "--batches", str(min(30, c.args.batches)), "--json"], 240.0)  # fmt: skip
+
+
+def step_profile(c: Check) -> dict[str, Any]:
+    """``benchmarks/step_profile.py``: the step alone against its kernel time, and torch's
+    profiler tables (top operations by host and by device time) of the step and of the loop."""
+    out = c.out / "profile.json"
+    short = _script(c, "step_profile.py", [str(c.data), "--device", c.device, "--batches", "20",
+                    "--out", str(out)], 120.0)  # fmt: skip
+    if out.is_file():
+        full = json.loads(out.read_text())
+        for key in ("profile_isolated", "profile_pipelined"):
+            if isinstance(full.get(key), dict) and isinstance(short.get(key), dict):
+                short[key].update({k: v for k, v in full[key].items() if k.startswith("by_")})
+    return short
 
 
 #: in order of what the open issues need from a GPU, so that a run out of time drops the least:
@@ -317,6 +337,7 @@ STEPS = [
     ("dataset", step_dataset),
     ("step", step_train_step),
     ("epoch_default", step_epoch_default),
+    ("profile", step_profile),
     ("sampling", step_sampling),
     ("bandwidth", step_bandwidth),
     ("nccl", step_nccl),
