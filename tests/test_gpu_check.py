@@ -112,10 +112,9 @@ def test_feature_bound_step_compares_each_technique_with_its_baseline(tmp_path, 
 
 
 def test_a_dry_run_of_the_step_and_epoch_steps(tmp_path):
-    """`step` and `epoch_default` end to end on the CPU (a dry run: tiny graph)."""
-    skip = ",".join(
-        n for n, _ in gpu_check.STEPS if n not in ("env", "dataset", "step", "epoch_default")
-    )
+    """`step`, `epoch_default` and `profile` end to end on the CPU (a dry run: tiny graph)."""
+    keep = ("env", "dataset", "step", "epoch_default", "profile")
+    skip = ",".join(n for n, _ in gpu_check.STEPS if n not in keep)
     rc = gpu_check.main([str(tmp_path), "--device", "cpu", "--nodes", "4096", "--skip", skip])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
@@ -125,3 +124,9 @@ def test_a_dry_run_of_the_step_and_epoch_steps(tmp_path):
     assert report["steps"]["epoch_default"]["epoch_s"] > 0
     assert report["goals"]["train_step_ms"]["value"] == st["train_step_ms"]
     assert report["goals"]["train_step_ms"]["met"] is None  # not a GPU figure
+    cg = st["cuda_graph"]  # --cuda-graph's step measured beside the eager one (padded, eagerly)
+    assert cg["step_ms"] > 0 and cg["cuda_graph"]["graphed"] > 0, cg
+    prof = report["steps"]["profile"]
+    assert "error" not in prof, prof
+    assert prof["isolated"]["isolated_step_ms"] > 0 and prof["graphed"]["graphed_step_ms"] > 0
+    assert "by_cpu" in prof["profile_isolated"]

@@ -69,6 +69,10 @@ class GraphedStep:
 
     def __init__(self, device, warmup: int = 3, margin: float = 1.15, capture: bool | None = None):
         self.device = torch.device(device)
+        if capture is None and self.device.type != "cuda":
+            warnings.warn(f"--cuda-graph: no CUDA device ({self.device}): the padded step runs "
+                          "eagerly (slower than the plain step; a check of the padding only)",
+                          RuntimeWarning, stacklevel=2)  # fmt: skip
         self.capture = self.device.type == "cuda" if capture is None else bool(capture)
         self.warmup = max(1, int(warmup))
         self.margin = float(margin)
