@@ -159,3 +159,28 @@ print("ok")
 def test_host_ops_per_batch_as_a_gpu_runs_it():
     pytest.importorskip("triton")
     run_in_triton_interpreter(OPS)
+
+
+def test_buffers_go_back_to_the_pool_only_after_the_batch_is_copied_out():
+    """The loader's sampling threads share one sampler: a buffer set given back to the pool may
+    be written by another thread's batch at once. Here whatever is given back is overwritten at
+    once (with values the next batch rewrites), and every batch is still the synced path's.
+    Fails when the buffers go back before the batch's arrays are copied out of them."""
+    g = random_graph(3000, 40000, 5)
+    s = TorchUniformSampler(*g.to_torch(), [10, 5])
+    ref = TorchUniformSampler(*g.to_torch(), [10, 5])
+    give = s._give
+
+    def give_and_scribble(loc, first, cache=None):
+        give(loc, first, cache)
+        for buf in (cache or {}).values():  # another thread's batch, as early as it could
+            buf.nodes.fill_(0)
+            for t in (*buf.local, *buf.row):
+                t.fill_(-7)
+            for c in buf.cum:
+                c[1:].fill_(5)
+
+    s._give = give_and_scribble
+    for i in range(4):
+        seeds = torch.from_numpy(np.random.default_rng(i).permutation(3000)[: 200 - 50 * i])
+        _equal(s.sample(seeds, key=i), ref._sample_synced(seeds, i))

@@ -282,8 +282,8 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
         dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
         raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
     _reset(sampler, buf.nodes, hop_nodes[-1], loc, first)
-    sampler._give(loc, first, cache)
     if redo:
+        sampler._give(loc, first, cache)
         return None
     # the batch's arrays, copied out of the reused buffers in one op: the input nodes, then per
     # hop the sources' local ids, the destinations, and the CSR pointer (a prefix of cum)
@@ -293,6 +293,7 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
         parts += [local[: sizes[h]], row[: sizes[h]], buf.cum[h][: hop_nodes[h] + 1]]
         lengths += [2 * sizes[h], hop_nodes[h] + 1]
     flat = torch.cat(parts).split(lengths)
+    sampler._give(loc, first, cache)  # after the copy: another thread may write them next
     blocks = []
     for h in range(L - 1, -1, -1):  # edges grouped by destination (the CSR pointer: no sort)
         ei = flat[1 + 2 * h].view(2, sizes[h])
