@@ -16,20 +16,30 @@ masked, in exchange for a launch queue that never drains. On CPU tensors, where 
 nothing, this path is slower than the synced one.)
 
 The node list is one buffer ``nodes[R_L + 1]``: seeds first, then each hop's new nodes appended at
-the device-held ``count`` (the last slot a dummy). Hop ``h``'s destination rows are the buffer's
+the device-held count (the last slot a dummy). Hop ``h``'s destination rows are the buffer's
 first ``R_h`` entries, of which the first ``count`` are real (the hop kernel masks the rest:
-:func:`gnnio.sampling.gpu_hop.sample_hop_torch`'s bounded form); its edges fill a prefix of the
-``E_h``-slot edge buffers, ``e_count`` long. The relabelling (:func:`relabel`) numbers the edges'
-new sources in first-appearance order -- the order the synced path and the CPU sampler give:
-seeds first, then new nodes in order of first appearance -- as a Triton kernel on CUDA
-(:mod:`._triton_relabel`) or, where Triton cannot build it (one warning, recorded in the
-``kernels`` report as ``relabel``), the same steps in torch ops (:func:`relabel_torch`).
+:func:`gnnio.sampling.gpu_hop.sample_hop_torch`'s bounded form); ``cum[h]`` is their cumulative
+``k = min(deg, fanout)`` (0 for padding rows) after a leading 0: the rows' output offsets, the
+hop's edge count at ``[R_h]``, and the block's CSR pointer (its prefix). The edges fill a prefix
+of the ``E_h``-slot edge buffers. The relabelling numbers the edges' new sources in
+first-appearance order -- the order the synced path and the CPU sampler give: seeds first, then
+new nodes in order of first appearance -- as Triton kernels on CUDA (:mod:`._triton_relabel`,
+which also write the next hop's ``k``; the hop kernel makes its claims) or, where Triton cannot
+build them (one warning, recorded in the ``kernels`` report as ``relabel``), the same writes in
+torch ops (:func:`seeds_torch`, :func:`relabel_step_torch`).
 
-At the end **one** host sync reads the seeds' range and repeats, every hop's node and edge count
-and the torch hop's rejection flags; then the blocks are the buffers' prefixes. Bad seeds are
-reported then (out-of-range ids were sampled as node 0 meanwhile, so nothing reads out of
-bounds). A batch whose fast torch draws met a Lemire rejection (``d / 2**32`` per draw, the
-Triton hop never does) returns None and is drawn again by the synced path (same batch).
+Host work (issue 24: on a GPU the loop is paced by the host): every buffer and its views are
+allocated once per sampler scratch and batch size (:class:`_Buffers`, travelling with the
+scratch through the pool) and reused; the counts all live in one ``meta`` buffer. A batch is 22
+torch ops and 11 Triton launches for 3 hops (``tests/test_gpu_sampler_ops.py``; 111 + 15 before).
+
+At the end **one** host sync (``meta.tolist()``) reads the seeds' checks, every hop's node and
+edge count and the torch hop's rejection flags; then the batch's arrays are copied out of the
+buffers in one ``cat`` (before the buffers go back to the pool: another thread may write them
+next). Bad seeds are reported then (out-of-range ids were sampled as node 0 meanwhile, so
+nothing reads out of bounds). A batch whose fast torch draws met a Lemire rejection
+(``d / 2**32`` per draw, the Triton hop never does) returns None and is drawn again by the
+synced path (same batch).
 """
 
 from __future__ import annotations
