@@ -184,3 +184,55 @@ def test_buffers_go_back_to_the_pool_only_after_the_batch_is_copied_out():
     for i in range(4):
         seeds = torch.from_numpy(np.random.default_rng(i).permutation(3000)[: 200 - 50 * i])
         _equal(s.sample(seeds, key=i), ref._sample_synced(seeds, i))
+
+
+def test_the_kernels_build_for_a_gpu_on_this_machine():
+    """Each of the bounded batch's Triton kernels compiles to an sm_90 cubin (H100/H200) here,
+    without a GPU (Triton's wheel brings its compiler and ptxas): a kernel the interpreter runs
+    but the compiler refuses would fall back to torch ops on every GPU. Fails on such a kernel
+    (a tensor used as an ``if`` condition, for instance)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from gnnio.sampling import _triton_hop as hop
+    from gnnio.sampling import _triton_relabel as rel
+
+    p, i = "*i64", "i32"
+
+    def sig(ptrs: str, ints: str = "n") -> dict:
+        return {k: p for k in ptrs.split()} | {k: i for k in ints.split()}
+
+    cases = [
+        (
+            hop._hop,
+            sig(
+                "indptr indices dst row_off out_src out_row cnt loc first", "n cap k0 k1 k2"
+            ),  # fmt: skip
+            {"fanout": 15, "FP": 16, "BLOCK": 64, "HAS_CNT": True, "CLAIM": True},
+        ),
+        (rel._claim, sig("src ecnt loc first"), {"BLOCK": 256}),
+        (rel._flag, sig("src ecnt loc first flag"), {"BLOCK": 256}),
+        (
+            rel._commit,
+            sig(
+                "src ecnt flag rank meta nodes loc first local kn indptr", "hc he n cap rows fanout"
+            ),
+            {"NEXT": True, "BLOCK": 256},
+        ),  # fmt: skip
+        (rel._seeds, sig("seeds loc nodes k0 meta indptr", "n N fanout"), {"BLOCK": 256}),
+        (rel._reset, sig("nodes loc first"), {"BLOCK": 256}),
+    ]
+    for fn, types, const in cases:
+        types = {a: types.get(a, "constexpr") for a in fn.arg_names}
+        assert {a for a, t in types.items() if t == "constexpr"} == set(const), fn.fn.__name__
+        src = ASTSource(
+            fn, types, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()}
+        )
+        try:
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        except Exception as e:
+            if "ptxas" in str(e).lower() and "not found" in str(e).lower():
+                pytest.skip(f"no ptxas here: {e}")
+            raise AssertionError(f"{fn.fn.__name__}: {e}") from e
+        assert k.asm.get("cubin"), fn.fn.__name__

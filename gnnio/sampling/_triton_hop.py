@@ -47,7 +47,10 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
     if HAS_CNT:  # a bounded buffer of rows: only the first ``cnt[0]`` are real (no host sync)
-        rm = rm & (r < tl.load(cnt))
+        real = tl.load(cnt)
+        if tl.program_id(0).to(tl.int64) * BLOCK >= real:
+            return  # a program of padding rows only: nothing to draw or write
+        rm = rm & (r < real)
     g = tl.load(dst + r, mask=rm, other=0)
     start = tl.load(indptr + g, mask=rm, other=0)
     deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
