@@ -157,14 +157,14 @@ src, row = sample_hop_triton(ip, ix, dst, 4, 77, e + 8, torch.tensor([3]), off)
 want_src, want_row = sample_hop_triton(ip, ix, dst[:3], 4, 77, e)
 assert torch.equal(src[:e], want_src) and torch.equal(row[:e], want_row)
 
-# a kernel that cannot build (the third launch, after _claim wrote `first`): one warning, then
+# a kernel that cannot build (_commit, after the hop kernel's claims wrote `first`): one warning, then
 # the torch ops, the same batches, and the report says so
 reset_kernel_record()
 
 
 def broken(*a, **k):
     raise RuntimeError("no PTX for you")
-_triton_relabel._lookup = type("K", (), {"__getitem__": lambda self, grid: broken})()
+_triton_relabel._commit = type("K", (), {"__getitem__": lambda self, grid: broken})()
 rng = np.random.default_rng(1)
 g = CSRGraph.from_edges(rng.integers(0, 300, 3000), rng.integers(0, 300, 3000), 300)
 s = TorchUniformSampler(*g.to_torch(), [4, 3])

@@ -41,12 +41,16 @@ def _mix64(z):
 
 
 @triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2"])
-def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2,
-         fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr, HAS_CNT: tl.constexpr):  # fmt: skip
+def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, loc, first,
+         fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr, HAS_CNT: tl.constexpr,
+         CLAIM: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
     if HAS_CNT:  # a bounded buffer of rows: only the first ``cnt[0]`` are real (no host sync)
-        rm = rm & (r < tl.load(cnt))
+        real = tl.load(cnt)
+        if tl.program_id(0).to(tl.int64) * BLOCK >= real:
+            return  # a program of padding rows only: nothing to draw or write
+        rm = rm & (r < real)
     g = tl.load(dst + r, mask=rm, other=0)
     start = tl.load(indptr + g, mask=rm, other=0)
     deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
@@ -84,6 +88,9 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
     nb = tl.load(indices + start[:, None] + pos, mask=valid, other=0)
     tl.store(out_src + dest, nb.to(tl.int64), mask=valid)
     tl.store(out_row + dest, r[:, None] + 0 * col[None, :], mask=valid)
+    if CLAIM:  # the relabelling's first step (_triton_relabel._claim), here: no extra launch
+        unknown = valid & (tl.load(loc + nb, mask=valid, other=0) < 0)
+        tl.atomic_min(first + nb, dest, mask=unknown)
 
 
 def sample_hop_triton(
@@ -95,6 +102,10 @@ def sample_hop_triton(
     total: int,
     count: torch.Tensor | None = None,
     row_off: torch.Tensor | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    claim: tuple[torch.Tensor, torch.Tensor] | None = None,
+    rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(src, row)`` of one hop with ``fanout >= 1`` (see
     :func:`gnnio.sampling.gpu.sample_hop_torch`, whose results these equal); ``total`` =
@@ -103,10 +114,21 @@ def sample_hop_triton(
     Bounded form (:mod:`gnnio.sampling.gpu_bounded`, no host sync): ``count`` (int64 ``[1]`` on
     the device) says how many leading rows of ``dst_nodes`` are real, ``row_off`` gives each
     row's first output position (the caller computed it over the real rows), and ``total`` is
-    the outputs' size, an upper bound: only a prefix is written, nothing at or past ``total``."""
-    dev, n = dst_nodes.device, int(dst_nodes.shape[0])
-    src = torch.empty(total, dtype=torch.int64, device=dev)
-    row = torch.empty(total, dtype=torch.int64, device=dev)
+    the outputs' size, an upper bound: only a prefix is written, nothing at or past ``total``.
+    There ``rows`` (default ``len(dst_nodes)``) says how many leading entries of ``dst_nodes``
+    and ``row_off`` are the rows (the batch's node buffer and its cumulative sums, passed
+    whole: no slice op), ``out`` = ``(src, row)`` buffers of
+    ``total`` entries to write into (the sampler's reused ones: no allocation), and ``claim`` =
+    ``(loc, first)`` the relabelling's scratch: every sampled source not numbered yet
+    (``loc < 0``) does ``atomic_min(first[s], position)``, the relabelling's first step
+    (:mod:`._triton_relabel`), in this kernel instead of a launch of its own."""
+    dev = dst_nodes.device
+    n = int(dst_nodes.shape[0]) if rows is None else rows
+    if out is None:
+        src = torch.empty(total, dtype=torch.int64, device=dev)
+        row = torch.empty(total, dtype=torch.int64, device=dev)
+    else:
+        src, row = out
     if total == 0 or n == 0:
         return src, row
     if row_off is None:
@@ -117,9 +139,10 @@ def sample_hop_triton(
     fp = max(2, 1 << (fanout - 1).bit_length())
     grid = (triton_cdiv(n, _BLOCK),)
     cnt = count if count is not None else row_off  # (an unread placeholder without a count)
+    loc, first = claim if claim is not None else (src, src)  # (unread without a claim)
     _hop[grid](indptr, indices, dst_nodes.contiguous(), row_off, src, row, n, cnt, total,
-               key & _M22, (key >> 22) & _M22, key >> 44, fanout=fanout, FP=fp, BLOCK=_BLOCK,
-               HAS_CNT=count is not None)  # fmt: skip
+               key & _M22, (key >> 22) & _M22, key >> 44, loc, first, fanout=fanout, FP=fp,
+               BLOCK=_BLOCK, HAS_CNT=count is not None, CLAIM=claim is not None)  # fmt: skip
     return src, row
 
 

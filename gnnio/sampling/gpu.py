@@ -142,33 +142,36 @@ class TorchUniformSampler:
         self.fanouts = [int(f) for f in fanouts]
         self.num_nodes = int(self.indptr.shape[0]) - 1
         self._lock = threading.Lock()
-        self._scratch: list[tuple[torch.Tensor, torch.Tensor, object]] = []
+        self._scratch: list[tuple[torch.Tensor, torch.Tensor, object, dict]] = []
         self.phase_hook = None  # see the module docstring (gnnio bench step's relabel timer)
 
     @property
     def device(self) -> torch.device:
         return self._device
 
-    def _take(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _take(self, cache: bool = False):
+        """``(loc, first)``, or with ``cache`` ``(loc, first, cache)``: a dict of the bounded
+        path's reused buffers (:mod:`gnnio.sampling.gpu_bounded`) that travels with them."""
         with self._lock:
             item = self._scratch.pop() if self._scratch else None
         if item is not None:
-            loc, first, ev = item
+            loc, first, ev, bufs = item
             if ev is not None:  # last used on another thread's stream: wait for it on ours
                 torch.cuda.current_stream(self._device).wait_event(ev)
-            return loc, first
-        n, dev = self.num_nodes + 1, self._device  # + 1: the dummy slot of masked writes
-        loc = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        first = torch.full((n,), _SENTINEL, dtype=torch.int64, device=dev)
-        return loc, first
+        else:
+            n, dev = self.num_nodes + 1, self._device  # + 1: the dummy slot of masked writes
+            loc = torch.full((n,), -1, dtype=torch.int64, device=dev)
+            first = torch.full((n,), _SENTINEL, dtype=torch.int64, device=dev)
+            bufs = {}
+        return (loc, first, bufs) if cache else (loc, first)
 
-    def _give(self, loc: torch.Tensor, first: torch.Tensor) -> None:
+    def _give(self, loc: torch.Tensor, first: torch.Tensor, cache: dict | None = None) -> None:
         ev = None
         if loc.is_cuda:
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(self._device))
         with self._lock:
-            self._scratch.append((loc, first, ev))
+            self._scratch.append((loc, first, ev, {} if cache is None else cache))
 
     def _mark(self, phase: str) -> None:
         if self.phase_hook is not None:

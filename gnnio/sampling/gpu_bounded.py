@@ -16,20 +16,30 @@ masked, in exchange for a launch queue that never drains. On CPU tensors, where 
 nothing, this path is slower than the synced one.)
 
 The node list is one buffer ``nodes[R_L + 1]``: seeds first, then each hop's new nodes appended at
-the device-held ``count`` (the last slot a dummy). Hop ``h``'s destination rows are the buffer's
+the device-held count (the last slot a dummy). Hop ``h``'s destination rows are the buffer's
 first ``R_h`` entries, of which the first ``count`` are real (the hop kernel masks the rest:
-:func:`gnnio.sampling.gpu_hop.sample_hop_torch`'s bounded form); its edges fill a prefix of the
-``E_h``-slot edge buffers, ``e_count`` long. The relabelling (:func:`relabel`) numbers the edges'
-new sources in first-appearance order -- the order the synced path and the CPU sampler give:
-seeds first, then new nodes in order of first appearance -- as a Triton kernel on CUDA
-(:mod:`._triton_relabel`) or, where Triton cannot build it (one warning, recorded in the
-``kernels`` report as ``relabel``), the same steps in torch ops (:func:`relabel_torch`).
+:func:`gnnio.sampling.gpu_hop.sample_hop_torch`'s bounded form); ``cum[h]`` is their cumulative
+``k = min(deg, fanout)`` (0 for padding rows) after a leading 0: the rows' output offsets, the
+hop's edge count at ``[R_h]``, and the block's CSR pointer (its prefix). The edges fill a prefix
+of the ``E_h``-slot edge buffers. The relabelling numbers the edges' new sources in
+first-appearance order -- the order the synced path and the CPU sampler give: seeds first, then
+new nodes in order of first appearance -- as Triton kernels on CUDA (:mod:`._triton_relabel`,
+which also write the next hop's ``k``; the hop kernel makes its claims) or, where Triton cannot
+build them (one warning, recorded in the ``kernels`` report as ``relabel``), the same writes in
+torch ops (:func:`seeds_torch`, :func:`relabel_step_torch`).
 
-At the end **one** host sync reads the seeds' range and repeats, every hop's node and edge count
-and the torch hop's rejection flags; then the blocks are the buffers' prefixes. Bad seeds are
-reported then (out-of-range ids were sampled as node 0 meanwhile, so nothing reads out of
-bounds). A batch whose fast torch draws met a Lemire rejection (``d / 2**32`` per draw, the
-Triton hop never does) returns None and is drawn again by the synced path (same batch).
+Host work (issue 24: on a GPU the loop is paced by the host): every buffer and its views are
+allocated once per sampler scratch and batch size (:class:`_Buffers`, travelling with the
+scratch through the pool) and reused; the counts all live in one ``meta`` buffer. A batch is 22
+torch ops and 11 Triton launches for 3 hops (``tests/test_gpu_sampler_ops.py``; 111 + 15 before).
+
+At the end **one** host sync (``meta.tolist()``) reads the seeds' checks, every hop's node and
+edge count and the torch hop's rejection flags; then the batch's arrays are copied out of the
+buffers in one ``cat`` (before the buffers go back to the pool: another thread may write them
+next). Bad seeds are reported then (out-of-range ids were sampled as node 0 meanwhile, so
+nothing reads out of bounds). A batch whose fast torch draws met a Lemire rejection
+(``d / 2**32`` per draw, the Triton hop never does) returns None and is drawn again by the
+synced path (same batch).
 """
 
 from __future__ import annotations
@@ -37,11 +47,12 @@ from __future__ import annotations
 import torch
 
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
-from .base import Block, MiniBatch, dst_ptr
+from .base import Block, MiniBatch
 from .gpu_hop import _SENTINEL, sample_hop_torch
 from .threaded import hop_key
 
-__all__ = ["MAX_EDGE_SLOTS", "bounds", "relabel", "relabel_torch", "sample_bounded"]
+__all__ = ["MAX_EDGE_SLOTS", "bounds", "relabel_step_torch", "relabel_torch", "sample_bounded",
+           "seeds_torch"]  # fmt: skip
 
 #: a hop whose edge bound is larger than this is sampled by the synced path instead (deep models
 #: with large fanouts: the bounded buffers, ~6 int64 arrays of the bound, would take GBs)
@@ -106,20 +117,127 @@ def relabel_torch(
     return local, count + rank[-1:]
 
 
-def relabel(src, e_count, loc, first, nodes, count, cap) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`relabel_torch`'s contract, as the Triton kernels where they run (same results)."""
-    if triton_available(src.device, "relabel"):
-        try:
-            from ._triton_relabel import relabel_triton
+def seeds_torch(seeds, loc, nodes, k0, meta, indptr, num_nodes: int, fanout: int) -> None:
+    """Start a batch: the seeds (bad ones as node 0) at the head of ``nodes``, numbered in
+    ``loc``; ``meta[0]`` > 0 iff a seed is given twice, ``meta[1]`` the out-of-range ones,
+    ``meta[2] = len(seeds)``; ``k0`` the first hop's ``min(deg, fanout)`` of every seed."""
+    b, n = int(seeds.shape[0]), num_nodes
+    ok = (seeds >= 0) & (seeds < n)
+    slot = torch.where(ok, seeds, n)
+    ar = torch.arange(b, device=seeds.device)
+    loc[slot] = ar
+    repeated = ((loc[slot] != ar) & ok).sum()
+    loc.narrow(0, n, 1).fill_(-1)  # (t[i] = v copies v up from the host and waits)
+    g = torch.where(ok, seeds, 0)
+    nodes.narrow(0, 0, b).copy_(g)
+    k0.copy_(torch.clamp(indptr[g + 1] - indptr[g], max=max(fanout, 0)))
+    meta.narrow(0, 0, 2).copy_(torch.stack([repeated, b - ok.sum()]))
+    meta.narrow(0, 2, 1).fill_(b)
 
-            out = relabel_triton(src, e_count, loc, first, nodes, count, cap)
+
+def relabel_step_torch(src, ecnt, loc, first, nodes, meta, h: int, cap: int, nxt=None):
+    """One hop's relabelling in torch ops (:func:`relabel_torch`) with the bookkeeping of
+    :func:`gnnio.sampling._triton_relabel.relabel_triton`: the node count after hop ``h`` to
+    ``meta[3 + h]`` and the hop's edge count ``ecnt`` to ``meta[3 + L + h]``; with ``nxt =
+    (k, rows, fanout, indptr)`` the next hop's ``min(deg, fanout)`` of its ``rows`` rows into
+    ``k`` (0 past the node count). Returns the local ids of the edges' sources."""
+    L = (int(meta.shape[0]) - 3) // 3
+    count = meta.narrow(0, 2 + h, 1)
+    local, after = relabel_torch(src, ecnt, loc, first, nodes, count, cap)
+    meta.narrow(0, 3 + h, 1).copy_(after)
+    meta.narrow(0, 3 + L + h, 1).copy_(ecnt)
+    if nxt is not None:
+        k, rows, fanout, ip = nxt
+        g = nodes[:rows]
+        live = torch.arange(rows, device=g.device) < after
+        k.copy_(torch.where(live, torch.clamp(ip[g + 1] - ip[g], max=max(fanout, 0)), 0))
+    return local
+
+
+class _Buffers:
+    """The bounded batch's device buffers, allocated once per sampler scratch and batch size and
+    reused (their views too: no slice op per batch). ``meta`` (int64 ``[3 + 3L]``): seeds given
+    twice, seeds out of range, the node count before hop 0 .. after hop L-1, each hop's edge
+    count, each torch hop's rejection flag -- the end's one host read. ``cum[h]`` (``[R_h + 1]``,
+    ``cum[h][0] = 0``): hop ``h``'s cumulative ``k``: its rows' output offsets, its edge count
+    at ``[R_h]``, and the block's CSR pointer (a prefix)."""
+
+    def __init__(self, rows: list, edges: list, dev: torch.device):
+        L, em = len(edges), max(edges, default=0)
+
+        def z(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int64, device=dev)
+
+        self.meta, self.nodes = z(3 + 3 * L), z(rows[-1] + 1)
+        self.cum = [z(rows[h] + 1) for h in range(L)]
+        self.k = [c[1:] for c in self.cum]
+        self.ecnt = [c[r:] for c, r in zip(self.cum, rows, strict=False)]
+        self.count = [self.meta[2 + h : 3 + h] for h in range(L)]
+        src, flag, rank = z(em), z(em), z(em)
+        self.src = [src[:e] for e in edges]
+        self.work = [(flag[:e], rank[:e]) for e in edges]
+        self.local = [z(e) for e in edges]
+        self.row = [z(e) for e in edges]
+
+
+def _triton(dev: torch.device, kernel: str):
+    """The Triton kernels' module where ``kernel`` runs as Triton on ``dev``, else None."""
+    if not triton_available(dev, kernel):
+        return None
+    from . import _triton_hop, _triton_relabel
+
+    return _triton_relabel if kernel == "relabel" else _triton_hop
+
+
+def _failed(kernel: str, e: BaseException) -> None:
+    what = "sampling" if kernel == "sample_hop" else "relabelling"
+    kernel_failed(kernel, e, f"{what} with torch ops instead (same batches)")
+
+
+def _hop(sampler, buf: _Buffers, h: int, n_rows: int, cap: int, key: int, loc, first):
+    """Hop ``h``'s draws: ``(src, row, claimed)``, as the Triton kernel (into the reused
+    buffers, claiming for the relabelling) where it runs, else torch ops (rejection flag to
+    ``meta``)."""
+    fanout, e = sampler.fanouts[h], int(buf.src[h].shape[0])
+    hk, ip, ix = hop_key(key, h), sampler.indptr, sampler.indices
+    if e == 0:  # nothing to draw (fanout 0, no rows or no edges): no kernel of either kind
+        return buf.src[h], buf.row[h], False
+    mod = _triton(sampler.device, "sample_hop") if fanout > 0 else None
+    if mod is not None:
+        try:
+            out = (buf.src[h], buf.row[h])
+            mod.sample_hop_triton(ip, ix, buf.nodes, fanout, hk, e, buf.count[h], buf.cum[h],
+                                  out=out, claim=(loc, first), rows=n_rows)  # fmt: skip
+            kernel_ran("hop", "triton")
+            return out[0], out[1], True
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
+            _failed("sample_hop", err)
+    src, row, redo = sample_hop_torch(ip, ix, buf.nodes[:n_rows], fanout, hk, e, False,
+                                      buf.count[h], buf.cum[h][:n_rows])  # fmt: skip
+    L = len(sampler.fanouts)
+    buf.meta.narrow(0, 3 + 2 * L + h, 1).copy_(redo.view(1))
+    return src, row, False
+
+
+def _relabel(sampler, buf: _Buffers, h: int, rows: list, src, claimed: bool, loc, first):
+    """Hop ``h``'s relabelling (module docstring): the sources' local ids."""
+    L, cap, dev = len(sampler.fanouts), rows[-1], sampler.device
+    nxt = None
+    if h + 1 < L:
+        nxt = (buf.k[h + 1], rows[h + 1], sampler.fanouts[h + 1], sampler.indptr)
+    args = (src, buf.ecnt[h], loc, first, buf.nodes, buf.meta, h, cap)
+    mod = _triton(dev, "relabel") if src.shape[0] else None
+    if mod is not None:
+        try:
+            out = (buf.local[h], *buf.work[h])
+            local = mod.relabel_triton(*args, out, claimed, nxt)
             kernel_ran("relabel", "triton")
-            return out
-        except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the torch path
-            first.fill_(_SENTINEL)  # _claim may have run; loc and nodes are written last
-            kernel_failed("relabel", e, "relabelling with torch ops instead (same batches)")
-    kernel_ran("relabel", "torch")
-    return relabel_torch(src, e_count, loc, first, nodes, count, cap)
+            return local
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
+            _failed("relabel", err)  # (loc and nodes untouched; the torch steps claim again)
+    if src.shape[0]:  # (an empty hop's bookkeeping ran no kernel of either kind)
+        kernel_ran("relabel", "torch")
+    return relabel_step_torch(*args, nxt)
 
 
 def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
@@ -128,61 +246,80 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
     sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, or torch draws to
     redo step by step. Raises ValueError for bad seeds."""
     dev, n_nodes, ip = sampler.device, sampler.num_nodes, sampler.indptr
-    b = int(seeds.shape[0])
-    if min(sampler.fanouts, default=0) < 0:
+    b, fanouts = int(seeds.shape[0]), sampler.fanouts
+    if not fanouts or min(fanouts) < 0:
         return None
-    rows, edges = bounds(b, sampler.fanouts, n_nodes, int(sampler.indices.shape[0]))
+    rows, edges = bounds(b, fanouts, n_nodes, int(sampler.indices.shape[0]))
     if max(edges, default=0) > MAX_EDGE_SLOTS:
         return None
-    cap = rows[-1]
-    loc, first = sampler._take()
-    ok = (seeds >= 0) & (seeds < n_nodes)
-    slot = torch.where(ok, seeds, n_nodes)
-    loc[slot] = torch.arange(b, device=dev)
-    repeated = ((loc[slot] != torch.arange(b, device=dev)) & ok).sum().view(1)
-    loc.narrow(0, n_nodes, 1).fill_(-1)  # (t[i] = v copies v up from the host and waits)
-    nodes = torch.zeros(cap + 1, dtype=torch.int64, device=dev)
-    nodes[:b] = torch.where(ok, seeds, 0)  # bad seeds sampled as node 0 until the end's check
-    count = torch.full((1,), b, dtype=torch.int64, device=dev)
-    counts, e_counts, hop_edges, redos = [], [], [], []
-    for h, fanout in enumerate(sampler.fanouts):
-        dst = nodes[: rows[h]]
-        live = torch.arange(rows[h], device=dev) < count
-        deg = torch.where(live, ip[dst + 1] - ip[dst], 0)
-        k = torch.clamp(deg, max=fanout)
-        cum = torch.cumsum(k, 0)
-        e_count = torch.clamp(cum[-1:], max=edges[h]) if rows[h] else count * 0
-        src, row, redo = sample_hop_torch(ip, sampler.indices, dst, fanout, hop_key(key, h),
-                                          edges[h], False, count, cum - k)  # fmt: skip
+    L, cap = len(fanouts), rows[-1]
+    loc, first, cache = sampler._take(cache=True)
+    buf = cache.get(b)
+    if buf is None:
+        if len(cache) > 1:  # a full batch's and the last one's sizes, nothing older
+            cache.clear()
+        buf = cache[b] = _Buffers(rows, edges, dev)
+    buf.meta.zero_()
+    start = (seeds, loc, buf.nodes, buf.k[0], buf.meta, ip, n_nodes, fanouts[0])
+    mod = _triton(dev, "relabel")
+    try:
+        if mod is None:
+            raise LookupError
+        mod.seeds_triton(*start)
+    except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
+        if mod is not None:
+            _failed("relabel", err)
+        seeds_torch(*start)
+    hop_edges = []
+    for h in range(L):
+        buf.k[h].cumsum_(0)  # the rows' output offsets, and the hop's edge count at the end
+        src, row, claimed = _hop(sampler, buf, h, rows[h], cap, key, loc, first)
         sampler._mark("sample")
-        local, count = relabel(src, e_count, loc, first, nodes, count, cap)
+        local = _relabel(sampler, buf, h, rows, src, claimed, loc, first)
         sampler._mark("relabel")
-        counts.append(count)
-        e_counts.append(e_count)
-        redos.append(redo.view(1))
         hop_edges.append((local, row))
-    lo_hi = torch.stack([seeds.min(), seeds.max()]) if b else torch.zeros(2, device=dev)
-    head = torch.cat([lo_hi.long(), repeated, *counts, *e_counts, *redos]).tolist()  # the sync
-    L = len(sampler.fanouts)
-    lo, hi, rep = head[0], head[1], head[2]
-    hop_nodes = [b] + [min(c, cap) for c in head[3 : 3 + L]]
-    sizes, redo = head[3 + L : 3 + 2 * L], any(head[3 + 2 * L :])
-    input_nodes = nodes[: hop_nodes[-1]]
-    loc.index_fill_(0, input_nodes, -1)
-    sampler._give(loc, first)
-    if b and (lo < 0 or hi >= n_nodes or rep):
-        if lo < 0 or hi >= n_nodes:
+    head = buf.meta.tolist()  # the batch's one host sync
+    rep, bad, redo = head[0], head[1], any(head[3 + 2 * L :])
+    hop_nodes = [min(c, cap) for c in head[2 : 3 + L]]
+    sizes = head[3 + L : 3 + 2 * L]
+    if b and (rep or bad):
+        loc.fill_(-1)  # (the error path: writes past the node buffer were dropped)
+        first.fill_(_SENTINEL)
+        sampler._give(loc, first, cache)
+        lo, hi = int(seeds.min()), int(seeds.max())
+        if bad:
             raise ValueError(f"seeds: node id {lo if lo < 0 else hi} out of range [0, {n_nodes})")
         dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
         raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
+    _reset(sampler, buf.nodes, hop_nodes[-1], loc, first)
     if redo:
+        sampler._give(loc, first, cache)
         return None
-    blocks = []
-    for h in range(L - 1, -1, -1):  # edges grouped by destination: the CSR pointer, no sync
+    # the batch's arrays, copied out of the reused buffers in one op: the input nodes, then per
+    # hop the sources' local ids, the destinations, and the CSR pointer (a prefix of cum)
+    parts, lengths = [buf.nodes[: hop_nodes[-1]]], [hop_nodes[-1]]
+    for h in range(L):
         local, row = hop_edges[h]
-        ei = torch.stack([local[: sizes[h]], row[: sizes[h]]])
+        parts += [local[: sizes[h]], row[: sizes[h]], buf.cum[h][: hop_nodes[h] + 1]]
+        lengths += [2 * sizes[h], hop_nodes[h] + 1]
+    flat = torch.cat(parts).split(lengths)
+    sampler._give(loc, first, cache)  # after the copy: another thread may write them next
+    blocks = []
+    for h in range(L - 1, -1, -1):  # edges grouped by destination (the CSR pointer: no sort)
+        ei = flat[1 + 2 * h].view(2, sizes[h])
         blocks.append(Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
-                            ptr=dst_ptr(ei, hop_nodes[h])))  # fmt: skip
-    return MiniBatch(
-        seeds=seeds, input_nodes=input_nodes, blocks=blocks, meta={"hop_nodes": hop_nodes}
-    )
+                            ptr=flat[2 + 2 * h]))  # fmt: skip
+    return MiniBatch(seeds=seeds, input_nodes=flat[0], blocks=blocks, meta={"hop_nodes": hop_nodes})
+
+
+def _reset(sampler, nodes: torch.Tensor, n: int, loc, first) -> None:
+    """The scratch at rest again: ``loc`` -1 and ``first`` the sentinel at the batch's nodes."""
+    mod = _triton(sampler.device, "relabel")
+    if mod is not None:
+        try:
+            mod.reset_triton(nodes, n, loc, first)
+            return
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
+            _failed("relabel", err)
+    loc.index_fill_(0, nodes[:n], -1)
+    first.index_fill_(0, nodes[:n], _SENTINEL)
