@@ -6,6 +6,7 @@ eager step, and the option's rules."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -93,6 +94,11 @@ def test_a_larger_batch_and_a_failed_capture_train_eagerly(small):
         lg, _ = step(parts.net, parts.opt, b)
         assert lg.shape[0] == b.labels.shape[0]
     assert (step.graphed, step.eager) == (2, 3)
+    # a batch whose blocks lack the sampler's pointer (edges maybe in any order) runs eagerly
+    b = copy.copy(small_b[3])
+    b.blocks = [dataclasses.replace(blk, ptr=None) for blk in b.blocks]
+    step(parts.net, parts.opt, b)
+    assert (step.graphed, step.eager) == (2, 4)
 
     net2 = copy.deepcopy(parts.net)
     opt2 = torch.optim.Adam(net2.parameters(), lr=0.01)

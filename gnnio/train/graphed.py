@@ -25,7 +25,8 @@ dropout the masks differ from the eager run's (another shape draws other random 
 distribution, not the same stream), so a graphed run is not bit-identical to an eager one; two
 graphed runs are.
 
-A batch larger than the buffers runs eagerly (:func:`gnnio.train.build.train_step`; counted in
+A batch larger than the buffers, or one whose blocks lack the sampler's CSR pointer (edges in
+any order: LADIES), runs eagerly (:func:`gnnio.train.build.train_step`; counted in
 ``eager``). If capturing fails, the run warns once, says why in the summary and stays eager. The
 optimizer is switched to ``capturable=True`` (Adam's step count then lives on the GPU) before the
 first step. On a CPU (or with ``capture=False``) the padded step runs eagerly: what the tests use
@@ -43,7 +44,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ..sampling.base import Block, dst_ptr
+from ..sampling.base import Block
 from .build import train_step
 
 __all__ = ["GraphedStep"]
@@ -89,13 +90,17 @@ class GraphedStep:
         rows = [bl[0].num_src] + [b.num_dst for b in bl]
         edges = [b.num_edges for b in bl]
         weighted = tuple(b.edge_weight is not None for b in bl)
-        return rows, edges, weighted, tuple(batch.x.shape[1:]), batch.x.dtype
+        # a block without the sampler's CSR pointer may have its edges in any order: such
+        # batches run eagerly (block_csr sorts them there)
+        grouped = all(b.ptr is not None for b in bl)
+        return rows, edges, weighted, tuple(batch.x.shape[1:]), batch.x.dtype, grouped
 
     def _fits(self, shape) -> bool:
-        rows, edges, weighted, feat, dtype = shape
+        rows, edges, weighted, feat, dtype, grouped = shape
         c = self.caps
         return (
-            (weighted, feat, dtype) == (c["weighted"], c["feat"], c["dtype"])
+            grouped
+            and (weighted, feat, dtype) == (c["weighted"], c["feat"], c["dtype"])
             and rows[0] <= c["rows"][0]
             and all(r < cap for r, cap in zip(rows[1:], c["rows"][1:], strict=True))
             and all(e <= cap for e, cap in zip(edges, c["edges"], strict=True))
@@ -141,8 +146,7 @@ class GraphedStep:
             e, n = blk.num_edges, blk.num_dst
             sb.edge_index[:, :e].copy_(blk.edge_index)
             sb.edge_index[:, e:].copy_(pad[:, e:])
-            ptr = blk.ptr if blk.ptr is not None else dst_ptr(blk.edge_index, n)
-            sb.ptr[: n + 1].copy_(ptr)
+            sb.ptr[: n + 1].copy_(blk.ptr)
             sb.ptr[n + 1 : sb.num_dst].fill_(e)  # empty padding rows; the last one takes the rest
             if sb.edge_weight is not None:
                 sb.edge_weight[:e].copy_(blk.edge_weight)
