@@ -125,6 +125,11 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
             if cg.get("step_ms") is not None:
                 status += (f"; --cuda-graph: {cg['ms_per_batch']:.2f} ms per batch, step "
                            f"{cg['step_ms']:.2f} ms (eager {res.get('step_ms', 0):.2f})")  # fmt: skip
+        if name == "epoch_default" and "epoch_s" in res:
+            cg = res.get("cuda_graph") or {}
+            status = f"warm epoch {res['epoch_s']:.2f} s"
+            if cg.get("epoch_s") is not None:
+                status += f"; --cuda-graph: {cg['epoch_s']:.2f} s"
         if name == "nccl" and "modes" in res:
             status = (f"{res['nccl_modes_failed']} of {len(res['modes'])} modes failed"
                       + (f": {', '.join(res['failed'])}" if res.get("failed") else "")
