@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from .config import TrainConfig
 from .evaluate import make_node_loader
 from .models import build_model
+from .step import train_step
 
 __all__ = ["TrainingParts", "build_training", "make_optimizer", "train_step"]
 
@@ -99,22 +99,6 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         step = GraphedStep(device)
     return TrainingParts(setup, store, sampler, adaptive, order, labels, train_loader,
                          eval_loaders, model, net, opt, eval_bs, step)  # fmt: skip
-
-
-def train_step(net, opt, batch, timer=None):
-    """One optimisation step on ``batch``: forward, cross-entropy (labels ``-1`` ignored),
-    backward, optimizer step. Reads nothing back to the host. Returns ``(logits, loss)``
-    (detached). ``timer``: brackets the step (:class:`~gnnio.train.timing.ComputeTimer`)."""
-    if timer is not None:
-        timer.start()
-    logits = net(batch.x, batch.blocks)
-    loss = F.cross_entropy(logits, batch.labels, ignore_index=-1)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    if timer is not None:
-        timer.stop()
-    return logits.detach(), loss.detach()
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sampling.base import Block
-from .build import train_step
+from .step import train_step
 
 __all__ = ["GraphedStep"]
 
