@@ -27,7 +27,7 @@
   rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
   owner of every node, a ``--cache-policy`` cache's maps). A rank holds the labels of its seeds
   only (:mod:`gnnio.distributed.labels`). ``heap_mmap_threshold_per_rank``: the size from which
-  glibc maps each allocation and returns it when freed, fixed by every rank at 16 MiB
+  glibc maps each allocation and returns it when freed, fixed by every rank at 1 MiB
   (:func:`gnnio.utils.heap.limit_heap`; None where it does not apply).
 """
 

@@ -1,15 +1,17 @@
 """How much freed memory ``malloc`` may keep (glibc; issue 26, item 5).
 
-glibc serves an allocation below its *mmap threshold* from a heap (one per thread group, an
-"arena") and keeps what is freed there for later allocations, resident and counted in RSS. The
+glibc serves an allocation below its *mmap threshold* from a heap (an "arena"; threads get their
+own) and keeps what is freed there for later allocations, resident and counted in RSS. The
 threshold starts at 128 KiB, but each time a mapped block is freed glibc raises it to that
 block's size, up to 32 MiB (and the heap's trim threshold to twice that). A rank of a distributed
-run frees batch-sized blocks of 16-32 MiB on several threads (sampler, gather, training); once the
-threshold has risen past them they come from the arenas, and the freed ones stayed there: ~150
-MiB of a rank's peak RSS on the 2^22 graph (docs/benchmarks.md). :func:`limit_heap` fixes the
-threshold at 16 MiB, so those blocks are mapped on allocation and returned when freed, while the
-many smaller ones keep reusing the heap's pages (what a 128 KiB threshold would lose: every
-tensor of a batch faulting its pages in again, 25-30 % slower epochs).
+run frees batch-sized blocks of 1-32 MiB on several threads (sampler, gather, training); once the
+threshold has risen past them they come from the arenas, the freed ones stay there, and more stay
+with every epoch: 150-250 MiB of a rank's peak RSS on the 2^22 graph (docs/benchmarks.md).
+:func:`limit_heap` fixes the threshold at 1 MiB, so those blocks are mapped on allocation and
+returned when freed, while the many smaller ones keep reusing the heap's pages (glibc's initial
+128 KiB, ``MALLOC_TRIM_THRESHOLD_=131072``, made epochs 25-30 % slower: every small tensor of a
+batch faulting its pages in again). The price of 1 MiB: 1.5-2.4 s more system time in a 4-rank
+run of three epochs there, warm epochs within that machine's noise.
 
 A no-op (returns None) where the C library is not glibc, and where the user has tuned glibc's
 ``malloc`` through the environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
@@ -25,7 +27,7 @@ import sys
 
 __all__ = ["HEAP_MMAP_THRESHOLD", "limit_heap"]
 
-HEAP_MMAP_THRESHOLD = 16 * 2**20  # blocks this size and larger: mapped, returned when freed
+HEAP_MMAP_THRESHOLD = 2**20  # blocks this size and larger: mapped, returned when freed
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 _USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
