@@ -6,12 +6,12 @@ threshold starts at 128 KiB, but each time a mapped block is freed glibc raises 
 block's size, up to 32 MiB (and the heap's trim threshold to twice that). A rank of a distributed
 run frees batch-sized blocks of 1-32 MiB on several threads (sampler, gather, training); once the
 threshold has risen past them they come from the arenas, the freed ones stay there, and more stay
-with every epoch: 150-250 MiB of a rank's peak RSS on the 2^22 graph (docs/benchmarks.md).
+with every epoch: 170-270 MiB of a rank's peak RSS on the 2^22 graph (docs/benchmarks.md).
 :func:`limit_heap` fixes the threshold at 1 MiB, so those blocks are mapped on allocation and
 returned when freed, while the many smaller ones keep reusing the heap's pages (glibc's initial
 128 KiB, ``MALLOC_TRIM_THRESHOLD_=131072``, made epochs 25-30 % slower: every small tensor of a
-batch faulting its pages in again). The price of 1 MiB: 1.5-2.4 s more system time in a 4-rank
-run of three epochs there, warm epochs within that machine's noise.
+batch faulting its pages in again). The price of 1 MiB there: warm epochs within the noise at
+the default batch, ~17 % slower at batch 128 (blocks mapped and faulted in again each time).
 
 A no-op (returns None) where the C library is not glibc, and where the user has tuned glibc's
 ``malloc`` through the environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
