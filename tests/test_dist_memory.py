@@ -111,7 +111,13 @@ def test_a_rank_holds_no_whole_graph_array(big, tmp_path, extra, cache_maps):
             "--summary", str(tmp_path / "s.json"), *extra]  # fmt: skip
     r = run_cli(args, env={"GNNIO_MEM_CHECK": str(out)}, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    counted = json.loads((tmp_path / "s.json").read_text())["whole_graph_bytes_per_rank"]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    counted = summary["whole_graph_bytes_per_rank"]
+    # every rank fixed glibc's mmap threshold before building anything (tests/test_heap.py)
+    from gnnio.utils.heap import HEAP_MMAP_THRESHOLD, limit_heap
+
+    on = limit_heap() is not None  # this process: glibc, no MALLOC_* tunables set
+    assert summary["heap_mmap_threshold_per_rank"] == [HEAP_MMAP_THRESHOLD if on else None] * 2
     for rank in (0, 1):
         for when in ("epoch", "finish"):
             rec = json.loads((out / f"rank{rank}-{when}.json").read_text())

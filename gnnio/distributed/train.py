@@ -26,7 +26,9 @@
   the end into anonymous, file and shared pages) and ``whole_graph_bytes_per_rank`` (the arrays a
   rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
   owner of every node, a ``--cache-policy`` cache's maps). A rank holds the labels of its seeds
-  only (:mod:`gnnio.distributed.labels`).
+  only (:mod:`gnnio.distributed.labels`). ``heap_mmap_threshold_per_rank``: the size from which
+  glibc maps each allocation and returns it when freed, fixed by every rank at 1 MiB
+  (:func:`gnnio.utils.heap.limit_heap`; None where it does not apply).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ..ordering import RandomOrder
 from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
+from ..utils.heap import limit_heap
 from ..utils.pages import drop_pages
 from ..utils.rss import peak_rss_bytes, rss_by_kind
 from .context import DistContext
@@ -70,6 +73,8 @@ class DistRun(LocalRun):
     """One rank's hooks (module docstring)."""
 
     def __init__(self, ctx: DistContext) -> None:
+        # first: batch-sized blocks freed on the loader's threads leave glibc's arenas (heap.py)
+        self.heap_threshold = limit_heap()
         self.ctx = ctx
         self.rank = ctx.rank
         self.world_size = ctx.world_size
@@ -410,6 +415,7 @@ class DistRun(LocalRun):
             # node, a --cache-policy cache's maps)
             "rss_mb_peak": peak_rss_bytes() / 2**20,
             "rss_mb_by_kind": {k: v / 2**20 for k, v in rss_by_kind().items()},  # now
+            "heap_mmap_threshold": self.heap_threshold,
             "whole_graph_bytes": int(store.lookup_bytes)
             + sum(int(a.nbytes) for a in self._node_arrays(store)),
         }
@@ -484,6 +490,7 @@ class DistRun(LocalRun):
             per_rank=ranks,
             rss_mb_peak_per_rank=[r["rss_mb_peak"] for r in ranks],
             rss_mb_by_kind_per_rank=[r["rss_mb_by_kind"] for r in ranks],
+            heap_mmap_threshold_per_rank=[r["heap_mmap_threshold"] for r in ranks],
             whole_graph_bytes_per_rank=[r["whole_graph_bytes"] for r in ranks],
             collective_s=max(r["collective_s"] for r in ranks),
             seeds_per_epoch_per_rank=[r["seeds_per_epoch"] for r in ranks],

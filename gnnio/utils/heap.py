@@ -1,0 +1,57 @@
+"""How much freed memory ``malloc`` may keep (glibc; issue 26, item 5).
+
+glibc serves an allocation below its *mmap threshold* from a heap (an "arena"; threads get their
+own) and keeps what is freed there for later allocations, resident and counted in RSS. The
+threshold starts at 128 KiB, but each time a mapped block is freed glibc raises it to that
+block's size, up to 32 MiB (and the heap's trim threshold to twice that). A rank of a distributed
+run frees batch-sized blocks of 1-32 MiB on several threads (sampler, gather, training); once the
+threshold has risen past them they come from the arenas, the freed ones stay there, and more stay
+with every epoch: 170-270 MiB of a rank's peak RSS on the 2^22 graph (docs/benchmarks.md).
+:func:`limit_heap` fixes the threshold at 1 MiB, so those blocks are mapped on allocation and
+returned when freed, while the many smaller ones keep reusing the heap's pages (glibc's initial
+128 KiB, ``MALLOC_TRIM_THRESHOLD_=131072``, made epochs 25-30 % slower: every small tensor of a
+batch faulting its pages in again). The price of 1 MiB there: warm epochs within the noise at
+the default batch, ~17 % slower at batch 128 (blocks mapped and faulted in again each time).
+
+A no-op (returns None) where the C library is not glibc, and where the user has tuned glibc's
+``malloc`` through the environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
+``GLIBC_TUNABLES``): their setting wins.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+__all__ = ["HEAP_MMAP_THRESHOLD", "limit_heap"]
+
+HEAP_MMAP_THRESHOLD = 2**20  # blocks this size and larger: mapped, returned when freed
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
+_USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def glibc():
+    """glibc's handle (None elsewhere: musl, macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return lib if hasattr(lib, "gnu_get_libc_version") and hasattr(lib, "mallopt") else None
+
+
+def limit_heap(threshold: int = HEAP_MMAP_THRESHOLD) -> int | None:
+    """Serve every allocation of ``threshold`` bytes or more by its own mapping, returned to the
+    system when freed; the heap is trimmed when ``2 * threshold`` at its top is free (glibc's own
+    ratio). Fixing the threshold stops glibc from raising it. Returns the threshold set, or None
+    (not glibc, glibc refused it, or the environment tunes ``malloc``: module docstring)."""
+    if any(k in os.environ for k in _USER_ENV) or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return None
+    lib = glibc()
+    if lib is None or not lib.mallopt(_M_MMAP_THRESHOLD, int(threshold)):
+        return None
+    lib.mallopt(_M_TRIM_THRESHOLD, 2 * int(threshold))
+    return int(threshold)
