@@ -37,7 +37,10 @@ from ..placement.topology import DEFAULT_HOST_BW
 __all__ = ["resolve_device", "plan_layout", "apply_layout_plan", "SCRATCH_BYTES_PER_NODE"]
 
 GiB = 2**30
-#: the GPU sampler's per-node scratch (two int64 maps of N + 1 entries, per sampling worker)
+#: the GPU sampler's per-node scratch (two int64 maps of N + 1 entries, per sampling worker). Its
+#: per-batch buffers, sized by the batch and the fanouts rather than N (~49 MB per set, two sets,
+#: at 1024 seeds and fanouts 15,10,5: gpu_bounded), and the step's activations (or a captured
+#: step's graph pool, --cuda-graph) come out of the reserve: a quarter of free memory, >= 1 GiB
 SCRATCH_BYTES_PER_NODE = 16
 
 
