@@ -151,9 +151,10 @@ class BlockCSR:
     backward pass) and kept.
     """
 
-    def __init__(self, ptr, col, val, shape: tuple[int, int], impl: str, row=None):
+    def __init__(self, ptr, col, val, shape: tuple[int, int], impl: str, row):
         self.ptr, self.col, self.val = ptr, col, val
-        self.row = row  # each entry's row (the block's destinations), where known: no expansion
+        self.row = row  # each entry's row, in entry order (a block's destinations; the torch
+        # transpose's gathers read it, so the pointer is never expanded)
         self.shape = (int(shape[0]), int(shape[1]))
         self.impl = impl
         self._t: BlockCSR | None = None
@@ -170,10 +171,6 @@ class BlockCSR:
         adj = _csr_tensor(self.ptr, self.col, self.val, self.shape)
         return torch.mm(adj, x)  # (torch.sparse.mm: the same product behind a zeros + addmm)
 
-    @property
-    def nnz(self) -> int:
-        return int(self.col.shape[0])
-
     def t(self) -> BlockCSR:
         """``A^T`` (``[shape[1], shape[0]]``), edges of equal column in row order."""
         if self._t is None:
@@ -184,12 +181,12 @@ class BlockCSR:
                 tval = torch.empty_like(self.val)
                 _transpose(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), tptr.numpy(),
                            tcol.numpy(), tval.numpy())  # fmt: skip
+                trow = None  # (the numba kernels need no row of each entry)
             else:  # one stable sort gives the order and the sorted columns (the new rows)
-                tcol_row, order = torch.sort(self.col, stable=True)
-                row = self.row if self.row is not None else _expand_rows(self.ptr, self.nnz)
-                tcol, tval = row[order], self.val[order]
-                tptr = torch._convert_indices_from_coo_to_csr(tcol_row, cols)
-            self._t = BlockCSR(tptr, tcol, tval, (cols, rows), self.impl)
+                trow, order = torch.sort(self.col, stable=True)
+                tcol, tval = self.row[order], self.val[order]
+                tptr = torch._convert_indices_from_coo_to_csr(trow, cols)
+            self._t = BlockCSR(tptr, tcol, tval, (cols, rows), self.impl, trow)
         return self._t
 
 
@@ -211,13 +208,6 @@ def _csr_tensor(ptr, col, val, shape):
         out = torch.sparse_csr_tensor(ptr, col, val, shape, check_invariants=False)
     _CSR_WARNED = True
     return out
-
-
-def _expand_rows(ptr: torch.Tensor, nnz: int) -> torch.Tensor:
-    """The row of every entry of a CSR matrix (``repeat_interleave`` with a known size: no sync)."""
-    counts = ptr[1:] - ptr[:-1]
-    rows = torch.arange(counts.shape[0], device=ptr.device)
-    return torch.repeat_interleave(rows, counts, output_size=nnz)
 
 
 class _BlockMatmul(torch.autograd.Function):
