@@ -194,6 +194,19 @@ def _failed(kernel: str, e: BaseException) -> None:
     kernel_failed(kernel, e, f"{what} with torch ops instead (same batches)")
 
 
+def _relabel_kernel(dev: torch.device, name: str, fallback, *args) -> None:
+    """``_triton_relabel.<name>(*args)`` where the relabelling kernels run on ``dev``; else, and
+    where it fails (one warning), ``fallback(*args)``: the same writes in torch ops."""
+    mod = _triton(dev, "relabel")
+    if mod is not None:
+        try:
+            getattr(mod, name)(*args)
+            return
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
+            _failed("relabel", err)
+    fallback(*args)
+
+
 def _hop(sampler, buf: _Buffers, h: int, n_rows: int, cap: int, key: int, loc, first):
     """Hop ``h``'s draws: ``(src, row, claimed)``, as the Triton kernel (into the reused
     buffers, claiming for the relabelling) where it runs, else torch ops (rejection flag to
@@ -260,16 +273,8 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
             cache.clear()
         buf = cache[b] = _Buffers(rows, edges, dev)
     buf.meta.zero_()
-    start = (seeds, loc, buf.nodes, buf.k[0], buf.meta, ip, n_nodes, fanouts[0])
-    mod = _triton(dev, "relabel")
-    try:
-        if mod is None:
-            raise LookupError
-        mod.seeds_triton(*start)
-    except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
-        if mod is not None:
-            _failed("relabel", err)
-        seeds_torch(*start)
+    _relabel_kernel(dev, "seeds_triton", seeds_torch, seeds, loc, buf.nodes, buf.k[0], buf.meta,
+                    ip, n_nodes, fanouts[0])  # fmt: skip
     hop_edges = []
     for h in range(L):
         buf.k[h].cumsum_(0)  # the rows' output offsets, and the hop's edge count at the end
@@ -291,7 +296,7 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
             raise ValueError(f"seeds: node id {lo if lo < 0 else hi} out of range [0, {n_nodes})")
         dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
         raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
-    _reset(sampler, buf.nodes, hop_nodes[-1], loc, first)
+    _relabel_kernel(dev, "reset_triton", _reset_torch, buf.nodes, hop_nodes[-1], loc, first)
     if redo:
         sampler._give(loc, first, cache)
         return None
@@ -312,14 +317,7 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
     return MiniBatch(seeds=seeds, input_nodes=flat[0], blocks=blocks, meta={"hop_nodes": hop_nodes})
 
 
-def _reset(sampler, nodes: torch.Tensor, n: int, loc, first) -> None:
+def _reset_torch(nodes: torch.Tensor, n: int, loc, first) -> None:
     """The scratch at rest again: ``loc`` -1 and ``first`` the sentinel at the batch's nodes."""
-    mod = _triton(sampler.device, "relabel")
-    if mod is not None:
-        try:
-            mod.reset_triton(nodes, n, loc, first)
-            return
-        except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
-            _failed("relabel", err)
     loc.index_fill_(0, nodes[:n], -1)
     first.index_fill_(0, nodes[:n], _SENTINEL)
