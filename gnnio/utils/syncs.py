@@ -95,11 +95,8 @@ def _is_sync(func, args, kwargs, lifted: int | None = None) -> bool:
         non_blocking = kwargs.get("non_blocking", False) or (
             name == "aten.copy_" and len(args) > 2 and bool(args[2])
         )
-        dst_type = torch.device(dst_dev).type
-        if src.device.type == "cuda" and dst_type == "cpu":
-            return not non_blocking
-        if src.device.type == "cpu" and dst_type == "cuda":  # a blocking upload waits for it
-            return not non_blocking
+        if {src.device.type, torch.device(dst_dev).type} == {"cpu", "cuda"}:
+            return not non_blocking  # a blocking copy across, either way, waits for it
         return name == "aten.copy_" and _is_lifted(src, lifted, args[0])
     return False
 
