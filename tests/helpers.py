@@ -66,29 +66,43 @@ def subset_counts(picks: np.ndarray, deg: int) -> np.ndarray:
     return counts
 
 
+#: defines ``spy(name, note)`` in a script for :func:`run_in_triton_interpreter`: wraps the Triton
+#: kernel ``gnnio.features._triton_rows.<name>`` and returns a list that gets ``note(args,
+#: kwargs)`` of every launch that ran
+KERNEL_SPY = r"""
+from gnnio.features import _triton_rows
+
+def spy(name, note):
+    seen, real = [], getattr(_triton_rows, name)
+    class Spy:
+        def __getitem__(self, grid):
+            launch = real[grid]
+            def run(*a, **kw):
+                out = launch(*a, **kw)
+                seen.append(note(a, kw))
+                return out
+            return run
+    setattr(_triton_rows, name, Spy())
+    return seen
+"""
+
 #: the start of a script for :func:`run_in_triton_interpreter` that checks the tiered row kernel:
-#: imports, RuntimeWarnings as errors, and ``launches``: the ``SKIP`` flag of every launch
-TIERED_SPY = r"""
+#: imports, RuntimeWarnings as errors, :data:`KERNEL_SPY`, and ``launches``: the ``SKIP`` flag of
+#: every launch
+TIERED_SPY = (
+    KERNEL_SPY
+    + r"""
 import warnings
 import numpy as np, torch
-from gnnio.features import _triton_rows
 from gnnio.features.tiers.simdevice import SimulatedDevice
 from gnnio.features.tiers.tiered import TieredFeatureStore
 from gnnio.utils import triton_kernels
 from gnnio.utils.syncs import OpCounter
 
 warnings.simplefilter("error", RuntimeWarning)
-launches = []
-real = _triton_rows._tiered
-class Spy:
-    def __getitem__(self, grid):
-        launch = real[grid]
-        def run(*a, **kw):
-            launches.append(kw["SKIP"])
-            return launch(*a, **kw)
-        return run
-_triton_rows._tiered = Spy()
+launches = spy("_tiered", lambda a, kw: kw["SKIP"])
 """
+)
 
 
 def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:

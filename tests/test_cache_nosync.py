@@ -185,16 +185,7 @@ for kind in ("prefix", "lookup"):
         assert torch.equal(free.policy.key_of, ref.policy.key_of)
         st_free.close(); st_host.close()
 # the admission's buffer write: only the inserted rows, by the row kernel with its skip state
-rows_launch = []
-real_rows = _triton_rows._rows
-class RowSpy:
-    def __getitem__(self, grid):
-        launch = real_rows[grid]
-        def run(*a, **kw):
-            rows_launch.append(kw.get("SKIP"))
-            return launch(*a, **kw)
-        return run
-_triton_rows._rows = RowSpy()
+rows_launch = spy("_rows", lambda a, kw: kw.get("SKIP"))
 base = torch.randn(100, 8, generator=g)
 free = FeatureCache(TieredFeatureStore(base, 0, simulate=SimulatedDevice()), 30, "fifo",
                     sync_free=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gnnio.features._gather import copy_rows
-from tests.helpers import TIERED_SPY, run_in_triton_interpreter
+from tests.helpers import KERNEL_SPY, TIERED_SPY, run_in_triton_interpreter
 
 SCRIPT = r"""
 import warnings
@@ -67,26 +67,16 @@ print("ok")
 # size allow. Every copy must go through the kernel (the launch's word type and words per row are
 # recorded) and equal index_select; a wrong word choice that makes the kernel raise or fall back
 # fails this, as does a kernel that writes the wrong bytes.
-UNALIGNED = r"""
+UNALIGNED = (
+    KERNEL_SPY
+    + r"""
 import warnings
 import torch
-from gnnio.features import _triton_rows
 from gnnio.features._gather import copy_rows
 from gnnio.utils import triton_kernels
 
 warnings.simplefilter("error", RuntimeWarning)
-launches = []
-class Spy:
-    def __init__(self, kernel):
-        self.kernel = kernel
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-        def run(*a, **kw):
-            out = launch(*a, **kw)
-            launches.append((a[0].dtype, kw["W"]))
-            return out
-        return run
-_triton_rows._rows = Spy(_triton_rows._rows)
+launches = spy("_rows", lambda a, kw: (a[0].dtype, kw["W"]))
 g = torch.Generator().manual_seed(1)
 base = torch.randint(0, 256, (64 + 300 * 24,), generator=g, dtype=torch.uint8)
 for src_off, dst_off, row, want in (
@@ -112,6 +102,7 @@ for src_off, dst_off, row, want in (
 assert len(launches) == 32 and not triton_kernels._FAILED, (len(launches), triton_kernels._FAILED)
 print("ok")
 """
+)
 
 # A kernel that fails: one RuntimeWarning naming it, the torch ops give the same rows (int32 and
 # int64 destination indices), and the kernel is not tried again.
