@@ -40,7 +40,7 @@ class TrainingParts:
     eval_batch_size: int
     #: ``step(net, opt, batch, timer=None)``: :func:`train_step`, or with ``cuda_graph`` a
     #: :class:`~gnnio.train.graphed.GraphedStep` (its ``report()`` goes in the summary)
-    step: Any = None
+    step: Any = train_step
 
 
 def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingParts:
@@ -92,13 +92,13 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
     model.set_feature_codec(ds.feature_codec)  # compressed rows decoded on `device`
     net = run.wrap_model(model)  # what trains (DDP with ranks); `model` evaluates and is saved
     opt = make_optimizer(model, cfg)
-    step = train_step
+    parts = TrainingParts(setup, store, sampler, adaptive, order, labels, train_loader,
+                          eval_loaders, model, net, opt, eval_bs)  # fmt: skip
     if getattr(cfg, "cuda_graph", False):
         from .graphed import GraphedStep
 
-        step = GraphedStep(device)
-    return TrainingParts(setup, store, sampler, adaptive, order, labels, train_loader,
-                         eval_loaders, model, net, opt, eval_bs, step)  # fmt: skip
+        parts.step = GraphedStep(device)
+    return parts
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
