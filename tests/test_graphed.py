@@ -116,14 +116,20 @@ def test_a_larger_batch_and_a_failed_capture_train_eagerly(small):
 
 
 def test_cuda_graph_option(small, capsys):
-    """``--cuda-graph``: one process only; on the CPU a run trains (the padded step, eagerly) and
+    """``--cuda-graph``: the step's graph one process only (the sampler's works with ranks);
+    a mode it does not know is refused; on the CPU a run trains (the padded step, eagerly) and
     its summary says how many batches were padded."""
-    with pytest.raises(UsageError, match="--cuda-graph: single-process"):
-        _cfg(cuda_graph=True, nproc=2).validate_dist(2)
+    for mode in (True, "all", "step"):
+        with pytest.raises(UsageError, match="--cuda-graph: the step's graph is single-process"):
+            _cfg(cuda_graph=mode, nproc=2).validate_dist(2)
+    _cfg(cuda_graph="sampler", nproc=2).validate_dist(2)
+    with pytest.raises(UsageError, match="--cuda-graph: one of off, step, sampler, all"):
+        _cfg(cuda_graph="both").validate()
     with pytest.warns(RuntimeWarning, match="--cuda-graph: no CUDA device"):
         s = train(small, _cfg(cuda_graph=True, epochs=2))
     eager = train(small, _cfg(epochs=2))
     cg = s["cuda_graph"]
+    assert cg["mode"] == "all" and cg["sampler"]["replayed"] == 0  # (a CPU sampler here)
     per_epoch = -(-len(gnnio.load(small).train_idx) // 64)
     assert cg["graphed"] + cg["eager"] == 2 * per_epoch
     assert cg["graphed"] > 0 and cg["failed"] is None

@@ -250,10 +250,15 @@ def step_sampling(c: Check) -> dict[str, Any]:
         # 1.9x the edges per batch -- its ratio compared two workloads)
         out["uva"] = part(lambda: c.gnnio(*common, "--device", "cuda", "--graph-in", "host"))
         out["uva_over_cpu"] = _over(out["uva"], out["cpu"], "edges_per_s")
+        # the GPU sampler's batch replayed as a CUDA graph (gnnio.sampling.gpu_graphed)
+        out["cuda_graph"] = part(lambda: c.gnnio(*common, "--device", "cuda", "--cuda-graph"))
+        out["graphed_over_cpu"] = _over(out["cuda_graph"], out["cpu"], "edges_per_s")
+        out["graphed_over_eager"] = _over(out["cuda_graph"], out["cuda"], "edges_per_s")
         if "checksum" in out["cuda"] and "checksum" in out["cpu"]:
             out["checksum_equal"] = out["cuda"]["checksum"] == out["cpu"]["checksum"]
-        if "checksum" in out["uva"] and "checksum" in out["cpu"]:
-            out["uva_checksum_equal"] = out["uva"]["checksum"] == out["cpu"]["checksum"]
+        for name in ("uva", "cuda_graph"):
+            if "checksum" in out[name] and "checksum" in out["cpu"]:
+                out[f"{name}_checksum_equal"] = out[name]["checksum"] == out["cpu"]["checksum"]
     return out
 
 

@@ -112,6 +112,10 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                       f"loss difference {res['max_rel_loss_diff']:.2e}")  # fmt: skip
         if name == "sampling" and "checksum_equal" in res:
             status = f"GPU batches bit-identical to the CPU's (checksum): {res['checksum_equal']}"
+            if res.get("graphed_over_cpu") is not None:
+                status += (f"; --cuda-graph: {res['graphed_over_cpu']:.2f}x the CPU "
+                           f"({res.get('graphed_over_eager') or 0:.2f}x the eager GPU sampler), "
+                           f"batches identical: {res.get('cuda_graph_checksum_equal')}")  # fmt: skip
         if name == "cache" and "manage_ms_median" in res:
             status = "; ".join(
                 f"{p} {ms:.2f} ms, hits {res['hit_ratio'][p]:.3f}"

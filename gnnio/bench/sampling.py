@@ -78,6 +78,12 @@ def add_arguments(p) -> None:
         "memory (UVA sampling)",
     )
     p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="--device cuda, uniform sampler: replay each batch as a CUDA graph "
+        "(gnnio.sampling.gpu_graphed; the same batches)",
+    )
+    p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
     )
 
@@ -104,13 +110,17 @@ def _check(args) -> list[int]:
         raise UsageError(f"--device: expected 'cpu' or 'cuda', got {args.device!r}")
     if getattr(args, "sampler", "uniform") == "ladies" and dev.type != "cpu":
         raise UsageError(f"--sampler {args.sampler}: runs on the CPU only (use --device cpu)")
+    if getattr(args, "cuda_graph", False) and (
+        dev.type != "cuda" or getattr(args, "sampler", "uniform") != "uniform"
+    ):
+        raise UsageError("--cuda-graph: the uniform sampler on --device cuda only")
     if getattr(args, "layer_size", 1) < 1:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
     return fanouts
 
 
 def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads: int, device,
-                 graph_in: str = "gpu"):  # fmt: skip
+                 graph_in: str = "gpu", cuda_graph: bool = False):  # fmt: skip
     """The sampler ``--sampler`` names (see module docstring)."""
     from ..sampling import LaborSampler, LadiesSampler, UniformSampler
 
@@ -119,6 +129,8 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
         return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
+    if cuda_graph:
+        gpu["cuda_graph"] = True
     return UniformSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
 
 
@@ -172,9 +184,13 @@ def run(args) -> dict:
     kind = getattr(args, "sampler", "uniform")
     layer_size = getattr(args, "layer_size", 8192)
     graph_in = getattr(args, "graph_in", "gpu")
-    sampler = make_sampler(
-        kind, ds.graph, fanouts, layer_size, args.seed, args.threads, args.device, graph_in
-    )
+    graphed = bool(getattr(args, "cuda_graph", False))
+    if graphed:
+        from ..sampling.gpu_graphed import reset_graphed_report
+
+        reset_graphed_report()
+    sampler = make_sampler(kind, ds.graph, fanouts, layer_size, args.seed, args.threads,
+                           args.device, graph_in, cuda_graph=graphed)  # fmt: skip
     sync = torch.cuda.synchronize if sampler.device.type == "cuda" else None
     stats = {"edges": 0, "input_nodes": 0, "seeds": 0}
     cpu_s: list[float] = []
@@ -209,6 +225,7 @@ def run(args) -> dict:
         "seed_set": seed_set,
         "device": str(sampler.device),
         "graph_in": graph_in if sampler.device.type == "cuda" else None,
+        "cuda_graph": _graphed_report() if graphed else None,
         "threads": args.threads,
         "sampler": kind,
         "fanouts": fanouts,
@@ -226,3 +243,9 @@ def run(args) -> dict:
         "checksum": checksum,
         "pass_s": [round(x, 6) for x in times],
     }
+
+
+def _graphed_report() -> dict:
+    from ..sampling.gpu_graphed import graphed_report
+
+    return graphed_report()

@@ -172,8 +172,8 @@ def _relabel_hook(sampler, clock_box: list):
     ``sample`` before each hop's relabelling and ``relabel`` after it,
     :mod:`gnnio.sampling.gpu`); None where there is none to time (the CPU sampler fuses it)."""
     inner = getattr(sampler, "_torch", None)
-    if inner is None or not hasattr(inner, "phase_hook"):
-        return None
+    if inner is None or not hasattr(inner, "phase_hook") or getattr(inner, "cuda_graph", False):
+        return None  # (a batch replayed as a CUDA graph is one step: no relabel to time apart)
     inner.phase_hook = lambda phase: clock_box[0].mark(phase)
     return lambda: setattr(inner, "phase_hook", None)
 
@@ -411,6 +411,7 @@ def run(args) -> dict:
     from ..train.build import build_training
     from ..train.defaults import default_dataset
     from ..train.gpu_plan import apply_layout_plan
+    from ..train.graphed import graph_report
     from ..train.loop import LocalRun
     from ..utils.triton_kernels import kernels_report, reset_kernel_record
 
@@ -470,7 +471,7 @@ def run(args) -> dict:
         "floor": {"compute_ms": compute_ms, "memory_ms": memory_ms, **rates},
         "ms_per_batch_over_floor": pipe["ms_per_batch"] / floor_ms if floor_ms > 0 else None,
         "kernels": kernels_report(),
-        "cuda_graph": parts.step.report() if hasattr(parts.step, "report") else None,
+        "cuda_graph": graph_report(cfg, parts.step),
         "plan": plan,
         "isolation": None if iso is None else iso.as_dict(),
         "sampler_device": str(getattr(parts.sampler, "device", "cpu")),

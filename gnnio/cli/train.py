@@ -104,10 +104,14 @@ def add_train_arguments(p) -> None:
     )
     p.add_argument(
         "--cuda-graph",
-        action="store_true",
-        help="replay the training step as one CUDA graph, batches padded to fixed sizes (one "
-        "process; dropout masks differ from an eager run's; default off: not yet measured on a "
-        "GPU); the summary's 'cuda_graph' says how many batches it replayed",
+        nargs="?",
+        const="all",
+        default="off",
+        choices=("off", "step", "sampler", "all"),
+        help="replay as CUDA graphs: 'step' the training step (batches padded to fixed sizes; "
+        "one process; dropout masks differ from an eager run's), 'sampler' the GPU sampler's "
+        "batch (the same batches), 'all' (the flag alone) both; default off: not yet measured "
+        "on a GPU. The summary's 'cuda_graph' says how many batches each replayed",
     )
     g = p.add_argument_group(
         "feature placement and caching",

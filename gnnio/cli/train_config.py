@@ -74,7 +74,7 @@ def config_from_args(args, ranks: int):
         store=store_kind(args, ranks),
         threads=args.threads,
         isolation=args.isolation,
-        cuda_graph=getattr(args, "cuda_graph", False),
+        cuda_graph=getattr(args, "cuda_graph", "off"),
         sampler_device=args.sampler_device,
         graph_in=args.graph_in,
         progress=not args.quiet,

@@ -41,9 +41,9 @@ def _mix64(z):
 
 
 @triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2"])
-def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, loc, first,
-         fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr, HAS_CNT: tl.constexpr,
-         CLAIM: tl.constexpr):  # fmt: skip
+def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, kp, loc,
+         first, fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
+         HAS_CNT: tl.constexpr, CLAIM: tl.constexpr, KEY_PTR: tl.constexpr = False):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
     if HAS_CNT:  # a bounded buffer of rows: only the first ``cnt[0]`` are real (no host sync)
@@ -56,12 +56,14 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
     deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
     k = tl.minimum(deg, fanout)
     off = tl.load(row_off + r, mask=rm, other=0)
-    # the 64-bit key in three int32 arguments (one compiled signature for every key)
-    key = (
-        (k2.to(tl.int64).to(tl.uint64) << 44)
-        | (k1.to(tl.int64).to(tl.uint64) << 22)
-        | k0.to(tl.int64).to(tl.uint64)
-    )
+    if KEY_PTR:  # the key in device memory (a CUDA graph's replay: a new key, no new launch)
+        key = tl.load(kp).to(tl.uint64, bitcast=True)
+    else:  # the 64-bit key in three int32 arguments (one compiled signature for every key)
+        key = (
+            (k2.to(tl.int64).to(tl.uint64) << 44)
+            | (k1.to(tl.int64).to(tl.uint64) << 22)
+            | k0.to(tl.int64).to(tl.uint64)
+        )
     state = _mix64(key ^ (g.to(tl.uint64) * 0x9E3779B97F4A7C15))
     col = tl.arange(0, FP)
     picks = tl.full([BLOCK, FP], -1, tl.int64)
@@ -98,7 +100,7 @@ def sample_hop_triton(
     indices: torch.Tensor,
     dst_nodes: torch.Tensor,
     fanout: int,
-    hop_key: int,
+    hop_key: int | torch.Tensor,
     total: int,
     count: torch.Tensor | None = None,
     row_off: torch.Tensor | None = None,
@@ -121,7 +123,12 @@ def sample_hop_triton(
     ``total`` entries to write into (the sampler's reused ones: no allocation), and ``claim`` =
     ``(loc, first)`` the relabelling's scratch: every sampled source not numbered yet
     (``loc < 0``) does ``atomic_min(first[s], position)``, the relabelling's first step
-    (:mod:`._triton_relabel`), in this kernel instead of a launch of its own."""
+    (:mod:`._triton_relabel`), in this kernel instead of a launch of its own.
+
+    ``hop_key`` may be an int64 ``[1]`` device tensor holding the key's bits
+    (:func:`gnnio.sampling.gpu_hop._s64` of it): the kernel reads it there, so a captured
+    launch (:mod:`gnnio.sampling.gpu_graphed`) samples with whatever key the tensor holds when
+    it is replayed."""
     dev = dst_nodes.device
     n = int(dst_nodes.shape[0]) if rows is None else rows
     if out is None:
@@ -135,14 +142,17 @@ def sample_hop_triton(
         deg = indptr[dst_nodes + 1] - indptr[dst_nodes]
         k = torch.clamp(deg, max=fanout)
         row_off = torch.cumsum(k, 0) - k
-    key = hop_key & ((1 << 64) - 1)
+    key_ptr = isinstance(hop_key, torch.Tensor)
+    key = 0 if key_ptr else hop_key & ((1 << 64) - 1)
     fp = max(2, 1 << (fanout - 1).bit_length())
     grid = (triton_cdiv(n, _BLOCK),)
     cnt = count if count is not None else row_off  # (an unread placeholder without a count)
     loc, first = claim if claim is not None else (src, src)  # (unread without a claim)
+    kp = hop_key if key_ptr else cnt  # (unread without KEY_PTR)
     _hop[grid](indptr, indices, dst_nodes.contiguous(), row_off, src, row, n, cnt, total,
-               key & _M22, (key >> 22) & _M22, key >> 44, loc, first, fanout=fanout, FP=fp,
-               BLOCK=_BLOCK, HAS_CNT=count is not None, CLAIM=claim is not None)  # fmt: skip
+               key & _M22, (key >> 22) & _M22, key >> 44, kp, loc, first, fanout=fanout, FP=fp,
+               BLOCK=_BLOCK, HAS_CNT=count is not None, CLAIM=claim is not None,
+               KEY_PTR=key_ptr)  # fmt: skip
     return src, row
 
 

@@ -108,9 +108,11 @@ def _seeds(seeds, loc, nodes, k0, meta, indptr, n, N, fanout, BLOCK: tl.constexp
 
 
 @triton.jit(do_not_specialize=["n"])
-def _reset(nodes, loc, first, n, BLOCK: tl.constexpr):
+def _reset(nodes, loc, first, n, cnt, BLOCK: tl.constexpr, HAS_CNT: tl.constexpr = False):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
+    if HAS_CNT:  # n an upper bound, the count on the device (a captured batch's end)
+        m = m & (i < tl.load(cnt))
     s = tl.load(nodes + i, mask=m, other=0)
     tl.store(loc + s, tl.full([BLOCK], -1, tl.int64), mask=m)
     tl.store(first + s, tl.full([BLOCK], 0x7FFFFFFFFFFFFFFF, tl.int64), mask=m)
@@ -124,10 +126,14 @@ def seeds_triton(seeds, loc, nodes, k0, meta, indptr, num_nodes: int, fanout: in
                                           max(fanout, 0), BLOCK=_BLOCK)  # fmt: skip
 
 
-def reset_triton(nodes, n: int, loc, first) -> None:
-    """``loc[nodes[:n]] = -1`` and ``first[nodes[:n]] = sentinel``: the scratch at rest."""
+def reset_triton(nodes, n: int, loc, first, count=None) -> None:
+    """``loc[nodes[:n]] = -1`` and ``first[nodes[:n]] = sentinel``: the scratch at rest. With
+    ``count`` (int64 ``[1]`` on the device) only the first ``min(n, count)`` nodes: ``n`` is then
+    a bound, and nothing is read on the host."""
     if n:
-        _reset[(triton.cdiv(n, _BLOCK),)](nodes, loc, first, n, BLOCK=_BLOCK)
+        cnt = nodes if count is None else count  # (unread without a count)
+        _reset[(triton.cdiv(n, _BLOCK),)](nodes, loc, first, n, cnt, BLOCK=_BLOCK,
+                                          HAS_CNT=count is not None)  # fmt: skip
 
 
 def relabel_triton(src, ecnt, loc, first, nodes, meta, h: int, cap: int, out, claimed: bool,

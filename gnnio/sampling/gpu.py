@@ -118,6 +118,8 @@ class TorchUniformSampler:
             (or pinned host memory viewed from the GPU, :mod:`gnnio.features.tiers.uva`: UVA sampling).
         fanouts: per hop, ``fanouts[0]`` = the seeds' hop (see :mod:`gnnio.sampling.uniform`).
         device: where the sampling runs and the batches are returned; None = ``indptr.device``.
+        cuda_graph: replay each batch's launches as a CUDA graph (:mod:`.gpu_graphed`; the
+            same batches; default off: not yet measured on a GPU).
 
     :meth:`sample` takes the 64-bit call key explicitly; :class:`UniformSampler` derives it from its
     seed and call counter / ``epoch_seed``. Thread-safe (scratch tensors come from a pool, each
@@ -130,6 +132,7 @@ class TorchUniformSampler:
         indices: torch.Tensor,
         fanouts: Sequence[int],
         device: torch.device | None = None,
+        cuda_graph: bool = False,
     ):
         self.indptr = indptr if indptr.dtype == torch.int64 else indptr.to(torch.int64)
         self.indptr = self.indptr.contiguous()
@@ -144,6 +147,7 @@ class TorchUniformSampler:
         self._lock = threading.Lock()
         self._scratch: list[tuple[torch.Tensor, torch.Tensor, object, dict]] = []
         self.phase_hook = None  # see the module docstring (gnnio bench step's relabel timer)
+        self.cuda_graph = bool(cuda_graph)
 
     @property
     def device(self) -> torch.device:
@@ -179,15 +183,21 @@ class TorchUniformSampler:
 
     def sample(self, seeds, key: int) -> MiniBatch:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
-        if self._device.type == "cuda" and not (isinstance(seeds, torch.Tensor) and seeds.is_cuda):
-            # from pinned memory the copy is queued, not waited for (a pageable one syncs)
-            seeds = torch.as_tensor(seeds).pin_memory().to(self._device, non_blocking=True)
-        seeds = torch.as_tensor(seeds, device=self._device)
+        seeds = torch.as_tensor(seeds)
         if seeds.dim() != 1:
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(seeds.shape)}")
         if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
-        seeds = seeds.to(torch.int64)
+        if self.cuda_graph:  # seeds and keys uploaded together, the batch one replay
+            from .gpu_graphed import sample_graphed
+
+            mb = sample_graphed(self, seeds.to(torch.int64), key)
+            if mb is not None:
+                return mb
+        if self._device.type == "cuda" and not seeds.is_cuda:
+            # from pinned memory the copy is queued, not waited for (a pageable one syncs)
+            seeds = seeds.pin_memory().to(self._device, non_blocking=True)
+        seeds = seeds.to(self._device, torch.int64)
         mb = sample_bounded(self, seeds, key)  # one host sync
         if mb is not None:
             return mb

@@ -178,6 +178,8 @@ class _Buffers:
         self.work = [(flag[:e], rank[:e]) for e in edges]
         self.local = [z(e) for e in edges]
         self.row = [z(e) for e in edges]
+        self.uses = 0  # batches sampled with this set (which set a full scratch drops)
+        self.graph = None  # :mod:`.gpu_graphed`'s state for this set
 
 
 def _triton(dev: torch.device, kernel: str):
@@ -207,12 +209,13 @@ def _relabel_kernel(dev: torch.device, name: str, fallback, *args) -> None:
     fallback(*args)
 
 
-def _hop(sampler, buf: _Buffers, h: int, n_rows: int, cap: int, key: int, loc, first):
-    """Hop ``h``'s draws: ``(src, row, claimed)``, as the Triton kernel (into the reused
+def _hop(sampler, buf: _Buffers, h: int, n_rows: int, hk, loc, first):
+    """Hop ``h``'s draws with hop key ``hk`` (an int, or an int64 ``[1]`` device tensor of its
+    bits: :mod:`.gpu_graphed`): ``(src, row, claimed)``, as the Triton kernel (into the reused
     buffers, claiming for the relabelling) where it runs, else torch ops (rejection flag to
     ``meta``)."""
     fanout, e = sampler.fanouts[h], int(buf.src[h].shape[0])
-    hk, ip, ix = hop_key(key, h), sampler.indptr, sampler.indices
+    ip, ix = sampler.indptr, sampler.indices
     if e == 0:  # nothing to draw (fanout 0, no rows or no edges): no kernel of either kind
         return buf.src[h], buf.row[h], False
     mod = _triton(sampler.device, "sample_hop") if fanout > 0 else None
@@ -225,6 +228,8 @@ def _hop(sampler, buf: _Buffers, h: int, n_rows: int, cap: int, key: int, loc, f
             return out[0], out[1], True
         except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
             _failed("sample_hop", err)
+    if isinstance(hk, torch.Tensor):  # (a kernel that failed while a graph was being prepared)
+        hk = int(hk.item()) & ((1 << 64) - 1)
     src, row, redo = sample_hop_torch(ip, ix, buf.nodes[:n_rows], fanout, hk, e, False,
                                       buf.count[h], buf.cum[h][:n_rows])  # fmt: skip
     L = len(sampler.fanouts)
@@ -253,36 +258,65 @@ def _relabel(sampler, buf: _Buffers, h: int, rows: list, src, claimed: bool, loc
     return relabel_step_torch(*args, nxt)
 
 
-def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
-    """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
-    int64 ``seeds`` with one host sync (module docstring). None where the synced path must
-    sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, or torch draws to
-    redo step by step. Raises ValueError for bad seeds."""
-    dev, n_nodes, ip = sampler.device, sampler.num_nodes, sampler.indptr
-    b, fanouts = int(seeds.shape[0]), sampler.fanouts
+def plan(sampler, b: int) -> tuple[list, list] | None:
+    """The bounds ``(rows, edges)`` of a batch of ``b`` seeds, or None where the synced path
+    must sample it (a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`)."""
+    fanouts = sampler.fanouts
     if not fanouts or min(fanouts) < 0:
         return None
-    rows, edges = bounds(b, fanouts, n_nodes, int(sampler.indices.shape[0]))
+    rows, edges = bounds(b, fanouts, sampler.num_nodes, int(sampler.indices.shape[0]))
     if max(edges, default=0) > MAX_EDGE_SLOTS:
         return None
-    L, cap = len(fanouts), rows[-1]
-    loc, first, cache = sampler._take(cache=True)
+    return rows, edges
+
+
+def buffers(cache: dict, b: int, rows: list, edges: list, dev: torch.device) -> _Buffers:
+    """The scratch's reused buffer set for batches of ``b`` seeds, made where there is none.
+    The scratch keeps at most three sets (a full batch's, the last one's, an evaluation's); a
+    fourth size drops the least used."""
     buf = cache.get(b)
     if buf is None:
-        if len(cache) > 1:  # a full batch's and the last one's sizes, nothing older
-            cache.clear()
+        if len(cache) >= 3:
+            del cache[min(cache, key=lambda size: cache[size].uses)]
         buf = cache[b] = _Buffers(rows, edges, dev)
+    buf.uses += 1
+    return buf
+
+
+def launch(sampler, buf: _Buffers, rows: list, seeds, keys, loc, first, reset=None,
+           mark: bool = True) -> list:  # fmt: skip
+    """The batch's launches, none of which reads the device on the host: the seeds, then per
+    hop the draws with hop key ``keys[h]`` and the relabelling; with ``reset`` (the node
+    count's bound) the scratch put back at rest at the end, by the device-held count. ``mark``:
+    call the sampler's phase hook between the steps. Returns every hop's ``(local, row)``
+    buffers."""
+    dev, fanouts = sampler.device, sampler.fanouts
     buf.meta.zero_()
     _relabel_kernel(dev, "seeds_triton", seeds_torch, seeds, loc, buf.nodes, buf.k[0], buf.meta,
-                    ip, n_nodes, fanouts[0])  # fmt: skip
+                    sampler.indptr, sampler.num_nodes, fanouts[0])  # fmt: skip
     hop_edges = []
-    for h in range(L):
+    for h in range(len(fanouts)):
         buf.k[h].cumsum_(0)  # the rows' output offsets, and the hop's edge count at the end
-        src, row, claimed = _hop(sampler, buf, h, rows[h], cap, key, loc, first)
-        sampler._mark("sample")
+        src, row, claimed = _hop(sampler, buf, h, rows[h], keys[h], loc, first)
+        if mark:
+            sampler._mark("sample")
         local = _relabel(sampler, buf, h, rows, src, claimed, loc, first)
-        sampler._mark("relabel")
+        if mark:
+            sampler._mark("relabel")
         hop_edges.append((local, row))
+    if reset is not None:
+        last = buf.meta.narrow(0, 2 + len(fanouts), 1)
+        _relabel_kernel(dev, "reset_triton", _reset_torch, buf.nodes, reset, loc, first, last)
+    return hop_edges
+
+
+def finish(sampler, buf: _Buffers, rows: list, seeds, hop_edges, loc, first, cache,
+           reset: bool = True) -> MiniBatch | None:  # fmt: skip
+    """The batch's one host sync and its arrays (module docstring); gives the scratch back.
+    ``reset``: put the scratch at rest (False: :func:`launch` did, and ``seeds`` is a static
+    buffer: the batch's seeds are then the head of its node list). Raises ValueError for bad
+    seeds (``seeds``: the batch's, on the device); None where the torch draws must be redone."""
+    L, cap, b = len(sampler.fanouts), rows[-1], int(seeds.shape[0])
     head = buf.meta.tolist()  # the batch's one host sync
     rep, bad, redo = head[0], head[1], any(head[3 + 2 * L :])
     hop_nodes = [min(c, cap) for c in head[2 : 3 + L]]
@@ -293,10 +327,13 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
         sampler._give(loc, first, cache)
         lo, hi = int(seeds.min()), int(seeds.max())
         if bad:
-            raise ValueError(f"seeds: node id {lo if lo < 0 else hi} out of range [0, {n_nodes})")
+            raise ValueError(f"seeds: node id {lo if lo < 0 else hi} out of range "
+                             f"[0, {sampler.num_nodes})")  # fmt: skip
         dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
         raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
-    _relabel_kernel(dev, "reset_triton", _reset_torch, buf.nodes, hop_nodes[-1], loc, first)
+    if reset:
+        _relabel_kernel(sampler.device, "reset_triton", _reset_torch, buf.nodes, hop_nodes[-1],
+                        loc, first)  # fmt: skip
     if redo:
         sampler._give(loc, first, cache)
         return None
@@ -314,10 +351,33 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
         ei = flat[1 + 2 * h].view(2, sizes[h])
         blocks.append(Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
                             ptr=flat[2 + 2 * h]))  # fmt: skip
+    if not reset:  # ``seeds`` a static buffer (a graph's): the node list's head, a copy
+        seeds = flat[0][:b]
     return MiniBatch(seeds=seeds, input_nodes=flat[0], blocks=blocks, meta={"hop_nodes": hop_nodes})
 
 
-def _reset_torch(nodes: torch.Tensor, n: int, loc, first) -> None:
-    """The scratch at rest again: ``loc`` -1 and ``first`` the sentinel at the batch's nodes."""
-    loc.index_fill_(0, nodes[:n], -1)
-    first.index_fill_(0, nodes[:n], _SENTINEL)
+def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
+    """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
+    int64 ``seeds`` with one host sync (module docstring). None where the synced path must
+    sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, or torch draws to
+    redo step by step. Raises ValueError for bad seeds."""
+    b = int(seeds.shape[0])
+    bounded = plan(sampler, b)
+    if bounded is None:
+        return None
+    rows, edges = bounded
+    loc, first, cache = sampler._take(cache=True)
+    buf = buffers(cache, b, rows, edges, sampler.device)
+    keys = [hop_key(key, h) for h in range(len(sampler.fanouts))]
+    hop_edges = launch(sampler, buf, rows, seeds, keys, loc, first)
+    return finish(sampler, buf, rows, seeds, hop_edges, loc, first, cache)
+
+
+def _reset_torch(nodes: torch.Tensor, n: int, loc, first, count=None) -> None:
+    """The scratch at rest again: ``loc`` -1 and ``first`` the sentinel at the batch's nodes
+    (the first ``n``; with ``count`` on the device, the first ``min(n, count)``)."""
+    ids = nodes[:n]
+    if count is not None:  # the rest point at the dummy slot, set back after
+        ids = torch.where(torch.arange(n, device=ids.device) < count, ids, loc.shape[0] - 1)
+    loc.index_fill_(0, ids, -1)
+    first.index_fill_(0, ids, _SENTINEL)

@@ -105,6 +105,8 @@ class UniformSampler(ThreadedCPUSampler):
         graph_in: where a GPU sampler's topology lives: ``"gpu"`` (copied into device memory) or
             ``"host"`` (UVA sampling: the host CSR pinned in place and read zero-copy by the
             kernels, never copied; :func:`gnnio.sampling.gpu.pinned_csr`).
+        cuda_graph: a GPU sampler replays each batch as a CUDA graph
+            (:mod:`gnnio.sampling.gpu_graphed`; the same batches); ignored on the CPU.
 
     Thread safety: :meth:`sample` may be called from several threads at once; each call takes its
     own scratch (an int32 ``[num_nodes]`` global -> local map, versioned between calls, plus one
@@ -122,6 +124,7 @@ class UniformSampler(ThreadedCPUSampler):
         num_threads: int | None = None,
         device: str | torch.device | None = None,
         graph_in: str = "gpu",
+        cuda_graph: bool = False,
     ):
         self._init_threads(fanouts, seed, num_threads)
         self._torch = None
@@ -129,7 +132,7 @@ class UniformSampler(ThreadedCPUSampler):
         if topo is not None:
             from .gpu import TorchUniformSampler
 
-            self._torch = TorchUniformSampler(*topo, self.fanouts)
+            self._torch = TorchUniformSampler(*topo, self.fanouts, cuda_graph=cuda_graph)
             self.num_nodes = self._torch.num_nodes
             return
         self._init_csr(graph)

@@ -94,10 +94,14 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
     opt = make_optimizer(model, cfg)
     parts = TrainingParts(setup, store, sampler, adaptive, order, labels, train_loader,
                           eval_loaders, model, net, opt, eval_bs)  # fmt: skip
-    if getattr(cfg, "cuda_graph", False):
-        from .graphed import GraphedStep
+    from .graphed import GraphedStep, graph_mode
 
+    if graph_mode(cfg, "step"):
         parts.step = GraphedStep(device)
+    if graph_mode(cfg, "sampler"):
+        from ..sampling.gpu_graphed import reset_graphed_report
+
+        reset_graphed_report()  # this run's batches only
     return parts
 
 

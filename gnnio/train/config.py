@@ -85,9 +85,10 @@ class TrainConfig:
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
             profiled against their threads and given the allocation that minimizes the slowest;
             recorded in the summary under ``isolation`` (stage -> threads).
-        cuda_graph: the training step as one CUDA graph replay, batches padded to fixed
-            sizes (:mod:`gnnio.train.graphed`; one process; default off: not yet measured on a
-            GPU).
+        cuda_graph: what replays as CUDA graphs: ``"off"`` (default: not yet measured on a
+            GPU), ``"step"`` (the training step, batches padded to fixed sizes:
+            :mod:`gnnio.train.graphed`; one process), ``"sampler"`` (the GPU sampler's batch:
+            :mod:`gnnio.sampling.gpu_graphed`) or ``"all"`` (both; ``True`` means this).
         sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform or LABOR-0
             sampler runs on the training GPU inside the loader, on its own stream:
             :mod:`gnnio.sampling.gpu`, :mod:`gnnio.sampling.labor_torch`) or ``"auto"`` (default:
@@ -194,7 +195,7 @@ class TrainConfig:
     store: str = "memory"
     threads: int | None = None
     isolation: str = "off"
-    cuda_graph: bool = False
+    cuda_graph: str | bool = "off"
     sampler_device: str = "auto"
     graph_in: str = "auto"
     prefetch: int = 2
@@ -285,6 +286,10 @@ class TrainConfig:
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
         if self.isolation not in ("auto", "off"):
             raise UsageError(f"--isolation: must be auto or off, got '{self.isolation}'")
+        from .graphed import CUDA_GRAPH_MODES, graph_mode
+
+        if (mode := graph_mode(self)) not in CUDA_GRAPH_MODES:
+            raise UsageError(f"--cuda-graph: one of {', '.join(CUDA_GRAPH_MODES)}, got '{mode}'")
         self._validate_sampler_device()
         self._validate_data_options(world_size)
         self._validate_checkpoints(world_size)
@@ -451,8 +456,13 @@ class TrainConfig:
             raise UsageError("--eval full: single-process only; use --eval sampled with ranks")
         if self.isolation != "off":
             raise UsageError("--isolation auto: single-process only for now")
-        if self.cuda_graph:
-            raise UsageError("--cuda-graph: single-process only (DDP's hooks are not captured)")
+        from .graphed import graph_mode
+
+        if graph_mode(self, "step"):
+            raise UsageError(
+                "--cuda-graph: the step's graph is single-process only (DDP's "
+                "hooks are not captured); --cuda-graph sampler works with ranks"
+            )
         if self.placement is not None and self.placement_strategy is not None:
             raise UsageError("--placement and --placement-strategy exclude each other; give one")
         if self.placement_strategy is not None and self.placement_strategy not in DIST_STRATEGIES:

@@ -47,7 +47,11 @@ import torch.nn.functional as F
 from ..sampling.base import Block
 from .step import train_step
 
-__all__ = ["GraphedStep"]
+__all__ = ["CUDA_GRAPH_MODES", "GraphedStep", "graph_mode", "graph_report"]
+
+#: ``--cuda-graph``: what replays as CUDA graphs (``all``: the step and the GPU sampler,
+#: :mod:`gnnio.sampling.gpu_graphed`)
+CUDA_GRAPH_MODES = ("off", "step", "sampler", "all")
 
 #: capacities are rounded up to a multiple of this (rows and edge slots)
 ROUND = 256
@@ -166,7 +170,10 @@ class GraphedStep:
         g = torch.cuda.CUDAGraph()
         # thread_local: only this thread's unsafe calls break the capture -- the loader's
         # threads go on sampling and gathering (their syncs and allocations) meanwhile
-        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        # its own stream: torch's default capture stream is shared, and the sampling thread
+        # may capture its batch (gnnio.sampling.gpu_graphed) meanwhile
+        side = torch.cuda.Stream(self.device)
+        with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
             self._out = self._body(net, opt)
         self._graph = g
 
@@ -223,3 +230,34 @@ def _capturable(opt) -> None:
     for group in opt.param_groups:
         if "capturable" in group:
             group["capturable"] = True
+
+
+def graph_mode(cfg, part: str | None = None):
+    """``cfg.cuda_graph`` as one of :data:`CUDA_GRAPH_MODES` (``True``: ``all``, ``False`` or
+    None: ``off``; anything else as given, for :meth:`TrainConfig.validate` to refuse); with
+    ``part`` (``"step"`` or ``"sampler"``) whether that part replays as a CUDA graph."""
+    if part is not None:
+        return graph_mode(cfg) in (part, "all")
+    mode = getattr(cfg, "cuda_graph", "off")
+    if mode is True:
+        return "all"
+    if mode is False or mode is None:
+        return "off"
+    return str(mode)
+
+
+def graph_report(cfg, step) -> dict | None:
+    """The summary's ``cuda_graph``: None when nothing replays as a graph; else ``mode``, the
+    step's :meth:`GraphedStep.report` (its keys at the top) where the step is graphed, and
+    ``sampler``: :func:`gnnio.sampling.gpu_graphed.graphed_report` where the sampler is."""
+    mode = graph_mode(cfg)
+    if mode == "off":
+        return None
+    out = {"mode": mode}
+    if hasattr(step, "report"):
+        out.update(step.report())
+    if graph_mode(cfg, "sampler"):
+        from ..sampling.gpu_graphed import graphed_report
+
+        out["sampler"] = graphed_report()
+    return out

@@ -61,6 +61,7 @@ from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_
 from .config import TrainConfig, check_device
 from .evaluate import evaluate_full, evaluate_sampled
 from .gpu_plan import apply_layout_plan
+from .graphed import graph_report
 from .setup_disk import disk_epoch, disk_mark, disk_summary
 from .summary import (
     hidden_fraction,
@@ -324,8 +325,9 @@ def train(
     summary["isolation"] = dict(iso.threads) if iso is not None else None
     summary["plan"] = plan
     summary["kernels"] = kernels_report()  # which implementation ran (a fallback shows here)
-    if hasattr(parts.step, "report"):  # --cuda-graph: batches replayed, eager, why not
-        summary["cuda_graph"] = parts.step.report()
+    graphs = graph_report(cfg, parts.step)  # --cuda-graph: batches replayed, eager, why not
+    if graphs is not None:
+        summary["cuda_graph"] = graphs
     summary["sampler_device"] = str(getattr(sampler, "device", "cpu"))
     if summary["sampler_device"].startswith("cuda"):
         summary["graph_in"] = getattr(sampler, "graph_in", None)

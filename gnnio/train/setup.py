@@ -276,6 +276,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
         PrunedUniformSampler,
         UniformSampler,
     )
+    from .graphed import graph_mode
 
     prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
     kind = getattr(cfg, "sampler", "uniform")
@@ -293,7 +294,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
             return (
                 UniformSampler(
                     ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, device=sdev,
-                    graph_in=graph_in,
+                    graph_in=graph_in, cuda_graph=graph_mode(cfg, "sampler"),
                 ),
                 None,
             )  # fmt: skip

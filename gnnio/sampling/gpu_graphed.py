@@ -1,0 +1,153 @@
+"""The GPU sampler's batch replayed as one CUDA graph (``gnnio train --cuda-graph``; issue 24).
+
+Why: on a GPU the loop is paced by the host (docs/benchmarks.md, "Measured on an H200": the
+sampling thread's ~2 ms of host work per batch competes with the training step for the
+interpreter). The bounded batch (:mod:`gnnio.sampling.gpu_bounded`) already has fixed sizes and
+reads the device once, at its end: its 22 torch ops and 11 Triton launches depend on the batch
+only through the seeds and the hop keys. Here those two live in a static device buffer per
+buffer set (``inp``: the seeds, then each hop's key), the Triton hop kernel reads its key there
+(``KEY_PTR``), and the batch's launches -- seeds, hops, relabelling, and the scratch's reset by
+the device-held node count -- are captured once and replayed. A batch is then one host-to-device
+copy of its seeds and keys (from pinned memory, queued), one replay, the one host read of the
+counts and one ``cat`` of its arrays: the same batches as the eager bounded path (tests compare
+them), with about 4 operations of host work instead of 33.
+
+When: CUDA, Triton's hop and relabelling kernels available, every fanout ``>= 1`` and the
+bounds within :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`; otherwise the eager path runs
+(same batches). A buffer set's first batch runs its launches eagerly (it compiles the kernels);
+the second captures them (``capture_error_mode="thread_local"``: the training thread goes on
+meanwhile). A capture that fails warns once and leaves every batch eager (``report()`` says why).
+Each buffer set -- per scratch (one per sampling thread) and batch size -- has its own graph and
+memory pool. On a CPU (``capture=False``) the same launches run eagerly from the static buffers:
+how the tests check them.
+
+Not measured on a GPU yet (written after the H200 run of 2026-11-26): opt-in until a GPU run
+shows it faster.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+
+from .gpu_bounded import buffers, finish, launch, plan
+from .gpu_hop import _s64
+from .threaded import hop_key
+
+__all__ = ["GraphState", "graphed_report", "reset_graphed_report", "sample_graphed"]
+
+_LOCK = threading.Lock()
+_STATS = {"captured": 0, "replayed": 0, "eager": 0, "failed": None}
+
+
+class GraphState:
+    """One buffer set's static inputs and graph: ``inp`` (int64 ``[b + L]``): the seeds, then
+    each hop's key bits; ``seeds`` and ``keys[h]`` its views."""
+
+    def __init__(self, b: int, L: int, dev: torch.device):
+        self.inp = torch.zeros(b + L, dtype=torch.int64, device=dev)
+        self.seeds = self.inp[:b]
+        self.keys = [self.inp[b + h : b + h + 1] for h in range(L)]
+        self.graph = None
+        self.hop_edges = None
+
+
+def _usable(sampler) -> bool:
+    from ..utils.triton_kernels import triton_available
+
+    dev = sampler.device
+    return (
+        min(sampler.fanouts, default=0) >= 1
+        and triton_available(dev, "sample_hop")
+        and triton_available(dev, "relabel")
+    )
+
+
+def _upload(st: GraphState, seeds: torch.Tensor, key: int, L: int) -> None:
+    """The batch's seeds and hop keys into ``st.inp``: one queued copy from pinned memory."""
+    keys = torch.tensor([_s64(hop_key(key, h)) for h in range(L)], dtype=torch.int64)
+    if seeds.device == st.inp.device:
+        st.seeds.copy_(seeds)
+        host = keys
+        dst = st.inp.narrow(0, int(seeds.shape[0]), L)
+    else:
+        host, dst = torch.cat([seeds.to(torch.int64), keys]), st.inp
+    if dst.is_cuda:  # pinned: queued, not waited for (torch keeps the page until it is read)
+        host = host.pin_memory()
+    dst.copy_(host, non_blocking=True)
+
+
+def _note(what: str, err: str | None = None) -> None:
+    with _LOCK:
+        if what == "failed":
+            first = _STATS["failed"] is None
+            _STATS["failed"] = err
+            if first:
+                warnings.warn(f"--cuda-graph: capturing the sampler failed, sampling eagerly "
+                              f"({err})", RuntimeWarning, stacklevel=3)  # fmt: skip
+        else:
+            _STATS[what] += 1
+
+
+def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None = None):
+    """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
+    int64 ``seeds`` (host or device) as a CUDA graph's replay (module docstring); None where
+    this path does not apply (the caller samples eagerly). ``capture``: None captures on CUDA,
+    False runs the launches eagerly from the static buffers. Raises ValueError for bad seeds."""
+    b, L, dev = int(seeds.shape[0]), len(sampler.fanouts), sampler.device
+    bounded = plan(sampler, b) if b else None
+    if bounded is None or not _usable(sampler):
+        return None
+    if capture is None:
+        capture = dev.type == "cuda"
+    rows, edges = bounded
+    loc, first, cache = sampler._take(cache=True)
+    buf = buffers(cache, b, rows, edges, dev)
+    st = buf.graph
+    if st is None:
+        st = buf.graph = GraphState(b, L, dev)
+    _upload(st, seeds, key, L)
+
+    def run() -> list:
+        return launch(
+            sampler, buf, rows, st.seeds, st.keys, loc, first, reset=rows[-1], mark=False
+        )  # (no phase marks: a replay is one step)
+
+    failed = _STATS["failed"] is not None
+    if st.graph is not None:
+        st.graph.replay()
+        _note("replayed")
+    elif capture and buf.uses > 1 and not failed:  # the first batch compiled the kernels
+        try:
+            g = torch.cuda.CUDAGraph()
+            # its own stream (torch's default capture stream is shared: the training step's
+            # capture may run meanwhile on the main thread)
+            side = torch.cuda.Stream(dev)
+            with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
+                st.hop_edges = run()
+            st.graph = g
+            _note("captured")
+            g.replay()
+            _note("replayed")
+        except Exception as e:  # noqa: BLE001 - one warning, then every batch eagerly
+            _note("failed", f"{type(e).__name__}: {e}"[:300])
+            st.hop_edges = run()
+            _note("eager")
+    else:
+        st.hop_edges = run()
+        _note("eager")
+    return finish(sampler, buf, rows, st.seeds, st.hop_edges, loc, first, cache, reset=False)
+
+
+def graphed_report() -> dict:
+    """For the run's summary (``cuda_graph.sampler``): batches replayed, captured graphs, batches
+    run eagerly on this path, and why capturing failed (None if it did not)."""
+    with _LOCK:
+        return dict(_STATS)
+
+
+def reset_graphed_report() -> None:
+    with _LOCK:
+        _STATS.update(captured=0, replayed=0, eager=0, failed=None)

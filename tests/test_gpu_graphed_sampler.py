@@ -1,0 +1,195 @@
+"""The GPU sampler's batch as a CUDA graph (:mod:`gnnio.sampling.gpu_graphed`, issue 24): the
+batch's launches read their seeds and hop keys from a static device buffer, so one capture
+serves every batch of a size. On the CPU the same launches run eagerly (``capture=False``) --
+the Triton kernels in Triton's interpreter -- and must give the eager bounded path's batches
+(the synced path's, which the other GPU-sampler tests tie to the CPU sampler); the capture
+itself is a ``gpu`` test."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio.sampling import gpu_graphed
+from gnnio.sampling.gpu import TorchUniformSampler
+from tests.helpers import random_graph, run_in_triton_interpreter
+
+
+def _equal(a, b) -> None:
+    assert torch.equal(a.seeds.to(torch.int64), b.seeds.to(torch.int64))
+    assert torch.equal(a.input_nodes, b.input_nodes)
+    assert a.meta["hop_nodes"] == b.meta["hop_nodes"]
+    for x, y in zip(a.blocks, b.blocks, strict=True):
+        assert (x.num_src, x.num_dst) == (y.num_src, y.num_dst)
+        assert torch.equal(x.edge_index, y.edge_index) and torch.equal(x.ptr, y.ptr)
+
+
+GRAPHED = r"""
+import collections
+import numpy as np, torch
+from gnnio.sampling import _triton_hop, _triton_relabel, gpu_graphed
+from gnnio.sampling.gpu import TorchUniformSampler
+from gnnio.utils.syncs import OpCounter
+from tests.helpers import random_graph
+
+launches = collections.Counter()
+keyed = collections.Counter()
+state = {"on": False}  # count the graphed sampler's launches only (not the reference's)
+
+
+class Spy:
+    def __init__(self, name, real):
+        self.name, self.real = name, real
+
+    def __getitem__(self, grid):
+        launch = self.real[grid]
+
+        def run(*a, **k):
+            if state["on"]:
+                launches[self.name] += 1
+                keyed[(self.name, k.get("KEY_PTR", k.get("HAS_CNT")))] += 1
+            return launch(*a, **k)
+        return run
+
+
+_triton_hop._hop = Spy("_hop", _triton_hop._hop)
+for name in ("_claim", "_flag", "_commit", "_seeds", "_reset"):
+    setattr(_triton_relabel, name, Spy(name, getattr(_triton_relabel, name)))
+
+g = random_graph(600, 8000, 3)
+rng = np.random.default_rng(3)
+for fanouts in ([15, 10, 5], [4, 3]):
+    s = TorchUniformSampler(*g.to_torch(), fanouts, cuda_graph=True)
+    ref = TorchUniformSampler(*g.to_torch(), fanouts)
+    for i, b in enumerate([64, 17, 64, 0, 64, 17, 5, 64]):
+        seeds = torch.from_numpy(rng.permutation(600)[:b])
+        held = seeds.clone()
+        state["on"] = True
+        a = s.sample(seeds, 100 + i)
+        state["on"] = False
+        w = ref._sample_synced(seeds, 100 + i)
+        assert torch.equal(a.seeds, w.seeds), i
+        assert torch.equal(a.input_nodes, w.input_nodes), (fanouts, i, b)
+        for x, y in zip(a.blocks, w.blocks, strict=True):
+            assert torch.equal(x.edge_index, y.edge_index) and torch.equal(x.ptr, y.ptr), (i, b)
+        assert torch.equal(seeds, held)
+    for bad, msg in (([5, 9, 5], "more than once"), ([3, 600], "out of range"), ([-1], "range")):
+        try:
+            s.sample(torch.tensor(bad), 9)
+            raise AssertionError(f"accepted {bad}")
+        except ValueError as e:
+            assert msg in str(e), (bad, e)
+    seeds = torch.from_numpy(rng.permutation(600)[:64])
+    a, w = s.sample(seeds, 7), ref._sample_synced(seeds, 7)
+    assert torch.equal(a.input_nodes, w.input_nodes)
+    loc, first = s._take()
+    assert bool((loc == -1).all()) and bool((first == torch.iinfo(torch.int64).max).all())
+# every hop read its key from the static buffer, every batch end reset by the device count
+assert keyed[("_hop", True)] == launches["_hop"] > 0 and ("_hop", False) not in keyed, keyed
+assert keyed[("_reset", True)] > 0, keyed
+rep = gpu_graphed.graphed_report()
+assert rep["eager"] > 20 and rep["captured"] == 0 and rep["failed"] is None, rep  # a CPU: eager
+
+# host work of one batch (on a GPU the launches are one replay): the upload, then after the
+# read the batch's arrays -- everything else is captured
+s = TorchUniformSampler(*g.to_torch(), [15, 10, 5], cuda_graph=True)
+seeds = torch.from_numpy(rng.permutation(600)[:64])
+s.sample(seeds, 0)
+c = OpCounter()
+with c:
+    s.sample(seeds, 1)
+print("ops", c.ops, "syncs", c.syncs)
+assert c.syncs == 0, c.syncs
+print("ok")
+"""
+
+
+def test_graphed_launches_give_the_eager_batches():
+    """The graph path's launches, run eagerly on CPU tensors, give the synced path's batches for
+    changing batch sizes, an empty batch and bad seeds; every hop read its key from the device
+    buffer (a key baked into the launch would replay one key for every batch: each batch would
+    then equal the first one's draws, which this fails on) and the scratch is at rest after."""
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(GRAPHED)
+
+
+def test_a_failed_capture_warns_once_and_samples_eagerly(monkeypatch):
+    """Where capturing fails (here: no CUDA at all), one warning says so, the report keeps the
+    reason, and every batch is still the eager path's."""
+    monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler: True)
+    gpu_graphed.reset_graphed_report()
+    g = random_graph(500, 6000, 11)
+    s = TorchUniformSampler(*g.to_torch(), [5, 3])
+    ref = TorchUniformSampler(*g.to_torch(), [5, 3])
+    rng = np.random.default_rng(11)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            seeds = torch.from_numpy(rng.permutation(500)[:40])
+            mb = gpu_graphed.sample_graphed(s, seeds, i, capture=True)
+            _equal(mb, ref._sample_synced(seeds, i))
+    msgs = [str(w.message) for w in caught if "capturing the sampler failed" in str(w.message)]
+    assert len(msgs) == 1, [str(w.message) for w in caught]
+    rep = gpu_graphed.graphed_report()
+    assert rep["failed"] and rep["captured"] == 0 and rep["eager"] == 4, rep
+    gpu_graphed.reset_graphed_report()
+
+
+def test_buffer_sets_keep_the_most_used_sizes():
+    """A scratch keeps three buffer sets; a fourth size drops the least used, not the full
+    batch's (whose graph would otherwise be captured again after every evaluation)."""
+    g = random_graph(300, 3000, 2)
+    s = TorchUniformSampler(*g.to_torch(), [3, 2])
+    for b in [50, 50, 50, 7, 9, 11, 50, 13]:
+        s.sample(torch.arange(b), 0)
+    _, _, cache = s._take(cache=True)
+    assert len(cache) == 3 and 50 in cache and cache[50].uses == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replays_the_eager_batches():
+    """On a GPU: the second batch of a size is captured, later ones replayed, each equal to the
+    eager bounded path's with the same key, also from a sampling thread of its own."""
+    import threading
+
+    gpu_graphed.reset_graphed_report()
+    g = random_graph(20000, 300000, 5)
+    ip, ix = (t.cuda() for t in g.to_torch())
+    s = TorchUniformSampler(ip, ix, [15, 10, 5], cuda_graph=True)
+    ref = TorchUniformSampler(ip, ix, [15, 10, 5])
+    rng = np.random.default_rng(5)
+    out = []
+
+    def work() -> None:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for i in range(6):
+                seeds = torch.from_numpy(rng.permutation(20000)[: 512 if i < 5 else 100])
+                out.append((s.sample(seeds, i), ref.sample(seeds, i)))
+            torch.cuda.current_stream().synchronize()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    for a, w in out:
+        _equal(a, w)
+    rep = gpu_graphed.graphed_report()
+    assert rep["failed"] is None and rep["captured"] == 1 and rep["replayed"] == 4, rep
+
+
+def test_bench_sampling_cuda_graph_needs_the_gpu_uniform_sampler(tmp_path, capsys):
+    """``gnnio bench sampling --cuda-graph`` on the CPU, or with another sampler: one line, exit
+    2."""
+    from gnnio.cli.main import main
+
+    from .helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=80, num_edges=600)
+    for extra in ([], ["--sampler", "labor"]):
+        rc = main(["bench", "sampling", str(d), "--cuda-graph", "--batches", "2", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1, err
+        assert "--cuda-graph: the uniform sampler on --device cuda only" in err[0]
