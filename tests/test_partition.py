@@ -282,6 +282,14 @@ def test_cli_partition_json(rnd, tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert not (tmp_path / "Q").exists()
+    # no --method: METIS (the default a DistDGL user knows)
+    r = subprocess.run(
+        [sys.executable, "-m", "gnnio", "partition", str(rnd), "--parts", "2", "--out",
+         str(tmp_path / "M"), "--json"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "M" / "meta.json").read_text())["method"] == "metis"
 
 
 def _cut(graph, parts) -> int:

@@ -1,4 +1,4 @@
-"""``gnnio partition DIR --parts M --method M --out PDIR``: split the topology over ranks."""
+"""``gnnio partition DIR --parts M [--method M] --out PDIR``: split the topology over ranks."""
 
 from __future__ import annotations
 
@@ -25,7 +25,14 @@ def register(sub) -> None:
     )
     p.add_argument("dir", metavar="DIR", help="dataset directory")
     p.add_argument("--parts", type=int, required=True, metavar="M", help="number of parts")
-    p.add_argument("--method", required=True, choices=list(METHODS), help="partitioner")
+    p.add_argument(
+        "--method",
+        default="metis",
+        choices=list(METHODS),
+        help="partitioner (default: metis, DistDGL's: the fewest cut edges and remote reads in "
+        "docs/benchmarks.md, and the slowest to run: random or hdr split a large graph in "
+        "seconds)",
+    )
     p.add_argument(
         "--base",
         default="greedy",

@@ -100,7 +100,8 @@ def register(sub) -> None:
                 "MemAvailable at the start)",
             )
         add_feature_dtype_argument(sp)
-        sp.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+        sp.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true",
+                        help="no progress bars or summary")  # fmt: skip
         sp.set_defaults(func=run, importer=mod)
 
 
