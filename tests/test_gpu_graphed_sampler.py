@@ -193,3 +193,29 @@ def test_bench_sampling_cuda_graph_needs_the_gpu_uniform_sampler(tmp_path, capsy
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1, err
         assert "--cuda-graph: the uniform sampler on --device cuda only" in err[0]
+
+
+def test_device_waits_hold_off_while_a_graph_is_captured(monkeypatch):
+    """A device-wide wait from another thread breaks a capture underway (whatever its mode):
+    gnnio's waits take the capture lock, so one issued while a capture holds it runs after."""
+    import threading
+    import time
+
+    from gnnio.utils import capture
+
+    events = []
+    monkeypatch.setattr(capture.torch.cuda, "synchronize", lambda dev=None: events.append("sync"))
+    held = threading.Event()
+
+    def capturing() -> None:
+        with capture.CAPTURE_LOCK:
+            held.set()
+            time.sleep(0.2)
+            events.append("capture done")
+
+    t = threading.Thread(target=capturing)
+    t.start()
+    held.wait()
+    capture.device_sync("cuda:0")
+    t.join()
+    assert events == ["capture done", "sync"]

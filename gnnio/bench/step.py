@@ -44,6 +44,7 @@ import torch
 
 from ..errors import UsageError
 from ..features.base import ids_in_range
+from ..utils.capture import device_sync
 from ..utils.progress import bar
 from ..utils.syncs import OpCounter
 
@@ -110,7 +111,7 @@ class _Clock:
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        device_sync(device)  # (the loader's thread may be capturing the sampler's graph)
 
 
 def _batches(loader, start_epoch: int):

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..utils.capture import device_sync
+
 __all__ = ["CacheStats", "EventLaps"]
 
 
@@ -110,7 +112,7 @@ class CacheStats:
         ``wait`` also books the counts the sync-free path summed on the device (one wait)."""
         if wait and self._dev is not None:
             if self._dev.device.type == "cuda":
-                torch.cuda.synchronize(self._dev.device)
+                device_sync(self._dev.device)  # (never beside a CUDA graph capture)
             now = self._dev.tolist()
             d = [a - b for a, b in zip(now, self._dev_seen, strict=True)]
             self._dev_seen = now

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 import torch
 
+from ..utils.capture import device_sync
+
 __all__ = ["BatchCount", "FeatureStore", "TierCounters", "ids_in_range", "ids_vouched"]
 
 
@@ -204,7 +206,7 @@ def _wait_for(tensors) -> None:
     """Wait for every stream of the devices ``tensors`` live on (they may be written on a side
     stream the reading thread does not know)."""
     for dev in {t.device for t in tensors if t.device.type == "cuda"}:
-        torch.cuda.synchronize(dev)
+        device_sync(dev)  # (never beside a CUDA graph capture: gnnio.utils.capture)
 
 
 class FeatureStore(ABC):

@@ -15,8 +15,8 @@ them), with about 4 operations of host work instead of 33.
 When: CUDA, Triton's hop and relabelling kernels available, every fanout ``>= 1`` and the
 bounds within :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`; otherwise the eager path runs
 (same batches). A buffer set's first batch runs its launches eagerly (it compiles the kernels);
-the second captures them (``capture_error_mode="thread_local"``: the training thread goes on
-meanwhile). A capture that fails warns once and leaves every batch eager (``report()`` says why).
+the second captures them (:func:`gnnio.utils.capture.capture`: thread-local, so the training
+thread goes on meanwhile, and never beside another capture or a device-wide wait). A capture that fails warns once and leaves every batch eager (``report()`` says why).
 Each buffer set -- per scratch (one per sampling thread) and batch size -- has its own graph and
 memory pool. On a CPU (``capture=False``) the same launches run eagerly from the static buffers:
 how the tests check them.
@@ -122,10 +122,7 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     elif capture and buf.uses > 1 and not failed:  # the first batch compiled the kernels
         try:
             g = torch.cuda.CUDAGraph()
-            # its own stream (torch's default capture stream is shared: the training step's
-            # capture may run meanwhile on the main thread)
-            side = torch.cuda.Stream(dev)
-            with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
+            with capture(g, dev):  # (one capture at a time, no device-wide wait meanwhile)
                 st.hop_edges = run()
             st.graph = g
             _note("captured")

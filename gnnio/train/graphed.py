@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sampling.base import Block
+from ..utils.capture import capture
 from .step import train_step
 
 __all__ = ["CUDA_GRAPH_MODES", "GraphedStep", "graph_mode", "graph_report"]
@@ -169,11 +170,9 @@ class GraphedStep:
         opt.zero_grad(set_to_none=True)  # the graph's backward allocates (and then reuses) grads
         g = torch.cuda.CUDAGraph()
         # thread_local: only this thread's unsafe calls break the capture -- the loader's
-        # threads go on sampling and gathering (their syncs and allocations) meanwhile
-        # its own stream: torch's default capture stream is shared, and the sampling thread
-        # may capture its batch (gnnio.sampling.gpu_graphed) meanwhile
-        side = torch.cuda.Stream(self.device)
-        with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
+        # threads go on sampling and gathering (their syncs and allocations) meanwhile; never
+        # beside the sampler's capture or a device-wide wait (gnnio.utils.capture)
+        with capture(g, self.device):
             self._out = self._body(net, opt)
         self._graph = g
 
