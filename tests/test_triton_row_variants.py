@@ -171,7 +171,7 @@ THROUGH_COPY_ROWS = (
     KERNEL_SPY
     + r"""
 import torch
-from gnnio.features import _row_variants as rv, _triton_rows
+from gnnio.features import _row_variants as rv
 from gnnio.features._gather import copy_rows
 from gnnio.utils.triton_kernels import kernels_report
 
@@ -183,7 +183,7 @@ def trials(runs):
     for _, run in runs:
         run()
     return {n: Done(1.0 if n != "t4k_w4" else 0.5) for n, _ in runs}
-_triton_rows.TUNER = rv.RowTuner(trials, devices=("cpu",), min_bytes=64 * 512)
+rv.TUNER = rv.RowTuner(trials, devices=("cpu",), min_bytes=64 * 512)
 launches = spy("_rows", lambda a, kw: (kw["BR"], kw["num_warps"]))
 g = torch.Generator().manual_seed(6)
 src = torch.randn(500, 128, generator=g)
@@ -248,3 +248,58 @@ def test_every_row_variant_builds_for_a_gpu_here():
             assert loads and stores, (v.name, words)
             assert all(("evict_first" in x) == v.stream for x in loads), (v.name, loads[:2])
             assert all((".cs" in x) == v.stream for x in stores), (v.name, stores[:2])
+
+
+# gpu-check's bandwidth step on the GPU tier (gnnio.bench.tier_bandwidth._gpu_tier), its plumbing
+# on the CPU: Triton's interpreter runs the kernels, a fake GPU clock times a call by the launch it
+# made (2 warps: twice as fast; no launch: the copy's time), the fake tuner chooses t4k_w4. Every
+# variant is reported for both row widths with its GB/s, the best one's ratio to the copy, the
+# store's path with the choice, and report.md's line.
+GPU_TIER = (
+    KERNEL_SPY
+    + r"""
+import torch
+from gnnio.bench import tier_bandwidth as tb
+from gnnio.bench.gpu_check_report import _gpu_tier_line
+from gnnio.features import _row_variants as rv
+
+class Done:
+    def __init__(self, s): self.s = s
+    def ready(self): return True
+    def seconds(self): return self.s
+def trials(runs):
+    return {n: Done(0.5 if n == "t4k_w4" else 1.0) for n, _ in runs}
+rv.TUNER = rv.RowTuner(trials, devices=("cpu",), min_bytes=0)
+torch.cuda.synchronize = lambda *a: None
+launches = spy("_rows", lambda a, kw: kw["num_warps"])
+def fake_gpu_seconds(fn, calls=5, passes=5):
+    n0 = len(launches)
+    fn()
+    nw = launches[n0:]
+    return (1e-3 / 2 if nw == [2] else 1e-3), 2e-5
+tb._gpu_seconds = fake_gpu_seconds
+g = torch.Generator().manual_seed(7)
+feat = torch.randn(1001, 128, generator=g)
+ids = torch.randint(0, 1001, (402,), generator=g)
+out = torch.empty(402, 128)
+r = tb._gpu_tier(feat, ids, out, lambda fn: 1.0)
+assert torch.equal(out[:400].view(100, 512), feat[:1000].view(250, 512)[ids[:100] % 250])
+names = [v.name for v in rv.VARIANTS]
+for key, useful in (("512B", 402 * 512), ("2048B", 100 * 2048)):
+    vs = r["variants"][key]
+    assert list(vs) == names, vs
+    assert vs["t8k_w2"] == 2 * useful / 1e-3 / 1e9 and vs["t16k_w4"] == useful / 1e-3 / 1e9, vs
+    assert r["best_variant"][key] == "t8k_w2" and r["choice"][key]["chosen"] == "t4k_w4"
+assert r["ratio"]["best_variant_512B/d2d_copy"] == 2.0, r["ratio"]
+assert r["ratio"]["ids_in_order/d2d_copy"] == 1.0 and r["wall"]["gpu_resident"] == 1.0
+assert r["gpu_resident"]["host_us_per_call"] == 20.0
+line = _gpu_tier_line(r)
+assert "512B: chosen t4k_w4; t16k_w4 1.00, t4k_w4 1.00, t8k_w2 2.00" in line, line
+print("ok")
+"""
+)
+
+
+def test_the_bandwidth_step_reports_every_variant_and_the_best_against_the_copy():
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(GPU_TIER)

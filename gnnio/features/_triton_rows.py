@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._row_variants import DEFAULT, TUNER, VARIANTS, RowVariant
+from . import _row_variants
+from ._row_variants import DEFAULT, VARIANTS, RowVariant
 
 __all__ = ["MAX_WORDS", "copy_rows_triton", "copy_tiered_triton"]
 
@@ -152,7 +153,7 @@ def copy_rows_triton(
     if variant is None:
         key = f"{rb}B" + ("" if w == 8 else f"/{w}B words") + ("+scatter" if scatter else "")
         cands = VARIANTS if fits32 else [v for v in VARIANTS if not v.i32]
-        variant = TUNER.pick(key, n * rb, src.device, launch, cands)
+        variant = _row_variants.TUNER.pick(key, n * rb, src.device, launch, cands)
     launch(variant)
     return True
 
