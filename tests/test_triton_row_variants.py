@@ -303,3 +303,37 @@ print("ok")
 def test_the_bandwidth_step_reports_every_variant_and_the_best_against_the_copy():
     pytest.importorskip("triton")
     run_in_triton_interpreter(GPU_TIER)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_every_variant_and_the_choice_equal_index_select():
+    """On a real GPU: each variant compiles, launches and writes ``index_select``'s rows (512-byte
+    and 2 KiB rows, gathered and scattered); the store's path measures them on its first big
+    gather, chooses without waiting, and records the choice."""
+    pytest.importorskip("triton")
+    from gnnio.features._gather import copy_rows
+    from gnnio.features._triton_rows import copy_rows_triton
+
+    g = torch.Generator(device="cuda").manual_seed(8)
+    for dim in (128, 512):
+        src = torch.randn(200_000, dim, device="cuda", generator=g)
+        ids = torch.randint(0, 200_000, (20_000,), device="cuda", generator=g)
+        want = src[ids]
+        pos = torch.randperm(30_000, device="cuda", generator=g)[:20_000]
+        for v in rv.VARIANTS:
+            out = torch.zeros(20_000, dim, device="cuda")
+            assert copy_rows_triton(src, ids, out, None, variant=v)
+            assert torch.equal(out, want), v
+            out = torch.zeros(30_000, dim, device="cuda")
+            assert copy_rows_triton(src, ids, out, pos, variant=v)
+            assert torch.equal(out[pos], want) and out.count_nonzero() == want.count_nonzero()
+        out = torch.zeros(20_000, dim, device="cuda")
+        key = f"{dim * 4}B"
+        for _ in range(3):
+            copy_rows(src, ids, out)
+            torch.cuda.synchronize()
+        assert torch.equal(out, want)
+        assert key in rv.TUNER.chosen, rv.TUNER.report()
+        assert all(isinstance(t, float) for t in rv.TUNER.timings[key].values()), rv.TUNER.report()
+        assert triton_kernels.kernels_report()["configs"]["rows"][key] == rv.TUNER.chosen[key].name
