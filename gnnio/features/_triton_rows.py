@@ -8,6 +8,11 @@ and both base addresses allow (as the CPU kernel does, :func:`gnnio.features._ga
 With ``dst_idx`` the rows go to scattered output rows in the same pass, instead of an
 ``index_select`` into a temporary and an ``index_copy_`` (the tiered store's hot part).
 
+How it is launched -- rows per program, warps, cache hints, 32-bit offsets -- is one of
+:data:`gnnio.features._row_variants.VARIANTS`, chosen per row width by measuring them on the
+first large gathers (:class:`~gnnio.features._row_variants.RowTuner`); every variant writes the
+same bytes.
+
 Used through :func:`gnnio.features._gather.copy_rows`, which falls back to torch ops where this
 kernel does not apply. This module imports Triton; ``TRITON_INTERPRET=1`` (set before the import)
 runs it on CPU tensors, which is how the tests check it without a GPU.
