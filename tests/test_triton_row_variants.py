@@ -138,6 +138,17 @@ def test_the_fastest_variant_is_kept_once_its_timings_are_in(clean_record):
     assert rv.RowTuner(_fake_trials(times, seen)).pick("512B", 10**9, cpu, launched.append) == (
         rv.DEFAULT
     )
+    # timing that cannot start (no events, say) keeps the default, reported, without raising
+
+    def no_events(runs):
+        raise RuntimeError("no events here")
+
+    t = rv.RowTuner(no_events, devices=("cpu",), min_bytes=0)
+    assert t.pick("8B", 10, cpu, launched.append).name == "t16k_w4"
+    assert t.pick("8B", 10, cpu, launched.append).name == "t16k_w4"
+    assert t.report() == {
+        "8B": {"chosen": "t16k_w4", "us": {"error": "RuntimeError: no events here"}}
+    }
 
 
 def test_cuda_trials_time_launches_behind_a_sleep_and_never_wait(monkeypatch):

@@ -149,7 +149,10 @@ class RowTuner:
             if pending is None:
                 if nbytes >= self.min_bytes and self._may_time(device):
                     runs = [(c.name, lambda c=c: launch(c)) for c in candidates]
-                    self._pending[key] = self._trials(runs)
+                    try:
+                        self._pending[key] = self._trials(runs)
+                    except Exception as e:  # noqa: BLE001 - no timing (events): keep the default
+                        self._pending[key] = {"error": f"{type(e).__name__}: {e}"[:200]}
                 return DEFAULT
             if not all(isinstance(p, str) or p.ready() for p in pending.values()):
                 return DEFAULT
