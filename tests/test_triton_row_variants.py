@@ -348,3 +348,27 @@ def test_on_a_gpu_every_variant_and_the_choice_equal_index_select():
         assert key in rv.TUNER.chosen, rv.TUNER.report()
         assert all(isinstance(t, float) for t in rv.TUNER.timings[key].values()), rv.TUNER.report()
         assert triton_kernels.kernels_report()["configs"]["rows"][key] == rv.TUNER.chosen[key].name
+
+
+def test_nothing_is_timed_or_queried_while_a_cuda_graph_is_captured(monkeypatch, clean_record):
+    """Launches with events, or an event query, inside a stream capture would break it: while
+    the thread captures, the tuner starts no trials and polls none; outside, it goes on. Fails
+    when either capture check is removed."""
+    capturing = {"now": True}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["now"])
+    seen: list = []
+    gpu = {"done": True}
+    tuner = rv.RowTuner(_fake_trials({"t16k_w4": 2.0, "t4k_w4": 1.0}, seen, gpu), min_bytes=0)
+    cuda = torch.device("cuda", 0)
+
+    def pick() -> str:
+        return tuner.pick("512B", 10, cuda, lambda v: None, rv.VARIANTS[:2]).name
+
+    assert pick() == "t16k_w4" and not seen  # capturing: no trials
+    capturing["now"] = False
+    assert pick() == "t16k_w4" and seen == ["t16k_w4", "t4k_w4"]
+    capturing["now"] = True
+    gpu["done"] = "queried while capturing"  # truthy: a poll would choose now
+    assert pick() == "t16k_w4" and "512B" not in tuner.chosen
+    capturing["now"] = False
+    assert pick() == "t4k_w4"

@@ -154,7 +154,9 @@ class RowTuner:
                     except Exception as e:  # noqa: BLE001 - no timing (events): keep the default
                         self._pending[key] = {"error": f"{type(e).__name__}: {e}"[:200]}
                 return DEFAULT
-            if not all(isinstance(p, str) or p.ready() for p in pending.values()):
+            if not self._may_time(device) or not all(
+                isinstance(p, str) or p.ready() for p in pending.values()
+            ):  # (no event queried while this thread captures a CUDA graph)
                 return DEFAULT
             times = {n: p if isinstance(p, str) else p.seconds() for n, p in pending.items()}
             del self._pending[key]
