@@ -77,6 +77,20 @@ def goals(steps: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
     }
 
 
+def _gpu_tier_line(t: dict[str, Any]) -> str:
+    """The GPU-tier gather's figures (issue 24): each row width's variants against the copy."""
+    r, d2d = t.get("ratio", {}), t["d2d_copy"]["gbps"]
+    parts = [f"GPU-tier gather / d2d copy (GPU time): {t['gpu_resident']['gbps'] / d2d:.2f}, "
+             f"rows in order {r.get('ids_in_order/d2d_copy', 0):.2f}, wall with a sync per call "
+             f"{r.get('gpu_resident_wall/d2d_copy_wall', 0):.2f}"]  # fmt: skip
+    for key, vs in t.get("variants", {}).items():
+        if isinstance(vs, dict):
+            chosen = t.get("choice", {}).get(key, {}).get("chosen", "-")
+            each = ", ".join(f"{n} {x / d2d:.2f}" for n, x in vs.items() if isinstance(x, float))
+            parts.append(f"{key}: chosen {chosen}; {each}")
+    return "; ".join(parts)
+
+
 def _ratio(d: dict[str, float], a: str, b: str) -> float | None:
     return d[a] / max(d[b], 1e-12) if a in d and b in d else None
 
@@ -139,6 +153,8 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                       + (f": {', '.join(res['failed'])}" if res.get("failed") else "")
                       + (f"; skipped: {', '.join(res['skipped_modes'])}"
                          if res.get("skipped_modes") else ""))  # fmt: skip
+        if name == "bandwidth" and "gpu_tier" in res.get("bandwidth", {}):
+            status = _gpu_tier_line(res["bandwidth"]["gpu_tier"])
         if res.get("fell_back"):
             status = f"**failed: a Triton kernel fell back** ({status})"
         lines.append(f"| {name} | {status} |")

@@ -8,6 +8,11 @@ and both base addresses allow (as the CPU kernel does, :func:`gnnio.features._ga
 With ``dst_idx`` the rows go to scattered output rows in the same pass, instead of an
 ``index_select`` into a temporary and an ``index_copy_`` (the tiered store's hot part).
 
+How it is launched -- rows per program, warps, cache hints, 32-bit offsets -- is one of
+:data:`gnnio.features._row_variants.VARIANTS`, chosen per row width by measuring them on the
+first large gathers (:class:`~gnnio.features._row_variants.RowTuner`); every variant writes the
+same bytes.
+
 Used through :func:`gnnio.features._gather.copy_rows`, which falls back to torch ops where this
 kernel does not apply. This module imports Triton; ``TRITON_INTERPRET=1`` (set before the import)
 runs it on CPU tensors, which is how the tests check it without a GPU.
@@ -19,30 +24,50 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _row_variants
+from ._row_variants import DEFAULT, VARIANTS, RowVariant
+
 __all__ = ["MAX_WORDS", "copy_rows_triton", "copy_tiered_triton"]
 
 #: widest row handled in one tile, in words (wider rows: torch ops)
 MAX_WORDS = 8192
-_TILE_WORDS = 2048  # words per program (16 KiB of int64)
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 @triton.jit
 def _rows(src, src_idx, dst, dst_idx, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
-          SCATTER: tl.constexpr, SKIP: tl.constexpr = False):  # fmt: skip
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+          SCATTER: tl.constexpr, SKIP: tl.constexpr = False, STREAM: tl.constexpr = False,
+          I32: tl.constexpr = False):  # fmt: skip
+    # STREAM: rows read once (evicted first from L1 and L2) and written streaming (.cs); I32: 32-bit offsets
+    # (the caller checks that every word offset fits). The bytes written are the same either way.
+    if I32:
+        r = tl.program_id(0) * BR + tl.arange(0, BR)
+    else:
+        r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = r < n
     if SCATTER:
-        d = tl.load(dst_idx + r, mask=rm, other=0).to(tl.int64)
+        d = tl.load(dst_idx + r, mask=rm, other=0)
+        if I32:
+            d = d.to(tl.int32)
+        else:
+            d = d.to(tl.int64)
         if SKIP:  # a negative destination: nothing read, nothing written
             rm = rm & (d >= 0)
     else:
         d = r
-    s = tl.load(src_idx + r, mask=rm, other=0).to(tl.int64)
+    s = tl.load(src_idx + r, mask=rm, other=0)
+    if I32:
+        s = s.to(tl.int32)
+    else:
+        s = s.to(tl.int64)
     c = tl.arange(0, WP)
     m = rm[:, None] & (c < W)[None, :]
-    v = tl.load(src + s[:, None] * W + c[None, :], mask=m)
-    tl.store(dst + d[:, None] * W + c[None, :], v, mask=m)
+    if STREAM:
+        v = tl.load(src + s[:, None] * W + c[None, :], mask=m, eviction_policy="evict_first")
+        tl.store(dst + d[:, None] * W + c[None, :], v, mask=m, cache_modifier=".cs")
+    else:
+        v = tl.load(src + s[:, None] * W + c[None, :], mask=m)
+        tl.store(dst + d[:, None] * W + c[None, :], v, mask=m)
 
 
 @triton.jit
@@ -72,13 +97,14 @@ def _word(row_bytes: int, *ptrs: int) -> int:
 
 def _tiling(row_bytes: int, *tensors: torch.Tensor) -> tuple[int, int, int, int] | None:
     """``(word bytes, words per row, words padded to a power of two, rows per program)`` for rows
-    of ``row_bytes`` read and written through ``tensors``; None past :data:`MAX_WORDS` words."""
+    of ``row_bytes`` read and written through ``tensors`` (rows per program of
+    :data:`~gnnio.features._row_variants.DEFAULT`); None past :data:`MAX_WORDS` words."""
     w = _word(row_bytes, *(x.data_ptr() for x in tensors))
     words = row_bytes // w
     if words > MAX_WORDS:
         return None
     wp = 1 << (words - 1).bit_length()
-    return w, words, wp, max(1, min(64, _TILE_WORDS * 8 // w // wp))
+    return w, words, wp, DEFAULT.rows_per_program(w, wp)
 
 
 def _as_words(x: torch.Tensor, w: int) -> torch.Tensor:
@@ -92,12 +118,15 @@ def copy_rows_triton(
     dst: torch.Tensor,
     dst_idx: torch.Tensor | None,
     skip: bool = False,
+    variant: RowVariant | None = None,
 ) -> bool:
     """``dst[dst_idx] = src[src_idx]`` (``dst[:n] = src[src_idx]`` without ``dst_idx``) when the
     kernel applies -- contiguous 2-D ``src``/``dst`` of one dtype and row width, 1-D int32/int64
     indices on their device, rows of at most :data:`MAX_WORDS` words -- returning True; False
     (nothing written) otherwise. With ``skip`` a negative ``dst_idx[i]`` copies nothing. Indices
-    are not checked."""
+    are not checked. ``variant``: how to launch (one of
+    :data:`~gnnio.features._row_variants.VARIANTS`); None: the process's measured choice for
+    this row width (:data:`~gnnio.features._row_variants.TUNER`)."""
     n = int(src_idx.shape[0])
     if (
         src.dim() != 2 or dst.dim() != 2 or src.dtype != dst.dtype or src.shape[1] != dst.shape[1]
@@ -113,12 +142,24 @@ def copy_rows_triton(
     tiling = _tiling(rb, src, dst)
     if tiling is None:
         return False
-    w, words, wp, br = tiling
+    w, words, wp, _ = tiling
     si = src_idx.contiguous()
     di = si if dst_idx is None else dst_idx.contiguous()
-    _rows[(triton.cdiv(n, br),)](_as_words(src, w), si, _as_words(dst, w), di, n, W=words, WP=wp,
-                                 BR=br, SCATTER=dst_idx is not None,
-                                 SKIP=bool(skip) and dst_idx is not None)  # fmt: skip
+    sw, dw = _as_words(src, w), _as_words(dst, w)
+    fits32 = max(sw.numel(), dw.numel(), n) < 2**31 - 2 * wp  # every offset, padded lanes too
+    scatter, skip = dst_idx is not None, bool(skip) and dst_idx is not None
+
+    def launch(v: RowVariant) -> None:
+        br = v.rows_per_program(w, wp)
+        _rows[(triton.cdiv(n, br),)](sw, si, dw, di, n, W=words, WP=wp, BR=br, SCATTER=scatter,
+                                     SKIP=skip, STREAM=v.stream, I32=v.i32 and fits32,
+                                     num_warps=v.num_warps)  # fmt: skip
+
+    if variant is None:
+        key = f"{rb}B" + ("" if w == 8 else f"/{w}B words") + ("+scatter" if scatter else "")
+        cands = VARIANTS if fits32 else [v for v in VARIANTS if not v.i32]
+        variant = _row_variants.TUNER.pick(key, n * rb, src.device, launch, cands)
+    launch(variant)
     return True
 
 

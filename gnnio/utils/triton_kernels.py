@@ -21,6 +21,7 @@ import warnings
 import torch
 
 __all__ = [
+    "kernel_config",
     "kernel_failed",
     "kernel_ran",
     "kernels_report",
@@ -30,6 +31,7 @@ __all__ = [
 
 _FAILED: dict[str, str] = {}  # kernel name -> the first error
 _RAN: dict[str, set[str]] = {}  # kernel name -> implementations that ran since the last reset
+_CONFIGS: dict[str, dict[str, str]] = {}  # kernel name -> {key (row width): chosen variant}
 
 
 @functools.cache
@@ -67,16 +69,27 @@ def kernel_ran(kernel: str, impl: str) -> None:
         got.add(impl)
 
 
+def kernel_config(kernel: str, key: str, config: str) -> None:
+    """Record the variant of ``kernel`` chosen for ``key`` (the row kernel's per row width, made
+    once per process by measurement: :mod:`gnnio.features._row_variants`)."""
+    _CONFIGS.setdefault(kernel, {})[key] = config
+
+
 def reset_kernel_record() -> None:
-    """Forget which implementations ran (failures stay: a failed kernel is not tried again)."""
+    """Forget which implementations ran (failures and chosen variants stay: a failed kernel is
+    not tried again, a choice holds for the process)."""
     _RAN.clear()
 
 
 def kernels_report() -> dict:
     """``{kernel: impl}`` for every kernel that ran since the last reset (several
     implementations joined with ``+``, e.g. ``triton+torch`` when one fell back mid-run), plus
-    ``fallbacks`` (how many Triton kernels failed and fell back) and ``failed`` (their errors)."""
+    ``fallbacks`` (how many Triton kernels failed and fell back), ``failed`` (their errors) and,
+    once a variant has been chosen, ``configs`` (``{"rows": {"512B": "t16k_w4"}}``: the variant
+    per row width that this process measured fastest)."""
     out: dict = {k: "+".join(sorted(v)) for k, v in sorted(_RAN.items())}
     out["fallbacks"] = len(_FAILED)
     out["failed"] = dict(_FAILED)
+    if _CONFIGS:
+        out["configs"] = {k: dict(v) for k, v in sorted(_CONFIGS.items())}
     return out
