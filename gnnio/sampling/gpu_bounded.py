@@ -253,16 +253,21 @@ def _relabel(sampler, buf: _Buffers, h: int, rows: list, src, claimed: bool, loc
     return relabel_step_torch(*args, nxt)
 
 
-def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
+def sample_bounded(
+    sampler, seeds: torch.Tensor, key: int, hop=None, slack: int = 1
+) -> MiniBatch | None:
     """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
     int64 ``seeds`` with one host sync (module docstring). None where the synced path must
-    sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, or torch draws to
-    redo step by step. Raises ValueError for bad seeds."""
+    sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, torch draws to
+    redo step by step, or a hop that drew more edges than its bound. Raises ValueError for bad
+    seeds. ``hop`` (default the uniform draws, :func:`_hop`, same signature) draws a hop into
+    the buffers; ``slack`` multiplies the fanouts in the edge bounds (a hop whose row counts
+    may exceed the fanout: LABOR's Poisson design, :mod:`gnnio.sampling.labor_bounded`)."""
     dev, n_nodes, ip = sampler.device, sampler.num_nodes, sampler.indptr
-    b, fanouts = int(seeds.shape[0]), sampler.fanouts
+    b, fanouts, hop = int(seeds.shape[0]), sampler.fanouts, hop or _hop
     if not fanouts or min(fanouts) < 0:
         return None
-    rows, edges = bounds(b, fanouts, n_nodes, int(sampler.indices.shape[0]))
+    rows, edges = bounds(b, [f * slack for f in fanouts], n_nodes, int(sampler.indices.shape[0]))
     if max(edges, default=0) > MAX_EDGE_SLOTS:
         return None
     L, cap = len(fanouts), rows[-1]
@@ -278,15 +283,16 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
     hop_edges = []
     for h in range(L):
         buf.k[h].cumsum_(0)  # the rows' output offsets, and the hop's edge count at the end
-        src, row, claimed = _hop(sampler, buf, h, rows[h], cap, key, loc, first)
+        src, row, claimed = hop(sampler, buf, h, rows[h], cap, key, loc, first)
         sampler._mark("sample")
         local = _relabel(sampler, buf, h, rows, src, claimed, loc, first)
         sampler._mark("relabel")
         hop_edges.append((local, row))
     head = buf.meta.tolist()  # the batch's one host sync
-    rep, bad, redo = head[0], head[1], any(head[3 + 2 * L :])
     hop_nodes = [min(c, cap) for c in head[2 : 3 + L]]
     sizes = head[3 + L : 3 + 2 * L]
+    over = any(s > e for s, e in zip(sizes, edges, strict=True))  # (a hop past its bound)
+    rep, bad, redo = head[0], head[1], any(head[3 + 2 * L :]) or over
     if b and (rep or bad):
         loc.fill_(-1)  # (the error path: writes past the node buffer were dropped)
         first.fill_(_SENTINEL)
