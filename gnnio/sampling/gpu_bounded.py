@@ -262,7 +262,7 @@ def sample_bounded(
     redo step by step, or a hop that drew more edges than its bound. Raises ValueError for bad
     seeds. ``hop`` (default the uniform draws, :func:`_hop`, same signature) draws a hop into
     the buffers; ``slack`` multiplies the fanouts in the edge bounds (a hop whose row counts
-    may exceed the fanout: LABOR's Poisson design, :mod:`gnnio.sampling.labor_bounded`)."""
+    may exceed the fanout: LABOR's Poisson design, :mod:`gnnio.sampling.labor_torch`)."""
     dev, n_nodes, ip = sampler.device, sampler.num_nodes, sampler.indptr
     b, fanouts, hop = int(seeds.shape[0]), sampler.fanouts, hop or _hop
     if not fanouts or min(fanouts) < 0:
