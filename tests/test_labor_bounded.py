@@ -126,6 +126,66 @@ def test_triton_kernels_batches_equal_numba_with_one_host_sync():
     run_in_triton_interpreter(INTERP)
 
 
+OPS = r"""
+import collections
+import numpy as np, torch
+from gnnio.sampling import _triton_labor, _triton_relabel
+from gnnio.sampling.labor_torch import TorchLaborSampler
+from gnnio.utils.syncs import OpCounter
+from tests.helpers import random_graph
+
+state, launches = {"c": None}, collections.Counter()
+
+
+class Spy:  # counts a kernel's launches; the interpreter's own torch ops inside are not counted
+    def __init__(self, name, real):
+        self.name, self.real = name, real
+
+    def __getitem__(self, grid):
+        launch = self.real[grid]
+
+        def run(*a, **k):
+            c = state["c"]
+            before = c.ops if c is not None else 0
+            out = launch(*a, **k)
+            if c is not None:
+                c.ops = before
+            launches[self.name] += 1
+            return out
+        return run
+
+
+for mod, names in ((_triton_labor, ("_count", "_select")),
+                   (_triton_relabel, ("_claim", "_flag", "_commit", "_seeds", "_reset"))):
+    for name in names:
+        setattr(mod, name, Spy(name, getattr(mod, name)))
+g = random_graph(600, 8000, 3)
+seeds = torch.from_numpy(np.random.default_rng(3).permutation(600)[:64])
+# Before (main at df0e343, TorchLaborSampler's synced batch): 329 (fixed) / 324 (poisson) torch
+# ops, count_syncs 10 / 13; after: 45 / 48 ops (the uniform batch's 22, 3 more for Poisson's
+# offsets, 23 for the edge weights) and 11 / 14 launches (Poisson: a count kernel per hop).
+for design, most_ops, most_launches in (("fixed", 45, 11), ("poisson", 48, 14)):
+    s = TorchLaborSampler(*g.to_torch(), [15, 10, 5], design=design)
+    s.sample(seeds, 0)  # warm: the scratch and the reused buffers exist
+    launches.clear()
+    c = state["c"] = OpCounter()
+    with c:
+        s.sample(seeds, 1)
+    state["c"] = None
+    n = sum(launches.values())
+    assert c.syncs == 0 and c.ops <= most_ops and n <= most_launches, (design, c.ops, launches)
+    assert "_claim" not in launches and launches["_select"] == 3, launches  # the kernel claims
+print("ok")
+"""
+
+
+def test_host_ops_per_batch_as_a_gpu_runs_it():
+    """LABOR-0's bounded batch dispatches few torch ops and launches (on a GPU each costs host
+    time): held to the counts measured when it was built."""
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(OPS)
+
+
 def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
     """The count and select kernels compile to sm_90 cubins here (no GPU needed), and the
     Poisson threshold ``k / d`` is the correctly rounded float64 division (``div.rn.f64``, as

@@ -265,17 +265,6 @@ class TorchLaborSampler(TorchUniformSampler):
                 )
         return seeds
 
-    def _edge_weight(self, deg: torch.Tensor, fanout: int) -> torch.Tensor:
-        """:func:`gnnio.sampling.labor.labor_weights` in torch (float64 math, float32 out)."""
-        d = deg.to(torch.float64)
-        k = d if fanout < 0 else torch.clamp(d, max=float(fanout))
-        safe_k = torch.clamp(k, min=1.0)
-        if self.weights == "ht":
-            w = torch.where(k > 0, torch.clamp(d, min=1.0) / safe_k, 1.0)
-        else:
-            w = 1.0 / safe_k
-        return w.to(torch.float32)
-
     def sample(self, seeds, key: int) -> MiniBatch:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``: the
         bounded batch (one host sync; module docstring), else the synced path."""
@@ -287,13 +276,18 @@ class TorchLaborSampler(TorchUniformSampler):
         return self._weigh(mb)
 
     def _weigh(self, mb: MiniBatch) -> MiniBatch:
-        """The blocks' edge weights (no host sync) and ``meta["sampler"]``."""
-        ip = self.indptr
+        """The blocks' edge weights and ``meta["sampler"]``: :func:`gnnio.sampling.labor.
+        labor_weights` of each edge's destination degree ``d`` in float64 ops (``k = min(d,
+        fanout)``; ``max(d, 1) / max(k, 1)`` is its ``where(k > 0, max(d, 1) / k, 1)``), no host
+        sync, 5 + 6 per hop torch ops (was 16 per hop)."""
         if self.weights != "none":
-            for h, blk in enumerate(reversed(mb.blocks)):
-                rows = mb.input_nodes[: blk.num_dst]
-                w_row = self._edge_weight(ip[rows + 1] - ip[rows], self.fanouts[h])
-                blk.edge_weight = w_row[blk.edge_index[1]]
+            nodes, ip = mb.input_nodes, self.indptr
+            deg = (ip[nodes + 1] - ip[nodes]).to(torch.float64)
+            for f, blk in zip(self.fanouts, reversed(mb.blocks), strict=True):
+                d1 = deg[blk.edge_index[1]].clamp_(min=1)
+                k1 = d1 if f < 0 else d1.clamp(max=max(f, 1))  # (f = 0: no edges)
+                w = d1 / k1 if self.weights == "ht" else 1.0 / k1
+                blk.edge_weight = w.to(torch.float32)
         mb.meta["sampler"] = "labor"
         return mb
 
