@@ -38,8 +38,15 @@ def mixed_graph(seed: int = 0) -> CSRGraph:
 GRAPHS = [
     (lambda: mixed_graph(0), [5, 3]),
     (lambda: random_graph(200, 6000, 2), [6, 4, 2]),
-    (lambda: random_graph(60, 50, 3), [3, 2]),  # mostly rows of degree <= k, many isolated
+    (lambda: _int64(random_graph(60, 50, 3)), [3, 2]),  # mostly d <= k, many isolated
 ]
+
+
+def _int64(g: CSRGraph) -> CSRGraph:
+    """The graph with int64 ``indices`` (gnnio's own graphs hold int32 ones)."""
+    return CSRGraph(g.indptr, np.asarray(g.indices, dtype=np.int64))
+
+
 OPTIONS = [
     ("fixed", False, "ht"),
     ("poisson", False, "ht_mean"),
@@ -114,6 +121,23 @@ for make, fanouts in GRAPHS:
             same_batch(a, mb)
             same_batch(b, mb)
             assert syncs == 1, (design, fanouts, syncs)
+import numpy as np
+from gnnio.sampling import LaborSampler
+from gnnio.sampling.labor_torch import TorchLaborSampler
+from gnnio.sampling.threaded import call_key
+from tests.test_labor_bounded import mixed_graph
+
+g = mixed_graph(1)  # bad seeds between batches: the error, then the scratch at rest
+s = TorchLaborSampler(*g.to_torch(), [4, 3], design="poisson")
+for bad, msg in (([5, 9, 5], "more than once"), ([3, 150], "out of range")):
+    try:
+        s.sample(torch.tensor(bad), 9)
+        raise AssertionError(f"accepted {bad}")
+    except ValueError as e:
+        assert msg in str(e), (bad, e)
+seeds = np.arange(0, 150, 3)
+want = LaborSampler(g, [4, 3], seed=2, design="poisson").sample(seeds, epoch_seed=1)
+same_batch(want, s.sample(torch.from_numpy(seeds), call_key(2, epoch_seed=1)))
 rep = kernels_report()
 assert rep["labor_hop"] == "triton" and rep["relabel"] == "triton" and rep["fallbacks"] == 0, rep
 print("ok")
