@@ -246,3 +246,36 @@ def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
         assert k.asm.get("cubin"), fn.fn.__name__
         ptx = k.asm["ptx"]
         assert ("div.rn.f64" in ptx) == divides and "div.approx" not in ptx, fn.fn.__name__
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("design", ["fixed", "poisson"])
+def test_cuda_labor_batch_syncs_at_most_twice_and_equals_numba(design):  # pragma: no cover
+    """On a GPU, CUDA's own sync detector sees at most 2 host syncs in a LABOR-0 batch (the
+    end's read; the seeds' copy from a host array may be the second), the hop ran as Triton,
+    and the batch is the CPU kernels'."""
+    import warnings
+
+    from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
+
+    g = random_graph(3000, 40000, 0)
+    opts = {"design": design, "weights": "ht"}
+    cpu = LaborSampler(g, [15, 10, 5], seed=0, num_threads=1, **opts)
+    gpu = LaborSampler(g, [15, 10, 5], seed=0, device="cuda", **opts)
+    seeds = np.random.default_rng(0).permutation(3000)[:256]
+    reset_kernel_record()
+    gpu.sample(seeds, epoch_seed=1)  # warm: the kernels are compiled, the scratch exists
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            mb = gpu.sample(seeds, epoch_seed=2)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(x.message) for x in w if "called a synchronizing" in str(x.message)]
+    assert len(syncs) <= 2, syncs
+    rep = kernels_report()
+    assert rep.get("labor_hop") == "triton" and rep["fallbacks"] == 0, rep
+    same_batch(cpu.sample(seeds, epoch_seed=2), mb.to("cpu"))
