@@ -213,7 +213,7 @@ def test_host_ops_per_batch_as_a_gpu_runs_it():
 def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
     """The count and select kernels compile to sm_90 cubins here (no GPU needed), and the
     Poisson threshold ``k / d`` is the correctly rounded float64 division (``div.rn.f64``, as
-    NumPy's): an approximate division would keep other neighbours than the CPU kernel."""
+    NumPy's), never fused into an FMA: either would keep other neighbours than the CPU kernel."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -246,6 +246,7 @@ def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
         assert k.asm.get("cubin"), fn.fn.__name__
         ptx = k.asm["ptx"]
         assert ("div.rn.f64" in ptx) == divides and "div.approx" not in ptx, fn.fn.__name__
+        assert "fma.rn.f64" not in ptx, fn.fn.__name__  # (a fused product would round apart)
 
 
 @pytest.mark.gpu
