@@ -258,12 +258,15 @@ def _relabel(sampler, buf: _Buffers, h: int, rows: list, src, claimed: bool, loc
     return relabel_step_torch(*args, nxt)
 
 
-def plan(sampler, b: int) -> tuple[list, list] | None:
+def plan(sampler, b: int, slack: int = 1) -> tuple[list, list] | None:
     """The bounds ``(rows, edges)`` of a batch of ``b`` seeds, or None where the synced path
-    must sample it (a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`)."""
+    must sample it (a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`). ``slack``
+    multiplies the fanouts in the bounds (a hop whose rows may keep more than the fanout:
+    LABOR-0's Poisson design, :mod:`gnnio.sampling.labor_torch`)."""
     fanouts = sampler.fanouts
     if not fanouts or min(fanouts) < 0:
         return None
+    fanouts = [f * slack for f in fanouts]
     rows, edges = bounds(b, fanouts, sampler.num_nodes, int(sampler.indices.shape[0]))
     if max(edges, default=0) > MAX_EDGE_SLOTS:
         return None
@@ -284,12 +287,14 @@ def buffers(cache: dict, b: int, rows: list, edges: list, dev: torch.device) -> 
 
 
 def launch(sampler, buf: _Buffers, rows: list, seeds, keys, loc, first, reset=None,
-           mark: bool = True) -> list:  # fmt: skip
+           mark: bool = True, hop=None) -> list:  # fmt: skip
     """The batch's launches, none of which reads the device on the host: the seeds, then per
     hop the draws with hop key ``keys[h]`` and the relabelling; with ``reset`` (the node
     count's bound) the scratch put back at rest at the end, by the device-held count. ``mark``:
-    call the sampler's phase hook between the steps. Returns every hop's ``(local, row)``
-    buffers."""
+    call the sampler's phase hook between the steps. ``hop``: the draws (default the uniform
+    ones, :func:`_hop`; LABOR-0's :func:`gnnio.sampling.labor_torch.labor_hop`, same
+    signature). Returns every hop's ``(local, row)`` buffers."""
+    hop = hop or _hop
     dev, fanouts = sampler.device, sampler.fanouts
     buf.meta.zero_()
     _relabel_kernel(dev, "seeds_triton", seeds_torch, seeds, loc, buf.nodes, buf.k[0], buf.meta,
@@ -297,7 +302,7 @@ def launch(sampler, buf: _Buffers, rows: list, seeds, keys, loc, first, reset=No
     hop_edges = []
     for h in range(len(fanouts)):
         buf.k[h].cumsum_(0)  # the rows' output offsets, and the hop's edge count at the end
-        src, row, claimed = _hop(sampler, buf, h, rows[h], keys[h], loc, first)
+        src, row, claimed = hop(sampler, buf, h, rows[h], keys[h], loc, first)
         if mark:
             sampler._mark("sample")
         local = _relabel(sampler, buf, h, rows, src, claimed, loc, first)
@@ -310,17 +315,19 @@ def launch(sampler, buf: _Buffers, rows: list, seeds, keys, loc, first, reset=No
     return hop_edges
 
 
-def finish(sampler, buf: _Buffers, rows: list, seeds, hop_edges, loc, first, cache,
+def finish(sampler, buf: _Buffers, rows: list, edges: list, seeds, hop_edges, loc, first, cache,
            reset: bool = True) -> MiniBatch | None:  # fmt: skip
     """The batch's one host sync and its arrays (module docstring); gives the scratch back.
     ``reset``: put the scratch at rest (False: :func:`launch` did, and ``seeds`` is a static
     buffer: the batch's seeds are then the head of its node list). Raises ValueError for bad
-    seeds (``seeds``: the batch's, on the device); None where the torch draws must be redone."""
+    seeds (``seeds``: the batch's, on the device); None where the torch draws must be redone
+    or a hop drew more edges than its bound ``edges[h]`` (LABOR-0's Poisson rows)."""
     L, cap, b = len(sampler.fanouts), rows[-1], int(seeds.shape[0])
     head = buf.meta.tolist()  # the batch's one host sync
-    rep, bad, redo = head[0], head[1], any(head[3 + 2 * L :])
     hop_nodes = [min(c, cap) for c in head[2 : 3 + L]]
     sizes = head[3 + L : 3 + 2 * L]
+    over = any(s > e for s, e in zip(sizes, edges, strict=True))  # (a hop past its bound)
+    rep, bad, redo = head[0], head[1], any(head[3 + 2 * L :]) or over
     if b and (rep or bad):
         loc.fill_(-1)  # (the error path: writes past the node buffer were dropped)
         first.fill_(_SENTINEL)
@@ -356,21 +363,25 @@ def finish(sampler, buf: _Buffers, rows: list, seeds, hop_edges, loc, first, cac
     return MiniBatch(seeds=seeds, input_nodes=flat[0], blocks=blocks, meta={"hop_nodes": hop_nodes})
 
 
-def sample_bounded(sampler, seeds: torch.Tensor, key: int) -> MiniBatch | None:
+def sample_bounded(sampler, seeds: torch.Tensor, key: int, hop=None, slack: int = 1,
+                   keys=None) -> MiniBatch | None:  # fmt: skip
     """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
     int64 ``seeds`` with one host sync (module docstring). None where the synced path must
-    sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, or torch draws to
-    redo step by step. Raises ValueError for bad seeds."""
+    sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, torch draws to
+    redo step by step, or a hop that drew more edges than its bound. Raises ValueError for bad
+    seeds. ``hop``, ``slack``: another sampler's draws and bound (:func:`launch`,
+    :func:`plan`; LABOR-0), ``keys``: its hop keys (default ``hop_key(key, h)``)."""
     b = int(seeds.shape[0])
-    bounded = plan(sampler, b)
+    bounded = plan(sampler, b, slack)
     if bounded is None:
         return None
     rows, edges = bounded
     loc, first, cache = sampler._take(cache=True)
     buf = buffers(cache, b, rows, edges, sampler.device)
-    keys = [hop_key(key, h) for h in range(len(sampler.fanouts))]
-    hop_edges = launch(sampler, buf, rows, seeds, keys, loc, first)
-    return finish(sampler, buf, rows, seeds, hop_edges, loc, first, cache)
+    if keys is None:
+        keys = [hop_key(key, h) for h in range(len(sampler.fanouts))]
+    hop_edges = launch(sampler, buf, rows, seeds, keys, loc, first, hop=hop)
+    return finish(sampler, buf, rows, edges, seeds, hop_edges, loc, first, cache)
 
 
 def _reset_torch(nodes: torch.Tensor, n: int, loc, first, count=None) -> None:

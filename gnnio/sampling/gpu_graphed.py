@@ -135,7 +135,8 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     else:
         st.hop_edges = run()
         _note("eager")
-    return finish(sampler, buf, rows, st.seeds, st.hop_edges, loc, first, cache, reset=False)
+    return finish(sampler, buf, rows, edges, st.seeds, st.hop_edges, loc, first, cache,
+                  reset=False)  # fmt: skip
 
 
 def graphed_report() -> dict:

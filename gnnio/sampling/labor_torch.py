@@ -22,7 +22,33 @@ Per hop, with ``D`` the summed degree of the destination rows:
 Cost ``O(D log D)`` per hop (two sorts; the CPU kernel is ``O(D)`` with an insertion list of
 ``k``); like the CPU kernel it reads every neighbour of every row. Host synchronisations: the
 seeds' checks, and per hop ``D``, the kept count (Poisson) and the relabelling's count -- a few per
-hop, not the uniform GPU sampler's one (:mod:`gnnio.sampling.gpu`).
+hop, not the uniform GPU sampler's one (:mod:`gnnio.sampling.gpu`). That is the synced path
+(:meth:`TorchLaborSampler._sample_synced`), which runs for a fanout of -1 and redoes the rare
+batch the bounded one cannot hold.
+
+**The bounded batch** (what :meth:`TorchLaborSampler.sample` runs; issue 24 item 3). The synced
+path reads the device several
+times per hop (the neighbour count to size its arrays, the Poisson design's boolean mask, the
+relabelling's count): 1 + 2L or more syncs per batch, and on an H200 LABOR-0 sampled at 0.52 of
+the uniform GPU sampler's pace. Here a LABOR-0 batch runs through the uniform sampler's bounded
+framework (:func:`gnnio.sampling.gpu_bounded.sample_bounded`: buffers sized by bounds from the
+fanouts, counts on the device, the relabelling kernels, **one** ``meta.tolist()`` at the end, one
+``cat``); only the hop differs (:func:`labor_hop`):
+
+* fixed design: a row keeps ``k = min(d, fanout)`` neighbours, known from its degree as for
+  uniform sampling, so the relabelling's ``k`` of the next hop holds; one Triton kernel
+  (:mod:`._triton_labor`) writes each row's ``k`` smallest ``r_t`` into the hop's CSR positions;
+* Poisson design: a row's count is random (``r_t < k / d``), so a count kernel writes every
+  row's ``k`` and a ``cumsum`` makes the offsets before the same kernel writes the kept
+  neighbours. A row may keep more than ``fanout``: the edge bounds are taken at
+  :data:`POISSON_SLACK` times the fanouts, and a batch whose hop drew more than its bound (the
+  count stays on the device; the end's one read sees it) is sampled again by the synced path
+  (same batch): a hop of ``R`` rows would need about twice its mean, rare unless the rows share
+  most neighbours (then their counts rise and fall together).
+
+Where Triton cannot build the kernels (one warning, ``kernels["labor_hop"] = "torch"``), the same
+writes in torch ops (:func:`labor_hop_bounded_torch`): they read each hop's neighbour count on the
+host to size a segmented ``arange``, so a batch syncs ``1 + len(fanouts)`` times, same batches.
 """
 
 from __future__ import annotations
@@ -31,12 +57,21 @@ from collections.abc import Sequence
 
 import torch
 
+from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .base import Block, MiniBatch, dst_ptr
 from .gpu import TorchUniformSampler, _relabel
+from .gpu_bounded import sample_bounded
 from .gpu_hop import _GAMMA, _repeat_rows, _s64, _srl, mix64_torch
 from .threaded import hop_key
 
-__all__ = ["TorchLaborSampler", "labor_hop_torch", "vertex_rank_torch"]
+__all__ = [
+    "POISSON_SLACK",
+    "TorchLaborSampler",
+    "labor_hop",
+    "labor_hop_bounded_torch",
+    "labor_hop_torch",
+    "vertex_rank_torch",
+]
 
 _DOMAIN_LABOR = 0x1AB0_0000_0000_0001  # = gnnio.sampling.labor._DOMAIN_LABOR
 _SIGN = _s64(1 << 63)
@@ -100,6 +135,83 @@ def labor_hop_torch(
     return t[sel], row[sel]
 
 
+#: the Poisson design's edge bounds: this many times the fanouts (a row may keep more than k)
+POISSON_SLACK = 2
+
+
+def labor_hop_bounded_torch(ip, ix, nodes, rows: int, count, cum, fanout: int, rkey: int,
+                            poisson: bool, out) -> None:  # fmt: skip
+    """The hop's writes of :mod:`._triton_labor` in torch ops: rows ``nodes[:rows]`` (real up to
+    ``count``), into ``out = (src, row)`` at the offsets ``cum[:-1]`` (Poisson: ``cum[1:]``
+    rewritten first, the rows' counts summed). One host sync (the neighbour count)."""
+    src_out, row_out = out
+    cap, dev = int(src_out.shape[0]), src_out.device
+    g = nodes[:rows]
+    start = ip[g]
+    deg = torch.where(torch.arange(rows, device=dev) < count, ip[g + 1] - start, 0)
+    total = int(deg.sum())  # host sync: the neighbour positions to read
+    if poisson:
+        cum[1:].zero_()
+    if total == 0:
+        return
+    row = _repeat_rows(deg, total)
+    pos = torch.arange(total, device=dev) - (torch.cumsum(deg, 0) - deg)[row]
+    t = ix[start[row] + pos].to(torch.int64)
+    whole = deg[row] <= fanout
+    rank = vertex_rank_torch(rkey, t)
+    if poisson:
+        frac = _srl(rank, 11).to(torch.float64) * _INV_2_53
+        keep = whole | (frac < fanout / deg[row].to(torch.float64))
+        cum[1:].index_add_(0, row, keep.to(torch.int64))
+        cum[1:].cumsum_(0)
+    else:  # grouped by row, increasing r_t within a row (whole rows: CSR order); first k kept
+        key = torch.where(whole, _SIGN, rank ^ _SIGN)  # signed order of the flipped bits
+        o1 = torch.sort(key, stable=True).indices
+        t = t[o1[torch.sort(row[o1], stable=True).indices]]  # (row stays sorted)
+        keep = pos < torch.clamp(deg, max=fanout)[row]
+    dest = torch.cumsum(keep, 0) - 1
+    target = torch.where(keep & (dest < cap), dest, cap)
+    for vals, dst in ((t, src_out), (row, row_out)):
+        tmp = torch.zeros(cap + 1, dtype=torch.int64, device=dev)
+        tmp.scatter_(0, target, vals)
+        dst.copy_(tmp[:cap])
+
+
+def labor_keys(key: int, hops: int, layer_dependency: bool) -> list[int]:
+    """Each hop's LABOR key of call ``key``: ``hop_key(key, h) ^ _DOMAIN_LABOR``, hop 0's for
+    every hop with ``layer_dependency`` (the same ``r_t`` in every layer)."""
+    return [hop_key(key, 0 if layer_dependency else h) ^ _DOMAIN_LABOR for h in range(hops)]
+
+
+def labor_hop(sampler, buf, h: int, n_rows: int, rkey: int, loc, first):
+    """Hop ``h`` of a LABOR-0 batch for :func:`gnnio.sampling.gpu_bounded.sample_bounded`
+    (its ``hop``; the uniform ``_hop``'s signature; ``rkey``: the hop's LABOR key,
+    :func:`labor_keys`): ``(src, row, claimed)``."""
+    fanout, e = sampler.fanouts[h], int(buf.src[h].shape[0])
+    ip, ix, dev, poisson = sampler.indptr, sampler.indices, sampler.device, sampler.poisson
+    out = (buf.src[h], buf.row[h])
+    if e == 0:  # nothing to draw (fanout 0, no rows or no edges): no kernel of either kind
+        return out[0], out[1], False
+    if triton_available(dev, "labor_hop"):
+        try:
+            from . import _triton_labor as TL
+
+            if poisson:  # the rows' counts, then their offsets
+                TL.count_triton(ip, ix, buf.nodes, buf.count[h], buf.k[h], n_rows, fanout, rkey)
+                buf.k[h].cumsum_(0)
+            TL.select_triton(ip, ix, buf.nodes, fanout, rkey, buf.count[h], buf.cum[h], out,
+                             (loc, first), n_rows, poisson)  # fmt: skip
+            kernel_ran("labor_hop", "triton")
+            return out[0], out[1], True
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
+            kernel_failed("labor_hop", err, "LABOR-0 sampling with torch ops instead (same "
+                          "batches, one host sync per hop more)")  # fmt: skip
+    kernel_ran("labor_hop", "torch")
+    labor_hop_bounded_torch(ip, ix, buf.nodes, n_rows, buf.count[h], buf.cum[h], fanout, rkey,
+                            poisson, out)  # fmt: skip
+    return out[0], out[1], False
+
+
 class TorchLaborSampler(TorchUniformSampler):
     """LABOR-0 over torch CSR tensors (any device; meant for CUDA), bit-identical to the numba
     :class:`~gnnio.sampling.labor.LaborSampler` with the same options and call key.
@@ -129,13 +241,21 @@ class TorchLaborSampler(TorchUniformSampler):
         self.layer_dependency = bool(layer_dependency)
         self.weights = weights
 
-    def _check_seeds(self, seeds) -> torch.Tensor:
+    def _device_seeds(self, seeds) -> torch.Tensor:
+        """``seeds`` as int64 on the sampling device, checked for shape and dtype (no sync: a
+        host array is copied from pinned memory, queued)."""
+        if self.device.type == "cuda" and not (isinstance(seeds, torch.Tensor) and seeds.is_cuda):
+            seeds = torch.as_tensor(seeds).pin_memory().to(self.device, non_blocking=True)
         seeds = torch.as_tensor(seeds, device=self.device)
         if seeds.dim() != 1:
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(seeds.shape)}")
         if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
-        seeds = seeds.to(torch.int64)
+        return seeds.to(torch.int64)
+
+    def _check_seeds(self, seeds) -> torch.Tensor:
+        """The synced path's seeds: :meth:`_device_seeds`, range and repeats (one host sync)."""
+        seeds = self._device_seeds(seeds)
         if seeds.numel():  # range and repeats read back together: one host sync, not three
             srt = torch.sort(seeds).values
             none = torch.iinfo(torch.int64).max
@@ -151,28 +271,44 @@ class TorchLaborSampler(TorchUniformSampler):
                 )
         return seeds
 
-    def _edge_weight(self, deg: torch.Tensor, fanout: int) -> torch.Tensor:
-        """:func:`gnnio.sampling.labor.labor_weights` in torch (float64 math, float32 out)."""
-        d = deg.to(torch.float64)
-        k = d if fanout < 0 else torch.clamp(d, max=float(fanout))
-        safe_k = torch.clamp(k, min=1.0)
-        if self.weights == "ht":
-            w = torch.where(k > 0, torch.clamp(d, min=1.0) / safe_k, 1.0)
-        else:
-            w = 1.0 / safe_k
-        return w.to(torch.float32)
-
     def sample(self, seeds, key: int) -> MiniBatch:
-        """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
+        """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``: the
+        bounded batch (one host sync; module docstring), else the synced path."""
+        seeds = self._device_seeds(seeds)
+        slack = POISSON_SLACK if self.poisson else 1
+        mb = sample_bounded(self, seeds, key, hop=labor_hop, slack=slack,
+                            keys=labor_keys(key, len(self.fanouts), self.layer_dependency))  # fmt: skip
+        if mb is None:  # fanout -1, huge bounds, or a Poisson hop past its bound
+            return self._sample_synced(seeds, key)
+        return self._weigh(mb)
+
+    def _weigh(self, mb: MiniBatch) -> MiniBatch:
+        """The blocks' edge weights and ``meta["sampler"]``: :func:`gnnio.sampling.labor.
+        labor_weights` of each edge's destination degree ``d`` in float64 ops (``k = min(d,
+        fanout)``; ``max(d, 1) / max(k, 1)`` is its ``where(k > 0, max(d, 1) / k, 1)``), no host
+        sync, 5 + 6 per hop torch ops (was 16 per hop)."""
+        if self.weights != "none":
+            nodes, ip = mb.input_nodes, self.indptr
+            deg = (ip[nodes + 1] - ip[nodes]).to(torch.float64)
+            for f, blk in zip(self.fanouts, reversed(mb.blocks), strict=True):
+                d1 = deg[blk.edge_index[1]].clamp_(min=1)
+                k1 = d1 if f < 0 else d1.clamp(max=max(f, 1))  # (f = 0: no edges)
+                w = d1 / k1 if self.weights == "ht" else 1.0 / k1
+                blk.edge_weight = w.to(torch.float32)
+        mb.meta["sampler"] = "labor"
+        return mb
+
+    def _sample_synced(self, seeds, key: int) -> MiniBatch:
+        """The batch with a few host syncs per hop (module docstring)."""
         seeds = self._check_seeds(seeds)
         loc, first = self._take()
         dev, ip = self.device, self.indptr
         b = int(seeds.shape[0])
-        loc[seeds] = torch.arange(b, device=dev)
+        loc.index_copy_(0, seeds, torch.arange(b, device=dev))
         parts, hop_nodes, hop_edges = [seeds], [b], []
         dst_nodes = seeds
         for h, fanout in enumerate(self.fanouts):
-            rkey = hop_key(key, 0 if self.layer_dependency else h) ^ _DOMAIN_LABOR
+            rkey = labor_keys(key, h + 1, self.layer_dependency)[h]
             src, dst = labor_hop_torch(ip, self.indices, dst_nodes, fanout, rkey, self.poisson)
             self._mark("sample")
             new, _, _ = _relabel(src, loc, first, hop_nodes[-1], ip, ())
@@ -181,19 +317,15 @@ class TorchLaborSampler(TorchUniformSampler):
             hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
             hop_edges.append(torch.stack([loc[src], dst]))
             dst_nodes = torch.cat(parts)
-        loc[dst_nodes] = -1
+        loc.index_fill_(0, dst_nodes, -1)  # (``loc[x] = -1`` copies -1 up from the host, waits)
         self._give(loc, first)
         blocks = []
         for h in range(len(hop_edges) - 1, -1, -1):
             # edges grouped by row in destination order (labor_hop_torch): the CSR pointer, so
             # the model aggregates without sorting them again (on a GPU it always would)
             ei = hop_edges[h]
-            blk = Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
-                        ptr=dst_ptr(ei, hop_nodes[h]))  # fmt: skip
-            if self.weights != "none":
-                rows = dst_nodes[: hop_nodes[h]]
-                w_row = self._edge_weight(ip[rows + 1] - ip[rows], self.fanouts[h])
-                blk.edge_weight = w_row[hop_edges[h][1]]
-            blocks.append(blk)
-        return MiniBatch(seeds=seeds, input_nodes=dst_nodes, blocks=blocks,
-                         meta={"hop_nodes": hop_nodes, "sampler": "labor"})  # fmt: skip
+            blocks.append(Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
+                                ptr=dst_ptr(ei, hop_nodes[h])))  # fmt: skip
+        mb = MiniBatch(seeds=seeds, input_nodes=dst_nodes, blocks=blocks,
+                       meta={"hop_nodes": hop_nodes})  # fmt: skip
+        return self._weigh(mb)
