@@ -134,6 +134,8 @@ def test_cuda_graph_option(small, capsys):
     assert cg["graphed"] + cg["eager"] == 2 * per_epoch
     assert cg["graphed"] > 0 and cg["failed"] is None
     assert s["loss_history"] == pytest.approx(eager["loss_history"], rel=1e-5)
+    # the per-batch sums made inside the (padded) step: the same epoch accuracy
+    assert [h["train_acc"] for h in s["history"]] == [h["train_acc"] for h in eager["history"]]
 
 
 @pytest.mark.gpu

@@ -419,10 +419,14 @@ def _train_epoch(
             logits, loss = step(model, opt, batch, timer)
             y = batch.labels
             b = int(y.shape[0])
-            batch_loss = loss.double() * b
-            batch_correct = ((logits.argmax(dim=1) == y) & (y >= 0)).sum()
-            loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
-            correct = batch_correct if correct is None else correct + batch_correct
+            sums = step.sums() if hasattr(step, "sums") else None  # (--cuda-graph: in the graph)
+            if sums is None:
+                batch_loss = loss.double() * b
+                batch_correct = ((logits.argmax(dim=1) == y) & (y >= 0)).sum()
+            else:  # static outputs of the graph: the next replay overwrites them, so add only
+                batch_loss, batch_correct = sums
+            loss_sum = batch_loss.clone() if loss_sum is None else loss_sum + batch_loss
+            correct = batch_correct.clone() if correct is None else correct + batch_correct
             seen += b
             batches += 1
             c = batch.meta.get("counted") if counted is not None else None
