@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import torch
 
+from ..utils.capture import CAPTURE_LOCK
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .base import Block, MiniBatch
 from .gpu_hop import _SENTINEL, sample_hop_torch
@@ -280,7 +281,10 @@ def buffers(cache: dict, b: int, rows: list, edges: list, dev: torch.device) -> 
     buf = cache.get(b)
     if buf is None:
         if len(cache) >= 3:
-            del cache[min(cache, key=lambda size: cache[size].uses)]
+            gone = cache.pop(min(cache, key=lambda size: cache[size].uses))
+            if gone.graph is not None:  # its CUDA graph destroyed, never beside a capture
+                with CAPTURE_LOCK:
+                    gone.graph = None
         buf = cache[b] = _Buffers(rows, edges, dev)
     buf.uses += 1
     return buf

@@ -10,8 +10,12 @@ gnnio captures CUDA graphs on two threads: the training step on the main thread
 * torch supports one capture underway at a time in a process (its RNG capture state is global:
   pytorch#137844).
 
-So every capture (:func:`capture`) and every device-wide wait in gnnio's training path
-(:func:`device_sync`) hold one process-wide lock. A capture is short (tens of milliseconds, once
+* destroying a graph beside another thread's capture can fail as well (pytorch#176754 guards
+  torch's own destructor for that reason).
+
+So every capture (:func:`capture`), every device-wide wait in gnnio's training path
+(:func:`device_sync`) and the sampler's dropping of an evicted buffer set's graph hold one
+process-wide lock. A capture is short (tens of milliseconds, once
 per buffer set) and the waits are at epoch ends and in benchmarks, so nobody waits long. Stream
 and event waits (``Event.synchronize``, ``.tolist()`` on one stream) do not break a capture in
 another thread under ``capture_error_mode="thread_local"`` and take no lock.
