@@ -32,6 +32,7 @@ import warnings
 
 import torch
 
+from ..utils.capture import capture as capture_graph
 from .gpu_bounded import buffers, finish, launch, plan
 from .gpu_hop import _s64
 from .threaded import hop_key
@@ -122,7 +123,7 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     elif capture and buf.uses > 1 and not failed:  # the first batch compiled the kernels
         try:
             g = torch.cuda.CUDAGraph()
-            with capture(g, dev):  # (one capture at a time, no device-wide wait meanwhile)
+            with capture_graph(g, dev):  # (one capture at a time, no device-wide wait meanwhile)
                 st.hop_edges = run()
             st.graph = g
             _note("captured")
