@@ -21,6 +21,11 @@ Each buffer set -- per scratch (one per sampling thread) and batch size -- has i
 memory pool. On a CPU (``capture=False``) the same launches run eagerly from the static buffers:
 how the tests check them.
 
+LABOR-0 (:class:`~gnnio.sampling.labor_torch.TorchLaborSampler` with ``cuda_graph``) takes the
+same path with its own hop, bound slack and hop keys (its count and select kernels read their
+key from ``inp`` as well); a Poisson batch past its bound comes back None
+(:func:`graphable` tells that from "not applicable") and is sampled by the synced path.
+
 Not measured on a GPU yet (written after the H200 run of 2026-11-26): opt-in until a GPU run
 shows it faster.
 """

@@ -46,6 +46,10 @@ fanouts, counts on the device, the relabelling kernels, **one** ``meta.tolist()`
   (same batch): a hop of ``R`` rows would need about twice its mean, rare unless the rows share
   most neighbours (then their counts rise and fall together).
 
+With ``cuda_graph`` the bounded batch is replayed as a CUDA graph
+(:mod:`gnnio.sampling.gpu_graphed`: each hop's LABOR key in a static device buffer that the
+kernels read), the edge weights computed after the replay.
+
 Where Triton cannot build the kernels (one warning, ``kernels["labor_hop"] = "torch"``), the same
 writes in torch ops (:func:`labor_hop_bounded_torch`): they read each hop's neighbour count on the
 host to size a segmented ``arange``, so a batch syncs ``1 + len(fanouts)`` times, same batches.
