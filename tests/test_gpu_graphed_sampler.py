@@ -119,7 +119,7 @@ def test_graphed_launches_give_the_eager_batches():
 def test_a_failed_capture_warns_once_and_samples_eagerly(monkeypatch):
     """Where capturing fails (here: no CUDA at all), one warning says so, the report keeps the
     reason, and every batch is still the eager path's."""
-    monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler: True)
+    monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler, hop=None: True)
     gpu_graphed.reset_graphed_report()
     g = random_graph(500, 6000, 11)
     s = TorchUniformSampler(*g.to_torch(), [5, 3])
@@ -180,19 +180,29 @@ def test_cuda_graph_replays_the_eager_batches():
     assert rep["failed"] is None and rep["captured"] == 1 and rep["replayed"] == 4, rep
 
 
-def test_bench_sampling_cuda_graph_needs_the_gpu_uniform_sampler(tmp_path, capsys):
-    """``gnnio bench sampling --cuda-graph`` on the CPU, or with another sampler: one line, exit
-    2."""
+def test_bench_sampling_cuda_graph_needs_a_gpu_uniform_or_labor_sampler(tmp_path, capsys,
+                                                                       monkeypatch):  # fmt: skip
+    """``gnnio bench sampling --cuda-graph`` on the CPU, or with LADIES: one line, exit 2; with
+    ``--sampler uniform`` or ``labor`` on CUDA the check passes (CUDA faked: only the check)."""
+    import argparse
+
+    from gnnio.bench import sampling as bench
     from gnnio.cli.main import main
 
     from .helpers import write_tiny_dataset
 
     d = write_tiny_dataset(tmp_path / "tiny", num_nodes=80, num_edges=600)
-    for extra in ([], ["--sampler", "labor"]):
+    for extra in ([], ["--sampler", "labor"], ["--sampler", "ladies"]):
         rc = main(["bench", "sampling", str(d), "--cuda-graph", "--batches", "2", *extra])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1, err
-        assert "--cuda-graph: the uniform sampler on --device cuda only" in err[0]
+        assert "--cuda-graph: the uniform or labor sampler on --device cuda only" in err[0]
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    for kind in ("uniform", "labor"):
+        args = p.parse_args([str(d), "--device", "cuda", "--cuda-graph", "--sampler", kind])
+        assert bench._check(args) == [15, 10, 5]  # (the default fanouts: accepted)
 
 
 def test_device_waits_hold_off_while_a_graph_is_captured(monkeypatch):

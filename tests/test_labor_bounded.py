@@ -211,7 +211,8 @@ def test_host_ops_per_batch_as_a_gpu_runs_it():
 
 
 def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
-    """The count and select kernels compile to sm_90 cubins here (no GPU needed), and the
+    """The count and select kernels compile to sm_90 cubins here (no GPU needed), with the key
+    as arguments and read from device memory (a CUDA graph's, ``KEY_PTR``), and the
     Poisson threshold ``k / d`` is the correctly rounded float64 division (``div.rn.f64``, as
     NumPy's), never fused into an FMA: either would keep other neighbours than the CPU kernel."""
     triton = pytest.importorskip("triton")
@@ -224,13 +225,14 @@ def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
         types = {k: "*i64" for k in ptrs.split()} | {k: "i32" for k in ints.split()}
         return {a: types.get(a, "constexpr") for a in fn.arg_names}
 
-    sel = "indptr indices dst row_off out_src out_row cnt loc first"
-    cases = [
-        (TL._count, sig(TL._count, "indptr indices dst cnt kout", "n fanout k0 k1 k2"),
-         {"BLOCK": 16, "CHUNK": 32}, True),
+    sel = "indptr indices dst row_off out_src out_row cnt kp loc first"
+    cases = [  # KEY_PTR: the key read from device memory (gpu_graphed), else three int32 args
+        *((TL._count, sig(TL._count, "indptr indices dst cnt kout kp", "n fanout k0 k1 k2"),
+           {"BLOCK": 16, "CHUNK": 32, "KEY_PTR": kp}, True) for kp in (False, True)),
         *((TL._select, sig(TL._select, sel, "n cap k0 k1 k2"),
-           {"fanout": 15, "FP": 16, "BLOCK": 16, "CHUNK": 32, "POISSON": p, "CLAIM": True}, p)
-          for p in (False, True)),
+           {"fanout": 15, "FP": 16, "BLOCK": 16, "CHUNK": 32, "POISSON": p, "CLAIM": True,
+            "KEY_PTR": kp}, p)
+          for p in (False, True) for kp in (False, True)),
     ]  # fmt: skip
     for fn, types, const, divides in cases:
         assert {a for a, t in types.items() if t == "constexpr"} == set(const)

@@ -80,7 +80,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--cuda-graph",
         action="store_true",
-        help="--device cuda, uniform sampler: replay each batch as a CUDA graph "
+        help="--device cuda, uniform or labor sampler: replay each batch as a CUDA graph "
         "(gnnio.sampling.gpu_graphed; the same batches)",
     )
     p.add_argument(
@@ -111,9 +111,9 @@ def _check(args) -> list[int]:
     if getattr(args, "sampler", "uniform") == "ladies" and dev.type != "cpu":
         raise UsageError(f"--sampler {args.sampler}: runs on the CPU only (use --device cpu)")
     if getattr(args, "cuda_graph", False) and (
-        dev.type != "cuda" or getattr(args, "sampler", "uniform") != "uniform"
+        dev.type != "cuda" or getattr(args, "sampler", "uniform") not in ("uniform", "labor")
     ):
-        raise UsageError("--cuda-graph: the uniform sampler on --device cuda only")
+        raise UsageError("--cuda-graph: the uniform or labor sampler on --device cuda only")
     if getattr(args, "layer_size", 1) < 1:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
     return fanouts
@@ -125,12 +125,12 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
     from ..sampling import LaborSampler, LadiesSampler, UniformSampler
 
     gpu = {"graph_in": graph_in} if torch.device(device).type == "cuda" else {}
+    if cuda_graph:
+        gpu["cuda_graph"] = True
     if kind == "labor":
         return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
-    if cuda_graph:
-        gpu["cuda_graph"] = True
     return UniformSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
 
 

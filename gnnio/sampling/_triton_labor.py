@@ -19,13 +19,16 @@ neighbour ``t`` of a row has the variate ``r_t = splitmix64(rkey + (t + 1) * GAM
 Output position ``row_off[r] + j`` gets the ``j``-th kept neighbour of row ``r`` and ``r``
 itself; nothing at or past ``cap``. With ``CLAIM`` the kernel makes the relabelling's first step
 (:mod:`._triton_relabel`'s ``_claim``: ``atomic_min(first[t], position)`` for every source not
-numbered yet), as the uniform hop kernel does. Bit-identical to
+numbered yet), as the uniform hop kernel does. The key comes as three int32 arguments, or with
+``KEY_PTR`` from an int64 ``[1]`` device tensor (:mod:`gnnio.sampling.gpu_graphed`: a CUDA
+graph's replay samples with the key the tensor holds then). Bit-identical to
 :func:`gnnio.sampling.labor_torch.labor_hop_torch` and the numba kernels; ``TRITON_INTERPRET=1``
 runs the kernels on CPU tensors (the tests).
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -50,13 +53,19 @@ def _rows(dst, indptr, cnt, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _key(k0, k1, k2):
-    """The 64-bit LABOR key from three 22-bit int32 arguments (one signature for every key)."""
-    return (
-        (k2.to(tl.int64).to(tl.uint64) << 44)
-        | (k1.to(tl.int64).to(tl.uint64) << 22)
-        | k0.to(tl.int64).to(tl.uint64)
-    )
+def _key(k0, k1, k2, kp, KEY_PTR: tl.constexpr):
+    """The 64-bit LABOR key: with ``KEY_PTR`` the bits at ``kp`` (int64 ``[1]`` in device
+    memory: a CUDA graph's replay reads each batch's key there), else from three 22-bit int32
+    arguments (one compiled signature for every key)."""
+    if KEY_PTR:
+        key = tl.load(kp).to(tl.uint64, bitcast=True)
+    else:
+        key = (
+            (k2.to(tl.int64).to(tl.uint64) << 44)
+            | (k1.to(tl.int64).to(tl.uint64) << 22)
+            | k0.to(tl.int64).to(tl.uint64)
+        )
+    return key
 
 
 @triton.jit
@@ -87,10 +96,10 @@ def _put(out_src, out_row, loc, first, dest, nb, row, m, CLAIM: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n", "fanout", "k0", "k1", "k2"])
-def _count(indptr, indices, dst, cnt, kout, n, fanout, k0, k1, k2, BLOCK: tl.constexpr,
-           CHUNK: tl.constexpr):  # fmt: skip
+def _count(indptr, indices, dst, cnt, kout, n, fanout, k0, k1, k2, kp, BLOCK: tl.constexpr,
+           CHUNK: tl.constexpr, KEY_PTR: tl.constexpr = False):  # fmt: skip
     r, rm, start, deg = _rows(dst, indptr, cnt, n, BLOCK)
-    key = _key(k0, k1, k2)
+    key = _key(k0, k1, k2, kp, KEY_PTR)
     live = rm & (deg > fanout)
     safe = tl.where(live, deg, 1)
     kept = tl.zeros([BLOCK], dtype=tl.int64)
@@ -102,13 +111,14 @@ def _count(indptr, indices, dst, cnt, kout, n, fanout, k0, k1, k2, BLOCK: tl.con
 
 
 @triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2"])
-def _select(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, loc, first,
-            fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-            POISSON: tl.constexpr, CLAIM: tl.constexpr):  # fmt: skip
+def _select(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, kp, loc,
+            first, fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
+            CHUNK: tl.constexpr, POISSON: tl.constexpr, CLAIM: tl.constexpr,
+            KEY_PTR: tl.constexpr = False):  # fmt: skip
     if tl.program_id(0).to(tl.int64) * BLOCK >= tl.load(cnt):
         return  # a program of padding rows only: nothing to select or write
     r, rm, start, deg = _rows(dst, indptr, cnt, n, BLOCK)
-    key = _key(k0, k1, k2)
+    key = _key(k0, k1, k2, kp, KEY_PTR)
     off = tl.load(row_off + r, mask=rm, other=0)
     col = tl.arange(0, FP).to(tl.int64)
     short = rm & (deg <= fanout)  # the whole row, in CSR order
@@ -154,32 +164,41 @@ def _select(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1
             _put(out_src, out_row, loc, first, d1, pick, r, w, CLAIM)
 
 
-def _key_args(rkey: int) -> tuple[int, int, int]:
+def _key_args(rkey, placeholder) -> tuple:
+    """The kernels' key arguments ``(k0, k1, k2, kp)`` and ``KEY_PTR`` for ``rkey``: an int, or
+    an int64 ``[1]`` device tensor of its bits (``placeholder``: an unread pointer for ``kp``)."""
+    if isinstance(rkey, torch.Tensor):
+        return (0, 0, 0, rkey), True
     key = rkey & ((1 << 64) - 1)
-    return key & _M22, (key >> 22) & _M22, key >> 44
+    return (key & _M22, (key >> 22) & _M22, key >> 44, placeholder), False
 
 
-def count_triton(indptr, indices, nodes, count, k, rows: int, fanout: int, rkey: int) -> None:
+def count_triton(indptr, indices, nodes, count, k, rows: int, fanout: int, rkey) -> None:
     """Poisson design: ``k[r]`` = how many neighbours row ``r`` keeps, for the first ``rows``
-    entries of ``nodes`` (real up to ``count``, int64 ``[1]`` on the device; padding rows 0)."""
+    entries of ``nodes`` (real up to ``count``, int64 ``[1]`` on the device; padding rows 0).
+    ``rkey``: the hop's LABOR key, an int or an int64 ``[1]`` device tensor of its bits
+    (:func:`gnnio.sampling.gpu_hop._s64`; read there by the kernel: a captured launch samples
+    with the key the tensor holds when it is replayed)."""
     if rows:
+        args, key_ptr = _key_args(rkey, count)
         _count[(triton.cdiv(rows, _BLOCK),)](indptr, indices, nodes, count, k, rows, fanout,
-                                             *_key_args(rkey), BLOCK=_BLOCK,
-                                             CHUNK=_CHUNK)  # fmt: skip
+                                             *args, BLOCK=_BLOCK, CHUNK=_CHUNK,
+                                             KEY_PTR=key_ptr)  # fmt: skip
 
 
-def select_triton(indptr, indices, nodes, fanout: int, rkey: int, count, row_off, out, claim,
+def select_triton(indptr, indices, nodes, fanout: int, rkey, count, row_off, out, claim,
                   rows: int, poisson: bool) -> None:  # fmt: skip
     """Write the hop (``fanout >= 1``) into ``out = (src, row)`` (module docstring): rows
     ``nodes[:rows]``, real up to ``count``, row ``r``'s entries from ``row_off[r]``; ``claim``:
-    ``(loc, first)`` for the relabelling's claims, or None."""
+    ``(loc, first)`` for the relabelling's claims, or None. ``rkey``: as :func:`count_triton`'s."""
     src, row = out
     cap = int(src.shape[0])
     if cap == 0 or rows == 0:
         return
     loc, first = claim if claim is not None else (src, src)  # (unread without a claim)
     fp = max(2, 1 << (fanout - 1).bit_length())
+    args, key_ptr = _key_args(rkey, count)
     _select[(triton.cdiv(rows, _BLOCK),)](indptr, indices, nodes, row_off, src, row, rows, count,
-                                          cap, *_key_args(rkey), loc, first, fanout=fanout, FP=fp,
+                                          cap, *args, loc, first, fanout=fanout, FP=fp,
                                           BLOCK=_BLOCK, CHUNK=_CHUNK, POISSON=poisson,
-                                          CLAIM=claim is not None)  # fmt: skip
+                                          CLAIM=claim is not None, KEY_PTR=key_ptr)  # fmt: skip

@@ -21,6 +21,11 @@ Each buffer set -- per scratch (one per sampling thread) and batch size -- has i
 memory pool. On a CPU (``capture=False``) the same launches run eagerly from the static buffers:
 how the tests check them.
 
+LABOR-0 (:class:`~gnnio.sampling.labor_torch.TorchLaborSampler` with ``cuda_graph``) takes the
+same path with its own hop, bound slack and hop keys (its count and select kernels read their
+key from ``inp`` as well); a Poisson batch past its bound comes back None
+(:func:`graphable` tells that from "not applicable") and is sampled by the synced path.
+
 Not measured on a GPU yet (written after the H200 run of 2026-11-26): opt-in until a GPU run
 shows it faster.
 """
@@ -32,11 +37,12 @@ import warnings
 
 import torch
 
+from ..utils.capture import capture as capture_graph
 from .gpu_bounded import buffers, finish, launch, plan
 from .gpu_hop import _s64
 from .threaded import hop_key
 
-__all__ = ["GraphState", "graphed_report", "reset_graphed_report", "sample_graphed"]
+__all__ = ["GraphState", "graphable", "graphed_report", "reset_graphed_report", "sample_graphed"]
 
 _LOCK = threading.Lock()
 _STATS = {"captured": 0, "replayed": 0, "eager": 0, "failed": None}
@@ -54,20 +60,32 @@ class GraphState:
         self.hop_edges = None
 
 
-def _usable(sampler) -> bool:
+def _usable(sampler, hop=None) -> bool:
+    """Every fanout ``>= 1`` and the Triton kernels of ``hop`` (its ``triton_kernel``: LABOR-0's
+    ``labor_hop``; default the uniform ``sample_hop``) and of the relabelling available."""
     from ..utils.triton_kernels import triton_available
 
     dev = sampler.device
     return (
         min(sampler.fanouts, default=0) >= 1
-        and triton_available(dev, "sample_hop")
+        and triton_available(dev, getattr(hop, "triton_kernel", "sample_hop"))
         and triton_available(dev, "relabel")
     )
 
 
-def _upload(st: GraphState, seeds: torch.Tensor, key: int, L: int) -> None:
-    """The batch's seeds and hop keys into ``st.inp``: one queued copy from pinned memory."""
-    keys = torch.tensor([_s64(hop_key(key, h)) for h in range(L)], dtype=torch.int64)
+def graphable(sampler, b: int, hop=None, slack: int = 1) -> tuple[list, list] | None:
+    """The bounds of a batch of ``b`` seeds where :func:`sample_graphed` samples it, else None
+    (its caller samples eagerly; a None from :func:`sample_graphed` where this is not None is a
+    batch past its bound: LABOR-0's Poisson rows)."""
+    bounded = plan(sampler, b, slack) if b else None
+    return bounded if bounded is not None and _usable(sampler, hop) else None
+
+
+def _upload(st: GraphState, seeds: torch.Tensor, keys: list) -> None:
+    """The batch's seeds and hop keys (ints) into ``st.inp``: one queued copy from pinned
+    memory."""
+    L = len(keys)
+    keys = torch.tensor([_s64(k) for k in keys], dtype=torch.int64)
     if seeds.device == st.inp.device:
         st.seeds.copy_(seeds)
         host = keys
@@ -91,14 +109,19 @@ def _note(what: str, err: str | None = None) -> None:
             _STATS[what] += 1
 
 
-def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None = None):
+def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None = None,
+                   hop=None, slack: int = 1, keys=None):  # fmt: skip
     """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
     int64 ``seeds`` (host or device) as a CUDA graph's replay (module docstring); None where
-    this path does not apply (the caller samples eagerly). ``capture``: None captures on CUDA,
-    False runs the launches eagerly from the static buffers. Raises ValueError for bad seeds."""
+    this path does not apply (the caller samples eagerly) or a hop drew past its bound.
+    ``capture``: None captures on CUDA, False runs the launches eagerly from the static
+    buffers. ``hop``, ``slack``, ``keys`` (ints, uploaded as their bits): another sampler's
+    draws, bounds and hop keys, as :func:`~gnnio.sampling.gpu_bounded.sample_bounded`'s
+    (LABOR-0: :class:`~gnnio.sampling.labor_torch.TorchLaborSampler`). Raises ValueError for
+    bad seeds."""
     b, L, dev = int(seeds.shape[0]), len(sampler.fanouts), sampler.device
-    bounded = plan(sampler, b) if b else None
-    if bounded is None or not _usable(sampler):
+    bounded = graphable(sampler, b, hop, slack)
+    if bounded is None:
         return None
     if capture is None:
         capture = dev.type == "cuda"
@@ -108,12 +131,13 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     st = buf.graph
     if st is None:
         st = buf.graph = GraphState(b, L, dev)
-    _upload(st, seeds, key, L)
+    if keys is None:
+        keys = [hop_key(key, h) for h in range(L)]
+    _upload(st, seeds, keys)
 
     def run() -> list:
-        return launch(
-            sampler, buf, rows, st.seeds, st.keys, loc, first, reset=rows[-1], mark=False
-        )  # (no phase marks: a replay is one step)
+        return launch(sampler, buf, rows, st.seeds, st.keys, loc, first, reset=rows[-1],
+                      mark=False, hop=hop)  # (no phase marks: a replay is one step)  # fmt: skip
 
     failed = _STATS["failed"] is not None
     if st.graph is not None:
@@ -122,7 +146,7 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     elif capture and buf.uses > 1 and not failed:  # the first batch compiled the kernels
         try:
             g = torch.cuda.CUDAGraph()
-            with capture(g, dev):  # (one capture at a time, no device-wide wait meanwhile)
+            with capture_graph(g, dev):  # (one capture at a time, no device-wide wait meanwhile)
                 st.hop_edges = run()
             st.graph = g
             _note("captured")

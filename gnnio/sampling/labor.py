@@ -106,6 +106,8 @@ class LaborSampler(UniformSampler):
             graph's arrays.
         graph_in: where a GPU sampler's topology lives: ``"gpu"`` (copied to it) or ``"host"``
             (UVA sampling, as :class:`~gnnio.sampling.UniformSampler`'s).
+        cuda_graph: a GPU sampler replays each batch as a CUDA graph
+            (:mod:`gnnio.sampling.gpu_graphed`; the same batches; ignored on the CPU).
 
     Memory and thread safety: as :class:`~gnnio.sampling.UniformSampler`.
     """
@@ -123,6 +125,7 @@ class LaborSampler(UniformSampler):
         weights: str = "ht",
         device: str | torch.device | None = None,
         graph_in: str = "gpu",
+        cuda_graph: bool = False,
     ):
         if design not in LABOR_DESIGNS:
             raise ValueError(f"design: choose from {', '.join(LABOR_DESIGNS)}, got {design!r}")
@@ -137,7 +140,8 @@ class LaborSampler(UniformSampler):
         if topo is not None:
             from .labor_torch import TorchLaborSampler
 
-            self._torch = TorchLaborSampler(*topo, self.fanouts, design, layer_dependency, weights)
+            self._torch = TorchLaborSampler(*topo, self.fanouts, design, layer_dependency, weights,
+                                            cuda_graph=cuda_graph)  # fmt: skip
             self.num_nodes = self._torch.num_nodes
             return
         self._init_csr(graph)

@@ -46,6 +46,10 @@ fanouts, counts on the device, the relabelling kernels, **one** ``meta.tolist()`
   (same batch): a hop of ``R`` rows would need about twice its mean, rare unless the rows share
   most neighbours (then their counts rise and fall together).
 
+With ``cuda_graph`` the bounded batch is replayed as a CUDA graph
+(:mod:`gnnio.sampling.gpu_graphed`: each hop's LABOR key in a static device buffer that the
+kernels read), the edge weights computed after the replay.
+
 Where Triton cannot build the kernels (one warning, ``kernels["labor_hop"] = "torch"``), the same
 writes in torch ops (:func:`labor_hop_bounded_torch`): they read each hop's neighbour count on the
 host to size a segmented ``arange``, so a batch syncs ``1 + len(fanouts)`` times, same batches.
@@ -183,10 +187,11 @@ def labor_keys(key: int, hops: int, layer_dependency: bool) -> list[int]:
     return [hop_key(key, 0 if layer_dependency else h) ^ _DOMAIN_LABOR for h in range(hops)]
 
 
-def labor_hop(sampler, buf, h: int, n_rows: int, rkey: int, loc, first):
+def labor_hop(sampler, buf, h: int, n_rows: int, rkey, loc, first):
     """Hop ``h`` of a LABOR-0 batch for :func:`gnnio.sampling.gpu_bounded.sample_bounded`
     (its ``hop``; the uniform ``_hop``'s signature; ``rkey``: the hop's LABOR key,
-    :func:`labor_keys`): ``(src, row, claimed)``."""
+    :func:`labor_keys`, or an int64 ``[1]`` device tensor of its bits, as
+    :mod:`gnnio.sampling.gpu_graphed` passes it): ``(src, row, claimed)``."""
     fanout, e = sampler.fanouts[h], int(buf.src[h].shape[0])
     ip, ix, dev, poisson = sampler.indptr, sampler.indices, sampler.device, sampler.poisson
     out = (buf.src[h], buf.row[h])
@@ -207,9 +212,14 @@ def labor_hop(sampler, buf, h: int, n_rows: int, rkey: int, loc, first):
             kernel_failed("labor_hop", err, "LABOR-0 sampling with torch ops instead (same "
                           "batches, one host sync per hop more)")  # fmt: skip
     kernel_ran("labor_hop", "torch")
+    if isinstance(rkey, torch.Tensor):  # (a kernel that failed while a graph was being prepared)
+        rkey = int(rkey.item()) & ((1 << 64) - 1)
     labor_hop_bounded_torch(ip, ix, buf.nodes, n_rows, buf.count[h], buf.cum[h], fanout, rkey,
                             poisson, out)  # fmt: skip
     return out[0], out[1], False
+
+
+labor_hop.triton_kernel = "labor_hop"  # what gpu_graphed checks before it captures this hop
 
 
 class TorchLaborSampler(TorchUniformSampler):
@@ -221,6 +231,8 @@ class TorchLaborSampler(TorchUniformSampler):
         fanouts: per hop, ``fanouts[0]`` = the seeds' hop.
         design: ``"fixed"`` or ``"poisson"``; layer_dependency: reuse hop 1's ``r_t``;
         weights: ``"ht"``, ``"ht_mean"`` or ``"none"`` (see :mod:`gnnio.sampling.labor`).
+        cuda_graph: replay each bounded batch's launches as a CUDA graph
+            (:mod:`.gpu_graphed`; the same batches; the weights are computed after the replay).
 
     :meth:`sample` takes the 64-bit call key; :class:`~gnnio.sampling.labor.LaborSampler` derives it
     from its seed and call counter / ``epoch_seed``. Thread-safe: scratch tensors come from
@@ -235,23 +247,31 @@ class TorchLaborSampler(TorchUniformSampler):
         design: str = "fixed",
         layer_dependency: bool = False,
         weights: str = "ht",
+        cuda_graph: bool = False,
     ):
-        super().__init__(indptr, indices, fanouts)
+        super().__init__(indptr, indices, fanouts, cuda_graph=cuda_graph)
         self.poisson = design == "poisson"
         self.layer_dependency = bool(layer_dependency)
         self.weights = weights
 
-    def _device_seeds(self, seeds) -> torch.Tensor:
-        """``seeds`` as int64 on the sampling device, checked for shape and dtype (no sync: a
-        host array is copied from pinned memory, queued)."""
-        if self.device.type == "cuda" and not (isinstance(seeds, torch.Tensor) and seeds.is_cuda):
-            seeds = torch.as_tensor(seeds).pin_memory().to(self.device, non_blocking=True)
-        seeds = torch.as_tensor(seeds, device=self.device)
+    @staticmethod
+    def _int64_seeds(seeds) -> torch.Tensor:
+        """``seeds`` as an int64 tensor where they are (host or device), checked for shape and
+        dtype."""
+        seeds = torch.as_tensor(seeds)
         if seeds.dim() != 1:
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(seeds.shape)}")
         if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
         return seeds.to(torch.int64)
+
+    def _device_seeds(self, seeds) -> torch.Tensor:
+        """``seeds`` as int64 on the sampling device, checked for shape and dtype (no sync: a
+        host array is copied from pinned memory, queued)."""
+        seeds = self._int64_seeds(seeds)
+        if self.device.type == "cuda" and not seeds.is_cuda:
+            seeds = seeds.pin_memory().to(self.device, non_blocking=True)
+        return seeds.to(self.device, torch.int64)
 
     def _check_seeds(self, seeds) -> torch.Tensor:
         """The synced path's seeds: :meth:`_device_seeds`, range and repeats (one host sync)."""
@@ -273,11 +293,21 @@ class TorchLaborSampler(TorchUniformSampler):
 
     def sample(self, seeds, key: int) -> MiniBatch:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``: the
-        bounded batch (one host sync; module docstring), else the synced path."""
-        seeds = self._device_seeds(seeds)
+        bounded batch (one host sync; module docstring) -- with ``cuda_graph`` a CUDA graph's
+        replay (:mod:`.gpu_graphed`) --, else the synced path."""
         slack = POISSON_SLACK if self.poisson else 1
-        mb = sample_bounded(self, seeds, key, hop=labor_hop, slack=slack,
-                            keys=labor_keys(key, len(self.fanouts), self.layer_dependency))  # fmt: skip
+        keys = labor_keys(key, len(self.fanouts), self.layer_dependency)
+        seeds = self._int64_seeds(seeds)
+        if self.cuda_graph:  # seeds and keys uploaded together, the batch one replay
+            from .gpu_graphed import graphable, sample_graphed
+
+            mb = sample_graphed(self, seeds, key, hop=labor_hop, slack=slack, keys=keys)
+            if mb is not None:
+                return self._weigh(mb)
+            if graphable(self, int(seeds.shape[0]), labor_hop, slack) is not None:
+                return self._sample_synced(seeds, key)  # a Poisson hop past its bound
+        seeds = self._device_seeds(seeds)
+        mb = sample_bounded(self, seeds, key, hop=labor_hop, slack=slack, keys=keys)
         if mb is None:  # fanout -1, huge bounds, or a Poisson hop past its bound
             return self._sample_synced(seeds, key)
         return self._weigh(mb)

@@ -284,7 +284,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     if kind == "labor":
         sdev, graph_in = sampler_placement(ds, cfg)  # LABOR-0 on the GPU as the uniform one
         return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w,
-                            device=sdev, graph_in=graph_in), None  # fmt: skip
+                            device=sdev, graph_in=graph_in,
+                            cuda_graph=graph_mode(cfg, "sampler")), None  # fmt: skip
     if kind == "ladies" and cfg.locality_scale is None:
         sizes = [int(cfg.layer_size)] * len(fanouts)
         return LadiesSampler(ds.graph, sizes, seed=cfg.seed, weights=w), None
