@@ -175,6 +175,56 @@ def test_window_start_rejection_is_redrawn_like_numba():
     assert len(synced) == 3  # the rejecting batches: fast torch draws flagged, drawn again
 
 
+@pytest.mark.parametrize(
+    "opts, want",
+    [(dict(sampler_device="auto"), ("cuda", "gpu")), (dict(sampler_device="cuda", graph_in="host"),
+     ("cuda", "host")), (dict(sampler_device="cpu"), (None, "gpu"))],
+)  # fmt: skip
+def test_train_builds_the_pruned_sampler_on_the_gpu(monkeypatch, opts, want):
+    """``gnnio train --prune-threshold --device cuda`` samples on the GPU where the uniform
+    sampler would (UVA included); ``--sampler-device cpu`` keeps the numba kernels."""
+    import gnnio.sampling
+    from gnnio.train.config import TrainConfig
+    from gnnio.train.setup import build_sampler
+    from tests.fake_cuda import fake_cuda
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
+    built = {}
+
+    class Pruned:
+        def __init__(self, graph, fanouts, **kw):
+            built.update(kw)
+
+    monkeypatch.setattr(gnnio.sampling, "PrunedUniformSampler", Pruned)
+    cfg = TrainConfig(device="cuda", prune_threshold=(1.0, 1.0), **opts)
+    cfg._validate_sampler_device()
+    build_sampler(type("DS", (), {"graph": mixed_graph(0)}), cfg, [5, 5], None)
+    dev = built["device"]
+    assert (None if dev is None else dev.type, built["graph_in"]) == want
+    assert built["prune"] == (1.0, 1.0)
+
+
+def test_bench_sampling_prune_threshold(tmp_path, capsys):
+    """``gnnio bench sampling --prune-threshold`` times the pruned sampler (its thresholds in the
+    JSON); a bad value or another sampler is one line and exit 2."""
+    import json
+
+    from gnnio.cli.main import main
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d")
+    base = ["bench", "sampling", str(d), "--fanouts", "3,2", "--batch-size", "8", "--batches", "2",
+            "--passes", "1", "--no-progress", "--json"]  # fmt: skip
+    assert main([*base, "--prune-threshold", "0,1"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["prune_thresholds"] == [3, 2]
+    for extra, msg in ((["--prune-threshold", "0,0"], "not both 0"),
+                       (["--prune-threshold", "1,1", "--sampler", "labor"], "--sampler uniform")):  # fmt: skip
+        assert main([*base, *extra]) == 2
+        assert msg in capsys.readouterr().err
+
+
 INTERP = r"""
 import warnings
 import numpy as np, torch

@@ -419,8 +419,8 @@ class TrainConfig:
         plain = getattr(self, "sampler", "uniform") in ("uniform", "labor")
         if not plain or self.locality_scale is not None:
             raise UsageError(
-                "--sampler-device cuda: the GPU samplers are the uniform (also with "
-                "--prune-threshold) and the labor one (no --sampler ladies or --locality-scale)"
+                "--sampler-device cuda: the GPU samplers are the uniform and the labor one "
+                "(--prune-threshold too; no --sampler ladies or --locality-scale)"
             )
 
     def validate_dist(self, world_size: int) -> None:
