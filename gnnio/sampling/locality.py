@@ -450,8 +450,10 @@ class PrunedUniformSampler(LocalitySampler):
         graph_in: str = "gpu",
         cuda_graph: bool = False,
     ):
-        self._torch = None
-        topo = self._device_topology(graph, device, graph_in)
+        from .uniform import UniformSampler
+
+        self._torch = None  # the CSR placed as the uniform sampler places it (same options)
+        topo = UniformSampler._device_topology(self, graph, device, graph_in)
         if topo is None:
             super().__init__(
                 graph, fanouts, None, 1.0, seed=seed, num_threads=num_threads, prune=prune,

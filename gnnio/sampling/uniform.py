@@ -137,6 +137,29 @@ class UniformSampler(ThreadedCPUSampler):
             return
         self._init_csr(graph)
 
+    def _device_topology(self, graph: CSRGraph, device, graph_in: str):
+        """``(indptr, indices)`` as tensors on the sampling device for a GPU sampler (for
+        ``graph_in="host"`` CUDA views of the pinned host CSR, kept alive in ``self._pins``),
+        or None to sample on the CPU. Sets ``graph_in`` and ``_pins``."""
+        if graph_in not in ("gpu", "host"):
+            raise ValueError(f"graph_in: must be 'gpu' or 'host', got {graph_in!r}")
+        self.graph_in = graph_in
+        self._pins: list = []
+        indptr, indices = graph.indptr, graph.indices
+        tensor_dev = indptr.device if isinstance(indptr, torch.Tensor) else torch.device("cpu")
+        target = torch.device(device) if device is not None else tensor_dev
+        if target.type == "cpu":
+            return None
+        if isinstance(indptr, torch.Tensor):
+            ip, ix = indptr, indices
+        else:  # zero-copy views (CSRGraph.to_torch copies only read-only arrays)
+            ip, ix = CSRGraph(np.asarray(indptr), np.asarray(indices)).to_torch()
+        if graph_in == "host" and ip.device.type == "cpu":
+            from .gpu import pinned_csr
+
+            ip, ix, self._pins = pinned_csr(ip.to(torch.int64), ix, target)
+        return ip.to(target), ix.to(target)
+
     @property
     def device(self) -> torch.device:
         return self._torch.device if self._torch is not None else torch.device("cpu")
