@@ -13,7 +13,10 @@ Bit-identical to :func:`gnnio.sampling._kernels._floyd_linear` / ``_floyd_hashed
 Floyd sequence; the hash set there is only how membership is tested) and to the torch path:
 row ``g`` of hop key ``K`` starts from ``splitmix64(K ^ g * GAMMA)``, each draw steps the state by
 ``GAMMA`` until Lemire accepts. Rows of ``2**32`` or more neighbours are not supported (as in the
-torch path).
+torch path). ``theta`` (a runtime argument, 0 = none) is HyDRA's threshold pruning
+(:mod:`gnnio.sampling.pruned_torch`): a row longer than ``theta`` first draws its circular
+window's start, then samples inside the window, as
+:func:`gnnio.sampling._las_kernels.sample_rows` does.
 
 This module imports Triton: :mod:`gnnio.sampling.gpu` imports it on the first CUDA hop, when
 Triton is installed (CUDA builds of PyTorch bring it). ``TRITON_INTERPRET=1`` (set before this module

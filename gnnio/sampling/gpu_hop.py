@@ -10,7 +10,10 @@ picks fill the first ``k`` columns of a ``[rows, fanout]`` matrix:
   ``j = d - k + i`` draw ``t`` uniform in ``[0, j]`` and keep ``t``, or ``j`` if ``t`` was kept
   already. The kept set is a uniform ``k``-subset of the row (Floyd, CACM 1987). Cost
   ``O(rows * fanout^2 / 2)`` comparisons, independent of the degree;
-* fanout ``-1`` (all neighbours): a segmented ``arange`` over the rows.
+* fanout ``-1`` (all neighbours): a segmented ``arange`` over the rows;
+* HyDRA's threshold pruning (``theta > 0``, :mod:`gnnio.sampling.pruned_torch`): a row with
+  ``d > theta`` first draws a window start ``st`` in ``[0, d)``, then the above over the window's
+  ``theta`` positions, position ``st + pick`` wrapped past the row's end.
 
 The matrix is compacted into the CSR positions by a scatter with the rows' offsets (invalid cells
 go to a dummy slot past the end), so no count is read to compact it.
