@@ -138,6 +138,47 @@ def test_a_failed_capture_warns_once_and_samples_eagerly(monkeypatch):
     gpu_graphed.reset_graphed_report()
 
 
+def test_a_buffer_sets_second_batch_is_captured_through_the_capture_helper(monkeypatch):
+    """The capture itself, with CUDA faked: a buffer set's first batch runs eagerly, its second
+    is captured through :func:`gnnio.utils.capture.capture` (the lock, a stream of its own) on
+    the sampler's device and replayed, later ones only replayed. (A name clash once made every
+    capture call a bool: each capture "failed" and sampled eagerly, which the warning test above
+    cannot tell from a real failure.)"""
+    import contextlib
+
+    monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler, hop=None: True)
+    gpu_graphed.reset_graphed_report()
+    calls, replays = [], []
+
+    class FakeGraph:
+        def replay(self) -> None:
+            replays.append(self)
+
+    @contextlib.contextmanager
+    def fake_capture(graph, device):
+        calls.append((type(graph), device))
+        yield  # (the block runs eagerly here: the captured batch's arrays are this batch's)
+
+    monkeypatch.setattr(gpu_graphed.torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(gpu_graphed, "capture_graph", fake_capture)
+    g = random_graph(500, 6000, 13)
+    s = TorchUniformSampler(*g.to_torch(), [5, 3])
+    ref = TorchUniformSampler(*g.to_torch(), [5, 3])
+    seeds = torch.from_numpy(np.random.default_rng(13).permutation(500)[:40])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "capture failed" warning
+        for i in range(2):  # eager, then captured (+ replayed: a no-op here)
+            _equal(
+                gpu_graphed.sample_graphed(s, seeds, i, capture=True), ref._sample_synced(seeds, i)
+            )
+        gpu_graphed.sample_graphed(s, seeds, 2, capture=True)  # replayed only
+    assert calls == [(FakeGraph, s.device)], calls
+    rep = gpu_graphed.graphed_report()
+    assert rep == {"captured": 1, "replayed": 2, "eager": 1, "failed": None}, rep
+    assert len(replays) == 2
+    gpu_graphed.reset_graphed_report()
+
+
 def test_buffer_sets_keep_the_most_used_sizes():
     """A scratch keeps three buffer sets; a fourth size drops the least used, not the full
     batch's (whose graph would otherwise be captured again after every evaluation)."""

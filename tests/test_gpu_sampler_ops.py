@@ -205,7 +205,9 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
     def sig(ptrs: str, ints: str = "n") -> dict:
         return {k: p for k in ptrs.split()} | {k: i for k in ints.split()}
 
-    hop_sig = sig("indptr indices dst row_off out_src out_row cnt kp loc first", "n cap k0 k1 k2")
+    hop_sig = sig(
+        "indptr indices dst row_off out_src out_row cnt kp loc first", "n cap k0 k1 k2 theta"
+    )  # theta: HyDRA's pruning window, a runtime int (0 = none)
     hop_const = {"fanout": 15, "FP": 16, "BLOCK": 64, "HAS_CNT": True, "CLAIM": True}
     cases = [
         (hop._hop, hop_sig, hop_const | {"KEY_PTR": False}),

@@ -5,7 +5,8 @@ training split (every node when there is none) are fixed; one pass samples all o
 ``--sampler``: ``uniform`` (:class:`gnnio.sampling.UniformSampler`, GraphSAGE), ``labor``
 (:class:`gnnio.sampling.LaborSampler`, LABOR-0) -- both with ``--fanouts``, ``fanouts[0]`` = the
 seeds' hop -- or ``ladies`` (:class:`gnnio.sampling.LadiesSampler`, ``--layer-size`` nodes per hop,
-as many hops as ``--fanouts`` has values), batch ``i`` with ``epoch_seed=i`` so every pass samples
+as many hops as ``--fanouts`` has values; ``--prune-threshold A,B``: the uniform one with HyDRA's
+threshold pruning, :class:`gnnio.sampling.PrunedUniformSampler`), batch ``i`` with ``epoch_seed=i`` so every pass samples
 the same subgraphs. After ``--warmup`` untimed
 passes (JIT load, page faults of the topology), ``--passes`` passes are timed and the median is
 reported:
@@ -84,6 +85,11 @@ def add_arguments(p) -> None:
         "(gnnio.sampling.gpu_graphed; the same batches)",
     )
     p.add_argument(
+        "--prune-threshold", metavar="ALPHA,BETA", nargs="?", const="1,1", default=None,
+        help="--sampler uniform with HyDRA threshold pruning (PrunedUniformSampler, as gnnio "
+        "train's option; --device cuda too; flag alone: 1,1)",
+    )  # fmt: skip
+    p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
     )
 
@@ -116,13 +122,34 @@ def _check(args) -> list[int]:
         raise UsageError("--cuda-graph: the uniform or labor sampler on --device cuda only")
     if getattr(args, "layer_size", 1) < 1:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
+    if _prune(args) is not None and getattr(args, "sampler", "uniform") != "uniform":
+        raise UsageError(f"--prune-threshold: works with --sampler uniform, not {args.sampler}")
     return fanouts
 
 
+def _prune(args) -> tuple[float, float] | None:
+    """``--prune-threshold``'s ``(alpha, beta)``, checked as gnnio train checks it, or None."""
+    text = getattr(args, "prune_threshold", None)
+    if text is None:
+        return None
+    from ..sampling import prune_thresholds
+
+    try:
+        prune = tuple(float(v) for v in str(text).split(","))
+        if len(prune) != 2 or not any(v > 0 for v in prune):
+            raise ValueError
+        prune_thresholds(1.0, [1], prune)  # finite and >= 0
+    except ValueError:
+        raise UsageError(
+            f"--prune-threshold: needs ALPHA,BETA >= 0, not both 0, got '{text}'"
+        ) from None
+    return prune
+
+
 def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads: int, device,
-                 graph_in: str = "gpu", cuda_graph: bool = False):  # fmt: skip
-    """The sampler ``--sampler`` names (see module docstring)."""
-    from ..sampling import LaborSampler, LadiesSampler, UniformSampler
+                 graph_in: str = "gpu", cuda_graph: bool = False, prune=None):  # fmt: skip
+    """The sampler ``--sampler`` names (see module docstring); ``prune``: HyDRA's."""
+    from ..sampling import LaborSampler, LadiesSampler, PrunedUniformSampler, UniformSampler
 
     gpu = {"graph_in": graph_in} if torch.device(device).type == "cuda" else {}
     if cuda_graph:
@@ -131,6 +158,9 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
         return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
+    if prune is not None:
+        return PrunedUniformSampler(graph, fanouts, prune=prune, seed=seed, num_threads=threads,
+                                    device=device, **gpu)  # fmt: skip
     return UniformSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
 
 
@@ -190,7 +220,7 @@ def run(args) -> dict:
 
         reset_graphed_report()
     sampler = make_sampler(kind, ds.graph, fanouts, layer_size, args.seed, args.threads,
-                           args.device, graph_in, cuda_graph=graphed)  # fmt: skip
+                           args.device, graph_in, cuda_graph=graphed, prune=_prune(args))  # fmt: skip
     sync = torch.cuda.synchronize if sampler.device.type == "cuda" else None
     stats = {"edges": 0, "input_nodes": 0, "seeds": 0}
     cpu_s: list[float] = []
@@ -229,6 +259,7 @@ def run(args) -> dict:
         "threads": args.threads,
         "sampler": kind,
         "fanouts": fanouts,
+        "prune_thresholds": sampler.thresholds if _prune(args) is not None else None,
         "layer_size": layer_size if kind == "ladies" else None,
         "batch_size": args.batch_size,
         "batches": nb,

@@ -13,7 +13,10 @@ Bit-identical to :func:`gnnio.sampling._kernels._floyd_linear` / ``_floyd_hashed
 Floyd sequence; the hash set there is only how membership is tested) and to the torch path:
 row ``g`` of hop key ``K`` starts from ``splitmix64(K ^ g * GAMMA)``, each draw steps the state by
 ``GAMMA`` until Lemire accepts. Rows of ``2**32`` or more neighbours are not supported (as in the
-torch path).
+torch path). ``theta`` (a runtime argument, 0 = none) is HyDRA's threshold pruning
+(:mod:`gnnio.sampling.pruned_torch`): a row longer than ``theta`` first draws its circular
+window's start, then samples inside the window, as
+:func:`gnnio.sampling._las_kernels.sample_rows` does.
 
 This module imports Triton: :mod:`gnnio.sampling.gpu` imports it on the first CUDA hop, when
 Triton is installed (CUDA builds of PyTorch bring it). ``TRITON_INTERPRET=1`` (set before this module
@@ -40,9 +43,9 @@ def _mix64(z):
     return z ^ (z >> 31)
 
 
-@triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2"])
+@triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2", "theta"])
 def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, kp, loc,
-         first, fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
+         first, theta, fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
          HAS_CNT: tl.constexpr, CLAIM: tl.constexpr, KEY_PTR: tl.constexpr = False):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
@@ -54,7 +57,6 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
     g = tl.load(dst + r, mask=rm, other=0)
     start = tl.load(indptr + g, mask=rm, other=0)
     deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
-    k = tl.minimum(deg, fanout)
     off = tl.load(row_off + r, mask=rm, other=0)
     if KEY_PTR:  # the key in device memory (a CUDA graph's replay: a new key, no new launch)
         key = tl.load(kp).to(tl.uint64, bitcast=True)
@@ -65,11 +67,26 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
             | k0.to(tl.int64).to(tl.uint64)
         )
     state = _mix64(key ^ (g.to(tl.uint64) * 0x9E3779B97F4A7C15))
+    # HyDRA's pruning (theta > 0): a row longer than theta first draws its window's start in
+    # [0, deg) (Lemire, rejections redrawn), then samples the theta positions from there
+    cut = rm & (deg > theta) & (theta > 0)
+    bd = deg.to(tl.uint64)
+    bd_thr = ((1 << 32) - bd) % tl.maximum(bd, 1)
+    st = tl.zeros([BLOCK], dtype=tl.int64)
+    drawing = cut
+    while tl.max(drawing.to(tl.int32), 0) > 0:
+        state = tl.where(drawing, state + 0x9E3779B97F4A7C15, state)
+        bm = (_mix64(state) >> 32) * bd
+        accept = ((bm & 0xFFFFFFFF) >= bd) | ((bm & 0xFFFFFFFF) >= bd_thr)
+        st = tl.where(drawing & accept, (bm >> 32).to(tl.int64), st)
+        drawing = drawing & (accept == 0)
+    w = tl.where(cut, theta, deg)  # the positions to sample from: the window or the row
+    k = tl.minimum(w, fanout)
     col = tl.arange(0, FP)
     picks = tl.full([BLOCK, FP], -1, tl.int64)
-    live = rm & (deg > fanout)
+    live = rm & (w > fanout)
     for i in range(0, fanout):
-        j = deg - fanout + i  # Floyd: j runs over the last `fanout` positions
+        j = w - fanout + i  # Floyd: j runs over the last `fanout` positions
         bound = (j + 1).to(tl.uint64)
         thr = ((1 << 32) - bound) % tl.maximum(bound, 1)
         pending = live
@@ -84,7 +101,9 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
         seen = tl.sum(((picks == val[:, None]) & (col[None, :] < i)).to(tl.int32), 1) > 0
         t = tl.where(seen, j, val)
         picks = tl.where(col[None, :] == i, t[:, None], picks)
-    pos = tl.where((deg <= fanout)[:, None], col[None, :], picks)  # short rows: all of them
+    pos = tl.where((w <= fanout)[:, None], col[None, :], picks)  # short rows: all of them
+    pos = st[:, None] + pos  # the window is circular: past the row's end it wraps to its start
+    pos = tl.where(pos >= deg[:, None], pos - deg[:, None], pos)
     dest = off[:, None] + col[None, :]
     valid = rm[:, None] & (col[None, :] < k[:, None]) & (dest < cap)
     nb = tl.load(indices + start[:, None] + pos, mask=valid, other=0)
@@ -108,10 +127,15 @@ def sample_hop_triton(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     claim: tuple[torch.Tensor, torch.Tensor] | None = None,
     rows: int | None = None,
+    theta: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(src, row)`` of one hop with ``fanout >= 1`` (see
     :func:`gnnio.sampling.gpu.sample_hop_torch`, whose results these equal); ``total`` =
-    ``sum(min(deg, fanout))`` over the rows, known to the caller.
+    ``sum(min(deg, fanout))`` over the rows, known to the caller. ``theta > 0``: HyDRA's
+    threshold pruning (:class:`gnnio.sampling.PrunedUniformSampler`'s rows): a row longer than
+    ``theta`` samples from a circular window of ``theta`` positions at a random start, and
+    ``total`` = ``sum(min(deg, theta, fanout))``; a runtime argument, so one compiled kernel
+    serves every threshold.
 
     Bounded form (:mod:`gnnio.sampling.gpu_bounded`, no host sync): ``count`` (int64 ``[1]`` on
     the device) says how many leading rows of ``dst_nodes`` are real, ``row_off`` gives each
@@ -140,7 +164,7 @@ def sample_hop_triton(
         return src, row
     if row_off is None:
         deg = indptr[dst_nodes + 1] - indptr[dst_nodes]
-        k = torch.clamp(deg, max=fanout)
+        k = torch.clamp(deg, max=min(fanout, theta) if theta > 0 else fanout)
         row_off = torch.cumsum(k, 0) - k
     key_ptr = isinstance(hop_key, torch.Tensor)
     key = 0 if key_ptr else hop_key & ((1 << 64) - 1)
@@ -150,9 +174,9 @@ def sample_hop_triton(
     loc, first = claim if claim is not None else (src, src)  # (unread without a claim)
     kp = hop_key if key_ptr else cnt  # (unread without KEY_PTR)
     _hop[grid](indptr, indices, dst_nodes.contiguous(), row_off, src, row, n, cnt, total,
-               key & _M22, (key >> 22) & _M22, key >> 44, kp, loc, first, fanout=fanout, FP=fp,
-               BLOCK=_BLOCK, HAS_CNT=count is not None, CLAIM=claim is not None,
-               KEY_PTR=key_ptr)  # fmt: skip
+               key & _M22, (key >> 22) & _M22, key >> 44, kp, loc, first, int(theta),
+               fanout=fanout, FP=fp, BLOCK=_BLOCK, HAS_CNT=count is not None,
+               CLAIM=claim is not None, KEY_PTR=key_ptr)  # fmt: skip
     return src, row
 
 

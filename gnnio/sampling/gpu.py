@@ -148,6 +148,13 @@ class TorchUniformSampler:
         self._scratch: list[tuple[torch.Tensor, torch.Tensor, object, dict]] = []
         self.phase_hook = None  # see the module docstring (gnnio bench step's relabel timer)
         self.cuda_graph = bool(cuda_graph)
+        self.thresholds = [0] * len(self.fanouts)  # HyDRA's pruning per hop (.pruned_torch)
+
+    @property
+    def k_fanouts(self) -> list[int]:
+        """Each hop's cap on a row's draws, ``k = min(deg, cap)``: the fanout, or with a pruning
+        threshold ``theta > 0`` (:mod:`.pruned_torch`) ``min(fanout, theta)``."""
+        return [min(f, t) if t > 0 and f >= 0 else f for f, t in zip(self.fanouts, self.thresholds)]
 
     @property
     def device(self) -> torch.device:
@@ -218,7 +225,8 @@ class TorchUniformSampler:
         safe = torch.where(ok, seeds, 0)
         deg = ip[safe + 1] - ip[safe]
         lo_hi = torch.stack([seeds.min(), seeds.max()]) if b else torch.zeros(2, device=dev)
-        ksum = [_kcount(deg, f).sum() for f in fanouts]
+        kf = self.k_fanouts
+        ksum = [_kcount(deg, f).sum() for f in kf]
         head = torch.stack([lo_hi[0].long(), lo_hi[1].long(), repeated, *ksum]).tolist()
         lo, hi, rep, totals = head[0], head[1], head[2], head[3:]
         if b and (lo < 0 or hi >= n_nodes or rep):
@@ -233,18 +241,19 @@ class TorchUniformSampler:
         dst_nodes = seeds
         for h, fanout in enumerate(fanouts):
             hk = hop_key(key, h)
+            th = self.thresholds[h]
             src, dst, redo = sample_hop_torch(
-                ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=False
+                ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=False, theta=th
             )
             self._mark("sample")
-            new, more, redo = _relabel(src, loc, first, hop_nodes[-1], ip, fanouts[h + 1 :], redo)
+            new, more, redo = _relabel(src, loc, first, hop_nodes[-1], ip, kf[h + 1 :], redo)
             self._mark("relabel")
             if redo:  # a rejected draw (rare): undo the numbering, draw the hop step by step
                 loc[new] = -1
                 src, dst, _ = sample_hop_torch(
-                    ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=True
+                    ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=True, theta=th
                 )
-                new, more, _ = _relabel(src, loc, first, hop_nodes[-1], ip, fanouts[h + 1 :])
+                new, more, _ = _relabel(src, loc, first, hop_nodes[-1], ip, kf[h + 1 :])
             for g, extra in enumerate(more):  # the new nodes' edges in the later hops
                 totals[h + 1 + g] += extra
             parts.append(new)

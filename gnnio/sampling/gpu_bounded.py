@@ -219,12 +219,13 @@ def _hop(sampler, buf: _Buffers, h: int, n_rows: int, hk, loc, first):
     ip, ix = sampler.indptr, sampler.indices
     if e == 0:  # nothing to draw (fanout 0, no rows or no edges): no kernel of either kind
         return buf.src[h], buf.row[h], False
+    theta = sampler.thresholds[h]  # HyDRA's pruning (0: none)
     mod = _triton(sampler.device, "sample_hop") if fanout > 0 else None
     if mod is not None:
         try:
             out = (buf.src[h], buf.row[h])
             mod.sample_hop_triton(ip, ix, buf.nodes, fanout, hk, e, buf.count[h], buf.cum[h],
-                                  out=out, claim=(loc, first), rows=n_rows)  # fmt: skip
+                                  out=out, claim=(loc, first), rows=n_rows, theta=theta)  # fmt: skip
             kernel_ran("hop", "triton")
             return out[0], out[1], True
         except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: torch ops
@@ -232,7 +233,7 @@ def _hop(sampler, buf: _Buffers, h: int, n_rows: int, hk, loc, first):
     if isinstance(hk, torch.Tensor):  # (a kernel that failed while a graph was being prepared)
         hk = int(hk.item()) & ((1 << 64) - 1)
     src, row, redo = sample_hop_torch(ip, ix, buf.nodes[:n_rows], fanout, hk, e, False,
-                                      buf.count[h], buf.cum[h][:n_rows])  # fmt: skip
+                                      buf.count[h], buf.cum[h][:n_rows], theta)  # fmt: skip
     L = len(sampler.fanouts)
     buf.meta.narrow(0, 3 + 2 * L + h, 1).copy_(redo.view(1))
     return src, row, False
@@ -243,7 +244,7 @@ def _relabel(sampler, buf: _Buffers, h: int, rows: list, src, claimed: bool, loc
     L, cap, dev = len(sampler.fanouts), rows[-1], sampler.device
     nxt = None
     if h + 1 < L:
-        nxt = (buf.k[h + 1], rows[h + 1], sampler.fanouts[h + 1], sampler.indptr)
+        nxt = (buf.k[h + 1], rows[h + 1], sampler.k_fanouts[h + 1], sampler.indptr)
     args = (src, buf.ecnt[h], loc, first, buf.nodes, buf.meta, h, cap)
     mod = _triton(dev, "relabel") if src.shape[0] else None
     if mod is not None:
@@ -264,7 +265,7 @@ def plan(sampler, b: int, slack: int = 1) -> tuple[list, list] | None:
     must sample it (a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`). ``slack``
     multiplies the fanouts in the bounds (a hop whose rows may keep more than the fanout:
     LABOR-0's Poisson design, :mod:`gnnio.sampling.labor_torch`)."""
-    fanouts = sampler.fanouts
+    fanouts = sampler.k_fanouts  # (a row's draws: at most the fanout, or a pruning window)
     if not fanouts or min(fanouts) < 0:
         return None
     fanouts = [f * slack for f in fanouts]
@@ -302,7 +303,7 @@ def launch(sampler, buf: _Buffers, rows: list, seeds, keys, loc, first, reset=No
     dev, fanouts = sampler.device, sampler.fanouts
     buf.meta.zero_()
     _relabel_kernel(dev, "seeds_triton", seeds_torch, seeds, loc, buf.nodes, buf.k[0], buf.meta,
-                    sampler.indptr, sampler.num_nodes, fanouts[0])  # fmt: skip
+                    sampler.indptr, sampler.num_nodes, sampler.k_fanouts[0])  # fmt: skip
     hop_edges = []
     for h in range(len(fanouts)):
         buf.k[h].cumsum_(0)  # the rows' output offsets, and the hop's edge count at the end

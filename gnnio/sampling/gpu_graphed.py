@@ -16,7 +16,8 @@ When: CUDA, Triton's hop and relabelling kernels available, every fanout ``>= 1`
 bounds within :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`; otherwise the eager path runs
 (same batches). A buffer set's first batch runs its launches eagerly (it compiles the kernels);
 the second captures them (:func:`gnnio.utils.capture.capture`: thread-local, so the training
-thread goes on meanwhile, and never beside another capture or a device-wide wait). A capture that fails warns once and leaves every batch eager (``report()`` says why).
+thread goes on meanwhile, and never beside another capture or a device-wide wait). A capture
+that fails warns once and leaves every batch eager (``report()`` says why).
 Each buffer set -- per scratch (one per sampling thread) and batch size -- has its own graph and
 memory pool. On a CPU (``capture=False``) the same launches run eagerly from the static buffers:
 how the tests check them.

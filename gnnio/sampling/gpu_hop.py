@@ -10,7 +10,10 @@ picks fill the first ``k`` columns of a ``[rows, fanout]`` matrix:
   ``j = d - k + i`` draw ``t`` uniform in ``[0, j]`` and keep ``t``, or ``j`` if ``t`` was kept
   already. The kept set is a uniform ``k``-subset of the row (Floyd, CACM 1987). Cost
   ``O(rows * fanout^2 / 2)`` comparisons, independent of the degree;
-* fanout ``-1`` (all neighbours): a segmented ``arange`` over the rows.
+* fanout ``-1`` (all neighbours): a segmented ``arange`` over the rows;
+* HyDRA's threshold pruning (``theta > 0``, :mod:`gnnio.sampling.pruned_torch`): a row with
+  ``d > theta`` first draws a window start ``st`` in ``[0, d)``, then the above over the window's
+  ``theta`` positions, position ``st + pick`` wrapped past the row's end.
 
 The matrix is compacted into the CSR positions by a scatter with the rows' offsets (invalid cells
 go to a dummy slot past the end), so no count is read to compact it.
@@ -123,6 +126,30 @@ def _floyd_draws(
     return t, torch.zeros((), dtype=torch.int64, device=dev)
 
 
+def _window(state: torch.Tensor, deg: torch.Tensor, theta: int, exact: bool):
+    """HyDRA's pruning: rows with ``deg > theta`` draw their window's start in ``[0, deg)`` from
+    their stream first (the CPU kernel's ``_bounded(state, d)``). Returns ``(start, length,
+    state after the draw, rejections)``: ``start`` 0 and ``length = deg`` for the other rows;
+    ``rejections`` as :func:`_floyd_draws` counts them (0 with ``exact``)."""
+    cut = deg > theta
+    st = torch.zeros_like(deg)
+    bad = torch.zeros((), dtype=torch.int64, device=deg.device)
+    if not exact:  # one attempt, assumed accepted (the count says when it was not)
+        nxt = state + _GAMMA
+        v, ok = _lemire(nxt, deg)
+        bad = (cut & ~ok).sum()
+        st = torch.where(cut, v, st)
+        state = torch.where(cut, nxt, state)
+    else:
+        pending = cut.clone()
+        while bool(pending.any()):  # (one host sync per attempt: the exact, rare path)
+            state = torch.where(pending, state + _GAMMA, state)
+            v, ok = _lemire(state, deg)
+            st = torch.where(pending & ok, v, st)
+            pending &= ~ok
+    return st, torch.where(cut, theta, deg), state, bad
+
+
 def sample_hop_torch(
     indptr: torch.Tensor,
     indices: torch.Tensor,
@@ -133,6 +160,7 @@ def sample_hop_torch(
     exact: bool = True,
     count: torch.Tensor | None = None,
     row_off: torch.Tensor | None = None,
+    theta: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One hop of uniform sampling without replacement on any device.
 
@@ -155,6 +183,12 @@ def sample_hop_torch(
             real, ``row_off`` their first output positions (``cumsum(k) - k`` over those rows),
             and ``total`` is an upper bound: a prefix of the outputs holds the hop, the rest is
             padding (valid node ids, never read by the caller).
+        theta: HyDRA's threshold pruning (``> 0``, with ``fanout >= 0``): a row longer than
+            ``theta`` draws a start ``st`` in ``[0, deg)`` first, then samples its ``min(theta,
+            fanout)`` positions from the circular window ``st, st + 1, ...`` of ``theta``
+            positions (wrapping past the row's end), as
+            :func:`gnnio.sampling._las_kernels.sample_rows` does; ``total`` then counts
+            ``min(deg, theta, fanout)`` per row. 0: no pruning.
 
     Returns:
         ``(src, dst, redo)``: int64 ``[E']`` global ids of the sampled neighbours and the local id
@@ -167,7 +201,7 @@ def sample_hop_torch(
             from ._triton_hop import sample_hop_triton  # the whole hop in one kernel, exact
 
             src, row = sample_hop_triton(
-                indptr, indices, dst_nodes, fanout, hop_key, total, count, row_off
+                indptr, indices, dst_nodes, fanout, hop_key, total, count, row_off, theta=theta
             )
             kernel_ran("hop", "triton")
             return src, row, torch.zeros((), dtype=torch.int64, device=dev)
@@ -179,7 +213,9 @@ def sample_hop_torch(
     n = int(dst_nodes.shape[0])
     if count is not None:  # padding rows draw nothing
         deg = torch.where(torch.arange(n, device=dev) < count, deg, 0)
-    k = _kcount(deg, fanout)
+    if fanout < 0:
+        theta = 0  # (all neighbours: never pruned)
+    k = _kcount(deg, min(fanout, theta) if theta > 0 else fanout)
     if total is None:
         total = int(k.sum())
     zero = torch.zeros((), dtype=torch.int64, device=dev)
@@ -193,15 +229,23 @@ def sample_hop_torch(
     col = torch.arange(fanout, device=dev)
     picks = torch.empty((n, fanout), dtype=torch.int64, device=dev)
     state0 = mix64_torch(_s64(hop_key) ^ (dst_nodes * _GAMMA))  # the row's counter-based stream
-    draws, redo = _floyd_draws(state0, deg, fanout, exact)
-    for i in range(fanout):  # Floyd: j = d - k + i runs over the last k positions
-        j = deg - fanout + i
+    st, span = None, deg  # the window's start and length (the whole row without pruning)
+    if theta > 0:
+        st, span, state0, bad = _window(state0, deg, theta, exact)
+    draws, redo = _floyd_draws(state0, span, fanout, exact)
+    if st is not None:
+        redo = redo + bad
+    for i in range(fanout):  # Floyd: j = span - k + i runs over the last k positions
+        j = span - fanout + i
         t = draws[:, i]
         if i:
             seen = (picks[:, :i] == t[:, None]).any(1)
             t = torch.where(seen, j, t)
         picks[:, i] = t
-    pos = torch.where(deg[:, None] <= fanout, col[None, :], picks)  # short rows: all of them
+    pos = torch.where(span[:, None] <= fanout, col[None, :], picks)  # short rows: all of them
+    if st is not None:  # the window is circular: past the row's end it wraps to its start
+        pos = st[:, None] + pos
+        pos = torch.where(pos >= deg[:, None], pos - deg[:, None], pos)
     valid = col[None, :] < k[:, None]
     row_off = torch.cumsum(k, 0) - k
     dest = row_off[:, None] + col[None, :]

@@ -417,10 +417,10 @@ class TrainConfig:
         if not str(self.device).startswith("cuda"):
             raise UsageError("--sampler-device cuda: needs --device cuda")
         plain = getattr(self, "sampler", "uniform") in ("uniform", "labor")
-        if not plain or self.locality_scale is not None or self.prune_threshold is not None:
+        if not plain or self.locality_scale is not None:
             raise UsageError(
-                "--sampler-device cuda: the GPU samplers are the uniform and the labor one (no "
-                "--sampler ladies, --locality-scale or --prune-threshold)"
+                "--sampler-device cuda: the GPU samplers are the uniform and the labor one "
+                "(--prune-threshold too; no --sampler ladies or --locality-scale)"
             )
 
     def validate_dist(self, world_size: int) -> None:

@@ -256,7 +256,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     """The training sampler and, for ``locality_scale="auto"``, its Algorithm 2 controller.
 
     * neither option: :class:`~gnnio.sampling.UniformSampler`;
-    * ``prune_threshold`` only: :class:`~gnnio.sampling.PrunedUniformSampler`;
+    * ``prune_threshold`` only: :class:`~gnnio.sampling.PrunedUniformSampler`, on the GPU where
+      :func:`sampler_placement` puts it (as the uniform one);
     * ``locality_scale``: :class:`~gnnio.sampling.LocalitySampler` with ``B = setup.gpu_ids``
       (and the pruning window when asked), Horvitz-Thompson weights (:func:`edge_weights`:
       ``1/q``, or ``1/(deg q)`` for SAGE's ``edge_weight_norm="sum"``; the default SAGE mean
@@ -299,12 +300,14 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
                 ),
                 None,
             )  # fmt: skip
+        sdev, graph_in = sampler_placement(ds, cfg)
         return (
             PrunedUniformSampler(
-                ds.graph, fanouts, prune=prune, seed=cfg.seed, num_threads=cfg.threads
+                ds.graph, fanouts, prune=prune, seed=cfg.seed, num_threads=cfg.threads,
+                device=sdev, graph_in=graph_in, cuda_graph=graph_mode(cfg, "sampler"),
             ),
             None,
-        )
+        )  # fmt: skip
     if setup.gpu_ids is None:
         raise UsageError(
             "--locality-scale: the store holds no rows on the GPU (use --gpu-cache-fraction, "
@@ -349,7 +352,7 @@ def edge_weights(cfg) -> str:
 
 
 def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
-    """Where the uniform (or LABOR-0) sampler runs and where its topology lives: ``(None, "gpu")`` for the
+    """Where the uniform (LABOR-0, pruned) sampler runs and where its topology lives: ``(None, "gpu")`` for the
     CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
     CSR copied to the GPU when it takes at most a quarter of the free device memory, else read
     from pinned host memory, zero-copy: UVA sampling). ``--sampler-device auto`` (the default):
@@ -372,13 +375,12 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
 
 
 def _gpu_sampler_applies(cfg) -> bool:
-    """``--sampler-device auto``: training on a GPU with the plain uniform or LABOR-0 sampler
-    (the ones with a GPU implementation)."""
+    """``--sampler-device auto``: training on a GPU with the uniform (``--prune-threshold``
+    included) or LABOR-0 sampler (the ones with a GPU implementation)."""
     return (
         str(cfg.device).startswith("cuda")
         and getattr(cfg, "sampler", "uniform") in ("uniform", "labor")
         and cfg.locality_scale is None
-        and cfg.prune_threshold is None
     )
 
 
