@@ -138,6 +138,86 @@ def test_a_failed_capture_warns_once_and_samples_eagerly(monkeypatch):
     gpu_graphed.reset_graphed_report()
 
 
+class _FakeGraph:
+    """A CUDA graph on the CPU: the "capture" runs the batch's launches (recorded by
+    :func:`_fake_capture`'s wrapper of ``launch``); the first replay after it is that run, later
+    replays run the recorded launches again and write their outputs where the capture's are (a
+    real replay writes the addresses baked in at capture)."""
+
+    recording = None
+
+    def __init__(self) -> None:
+        self.thunk = self.out = None
+        self.fresh = True
+
+    def replay(self) -> None:
+        if self.fresh:
+            self.fresh = False
+            return
+        for (a, b), (c, d) in zip(self.out, self.thunk(), strict=True):
+            a.copy_(c)
+            b.copy_(d)
+
+
+class _FakeCaptureStream:
+    def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
+        self.graph = graph
+
+    def __enter__(self) -> None:
+        _FakeGraph.recording = self.graph
+
+    def __exit__(self, *exc) -> None:
+        _FakeGraph.recording = None
+
+
+def _fake_capture(monkeypatch) -> None:
+    """gnnio's real :func:`gnnio.utils.capture.capture` (its lock, its thread flag) around
+    ``torch.cuda.graph`` / ``CUDAGraph`` / ``Stream`` fakes that run on the CPU."""
+    real = gpu_graphed.launch
+
+    def launch(*a, **k):
+        out = real(*a, **k)
+        if _FakeGraph.recording is not None:
+            _FakeGraph.recording.thunk = lambda: real(*a, **k)
+            _FakeGraph.recording.out = out
+        return out
+
+    monkeypatch.setattr(gpu_graphed, "launch", launch)
+    monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler, *a: True)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _FakeCaptureStream)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+
+
+def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
+    """The capture path itself, on the CPU with a fake graph: a buffer set's second batch is
+    captured through gnnio's capture (its lock taken), later ones replayed, every batch the
+    synced path's. Fails when the capture is not entered (``sample_graphed`` once called its
+    own ``capture`` argument, a bool: every capture failed) or a replay is not one."""
+    from gnnio.utils import capture
+
+    _fake_capture(monkeypatch)
+    held = []
+    monkeypatch.setattr(_FakeCaptureStream, "__enter__",
+                        lambda self: held.append(capture.CAPTURE_LOCK.locked())
+                        or setattr(_FakeGraph, "recording", self.graph))  # fmt: skip
+    gpu_graphed.reset_graphed_report()
+    g = random_graph(500, 6000, 13)
+    s = TorchUniformSampler(*g.to_torch(), [5, 3])
+    ref = TorchUniformSampler(*g.to_torch(), [5, 3])
+    rng = np.random.default_rng(13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "capturing the sampler failed"
+        for i in range(5):
+            seeds = torch.from_numpy(rng.permutation(500)[:40])
+            mb = gpu_graphed.sample_graphed(s, seeds, i, capture=True)
+            _equal(mb, ref._sample_synced(seeds, i))
+    rep = gpu_graphed.graphed_report()
+    assert rep == {"captured": 1, "replayed": 4, "eager": 1, "failed": None}, rep
+    assert held == [True]
+    gpu_graphed.reset_graphed_report()
+
+
 def test_buffer_sets_keep_the_most_used_sizes():
     """A scratch keeps three buffer sets; a fourth size drops the least used, not the full
     batch's (whose graph would otherwise be captured again after every evaluation)."""
