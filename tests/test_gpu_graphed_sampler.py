@@ -218,6 +218,51 @@ def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
     gpu_graphed.reset_graphed_report()
 
 
+def test_a_kernel_failing_inside_a_capture_fails_the_capture_not_the_kernel(monkeypatch):
+    """A Triton launch that raises while the stream captures (on a GPU: a launch refused
+    there) fails the capture -- one warning, the batch run eagerly -- and is not recorded as a
+    Triton kernel that cannot build: no torch fallback captured into the graph, the kernel
+    kept for the eager batches, ``kernels`` with no fallback (gpu-check would mark the run
+    failed). Fails when ``kernel_failed`` does not re-raise inside a capture."""
+    import types
+
+    from gnnio.sampling import gpu_bounded as gb
+    from gnnio.utils import capture, triton_kernels
+
+    def seeds(*a):
+        if capture.capturing():
+            raise RuntimeError("fake: launch refused while the stream captures")
+        gb.seeds_torch(*a)
+
+    def relabel(src, ecnt, loc, first, nodes, meta, h, cap, out, claimed, nxt=None):
+        return gb.relabel_step_torch(src, ecnt, loc, first, nodes, meta, h, cap, nxt)
+
+    fake = types.SimpleNamespace(seeds_triton=seeds, reset_triton=gb._reset_torch,
+                                 relabel_triton=relabel)  # fmt: skip
+    monkeypatch.setattr(gb, "_triton", lambda dev, kernel: fake if kernel == "relabel" else None)
+    monkeypatch.setattr(triton_kernels, "_FAILED", {})
+    _fake_capture(monkeypatch)
+    gpu_graphed.reset_graphed_report()
+    g = random_graph(500, 6000, 17)
+    s = TorchUniformSampler(*g.to_torch(), [5, 3])
+    ref = TorchUniformSampler(*g.to_torch(), [5, 3])
+    rng = np.random.default_rng(17)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            seeds_ = torch.from_numpy(rng.permutation(500)[:40])
+            _equal(gpu_graphed.sample_graphed(s, seeds_, i, capture=True),
+                   ref._sample_synced(seeds_, i))  # fmt: skip
+    msgs = [str(w.message) for w in caught]
+    assert sum("capturing the sampler failed" in m for m in msgs) == 1, msgs
+    assert not any("Triton kernel" in m for m in msgs), msgs
+    assert triton_kernels.kernels_report()["fallbacks"] == 0
+    rep = gpu_graphed.graphed_report()
+    assert "launch refused" in rep["failed"] and rep["captured"] == 0 and rep["eager"] == 4, rep
+    assert not capture.capturing()
+    gpu_graphed.reset_graphed_report()
+
+
 def test_buffer_sets_keep_the_most_used_sizes():
     """A scratch keeps three buffer sets; a fourth size drops the least used, not the full
     batch's (whose graph would otherwise be captured again after every evaluation)."""

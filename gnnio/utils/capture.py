@@ -19,6 +19,12 @@ process-wide lock. A capture is short (tens of milliseconds, once
 per buffer set) and the waits are at epoch ends and in benchmarks, so nobody waits long. Stream
 and event waits (``Event.synchronize``, ``.tolist()`` on one stream) do not break a capture in
 another thread under ``capture_error_mode="thread_local"`` and take no lock.
+
+Inside a capture nothing runs: an error raised there (a Triton launch refused while the stream
+captures, a host read) is the capture's, not the kernel's. :func:`capturing` tells gnnio's
+kernel fallbacks so (:func:`gnnio.utils.triton_kernels.kernel_failed` re-raises it): the capture
+fails as a whole and its caller runs the batch eagerly, where the kernel is tried again, instead
+of a torch fallback being captured and the kernel given up for the rest of the process.
 """
 
 from __future__ import annotations
@@ -29,10 +35,16 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["CAPTURE_LOCK", "capture", "device_sync"]
+__all__ = ["CAPTURE_LOCK", "capture", "capturing", "device_sync"]
 
 #: held by a capture and by gnnio's device-wide waits (module docstring)
 CAPTURE_LOCK = threading.Lock()
+_LOCAL = threading.local()  # .on: this thread is inside capture()
+
+
+def capturing() -> bool:
+    """Whether this thread is inside :func:`capture` (module docstring)."""
+    return getattr(_LOCAL, "on", False)
 
 
 def device_sync(device) -> None:
@@ -48,5 +60,9 @@ def capture(graph, device) -> Iterator[None]:
     other threads' own calls go on), with the lock held (module docstring)."""
     with CAPTURE_LOCK:
         side = torch.cuda.Stream(device)
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-            yield
+        _LOCAL.on = True
+        try:
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                yield
+        finally:
+            _LOCAL.on = False
