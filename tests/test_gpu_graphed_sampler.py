@@ -187,6 +187,8 @@ def _fake_capture(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", _FakeCaptureStream)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
 
 
 def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
@@ -354,3 +356,34 @@ def test_device_waits_hold_off_while_a_graph_is_captured(monkeypatch):
     capture.device_sync("cuda:0")
     t.join()
     assert events == ["capture done", "sync"]
+
+
+def test_a_failed_capture_gives_the_thread_its_stream_back(monkeypatch):
+    """``torch.cuda.graph`` leaves its capture stream current when ending the capture raises
+    (an invalidated capture: ``capture_end`` fails before the stream context is exited). gnnio's
+    capture puts the thread's stream back, drops its flag and its lock, so the eager fallback
+    and later batches run where they did before. Fails without the ``set_stream`` (checked)."""
+    from gnnio.utils import capture
+
+    cur = {"s": "main"}
+
+    class Graph:
+        def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            cur["s"] = self.stream
+
+        def __exit__(self, *exc) -> None:
+            raise RuntimeError(
+                "CUDA error: operation failed due to a previous error during capture"
+            )
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: "side")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cur["s"])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: cur.update(s=s))
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    with pytest.raises(RuntimeError, match="during capture"):
+        with capture.capture(object(), "cuda:0"):
+            assert cur["s"] == "side" and capture.capturing()
+    assert cur["s"] == "main" and not capture.capturing() and not capture.CAPTURE_LOCK.locked()

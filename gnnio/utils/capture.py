@@ -60,9 +60,14 @@ def capture(graph, device) -> Iterator[None]:
     other threads' own calls go on), with the lock held (module docstring)."""
     with CAPTURE_LOCK:
         side = torch.cuda.Stream(device)
+        prev = torch.cuda.current_stream(device)
         _LOCAL.on = True
         try:
             with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
                 yield
         finally:
             _LOCAL.on = False
+            # torch.cuda.graph's exit ends the capture, then leaves the stream: where ending
+            # raises (an invalidated capture) ``side`` stays current, and this thread's eager
+            # fallback and every later batch would run there
+            torch.cuda.set_stream(prev)
