@@ -189,6 +189,7 @@ def _fake_capture(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
 def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
@@ -365,14 +366,14 @@ def test_a_failed_capture_gives_the_thread_its_stream_back(monkeypatch):
     and later batches run where they did before. Fails without the ``set_stream`` (checked)."""
     from gnnio.utils import capture
 
-    cur = {"s": "main"}
+    cur = {"s": "main", "d": 0}
 
     class Graph:
         def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
             self.stream = stream
 
         def __enter__(self) -> None:
-            cur["s"] = self.stream
+            cur.update(s=self.stream, d=1)  # (torch.cuda.stream also makes its device current)
 
         def __exit__(self, *exc) -> None:
             raise RuntimeError(
@@ -381,9 +382,12 @@ def test_a_failed_capture_gives_the_thread_its_stream_back(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: "side")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cur["s"])
-    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: cur.update(s=s))
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: cur.update(s=s, d=1))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: cur["d"])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: cur.update(d=d))
     monkeypatch.setattr(torch.cuda, "graph", Graph)
     with pytest.raises(RuntimeError, match="during capture"):
         with capture.capture(object(), "cuda:0"):
             assert cur["s"] == "side" and capture.capturing()
-    assert cur["s"] == "main" and not capture.capturing() and not capture.CAPTURE_LOCK.locked()
+    assert cur == {"s": "main", "d": 0}
+    assert not capture.capturing() and not capture.CAPTURE_LOCK.locked()

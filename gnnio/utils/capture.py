@@ -60,7 +60,7 @@ def capture(graph, device) -> Iterator[None]:
     other threads' own calls go on), with the lock held (module docstring)."""
     with CAPTURE_LOCK:
         side = torch.cuda.Stream(device)
-        prev = torch.cuda.current_stream(device)
+        prev, prev_dev = torch.cuda.current_stream(device), torch.cuda.current_device()
         _LOCAL.on = True
         try:
             with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
@@ -68,6 +68,8 @@ def capture(graph, device) -> Iterator[None]:
         finally:
             _LOCAL.on = False
             # torch.cuda.graph's exit ends the capture, then leaves the stream: where ending
-            # raises (an invalidated capture) ``side`` stays current, and this thread's eager
-            # fallback and every later batch would run there
-            torch.cuda.set_stream(prev)
+            # raises (an invalidated capture) ``side`` (and its device) stays current, and this
+            # thread's eager fallback and every later batch would run there
+            if torch.cuda.current_stream(device) != prev:
+                torch.cuda.set_stream(prev)  # (sets the device too: set it back after)
+                torch.cuda.set_device(prev_dev)
