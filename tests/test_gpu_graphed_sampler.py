@@ -391,3 +391,53 @@ def test_a_failed_capture_gives_the_thread_its_stream_back(monkeypatch):
             assert cur["s"] == "side" and capture.capturing()
     assert cur == {"s": "main", "d": 0}
     assert not capture.capturing() and not capture.CAPTURE_LOCK.locked()
+
+
+def test_captures_run_on_a_stream_no_loader_stage_uses(monkeypatch):
+    """torch hands out its pool of streams in turn (32 per device), so a new
+    ``torch.cuda.Stream()`` is, sooner or later, one a loader stage already queues work on:
+    a capture there would take that stage's work into the graph. gnnio captures on one
+    reserved stream per device, which its loaders' streams skip. Fails when ``new_stream``
+    does not skip it, or a capture takes a fresh pool stream (checked)."""
+    import itertools
+
+    from gnnio.utils import capture
+    from gnnio.utils.streams import CudaStreams
+
+    turn = itertools.count()
+
+    class PoolStream:  # a pool of 4, handed out in turn, as torch's 32
+        def __init__(self, device=None) -> None:
+            self.id = next(turn) % 4
+
+        def __eq__(self, other) -> bool:
+            return isinstance(other, PoolStream) and other.id == self.id
+
+        __hash__ = object.__hash__
+
+    used = []
+
+    class Graph:
+        def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
+            used.append(stream)
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(capture, "_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "Stream", PoolStream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    st = CudaStreams(torch.device("cuda", 0))
+    stages = [st.new_stream(f"s{k}") for k in range(10)]  # more than the pool: ids repeat
+    reserved = capture.capture_stream("cuda")
+    assert reserved is capture.capture_stream(torch.device("cuda", 0))
+    assert all(s != reserved for s in stages) and len({s.id for s in stages}) == 3
+    for _ in range(3):
+        with capture.capture(object(), "cuda:0"):
+            pass
+    assert len(used) == 3 and all(s is reserved for s in used)

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["CAPTURE_LOCK", "capture", "capturing", "device_sync"]
+__all__ = ["CAPTURE_LOCK", "capture", "capture_stream", "capturing", "device_sync"]
 
 #: held by a capture and by gnnio's device-wide waits (module docstring)
 CAPTURE_LOCK = threading.Lock()
@@ -47,6 +47,26 @@ def capturing() -> bool:
     return getattr(_LOCAL, "on", False)
 
 
+_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> the stream captures run on
+_STREAMS_LOCK = threading.Lock()
+
+
+def capture_stream(device) -> torch.cuda.Stream:
+    """The stream gnnio captures on, one per device, made at the first call. Why one, kept:
+    ``torch.cuda.Stream()`` hands out torch's pool of 32 streams in turn, so after 32 a new one
+    is a stream someone already uses -- a loader's sampling or gather stream, whose work would
+    then be queued into the capture (lost from its batch, or the capture invalidated). gnnio's
+    own streams (:meth:`gnnio.utils.streams.CudaStreams.new_stream`) skip this one, and captures
+    take turns on it (:data:`CAPTURE_LOCK`)."""
+    d = torch.device(device)
+    idx = d.index if d.index is not None else torch.cuda.current_device()
+    with _STREAMS_LOCK:
+        s = _STREAMS.get(idx)
+        if s is None:
+            s = _STREAMS[idx] = torch.cuda.Stream(torch.device("cuda", idx))
+        return s
+
+
 def device_sync(device) -> None:
     """``torch.cuda.synchronize(device)``, never while a capture is underway in this process."""
     with CAPTURE_LOCK:
@@ -55,11 +75,11 @@ def device_sync(device) -> None:
 
 @contextlib.contextmanager
 def capture(graph, device) -> Iterator[None]:
-    """Capture the block's work on ``device`` into ``graph`` (``torch.cuda.CUDAGraph``): on a
-    stream of its own (torch's default capture stream is one per process), thread-local (the
-    other threads' own calls go on), with the lock held (module docstring)."""
+    """Capture the block's work on ``device`` into ``graph`` (``torch.cuda.CUDAGraph``): on
+    :func:`capture_stream`, which no other gnnio thread queues work on, thread-local (the other
+    threads' own calls go on), with the lock held (module docstring)."""
     with CAPTURE_LOCK:
-        side = torch.cuda.Stream(device)
+        side = capture_stream(device)
         prev, prev_dev = torch.cuda.current_stream(device), torch.cuda.current_device()
         _LOCAL.on = True
         try:
