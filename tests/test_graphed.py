@@ -83,6 +83,31 @@ def test_the_padded_step_trains_as_the_eager_step(small, kw):
     assert b.blocks[-1].num_dst < rows[-1] and b.blocks[0].num_edges < edges[0]
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [{"model": "sage"}, {"model": "gin"}, {"model": "gcn"}, {"model": "gat"},
+     {"model": "sage", "sampler": "labor"}],
+)  # fmt: skip
+def test_the_captured_step_reads_nothing_on_the_host(small, monkeypatch, kw):
+    """What the graph captures -- forward with dropout, loss, backward, Adam, the loop's sums --
+    must not read a device value on the host: inside a capture that is an error (the capture
+    fails and the run trains eagerly), found on a GPU only. Counted here on the CPU at the
+    dispatcher (backward included) with the GPU's aggregation kernels (``GNNIO_SPMM=torch``).
+    Fails with an ``.item()`` in the aggregation's backward (checked)."""
+    from gnnio.utils.syncs import OpCounter
+
+    parts, batches = _batches(small, _cfg(dropout=0.5, **kw), 3)
+    monkeypatch.setenv("GNNIO_SPMM", "torch")
+    step = GraphedStep("cpu", warmup=2, capture=False)
+    for b in batches[:2]:
+        step(parts.net, parts.opt, b)
+    step._size()
+    step._load(batches[2])
+    with OpCounter() as c:
+        step._body(parts.net, parts.opt)
+    assert c.ops > 50 and c.syncs == 0, dict(c.sync_ops)
+
+
 def test_a_larger_batch_and_a_failed_capture_train_eagerly(small):
     """A batch past the capacities runs the eager step (counted), and the padded ones after it
     still work; asking to capture where it cannot (no CUDA here) warns once, records why and
