@@ -196,9 +196,9 @@ def test_train_with_both_graphs_on_cuda(small):  # pragma: no cover
     """``--cuda-graph all`` on a GPU, end to end: the loader's thread captures and replays the
     sampler's graphs while the main thread captures and replays the step (two threads
     capturing, each beside the other's work), neither capture fails, no Triton kernel falls
-    back, the loss is the eager run's, and two graphed runs with dropout are bit-identical (the
-    step's dropout drawn inside its graph; the sampler's replays, from another thread, must
-    not move the generator)."""
+    back, the loss is the eager run's, and two graphed runs with dropout are bit-identical where
+    two eager ones are (the step's dropout drawn inside its graph; the sampler's replays, from
+    another thread, must not move the generator)."""
     kw = dict(device="cuda", epochs=1)
     eager = train(small, _cfg(**kw))
     g = train(small, _cfg(cuda_graph="all", **kw))
@@ -208,10 +208,14 @@ def test_train_with_both_graphs_on_cuda(small):  # pragma: no cover
     assert s["failed"] is None and s["captured"] >= 1 and s["replayed"] > 0, s
     assert g["kernels"]["fallbacks"] == 0, g["kernels"]
     assert g["loss_history"] == pytest.approx(eager["loss_history"], rel=1e-3)
-    d1 = train(small, _cfg(cuda_graph="all", dropout=0.5, **kw))
-    d2 = train(small, _cfg(cuda_graph="all", dropout=0.5, **kw))
+    d1, d2, e1, e2 = (
+        train(small, _cfg(cuda_graph=mode, dropout=0.5, **kw))
+        for mode in ("all", "all", "off", "off")
+    )
     assert d1["cuda_graph"]["failed"] is None and d1["cuda_graph"]["sampler"]["failed"] is None
-    assert d1["loss_history"] == d2["loss_history"]
+    # (where eager runs differ too, the GPU's kernels are not deterministic: not the graphs)
+    assert d1["loss_history"] == d2["loss_history"] or e1["loss_history"] != e2["loss_history"], (
+        d1["loss_history"], d2["loss_history"], e1["loss_history"])  # fmt: skip
 
 
 @pytest.mark.gpu
