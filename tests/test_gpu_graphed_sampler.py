@@ -138,44 +138,131 @@ def test_a_failed_capture_warns_once_and_samples_eagerly(monkeypatch):
     gpu_graphed.reset_graphed_report()
 
 
-def test_a_buffer_sets_second_batch_is_captured_through_the_capture_helper(monkeypatch):
-    """The capture itself, with CUDA faked: a buffer set's first batch runs eagerly, its second
-    is captured through :func:`gnnio.utils.capture.capture` (the lock, a stream of its own) on
-    the sampler's device and replayed, later ones only replayed. (A name clash once made every
-    capture call a bool: each capture "failed" and sampled eagerly, which the warning test above
-    cannot tell from a real failure.)"""
-    import contextlib
+class _FakeGraph:
+    """A CUDA graph on the CPU: the "capture" runs the batch's launches (recorded by
+    :func:`_fake_capture`'s wrapper of ``launch``); the first replay after it is that run, later
+    replays run the recorded launches again and write their outputs where the capture's are (a
+    real replay writes the addresses baked in at capture)."""
 
-    monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler, hop=None: True)
+    recording = None
+
+    def __init__(self) -> None:
+        self.thunk = self.out = None
+        self.fresh = True
+
+    def replay(self) -> None:
+        if self.fresh:
+            self.fresh = False
+            return
+        for (a, b), (c, d) in zip(self.out, self.thunk(), strict=True):
+            a.copy_(c)
+            b.copy_(d)
+
+
+class _FakeCaptureStream:
+    def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
+        self.graph = graph
+
+    def __enter__(self) -> None:
+        _FakeGraph.recording = self.graph
+
+    def __exit__(self, *exc) -> None:
+        _FakeGraph.recording = None
+
+
+def _fake_capture(monkeypatch) -> None:
+    """gnnio's real :func:`gnnio.utils.capture.capture` (its lock, its thread flag) around
+    ``torch.cuda.graph`` / ``CUDAGraph`` / ``Stream`` fakes that run on the CPU."""
+    real = gpu_graphed.launch
+
+    def launch(*a, **k):
+        out = real(*a, **k)
+        if _FakeGraph.recording is not None:
+            _FakeGraph.recording.thunk = lambda: real(*a, **k)
+            _FakeGraph.recording.out = out
+        return out
+
+    monkeypatch.setattr(gpu_graphed, "launch", launch)
+    monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler, *a: True)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _FakeCaptureStream)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
+    """The capture path itself, on the CPU with a fake graph: a buffer set's second batch is
+    captured through gnnio's capture (its lock taken), later ones replayed, every batch the
+    synced path's. Fails when the capture is not entered (``sample_graphed`` once called its
+    own ``capture`` argument, a bool: every capture failed) or a replay is not one."""
+    from gnnio.utils import capture
+
+    _fake_capture(monkeypatch)
+    held = []
+    monkeypatch.setattr(_FakeCaptureStream, "__enter__",
+                        lambda self: held.append(capture.CAPTURE_LOCK.locked())
+                        or setattr(_FakeGraph, "recording", self.graph))  # fmt: skip
     gpu_graphed.reset_graphed_report()
-    calls, replays = [], []
-
-    class FakeGraph:
-        def replay(self) -> None:
-            replays.append(self)
-
-    @contextlib.contextmanager
-    def fake_capture(graph, device):
-        calls.append((type(graph), device))
-        yield  # (the block runs eagerly here: the captured batch's arrays are this batch's)
-
-    monkeypatch.setattr(gpu_graphed.torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(gpu_graphed, "capture_graph", fake_capture)
     g = random_graph(500, 6000, 13)
     s = TorchUniformSampler(*g.to_torch(), [5, 3])
     ref = TorchUniformSampler(*g.to_torch(), [5, 3])
-    seeds = torch.from_numpy(np.random.default_rng(13).permutation(500)[:40])
+    rng = np.random.default_rng(13)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "capture failed" warning
-        for i in range(2):  # eager, then captured (+ replayed: a no-op here)
-            _equal(
-                gpu_graphed.sample_graphed(s, seeds, i, capture=True), ref._sample_synced(seeds, i)
-            )
-        gpu_graphed.sample_graphed(s, seeds, 2, capture=True)  # replayed only
-    assert calls == [(FakeGraph, s.device)], calls
+        warnings.simplefilter("error")  # no "capturing the sampler failed"
+        for i in range(5):
+            seeds = torch.from_numpy(rng.permutation(500)[:40])
+            mb = gpu_graphed.sample_graphed(s, seeds, i, capture=True)
+            _equal(mb, ref._sample_synced(seeds, i))
     rep = gpu_graphed.graphed_report()
-    assert rep == {"captured": 1, "replayed": 2, "eager": 1, "failed": None}, rep
-    assert len(replays) == 2
+    assert rep == {"captured": 1, "replayed": 4, "eager": 1, "failed": None}, rep
+    assert held == [True]
+    gpu_graphed.reset_graphed_report()
+
+
+def test_a_kernel_failing_inside_a_capture_fails_the_capture_not_the_kernel(monkeypatch):
+    """A Triton launch that raises while the stream captures (on a GPU: a launch refused
+    there) fails the capture -- one warning, the batch run eagerly -- and is not recorded as a
+    Triton kernel that cannot build: no torch fallback captured into the graph, the kernel
+    kept for the eager batches, ``kernels`` with no fallback (gpu-check would mark the run
+    failed). Fails when ``kernel_failed`` does not re-raise inside a capture."""
+    import types
+
+    from gnnio.sampling import gpu_bounded as gb
+    from gnnio.utils import capture, triton_kernels
+
+    def seeds(*a):
+        if capture.capturing():
+            raise RuntimeError("fake: launch refused while the stream captures")
+        gb.seeds_torch(*a)
+
+    def relabel(src, ecnt, loc, first, nodes, meta, h, cap, out, claimed, nxt=None):
+        return gb.relabel_step_torch(src, ecnt, loc, first, nodes, meta, h, cap, nxt)
+
+    fake = types.SimpleNamespace(seeds_triton=seeds, reset_triton=gb._reset_torch,
+                                 relabel_triton=relabel)  # fmt: skip
+    monkeypatch.setattr(gb, "_triton", lambda dev, kernel: fake if kernel == "relabel" else None)
+    monkeypatch.setattr(triton_kernels, "_FAILED", {})
+    _fake_capture(monkeypatch)
+    gpu_graphed.reset_graphed_report()
+    g = random_graph(500, 6000, 17)
+    s = TorchUniformSampler(*g.to_torch(), [5, 3])
+    ref = TorchUniformSampler(*g.to_torch(), [5, 3])
+    rng = np.random.default_rng(17)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            seeds_ = torch.from_numpy(rng.permutation(500)[:40])
+            _equal(gpu_graphed.sample_graphed(s, seeds_, i, capture=True),
+                   ref._sample_synced(seeds_, i))  # fmt: skip
+    msgs = [str(w.message) for w in caught]
+    assert sum("capturing the sampler failed" in m for m in msgs) == 1, msgs
+    assert not any("Triton kernel" in m for m in msgs), msgs
+    assert triton_kernels.kernels_report()["fallbacks"] == 0
+    rep = gpu_graphed.graphed_report()
+    assert "launch refused" in rep["failed"] and rep["captured"] == 0 and rep["eager"] == 4, rep
+    assert not capture.capturing()
     gpu_graphed.reset_graphed_report()
 
 
@@ -270,3 +357,87 @@ def test_device_waits_hold_off_while_a_graph_is_captured(monkeypatch):
     capture.device_sync("cuda:0")
     t.join()
     assert events == ["capture done", "sync"]
+
+
+def test_a_failed_capture_gives_the_thread_its_stream_back(monkeypatch):
+    """``torch.cuda.graph`` leaves its capture stream current when ending the capture raises
+    (an invalidated capture: ``capture_end`` fails before the stream context is exited). gnnio's
+    capture puts the thread's stream back, drops its flag and its lock, so the eager fallback
+    and later batches run where they did before. Fails without the ``set_stream`` (checked)."""
+    from gnnio.utils import capture
+
+    cur = {"s": "main", "d": 0}
+
+    class Graph:
+        def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            cur.update(s=self.stream, d=1)  # (torch.cuda.stream also makes its device current)
+
+        def __exit__(self, *exc) -> None:
+            raise RuntimeError(
+                "CUDA error: operation failed due to a previous error during capture"
+            )
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: "side")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cur["s"])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: cur.update(s=s, d=1))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: cur["d"])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: cur.update(d=d))
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    with pytest.raises(RuntimeError, match="during capture"):
+        with capture.capture(object(), "cuda:0"):
+            assert cur["s"] == "side" and capture.capturing()
+    assert cur == {"s": "main", "d": 0}
+    assert not capture.capturing() and not capture.CAPTURE_LOCK.locked()
+
+
+def test_captures_run_on_a_stream_no_loader_stage_uses(monkeypatch):
+    """torch hands out its pool of streams in turn (32 per device), so a new
+    ``torch.cuda.Stream()`` is, sooner or later, one a loader stage already queues work on:
+    a capture there would take that stage's work into the graph. gnnio captures on one
+    reserved stream per device, which its loaders' streams skip. Fails when ``new_stream``
+    does not skip it, or a capture takes a fresh pool stream (checked)."""
+    import itertools
+
+    from gnnio.utils import capture
+    from gnnio.utils.streams import CudaStreams
+
+    turn = itertools.count()
+
+    class PoolStream:  # a pool of 4, handed out in turn, as torch's 32
+        def __init__(self, device=None) -> None:
+            self.id = next(turn) % 4
+
+        def __eq__(self, other) -> bool:
+            return isinstance(other, PoolStream) and other.id == self.id
+
+        __hash__ = object.__hash__
+
+    used = []
+
+    class Graph:
+        def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
+            used.append(stream)
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(capture, "_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "Stream", PoolStream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    st = CudaStreams(torch.device("cuda", 0))
+    stages = [st.new_stream(f"s{k}") for k in range(10)]  # more than the pool: ids repeat
+    reserved = capture.capture_stream("cuda")
+    assert reserved is capture.capture_stream(torch.device("cuda", 0))
+    assert all(s != reserved for s in stages) and len({s.id for s in stages}) == 3
+    for _ in range(3):
+        with capture.capture(object(), "cuda:0"):
+            pass
+    assert len(used) == 3 and all(s is reserved for s in used)

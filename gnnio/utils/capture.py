@@ -19,6 +19,12 @@ process-wide lock. A capture is short (tens of milliseconds, once
 per buffer set) and the waits are at epoch ends and in benchmarks, so nobody waits long. Stream
 and event waits (``Event.synchronize``, ``.tolist()`` on one stream) do not break a capture in
 another thread under ``capture_error_mode="thread_local"`` and take no lock.
+
+Inside a capture nothing runs: an error raised there (a Triton launch refused while the stream
+captures, a host read) is the capture's, not the kernel's. :func:`capturing` tells gnnio's
+kernel fallbacks so (:func:`gnnio.utils.triton_kernels.kernel_failed` re-raises it): the capture
+fails as a whole and its caller runs the batch eagerly, where the kernel is tried again, instead
+of a torch fallback being captured and the kernel given up for the rest of the process.
 """
 
 from __future__ import annotations
@@ -29,10 +35,36 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["CAPTURE_LOCK", "capture", "device_sync"]
+__all__ = ["CAPTURE_LOCK", "capture", "capture_stream", "capturing", "device_sync"]
 
 #: held by a capture and by gnnio's device-wide waits (module docstring)
 CAPTURE_LOCK = threading.Lock()
+_LOCAL = threading.local()  # .on: this thread is inside capture()
+
+
+def capturing() -> bool:
+    """Whether this thread is inside :func:`capture` (module docstring)."""
+    return getattr(_LOCAL, "on", False)
+
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> the stream captures run on
+_STREAMS_LOCK = threading.Lock()
+
+
+def capture_stream(device) -> torch.cuda.Stream:
+    """The stream gnnio captures on, one per device, made at the first call. Why one, kept:
+    ``torch.cuda.Stream()`` hands out torch's pool of 32 streams in turn, so after 32 a new one
+    is a stream someone already uses -- a loader's sampling or gather stream, whose work would
+    then be queued into the capture (lost from its batch, or the capture invalidated). gnnio's
+    own streams (:meth:`gnnio.utils.streams.CudaStreams.new_stream`) skip this one, and captures
+    take turns on it (:data:`CAPTURE_LOCK`)."""
+    d = torch.device(device)
+    idx = d.index if d.index is not None else torch.cuda.current_device()
+    with _STREAMS_LOCK:
+        s = _STREAMS.get(idx)
+        if s is None:
+            s = _STREAMS[idx] = torch.cuda.Stream(torch.device("cuda", idx))
+        return s
 
 
 def device_sync(device) -> None:
@@ -43,10 +75,21 @@ def device_sync(device) -> None:
 
 @contextlib.contextmanager
 def capture(graph, device) -> Iterator[None]:
-    """Capture the block's work on ``device`` into ``graph`` (``torch.cuda.CUDAGraph``): on a
-    stream of its own (torch's default capture stream is one per process), thread-local (the
-    other threads' own calls go on), with the lock held (module docstring)."""
+    """Capture the block's work on ``device`` into ``graph`` (``torch.cuda.CUDAGraph``): on
+    :func:`capture_stream`, which no other gnnio thread queues work on, thread-local (the other
+    threads' own calls go on), with the lock held (module docstring)."""
     with CAPTURE_LOCK:
-        side = torch.cuda.Stream(device)
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-            yield
+        side = capture_stream(device)
+        prev, prev_dev = torch.cuda.current_stream(device), torch.cuda.current_device()
+        _LOCAL.on = True
+        try:
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                yield
+        finally:
+            _LOCAL.on = False
+            # torch.cuda.graph's exit ends the capture, then leaves the stream: where ending
+            # raises (an invalidated capture) ``side`` (and its device) stays current, and this
+            # thread's eager fallback and every later batch would run there
+            if torch.cuda.current_stream(device) != prev:
+                torch.cuda.set_stream(prev)  # (sets the device too: set it back after)
+                torch.cuda.set_device(prev_dev)

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from .capture import capture_stream
+
 __all__ = ["CudaStreams", "RecordingStreams", "StreamOrderError", "batch_tensors"]
 
 
@@ -57,7 +59,13 @@ class CudaStreams:
         self.device = device
 
     def new_stream(self, name: str = "") -> torch.cuda.Stream:  # noqa: ARG002 - names are for fakes
-        return torch.cuda.Stream(self.device)
+        """A stream from torch's pool, never the one CUDA graphs are captured on (torch hands
+        its 32 pool streams out in turn: :func:`gnnio.utils.capture.capture_stream`)."""
+        avoid = capture_stream(self.device)
+        s = torch.cuda.Stream(self.device)
+        while s == avoid:
+            s = torch.cuda.Stream(self.device)
+        return s
 
     def current(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)

@@ -20,6 +20,8 @@ import warnings
 
 import torch
 
+from .capture import capturing
+
 __all__ = [
     "kernel_config",
     "kernel_failed",
@@ -49,7 +51,11 @@ def triton_available(device: torch.device, kernel: str) -> bool:
 
 
 def kernel_failed(kernel: str, error: BaseException, what: str) -> None:
-    """Record that ``kernel`` failed; warn once (``what``: what runs instead)."""
+    """Record that ``kernel`` failed; warn once (``what``: what runs instead). Called from the
+    ``except`` of a failed launch; inside a CUDA graph capture (:func:`gnnio.utils.capture.
+    capturing`) it re-raises ``error`` instead: the capture failed, not the kernel."""
+    if capturing():
+        raise error
     if kernel in _FAILED:
         return
     _FAILED[kernel] = f"{type(error).__name__}: {error}"
