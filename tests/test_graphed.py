@@ -140,6 +140,43 @@ def test_a_larger_batch_and_a_failed_capture_train_eagerly(small):
     assert rep["failed"] and rep["graphed"] == 0 and rep["eager"] == 4 and not rep["captured"]
 
 
+def test_the_first_padded_batch_warms_up_then_the_next_is_captured(small, monkeypatch):
+    """On a GPU the first batch that fits runs padded, eagerly, on the capture stream (libraries
+    make per-stream workspaces at first use, which must not happen inside a capture), the next
+    one is captured and replayed, later ones only replayed; each returns its own batch's loss.
+    The CUDA parts faked: ``_warm_up`` and ``_capture`` recorded, the graph a stub."""
+    parts, batches = _batches(small, _cfg(), 7)
+    step = GraphedStep("cpu", warmup=2, capture=False)
+    step.capture = True  # (as on CUDA, with the CUDA calls below faked)
+    calls = []
+
+    def warm_up(net, opt):
+        calls.append("warm")
+        opt.zero_grad(set_to_none=True)
+        return step._body(net, opt)
+
+    class Stub:
+        def replay(self):
+            calls.append("replay")  # (what a replay recomputes; its grads are written anew)
+            parts.opt.zero_grad(set_to_none=True)
+            step._out = step._body(parts.net, parts.opt)
+
+    def capture(net, opt):
+        calls.append("capture")
+        step._graph = Stub()
+
+    monkeypatch.setattr(step, "_warm_up", warm_up)
+    monkeypatch.setattr(step, "_capture", capture)
+    net2 = copy.deepcopy(parts.net)
+    opt2 = torch.optim.Adam(net2.parameters(), lr=0.01)
+    for b in batches:
+        _, loss = step(parts.net, parts.opt, b)
+        _, loss2 = train_step(net2, opt2, b)
+        assert loss.item() == pytest.approx(loss2.item(), rel=1e-5)
+    assert calls == ["warm", "capture", "replay", "replay", "replay", "replay"], calls
+    assert (step.graphed, step.eager) == (5, 2)
+
+
 def test_cuda_graph_option(small, capsys):
     """``--cuda-graph``: the step's graph one process only (the sampler's works with ranks);
     a mode it does not know is refused; on the CPU a run trains (the padded step, eagerly) and

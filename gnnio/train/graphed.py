@@ -27,7 +27,9 @@ graphed runs are.
 
 A batch larger than the buffers, or one whose blocks lack the sampler's CSR pointer (edges in
 any order: LADIES), runs eagerly (:func:`gnnio.train.build.train_step`; counted in
-``eager``). If capturing fails, the run warns once, says why in the summary and stays eager. The
+``eager``). The first batch that fits runs padded on the capture stream (eagerly: libraries
+make their per-stream workspaces there, not inside the capture) and the next is captured and
+replayed. If capturing fails, the run warns once, says why in the summary and stays eager. The
 optimizer is switched to ``capturable=True`` (Adam's step count then lives on the GPU) before the
 first step. On a CPU (or with ``capture=False``) the padded step runs eagerly: what the tests use
 to check the padding. One process only (DDP's hooks are not captured here).
@@ -45,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sampling.base import Block
-from ..utils.capture import capture
+from ..utils.capture import CAPTURE_LOCK, capture, capture_stream
 from .step import train_step
 
 __all__ = ["CUDA_GRAPH_MODES", "GraphedStep", "graph_mode", "graph_report"]
@@ -88,6 +90,7 @@ class GraphedStep:
         self._seen: list[tuple] = []
         self._graph = None
         self._sums = None
+        self._warm = False  # the first padded batch ran on the capture stream
 
     # -- sizes ------------------------------------------------------------------------------------
     @staticmethod
@@ -184,6 +187,22 @@ class GraphedStep:
             self._out = self._body(net, opt)
         self._graph = g
 
+    def _warm_up(self, net, opt):
+        """:meth:`_body` eagerly on :func:`~gnnio.utils.capture.capture_stream`, ordered after
+        and before the current stream's work (and under the capture lock: a capture on that
+        stream would take this work into its graph)."""
+        with CAPTURE_LOCK:
+            side, cur = capture_stream(self.device), torch.cuda.current_stream(self.device)
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                opt.zero_grad(set_to_none=True)
+                out = self._body(net, opt)
+            cur.wait_stream(side)
+        logits, loss, sums = out
+        for t in (logits, loss, *sums):  # made on ``side``, read on ``cur``
+            t.record_stream(cur)
+        return out
+
     def sums(self):
         """``(loss x seeds, correct)`` of the batch just trained, as 0-d device tensors, when it
         ran padded (computed inside the graph; overwritten by the next replay: add, do not
@@ -213,7 +232,13 @@ class GraphedStep:
         else:
             if self._graph is None:
                 try:
-                    self._capture(net, opt)
+                    if not self._warm:
+                        # the first padded batch runs eagerly on the capture stream: cuBLAS and
+                        # friends make their workspaces per (handle, stream) at first use, which
+                        # must not happen inside a capture (torch's and NVIDIA's advice)
+                        warm = self._warm_up(net, opt)
+                    else:
+                        self._capture(net, opt)
                 except Exception as e:  # noqa: BLE001 - one warning, then the eager step
                     self.failed = f"{type(e).__name__}: {e}"[:300]
                     warnings.warn(f"--cuda-graph: capture failed, training eagerly ({self.failed})",
@@ -224,8 +249,12 @@ class GraphedStep:
                     if timer is not None:
                         timer.stop()
                     return out
-            self._graph.replay()
-            logits, loss, self._sums = self._out
+            if not self._warm:
+                self._warm = True
+                logits, loss, self._sums = warm  # (captured at the next batch that fits)
+            else:
+                self._graph.replay()
+                logits, loss, self._sums = self._out
         self.graphed += 1
         if timer is not None:
             timer.stop()
