@@ -218,6 +218,14 @@ def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
     rep = gpu_graphed.graphed_report()
     assert rep == {"captured": 1, "replayed": 4, "eager": 1, "failed": None}, rep
     assert held == [True]
+    # a replay records its kernels in the run's report, as a launch does (the record may have
+    # been reset since the capture: --isolation auto's profiling)
+    from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
+
+    reset_kernel_record()
+    gpu_graphed.sample_graphed(s, seeds, 9, capture=True)
+    kern = kernels_report()
+    assert "triton" in kern.get("hop", "") and "triton" in kern.get("relabel", ""), kern
     gpu_graphed.reset_graphed_report()
 
 
@@ -441,3 +449,26 @@ def test_captures_run_on_a_stream_no_loader_stage_uses(monkeypatch):
         with capture.capture(object(), "cuda:0"):
             pass
     assert len(used) == 3 and all(s is reserved for s in used)
+
+
+def test_an_evicted_buffer_set_is_freed_after_the_current_streams_work(monkeypatch):
+    """A scratch moves between sampling threads: its buffers may last have been read on another
+    thread's stream (which this one waited for). Evicting a set records every tensor it owns on
+    the current stream, so the caching allocator hands their memory out only after that
+    stream's work. CUDA faked: the sets on the CPU, ``record_stream`` recorded."""
+    from gnnio.sampling import gpu_bounded
+
+    real = gpu_bounded._Buffers
+    monkeypatch.setattr(gpu_bounded, "_Buffers", lambda rows, edges, dev: real(rows, edges, "cpu"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the current stream")
+    seen = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: seen.append((t, s)))
+    cache, dev = {}, torch.device("cuda")
+    sets = {}
+    for b in (8, 8, 4, 4, 2, 2, 1):  # the fourth size evicts the least used (2 uses each: 8)
+        rows, edges = gpu_bounded.bounds(b, [3, 2], 100, 1000)
+        sets.setdefault(b, gpu_bounded.buffers(cache, b, rows, edges, dev))
+    assert 8 not in cache and len(cache) == 3
+    gone = sets[8].tensors()
+    assert len(seen) == len(gone) and all(s == "the current stream" for _, s in seen)
+    assert all(a is b for (a, _), b in zip(seen, gone, strict=True))

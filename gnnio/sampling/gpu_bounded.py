@@ -180,7 +180,12 @@ class _Buffers:
         self.local = [z(e) for e in edges]
         self.row = [z(e) for e in edges]
         self.uses = 0  # batches sampled with this set (which set a full scratch drops)
+        self._own = [self.meta, self.nodes, *self.cum, src, flag, rank, *self.local, *self.row]
         self.graph = None  # :mod:`.gpu_graphed`'s state for this set
+
+    def tensors(self) -> list:
+        """Every tensor the set owns (views aside), and its graph's static input."""
+        return self._own + ([self.graph.inp] if self.graph is not None else [])
 
 
 def _triton(dev: torch.device, kernel: str):
@@ -283,6 +288,10 @@ def buffers(cache: dict, b: int, rows: list, edges: list, dev: torch.device) -> 
     if buf is None:
         if len(cache) >= 3:
             gone = cache.pop(min(cache, key=lambda size: cache[size].uses))
+            if dev.type == "cuda":  # last read maybe on another thread's stream (which ours
+                cur = torch.cuda.current_stream(dev)  # waited for in _take): freed after ours
+                for t in gone.tensors():
+                    t.record_stream(cur)
             if gone.graph is not None:  # its CUDA graph destroyed, never beside a capture
                 with CAPTURE_LOCK:
                     gone.graph = None

@@ -39,6 +39,7 @@ import warnings
 import torch
 
 from ..utils.capture import capture as capture_graph
+from ..utils.triton_kernels import kernel_ran
 from .gpu_bounded import buffers, finish, launch, plan
 from .gpu_hop import _s64
 from .threaded import hop_key
@@ -72,6 +73,14 @@ def _usable(sampler, hop=None) -> bool:
         and triton_available(dev, getattr(hop, "triton_kernel", "sample_hop"))
         and triton_available(dev, "relabel")
     )
+
+
+def _ran(hop) -> None:
+    """A replay's kernels in the run's ``kernels`` record (as a launch records itself: the
+    record may have been reset since the capture, after ``--isolation auto``'s profiling)."""
+    name = getattr(hop, "triton_kernel", "sample_hop")
+    kernel_ran({"sample_hop": "hop"}.get(name, name), "triton")
+    kernel_ran("relabel", "triton")
 
 
 def graphable(sampler, b: int, hop=None, slack: int = 1) -> tuple[list, list] | None:
@@ -144,6 +153,7 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     if st.graph is not None:
         st.graph.replay()
         _note("replayed")
+        _ran(hop)
     elif capture and buf.uses > 1 and not failed:  # the first batch compiled the kernels
         try:
             g = torch.cuda.CUDAGraph()
