@@ -86,6 +86,33 @@ def spy(name, note):
     return seen
 """
 
+#: a script fragment for :func:`run_in_triton_interpreter`: ``Spy(name, kernel)`` wraps a Triton
+#: kernel so its launches are counted in ``launches`` and, while ``state["c"]`` holds an
+#: ``OpCounter``, the interpreter's own torch ops inside a launch are not counted as the host's
+COUNTING_SPY = r"""
+import collections
+
+state, launches = {"c": None}, collections.Counter()
+
+
+class Spy:
+    def __init__(self, name, real):
+        self.name, self.real = name, real
+
+    def __getitem__(self, grid):
+        launch = self.real[grid]
+
+        def run(*a, **k):
+            c = state["c"]
+            before = c.ops if c is not None else 0
+            out = launch(*a, **k)
+            if c is not None:
+                c.ops = before
+            launches[self.name] += 1
+            return out
+        return run
+"""
+
 #: the start of a script for :func:`run_in_triton_interpreter` that checks the tiered row kernel:
 #: imports, RuntimeWarnings as errors, :data:`KERNEL_SPY`, and ``launches``: the ``SKIP`` flag of
 #: every launch

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gnnio.sampling.gpu import TorchUniformSampler
-from tests.helpers import random_graph, run_in_triton_interpreter
+from tests.helpers import COUNTING_SPY, random_graph, run_in_triton_interpreter
 
 
 def _equal(a, b) -> None:
@@ -63,34 +63,14 @@ def test_reused_buffers_change_no_batch_and_no_batch_held_before():
     assert 0 < len(cache) <= 3 and 60 in cache
 
 
-OPS = r"""
-import collections
+OPS = (
+    COUNTING_SPY
+    + r"""
 import numpy as np, torch
 from gnnio.sampling import _triton_hop, _triton_relabel
 from gnnio.sampling.gpu import TorchUniformSampler
 from gnnio.utils.syncs import OpCounter
 from tests.helpers import random_graph
-
-state = {"c": None, "inside": False}
-launches = collections.Counter()
-
-
-class Spy:  # counts a kernel's launches; the interpreter's own torch ops inside are not counted
-    def __init__(self, name, real):
-        self.name, self.real = name, real
-
-    def __getitem__(self, grid):
-        launch = self.real[grid]
-
-        def run(*a, **k):
-            c = state["c"]
-            before = c.ops if c is not None else 0
-            out = launch(*a, **k)
-            if c is not None:
-                c.ops = before
-            launches[self.name] += 1
-            return out
-        return run
 
 
 _triton_hop._hop = Spy("_hop", _triton_hop._hop)
@@ -156,6 +136,7 @@ rep = kernels_report()
 assert rep["hop"] == "triton" and rep["relabel"] == "triton" and rep["fallbacks"] == 0, rep
 print("ok")
 """
+)
 
 
 def test_host_ops_per_batch_as_a_gpu_runs_it():

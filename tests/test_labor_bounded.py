@@ -17,7 +17,7 @@ from gnnio.sampling import labor_torch as LT
 from gnnio.sampling.gpu import count_syncs
 from gnnio.sampling.labor_torch import TorchLaborSampler
 from gnnio.sampling.threaded import call_key
-from tests.helpers import random_graph, run_in_triton_interpreter
+from tests.helpers import COUNTING_SPY, random_graph, run_in_triton_interpreter
 from tests.test_labor_torch import same_batch
 
 
@@ -150,33 +150,14 @@ def test_triton_kernels_batches_equal_numba_with_one_host_sync():
     run_in_triton_interpreter(INTERP)
 
 
-OPS = r"""
-import collections
+OPS = (
+    COUNTING_SPY
+    + r"""
 import numpy as np, torch
 from gnnio.sampling import _triton_labor, _triton_relabel
 from gnnio.sampling.labor_torch import TorchLaborSampler
 from gnnio.utils.syncs import OpCounter
 from tests.helpers import random_graph
-
-state, launches = {"c": None}, collections.Counter()
-
-
-class Spy:  # counts a kernel's launches; the interpreter's own torch ops inside are not counted
-    def __init__(self, name, real):
-        self.name, self.real = name, real
-
-    def __getitem__(self, grid):
-        launch = self.real[grid]
-
-        def run(*a, **k):
-            c = state["c"]
-            before = c.ops if c is not None else 0
-            out = launch(*a, **k)
-            if c is not None:
-                c.ops = before
-            launches[self.name] += 1
-            return out
-        return run
 
 
 for mod, names in ((_triton_labor, ("_count", "_select")),
@@ -201,6 +182,7 @@ for design, most_ops, most_launches in (("fixed", 45, 11), ("poisson", 48, 14)):
     assert "_claim" not in launches and launches["_select"] == 3, launches  # the kernel claims
 print("ok")
 """
+)
 
 
 def test_host_ops_per_batch_as_a_gpu_runs_it():
