@@ -216,10 +216,10 @@ def add_train_arguments(p) -> None:
         "--sampler-device",
         choices=["auto", "cpu", "cuda"],
         default="auto",
-        help="where the uniform or labor sampler runs: cpu (numba kernels), cuda (the training "
-        "GPU, inside the loader on its own stream; needs --device cuda), or auto: cuda when "
-        "training on a GPU with the uniform or labor sampler and the graph fits (CSR <= 1/4 of "
-        "the free GPU memory), else cpu (default: auto)",
+        help="where the uniform (--prune-threshold included) or labor sampler runs: cpu (numba "
+        "kernels), cuda (the training GPU, inside the loader on its own stream; needs --device "
+        "cuda), or auto: cuda when training on a GPU with one of those samplers and the graph "
+        "fits (CSR <= 1/4 of the free GPU memory), else cpu (default: auto)",
     )
     g.add_argument(
         "--graph-in",

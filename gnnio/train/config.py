@@ -89,11 +89,12 @@ class TrainConfig:
             GPU), ``"step"`` (the training step, batches padded to fixed sizes:
             :mod:`gnnio.train.graphed`; one process), ``"sampler"`` (the GPU sampler's batch:
             :mod:`gnnio.sampling.gpu_graphed`) or ``"all"`` (both; ``True`` means this).
-        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform or LABOR-0
-            sampler runs on the training GPU inside the loader, on its own stream:
-            :mod:`gnnio.sampling.gpu`, :mod:`gnnio.sampling.labor_torch`) or ``"auto"`` (default:
-            ``cuda`` when training on a GPU with the uniform or LABOR-0 sampler and the CSR takes
-            at most a quarter of the free GPU memory, else ``cpu``).
+        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- with
+            ``prune_threshold`` too -- or LABOR-0 sampler runs on the training GPU inside the
+            loader, on its own stream: :mod:`gnnio.sampling.gpu`,
+            :mod:`gnnio.sampling.pruned_torch`, :mod:`gnnio.sampling.labor_torch`) or ``"auto"``
+            (default: ``cuda`` when training on a GPU with one of those samplers and the CSR
+            takes at most a quarter of the free GPU memory, else ``cpu``).
         graph_in: with ``sampler_device="cuda"``: ``"gpu"`` (the CSR copied to the GPU),
             ``"host"`` (UVA sampling: the CSR pinned in host memory and read zero-copy, never
             copied) or ``"auto"`` (gpu when it takes at most a quarter of the free GPU memory).
