@@ -37,9 +37,10 @@ MIN_BYTES = 4 << 20
 class RowVariant:
     """One way to launch the row kernel. ``tile_bytes``: bytes of (padded) rows per program;
     ``max_rows``: at most this many rows per program (narrow rows); ``num_warps``: warps per
-    program; ``stream``: rows read once (``.cg`` loads: L2 only, evicted first) and written
-    streaming (``.cs`` stores); ``i32``: index arithmetic in 32 bits (only where every word
-    offset of the source and the destination fits, else it runs with 64-bit offsets)."""
+    program; ``stream``: rows read once (``evict_first`` loads; not ``.cg``, which ptxas refuses
+    beside it) and written streaming (``.cs`` stores); ``i32``: index arithmetic in 32 bits (only
+    where every word offset of the source and the destination fits, else it runs with 64-bit
+    offsets)."""
 
     name: str
     tile_bytes: int
