@@ -10,7 +10,8 @@ buffer set (``inp``: the seeds, then each hop's key), the Triton hop kernel read
 the device-held node count -- are captured once and replayed. A batch is then one host-to-device
 copy of its seeds and keys (from pinned memory, queued), one replay, the one host read of the
 counts and one ``cat`` of its arrays: the same batches as the eager bounded path (tests compare
-them), with about 4 operations of host work instead of 33.
+them), with about 21 operations of host work instead of 33 -- the upload's ~4 torch ops, the
+replay and the arrays' 16 (slices, ``cat``, ``split``, views), counted on the CPU.
 
 When: CUDA, Triton's hop and relabelling kernels available, every fanout ``>= 1`` and the
 bounds within :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`; otherwise the eager path runs
