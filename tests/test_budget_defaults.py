@@ -27,7 +27,7 @@ def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "d"
     rc = main(["prepare", "synthetic", "--num-nodes", "3000", "--avg-degree", "6", "--feat-dim",
                "8", "--num-classes", "3", "--seed", "1", "--out", str(out), "--no-progress"])  # fmt: skip
-    assert rc == 0  # (--no-progress: --quiet's other name, as in every other command)
+    assert rc == 0  # (--no-progress: --quiet's other name, as in plan and the benches)
     return out
 
 
