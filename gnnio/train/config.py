@@ -89,10 +89,9 @@ class TrainConfig:
             GPU), ``"step"`` (the training step, batches padded to fixed sizes:
             :mod:`gnnio.train.graphed`; one process), ``"sampler"`` (the GPU sampler's batch:
             :mod:`gnnio.sampling.gpu_graphed`) or ``"all"`` (both; ``True`` means this).
-        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- with
-            ``prune_threshold`` too -- or LABOR-0 sampler runs on the training GPU inside the
-            loader, on its own stream: :mod:`gnnio.sampling.gpu`,
-            :mod:`gnnio.sampling.pruned_torch`, :mod:`gnnio.sampling.labor_torch`) or ``"auto"``
+        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- pruned too --
+            or LABOR-0 sampler runs on the training GPU inside the loader, on its own stream:
+            :mod:`gnnio.sampling.gpu` and its subclasses) or ``"auto"``
             (default: ``cuda`` when training on a GPU with one of those samplers and the CSR
             takes at most a quarter of the free GPU memory, else ``cpu``).
         graph_in: with ``sampler_device="cuda"``: ``"gpu"`` (the CSR copied to the GPU),
