@@ -113,6 +113,32 @@ class Spy:
         return run
 """
 
+#: a script fragment for :func:`run_in_triton_interpreter`: ``Spy(name, kernel)`` counts a Triton
+#: kernel's launches while ``state["on"]``, in ``launches`` and in ``keyed`` by ``(name, how its
+#: key came)``: ``KEY_PTR`` (the key read from device memory, a CUDA graph's launch), else
+#: ``HAS_CNT`` (the reset kernel's device-held count), None where the launch passed neither
+KEYED_SPY = r"""
+import collections
+
+launches, keyed = collections.Counter(), collections.Counter()
+state = {"on": False}  # count the graphed sampler's launches only (not the references')
+
+
+class Spy:
+    def __init__(self, name, real):
+        self.name, self.real = name, real
+
+    def __getitem__(self, grid):
+        launch = self.real[grid]
+
+        def run(*a, **k):
+            if state["on"]:
+                launches[self.name] += 1
+                keyed[(self.name, k.get("KEY_PTR", k.get("HAS_CNT")))] += 1
+            return launch(*a, **k)
+        return run
+"""
+
 #: the start of a script for :func:`run_in_triton_interpreter` that checks the tiered row kernel:
 #: imports, RuntimeWarnings as errors, :data:`KERNEL_SPY`, and ``launches``: the ``SKIP`` flag of
 #: every launch

@@ -15,7 +15,7 @@ import torch
 
 from gnnio.sampling import gpu_graphed
 from gnnio.sampling.gpu import TorchUniformSampler
-from tests.helpers import random_graph, run_in_triton_interpreter
+from tests.helpers import KEYED_SPY, random_graph, run_in_triton_interpreter
 
 
 def _equal(a, b) -> None:
@@ -27,32 +27,14 @@ def _equal(a, b) -> None:
         assert torch.equal(x.edge_index, y.edge_index) and torch.equal(x.ptr, y.ptr)
 
 
-GRAPHED = r"""
-import collections
+GRAPHED = (
+    KEYED_SPY
+    + r"""
 import numpy as np, torch
 from gnnio.sampling import _triton_hop, _triton_relabel, gpu_graphed
 from gnnio.sampling.gpu import TorchUniformSampler
 from gnnio.utils.syncs import OpCounter
 from tests.helpers import random_graph
-
-launches = collections.Counter()
-keyed = collections.Counter()
-state = {"on": False}  # count the graphed sampler's launches only (not the reference's)
-
-
-class Spy:
-    def __init__(self, name, real):
-        self.name, self.real = name, real
-
-    def __getitem__(self, grid):
-        launch = self.real[grid]
-
-        def run(*a, **k):
-            if state["on"]:
-                launches[self.name] += 1
-                keyed[(self.name, k.get("KEY_PTR", k.get("HAS_CNT")))] += 1
-            return launch(*a, **k)
-        return run
 
 
 _triton_hop._hop = Spy("_hop", _triton_hop._hop)
@@ -105,6 +87,7 @@ print("ops", c.ops, "syncs", c.syncs)
 assert c.syncs == 0, c.syncs
 print("ok")
 """
+)
 
 
 def test_graphed_launches_give_the_eager_batches():

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import random_graph, run_in_triton_interpreter
+from tests.helpers import KEYED_SPY, random_graph, run_in_triton_interpreter
 from tests.test_labor_torch import same_batch
 
-GRAPHED = r"""
-import collections, warnings
+GRAPHED = (
+    KEYED_SPY
+    + r"""
+import warnings
 import numpy as np, torch
 warnings.simplefilter("error", RuntimeWarning)  # a kernel that fell back fails the test
 from gnnio.sampling import LaborSampler, _triton_labor, gpu_graphed
@@ -25,24 +27,6 @@ from gnnio.sampling.threaded import call_key
 from tests.helpers import shared_neighbourhood_graph
 from tests.test_labor_bounded import GRAPHS
 from tests.test_labor_torch import same_batch
-
-launches, keyed = collections.Counter(), collections.Counter()
-state = {"on": False}  # count the graphed sampler's launches only (not the references')
-
-
-class Spy:
-    def __init__(self, name, real):
-        self.name, self.real = name, real
-
-    def __getitem__(self, grid):
-        launch = self.real[grid]
-
-        def run(*a, **k):
-            if state["on"]:
-                launches[self.name] += 1
-                keyed[(self.name, k.get("KEY_PTR"))] += 1
-            return launch(*a, **k)
-        return run
 
 
 for name in ("_count", "_select"):
@@ -114,6 +98,7 @@ for e in range(12):
 assert 0 < len(synced) < 12 and not eager, (synced, len(eager))
 print("ok")
 """
+)
 
 
 def test_graphed_labor_launches_give_the_synced_and_numba_batches():
