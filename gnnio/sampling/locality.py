@@ -171,6 +171,14 @@ def prune_thresholds(
     return out
 
 
+def _prune_pair(prune) -> tuple[float, float] | None:
+    """A sampler's ``prune`` argument as ``(alpha, beta)``: ``True`` is ``(1, 1)``, ``False`` or
+    None no pruning."""
+    if prune is None or prune is False:
+        return None
+    return (1.0, 1.0) if prune is True else tuple(float(x) for x in prune)
+
+
 def _as_hot_ids(hot_ids, num_nodes: int) -> np.ndarray:
     """Sorted distinct int64 global ids from an id array or a bool mask of length N."""
     if isinstance(hot_ids, torch.Tensor):
@@ -279,11 +287,7 @@ class LocalitySampler(ThreadedCPUSampler):
         self._init_csr(graph)
         num_edges = int(self.indptr[-1]) if self.num_nodes >= 0 else 0
         self.avg_degree = num_edges / self.num_nodes if self.num_nodes > 0 else 0.0
-        if prune is True:
-            prune = (1.0, 1.0)
-        elif prune is False:
-            prune = None
-        self.prune = None if prune is None else tuple(float(x) for x in prune)
+        self.prune = _prune_pair(prune)
         self.thresholds = prune_thresholds(self.avg_degree, self.fanouts, self.prune)
         self.scale = scale
         L = len(self.fanouts)
@@ -469,8 +473,7 @@ class PrunedUniformSampler(LocalitySampler):
         ip = topo[0]
         self.num_nodes = int(ip.shape[0]) - 1
         self.avg_degree = int(ip[-1]) / self.num_nodes if self.num_nodes > 0 else 0.0
-        prune = (1.0, 1.0) if prune is True else None if prune is False else prune
-        self.prune = None if prune is None else tuple(float(x) for x in prune)
+        self.prune = _prune_pair(prune)
         self.thresholds = prune_thresholds(self.avg_degree, self.fanouts, self.prune)
         self._torch = TorchPrunedSampler(*topo, self.fanouts, self.thresholds, weights,
                                          cuda_graph=cuda_graph)  # fmt: skip
