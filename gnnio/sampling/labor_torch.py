@@ -29,7 +29,8 @@ batch the bounded one cannot hold.
 **The bounded batch** (what :meth:`TorchLaborSampler.sample` runs; issue 24 item 3). The synced
 path reads the device several
 times per hop (the neighbour count to size its arrays, the Poisson design's boolean mask, the
-relabelling's count): 1 + 2L or more syncs per batch, and on an H200 LABOR-0 sampled at 0.52 of
+relabelling's count): 10 syncs per batch of 3 hops, 13 with Poisson (counted on the CPU with
+``count_syncs``), and on an H200 LABOR-0 sampled at 0.52 of
 the uniform GPU sampler's pace. Here a LABOR-0 batch runs through the uniform sampler's bounded
 framework (:func:`gnnio.sampling.gpu_bounded.sample_bounded`: buffers sized by bounds from the
 fanouts, counts on the device, the relabelling kernels, **one** ``meta.tolist()`` at the end, one
