@@ -2,14 +2,13 @@
 
 gnnio captures CUDA graphs on two threads: the training step on the main thread
 (:mod:`gnnio.train.graphed`) and the GPU sampler's batch on a loader thread
-(:mod:`gnnio.sampling.gpu_graphed`). Two rules of CUDA and torch bind them:
+(:mod:`gnnio.sampling.gpu_graphed`). Three rules of CUDA and torch bind them:
 
 * ``cudaDeviceSynchronize`` (``torch.cuda.synchronize``) from *any* thread breaks a capture
   underway in another, whatever the capture mode (the other thread's call fails too: NVIDIA's
   TensorRT#2888, llama.cpp#14033), and ``torch.cuda.graph`` itself begins with one;
 * torch supports one capture underway at a time in a process (its RNG capture state is global:
-  pytorch#137844).
-
+  pytorch#137844);
 * destroying a graph beside another thread's capture can fail as well (pytorch#176754 guards
   torch's own destructor for that reason).
 
