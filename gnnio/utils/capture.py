@@ -14,8 +14,8 @@ gnnio captures CUDA graphs on two threads: the training step on the main thread
 
 So every capture (:func:`capture`), every device-wide wait in gnnio's training path
 (:func:`device_sync`) and the sampler's dropping of an evicted buffer set's graph hold one
-process-wide lock. A capture is short (tens of milliseconds, once
-per buffer set) and the waits are at epoch ends and in benchmarks, so nobody waits long. Stream
+process-wide lock. A capture is rare (once per buffer set and the step's one; its length not
+yet timed on a GPU) and the waits are at epoch ends and in benchmarks, so nobody waits long. Stream
 and event waits (``Event.synchronize``, ``.tolist()`` on one stream) do not break a capture in
 another thread under ``capture_error_mode="thread_local"`` and take no lock.
 
