@@ -220,6 +220,7 @@ def test_bench_sampling_prune_threshold(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["prune_thresholds"] == [3, 2]
     for extra, msg in ((["--prune-threshold", "0,0"], "not both 0"),
+                       (["--prune-threshold", "1e30,1"], "at most 1e9"),  # (was an OverflowError)
                        (["--prune-threshold", "1,1", "--sampler", "labor"], "--sampler uniform")):  # fmt: skip
         assert main([*base, *extra]) == 2
         assert msg in capsys.readouterr().err

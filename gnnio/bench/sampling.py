@@ -136,12 +136,12 @@ def _prune(args) -> tuple[float, float] | None:
 
     try:
         prune = tuple(float(v) for v in str(text).split(","))
-        if len(prune) != 2 or not any(v > 0 for v in prune):
+        if len(prune) != 2 or not any(v > 0 for v in prune) or max(prune) > 1e9:
             raise ValueError
         prune_thresholds(1.0, [1], prune)  # finite and >= 0
     except ValueError:
         raise UsageError(
-            f"--prune-threshold: needs ALPHA,BETA >= 0, not both 0, got '{text}'"
+            f"--prune-threshold: needs ALPHA,BETA >= 0, not both 0, at most 1e9, got '{text}'"
         ) from None
     return prune
 
