@@ -116,6 +116,7 @@ CASES = [
     ("train D --prune-threshold=0,0", "must not both be 0"),
     ("train D --prune-threshold=1e308,1", "at most 1e9"),
     ("train D --prune-threshold -1,1", "two numbers >= 0"),
+    ("train D --prune-threshold=1e-12,0", "it must be >= 1"),  # (was the sampler's traceback)
     ("train D --summary DIR", "is a directory"),
     ("train D --log DIR", "is a directory"),
     ("train D --checkpoint DIR", "is a directory"),

@@ -276,10 +276,17 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
         LocalitySampler,
         PrunedUniformSampler,
         UniformSampler,
+        prune_thresholds,
     )
     from .graphed import graph_mode
 
     prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
+    if prune is not None:  # a window under one neighbour: one line, not the sampler's ValueError
+        n = ds.graph.num_nodes
+        try:
+            prune_thresholds(ds.graph.num_edges / n if n > 0 else 0.0, fanouts, prune)
+        except ValueError as e:
+            raise UsageError(f"--prune-threshold: {e}") from None
     kind = getattr(cfg, "sampler", "uniform")
     w = edge_weights(cfg)
     if kind == "labor":
