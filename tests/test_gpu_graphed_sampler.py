@@ -212,6 +212,28 @@ def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
     gpu_graphed.reset_graphed_report()
 
 
+def test_a_replayed_batch_is_about_twenty_host_ops(monkeypatch):
+    """The host's work of a replayed batch, the replay itself faked as nothing: the upload and
+    the batch's arrays cut from one ``cat`` -- 20 torch ops on CPU tensors (gpu_graphed's
+    docstring: about 21 with the replay, for 22 ops + 11 launches eagerly), no host read
+    dispatched. Fails when a replayed batch runs its launches again (checked by hand)."""
+    from gnnio.utils.syncs import OpCounter
+
+    _fake_capture(monkeypatch)
+    gpu_graphed.reset_graphed_report()
+    g = random_graph(600, 8000, 3)
+    s = TorchUniformSampler(*g.to_torch(), [15, 10, 5])
+    seeds = torch.from_numpy(np.random.default_rng(3).permutation(600)[:64])
+    for i in range(3):  # eager, captured, replayed
+        gpu_graphed.sample_graphed(s, seeds, i, capture=True)
+    monkeypatch.setattr(_FakeGraph, "replay", lambda self: None)
+    with OpCounter() as c:
+        gpu_graphed.sample_graphed(s, seeds, 3, capture=True)
+    assert gpu_graphed.graphed_report()["replayed"] == 3
+    assert c.syncs == 0 and c.ops <= 20, (c.ops, c.syncs)
+    gpu_graphed.reset_graphed_report()
+
+
 def test_a_kernel_failing_inside_a_capture_fails_the_capture_not_the_kernel(monkeypatch):
     """A Triton launch that raises while the stream captures (on a GPU: a launch refused
     there) fails the capture -- one warning, the batch run eagerly -- and is not recorded as a
