@@ -87,12 +87,15 @@ def spy(name, note):
 """
 
 #: a script fragment for :func:`run_in_triton_interpreter`: ``Spy(name, kernel)`` wraps a Triton
-#: kernel so its launches are counted in ``launches`` and, while ``state["c"]`` holds an
-#: ``OpCounter``, the interpreter's own torch ops inside a launch are not counted as the host's
+#: kernel so its launches are counted in ``launches`` and, by ``(name, how its key came)``, in
+#: ``keyed`` (``KEY_PTR``: the key read from device memory, a CUDA graph's launch; else
+#: ``HAS_CNT``, the reset kernel's device-held count; None where the launch passed neither), while
+#: ``state["on"]`` (default True); while ``state["c"]`` holds an ``OpCounter``, the interpreter's
+#: own torch ops inside a launch are not counted as the host's
 COUNTING_SPY = r"""
 import collections
 
-state, launches = {"c": None}, collections.Counter()
+state, launches, keyed = {"c": None, "on": True}, collections.Counter(), collections.Counter()
 
 
 class Spy:
@@ -103,39 +106,16 @@ class Spy:
         launch = self.real[grid]
 
         def run(*a, **k):
+            if not state["on"]:
+                return launch(*a, **k)
             c = state["c"]
             before = c.ops if c is not None else 0
             out = launch(*a, **k)
             if c is not None:
                 c.ops = before
             launches[self.name] += 1
+            keyed[(self.name, k.get("KEY_PTR", k.get("HAS_CNT")))] += 1
             return out
-        return run
-"""
-
-#: a script fragment for :func:`run_in_triton_interpreter`: ``Spy(name, kernel)`` counts a Triton
-#: kernel's launches while ``state["on"]``, in ``launches`` and in ``keyed`` by ``(name, how its
-#: key came)``: ``KEY_PTR`` (the key read from device memory, a CUDA graph's launch), else
-#: ``HAS_CNT`` (the reset kernel's device-held count), None where the launch passed neither
-KEYED_SPY = r"""
-import collections
-
-launches, keyed = collections.Counter(), collections.Counter()
-state = {"on": False}  # count the graphed sampler's launches only (not the references')
-
-
-class Spy:
-    def __init__(self, name, real):
-        self.name, self.real = name, real
-
-    def __getitem__(self, grid):
-        launch = self.real[grid]
-
-        def run(*a, **k):
-            if state["on"]:
-                launches[self.name] += 1
-                keyed[(self.name, k.get("KEY_PTR", k.get("HAS_CNT")))] += 1
-            return launch(*a, **k)
         return run
 """
 

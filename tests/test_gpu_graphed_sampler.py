@@ -15,7 +15,7 @@ import torch
 
 from gnnio.sampling import gpu_graphed
 from gnnio.sampling.gpu import TorchUniformSampler
-from tests.helpers import KEYED_SPY, random_graph, run_in_triton_interpreter
+from tests.helpers import COUNTING_SPY, random_graph, run_in_triton_interpreter
 
 
 def _equal(a, b) -> None:
@@ -28,8 +28,9 @@ def _equal(a, b) -> None:
 
 
 GRAPHED = (
-    KEYED_SPY
+    COUNTING_SPY
     + r"""
+state["on"] = False  # count the graphed sampler's launches only (not the reference's)
 import numpy as np, torch
 from gnnio.sampling import _triton_hop, _triton_relabel, gpu_graphed
 from gnnio.sampling.gpu import TorchUniformSampler
