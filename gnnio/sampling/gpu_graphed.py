@@ -18,7 +18,8 @@ bounds within :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`; otherwise the 
 (same batches). A buffer set's first batch runs its launches eagerly (it compiles the kernels);
 the second captures them (:func:`gnnio.utils.capture.capture`: thread-local, so the training
 thread goes on meanwhile, and never beside another capture or a device-wide wait). A capture
-that fails warns once and leaves every batch eager (``report()`` says why).
+that fails warns once and nothing is captured after it: the buffer sets without a graph sample
+eagerly, those captured before go on replaying (:func:`graphed_report` says why).
 Each buffer set -- per scratch (one per sampling thread) and batch size -- has its own graph and
 memory pool. On a CPU (``capture=False``) the same launches run eagerly from the static buffers:
 how the tests check them.
