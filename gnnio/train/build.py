@@ -9,6 +9,7 @@ all parameters, CPU and CUDA) where available (:func:`make_optimizer`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,10 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         from ..sampling.gpu_graphed import reset_graphed_report
 
         reset_graphed_report()  # this run's batches only
+        if getattr(getattr(sampler, "_torch", None), "cuda_graph", False) is not True:
+            warnings.warn(f"--cuda-graph: the {getattr(cfg, 'sampler', 'uniform')} sampler runs "
+                          "on the CPU here: its batches are not replayed as CUDA graphs (a GPU "
+                          "sampler's are: --sampler-device cuda)", RuntimeWarning, stacklevel=2)  # fmt: skip
     return parts
 
 
