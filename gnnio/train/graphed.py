@@ -252,6 +252,10 @@ class GraphedStep:
             if not self._warm:
                 self._warm = True
                 logits, loss, self._sums = warm  # (captured at the next batch that fits)
+                self.eager += 1  # (padded, but eager: not a replay)
+                if timer is not None:
+                    timer.stop()
+                return logits[:b].detach(), loss.detach()
             else:
                 self._graph.replay()
                 logits, loss, self._sums = self._out
