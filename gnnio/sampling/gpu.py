@@ -188,23 +188,34 @@ class TorchUniformSampler:
         if self.phase_hook is not None:
             self.phase_hook(phase)
 
-    def sample(self, seeds, key: int) -> MiniBatch:
-        """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
+    @staticmethod
+    def _int64_seeds(seeds) -> torch.Tensor:
+        """``seeds`` as an int64 tensor where they are (host or device), checked for shape and
+        dtype."""
         seeds = torch.as_tensor(seeds)
         if seeds.dim() != 1:
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(seeds.shape)}")
         if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
+        return seeds.to(torch.int64)
+
+    def _device_seeds(self, seeds: torch.Tensor) -> torch.Tensor:
+        """Int64 ``seeds`` (:meth:`_int64_seeds`) on the sampling device (no sync: a host
+        array is copied from pinned memory, queued)."""
+        if self.device.type == "cuda" and not seeds.is_cuda:
+            seeds = seeds.pin_memory().to(self.device, non_blocking=True)
+        return seeds.to(self.device, torch.int64)
+
+    def sample(self, seeds, key: int) -> MiniBatch:
+        """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
+        seeds = self._int64_seeds(seeds)
         if self.cuda_graph:  # seeds and keys uploaded together, the batch one replay
             from .gpu_graphed import sample_graphed
 
-            mb = sample_graphed(self, seeds.to(torch.int64), key)
+            mb = sample_graphed(self, seeds, key)
             if mb is not None:
                 return mb
-        if self._device.type == "cuda" and not seeds.is_cuda:
-            # from pinned memory the copy is queued, not waited for (a pageable one syncs)
-            seeds = seeds.pin_memory().to(self._device, non_blocking=True)
-        seeds = seeds.to(self._device, torch.int64)
+        seeds = self._device_seeds(seeds)
         mb = sample_bounded(self, seeds, key)  # one host sync
         if mb is not None:
             return mb

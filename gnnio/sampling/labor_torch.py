@@ -255,28 +255,9 @@ class TorchLaborSampler(TorchUniformSampler):
         self.layer_dependency = bool(layer_dependency)
         self.weights = weights
 
-    @staticmethod
-    def _int64_seeds(seeds) -> torch.Tensor:
-        """``seeds`` as an int64 tensor where they are (host or device), checked for shape and
-        dtype."""
-        seeds = torch.as_tensor(seeds)
-        if seeds.dim() != 1:
-            raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(seeds.shape)}")
-        if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
-            raise ValueError(f"seeds: need integer node ids, got dtype {seeds.dtype}")
-        return seeds.to(torch.int64)
-
-    def _device_seeds(self, seeds) -> torch.Tensor:
-        """``seeds`` as int64 on the sampling device, checked for shape and dtype (no sync: a
-        host array is copied from pinned memory, queued)."""
-        seeds = self._int64_seeds(seeds)
-        if self.device.type == "cuda" and not seeds.is_cuda:
-            seeds = seeds.pin_memory().to(self.device, non_blocking=True)
-        return seeds.to(self.device, torch.int64)
-
     def _check_seeds(self, seeds) -> torch.Tensor:
-        """The synced path's seeds: :meth:`_device_seeds`, range and repeats (one host sync)."""
-        seeds = self._device_seeds(seeds)
+        """The synced path's seeds: checked, on the device, range and repeats (one host sync)."""
+        seeds = self._device_seeds(self._int64_seeds(seeds))
         if seeds.numel():  # range and repeats read back together: one host sync, not three
             srt = torch.sort(seeds).values
             none = torch.iinfo(torch.int64).max
