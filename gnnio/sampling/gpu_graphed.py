@@ -41,7 +41,7 @@ import warnings
 import torch
 
 from ..utils.capture import capture as capture_graph
-from ..utils.triton_kernels import kernel_ran
+from ..utils.triton_kernels import kernel_ran, triton_available
 from .gpu_bounded import buffers, finish, launch, plan
 from .gpu_hop import _s64
 from .threaded import hop_key
@@ -67,8 +67,6 @@ class GraphState:
 def _usable(sampler, hop=None) -> bool:
     """Every fanout ``>= 1`` and the Triton kernels of ``hop`` (its ``triton_kernel``: LABOR-0's
     ``labor_hop``; default the uniform ``sample_hop``) and of the relabelling available."""
-    from ..utils.triton_kernels import triton_available
-
     dev = sampler.device
     return (
         min(sampler.fanouts, default=0) >= 1
