@@ -90,6 +90,7 @@ destination, blocks input layer first).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -278,7 +279,11 @@ class LocalitySampler(ThreadedCPUSampler):
         prune: tuple[float, float] | bool | None = None,
         q_size: int | None = None,
         weights: str = "ht",
+        device: str | torch.device | None = None,
+        graph_in: str = "gpu",
+        cuda_graph: bool = False,
     ):
+        self._torch = None
         self._init_threads(fanouts, seed, num_threads)
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights: choose from {', '.join(WEIGHT_MODES)}, got {weights!r}")
@@ -299,6 +304,26 @@ class LocalitySampler(ThreadedCPUSampler):
             for layer, qs in enumerate(self.q_sets):
                 if qs.size:
                     self._q[layer] = self._member_index(qs)
+        if device is not None:
+            self._to_device(graph, device, graph_in, cuda_graph)
+
+    def _to_device(self, graph: CSRGraph, device, graph_in: str, cuda_graph: bool) -> None:
+        """Sample on ``device`` where it is a GPU (:class:`~gnnio.sampling.locality_torch.
+        TorchLocalitySampler`, the CSR placed as the uniform sampler places it)."""
+        from .uniform import UniformSampler
+
+        topo = UniformSampler._device_topology(self, graph, device, graph_in)
+        if topo is None:
+            return
+        from .locality_torch import TorchLocalitySampler
+
+        if cuda_graph:
+            warnings.warn("cuda_graph: the locality-aware GPU sampler is not replayed as a CUDA "
+                          "graph; its batches launch eagerly", RuntimeWarning, stacklevel=3)  # fmt: skip
+        L = len(self.fanouts)
+        index = [self._q[L - 1 - h] for h in range(L)]  # hop h uses Q'_{L-h}
+        self._torch = TorchLocalitySampler(*topo, self.fanouts, self.thresholds, self.weights,
+                                           index, self._sample_key)  # fmt: skip
 
     def _member_index(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mask = np.zeros(self.num_nodes, dtype=np.uint8)
@@ -326,7 +351,7 @@ class LocalitySampler(ThreadedCPUSampler):
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cpu")
+        return self._torch.device if self._torch is not None else torch.device("cpu")
 
     def layer_of_hop(self, hop: int) -> int:
         """Song & Jiang's layer number ``l`` (1 = input layer) of hop ``hop`` (0-based index into
@@ -352,7 +377,12 @@ class LocalitySampler(ThreadedCPUSampler):
             ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
         """
         key = self._next_key(epoch_seed)
-        s = self._scale
+        if self._torch is not None:
+            return self._torch.sample(seeds, key, self._scale)
+        return self._sample_key(seeds, key, self._scale)
+
+    def _sample_key(self, seeds, key: int, s: float) -> MiniBatch:
+        """The CPU kernels' batch of call key ``key`` and scale ``s``."""
         seeds = check_seeds(seeds, self.num_nodes)
         loc = self._take_loc()
         dup = K.insert_seeds(seeds, loc)

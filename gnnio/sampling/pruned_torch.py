@@ -36,7 +36,7 @@ import torch
 from .base import MiniBatch
 from .gpu import TorchUniformSampler
 
-__all__ = ["TorchPrunedSampler"]
+__all__ = ["TorchPrunedSampler", "pruned_weights"]
 
 
 class TorchPrunedSampler(TorchUniformSampler):
@@ -88,13 +88,17 @@ class TorchPrunedSampler(TorchUniformSampler):
             deg = (ip[nodes + 1] - ip[nodes]).to(torch.float64)
             hops = zip(self.fanouts, self.thresholds, reversed(mb.blocks), strict=True)
             for f, theta, blk in hops:
-                d = deg[blk.edge_index[1]]
-                n = d.clamp(max=theta) if theta > 0 and f >= 0 else d
-                k = n if f < 0 else n.clamp(max=f)
-                ws = d / n
-                if self.weights == "ht_mean":
-                    ws = ws / d
-                w = torch.where(k == n, ws, ws * n / k)
-                blk.edge_weight = w.to(torch.float32)
+                blk.edge_weight = pruned_weights(deg[blk.edge_index[1]], f, theta, self.weights)
         mb.meta["scale"] = 1.0
         return mb
+
+
+def pruned_weights(d: torch.Tensor, fanout: int, theta: int, weights: str) -> torch.Tensor:
+    """Float32 edge weights of a pruned uniform hop from each edge's destination degree ``d``
+    (float64), in the CPU kernel's float64 operations (module docstring)."""
+    n = d.clamp(max=theta) if theta > 0 and fanout >= 0 else d
+    k = n if fanout < 0 else n.clamp(max=fanout)
+    ws = d / n
+    if weights == "ht_mean":
+        ws = ws / d
+    return torch.where(k == n, ws, ws * n / k).to(torch.float32)

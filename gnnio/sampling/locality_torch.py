@@ -1,0 +1,164 @@
+"""Song & Jiang's locality-aware sampler on the GPU (``LocalitySampler(..., device="cuda")``;
+issue 24 item 5).
+
+The same batches as :class:`~gnnio.sampling.locality.LocalitySampler`'s numba kernels with the
+same seed, call key and scale -- nodes, edges and their order, the blocks' CSR pointers, the edge
+weights -- sampled on the GPU through the uniform GPU sampler's bounded batch
+(:func:`gnnio.sampling.gpu_bounded.sample_bounded`: buffers sized from the fanouts, the counts on
+the device, the relabelling kernels, **one** host sync at the end). Only the hop differs
+(:func:`las_hop`):
+
+* ``scale == 1`` (or no hot set): every hop is HyDRA's pruned uniform hop -- the CPU class
+  samples those rows with ``use_q=False``, the :class:`~gnnio.sampling.pruned_torch.
+  TorchPrunedSampler` draws -- and the weights its formula;
+* otherwise a hop whose layer's set Q' is empty is the same pruned uniform hop, and the others
+  run :mod:`._triton_las` (the CPU kernel's ``sample_rows`` with ``use_q``; its docstring says
+  what is equal: the weights always, nodes and edges unless an ``exp``/``log`` ulp moves a
+  member count). The member index (``qptr``/``qpos`` of each layer's Q') is uploaded once, when
+  the sampler is built; the scale's float64 constants once per scale (Algorithm 2 changes it
+  between epochs).
+
+Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's interpreter,
+``GNNIO_TRITON=0``) or a kernel that fails to build or launch (one warning naming the error,
+``kernels["las_hop"] = "numba"``) -- and for batches the bounded form cannot hold (a fanout of
+-1, bounds past :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`, a uniform hop's rejected
+fast torch draw), the batch is sampled by the CPU kernels and copied to the device: the same
+batch, the CPU's cost. Not replayed as a CUDA graph (``cuda_graph`` is refused by the caller with
+a warning: :class:`~gnnio.sampling.locality.LocalitySampler`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
+from .base import MiniBatch
+from .gpu_bounded import _hop as uniform_hop
+from .gpu_bounded import sample_bounded
+from .pruned_torch import TorchPrunedSampler, pruned_weights
+
+__all__ = ["TorchLocalitySampler", "las_hop"]
+
+_WMODE = {"ht": 0, "ht_mean": 1, "none": 2}  # = _las_kernels.W_HT, W_HT_MEAN, W_NONE
+
+
+class _KernelFailed(Exception):
+    """The LAS kernel failed mid-batch: the batch is sampled on the CPU instead."""
+
+
+class TorchLocalitySampler(TorchPrunedSampler):
+    """Locality-aware sampling over torch CSR tensors (module docstring).
+
+    Args:
+        indptr, indices: the CSR of in-neighbours on the sampling device (or pinned host memory
+            viewed from it: UVA sampling).
+        fanouts, thresholds, weights: as :class:`~gnnio.sampling.pruned_torch.TorchPrunedSampler`.
+        member_index: per hop (``fanouts`` order) the ``(qptr, qpos)`` of the hop's layer's Q'
+            (NumPy, as :class:`~gnnio.sampling.locality.LocalitySampler` builds them), or None
+            where that set is empty; uploaded here, once.
+        cpu_sample: ``cpu_sample(seeds, key, scale)`` -> the CPU kernels' batch (the fallback).
+    """
+
+    def __init__(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        fanouts: Sequence[int],
+        thresholds: Sequence[int],
+        weights: str,
+        member_index: Sequence,
+        cpu_sample: Callable[[object, int, float], MiniBatch],
+    ):
+        super().__init__(indptr, indices, fanouts, thresholds, weights)
+        dev = self.device
+        self._q = [
+            None if q is None else tuple(torch.as_tensor(x).to(dev) for x in q)
+            for q in member_index
+        ]
+        self._cpu_sample = cpu_sample
+        self._consts: dict[float, torch.Tensor] = {}
+        self._tls = threading.local()  # this thread's batch: its scale and LAS weights
+
+    def sample(self, seeds, key: int, scale: float = 1.0) -> MiniBatch:  # type: ignore[override]
+        """The batch around ``seeds`` with call key ``key`` and LAS scale ``scale``."""
+        s = float(scale)
+        if s == 1.0 or all(q is None for q in self._q):
+            mb = super().sample(seeds, key)  # the pruned uniform sampler's batch
+            mb.meta["scale"] = s
+            return mb
+        if not triton_available(self.device, "las_hop"):
+            return self._on_cpu(seeds, key, s)
+        if s not in self._consts:
+            from ._triton_las import las_consts
+
+            self._consts[s] = las_consts(s, self.device)
+        tls = self._tls
+        tls.consts, tls.w = self._consts[s], [None] * len(self.fanouts)
+        seeds = self._device_seeds(self._int64_seeds(seeds))
+        try:
+            mb = sample_bounded(self, seeds, key, hop=las_hop)  # one host sync
+        except _KernelFailed:  # (its scratch is dropped, not pooled: the pool makes another)
+            return self._on_cpu(seeds, key, s)
+        if mb is None:  # a fanout of -1, huge bounds, a rejected fast torch draw
+            return self._on_cpu(seeds, key, s)
+        return self._weigh_las(mb, tls.w, s)
+
+    def _on_cpu(self, seeds, key: int, s: float) -> MiniBatch:
+        """The CPU kernels' batch, on this device."""
+        kernel_ran("las_hop", "numba")
+        if isinstance(seeds, torch.Tensor):
+            seeds = seeds.cpu()
+        mb = self._cpu_sample(seeds, key, s).to(self.device)
+        for blk in mb.blocks:  # the GPU batch's CSR pointers (the edges are grouped by row)
+            if blk.ptr is None:
+                from .base import dst_ptr
+
+                blk.ptr = dst_ptr(blk.edge_index, blk.num_dst)
+        return mb
+
+    def _weigh_las(self, mb: MiniBatch, w: list, s: float) -> MiniBatch:
+        """Each block's edge weights: the LAS kernel's where it ran, else the pruned formula."""
+        if self.weights != "none":
+            nodes, ip = mb.input_nodes, self.indptr
+            deg = (ip[nodes + 1] - ip[nodes]).to(torch.float64)
+            for h, blk in enumerate(reversed(mb.blocks)):
+                e = int(blk.edge_index.shape[1])
+                if w[h] is not None:
+                    blk.edge_weight = w[h][:e]
+                else:
+                    d = deg[blk.edge_index[1]]
+                    blk.edge_weight = pruned_weights(d, self.fanouts[h], self.thresholds[h],
+                                                     self.weights)  # fmt: skip
+        mb.meta["scale"] = s
+        return mb
+
+
+def las_hop(sampler: TorchLocalitySampler, buf, h: int, n_rows: int, hk, loc, first):
+    """Hop ``h`` of a LAS batch for :func:`gnnio.sampling.gpu_bounded.sample_bounded` (its
+    ``hop``; the uniform ``_hop``'s signature): the pruned uniform hop where the hop's Q' is
+    empty, else the LAS kernel (its weights kept for :meth:`TorchLocalitySampler._weigh_las`).
+    Returns ``(src, row, claimed)``."""
+    q = sampler._q[h]
+    if q is None:
+        return uniform_hop(sampler, buf, h, n_rows, hk, loc, first)
+    fanout, e = sampler.fanouts[h], int(buf.src[h].shape[0])
+    tls = sampler._tls
+    wmode = _WMODE[sampler.weights]
+    w = torch.empty(e if wmode != 2 else 0, dtype=torch.float32, device=sampler.device)
+    tls.w[h] = w if wmode != 2 else None
+    if e == 0:  # nothing to draw (fanout 0, no rows or no edges)
+        return buf.src[h], buf.row[h], False
+    try:
+        from ._triton_las import sample_las_triton
+
+        sample_las_triton(sampler.indptr, sampler.indices, buf.nodes, n_rows, buf.count[h],
+                          buf.cum[h], hk, fanout, sampler.thresholds[h], q[0], q[1], tls.consts,
+                          wmode, (buf.src[h], buf.row[h], w))  # fmt: skip
+    except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: the CPU kernels
+        kernel_failed("las_hop", err, "locality-aware sampling on the CPU instead (same batches)")
+        raise _KernelFailed from err
+    kernel_ran("las_hop", "triton")
+    return buf.src[h], buf.row[h], False
