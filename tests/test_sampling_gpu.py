@@ -130,9 +130,10 @@ def test_sampler_placement_and_its_options(monkeypatch):
     assert sampler_placement(ds, auto) == (None, "gpu")  # does not fit: CPU sampler
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * csr, 8 * csr))
     assert sampler_placement(ds, auto) == (torch.device("cuda", 0), "gpu")
-    for other in (dict(sampler="ladies"), dict(locality_scale=2.0)):
+    for other in (dict(sampler="ladies"), dict(sampler="ladies", locality_scale=2.0)):
         assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (None, "gpu")
-    for other in (dict(sampler="labor"), dict(prune_threshold=(1, 1))):  # (issue 24 items 3, 5)
+    for other in (dict(sampler="labor"), dict(prune_threshold=(1, 1)), dict(locality_scale=2.0)):
+        # (issue 24 items 3, 5)
         assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (
             torch.device("cuda", 0),
             "gpu",

@@ -249,7 +249,9 @@ def _las(indptr, indices, dst, row_off, out_src, out_row, out_w, n, cnt, cap, k0
         step = tl.minimum(tl.maximum(step, -8.0), 8.0)
         tn = t + step
         inside = ((has_lo == 0) | (t_lo < tn)) & ((has_hi == 0) | (tn < t_hi))
-        alt = tl.where(has_lo & has_hi, 0.5 * (t_lo + t_hi), tl.where(has_lo, t_lo + 8.0, t_hi - 8.0))
+        alt = tl.where(
+            has_lo & has_hi, 0.5 * (t_lo + t_hi), tl.where(has_lo, t_lo + 8.0, t_hi - 8.0)
+        )
         t = tl.where(upd, tl.where(inside, tn, alt), t)
         active = upd
         it += 1

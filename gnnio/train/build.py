@@ -103,7 +103,8 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         from ..sampling.gpu_graphed import reset_graphed_report
 
         reset_graphed_report()  # this run's batches only
-        if getattr(getattr(sampler, "_torch", None), "cuda_graph", False) is not True:
+        # (a GPU sampler replays, or, the locality-aware one, warned that it does not)
+        if not str(getattr(sampler, "device", "cpu")).startswith("cuda"):
             warnings.warn(f"--cuda-graph: the {getattr(cfg, 'sampler', 'uniform')} sampler runs "
                           "on the CPU here: its batches are not replayed as CUDA graphs (a GPU "
                           "sampler's are: --sampler-device cuda)", RuntimeWarning, stacklevel=2)  # fmt: skip

@@ -259,7 +259,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     * ``prune_threshold`` only: :class:`~gnnio.sampling.PrunedUniformSampler`, on the GPU where
       :func:`sampler_placement` puts it (as the uniform one);
     * ``locality_scale``: :class:`~gnnio.sampling.LocalitySampler` with ``B = setup.gpu_ids``
-      (and the pruning window when asked), Horvitz-Thompson weights (:func:`edge_weights`:
+      (and the pruning window when asked), on the GPU where :func:`sampler_placement` puts it,
+      Horvitz-Thompson weights (:func:`edge_weights`:
       ``1/q``, or ``1/(deg q)`` for SAGE's ``edge_weight_norm="sum"``; the default SAGE mean
       normalises them per row, see :mod:`gnnio.sampling.locality`);
     * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights), on the
@@ -335,6 +336,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
             weights=w,
         )
         return sampler, adaptive
+    sdev, graph_in = sampler_placement(ds, cfg)  # on the GPU as the uniform one (issue 24)
     sampler = LocalitySampler(
         ds.graph,
         fanouts,
@@ -344,6 +346,9 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
         num_threads=cfg.threads,
         prune=prune,
         weights=w,
+        device=sdev,
+        graph_in=graph_in,
+        cuda_graph=graph_mode(cfg, "sampler"),
     )
     return sampler, adaptive
 
@@ -383,11 +388,10 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
 
 def _gpu_sampler_applies(cfg) -> bool:
     """``--sampler-device auto``: training on a GPU with the uniform (``--prune-threshold``
-    included) or LABOR-0 sampler (the ones with a GPU implementation)."""
-    return (
-        str(cfg.device).startswith("cuda")
-        and getattr(cfg, "sampler", "uniform") in ("uniform", "labor")
-        and cfg.locality_scale is None
+    and ``--locality-scale`` included) or LABOR-0 sampler (the ones with a GPU implementation)."""
+    return str(cfg.device).startswith("cuda") and getattr(cfg, "sampler", "uniform") in (
+        "uniform",
+        "labor",
     )
 
 

@@ -1,0 +1,246 @@
+"""Song & Jiang's locality-aware sampler on the GPU (gnnio/sampling/locality_torch.py and
+_triton_las.py; issue 24 item 5): every batch equal to the numba LocalitySampler's (nodes, edges,
+order, CSR pointer, edge weights, meta) with the same seed, call key and scale -- the Triton kernel
+in Triton's interpreter on CPU tensors -- for scales below and above 1 (with capping either way),
+pruning on and off, every weight mode, rows with no, some and only Q' members, whole rows and
+windows, a hub row drawn 40 of; one host sync per batch; ``scale = 1`` the pruned uniform GPU
+sampler's batch; the CPU kernels where the kernel cannot run (no Triton, a failed launch: one
+warning); ``gnnio train --locality-scale`` on the GPU sampler under ``--sampler-device
+auto|cuda``."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio.sampling import LocalitySampler, inclusion_probabilities
+from gnnio.sampling.gpu import count_syncs
+from gnnio.sampling.locality_torch import TorchLocalitySampler
+from gnnio.sampling.threaded import call_key
+from gnnio.utils import triton_kernels
+from tests.helpers import run_in_triton_interpreter
+from tests.test_labor_bounded import mixed_graph
+from tests.test_pruned_gpu import _check
+
+_G = mixed_graph(0)
+#: the set B: every third node of mixed_graph(0) and every in-neighbour of rows 60 and 61 (rows
+#: of the last hop whose neighbours are all in B = Q'_1), which are seeds (every hop's rows)
+HOT = np.union1d(np.arange(0, 150, 3), _G.indices[_G.indptr[60] : _G.indptr[62]])
+SEEDS = np.concatenate([[60, 61], np.setdiff1d(np.random.default_rng(0).permutation(150)[:40],
+                                               [60, 61], assume_unique=True)])  # fmt: skip
+
+
+def pair(fanouts, scale, prune=None, weights="ht", hot=HOT):
+    """``(numba LocalitySampler, TorchLocalitySampler on CPU tensors)`` with the same options."""
+    g = mixed_graph(0)
+    cpu = LocalitySampler(g, fanouts, hot_ids=hot, scale=scale, seed=5, prune=prune,
+                          weights=weights)  # fmt: skip
+    L = len(fanouts)
+    index = [cpu._q[L - 1 - h] for h in range(L)]  # hop h: layer L - h
+    tch = TorchLocalitySampler(*g.to_torch(), cpu.fanouts, cpu.thresholds, weights, index,
+                               cpu._sample_key)  # fmt: skip
+    return cpu, tch
+
+
+def check_cases(cases, keys=(0, 1), syncs: int | None = 1) -> None:
+    """Each ``(fanouts, scale, prune, weights)``: the torch sampler's batches equal the numba
+    ones, with ``syncs`` host syncs each (None: not counted), and the scratch at rest after."""
+    for fanouts, scale, prune, weights in cases:
+        cpu, tch = pair(fanouts, scale, prune, weights)
+        for e in keys:
+            with count_syncs() as c:
+                b = tch.sample(torch.from_numpy(SEEDS), call_key(5, epoch_seed=e), scale)
+            _check(cpu.sample(SEEDS, epoch_seed=e), b)
+            assert syncs is None or c.count == syncs, (fanouts, scale, c.ops)
+        loc, first = tch._take()
+        assert bool((loc == -1).all()) and bool((first == torch.iinfo(torch.int64).max).all())
+
+
+def test_the_cases_cover_every_kind_of_row():
+    """Fanouts 4, 3 over mixed_graph(0) and B: rows drawn whole (k = n), with no Q' member, only
+    members (the seeds 60 and 61 in the last hop), and both; Eq. 8 capped at 1 for members
+    (s = 1000) and for non-members (s = 0.5); both pruning windows cut rows (thresholds 8, 49)."""
+    cpu, _ = pair([4, 3], 8.0)
+    ip = np.asarray(cpu.indptr)
+    kinds, capped = set(), set()
+    for hop, f in ((0, 4), (1, 3)):
+        qptr = cpu._q[1 - hop][0]  # hop h: Q'_{L - h}
+        for v in range(150):
+            n, a = int(ip[v + 1] - ip[v]), int(qptr[v + 1] - qptr[v])
+            k = min(n, f)
+            kind = "whole" if k == n else "none" if a == 0 else "only" if a == n else "both"
+            kinds.add((hop, kind))
+            if kind == "both":
+                capped |= {s for s in (1000.0, 0.5) if 1.0 in inclusion_probabilities(n, a, f, s)}
+            assert kind != "only" or v in (60, 61) and hop == 1
+    assert {k for _, k in kinds} == {"whole", "none", "only", "both"}, kinds
+    assert capped == {1000.0, 0.5}, capped
+    assert pair([4, 3], 8.0, (0.0, 2.0))[0].thresholds == [8, 6]
+    assert pair([40, 3], 8.0, (1.0, 1.0))[0].thresholds == [49, 12]
+    assert (np.diff(ip) > 49).sum() >= 2
+
+
+_SCRIPT = """
+from tests.test_locality_gpu import check_cases
+check_cases({cases})
+print("ok")
+"""
+
+
+def test_triton_batches_equal_numba_scales_and_capping():
+    """In Triton's interpreter: s = 8 unpruned, s = 0.5 (capped non-members) and s = 1000
+    (capped members) in pruning windows, all three weight modes."""
+    cases = [([4, 3], 8.0, None, "ht"), ([4, 3], 0.5, (0.0, 2.0), "ht_mean"),
+             ([4, 3], 1000.0, (0.0, 2.0), "none")]  # fmt: skip
+    run_in_triton_interpreter(_SCRIPT.format(cases=cases))
+
+
+def test_triton_batches_equal_numba_windows_and_a_hub():
+    """Whole windows (fanout above the threshold), a hub cut to 49 and drawn 40 of (Floyd's
+    hashed branch on the CPU), a fanout of 12 (laws of m with up to 13 values)."""
+    cases = [([6, 2], 2.0, (0.3, 0.0), "ht"), ([40, 3], 8.0, (1.0, 1.0), "ht"),
+             ([12, 5], 3.0, None, "ht_mean")]  # fmt: skip
+    run_in_triton_interpreter(_SCRIPT.format(cases=cases), timeout=900)
+
+
+_WIRED = """
+import warnings
+import numpy as np, torch
+from gnnio.sampling import LocalitySampler, UniformSampler
+from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
+from tests.test_labor_bounded import mixed_graph
+from tests.test_locality_gpu import HOT, SEEDS, _check
+
+g = mixed_graph(0)
+# the GPU placement, with CPU tensors standing in for the device's
+UniformSampler._device_topology = lambda self, graph, device, graph_in: graph.to_torch()
+cpu = LocalitySampler(g, [4, 3], hot_ids=HOT, scale=8.0, seed=5, prune=(0.0, 2.0))
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    dev = LocalitySampler(g, [4, 3], hot_ids=HOT, scale=8.0, seed=5, prune=(0.0, 2.0),
+                          device="cuda", cuda_graph=True)
+assert dev._torch is not None
+assert any("not replayed as a CUDA graph" in str(w.message) for w in said), said
+for e, s in enumerate((8.0, 2.0, 1.0)):  # Algorithm 2's changes of s reach the GPU sampler
+    cpu.scale = dev.scale = s
+    reset_kernel_record()
+    b = dev.sample(SEEDS, epoch_seed=e)
+    _check(cpu.sample(SEEDS, epoch_seed=e), b)
+    assert b.meta["scale"] == s
+    rep = kernels_report()
+    assert ("las_hop" in rep) == (s != 1.0) and rep.get("las_hop", "triton") == "triton", rep
+print("ok")
+"""
+
+
+def test_locality_sampler_samples_on_the_device_and_follows_its_scale():
+    """``LocalitySampler(device=...)`` builds the GPU sampler (here on CPU tensors, in Triton's
+    interpreter), warns that it does not replay CUDA graphs, and each call samples with the
+    scale set then (s = 1: the pruned uniform hops, no LAS kernel)."""
+    run_in_triton_interpreter(_WIRED)
+
+
+def test_scale_one_is_the_pruned_uniform_batch_with_one_sync():
+    """Without Triton (the CPU here): ``s = 1`` samples as the pruned uniform GPU sampler (torch
+    hops, bounded batch), equal to the numba LocalitySampler's with ``s = 1``."""
+    check_cases([([4, 3], 1.0, None, "ht"), ([4, 3], 1.0, (0.0, 2.0), "ht_mean")])
+
+
+def test_without_triton_the_cpu_kernels_sample(monkeypatch):
+    """No Triton for the LAS kernel: the CPU kernels' batch, copied to the device, recorded as
+    ``las_hop: numba``, with the grouped edges' CSR pointer; so is a fanout of -1."""
+    monkeypatch.setattr(triton_kernels, "_RAN", {})
+    check_cases([([4, 3], 8.0, (0.0, 2.0), "ht"), ([4, -1], 8.0, None, "ht")], syncs=None)
+    assert triton_kernels.kernels_report()["las_hop"] == "numba"
+
+
+def test_a_failed_kernel_warns_once_and_the_cpu_samples(monkeypatch):
+    """A LAS kernel that cannot build or launch: one warning naming the error, that batch and
+    the next ones from the CPU kernels (the same batches)."""
+    from gnnio.sampling import _triton_las, locality_torch
+
+    monkeypatch.setattr(triton_kernels, "_FAILED", {})
+    monkeypatch.setattr(triton_kernels, "_RAN", {})
+    # Triton for the LAS kernel only, until it fails (the relabelling: torch ops)
+    monkeypatch.setattr(locality_torch, "triton_available",
+                        lambda dev, kernel: kernel not in triton_kernels._FAILED)  # fmt: skip
+    calls = []
+
+    def broken(*a, **k):
+        calls.append(1)
+        raise RuntimeError("no PTX for you")
+
+    monkeypatch.setattr(_triton_las, "sample_las_triton", broken)
+    cpu, tch = pair([4, 3], 8.0, (0.0, 2.0))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for e in range(3):
+            b = tch.sample(torch.from_numpy(SEEDS), call_key(5, epoch_seed=e), 8.0)
+            _check(cpu.sample(SEEDS, epoch_seed=e), b)
+    msgs = [str(w.message) for w in said if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "las_hop" in msgs[0] and "no PTX for you" in msgs[0], msgs
+    assert len(calls) == 1  # tried once
+    assert triton_kernels.kernels_report()["las_hop"] == "numba"
+
+
+def test_train_builds_the_locality_sampler_on_the_gpu(monkeypatch):
+    """``gnnio train --locality-scale S --device cuda``: the LocalitySampler on the training GPU
+    under ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu``."""
+    import gnnio.sampling
+    from gnnio.train.config import TrainConfig
+    from gnnio.train.setup import StoreSetup, build_sampler
+    from tests.fake_cuda import fake_cuda
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
+    built = {}
+
+    class Las:
+        def __init__(self, graph, fanouts, **kw):
+            built.clear()
+            built.update(kw)
+
+    monkeypatch.setattr(gnnio.sampling, "LocalitySampler", Las)
+
+    class Ds:
+        graph = mixed_graph(0)
+
+    setup = StoreSetup(store=None, tiers=None, gpu_ids=HOT, info={}, eval_store=None)
+    for opts, want in ((dict(sampler_device="auto"), ("cuda", "gpu")),
+                       (dict(sampler_device="cuda", graph_in="host"), ("cuda", "host")),
+                       (dict(sampler_device="cpu"), (None, "gpu"))):  # fmt: skip
+        cfg = TrainConfig(device="cuda", locality_scale=4.0, cuda_graph="sampler", **opts)
+        build_sampler(Ds, cfg, [4, 3], setup)
+        dev = built["device"]
+        assert (None if dev is None else dev.type, built["graph_in"]) == want, built
+        assert built["scale"] == 4.0 and built["cuda_graph"] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("graph_in", ["gpu", "host"])
+def test_locality_sampler_on_cuda_equals_cpu(graph_in):  # pragma: no cover - GPU only
+    """On a real GPU (compiled Triton, libdevice exp/log): the batches of a 5000-node graph with
+    fanouts 15,10,5 equal the numba ones (weights bit for bit), one host sync each."""
+    from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
+    from tests.helpers import random_graph
+
+    g = random_graph(5000, 80000, seed=5)
+    hot = np.random.default_rng(1).permutation(5000)[:500]
+    seeds = np.random.default_rng(5).permutation(5000)[:512]
+    reset_kernel_record()
+    for scale, prune in ((8.0, None), (2.0, (1.0, 1.0)), (0.5, None), (1000.0, (0.5, 0.0))):
+        kw = dict(hot_ids=hot, scale=scale, seed=0, prune=prune)
+        cpu = LocalitySampler(g, [15, 10, 5], **kw)
+        gpu = LocalitySampler(g, [15, 10, 5], device="cuda", graph_in=graph_in, **kw)
+        assert gpu.device.type == "cuda"
+        for e in (0, 1):
+            a = cpu.sample(seeds, epoch_seed=e)
+            with count_syncs() as c:
+                b = gpu.sample(seeds, epoch_seed=e)
+            _check(a, b.to("cpu"))
+            assert c.count == 1, c.ops
+    assert kernels_report()["las_hop"] == "triton"
