@@ -21,13 +21,8 @@ from .frontier import FrontierSampler
 from .labor import LaborSampler
 from .ladies import LadiesSampler, layer_probabilities
 from .ladies_locality import LocalityLadiesSampler
-from .locality import (
-    LocalitySampler,
-    PrunedUniformSampler,
-    inclusion_probabilities,
-    las_sets,
-    prune_thresholds,
-)
+from .locality import LocalitySampler, inclusion_probabilities, las_sets, prune_thresholds
+from .pruned import PrunedUniformSampler
 from .uniform import UniformSampler, parse_fanouts
 
 __all__ = [

@@ -1,6 +1,6 @@
 """HyDRA's threshold pruning on the GPU (``PrunedUniformSampler(..., device="cuda")``; issue 24).
 
-The same sampler as :class:`~gnnio.sampling.locality.PrunedUniformSampler`'s numba kernels
+The same sampler as :class:`~gnnio.sampling.pruned.PrunedUniformSampler`'s numba kernels
 (:func:`gnnio.sampling._las_kernels.sample_rows` with ``theta > 0`` and no hot set), bit for bit:
 nodes, edges, their order, the blocks' CSR pointers and the edge weights equal the CPU sampler's
 with the same seed and call key, on any device (tested on CPU tensors and in Triton's
@@ -41,7 +41,7 @@ __all__ = ["TorchPrunedSampler", "pruned_weights"]
 
 class TorchPrunedSampler(TorchUniformSampler):
     """Uniform sampling with HyDRA threshold pruning over torch CSR tensors (any device; meant for
-    CUDA), bit-identical to the numba :class:`~gnnio.sampling.locality.PrunedUniformSampler`.
+    CUDA), bit-identical to the numba :class:`~gnnio.sampling.pruned.PrunedUniformSampler`.
 
     Args:
         indptr: int64 ``[N + 1]``; indices: ``[E]`` -- CSR of in-neighbours on the sampling device
