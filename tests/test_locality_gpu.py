@@ -244,3 +244,29 @@ def test_locality_sampler_on_cuda_equals_cpu(graph_in):  # pragma: no cover - GP
             _check(a, b.to("cpu"))
             assert c.count == 1, c.ops
     assert kernels_report()["las_hop"] == "triton"
+
+
+def test_bench_sampling_takes_a_locality_scale(tmp_path, capsys):
+    """``gnnio bench sampling --locality-scale S``: the LocalitySampler with B the top
+    ``--gpu-cache-fraction`` of nodes (its batches differ from the uniform ones); a scale <= 0,
+    another sampler or ``--cuda-graph`` is one line, exit 2."""
+    import json
+
+    from gnnio.cli.main import main
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=80, num_edges=600)
+    argv = ["bench", "sampling", str(d), "--fanouts", "3,2", "--batch-size", "8", "--batches",
+            "3", "--passes", "1", "--json", "--no-progress"]  # fmt: skip
+    out = {}
+    for extra in ([], ["--locality-scale", "8", "--gpu-cache-fraction", "0.25"]):
+        assert main([*argv, *extra]) == 0
+        out[len(extra)] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    las = out[4]
+    assert las["locality_scale"] == 8.0 and las["hot_rows"] == 20 and las["edges_per_s"] > 0
+    assert out[0]["locality_scale"] is None and las["checksum"] != out[0]["checksum"]
+    for bad in (["--locality-scale", "0"], ["--locality-scale", "2", "--sampler", "labor"],
+                ["--locality-scale", "2", "--gpu-cache-fraction", "0"]):  # fmt: skip
+        assert main([*argv, *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("gnnio: error: --"), err

@@ -6,7 +6,8 @@ training split (every node when there is none) are fixed; one pass samples all o
 (:class:`gnnio.sampling.LaborSampler`, LABOR-0) -- both with ``--fanouts``, ``fanouts[0]`` = the
 seeds' hop -- or ``ladies`` (:class:`gnnio.sampling.LadiesSampler`, ``--layer-size`` nodes per hop,
 as many hops as ``--fanouts`` has values; ``--prune-threshold A,B``: the uniform one with HyDRA's
-threshold pruning, :class:`gnnio.sampling.PrunedUniformSampler`), batch ``i`` with ``epoch_seed=i`` so every pass samples
+threshold pruning, :class:`gnnio.sampling.PrunedUniformSampler`; ``--locality-scale S``: Song & Jiang's
+:class:`gnnio.sampling.LocalitySampler`, B the top ``--gpu-cache-fraction`` of nodes by wrpr), batch ``i`` with ``epoch_seed=i`` so every pass samples
 the same subgraphs. After ``--warmup`` untimed
 passes (JIT load, page faults of the topology), ``--passes`` passes are timed and the median is
 reported:
@@ -90,6 +91,16 @@ def add_arguments(p) -> None:
         "train's option; --device cuda too; flag alone: 1,1)",
     )  # fmt: skip
     p.add_argument(
+        "--locality-scale", type=float, default=None, metavar="S",
+        help="--sampler uniform: Song & Jiang's locality-aware sampler (LocalitySampler, as gnnio "
+        "train's option) with scale S, B = the top --gpu-cache-fraction of nodes by wrpr; "
+        "--device cuda too (pruned with --prune-threshold)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu-cache-fraction", type=float, default=0.1, metavar="F",
+        help="--locality-scale: the fraction of nodes in B (default 0.1)",
+    )  # fmt: skip
+    p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
     )
 
@@ -124,7 +135,30 @@ def _check(args) -> list[int]:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
     if _prune(args) is not None and getattr(args, "sampler", "uniform") != "uniform":
         raise UsageError(f"--prune-threshold: works with --sampler uniform, not {args.sampler}")
+    las = getattr(args, "locality_scale", None)
+    if las is not None:
+        if getattr(args, "sampler", "uniform") != "uniform" or getattr(args, "cuda_graph", False):
+            raise UsageError("--locality-scale: works with --sampler uniform, not --cuda-graph")
+        if not (0 < las < float("inf")):
+            raise UsageError(f"--locality-scale: must be a finite number > 0, got {las}")
+        if not 0 < args.gpu_cache_fraction <= 1:
+            raise UsageError(
+                f"--gpu-cache-fraction: must be in (0, 1], got {args.gpu_cache_fraction}"
+            )
     return fanouts
+
+
+def _hot_ids(args, ds, fanouts) -> np.ndarray:
+    """``--locality-scale``'s set B: the top ``--gpu-cache-fraction`` of nodes by wrpr."""
+    from ..features.tiers.tiered import hot_rows_for_fraction
+    from ..preprocess.hotness import compute_score
+    from ..preprocess.reorder import order_by_score
+
+    score = compute_score("wrpr", ds, fanouts=fanouts, batch_size=args.batch_size,
+                          progress=not args.no_progress)  # fmt: skip
+    return np.sort(
+        order_by_score(score)[: hot_rows_for_fraction(args.gpu_cache_fraction, ds.num_nodes)]
+    )
 
 
 def _prune(args) -> tuple[float, float] | None:
@@ -147,9 +181,16 @@ def _prune(args) -> tuple[float, float] | None:
 
 
 def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads: int, device,
-                 graph_in: str = "gpu", cuda_graph: bool = False, prune=None):  # fmt: skip
-    """The sampler ``--sampler`` names (see module docstring); ``prune``: HyDRA's."""
-    from ..sampling import LaborSampler, LadiesSampler, PrunedUniformSampler, UniformSampler
+                 graph_in: str = "gpu", cuda_graph: bool = False, prune=None, las=None):  # fmt: skip
+    """The sampler ``--sampler`` names (see module docstring); ``prune``: HyDRA's; ``las``:
+    ``(hot ids, scale)`` of a :class:`~gnnio.sampling.LocalitySampler`."""
+    from ..sampling import (
+        LaborSampler,
+        LadiesSampler,
+        LocalitySampler,
+        PrunedUniformSampler,
+        UniformSampler,
+    )
 
     gpu = {"graph_in": graph_in} if torch.device(device).type == "cuda" else {}
     if cuda_graph:
@@ -158,6 +199,9 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
         return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
+    if las is not None:
+        return LocalitySampler(graph, fanouts, hot_ids=las[0], scale=las[1], seed=seed,
+                               num_threads=threads, prune=prune, device=device, **gpu)  # fmt: skip
     if prune is not None:
         return PrunedUniformSampler(graph, fanouts, prune=prune, seed=seed, num_threads=threads,
                                     device=device, **gpu)  # fmt: skip
@@ -219,8 +263,11 @@ def run(args) -> dict:
         from ..sampling.gpu_graphed import reset_graphed_report
 
         reset_graphed_report()
+    scale = getattr(args, "locality_scale", None)
+    las = None if scale is None else (_hot_ids(args, ds, fanouts), float(scale))
     sampler = make_sampler(kind, ds.graph, fanouts, layer_size, args.seed, args.threads,
-                           args.device, graph_in, cuda_graph=graphed, prune=_prune(args))  # fmt: skip
+                           args.device, graph_in, cuda_graph=graphed, prune=_prune(args),
+                           las=las)  # fmt: skip
     sync = torch.cuda.synchronize if sampler.device.type == "cuda" else None
     stats = {"edges": 0, "input_nodes": 0, "seeds": 0}
     cpu_s: list[float] = []
@@ -260,6 +307,8 @@ def run(args) -> dict:
         "sampler": kind,
         "fanouts": fanouts,
         "prune_thresholds": sampler.thresholds if _prune(args) is not None else None,
+        "locality_scale": scale,
+        "hot_rows": None if las is None else int(las[0].size),
         "layer_size": layer_size if kind == "ladies" else None,
         "batch_size": args.batch_size,
         "batches": nb,
