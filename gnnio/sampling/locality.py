@@ -80,6 +80,11 @@ overall inclusion probability is ``k / deg``, the same as without pruning. (A wi
 the list, start in ``[0, deg - threshold]``, would include the ends of the list less often and
 bias the estimate.) Hops with fanout -1 (all neighbours) are not pruned.
 
+**On the GPU** (``device="cuda"``, :mod:`gnnio.sampling.locality_torch`): the same batches from
+the uniform GPU sampler's bounded batch (one host sync) with a Triton kernel for the LAS hops
+(:mod:`gnnio.sampling._triton_las`, every row's law of ``m`` solved; its ``exp``/``log`` may
+differ from numba's by an ulp, the weights never); the CPU kernels where it cannot run.
+
 **Determinism.** As :class:`gnnio.sampling.UniformSampler`: each row draws from a counter-based
 stream keyed by ``(seed, call key, hop, destination global id)``; with ``epoch_seed`` a batch depends
 only on ``(seed, epoch_seed, seeds, scale)``, not on threads or earlier calls. Output id spaces are
@@ -241,7 +246,7 @@ class LocalitySampler(ThreadedCPUSampler):
     """Locality-aware node-wise neighbour sampler with HT weights (see module docstring).
 
     Args:
-        graph: CSR of in-neighbours (NumPy arrays, memmaps or CPU tensors; runs on the CPU).
+        graph: CSR of in-neighbours (NumPy arrays, memmaps or CPU tensors).
         fanouts: neighbours per node for hop 1, 2, ... (``fanouts[0]`` = the seeds' hop; -1 = all).
         hot_ids: the set ``B`` of GPU-resident nodes (global ids, or a bool mask ``[N]``); None =
             no locality (then ``scale`` has no effect: plain uniform sampling with weights,
@@ -254,6 +259,9 @@ class LocalitySampler(ThreadedCPUSampler):
         prune: HyDRA threshold pruning ``(alpha, beta)`` (``True`` = ``(1, 1)``), or None.
         q_size: ``|Q'_l|`` for ``l >= 2`` (default ``|B|``; Song & Jiang used 8192).
         weights: ``"ht"`` (``1 / pi``, default), ``"ht_mean"`` (``1 / (deg pi)``) or ``"none"``.
+        device, graph_in: ``"cuda"`` samples on that GPU (module docstring), the CSR placed as
+            :class:`~gnnio.sampling.UniformSampler` places it; None: the CPU.
+        cuda_graph: not supported here (a warning; the GPU batches launch eagerly).
 
     Memory: per layer whose ``Q'`` is non-empty, ``8 (N + 1)`` bytes of row pointers plus 4 bytes
     per edge whose source is in ``Q'_l``; the per-call scratch is an int ``[N]`` id map, as in the
