@@ -89,8 +89,8 @@ class TrainConfig:
             GPU), ``"step"`` (the training step, batches padded to fixed sizes:
             :mod:`gnnio.train.graphed`; one process), ``"sampler"`` (the GPU sampler's batch:
             :mod:`gnnio.sampling.gpu_graphed`) or ``"all"`` (both; ``True`` means this).
-        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- pruned too --
-            or LABOR-0 sampler runs on the training GPU inside the loader, on its own stream:
+        sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- pruned and
+            locality-aware too -- or LABOR-0 sampler runs on the training GPU inside the loader, on its own stream:
             :mod:`gnnio.sampling.gpu` and its subclasses) or ``"auto"``
             (default: ``cuda`` when training on a GPU with one of those samplers and the CSR
             takes at most a quarter of the free GPU memory, else ``cpu``).
@@ -416,11 +416,10 @@ class TrainConfig:
             return
         if not str(self.device).startswith("cuda"):
             raise UsageError("--sampler-device cuda: needs --device cuda")
-        plain = getattr(self, "sampler", "uniform") in ("uniform", "labor")
-        if not plain or self.locality_scale is not None:
+        if getattr(self, "sampler", "uniform") not in ("uniform", "labor"):
             raise UsageError(
                 "--sampler-device cuda: the GPU samplers are the uniform and the labor one "
-                "(--prune-threshold too; no --sampler ladies or --locality-scale)"
+                "(--prune-threshold and --locality-scale too; no --sampler ladies)"
             )
 
     def validate_dist(self, world_size: int) -> None:
