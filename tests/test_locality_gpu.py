@@ -277,3 +277,45 @@ def test_bench_sampling_takes_a_locality_scale(tmp_path, capsys):
         assert main([*argv, *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("gnnio: error: --"), err
+
+
+def test_the_kernel_compiles_for_an_h100_without_one(tmp_path, monkeypatch):
+    """The LAS kernel through Triton's whole compiler to an sm_90 cubin (ptxas ships with
+    Triton), so what the interpreter accepts and the compiler does not (a loop-carried Python
+    int, float64 ops without a lowering) fails here; and floating-point contraction is off (no
+    ``fma`` beyond the libdevice ``exp``/``log`` ones, which the fused build has more of)."""
+    triton = pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, compile
+    except ImportError as e:  # pragma: no cover - another Triton API
+        pytest.skip(f"this Triton has no ahead-of-time API: {e}")
+    from pathlib import Path
+
+    if not (Path(triton.__file__).parent / "backends/nvidia/bin/ptxas").exists():
+        pytest.skip("this Triton ships no ptxas")  # pragma: no cover
+    from gnnio.sampling import _triton_las as M
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    sig = dict(indptr="*i64", indices="*i32", dst="*i64", row_off="*i64", out_src="*i64",
+               out_row="*i64", out_w="*fp32", n="i32", cnt="*i64", cap="i32", k0="i32",
+               k1="i32", k2="i32", qptr="*i64", qpos="*i32", consts="*fp64", theta="i32",
+               FANOUT="constexpr", FP="constexpr", BLOCK="constexpr", WMODE="constexpr")  # fmt: skip
+    fmas = {}
+    for fusion in (False, True):
+        src = ASTSource(fn=M._las, signature=sig,
+                        constexprs=dict(FANOUT=5, FP=8, BLOCK=M._BLOCK, WMODE=1))  # fmt: skip
+        k = compile(src, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion})
+        assert len(k.asm["cubin"]) > 0
+        fmas[fusion] = k.asm["ptx"].count("fma.rn.f64")
+    assert fmas[False] < fmas[True], fmas
+    seen = {}
+
+    class Spy:  # the launch's options, without launching
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.update(kw)
+
+    monkeypatch.setattr(M, "_las", Spy())
+    z = torch.zeros(4, dtype=torch.int64)
+    M.sample_las_triton(z, z, z, 2, z, z, 7, 5, 0, z, z, M.las_consts(2.0, "cpu"), 0, (z, z, z))
+    assert seen["enable_fp_fusion"] is False and seen["FANOUT"] == 5, seen

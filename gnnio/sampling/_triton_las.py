@@ -231,7 +231,7 @@ def _las(indptr, indices, dst, row_off, out_src, out_row, out_w, n, cnt, cap, k0
     pmf = tl.zeros([BLOCK, FP], tl.float64)
     tot = tl.full([BLOCK], 1.0, tl.float64)
     active = solve
-    it = (pid * 0).to(tl.int32)  # (a tensor: a loop-carried Python int is a constexpr)
+    it = 0
     while (it < 200) & (tl.max(active.to(tl.int32), 0) > 0):  # 200: _NCH_MAX_ITER
         omega = tl.exp(tl.minimum(t, 700.0))
         p, tt, mean, var = _nch_pmf(ratio, omega, span, col, FANOUT, FP, BLOCK)

@@ -74,8 +74,8 @@ class TorchLocalitySampler(TorchPrunedSampler):
     ):
         super().__init__(indptr, indices, fanouts, thresholds, weights)
         dev = self.device
-        self._q = [
-            None if q is None else tuple(torch.as_tensor(x).to(dev) for x in q)
+        self._q = [  # (a set whose members have no out-edges: no row has a member)
+            None if q is None or len(q[1]) == 0 else tuple(torch.as_tensor(x).to(dev) for x in q)
             for q in member_index
         ]
         self._cpu_sample = cpu_sample
