@@ -132,6 +132,12 @@ for e, s in enumerate((8.0, 2.0, 1.0)):  # Algorithm 2's changes of s reach the 
     assert b.meta["scale"] == s
     rep = kernels_report()
     assert ("las_hop" in rep) == (s != 1.0) and rep.get("las_hop", "triton") == "triton", rep
+# a fanout of -1 (no bounded batch): the CPU kernels' batch, copied up
+cpu = LocalitySampler(g, [4, -1], hot_ids=HOT, scale=8.0, seed=5)
+dev = LocalitySampler(g, [4, -1], hot_ids=HOT, scale=8.0, seed=5, device="cuda")
+reset_kernel_record()
+_check(cpu.sample(SEEDS, epoch_seed=4), dev.sample(SEEDS, epoch_seed=4))
+assert kernels_report()["las_hop"] == "numba"
 print("ok")
 """
 
@@ -139,7 +145,8 @@ print("ok")
 def test_locality_sampler_samples_on_the_device_and_follows_its_scale():
     """``LocalitySampler(device=...)`` builds the GPU sampler (here on CPU tensors, in Triton's
     interpreter), warns that it does not replay CUDA graphs, and each call samples with the
-    scale set then (s = 1: the pruned uniform hops, no LAS kernel)."""
+    scale set then (s = 1: the pruned uniform hops, no LAS kernel); a fanout of -1: the CPU
+    kernels."""
     run_in_triton_interpreter(_WIRED)
 
 
