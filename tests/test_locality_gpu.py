@@ -21,6 +21,7 @@ from gnnio.sampling.gpu import count_syncs
 from gnnio.sampling.locality_torch import TorchLocalitySampler
 from gnnio.sampling.threaded import call_key
 from gnnio.utils import triton_kernels
+from gnnio.utils.syncs import OpCounter
 from tests.helpers import run_in_triton_interpreter
 from tests.test_labor_bounded import mixed_graph
 from tests.test_pruned_gpu import _check
@@ -47,14 +48,16 @@ def pair(fanouts, scale, prune=None, weights="ht", hot=HOT):
 
 def check_cases(cases, keys=(0, 1), syncs: int | None = 1) -> None:
     """Each ``(fanouts, scale, prune, weights)``: the torch sampler's batches equal the numba
-    ones, with ``syncs`` host syncs each (None: not counted), and the scratch at rest after."""
+    ones, with ``syncs`` host syncs each (None: not counted; :class:`OpCounter` sees no other:
+    no blocking upload, no ``t[i] = v``), and the scratch at rest after."""
     for fanouts, scale, prune, weights in cases:
         cpu, tch = pair(fanouts, scale, prune, weights)
         for e in keys:
-            with count_syncs() as c:
+            with count_syncs() as c, OpCounter() as d:  # (d: the dispatcher's view, below tolist)
                 b = tch.sample(torch.from_numpy(SEEDS), call_key(5, epoch_seed=e), scale)
             _check(cpu.sample(SEEDS, epoch_seed=e), b)
             assert syncs is None or c.count == syncs, (fanouts, scale, c.ops)
+            assert syncs is None or d.syncs == 0, (fanouts, scale, d.sync_ops)
         loc, first = tch._take()
         assert bool((loc == -1).all()) and bool((first == torch.iinfo(torch.int64).max).all())
 
