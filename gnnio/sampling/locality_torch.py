@@ -15,9 +15,8 @@ the device, the relabelling kernels, **one** host sync at the end). Only the hop
   run :mod:`._triton_las` (the CPU kernel's ``sample_rows`` with ``use_q``; its docstring says
   what is equal: the weights always, nodes and edges unless an ``exp``/``log`` ulp moves a
   member count). The member index (``qptr``/``qpos`` of each layer's Q') is uploaded once, when
-  the sampler is built; the scale's float64 constants once per scale (a blocking upload of
-  24 bytes the first time a scale is used; Algorithm 2 changes it
-  between epochs).
+  the sampler is built; the scale's float64 constants once per scale (a blocking upload of 24
+  bytes the first time a scale is used; Algorithm 2 changes it between epochs).
 
 Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's interpreter,
 ``GNNIO_TRITON=0``) or a kernel that fails to build or launch (one warning naming the error,
