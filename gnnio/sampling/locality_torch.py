@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
-from .base import MiniBatch
+from .base import MiniBatch, dst_ptr
 from .gpu_bounded import _hop as uniform_hop
 from .gpu_bounded import sample_bounded
 from .pruned_torch import TorchPrunedSampler, pruned_weights
@@ -80,7 +80,7 @@ class TorchLocalitySampler(TorchPrunedSampler):
         ]
         self._cpu_sample = cpu_sample
         self._consts: dict[float, torch.Tensor] = {}
-        self._tls = threading.local()  # this thread's batch: its scale and LAS weights
+        self._tls = threading.local()  # this thread's batch: the scale's constants, LAS weights
 
     def sample(self, seeds, key: int, scale: float = 1.0) -> MiniBatch:  # type: ignore[override]
         """The batch around ``seeds`` with call key ``key`` and LAS scale ``scale``."""
@@ -114,8 +114,6 @@ class TorchLocalitySampler(TorchPrunedSampler):
         mb = self._cpu_sample(seeds, key, s).to(self.device)
         for blk in mb.blocks:  # the GPU batch's CSR pointers (the edges are grouped by row)
             if blk.ptr is None:
-                from .base import dst_ptr
-
                 blk.ptr = dst_ptr(blk.edge_index, blk.num_dst)
         return mb
 
