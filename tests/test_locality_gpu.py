@@ -266,7 +266,7 @@ def test_locality_sampler_on_cuda_equals_cpu(graph_in):  # pragma: no cover - GP
 def test_bench_sampling_takes_a_locality_scale(tmp_path, capsys):
     """``gnnio bench sampling --locality-scale S``: the LocalitySampler with B the top
     ``--gpu-cache-fraction`` of nodes (its batches differ from the uniform ones); a scale <= 0,
-    another sampler or ``--cuda-graph`` is one line, exit 2."""
+    another sampler, a fraction of 0 or one without a scale is one line, exit 2."""
     import json
 
     from gnnio.cli.main import main
@@ -283,7 +283,8 @@ def test_bench_sampling_takes_a_locality_scale(tmp_path, capsys):
     assert las["locality_scale"] == 8.0 and las["hot_rows"] == 20 and las["edges_per_s"] > 0
     assert out[0]["locality_scale"] is None and las["checksum"] != out[0]["checksum"]
     for bad in (["--locality-scale", "0"], ["--locality-scale", "2", "--sampler", "labor"],
-                ["--locality-scale", "2", "--gpu-cache-fraction", "0"]):  # fmt: skip
+                ["--locality-scale", "2", "--gpu-cache-fraction", "0"],
+                ["--gpu-cache-fraction", "0.2"]):  # fmt: skip
         assert main([*argv, *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("gnnio: error: --"), err

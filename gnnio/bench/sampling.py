@@ -97,7 +97,7 @@ def add_arguments(p) -> None:
         "--device cuda too (pruned with --prune-threshold)",
     )  # fmt: skip
     p.add_argument(
-        "--gpu-cache-fraction", type=float, default=0.1, metavar="F",
+        "--gpu-cache-fraction", type=float, default=None, metavar="F",
         help="--locality-scale: the fraction of nodes in B (default 0.1)",
     )  # fmt: skip
     p.add_argument(
@@ -136,7 +136,11 @@ def _check(args) -> list[int]:
     if _prune(args) is not None and getattr(args, "sampler", "uniform") != "uniform":
         raise UsageError(f"--prune-threshold: works with --sampler uniform, not {args.sampler}")
     las = getattr(args, "locality_scale", None)
+    frac = getattr(args, "gpu_cache_fraction", None)
+    if las is None and frac is not None:
+        raise UsageError("--gpu-cache-fraction: only with --locality-scale (the set B)")
     if las is not None:
+        args.gpu_cache_fraction = 0.1 if frac is None else frac
         if getattr(args, "sampler", "uniform") != "uniform" or getattr(args, "cuda_graph", False):
             raise UsageError("--locality-scale: works with --sampler uniform, not --cuda-graph")
         if not (0 < las < float("inf")):
