@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from gnnio.cli.main import build_parser, join_negative_lists, main
+from gnnio.cli.main import build_parser, join_negative_lists, main, normalise_argv
 from gnnio.errors import UsageError
 from gnnio.utils.outputs import check_output_path, write_atomic
 from tests.helpers import write_tiny_dataset
@@ -229,6 +229,21 @@ def test_negative_list_values_are_values():
     args = build_parser().parse_args(argv)
     assert args.fanouts == "-1,-1,-1"
     assert join_negative_lists(["--epochs", "-1"]) == ["--epochs", "-1"]  # argparse's own case
+
+
+def test_an_optional_value_does_not_swallow_the_dataset_directory(tmp_path):
+    d = str(tmp_path)
+    for cmd in (["train"], ["bench", "step"]):
+        args = build_parser().parse_args(normalise_argv([*cmd, "--cuda-graph", d, "--epochs", "2"]))
+        assert (args.dir, args.cuda_graph, args.epochs) == (d, "all", 2)
+        args = build_parser().parse_args(normalise_argv([*cmd, "--prune-threshold", d]))
+        assert (args.dir, args.prune_threshold) == (d, "1,1")
+        args = build_parser().parse_args(normalise_argv([*cmd, "--cuda-graph", "step", d]))
+        assert (args.dir, args.cuda_graph) == (d, "step")  # a value stays a value
+    args = build_parser().parse_args(normalise_argv(["bench", "sampling", "--prune-threshold", d]))
+    assert (args.dataset, args.prune_threshold) == (d, "1,1")
+    # not a directory: still the option's value, refused as such
+    assert normalise_argv(["train", "--cuda-graph", "nope"]) == ["train", "--cuda-graph", "nope"]
 
 
 def test_atomic_writes_use_unique_temporaries(tmp_path):

@@ -77,6 +77,22 @@ def test_issue24_goals_at_most_and_fallbacks():
     assert gpu_check.goals({})["kernel_fallbacks"]["value"] is None
 
 
+def test_the_goals_are_also_read_with_cuda_graphs():
+    steps = {
+        "step": {"train_step_ms": 5.0, "cuda_graph": {"step_ms": 1.5}},
+        "epoch_default": {"epoch_s": 1.5, "cuda_graph": {"error": "RuntimeError: no capture"}},
+        "sampling": {"gpu_over_cpu": 8.0, "graphed_over_cpu": 12.0},
+        "feature_bound": {"tiering_speedup_10pct": 1.2, "tiering_speedup_10pct_graphed": 1.5},
+    }
+    g = gpu_check.goals(steps)
+    assert g["train_step_ms"]["met"] is False and g["train_step_ms_cuda_graph"]["met"] is True
+    assert g["train_step_ms_cuda_graph"]["value"] == 1.5
+    assert g["epoch_s_cuda_graph"]["value"] is None  # its run failed: not measured
+    assert g["gpu_sampling_cuda_graph"]["met"] is True and g["gpu_sampling"]["met"] is False
+    assert g["tiering_speedup_feature_bound_cuda_graph"]["value"] == 1.5
+    assert g["tiering_speedup_feature_bound_cuda_graph"]["met"] is False
+
+
 def test_feature_bound_step_compares_each_technique_with_its_baseline(tmp_path, monkeypatch):
     """The step's bookkeeping, with `gnnio bench step` replaced by a fake that is 2x faster with
     10 % hot rows and falls back from a Triton kernel for LABOR-0."""

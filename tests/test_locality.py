@@ -343,6 +343,18 @@ def test_prune_thresholds_eq4():
     assert s.thresholds == [int(np.ceil(s.avg_degree + 10)), int(np.ceil(s.avg_degree + 5))]
 
 
+def test_a_huge_prune_threshold_prunes_nothing():
+    g = random_graph(100, 700, seed=0)
+    assert prune_thresholds(6.5, [10], (1e30, 1)) == [2**31 - 1]  # capped (was an OverflowError)
+    huge = PrunedUniformSampler(g, [10, 5], prune=(1e30, 1), seed=3)
+    plain = PrunedUniformSampler(g, [10, 5], prune=None, seed=3)
+    a, b = huge.sample(np.arange(8)), plain.sample(np.arange(8))
+    assert torch.equal(a.input_nodes, b.input_nodes)
+    for x, y in zip(a.blocks, b.blocks, strict=True):
+        assert torch.equal(x.edge_index, y.edge_index)
+        assert torch.equal(x.edge_weight, y.edge_weight)
+
+
 def _fits_circular_window(pos: np.ndarray, d: int, theta: int) -> bool:
     p = np.sort(pos)
     gaps = np.diff(np.concatenate([p, [p[0] + d]]))  # gap after each position (circular)

@@ -14,25 +14,28 @@ what is left of the budget, a failure in one step recorded and the next one run,
    valid/test splits so that evaluation stays cheap;
 5. ``step``, ``epoch_default`` (issue 24, :mod:`gnnio.bench.gpu_check_epoch`): the training
    step's breakdown (eager, and replayed as a CUDA graph: ``--cuda-graph``) and the default epoch
-   on CUDA; ``profile``: ``benchmarks/step_profile.py``, the step's operations by host and device
-   time (``isolated_step_ms`` against its kernel time);
+   on CUDA;
 6. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores), and the GPU
    sampler reading the CSR from pinned host memory (UVA): edges/s; the GPU's batch ``checksum``
    against the CPU's (counter-based sampling: bit-identical batches);
 7. ``bandwidth``: ``gnnio bench tiers --device cuda --bandwidth``: UVA (zero-copy) gather against
    the pinned host->device copy, GPU-tier gather against a device-to-device copy;
-8. ``nccl`` (issue 26, :mod:`gnnio.bench.gpu_nccl`): every distributed mode (sharded store per
-   placement strategy, partitioned dsp/shared sampling with and without pruning, DDP training
-   with evaluation, checkpoints and resume) on NCCL at world size 1, each tensor checked against
-   NCCL's rules and each group against one thread; and two ranks on the one GPU sampling in
-   ``shared`` mode with their shards shared by CUDA IPC (:mod:`gnnio.bench.gpu_ipc`);
-   ``goals.nccl_modes_failed`` (goal 0);
-9. ``feature_bound`` (issue 24): every paper's technique against its baseline on 512-wide rows;
-10. ``epochs``: ``gnnio train --device cuda --gpu-cache-fraction F`` at 0 / 5 / 10 / 25 % hot:
+8. ``feature_bound`` (issue 24): every paper's technique against its baseline on 512-wide rows
+   (issue 24's goal pair first: 0 % / 10 % hot, eager and graphed);
+9. ``profile``: ``benchmarks/step_profile.py``, the step's operations by host and device time
+   (``isolated_step_ms`` against its kernel time);
+10. ``nccl`` (issue 26, :mod:`gnnio.bench.gpu_nccl`): every distributed mode (sharded store per
+    placement strategy, partitioned dsp/shared sampling with and without pruning, DDP training
+    with evaluation, checkpoints and resume) on NCCL at world size 1, each tensor checked against
+    NCCL's rules and each group against one thread; and two ranks on the one GPU sampling in
+    ``shared`` mode with their shards shared by CUDA IPC (:mod:`gnnio.bench.gpu_ipc`);
+    ``goals.nccl_modes_failed`` (goal 0; run 1 of the H200 day passed all 16 modes, so it now
+    follows the issue-24 measurements);
+11. ``epochs``: ``gnnio train --device cuda --gpu-cache-fraction F`` at 0 / 5 / 10 / 25 % hot:
     epoch time, breakdown, ``hidden_fraction``, bytes per tier;
-11. ``loader``: ``gnnio bench loader --device cuda`` with the store in host memory and on the GPU,
+12. ``loader``: ``gnnio bench loader --device cuda`` with the store in host memory and on the GPU,
     and with the store and the sampler on the GPU;
-12. ``cache``: ``benchmarks/cache_overhead.py --device cuda``: management ms per batch of the
+13. ``cache``: ``benchmarks/cache_overhead.py --device cuda``: management ms per batch of the
     cache policies on the GPU (issue 18: the lookahead cache's overhead against LRU's).
 
 ``OUTDIR/report.json`` (everything) and ``OUTDIR/report.md`` (the figures against the goals) are
@@ -344,11 +347,11 @@ STEPS = [
     ("dataset", step_dataset),
     ("step", step_train_step),
     ("epoch_default", step_epoch_default),
-    ("profile", step_profile),
     ("sampling", step_sampling),
     ("bandwidth", step_bandwidth),
-    ("nccl", step_nccl),
     ("feature_bound", step_feature_bound),
+    ("profile", step_profile),
+    ("nccl", step_nccl),
     ("epochs", step_epochs),
     ("loader", step_loader),
     ("cache", step_cache),

@@ -27,27 +27,29 @@ from typing import Any
 
 #: (name, baseline options, technique options) on the feature-bound graph
 TECHNIQUES = [
-    ("tiering_5pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.05"]),
+    # in order of what issue 24 needs first (a run out of time drops the last): its goal pair
+    # (0 % / 10 % hot), also with the step and the sampler replayed as CUDA graphs (--cuda-graph):
+    # with the host's per-batch work gone, do the saved bytes show?
     ("tiering_10pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.1"]),
-    # the same pair with the step and the sampler replayed as CUDA graphs (--cuda-graph): with
-    # the host's per-batch work gone, do the saved bytes show? (issue 24's goal, graphed)
     ("tiering_10pct_graphed", ["--gpu-cache-fraction", "0", "--cuda-graph"],
      ["--gpu-cache-fraction", "0.1", "--cuda-graph"]),
-    ("tiering_25pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.25"]),
+    # then the samplers with a new GPU path since the H200 run, the caches, the other fractions
+    ("labor", ["--gpu-cache-fraction", "0.1"],
+     ["--gpu-cache-fraction", "0.1", "--sampler", "labor"]),
+    ("hydra_pruning", ["--gpu-cache-fraction", "0.1"],
+     ["--gpu-cache-fraction", "0.1", "--prune-threshold", "1,1"]),
+    ("sj_locality", ["--gpu-cache-fraction", "0.1", "--locality-scale", "1"],
+     ["--gpu-cache-fraction", "0.1", "--locality-scale", "8"]),
     ("bgl_static", ["--gpu-cache-fraction", "0"],
      ["--cache-policy", "static", "--cache-size", "0.1"]),
     ("bgl_fifo_po", ["--gpu-cache-fraction", "0"],
      ["--cache-policy", "fifo", "--cache-size", "0.1", "--order", "po"]),
-    ("bgl_lookahead", ["--gpu-cache-fraction", "0"],
-     ["--cache-policy", "lookahead", "--cache-size", "0.1"]),
     ("bgl_isolation", ["--gpu-cache-fraction", "0.1", "--isolation", "off"],
      ["--gpu-cache-fraction", "0.1", "--isolation", "auto"]),
-    ("sj_locality", ["--gpu-cache-fraction", "0.1", "--locality-scale", "1"],
-     ["--gpu-cache-fraction", "0.1", "--locality-scale", "8"]),
-    ("hydra_pruning", ["--gpu-cache-fraction", "0.1"],
-     ["--gpu-cache-fraction", "0.1", "--prune-threshold", "1,1"]),
-    ("labor", ["--gpu-cache-fraction", "0.1"],
-     ["--gpu-cache-fraction", "0.1", "--sampler", "labor"]),
+    ("bgl_lookahead", ["--gpu-cache-fraction", "0"],
+     ["--cache-policy", "lookahead", "--cache-size", "0.1"]),
+    ("tiering_5pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.05"]),
+    ("tiering_25pct", ["--gpu-cache-fraction", "0"], ["--gpu-cache-fraction", "0.25"]),
 ]  # fmt: skip
 
 

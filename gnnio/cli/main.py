@@ -70,6 +70,36 @@ def join_negative_lists(argv: list[str]) -> list[str]:
     return out
 
 
+#: options whose value is optional (argparse ``nargs="?"``), each with a test of what is a value
+_OPTIONAL_VALUE = {
+    "--cuda-graph": lambda v: v in ("off", "step", "sampler", "all"),
+    "--prune-threshold": lambda v: "," in v,
+}
+
+
+def dir_before_optional_values(argv: list[str]) -> list[str]:
+    """``["--cuda-graph", "DIR", ...]`` -> ``["DIR", "--cuda-graph", ...]`` where ``DIR`` is an
+    existing directory and not a value of the option: argparse would take the dataset directory
+    for the value of an option whose value is optional (``gnnio train --cuda-graph DIR``)."""
+    out, i = [], 0
+    while i < len(argv):
+        a, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        is_value = _OPTIONAL_VALUE.get(a)
+        if is_value and nxt is not None and not is_value(nxt) and os.path.isdir(nxt):
+            out += [nxt, a]
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def normalise_argv(argv: list[str]) -> list[str]:
+    """The command line as argparse should read it (:func:`join_negative_lists`,
+    :func:`dir_before_optional_values`)."""
+    return dir_before_optional_values(join_negative_lists(argv))
+
+
 def _interrupted_while_loading(signum, frame) -> None:
     try:
         sys.stderr.write("gnnio: interrupted\n")
@@ -126,7 +156,7 @@ def _main(argv: list[str] | None) -> int:
         from ..utils.interrupts import defer_sigint_while_compiling
 
         defer_sigint_while_compiling()  # Ctrl-C never cuts a numba compile in half
-        argv = join_negative_lists(list(argv) if argv is not None else sys.argv[1:])
+        argv = normalise_argv(list(argv) if argv is not None else sys.argv[1:])
         args = parser.parse_args(argv)
         args.argv = argv
         args.rank_entry = rank_main
@@ -169,7 +199,7 @@ def rank_main(argv: list[str]) -> int:
 
     @record
     def run() -> int:
-        args = build_parser().parse_args(join_negative_lists(list(argv)))
+        args = build_parser().parse_args(normalise_argv(list(argv)))
         args.argv, args.rank_entry = list(argv), rank_main
         rc = int(args.func(args) or 0)
         if rc != 0:

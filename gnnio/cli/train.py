@@ -111,8 +111,7 @@ def add_train_arguments(p) -> None:
         help="replay as CUDA graphs: 'step' the training step (batches padded to fixed sizes; "
         "one process; dropout masks differ from an eager run's), 'sampler' the GPU sampler's "
         "batch (the same batches), 'all' (the flag alone) both; default off: not yet measured "
-        "on a GPU. The summary's 'cuda_graph' says how many batches each replayed. (Its value is "
-        "optional: give DIR first, 'gnnio train DIR --cuda-graph')",
+        "on a GPU. The summary's 'cuda_graph' says how many batches each replayed",
     )
     g = p.add_argument_group(
         "feature placement and caching",

@@ -117,6 +117,8 @@ __all__ = [
 #: ``weights`` argument: "ht" = 1/pi (sum), "ht_mean" = 1/(deg pi) (mean), "none" = no weights
 WEIGHT_MODES = {"ht": K.W_HT, "ht_mean": K.W_HT_MEAN, "none": K.W_NONE}
 _PARALLEL_MIN_ROWS = 2048
+#: the largest pruning threshold (:func:`prune_thresholds`)
+MAX_THRESHOLD = 2**31 - 1
 
 
 def inclusion_probabilities(num_neighbors: int, num_in_q: int, fanout: int, scale: float):
@@ -152,7 +154,8 @@ def prune_thresholds(
 ) -> list[int]:
     """HyDRA Eq. 4 per hop: ``ceil(alpha * avg_degree + beta * fanout)``; 0 = no pruning (also
     for hops with fanout -1 or 0, which draw all or nothing). ``prune`` = ``(alpha, beta)`` or
-    None."""
+    None. A threshold is capped at :data:`MAX_THRESHOLD` (2^31 - 1: longer than any row a
+    sampler meets in practice, so such a hop prunes nothing; the kernels take it as 32 bits)."""
     if prune is None:
         return [0] * len(fanouts)
     try:
@@ -172,7 +175,7 @@ def prune_thresholds(
                 f"prune: threshold alpha*avg_degree + beta*fanout = {alpha * avg_degree + beta * f:g}"
                 f" for fanout {f}; it must be >= 1"
             )
-        out.append(int(t))
+        out.append(min(int(t), MAX_THRESHOLD))
     return out
 
 
