@@ -284,7 +284,7 @@ def fifo_batch(cache, idx: torch.Tensor, dst: torch.Tensor, src, timer) -> bool:
     """A FIFO cache's batch in four launches and one scan (see the module docstring); False
     where the kernels do not apply (nothing done)."""
     tiling = _tiling(cache, src)
-    if tiling is None or idx.shape[0] >= _I32_MAX:
+    if tiling is None or 5 * idx.shape[0] >= _I32_MAX:  # (ws offsets are int32)
         return False
     w, wp, br = tiling
     pol, n, dev = cache.policy, int(idx.shape[0]), cache.device
