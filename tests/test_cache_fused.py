@@ -142,6 +142,44 @@ def test_host_ops_per_batch_as_a_gpu_runs_it():
     run_in_triton_interpreter(OPS)
 
 
+OTHERS = (
+    PAIRS
+    + r"""
+from gnnio.features.caches.cache import static_plus_dynamic
+
+# the cache's tier is its backing's (one accumulator would be booked twice): torch ops
+a = FeatureCache(InMemoryFeatureStore(feats), 30, "fifo", tier="host", sync_free=True)
+b = FeatureCache(InMemoryFeatureStore(feats), 30, "fifo", tier="host", sync_free=False)
+for i in range(3):
+    ids = torch.randint(0, N, (80,), generator=g)
+    assert torch.equal(a.gather(ids), b.gather(ids))
+    same(a, b, a.backing, b.backing)
+assert triton_kernels.kernels_report()["cache"] == "torch"
+# a static part over a FIFO part: the static one's backing is a cache (torch ops), the FIFO
+# one's an in-memory store (the kernels)
+triton_kernels.reset_kernel_record()
+mk = lambda free: static_plus_dynamic(InMemoryFeatureStore(feats), 20, 30, hot_ids.numpy())
+a, b = mk(True), mk(False)
+a.sync_free = a.backing.sync_free = True
+b.sync_free = b.backing.sync_free = False
+for i in range(4):
+    ids = torch.randint(0, N, (80,), generator=g)
+    assert torch.equal(a.gather(ids), feats[ids]) and torch.equal(b.gather(ids), feats[ids])
+    same(a, b, a.backing, b.backing)
+    same(a.backing, b.backing, a.backing.backing, b.backing.backing)
+assert triton_kernels.kernels_report()["cache"] == "torch+triton"
+print("ok")
+"""
+)
+
+
+def test_where_the_kernels_do_not_apply_torch_ops_serve():
+    """A cache whose tier is its backing's, and a cache over a cache (no ``device_rows``), run
+    the torch ops; stacked over a fused one, every level still equals the host path."""
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(OTHERS)
+
+
 FAIL = (
     PAIRS
     + r"""

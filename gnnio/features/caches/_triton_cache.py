@@ -250,6 +250,10 @@ def _tiling(cache, src) -> tuple[int, int, int] | None:
     w = int(cache.dim)
     if cache.dtype not in ROW_DTYPES or w == 0 or w > MAX_WIDTH:
         return None
+    if cache.tier in (src.hot_tier, src.cold_tier):  # one accumulator booked twice: not here
+        return None
+    if src.table is not None and src.table.device != cache.device:
+        return None
     for t in (src.hot, src.cold):
         if t.device != cache.device or t.dtype != cache.dtype or t.dim() != 2 or t.shape[1] != w:
             return None
@@ -285,6 +289,8 @@ def fifo_batch(cache, idx: torch.Tensor, dst: torch.Tensor, src, timer) -> bool:
     where the kernels do not apply (nothing done)."""
     tiling = _tiling(cache, src)
     if tiling is None or 5 * idx.shape[0] >= _I32_MAX:  # (ws offsets are int32)
+        return False
+    if cache.policy.slot_of.dtype != torch.int32:  # (ws holds slots as int32)
         return False
     w, wp, br = tiling
     pol, n, dev = cache.policy, int(idx.shape[0]), cache.device
