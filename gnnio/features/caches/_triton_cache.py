@@ -19,12 +19,15 @@ FIFO, for the batch's ``n`` ids (``cache.py``'s steps 1-5, positions ``r``):
 3. ``_serve``: hit rows from the buffer, first-occurrence misses from the backing (each missed id
    read once, counted per backing tier), the scratch ``pos`` reset, and each inserted miss's ring
    slot ``(head + k - skip) mod capacity`` with whether it evicts (the ``k``-th miss, only the last
-   ``capacity`` inserted: ``skip = max(m - capacity, 0)``);
+   ``capacity`` inserted: ``skip = max(m - capacity, 0)``) and the key it evicts;
 4. ``_admit``: repeats of a missed id copied from its first occurrence's output row; each inserted
    id's map update (the victim's ``slot_of`` to -1, ``key_of``, ``slot_of``) and its row into the
    buffer; program 0 books the batch: cursors, clock, the cache's stats and the tier counters of
    the cache and the backing (:func:`_book`). Map writes never collide: the victims' keys are
-   cached, the inserted ids are not, and the ring slots of one batch are distinct.
+   cached, the inserted ids are not, and the ring slots of one batch are distinct; and no kernel
+   reads an element that it writes (the victims' keys are read by ``_serve``; ``_admit`` reads the
+   first occurrences' rows and writes the repeats'), but for the books' scalars, which one
+   program reads and then writes, so nothing depends on the order of writes within a launch.
 
 Static: ``_static`` does lookup, hit rows, missed rows from the backing and the counts in one
 pass; ``_book_static`` books them. Every count is an integer: per program a sum, then one integer
@@ -134,8 +137,9 @@ def _claim(ids, pos, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _flags(ids, pos, slot_of, ws, n, BLOCK: tl.constexpr):
-    # ws (int32 [5, n]): 0 first occurrence?, 1 first-occurrence miss?, 2 first position,
-    # 3 cached slot (-1 absent), 4 the ring slot of an inserted id (-1 otherwise; _serve's)
+    # ws (int32 [6, n]): 0 first occurrence?, 1 first-occurrence miss?, 2 first position,
+    # 3 cached slot (-1 absent); _serve's: 4 the ring slot of an inserted id (-1 otherwise),
+    # 5 the key it evicts (-1 none)
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
     key = tl.load(ids + r, mask=rm, other=0)
@@ -173,6 +177,7 @@ def _serve(ids, pos, ws, ranks, key_of, cur, buf, hot, cold, table, prefix, dst,
     vslot = (tl.load(cur) + k - skip) % tl.maximum(cap, 1)
     old = tl.load(key_of + vslot, mask=ins, other=-1)
     tl.store(ws + 4 * n + r, tl.where(ins, vslot, -1).to(tl.int32), mask=rm)
+    tl.store(ws + 5 * n + r, old.to(tl.int32), mask=rm)  # (_admit writes key_of: read it here)
     tl.atomic_add(scr + 1, tl.sum(bh.to(tl.int64), 0))
     tl.atomic_add(scr + 2, tl.sum(bc.to(tl.int64), 0))
     tl.atomic_add(scr + 3, tl.sum((ins & (old >= 0)).to(tl.int64), 0))
@@ -196,7 +201,7 @@ def _admit(ids, ws, ranks, key_of, slot_of, cur, clock, buf, dst, stats, scr, c_
     v = tl.load(dst + src[:, None] * W + c[None, :], mask=(rep | ins)[:, None] & cm[None, :])
     tl.store(dst + r[:, None] * W + c[None, :], v, mask=rep[:, None] & cm[None, :])
     tl.store(buf + vslot[:, None] * W + c[None, :], v, mask=ins[:, None] & cm[None, :])
-    old = tl.load(key_of + vslot, mask=ins, other=-1)
+    old = tl.load(ws + 5 * n + r, mask=ins, other=-1).to(tl.int64)
     tl.store(slot_of + old, -1, mask=ins & (old >= 0))
     tl.store(key_of + vslot, key, mask=ins)
     tl.store(slot_of + key, vslot.to(slot_of.dtype.element_ty), mask=ins)
@@ -288,10 +293,10 @@ def fifo_batch(cache, idx: torch.Tensor, dst: torch.Tensor, src, timer) -> bool:
     """A FIFO cache's batch in four launches and one scan (see the module docstring); False
     where the kernels do not apply (nothing done)."""
     tiling = _tiling(cache, src)
-    if tiling is None or 5 * idx.shape[0] >= _I32_MAX:  # (ws offsets are int32)
+    if tiling is None or 6 * idx.shape[0] >= _I32_MAX:  # (ws offsets are int32)
         return False
-    if cache.policy.slot_of.dtype != torch.int32:  # (ws holds slots as int32)
-        return False
+    if cache.policy.slot_of.dtype != torch.int32 or cache.num_rows >= _I32_MAX:
+        return False  # (ws holds slots and keys as int32)
     w, wp, br = tiling
     pol, n, dev = cache.policy, int(idx.shape[0]), cache.device
     if cache._clock_dev is None:
@@ -301,7 +306,7 @@ def fifo_batch(cache, idx: torch.Tensor, dst: torch.Tensor, src, timer) -> bool:
     pos = cache._dedup.pos
     block = 1024
     grid = (triton.cdiv(n, block),)
-    ws = torch.empty((5, n), dtype=torch.int32, device=dev)
+    ws = torch.empty((6, n), dtype=torch.int32, device=dev)
     _claim[grid](idx, pos, n, BLOCK=block)
     _flags[grid](idx, pos, pol._slot_ext, ws, n, BLOCK=block)
     ranks = torch.cumsum(ws.narrow(0, 0, 2), 1)  # int64 [2, n]: unique ranks, miss ranks (+1)
