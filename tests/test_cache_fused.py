@@ -250,12 +250,12 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
         m32 = "slot_of" if maps == "i32" else ""
         m64 = "" if m32 else "slot_of"
         cases += [
-            (T._flags, sig(T._flags, f"ids {m64}", f"pos ws {m32}", "n"), {"BLOCK": 1024}),
+            (T._flags, sig(T._flags, f"ids ws {m64}", f"pos {m32}", "n"), {"BLOCK": 1024}),
             (
                 T._admit,
-                sig(T._admit, f"ids ranks key_of cur clock {books} {m64}", f"ws {m32}", "n cap rb"),
+                sig(T._admit, f"ids ws ranks key_of cur clock {books} {m64}", m32, "n cap rb"),
                 rows,
-            ),  # fmt: skip
+            ),
             *(
                 (
                     T._static,
@@ -263,17 +263,17 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
                     rows | {"HAS_TABLE": t},
                 )
                 for t in (False, True)
-            ),  # fmt: skip
+            ),
         ]
     cases += [
         *(
             (
                 T._serve,
-                sig(T._serve, "ids ranks key_of cur scr", "pos ws table", "prefix n cap"),
+                sig(T._serve, "ids ws ranks key_of cur scr", "pos table", "prefix n cap"),
                 rows | {"HAS_TABLE": t},
             )
             for t in (False, True)
-        ),  # fmt: skip
+        ),
         (T._book_static, sig(T._book_static, books, "", "n rb"), {}),
     ]
     for fn, types, const in cases:

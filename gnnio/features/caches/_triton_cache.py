@@ -2,7 +2,7 @@
 
 On a GPU the sync-free batch (:mod:`gnnio.features.caches.nosync`) is paced by the host: in torch
 ops it dispatched 166 (FIFO) and 77 (static) operations per batch over a zero-copy backing,
-each a few to 30 µs of host time. Here the same batch is five launches and a scan (FIFO) or two
+each a few to 30 µs of host time. Here the same batch is four launches and a scan (FIFO) or two
 launches (static), with the backing's rows read in the same kernels where the backing says where
 they lie on the device (:meth:`~gnnio.features.base.FeatureStore.device_rows`: a tiered store's
 GPU tier and zero-copy host view, an in-memory store's one tensor).
@@ -14,8 +14,9 @@ FIFO, for the batch's ``n`` ids (``cache.py``'s steps 1-5, positions ``r``):
    order the atomics land in);
 2. ``_flags``: per position its first occurrence ``first``, whether it is it, the cached slot
    ``s`` (the lookup, before anything changes) and whether it is a first-occurrence miss;
-   one ``torch.cumsum`` of the two flags gives each unique id's rank and each miss's rank
-   among the misses (first-occurrence order, as the host path's);
+   one ``torch.cumsum`` of the two flags packed in one int64 (the miss flag 32 bits up) gives
+   each unique id's rank and each miss's rank among the misses (first-occurrence order, as the
+   host path's);
 3. ``_serve``: hit rows from the buffer, first-occurrence misses from the backing (each missed id
    read once, counted per backing tier), the scratch ``pos`` reset, and each inserted miss's ring
    slot ``(head + k - skip) mod capacity`` with whether it evicts (the ``k``-th miss, only the last
@@ -137,19 +138,18 @@ def _claim(ids, pos, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _flags(ids, pos, slot_of, ws, n, BLOCK: tl.constexpr):
-    # ws (int32 [6, n]): 0 first occurrence?, 1 first-occurrence miss?, 2 first position,
-    # 3 cached slot (-1 absent); _serve's: 4 the ring slot of an inserted id (-1 otherwise),
-    # 5 the key it evicts (-1 none)
+    # ws (int64 [5, n]): 0 first occurrence? + (first-occurrence miss? << 32), scanned in one
+    # pass for both ranks; 1 first position; 2 cached slot (-1 absent); _serve's: 3 the ring slot
+    # of an inserted id (-1 otherwise), 4 the key it evicts (-1 none)
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
     key = tl.load(ids + r, mask=rm, other=0)
     first = tl.load(pos + key, mask=rm, other=0)
-    s = tl.load(slot_of + key, mask=rm, other=-1).to(tl.int32)
+    s = tl.load(slot_of + key, mask=rm, other=-1).to(tl.int64)
     isf = first == r
-    tl.store(ws + r, isf.to(tl.int32), mask=rm)
-    tl.store(ws + n + r, (isf & (s < 0)).to(tl.int32), mask=rm)
-    tl.store(ws + 2 * n + r, first, mask=rm)
-    tl.store(ws + 3 * n + r, s, mask=rm)
+    tl.store(ws + r, isf.to(tl.int64) + ((isf & (s < 0)).to(tl.int64) << 32), mask=rm)
+    tl.store(ws + n + r, first.to(tl.int64), mask=rm)
+    tl.store(ws + 2 * n + r, s, mask=rm)
 
 
 @triton.jit
@@ -158,8 +158,8 @@ def _serve(ids, pos, ws, ranks, key_of, cur, buf, hot, cold, table, prefix, dst,
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = r < n
     key = tl.load(ids + r, mask=rm, other=0)
-    isf = rm & (tl.load(ws + r, mask=rm, other=0) != 0)
-    s = tl.load(ws + 3 * n + r, mask=rm, other=-1).to(tl.int64)
+    isf = rm & ((tl.load(ws + r, mask=rm, other=0) & 1) != 0)
+    s = tl.load(ws + 2 * n + r, mask=rm, other=-1)
     hit = rm & (s >= 0)
     fm = isf & (s < 0)
     c = tl.arange(0, WP)
@@ -170,14 +170,14 @@ def _serve(ids, pos, ws, ranks, key_of, cur, buf, hot, cold, table, prefix, dst,
              mask=(hit | fm)[:, None] & cm[None, :])  # fmt: skip
     tl.store(pos + key, 2147483647, mask=isf)  # the dedup scratch left as found
     # admission: the k-th miss (first-occurrence order) goes to ring slot (head + k - skip) % cap
-    m = tl.load(ranks + 2 * n - 1)
+    m = tl.load(ranks + n - 1) >> 32
     skip = tl.maximum(m - cap, 0)
-    k = tl.load(ranks + n + r, mask=rm, other=0) - 1
+    k = (tl.load(ranks + r, mask=rm, other=0) >> 32) - 1
     ins = fm & (k >= skip)  # (none when cap == 0: then skip == m)
     vslot = (tl.load(cur) + k - skip) % tl.maximum(cap, 1)
     old = tl.load(key_of + vslot, mask=ins, other=-1)
-    tl.store(ws + 4 * n + r, tl.where(ins, vslot, -1).to(tl.int32), mask=rm)
-    tl.store(ws + 5 * n + r, old.to(tl.int32), mask=rm)  # (_admit writes key_of: read it here)
+    tl.store(ws + 3 * n + r, tl.where(ins, vslot, -1), mask=rm)
+    tl.store(ws + 4 * n + r, old, mask=rm)  # (_admit writes key_of: read here)
     tl.atomic_add(scr + 1, tl.sum(bh.to(tl.int64), 0))
     tl.atomic_add(scr + 2, tl.sum(bc.to(tl.int64), 0))
     tl.atomic_add(scr + 3, tl.sum((ins & (old >= 0)).to(tl.int64), 0))
@@ -189,11 +189,11 @@ def _admit(ids, ws, ranks, key_of, slot_of, cur, clock, buf, dst, stats, scr, c_
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = r < n
     key = tl.load(ids + r, mask=rm, other=0)
-    isf = tl.load(ws + r, mask=rm, other=1) != 0
-    s = tl.load(ws + 3 * n + r, mask=rm, other=0)
-    vslot = tl.load(ws + 4 * n + r, mask=rm, other=-1).to(tl.int64)
+    isf = (tl.load(ws + r, mask=rm, other=1) & 1) != 0
+    s = tl.load(ws + 2 * n + r, mask=rm, other=0)
+    vslot = tl.load(ws + 3 * n + r, mask=rm, other=-1)
     rep = rm & ~isf & (s < 0)  # a repeat of a missed id: its first occurrence's row
-    first = tl.load(ws + 2 * n + r, mask=rep, other=0).to(tl.int64)
+    first = tl.load(ws + n + r, mask=rep, other=0)
     src = tl.where(rep, first, r)
     ins = rm & (vslot >= 0)
     c = tl.arange(0, WP)
@@ -201,13 +201,14 @@ def _admit(ids, ws, ranks, key_of, slot_of, cur, clock, buf, dst, stats, scr, c_
     v = tl.load(dst + src[:, None] * W + c[None, :], mask=(rep | ins)[:, None] & cm[None, :])
     tl.store(dst + r[:, None] * W + c[None, :], v, mask=rep[:, None] & cm[None, :])
     tl.store(buf + vslot[:, None] * W + c[None, :], v, mask=ins[:, None] & cm[None, :])
-    old = tl.load(ws + 5 * n + r, mask=ins, other=-1).to(tl.int64)
+    old = tl.load(ws + 4 * n + r, mask=ins, other=-1)
     tl.store(slot_of + old, -1, mask=ins & (old >= 0))
     tl.store(key_of + vslot, key, mask=ins)
     tl.store(slot_of + key, vslot.to(slot_of.dtype.element_ty), mask=ins)
     if tl.program_id(0) == 0:  # the batch's books (every program reads only ws, never these)
-        u = tl.load(ranks + n - 1)
-        m = tl.load(ranks + 2 * n - 1)
+        last = tl.load(ranks + n - 1)
+        m = last >> 32
+        u = last - (m << 32)
         count = tl.minimum(m, cap)
         if cap > 0:
             tl.store(cur, (tl.load(cur) + count) % cap)
@@ -293,10 +294,8 @@ def fifo_batch(cache, idx: torch.Tensor, dst: torch.Tensor, src, timer) -> bool:
     """A FIFO cache's batch in four launches and one scan (see the module docstring); False
     where the kernels do not apply (nothing done)."""
     tiling = _tiling(cache, src)
-    if tiling is None or 6 * idx.shape[0] >= _I32_MAX:  # (ws offsets are int32)
+    if tiling is None or 5 * idx.shape[0] >= _I32_MAX:  # (offsets in ws: int32 arithmetic)
         return False
-    if cache.policy.slot_of.dtype != torch.int32 or cache.num_rows >= _I32_MAX:
-        return False  # (ws holds slots and keys as int32)
     w, wp, br = tiling
     pol, n, dev = cache.policy, int(idx.shape[0]), cache.device
     if cache._clock_dev is None:
@@ -306,10 +305,11 @@ def fifo_batch(cache, idx: torch.Tensor, dst: torch.Tensor, src, timer) -> bool:
     pos = cache._dedup.pos
     block = 1024
     grid = (triton.cdiv(n, block),)
-    ws = torch.empty((6, n), dtype=torch.int32, device=dev)
+    ws = torch.empty((5, n), dtype=torch.int64, device=dev)
     _claim[grid](idx, pos, n, BLOCK=block)
     _flags[grid](idx, pos, pol._slot_ext, ws, n, BLOCK=block)
-    ranks = torch.cumsum(ws.narrow(0, 0, 2), 1)  # int64 [2, n]: unique ranks, miss ranks (+1)
+    # one 1-D scan (CUB's on a GPU) for both: unique ranks in the low 32 bits, miss ranks above
+    ranks = torch.cumsum(ws[0], 0)
     manage = timer.lap("manage")
     rgrid = (triton.cdiv(n, br),)
     has_table = src.table is not None
