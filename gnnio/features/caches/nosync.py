@@ -112,6 +112,7 @@ def _fused(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> bool:
     src = cache.backing.device_rows()
     if src is None:
         return False
+    idx = idx.contiguous()  # (ids already on a GPU pass through as they came)
     try:
         from . import _triton_cache
 
