@@ -88,6 +88,18 @@ for policy in ("fifo", "static"):
                 assert torch.equal(got, feats[ids.long()]) and (out[size:] == 7).all()
                 assert torch.equal(b.gather(ids), got)
                 same(a, b, sa, sb)
+# other dtypes and a power-of-two width (no padded lanes)
+for dtype, dim in ((torch.float16, 8), (torch.bfloat16, 16), (torch.int64, 3)):
+    f2 = (100 * torch.randn(N, dim, generator=g)).to(dtype)
+    for policy in ("fifo", "static"):
+        mk = lambda free: FeatureCache(TieredFeatureStore(f2, 40, simulate=SimulatedDevice()), 30,
+                                       policy, hot_ids=hot_ids.numpy(), sync_free=free)
+        a, b = mk(True), mk(False)
+        for i in range(4):
+            ids = torch.from_numpy(rng.integers(0, N, 70))
+            got = a.gather(ids)
+            assert torch.equal(got, f2[ids]) and torch.equal(b.gather(ids), got)
+            same(a, b, a.backing, b.backing)
 rep = triton_kernels.kernels_report()
 assert rep["cache"] == "triton" and rep["fallbacks"] == 0, rep
 print("ok")
@@ -97,7 +109,8 @@ print("ok")
 
 def test_the_fused_batch_equals_the_host_path():
     """FIFO and static, capacities 0 to all rows, batches empty to larger than the cache (only
-    the last ``capacity`` misses inserted), repeats, int32 ids, ``out=``: everything equal after
+    the last ``capacity`` misses inserted), repeats, int32 ids, ``out=``, float16, bfloat16 and
+    int64 rows: everything equal after
     every batch. Fails when a kernel's lookup, copy, admission (e.g. the new id's ``slot_of``
     entry not written), cursor, clock or count is wrong."""
     pytest.importorskip("triton")
