@@ -110,9 +110,9 @@ print("ok")
 def test_the_fused_batch_equals_the_host_path():
     """FIFO and static, capacities 0 to all rows, batches empty to larger than the cache (only
     the last ``capacity`` misses inserted), repeats, int32 ids, ``out=``, float16, bfloat16 and
-    int64 rows: everything equal after
-    every batch. Fails when a kernel's lookup, copy, admission (e.g. the new id's ``slot_of``
-    entry not written), cursor, clock or count is wrong."""
+    int64 rows: everything equal after every batch. Fails when a kernel's lookup, copy,
+    admission (e.g. the new id's ``slot_of`` entry not written), cursor, clock or count is
+    wrong."""
     pytest.importorskip("triton")
     run_in_triton_interpreter(REPLAY)
 
