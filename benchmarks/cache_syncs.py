@@ -1,13 +1,28 @@
 """Host syncs and ATen ops per batch of a FIFO / static FeatureCache, host path vs the sync-free
-path (issue 24, item 2; docs/benchmarks.md). An op is about one kernel launch on a GPU; on the CPU
-the sync-free path runs its torch fallback, so its CPU time is not the point.
+path (issue 24, items 2 and 5; docs/benchmarks.md). An op is about one kernel launch on a GPU; on
+the CPU the sync-free path runs its torch fallback, so its CPU time is not the point.
 
-    python benchmarks/cache_syncs.py
+    python benchmarks/cache_syncs.py              # the torch fallback over an in-memory store
+    python benchmarks/cache_syncs.py --interpret  # as a GPU runs it (Triton's interpreter)
+    python benchmarks/cache_syncs.py --interpret --by-op   # which ops, from which line
+
+``--interpret`` re-runs itself under ``TRITON_INTERPRET=1`` so the Triton branches run on CPU
+tensors as they would on a GPU, with the cache over a tiered store of 0 % hot rows (the misses
+read zero-copy, as ``gnnio train --cache-policy`` builds it on a GPU); Triton launches are counted
+apart (``launches/batch``) and the torch ops the interpreter runs inside a launch are not counted
+as the host's. ``--by-op`` prints each op name and the gnnio line that dispatched it.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
+import os
+import subprocess
+import sys
 import time
+import traceback
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,28 +32,102 @@ from gnnio.features.caches.cache import FeatureCache
 from gnnio.utils.syncs import OpCounter
 
 
+class _Ops(OpCounter):
+    """:class:`OpCounter` that skips the ops run inside a Triton launch (the interpreter's) and,
+    with ``by_op``, counts ops by ``name @ file:line`` (the innermost gnnio frame)."""
+
+    def __init__(self, by_op: bool) -> None:
+        super().__init__()
+        self.paused, self.by_op, self.names = False, by_op, collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.paused:
+            return func(*args, **(kwargs or {}))
+        if self.by_op:
+            st = [f for f in traceback.extract_stack()[:-1] if "/gnnio/" in f.filename]
+            at = f"{Path(st[-1].filename).name}:{st[-1].lineno}" if st else "?"
+            self.names[f"{func.overloadpacket.__name__} @ {at}"] += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_COUNTER: list = [None]
+LAUNCHES: collections.Counter = collections.Counter()
+
+
+def _count_launches() -> None:
+    """Count Triton launches by kernel; the active :class:`_Ops` pauses inside them."""
+    from triton.runtime.jit import KernelInterface
+
+    real = KernelInterface.__getitem__
+
+    def getitem(self, grid):
+        launch = real(self, grid)
+
+        def run(*a, **k):
+            c = _COUNTER[0]
+            if c is not None:
+                c.paused = True
+            try:
+                return launch(*a, **k)
+            finally:
+                if c is not None:
+                    c.paused = False
+                LAUNCHES[getattr(getattr(self, "fn", None), "__name__", "?")] += 1
+
+        return run
+
+    KernelInterface.__getitem__ = getitem
+
+
 def main() -> None:
-    n, dim = 1 << 18, 128
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--interpret", action="store_true", help="the Triton branches, interpreted")
+    ap.add_argument("--by-op", action="store_true", help="ops per name and line (sync-free)")
+    a = ap.parse_args()
+    if a.interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+    if a.interpret:
+        _count_launches()
+    # the interpreter is slow: smaller rows and batches there (counts per batch do not change)
+    n, dim, bs = (1 << 16, 32, 10_000) if a.interpret else (1 << 18, 128, 100_000)
     feats = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
     rng = np.random.default_rng(1)
-    batches = [torch.from_numpy((rng.zipf(1.3, 100_000) % n).astype(np.int64)) for _ in range(8)]
+    batches = [torch.from_numpy((rng.zipf(1.3, bs) % n).astype(np.int64)) for _ in range(8)]
+
+    def backing():
+        if not a.interpret:
+            return InMemoryFeatureStore(feats)
+        from gnnio.features.tiers.simdevice import SimulatedDevice
+        from gnnio.features.tiers.tiered import TieredFeatureStore
+
+        return TieredFeatureStore(torch.from_numpy(feats), 0, simulate=SimulatedDevice())
+
     for pol in ("fifo", "static"):
         for free in (False, True):
-            c = FeatureCache(InMemoryFeatureStore(feats), n // 10, pol, hot_ids=np.arange(n),
-                             sync_free=free)  # fmt: skip
-            ops = syncs = 0
+            c = FeatureCache(backing(), n // 10, pol, hot_ids=np.arange(n), sync_free=free)
+            ops = syncs = launches = 0
             t = 0.0
+            names: collections.Counter = collections.Counter()
             for i, b in enumerate(batches):
-                with OpCounter() as oc:
+                oc = _COUNTER[0] = _Ops(a.by_op and free)
+                LAUNCHES.clear()
+                with oc:
                     t0 = time.perf_counter()
                     c.gather(b)
                     dt = time.perf_counter() - t0
+                _COUNTER[0] = None
                 if i >= 2:  # warm batches only
                     ops, syncs, t = ops + oc.ops, syncs + oc.syncs, t + dt
+                    launches += sum(LAUNCHES.values())
+                    names += oc.names
             k = len(batches) - 2
             print(f"{pol:6s} {'sync_free' if free else 'host':9s} ops/batch {ops / k:6.1f} "
-                  f"syncs/batch {syncs / k:4.1f} cpu ms/batch {1e3 * t / k:7.1f} "
+                  f"syncs/batch {syncs / k:4.1f} launches/batch {launches / k:4.1f} "
+                  f"cpu ms/batch {1e3 * t / k:7.1f} "
                   f"hit ratio {c.stats.as_dict()['hit_ratio']:.3f}")  # fmt: skip
+            for name, cnt in sorted(names.items(), key=lambda x: (-x[1], x[0])):
+                print(f"    {cnt / k:5.1f}  {name}")
 
 
 if __name__ == "__main__":

@@ -155,6 +155,8 @@ NOSYNC_TIERED = (
     + r"""
 from gnnio.features._gather import copy_masked
 from gnnio.features.caches.cache import FeatureCache
+# the torch-op path and its masked kernels: the fused batch (tests/test_cache_fused.py) held off
+triton_kernels._FAILED["cache_batch"] = "held off here"
 src = torch.arange(40, dtype=torch.float32).reshape(10, 4)
 dst = torch.full((5, 4), -1.0)
 copy_masked(src, torch.tensor([3, -1, 0, -1, 9]), dst)
@@ -200,7 +202,7 @@ filled = ref.policy.key_of >= 0
 assert torch.equal(free.policy.key_of, ref.policy.key_of)
 assert torch.equal(free.buffer[filled], ref.buffer[filled])
 assert (free._buffer_ext[-1] == 5.0).all(), "the skipped rows were written"
-assert not triton_kernels._FAILED, triton_kernels._FAILED
+assert set(triton_kernels._FAILED) == {"cache_batch"}, triton_kernels._FAILED
 print("ok")
 """
 )

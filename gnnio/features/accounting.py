@@ -156,9 +156,18 @@ class CacheStats:
         u = one[0]
         ratio = torch.where(u > 0, one[1] / u.clamp(min=1), 0.0)
         vec = torch.cat([one, ratio.reshape(1), one[2:3] * row_bytes, one[1:2] * row_bytes])
+        self._device_sums(vec.device).add_(vec)
+        self._booked_on_device(n, manage, copy)
+
+    def _device_sums(self, device: torch.device) -> torch.Tensor:
+        """The float64 ``[8]`` device accumulator of the counts in :data:`_DEV_FIELDS` order
+        (made on first use); a kernel may add a batch's counts to it (the caches' fused batch)."""
         if self._dev is None:
-            self._dev = torch.zeros(8, dtype=torch.float64, device=vec.device)
-        self._dev.add_(vec)
+            self._dev = torch.zeros(8, dtype=torch.float64, device=device)
+        return self._dev
+
+    def _booked_on_device(self, n: int, manage: float, copy: float) -> None:
+        """The host's part of a batch whose counts were added to :meth:`_device_sums`."""
         self.batches += 1
         self.queries += n
         self.manage_s += manage

@@ -11,14 +11,22 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from ..utils.capture import device_sync
 
-__all__ = ["BatchCount", "FeatureStore", "TierCounters", "ids_in_range", "ids_vouched"]
+__all__ = [
+    "BatchCount",
+    "DeviceRows",
+    "FeatureStore",
+    "TierCounters",
+    "ids_in_range",
+    "ids_vouched",
+]
 
 
 class TierCounters:
@@ -75,6 +83,23 @@ class TierCounters:
             e[0].add_(rows)
             if rows.is_cuda:
                 self._note_stream(rows.device)
+
+    def device_total(self, tier: str, row_bytes: int, device: torch.device) -> torch.Tensor:
+        """The int64 0-d device accumulator of ``tier`` (made on first use) for a kernel to add
+        rows to, without a sync; call :meth:`note_device_add` after queuing that kernel."""
+        with self._lock:
+            e = self._dev.get(tier)
+            if e is None:
+                e = self._dev[tier] = [torch.zeros((), dtype=torch.int64, device=device), 0,
+                                       int(row_bytes)]  # fmt: skip
+            return e[0]
+
+    def note_device_add(self, device: torch.device) -> None:
+        """A kernel that adds to :meth:`device_total` accumulators was queued on ``device``'s
+        current stream (a flush waits for it)."""
+        if device.type == "cuda":
+            with self._lock:
+                self._note_stream(device)
 
     def _note_stream(self, device: torch.device) -> None:
         """Record an event after this add on the current stream of ``device``: a flush waits for
@@ -209,6 +234,24 @@ def _wait_for(tensors) -> None:
         device_sync(dev)  # (never beside a CUDA graph capture: gnnio.utils.capture)
 
 
+@dataclass(frozen=True)
+class DeviceRows:
+    """Where a store's rows lie on its device, for a kernel that reads them by id
+    (:meth:`FeatureStore.device_rows`): row ``id`` is ``hot[t]`` with ``t = table[id]`` (a
+    ``table`` given) or ``t = id`` for ``id < prefix`` (no table), when ``t >= 0``; else
+    ``cold[id]``. Rows read from ``hot`` count under ``hot_tier``, from ``cold`` under
+    ``cold_tier`` (in ``counters``, the store's); ``on_read()`` is called after queuing a read."""
+
+    hot: torch.Tensor
+    cold: torch.Tensor
+    table: torch.Tensor | None
+    prefix: int
+    hot_tier: str
+    cold_tier: str
+    counters: TierCounters
+    on_read: Callable[[], None]
+
+
 class FeatureStore(ABC):
     """Maps global ids to feature rows on ``self.device``.
 
@@ -244,4 +287,10 @@ class FeatureStore(ABC):
         tensors (also queued in :attr:`counters`), or None when this store cannot do it without
         a sync -- then nothing was written and the caller gathers the masked ids itself. The
         default: None."""
+        return None
+
+    def device_rows(self) -> DeviceRows | None:
+        """Where the rows lie on :attr:`device` for a kernel to read them by id (the caches' fused
+        batch, :mod:`gnnio.features.caches._triton_cache`); None where they are not all readable
+        there (the default)."""
         return None

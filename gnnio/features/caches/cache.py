@@ -192,6 +192,10 @@ class FeatureCache(FeatureStore):
         self._dedup = FirstOccurrence(self.num_rows, self.device) if self.policy.dynamic else None
         self._clock = 0
         self._clock_dev: torch.Tensor | None = None  # the sync-free path's ticks, on the device
+        # the Triton batch's scratch counts and a view of one of them (_triton_cache)
+        self._fused_scr: torch.Tensor | None = None
+        self._fused_dummy: torch.Tensor | None = None
+        self._row_bytes = super().row_bytes
         self._lock = threading.Lock()
         # announced batches not served yet: (the ids object, validated ids, unique, inverse)
         self._announced: deque[tuple] = deque()
@@ -199,6 +203,10 @@ class FeatureCache(FeatureStore):
             f = self.policy.filled
             rows = self.root.gather(self.policy.key_of[:f].cpu())
             self.buffer[:f].copy_(rows.to(self.device))
+
+    @property
+    def row_bytes(self) -> int:
+        return self._row_bytes  # (read several times a batch: computed once)
 
     @property
     def root(self) -> FeatureStore:

@@ -23,10 +23,17 @@ the host path has data-dependent lengths:
   evictions in :class:`~gnnio.features.accounting.CacheStats`' device accumulator; both are read
   back when they are read (once per epoch in ``gnnio train``).
 
+Where Triton runs and the backing's rows lie on the cache's device
+(:meth:`~gnnio.features.base.FeatureStore.device_rows`: a tiered store with zero-copy cold rows, an
+in-memory store), the whole batch is a few Triton kernels instead
+(:mod:`gnnio.features.caches._triton_cache`: FIFO 4 launches and a scan, static 2, against 166 and
+77 torch ops here); the torch ops below are the fallback (no Triton, another backing, a kernel
+that failed), and their admission writes only the inserted rows into the buffer where Triton
+runs (a row scatter with a skip state), else all ``n`` rows (the masked-off ones into the
+sentinel row).
+
 The semantics are the host path's exactly (``cache.py``'s module docstring); the tests replay both
-paths batch by batch and compare rows, maps, cursors and counts. The admission writes only the
-inserted rows into the buffer where Triton runs (a row scatter with a skip state), else all ``n``
-rows (the masked-off ones into the sentinel row). LRU, LFU and the lookahead policies keep the host path
+paths batch by batch and compare rows, maps, cursors and counts. LRU, LFU and the lookahead policies keep the host path
 (their victim choice is a selection of data-dependent size; BGL's point is that FIFO is the policy
 a GPU can afford).
 """
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import torch
 
+from ...utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .._gather import copy_masked, scatter_masked
 from ..batch_ops import first_positions
 
@@ -96,9 +104,37 @@ def _fetch_masked(cache, ids: torch.Tensor, mask: torch.Tensor, out: torch.Tenso
         cache._count(0, below)
 
 
+def _fused(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> bool:
+    """The batch as Triton kernels (:mod:`gnnio.features.caches._triton_cache`) where they
+    apply; False (the cache as it was) otherwise, or after a kernel failed to build or launch."""
+    if not triton_available(cache.device, "cache_batch"):
+        return False
+    src = cache.backing.device_rows()
+    if src is None:
+        return False
+    idx = idx.contiguous()  # (ids already on a GPU pass through as they came)
+    try:
+        from . import _triton_cache
+
+        run = _triton_cache.fifo_batch if cache.policy.dynamic else _triton_cache.static_batch
+        if not run(cache, idx, dst, src, timer):
+            return False
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot build them: torch ops
+        # Nothing to undo: only the last kernel changes the cache; the dedup scratch holds at
+        # most this batch's claims, which the torch path below claims and clears again; the
+        # kernels' count scratch is not read again (a failed kernel is not tried again).
+        kernel_failed("cache_batch", e, "the cache's batch in torch ops instead")
+        return False
+    kernel_ran("cache", "triton")
+    return True
+
+
 def gather_static(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> None:
     """A static cache's batch: hit rows from the buffer, the others from the backing (rows,
     repeats included, as the host path counts them)."""
+    if _fused(cache, idx, dst, timer):
+        return
+    kernel_ran("cache", "torch")
     slots = cache.policy.lookup(idx)
     hit = slots >= 0
     manage = timer.lap("manage")
@@ -112,6 +148,9 @@ def gather_static(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> None:
 
 def gather_fifo(cache, idx: torch.Tensor, dst: torch.Tensor, timer) -> None:
     """A FIFO cache's batch (``cache.py``'s steps 1-5 without a sync where the backing allows)."""
+    if _fused(cache, idx, dst, timer):
+        return
+    kernel_ran("cache", "torch")
     pol = cache.policy
     n = int(idx.numel())
     uniq, inv, valid, u = dedup_padded(cache._dedup.pos, idx)

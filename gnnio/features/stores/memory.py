@@ -18,7 +18,7 @@ from .._gather import (
     row_bytes_view,
     tensor_view,
 )
-from ..base import FeatureStore, ids_vouched
+from ..base import DeviceRows, FeatureStore, ids_vouched
 
 __all__ = ["InMemoryFeatureStore"]
 
@@ -150,6 +150,11 @@ class InMemoryFeatureStore(FeatureStore):
         self.counters.add(self.tier, n, self.row_bytes)
         return dst
 
+    def device_rows(self) -> DeviceRows:
+        """:meth:`FeatureStore.device_rows`: every row in the one tensor, on the store's device."""
+        t = self._t
+        return DeviceRows(t, t, None, self.num_rows, self.tier, self.tier, self.counters, _no_op)
+
     def gather_into(self, ids, out, mask):
         """:meth:`FeatureStore.gather_into`: a masked copy on the store's device (one Triton kernel
         on a GPU; torch ops elsewhere, which read a row for every id)."""
@@ -159,6 +164,10 @@ class InMemoryFeatureStore(FeatureStore):
         n = mask.sum()
         self.counters.add_device(self.tier, n, self.row_bytes)
         return [(self.tier, n)]
+
+
+def _no_op() -> None:
+    pass
 
 
 def _worth_realigning(addr: int, nbytes: int) -> bool:

@@ -65,7 +65,7 @@ from ...utils.counts import top_count
 from ...utils.devices import resolve_device
 from ...utils.progress import bar
 from .._gather import as_index_array, check_out, copy_rows, copy_tiered
-from ..base import FeatureStore, ids_vouched
+from ..base import DeviceRows, FeatureStore, ids_vouched
 from . import uva
 from .row_source import RowSource, num_rows_of, unique_in_order
 from .simdevice import SimulatedDevice
@@ -398,21 +398,27 @@ class TieredFeatureStore(FeatureStore):
         self.counters.add_device(HOST_TIER, n_hot.neg().add_(int(ids.shape[0])), self.row_bytes)
         return True
 
+    def device_rows(self) -> DeviceRows | None:
+        """:meth:`~gnnio.features.base.FeatureStore.device_rows`; None unless cold rows are zero-copy."""
+        view = self._cold.view if self.num_hot < self.num_rows else self._hot
+        if view is None:
+            return None
+        return DeviceRows(self._hot if self.num_hot else view, view, self._table,
+                          self.num_hot if self.mode == "prefix" else 0, GPU_TIER, HOST_TIER,
+                          self.counters, self._cold.note_use)  # fmt: skip
+
     def gather_into(self, ids, out, mask):
         """:meth:`~gnnio.features.base.FeatureStore.gather_into`: the fused gather's kernel with
         the unmasked rows skipped (a cache's misses) where Triton runs and the cold rows, if any,
         are zero-copy; None otherwise (the caller gathers with a sync)."""
-        some_cold = self.num_hot < self.num_rows
-        view = self._cold.view if some_cold else self._hot
-        if view is None or ids.device != self.device or out.device != self.device:
+        src = self.device_rows()
+        if src is None or ids.device != self.device or out.device != self.device:
             return None
         tslots = self._slots(ids) if self.num_hot else torch.full_like(ids, -1)
         routed = torch.where(mask, tslots, -2)
-        hot = self._hot if self.num_hot else view
-        if not copy_tiered(hot, view, routed, ids, out[: ids.shape[0]], skip=True):
+        if not copy_tiered(src.hot, src.cold, routed, ids, out[: ids.shape[0]], skip=True):
             return None
-        if some_cold:
-            self._cold.note_use()
+        src.on_read()  # (a no-op when nothing is pinned)
         n_hot, n_cold = (routed >= 0).sum(), (routed == -1).sum()
         self.counters.add_device(GPU_TIER, n_hot, self.row_bytes)
         self.counters.add_device(HOST_TIER, n_cold, self.row_bytes)
@@ -420,22 +426,17 @@ class TieredFeatureStore(FeatureStore):
 
     def _count(self, gpu_rows: int, host_rows: int) -> None:
         """Book rows per tier (tiers with no rows are left out of the counters)."""
-        if gpu_rows:
-            self.counters.add(GPU_TIER, gpu_rows, self.row_bytes)
-        if host_rows:
-            self.counters.add(HOST_TIER, host_rows, self.row_bytes)
+        for tier, rows in ((GPU_TIER, gpu_rows), (HOST_TIER, host_rows)):
+            if rows:
+                self.counters.add(tier, rows, self.row_bytes)
 
     def account(self, ids: Any) -> tuple[int, int]:
         """Route ``ids`` and count them exactly as :meth:`gather` would, without moving rows.
         Returns ``(gpu_rows, host_rows)``."""
         ids_d = self._ids_on_device(ids)
         n = int(ids_d.shape[0])
-        if self.num_hot == 0:
-            n_hot = 0
-        elif self.num_hot == self.num_rows:
-            n_hot = n
-        else:
-            n_hot = int((self._slots(ids_d) >= 0).sum())
+        h = self.num_hot
+        n_hot = 0 if h == 0 else n if h == self.num_rows else int((self._slots(ids_d) >= 0).sum())
         self._count(n_hot, n - n_hot)
         return n_hot, n - n_hot
 
