@@ -303,3 +303,48 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
         assert k.asm.get("cubin"), fn.fn.__name__
         if fn in (T._admit, T._book_static):
             assert "div.rn.f64" in k.asm["ptx"], fn.fn.__name__
+
+
+#: the replay on a real GPU: compiled kernels on many threads, where the ordering within a
+#: program that the kernels rely on (each value's store owned by one thread; no kernel reads an
+#: element it writes) is real, not the interpreter's sequential one; rows zero-copy from pinned
+#: host memory (tiered) or in GPU memory (in-memory store on the device)
+ON_CUDA = (
+    PAIRS.replace("simulate=SimulatedDevice()", 'device="cuda"').replace(
+        "InMemoryFeatureStore(feats)", "InMemoryFeatureStore(feats.cuda())"
+    )
+    + r"""
+rng = np.random.default_rng(5)
+for policy in ("fifo", "static"):
+    for kind, hot in (("memory", 0), ("prefix", 0), ("prefix", 90), ("lookup", 90), ("lookup", N)):
+        for cap in (0, 25, 100, N):
+            a, b, sa, sb = pair(kind, hot, policy, cap)
+            assert a.device.type == "cuda"
+            for i, size in enumerate((60, 1, 0, 200, 60, 150, 4000)):  # the last: many programs
+                ids = torch.from_numpy(rng.integers(0, N // (1 + i % 3), size)).cuda()
+                got = a.gather(ids)
+                assert torch.equal(got.cpu(), feats[ids.cpu()])
+                assert torch.equal(b.gather(ids), got)
+                same(a, b, sa, sb)
+rep = triton_kernels.kernels_report()
+assert rep["cache"] == "triton" and rep["fallbacks"] == 0, rep
+"""
+)
+
+
+@pytest.mark.gpu
+def test_the_fused_batch_equals_the_host_path_on_cuda():  # pragma: no cover - GPU only
+    """ON_CUDA's replay: after every batch the fused cache's rows, maps, cursors and counts equal
+    the host path's on the same GPU."""
+    import warnings
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pytest.importorskip("triton")
+    from gnnio.utils import triton_kernels
+
+    triton_kernels.reset_kernel_record()
+    with warnings.catch_warnings():
+        exec(compile(ON_CUDA, "ON_CUDA", "exec"), {})
