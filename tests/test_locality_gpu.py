@@ -196,6 +196,26 @@ def test_a_failed_kernel_warns_once_and_the_cpu_samples(monkeypatch):
     assert triton_kernels.kernels_report()["las_hop"] == "numba"
 
 
+def test_cpu_batches_warn_once_per_reason(monkeypatch):
+    """Batches the CPU kernels sample without a failed kernel are no silent slow path either:
+    no Triton for the LAS kernel, or a batch the bounded form cannot hold (a fanout of -1), is
+    one warning per sampler naming the reason, however many batches follow (same batches)."""
+    from gnnio.sampling import locality_torch
+
+    monkeypatch.setattr(triton_kernels, "_FAILED", {})
+    for fanouts, available, reason in (([4, 3], False, "cannot run here"),
+                                       ([4, -1], True, "bounded GPU batch cannot hold")):  # fmt: skip
+        monkeypatch.setattr(locality_torch, "triton_available", lambda dev, k, a=available: a)
+        cpu, tch = pair(fanouts, 8.0)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for e in range(3):
+                b = tch.sample(torch.from_numpy(SEEDS), call_key(5, epoch_seed=e), 8.0)
+                _check(cpu.sample(SEEDS, epoch_seed=e), b)
+        msgs = [str(w.message) for w in said if issubclass(w.category, RuntimeWarning)]
+        assert len(msgs) == 1 and reason in msgs[0] and "CPU kernels" in msgs[0], msgs
+
+
 def test_train_builds_the_locality_sampler_on_the_gpu(monkeypatch):
     """``gnnio train --locality-scale S --device cuda``: the LocalitySampler on the training GPU
     under ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu``."""

@@ -23,17 +23,20 @@ Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's inte
 ``kernels["las_hop"] = "numba"``) -- and for batches the bounded form cannot hold (a fanout of
 -1, bounds past :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`, a uniform hop's rejected
 fast torch draw), the batch is sampled by the CPU kernels and copied to the device: the same
-batch, the CPU's cost. Not replayed as a CUDA graph (``cuda_graph`` is refused by the caller with
+batch, the CPU's cost, with one warning per sampler and reason (a failed kernel's is
+:func:`~gnnio.utils.triton_kernels.kernel_failed`'s). Not replayed as a CUDA graph (``cuda_graph`` is refused by the caller with
 a warning: :class:`~gnnio.sampling.locality.LocalitySampler`).
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
+from ..utils import triton_kernels
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .base import MiniBatch, dst_ptr
 from .gpu_bounded import _hop as uniform_hop
@@ -43,6 +46,11 @@ from .pruned_torch import TorchPrunedSampler, pruned_weights
 __all__ = ["TorchLocalitySampler", "las_hop"]
 
 _WMODE = {"ht": 0, "ht_mean": 1, "none": 2}  # = _las_kernels.W_HT, W_HT_MEAN, W_NONE
+_WHY = {  # why a batch goes to the CPU kernels (TorchLocalitySampler._say)
+    "no_triton": "the Triton LAS kernel cannot run here (no Triton, or GNNIO_TRITON=0)",
+    "unbounded": "a batch the bounded GPU batch cannot hold (a fanout of -1, a hop past "
+    "MAX_EDGE_SLOTS edges, or torch draws to redo)",
+}
 
 
 class _KernelFailed(Exception):
@@ -81,6 +89,7 @@ class TorchLocalitySampler(TorchPrunedSampler):
         self._cpu_sample = cpu_sample
         self._consts: dict[float, torch.Tensor] = {}
         self._tls = threading.local()  # this thread's batch: the scale's constants, LAS weights
+        self._said: set[str] = set()  # the reasons for CPU batches warned about (_say)
 
     def sample(self, seeds, key: int, scale: float = 1.0) -> MiniBatch:  # type: ignore[override]
         """The batch around ``seeds`` with call key ``key`` and LAS scale ``scale``."""
@@ -90,6 +99,7 @@ class TorchLocalitySampler(TorchPrunedSampler):
             mb.meta["scale"] = s
             return mb
         if not triton_available(self.device, "las_hop"):
+            self._say("no_triton")  # (a kernel that failed has said so: kernel_failed)
             return self._on_cpu(seeds, key, s)
         if s not in self._consts:
             from ._triton_las import las_consts
@@ -103,8 +113,19 @@ class TorchLocalitySampler(TorchPrunedSampler):
         except _KernelFailed:  # (its scratch is dropped, not pooled: the pool makes another)
             return self._on_cpu(seeds, key, s)
         if mb is None:  # a fanout of -1, huge bounds, a rejected fast torch draw
+            self._say("unbounded")
             return self._on_cpu(seeds, key, s)
         return self._weigh_las(mb, tls.w, s)
+
+    def _say(self, why: str) -> None:
+        """One warning per sampler and reason that batches go to the CPU kernels (no silent
+        slow path; issue 24 item 7). Not after the kernel failed: :func:`kernel_failed` warned."""
+        if why in self._said or (why == "no_triton" and "las_hop" in triton_kernels._FAILED):
+            return
+        self._said.add(why)
+        warnings.warn(f"locality-aware sampling on {self.device}: {_WHY[why]}; those batches "
+                      "are sampled by the CPU kernels and copied to the device (the same "
+                      "batches, the CPU's cost)", RuntimeWarning, stacklevel=4)  # fmt: skip
 
     def _on_cpu(self, seeds, key: int, s: float) -> MiniBatch:
         """The CPU kernels' batch, on this device."""
