@@ -216,6 +216,40 @@ def test_cpu_batches_warn_once_per_reason(monkeypatch):
         assert len(msgs) == 1 and reason in msgs[0] and "CPU kernels" in msgs[0], msgs
 
 
+def test_uva_keeps_the_member_index_in_pinned_host_memory(monkeypatch):
+    """``graph_in="host"`` (UVA sampling: the CSR never copied to the GPU) keeps each layer's
+    member index -- ``qptr`` alone is the size of ``indptr`` -- in pinned host memory as well,
+    CUDA views of the sampler's own arrays (here: the pinning faked, CPU tensors standing in);
+    ``graph_in="gpu"`` uploads it."""
+    import gnnio.sampling.gpu
+    from gnnio.sampling import UniformSampler
+
+    def topology(self, graph, device, graph_in):
+        self.graph_in, self._pins = graph_in, []
+        return graph.to_torch()
+
+    pinned = []
+
+    def pin(a, b, device):
+        pinned.append((a, b, a.clone(), b.clone()))
+        return pinned[-1][2], pinned[-1][3], ["handle"]
+
+    monkeypatch.setattr(UniformSampler, "_device_topology", topology)
+    monkeypatch.setattr(gnnio.sampling.gpu, "pinned_csr", pin)
+    for graph_in in ("host", "gpu"):
+        pinned.clear()
+        dev = LocalitySampler(mixed_graph(0), [4, 3], hot_ids=HOT, scale=8.0, seed=5,
+                              device="cuda", graph_in=graph_in)  # fmt: skip
+        layers = [q for q in dev._q[::-1] if q is not None]  # hop order: Q'_L .. Q'_1
+        if graph_in == "gpu":
+            assert pinned == [] and dev._pins == []
+            continue
+        assert len(pinned) == len(layers) == 2 and dev._pins == ["handle"] * 2
+        for (a, b, va, vb), q, tq in zip(pinned, layers, dev._torch._q, strict=True):
+            assert np.shares_memory(a.numpy(), q[0]) and np.shares_memory(b.numpy(), q[1])
+            assert tq[0] is va and tq[1] is vb  # the views, not copies of them
+
+
 def test_train_builds_the_locality_sampler_on_the_gpu(monkeypatch):
     """``gnnio train --locality-scale S --device cuda``: the LocalitySampler on the training GPU
     under ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu``."""

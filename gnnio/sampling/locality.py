@@ -263,7 +263,8 @@ class LocalitySampler(ThreadedCPUSampler):
         q_size: ``|Q'_l|`` for ``l >= 2`` (default ``|B|``; Song & Jiang used 8192).
         weights: ``"ht"`` (``1 / pi``, default), ``"ht_mean"`` (``1 / (deg pi)``) or ``"none"``.
         device, graph_in: ``"cuda"`` samples on that GPU (module docstring), the CSR placed as
-            :class:`~gnnio.sampling.UniformSampler` places it; None: the CPU.
+            :class:`~gnnio.sampling.UniformSampler` places it (with ``graph_in="host"`` the
+            member index below stays in pinned host memory too); None: the CPU.
         cuda_graph: not supported here (a warning; the GPU batches launch eagerly).
 
     Memory: per layer whose ``Q'`` is non-empty, ``8 (N + 1)`` bytes of row pointers plus 4 bytes
@@ -332,8 +333,21 @@ class LocalitySampler(ThreadedCPUSampler):
                           "graph; its batches launch eagerly", RuntimeWarning, stacklevel=3)  # fmt: skip
         L = len(self.fanouts)
         index = [self._q[L - 1 - h] for h in range(L)]  # hop h uses Q'_{L-h}
+        if self.graph_in == "host":  # UVA: the member index (about the CSR's size, one per
+            index = [self._pinned_index(q, topo[0].device) for q in index]  # layer) stays too
         self._torch = TorchLocalitySampler(*topo, self.fanouts, self.thresholds, self.weights,
                                            index, self._sample_key)  # fmt: skip
+
+    def _pinned_index(self, q, device):
+        """A layer's ``(qptr, qpos)`` as CUDA views of its pinned host arrays, as UVA sampling
+        reads the CSR (:func:`gnnio.sampling.gpu.pinned_csr`; kept alive in ``_pins``)."""
+        if q is None or len(q[1]) == 0:
+            return q
+        from .gpu import pinned_csr
+
+        qptr, qpos, pins = pinned_csr(torch.from_numpy(q[0]), torch.from_numpy(q[1]), device)
+        self._pins += pins
+        return qptr, qpos
 
     def _member_index(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mask = np.zeros(self.num_nodes, dtype=np.uint8)

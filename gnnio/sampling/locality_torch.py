@@ -15,7 +15,8 @@ the device, the relabelling kernels, **one** host sync at the end). Only the hop
   run :mod:`._triton_las` (the CPU kernel's ``sample_rows`` with ``use_q``; its docstring says
   what is equal: the weights always, nodes and edges unless an ``exp``/``log`` ulp moves a
   member count). The member index (``qptr``/``qpos`` of each layer's Q') is uploaded once, when
-  the sampler is built; the scale's float64 constants once per scale (a blocking upload of 24
+  the sampler is built (UVA sampling, ``graph_in="host"``: CUDA views of it in pinned host
+  memory, as the CSR); the scale's float64 constants once per scale (a blocking upload of 24
   bytes the first time a scale is used; Algorithm 2 changes it between epochs).
 
 Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's interpreter,
@@ -66,7 +67,8 @@ class TorchLocalitySampler(TorchPrunedSampler):
         fanouts, thresholds, weights: as :class:`~gnnio.sampling.pruned_torch.TorchPrunedSampler`.
         member_index: per hop (``fanouts`` order) the ``(qptr, qpos)`` of the hop's layer's Q'
             (NumPy, as :class:`~gnnio.sampling.locality.LocalitySampler` builds them), or None
-            where that set is empty; uploaded here, once.
+            where that set is empty; uploaded here, once (tensors already on the device, e.g.
+            UVA views of pinned host memory, are kept as they are).
         cpu_sample: ``cpu_sample(seeds, key, scale)`` -> the CPU kernels' batch (the fallback).
     """
 
