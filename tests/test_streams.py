@@ -147,3 +147,15 @@ def test_cpu_loader_without_streams_hands_out_slots(data):
     assert len(ptrs) <= loader.prefetch + 2
     assert loader.stats.as_dict()["hidden_fraction"] == loader.stats.hidden_fraction
     assert torch.get_num_threads() >= 1
+
+
+def test_batch_tensors_include_each_blocks_csr_pointer(data):
+    """A block's ``ptr`` is memory of its own where a sampler made it apart from the edges (the
+    CPU sampler's, copied to the GPU on the side stream; a GPU sampler's fallback batch): the
+    consumer adopts what :func:`batch_tensors` lists, so a ``ptr`` left out could be handed to
+    the side stream's next allocation while the model's SpMM still reads it."""
+    graph, *_ = data
+    mb = UniformSampler(graph, [3, 2], seed=1).sample(torch.arange(8))
+    assert all(b.ptr is not None for b in mb.blocks)
+    listed = {id(t) for t in batch_tensors(mb)}
+    assert all(id(b.ptr) in listed for b in mb.blocks)

@@ -43,10 +43,12 @@ __all__ = ["CudaStreams", "RecordingStreams", "StreamOrderError", "batch_tensors
 
 
 def batch_tensors(mb: Any) -> list[torch.Tensor]:
-    """Every tensor a :class:`~gnnio.sampling.base.MiniBatch` holds (seeds, input nodes, features, labels, block edges/weights)."""
+    """Every tensor a :class:`~gnnio.sampling.base.MiniBatch` holds (seeds, input nodes, features,
+    labels, block edges/weights/CSR pointers: a ``ptr`` made apart from the edges -- the CPU
+    sampler's, copied up; a GPU fallback's -- is memory of its own that a consumer must adopt)."""
     out = [mb.seeds, mb.input_nodes, mb.x, mb.labels]
     for b in mb.blocks:
-        out += [b.edge_index, b.edge_weight]
+        out += [b.edge_index, b.edge_weight, b.ptr]
     return [t for t in out if t is not None]
 
 
