@@ -344,11 +344,27 @@ def test_bench_sampling_takes_a_locality_scale(tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("gnnio: error: --"), err
 
 
+def narrow_offsets(ttir: str) -> list[str]:
+    """The ``tt.addptr`` lines of a kernel's TTIR whose offset is 32-bit and not a constant:
+    on a graph past 2^31 edges (or Q' members) such an offset wraps on the GPU, where the
+    interpreter's NumPy pointers would not show it."""
+    import re
+
+    consts = set(re.findall(r"(%[\w.#]+) = arith\.constant", ttir))
+    out = []
+    for line in ttir.splitlines():
+        m = re.search(r"tt\.addptr %[\w.#]+, (%[\w.#]+) : .*, (\S*i32>?)\s", line)
+        if m and m.group(1) not in consts:
+            out.append(line.strip())
+    return out
+
+
 def test_the_kernel_compiles_for_an_h100_without_one(tmp_path, monkeypatch):
     """The LAS kernel through Triton's whole compiler to an sm_90 cubin (ptxas ships with
     Triton), so what the interpreter accepts and the compiler does not (a loop-carried Python
-    int, float64 ops without a lowering) fails here; and floating-point contraction is off (no
-    ``fma`` beyond the libdevice ``exp``/``log`` ones, which the fused build has more of)."""
+    int, float64 ops without a lowering) fails here; floating-point contraction is off (no
+    ``fma`` beyond the libdevice ``exp``/``log`` ones, which the fused build has more of); and
+    every pointer offset is 64-bit (:func:`narrow_offsets`: CSR positions reach ~2^32)."""
     triton = pytest.importorskip("triton")
     try:
         from triton.backends.compiler import GPUTarget
@@ -373,6 +389,7 @@ def test_the_kernel_compiles_for_an_h100_without_one(tmp_path, monkeypatch):
         k = compile(src, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion})
         assert len(k.asm["cubin"]) > 0
         fmas[fusion] = k.asm["ptx"].count("fma.rn.f64")
+        assert narrow_offsets(k.asm["ttir"]) == [], "a 32-bit offset (E, qpos past 2^31)"
     assert fmas[False] < fmas[True], fmas
     seen = {}
 
