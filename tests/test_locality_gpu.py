@@ -290,31 +290,90 @@ def test_train_builds_the_locality_sampler_on_the_gpu(monkeypatch):
         cfg._validate_sampler_device()
 
 
+#: the GPU test's cases: (graph, fanouts, scale, prune, weights) -- every weight mode (a
+#: compiled variant each), capping both ways, windows, and mixed_graph(0)'s hub drawn 40 of
+#: (FP = 64, Floyd's 40 draws; the CPU's hashed branch)
+DEVICE_CASES = [("random", [15, 10, 5], 8.0, None, "ht"),
+                ("random", [15, 10, 5], 2.0, (1.0, 1.0), "ht_mean"),
+                ("random", [15, 10, 5], 0.5, None, "none"),
+                ("random", [15, 10, 5], 1000.0, (0.5, 0.0), "ht"),
+                ("mixed", [40, 3], 8.0, (1.0, 1.0), "ht")]  # fmt: skip
+
+
+def equal_on_device(graph_in: str, cases=DEVICE_CASES, nodes=5000, edges=80000, seeds=512,
+                    epochs=(0, 1)) -> None:  # fmt: skip
+    """Each case's batches on the device equal the numba ones (weights bit for bit), one host
+    sync each, no warning of a CPU batch or a failed kernel, ``las_hop`` Triton only."""
+    from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
+    from tests.helpers import random_graph
+
+    graphs = {"random": random_graph(nodes, edges, seed=5), "mixed": mixed_graph(0)}
+    reset_kernel_record()
+    for name, fanouts, scale, prune, weights in cases:
+        g = graphs[name]
+        n = int(g.indptr.shape[0]) - 1
+        hot = HOT if name == "mixed" else np.random.default_rng(1).permutation(n)[: n // 10]
+        ids = SEEDS if name == "mixed" else np.random.default_rng(5).permutation(n)[:seeds]
+        kw = dict(hot_ids=hot, scale=scale, seed=0, prune=prune, weights=weights)
+        cpu = LocalitySampler(g, fanouts, **kw)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            gpu = LocalitySampler(g, fanouts, device="cuda", graph_in=graph_in, **kw)
+            assert gpu._torch is not None
+            for e in epochs:
+                a = cpu.sample(ids, epoch_seed=e)
+                with count_syncs() as c:
+                    b = gpu.sample(ids, epoch_seed=e)
+                _check(a, b.to("cpu"))
+                assert c.count == 1, (name, fanouts, scale, c.ops)
+        ours = [str(w.message) for w in said if "locality-aware" in str(w.message)
+                or "Triton kernel" in str(w.message)]  # fmt: skip
+        assert not ours, ours  # (a CPU batch or a failed kernel; NumPy's overflows aside)
+    rep = kernels_report()
+    assert rep["las_hop"] == "triton" and rep["fallbacks"] == 0, rep
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("graph_in", ["gpu", "host"])
 def test_locality_sampler_on_cuda_equals_cpu(graph_in):  # pragma: no cover - GPU only
-    """On a real GPU (compiled Triton, libdevice exp/log): the batches of a 5000-node graph with
-    fanouts 15,10,5 equal the numba ones (weights bit for bit), one host sync each."""
-    from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
-    from tests.helpers import random_graph
+    """On a real GPU (compiled Triton, libdevice exp/log, every program's rows at once):
+    :data:`DEVICE_CASES` over a 5000-node graph with fanouts 15,10,5 and mixed_graph(0) equal
+    the numba batches (:func:`equal_on_device`); with ``graph_in="host"`` (UVA) the sampler puts
+    nothing in device memory, member index included."""
+    if graph_in == "host":
+        from tests.helpers import random_graph
 
-    g = random_graph(5000, 80000, seed=5)
-    hot = np.random.default_rng(1).permutation(5000)[:500]
-    seeds = np.random.default_rng(5).permutation(5000)[:512]
-    reset_kernel_record()
-    for scale, prune in ((8.0, None), (2.0, (1.0, 1.0)), (0.5, None), (1000.0, (0.5, 0.0))):
-        kw = dict(hot_ids=hot, scale=scale, seed=0, prune=prune)
-        cpu = LocalitySampler(g, [15, 10, 5], **kw)
-        gpu = LocalitySampler(g, [15, 10, 5], device="cuda", graph_in=graph_in, **kw)
-        assert gpu.device.type == "cuda"
-        for e in (0, 1):
-            a = cpu.sample(seeds, epoch_seed=e)
-            with count_syncs() as c:
-                b = gpu.sample(seeds, epoch_seed=e)
-            _check(a, b.to("cpu"))
-            assert c.count == 1, c.ops
-    assert kernels_report()["las_hop"] == "triton"
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        LocalitySampler(random_graph(5000, 80000, seed=5), [15, 10, 5], device="cuda",
+                        graph_in="host", hot_ids=np.arange(0, 5000, 7), scale=8.0)  # fmt: skip
+        assert torch.cuda.memory_allocated() == before
+    equal_on_device(graph_in)
+
+
+_DRY = """
+import numpy as np
+from gnnio.sampling import UniformSampler
+from tests.test_locality_gpu import DEVICE_CASES, equal_on_device
+
+# the GPU placement, with CPU tensors standing in for the device's (Triton's interpreter)
+def topology(self, graph, device, graph_in):
+    self.graph_in, self._pins = graph_in, []
+    return graph.to_torch()
+
+UniformSampler._device_topology = topology
+equal_on_device("gpu", [c for c in DEVICE_CASES if c[2] in (0.5, 8.0)], nodes=300,
+                edges=3000, seeds=24, epochs=(0,))
+print("ok")
+"""
+
+
+def test_the_gpu_tests_cases_run_in_the_interpreter():
+    """The gpu-marked test's own logic (:func:`equal_on_device`), run here in Triton's
+    interpreter on a small graph (one weight mode each way, the hub case), so the GPU session
+    spends its minutes on the device, not on a broken test."""
+    run_in_triton_interpreter(_DRY, timeout=900)
 
 
 def test_bench_sampling_takes_a_locality_scale(tmp_path, capsys):
