@@ -75,6 +75,11 @@ def test_issue24_goals_at_most_and_fallbacks():
     assert g["tiering_speedup_feature_bound"]["met"] is True
     assert g["kernel_fallbacks"]["value"] == 1 and g["kernel_fallbacks"]["met"] is False
     assert gpu_check.goals({})["kernel_fallbacks"]["value"] is None
+    # the LAS GPU sampler's batches on the CPU kernels are a fallback without a failed kernel
+    from gnnio.bench.gpu_check_epoch import fallbacks
+
+    las = {"kernels": {"las_hop": "numba+triton", "hop": "numba", "fallbacks": 0}}
+    assert fallbacks(las) == 1 and fallbacks({"kernels": {"las_hop": "triton"}}) == 0
 
 
 def test_the_goals_are_also_read_with_cuda_graphs():

@@ -54,9 +54,12 @@ TECHNIQUES = [
 
 
 def fallbacks(result: dict[str, Any]) -> int:
-    """Triton kernels that fell back in a run, from its ``kernels`` record (0 when absent)."""
+    """Triton kernels that fell back in a run, from its ``kernels`` record (0 when absent); the
+    GPU locality-aware sampler's batches on the CPU kernels (``las_hop`` ``numba``) count too."""
     k = result.get("kernels") if isinstance(result, dict) else None
-    return int(k.get("fallbacks", 0)) if isinstance(k, dict) else 0
+    if not isinstance(k, dict):
+        return 0
+    return int(k.get("fallbacks", 0)) + int("numba" in str(k.get("las_hop", "")))
 
 
 def step_train_step(c) -> dict[str, Any]:
