@@ -333,7 +333,7 @@ class LocalitySampler(ThreadedCPUSampler):
                           "graph; its batches launch eagerly", RuntimeWarning, stacklevel=3)  # fmt: skip
         L = len(self.fanouts)
         index = [self._q[L - 1 - h] for h in range(L)]  # hop h uses Q'_{L-h}
-        if self.graph_in == "host":  # UVA: the member index (about the CSR's size, one per
+        if graph_in == "host":  # UVA: the member index (about the CSR's size, one per
             index = [self._pinned_index(q, topo[0].device) for q in index]  # layer) stays too
         self._torch = TorchLocalitySampler(*topo, self.fanouts, self.thresholds, self.weights,
                                            index, self._sample_key)  # fmt: skip
