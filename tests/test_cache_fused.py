@@ -303,6 +303,11 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
         assert k.asm.get("cubin"), fn.fn.__name__
         if fn in (T._admit, T._book_static):
             assert "div.rn.f64" in k.asm["ptx"], fn.fn.__name__
+        if fn is T._book_static:  # the books' read-then-write is one thread's: every store of
+            # a scalar is predicated (thread 0), else a lagging warp would load the new value
+            # and store it again with the batch added twice
+            stores = [ln.strip() for ln in k.asm["ptx"].splitlines() if "st.global" in ln]
+            assert stores and all(ln.startswith("@%p") for ln in stores), stores
 
 
 #: the replay on a real GPU: compiled kernels on many threads, where the ordering within a
