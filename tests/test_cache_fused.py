@@ -181,14 +181,27 @@ for i in range(4):
     same(a, b, a.backing, b.backing)
     same(a.backing, b.backing, a.backing.backing, b.backing.backing)
 assert triton_kernels.kernels_report()["cache"] == "torch+triton"
+# a batch too large for the FIFO kernels' int32 offsets (5 n >= 2^31 - 1; the bound made small
+# here): torch ops, and the kernels again after it (the torch ops' sentinel writes unread)
+from gnnio.features.caches import _triton_cache as tc
+
+tc._I32_MAX = 5 * 100
+a, b, sa, sb = pair("prefix", 0, "fifo", 30)
+for size, impl in ((99, "triton"), (100, "torch"), (60, "triton")):
+    triton_kernels.reset_kernel_record()
+    ids = torch.randint(0, N, (size,), generator=g)
+    assert torch.equal(a.gather(ids), feats[ids]) and torch.equal(b.gather(ids), feats[ids])
+    same(a, b, sa, sb)
+    assert triton_kernels.kernels_report()["cache"] == impl, (size, impl)
 print("ok")
 """
 )
 
 
 def test_where_the_kernels_do_not_apply_torch_ops_serve():
-    """A cache whose tier is its backing's, and a cache over a cache (no ``device_rows``), run
-    the torch ops; stacked over a fused one, every level still equals the host path."""
+    """A cache whose tier is its backing's, a cache over a cache (no ``device_rows``), and a FIFO
+    batch past the kernels' int32 offsets run the torch ops; stacked over a fused one, every
+    level still equals the host path, and a fused batch after a torch one too."""
     pytest.importorskip("triton")
     run_in_triton_interpreter(OTHERS)
 
