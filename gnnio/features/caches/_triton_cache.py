@@ -28,15 +28,20 @@ FIFO, for the batch's ``n`` ids (``cache.py``'s steps 1-5, positions ``r``):
    cached, the inserted ids are not, and the ring slots of one batch are distinct; and no kernel
    reads an element that it writes (the victims' keys are read by ``_serve``; ``_admit`` reads the
    first occurrences' rows and writes the repeats'), but for the books' scalars, which one
-   program reads and then writes, so nothing depends on the order of writes within a launch.
+   program reads and then writes (Triton issues a scalar's store and atomic from thread 0 only,
+   so the read-then-write is one thread's; the compile test holds this in the PTX), so nothing
+   depends on the order of writes within a launch.
 
 Static: ``_static`` does lookup, hit rows, missed rows from the backing and the counts in one
 pass; ``_book_static`` books them. Every count is an integer: per program a sum, then one integer
 ``atomic_add`` into a scratch (a sum is the same in any order); the stats' float64 sums (the hit
-ratio) are added by one program, in stream order, so runs are bit-identical. Only ``_admit``
-(FIFO) and ``_book_static`` change the cache's state, and they run last: a kernel that fails to
-build or launch leaves the cache as it was, and the batch is run again with torch ops
-(:func:`gnnio.utils.triton_kernels.kernel_failed` warns once).
+ratio) are added by one program, in stream order, so runs are bit-identical (and the hit-ratio
+sum is the host path's bit for bit when read once after the stats began; a read takes the
+difference of the cumulative device sums, so after a reset or a second read it may differ in
+the last bits, as the torch ops' path). Only ``_admit`` (FIFO) and ``_book_static`` change the
+cache's state, and they run last: a kernel that fails to build or launch leaves the cache as it
+was, and the batch is run again with torch ops (:func:`gnnio.utils.triton_kernels.kernel_failed`
+warns once).
 
 ``TRITON_INTERPRET=1`` (set before the import) runs the kernels on CPU tensors, as the tests do.
 """
