@@ -8,6 +8,7 @@ it was and the batch runs in torch ops; and the kernels build for a GPU."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.helpers import COUNTING_SPY, run_in_triton_interpreter
 
@@ -440,16 +441,13 @@ def test_the_cuda_replay_runs_in_the_interpreter():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_fused_batch_equals_the_host_path_on_cuda():  # pragma: no cover - GPU only
     """ON_CUDA's replay: after every batch the fused cache's rows, maps, cursors and counts equal
     the host path's on the same GPU; a side stream, several waves of programs, other dtypes and
     widths, no sync (CUDA's sync check), the hit-ratio sum bit for bit."""
     import warnings
 
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     pytest.importorskip("triton")
     from gnnio.utils import triton_kernels
 
