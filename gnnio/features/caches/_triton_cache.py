@@ -107,7 +107,7 @@ def _book(stats, scr, c_tier, c_bh, c_bc, b_bh, b_bc, n, u, hits, ins, rb):
         tl.store(scr + k, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _static(ids, slot_of, buf, hot, cold, table, prefix, dst, scr, n, W: tl.constexpr,
             WP: tl.constexpr, BR: tl.constexpr, HAS_TABLE: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -126,14 +126,14 @@ def _static(ids, slot_of, buf, hot, cold, table, prefix, dst, scr, n, W: tl.cons
     tl.atomic_add(scr + 2, tl.sum(bc.to(tl.int64), 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _book_static(stats, scr, c_tier, c_bh, c_bc, b_bh, b_bc, n, rb):
     hits = tl.load(scr + 0)
     nn = hits * 0 + n  # (n as an int64 scalar)
     _book(stats, scr, c_tier, c_bh, c_bc, b_bh, b_bc, nn, nn, hits, hits * 0, rb)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _claim(ids, pos, n, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
@@ -141,7 +141,7 @@ def _claim(ids, pos, n, BLOCK: tl.constexpr):
     tl.atomic_min(pos + key, r, mask=rm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _flags(ids, pos, slot_of, ws, n, BLOCK: tl.constexpr):
     # ws (int64 [5, n]): 0 first occurrence? + (first-occurrence miss? << 32), scanned in one
     # pass for both ranks; 1 first position; 2 cached slot (-1 absent); _serve's: 3 the ring slot
@@ -157,7 +157,7 @@ def _flags(ids, pos, slot_of, ws, n, BLOCK: tl.constexpr):
     tl.store(ws + 2 * n + r, s, mask=rm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _serve(ids, pos, ws, ranks, key_of, cur, buf, hot, cold, table, prefix, dst, scr, n, cap,
            W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr, HAS_TABLE: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -188,7 +188,7 @@ def _serve(ids, pos, ws, ranks, key_of, cur, buf, hot, cold, table, prefix, dst,
     tl.atomic_add(scr + 3, tl.sum((ins & (old >= 0)).to(tl.int64), 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _admit(ids, ws, ranks, key_of, slot_of, cur, clock, buf, dst, stats, scr, c_tier, c_bh, c_bc,
            b_bh, b_bc, n, cap, rb, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
