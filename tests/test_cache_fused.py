@@ -8,6 +8,7 @@ it was and the batch runs in torch ops; and the kernels build for a GPU."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.helpers import COUNTING_SPY, run_in_triton_interpreter
 
@@ -181,14 +182,27 @@ for i in range(4):
     same(a, b, a.backing, b.backing)
     same(a.backing, b.backing, a.backing.backing, b.backing.backing)
 assert triton_kernels.kernels_report()["cache"] == "torch+triton"
+# a batch too large for the FIFO kernels' int32 offsets (5 n >= 2^31 - 1; the bound made small
+# here): torch ops, and the kernels again after it (the torch ops' sentinel writes unread)
+from gnnio.features.caches import _triton_cache as tc
+
+tc._I32_MAX = 5 * 100
+a, b, sa, sb = pair("prefix", 0, "fifo", 30)
+for size, impl in ((99, "triton"), (100, "torch"), (60, "triton")):
+    triton_kernels.reset_kernel_record()
+    ids = torch.randint(0, N, (size,), generator=g)
+    assert torch.equal(a.gather(ids), feats[ids]) and torch.equal(b.gather(ids), feats[ids])
+    same(a, b, sa, sb)
+    assert triton_kernels.kernels_report()["cache"] == impl, (size, impl)
 print("ok")
 """
 )
 
 
 def test_where_the_kernels_do_not_apply_torch_ops_serve():
-    """A cache whose tier is its backing's, and a cache over a cache (no ``device_rows``), run
-    the torch ops; stacked over a fused one, every level still equals the host path."""
+    """A cache whose tier is its backing's, a cache over a cache (no ``device_rows``), and a FIFO
+    batch past the kernels' int32 offsets run the torch ops; stacked over a fused one, every
+    level still equals the host path, and a fused batch after a torch one too."""
     pytest.importorskip("triton")
     run_in_triton_interpreter(OTHERS)
 
@@ -303,45 +317,137 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
         assert k.asm.get("cubin"), fn.fn.__name__
         if fn in (T._admit, T._book_static):
             assert "div.rn.f64" in k.asm["ptx"], fn.fn.__name__
+        if fn is T._book_static:  # the books' read-then-write is one thread's: every store of
+            # a scalar is predicated (thread 0), else a lagging warp would load the new value
+            # and store it again with the batch added twice
+            stores = [ln.strip() for ln in k.asm["ptx"].splitlines() if "st.global" in ln]
+            assert stores and all(ln.startswith("@%p") for ln in stores), stores
 
 
 #: the replay on a real GPU: compiled kernels on many threads, where the ordering within a
 #: program that the kernels rely on (each value's store owned by one thread; no kernel reads an
 #: element it writes) is real, not the interpreter's sequential one; rows zero-copy from pinned
-#: host memory (tiered) or in GPU memory (in-memory store on the device)
+#: host memory (tiered) or in GPU memory (in-memory store on the device). Also what only a GPU
+#: shows: a capacity of 1 (Triton compiles an int argument equal to 1 as a constant), every
+#: other batch on a side stream (the loader's gather stream: the launches and the torch ops
+#: between them must share the caller's current stream), batches of many programs in several
+#: waves over other dtypes and widths (one row per program past 4096 elements), no sync by CUDA's
+#: own sync check, and the float64 hit-ratio sum bit for bit the host path's. Without CUDA (the
+#: interpreter dry-run below) the same script runs on the CPU, smaller.
 ON_CUDA = (
-    PAIRS.replace("simulate=SimulatedDevice()", 'device="cuda"').replace(
-        "InMemoryFeatureStore(feats)", "InMemoryFeatureStore(feats.cuda())"
+    PAIRS.replace("simulate=SimulatedDevice()", "**ON").replace(
+        "InMemoryFeatureStore(feats)", "InMemoryFeatureStore(feats.to(DEV))"
     )
     + r"""
+import contextlib
+from gnnio.features.base import ids_in_range
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+ON = {"device": "cuda"} if CUDA else {"simulate": SimulatedDevice()}
+SIDE = torch.cuda.Stream() if CUDA else None
+MANY, BIG = (4000, 200_000) if CUDA else (300, 600)  # ids in a batch of many programs
+CAPS = (0, 1, 25, 100, N) if CUDA else (1, 25)  # (the interpreter's replay above has them all)
+
+
+@contextlib.contextmanager
+def side(on):
+    # as the loader's gather thread: the batch queued on another stream, read after its event
+    if not (CUDA and on):
+        yield
+        return
+    SIDE.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(SIDE):
+        yield
+    torch.cuda.current_stream().wait_stream(SIDE)
+
+
+@contextlib.contextmanager
+def no_sync():
+    if CUDA:  # CUDA's own check: a synchronizing call raises
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    else:
+        with OpCounter() as c:
+            yield
+        assert c.syncs == 0, dict(c.sync_ops)
+
+
 rng = np.random.default_rng(5)
 for policy in ("fifo", "static"):
     for kind, hot in (("memory", 0), ("prefix", 0), ("prefix", 90), ("lookup", 90), ("lookup", N)):
-        for cap in (0, 25, 100, N):
+        for cap in CAPS:
             a, b, sa, sb = pair(kind, hot, policy, cap)
-            assert a.device.type == "cuda"
-            for i, size in enumerate((60, 1, 0, 200, 60, 150, 4000)):  # the last: many programs
-                ids = torch.from_numpy(rng.integers(0, N // (1 + i % 3), size)).cuda()
-                got = a.gather(ids)
+            assert a.device.type == DEV
+            for i, size in enumerate((60, 1, 0, 200, 60, 150, MANY)):  # the last: many programs
+                ids = torch.from_numpy(rng.integers(0, N // (1 + i % 3), size)).to(DEV)
+                with side(i % 2):
+                    got = a.gather(ids)
                 assert torch.equal(got.cpu(), feats[ids.cpu()])
                 assert torch.equal(b.gather(ids), got)
                 same(a, b, sa, sb)
+
+# several waves of programs, other dtypes and widths; two fused caches and the host path fed the
+# same batches, the stats read once at the end: equal bit for bit (hit-ratio sum included)
+for dtype, rows, dim, kind in ((torch.float32, 100_000, 100, "prefix"),
+                               (torch.float16, 20_000, 8, "lookup"),
+                               (torch.int64, 20_000, 3, "memory"),
+                               (torch.float32, 2_000, 4100, "lookup")):  # fmt: skip
+    n_ids = BIG if dim < 4096 else BIG // 60
+    f2 = (100 * torch.randn(rows, dim, generator=g)).to(dtype)
+    hot2 = torch.randperm(rows, generator=g)[: rows // 4]
+    for policy in ("fifo", "static"):
+        def mk(free):
+            if kind == "memory":
+                s = InMemoryFeatureStore(f2.to(DEV))
+            elif kind == "prefix":
+                s = TieredFeatureStore(f2, rows // 4, **ON)
+            else:
+                s = TieredFeatureStore(f2, hot_ids=hot2, **ON)
+            return FeatureCache(s, rows // 20, policy, hot_ids=hot2.flip(0).numpy(),
+                                sync_free=free)
+        a1, a2, b = mk(True), mk(True), mk(False)
+        p = 1.0 / np.arange(1, rows + 1) ** 1.1  # Zipf-like: hits, misses and repeats
+        for i in range(4):
+            ids = torch.from_numpy(rng.choice(rows, n_ids, p=p / p.sum())).to(DEV)
+            with ids_in_range():  # (else the ids' range check reads min and max back)
+                with side(i % 2):
+                    got = a1.gather(ids)
+                if i:  # warm: the cursors, scratch and accumulators exist
+                    with side(i % 2), no_sync():
+                        got2 = a2.gather(ids)
+                else:
+                    got2 = a2.gather(ids)
+            want = b.gather(ids)
+            assert torch.equal(got, want) and torch.equal(got2, want), (dtype, dim, policy, i)
+        same(a1, b, a1.backing, b.backing)
+        same(a2, b, a2.backing, b.backing)
+        assert a1.stats.hit_ratio_sum == a2.stats.hit_ratio_sum == b.stats.hit_ratio_sum
 rep = triton_kernels.kernels_report()
 assert rep["cache"] == "triton" and rep["fallbacks"] == 0, rep
+print("ok")
 """
 )
 
 
+def test_the_cuda_replay_runs_in_the_interpreter():
+    """ON_CUDA's script itself, on the CPU in Triton's interpreter (smaller): a fault in the
+    script is found here, not in the GPU session's few minutes."""
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(ON_CUDA)
+
+
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_fused_batch_equals_the_host_path_on_cuda():  # pragma: no cover - GPU only
     """ON_CUDA's replay: after every batch the fused cache's rows, maps, cursors and counts equal
-    the host path's on the same GPU."""
+    the host path's on the same GPU; a side stream, several waves of programs, other dtypes and
+    widths, no sync (CUDA's sync check), the hit-ratio sum bit for bit."""
     import warnings
 
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     pytest.importorskip("triton")
     from gnnio.utils import triton_kernels
 

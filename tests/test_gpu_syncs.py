@@ -108,7 +108,10 @@ def test_bench_step_sync_pass_reports_the_loader_threads_too(monkeypatch, tmp_pa
     sites = r["cuda_sync_sites"]
     assert sites[next(k for k in sites if k.startswith("train "))] == 1.0  # one per batch
     assert any(k.startswith("gnnio-gather test_gpu_syncs.py:") for k in sites), sites
-    assert r["cuda_syncs_per_batch"] >= 2.0
+    # the train thread's one per batch and the gather thread's: the loader gathers ahead by its
+    # prefetch depth, before the pass and within it, so under load fewer than k of its gathers
+    # may fall inside the pass (1.5 per batch seen in CI at load ~3; the test said >= 2)
+    assert r["cuda_syncs_per_batch"] > 1.0
 
 
 def test_sampled_evaluation_reads_its_counts_once(tmp_path):

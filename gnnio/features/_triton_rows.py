@@ -34,7 +34,7 @@ MAX_WORDS = 8192
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _rows(src, src_idx, dst, dst_idx, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
           SCATTER: tl.constexpr, SKIP: tl.constexpr = False, STREAM: tl.constexpr = False,
           I32: tl.constexpr = False):  # fmt: skip
@@ -70,7 +70,7 @@ def _rows(src, src_idx, dst, dst_idx, n, W: tl.constexpr, WP: tl.constexpr, BR: 
         tl.store(dst + d[:, None] * W + c[None, :], v, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _tiered(hot, cold, slots, ids, dst, n, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
             SKIP: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)

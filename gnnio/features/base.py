@@ -268,7 +268,7 @@ class FeatureStore(ABC):
 
     @property
     def row_bytes(self) -> int:
-        return self.dim * torch.empty((), dtype=self.dtype).element_size()
+        return self.dim * self.dtype.itemsize  # (no tensor made: read several times a batch)
 
     @abstractmethod
     def gather(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,15 +28,20 @@ FIFO, for the batch's ``n`` ids (``cache.py``'s steps 1-5, positions ``r``):
    cached, the inserted ids are not, and the ring slots of one batch are distinct; and no kernel
    reads an element that it writes (the victims' keys are read by ``_serve``; ``_admit`` reads the
    first occurrences' rows and writes the repeats'), but for the books' scalars, which one
-   program reads and then writes, so nothing depends on the order of writes within a launch.
+   program reads and then writes (Triton issues a scalar's store and atomic from thread 0 only,
+   so the read-then-write is one thread's; the compile test holds this in the PTX), so nothing
+   depends on the order of writes within a launch.
 
 Static: ``_static`` does lookup, hit rows, missed rows from the backing and the counts in one
 pass; ``_book_static`` books them. Every count is an integer: per program a sum, then one integer
 ``atomic_add`` into a scratch (a sum is the same in any order); the stats' float64 sums (the hit
-ratio) are added by one program, in stream order, so runs are bit-identical. Only ``_admit``
-(FIFO) and ``_book_static`` change the cache's state, and they run last: a kernel that fails to
-build or launch leaves the cache as it was, and the batch is run again with torch ops
-(:func:`gnnio.utils.triton_kernels.kernel_failed` warns once).
+ratio) are added by one program, in stream order, so runs are bit-identical (and the hit-ratio
+sum is the host path's bit for bit when read once after the stats began; a read takes the
+difference of the cumulative device sums, so after a reset or a second read it may differ in
+the last bits, as the torch ops' path). Only ``_admit`` (FIFO) and ``_book_static`` change the
+cache's state, and they run last: a kernel that fails to build or launch leaves the cache as it
+was, and the batch is run again with torch ops (:func:`gnnio.utils.triton_kernels.kernel_failed`
+warns once).
 
 ``TRITON_INTERPRET=1`` (set before the import) runs the kernels on CPU tensors, as the tests do.
 """
@@ -102,7 +107,7 @@ def _book(stats, scr, c_tier, c_bh, c_bc, b_bh, b_bc, n, u, hits, ins, rb):
         tl.store(scr + k, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _static(ids, slot_of, buf, hot, cold, table, prefix, dst, scr, n, W: tl.constexpr,
             WP: tl.constexpr, BR: tl.constexpr, HAS_TABLE: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -121,14 +126,14 @@ def _static(ids, slot_of, buf, hot, cold, table, prefix, dst, scr, n, W: tl.cons
     tl.atomic_add(scr + 2, tl.sum(bc.to(tl.int64), 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _book_static(stats, scr, c_tier, c_bh, c_bc, b_bh, b_bc, n, rb):
     hits = tl.load(scr + 0)
     nn = hits * 0 + n  # (n as an int64 scalar)
     _book(stats, scr, c_tier, c_bh, c_bc, b_bh, b_bc, nn, nn, hits, hits * 0, rb)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _claim(ids, pos, n, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rm = r < n
@@ -136,7 +141,7 @@ def _claim(ids, pos, n, BLOCK: tl.constexpr):
     tl.atomic_min(pos + key, r, mask=rm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _flags(ids, pos, slot_of, ws, n, BLOCK: tl.constexpr):
     # ws (int64 [5, n]): 0 first occurrence? + (first-occurrence miss? << 32), scanned in one
     # pass for both ranks; 1 first position; 2 cached slot (-1 absent); _serve's: 3 the ring slot
@@ -152,7 +157,7 @@ def _flags(ids, pos, slot_of, ws, n, BLOCK: tl.constexpr):
     tl.store(ws + 2 * n + r, s, mask=rm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _serve(ids, pos, ws, ranks, key_of, cur, buf, hot, cold, table, prefix, dst, scr, n, cap,
            W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr, HAS_TABLE: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -183,7 +188,7 @@ def _serve(ids, pos, ws, ranks, key_of, cur, buf, hot, cold, table, prefix, dst,
     tl.atomic_add(scr + 3, tl.sum((ins & (old >= 0)).to(tl.int64), 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _admit(ids, ws, ranks, key_of, slot_of, cur, clock, buf, dst, stats, scr, c_tier, c_bh, c_bc,
            b_bh, b_bc, n, cap, rb, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
