@@ -132,12 +132,18 @@ def test_sampler_placement_and_its_options(monkeypatch):
     assert sampler_placement(ds, auto) == (torch.device("cuda", 0), "gpu")
     for other in (dict(sampler="ladies"), dict(sampler="ladies", locality_scale=2.0)):
         assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (None, "gpu")
-    for other in (dict(sampler="labor"), dict(prune_threshold=(1, 1)), dict(locality_scale=2.0)):
-        # (issue 24 items 3, 5)
+    for other in (dict(sampler="labor"), dict(prune_threshold=(1, 1))):  # (issue 24 item 3, 5)
         assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (
             torch.device("cuda", 0),
             "gpu",
         )
+    # the locality-aware sampler's member index counts too: per layer a pointer as long as the
+    # CSR's and the Q' members' positions (about the hot fraction of the edges)
+    las = TrainConfig(device="cuda", locality_scale=2.0, gpu_cache_fraction=0.5)
+    mi = 3 * (ds.graph.indptr.nbytes + int(4 * ds.graph.indices.shape[0] * 0.5))
+    assert sampler_placement(ds, las) == (None, "gpu")  # the CSR alone fits, not with the index
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * (csr + mi), 8 * csr))
+    assert sampler_placement(ds, las) == (torch.device("cuda", 0), "gpu")
 
 
 @pytest.mark.parametrize(

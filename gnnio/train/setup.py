@@ -379,11 +379,27 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
     graph_in = cfg.graph_in
     if graph_in == "auto":
         csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
+        csr_bytes += member_index_bytes(ds, cfg)
         free, _total = torch.cuda.mem_get_info(dev)
         graph_in = "gpu" if csr_bytes <= free // 4 else "host"
         if want == "auto" and graph_in == "host":  # auto: the GPU sampler when the graph fits
             return None, "gpu"
     return dev, graph_in
+
+
+def member_index_bytes(ds, cfg) -> int:
+    """The locality-aware sampler's member index on the sampling device, estimated before it is
+    built (0 without ``--locality-scale``): per layer a pointer of ``N + 1`` int64 and the CSR
+    positions of the rows' neighbours in the layer's Q' -- about the hot fraction of the edges,
+    int32 -- (:meth:`~gnnio.sampling.LocalitySampler._member_index`)."""
+    if getattr(cfg, "locality_scale", None) is None:
+        return 0
+    fo = cfg.fanouts
+    layers = len(fo.split(",")) if isinstance(fo, str) else len(fo)
+    pointer = np.asarray(ds.graph.indptr).shape[0]
+    edges = int(np.asarray(ds.graph.indices).shape[0])
+    frac = min(1.0, float(cfg.gpu_cache_fraction or 0.0)) or 1.0  # (B from a placement: all)
+    return layers * (8 * pointer + int(4 * edges * frac))
 
 
 def _gpu_sampler_applies(cfg) -> bool:
