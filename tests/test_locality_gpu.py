@@ -395,12 +395,14 @@ def test_bench_sampling_takes_a_locality_scale(tmp_path, capsys):
     las = out[4]
     assert las["locality_scale"] == 8.0 and las["hot_rows"] == 20 and las["edges_per_s"] > 0
     assert out[0]["locality_scale"] is None and las["checksum"] != out[0]["checksum"]
-    for bad in (["--locality-scale", "0"], ["--locality-scale", "2", "--sampler", "labor"],
-                ["--locality-scale", "2", "--gpu-cache-fraction", "0"],
-                ["--gpu-cache-fraction", "0.2"]):  # fmt: skip
+    for bad, says in ((["--locality-scale", "0"], "> 0"),
+                      (["--locality-scale", "2", "--sampler", "labor"], "not labor"),
+                      (["--locality-scale", "2", "--cuda-graph"], "--cuda-graph"),
+                      (["--locality-scale", "2", "--gpu-cache-fraction", "0"], "(0, 1]"),
+                      (["--gpu-cache-fraction", "0.2"], "only with")):  # fmt: skip
         assert main([*argv, *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("gnnio: error: --"), err
+        assert len(err) == 1 and err[0].startswith("gnnio: error: --") and says in err[0], err
 
 
 def narrow_offsets(ttir: str) -> list[str]:

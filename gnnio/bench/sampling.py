@@ -141,8 +141,10 @@ def _check(args) -> list[int]:
         raise UsageError("--gpu-cache-fraction: only with --locality-scale (the set B)")
     if las is not None:
         args.gpu_cache_fraction = 0.1 if frac is None else frac
-        if getattr(args, "sampler", "uniform") != "uniform" or getattr(args, "cuda_graph", False):
-            raise UsageError("--locality-scale: works with --sampler uniform, not --cuda-graph")
+        if getattr(args, "sampler", "uniform") != "uniform":
+            raise UsageError(f"--locality-scale: works with --sampler uniform, not {args.sampler}")
+        if getattr(args, "cuda_graph", False):
+            raise UsageError("--locality-scale: not with --cuda-graph (its batches launch eagerly)")
         if not (0 < las < float("inf")):
             raise UsageError(f"--locality-scale: must be a finite number > 0, got {las}")
         if not 0 < args.gpu_cache_fraction <= 1:
