@@ -53,7 +53,7 @@ class TorchPrunedSampler(TorchUniformSampler):
         cuda_graph: replay each batch as a CUDA graph (:mod:`.gpu_graphed`, whose hop reads
             ``thresholds`` as the eager one does; the same batches).
 
-    :meth:`sample` takes the 64-bit call key; :class:`~gnnio.sampling.locality.
+    :meth:`sample` takes the 64-bit call key; :class:`~gnnio.sampling.pruned.
     PrunedUniformSampler` derives it from its seed and call counter / ``epoch_seed``.
     """
 
