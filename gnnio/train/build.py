@@ -105,9 +105,13 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         reset_graphed_report()  # this run's batches only
         # (a GPU sampler replays, or, the locality-aware one, warned that it does not)
         if not str(getattr(sampler, "device", "cpu")).startswith("cuda"):
-            warnings.warn(f"--cuda-graph: the {getattr(cfg, 'sampler', 'uniform')} sampler runs "
-                          "on the CPU here: its batches are not replayed as CUDA graphs (a GPU "
-                          "sampler's are: --sampler-device cuda)", RuntimeWarning, stacklevel=2)  # fmt: skip
+            las = getattr(cfg, "locality_scale", None) is not None  # (not replayed on a GPU either)
+            kind = "locality-aware" if las else getattr(cfg, "sampler", "uniform")
+            hint = (
+                "" if las or kind == "ladies" else " (a GPU sampler's are: --sampler-device cuda)"
+            )
+            warnings.warn(f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches "
+                          f"are not replayed as CUDA graphs{hint}", RuntimeWarning, stacklevel=2)  # fmt: skip
     return parts
 
 
