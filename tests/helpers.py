@@ -154,3 +154,27 @@ def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "ok"
+
+
+def compile_for_sm90(fn, types: dict, const: dict):
+    """``fn`` (a ``triton.jit`` kernel) compiled ahead of time for an H100/H200 (sm_90) here,
+    without a GPU (Triton's wheel brings its compiler and ptxas): ``types`` maps every argument
+    to its Triton type, ``"constexpr"`` for exactly the keys of ``const`` (their values). Skips
+    the test where ptxas is missing; a kernel the compiler refuses fails it. Returns the
+    compiled kernel (``.asm``: ``ttir``, ``ptx``, ``cubin``)."""
+    import pytest
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    name = fn.fn.__name__
+    assert {a for a, t in types.items() if t == "constexpr"} == set(const), name
+    src = ASTSource(fn, types, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    except Exception as e:
+        if "ptxas" in str(e).lower() and "not found" in str(e).lower():
+            pytest.skip(f"no ptxas here: {e}")
+        raise AssertionError(f"{name}: {e}") from e
+    assert k.asm.get("cubin"), name
+    return k

@@ -258,11 +258,9 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
     """Every kernel compiles to an sm_90 cubin (no GPU needed; the interpreter accepts code a GPU
     compiler refuses), with and without the backing's lookup table, int32 and int64 maps; the
     hit ratio's float64 division is the correctly rounded one, as the host path's."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    pytest.importorskip("triton")
     from gnnio.features.caches import _triton_cache as T
+    from tests.helpers import compile_for_sm90
 
     def sig(fn, i64: str, i32: str = "", scalars: str = "") -> dict:
         types = {k: "*i64" for k in i64.split()} | {k: "*i32" for k in i32.split()}
@@ -304,17 +302,7 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
         (T._book_static, sig(T._book_static, books, "", "n rb"), {}),
     ]
     for fn, types, const in cases:
-        assert {a for a, t in types.items() if t == "constexpr"} == set(const), fn.fn.__name__
-        src = ASTSource(
-            fn, types, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()}
-        )
-        try:
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-        except Exception as e:
-            if "ptxas" in str(e).lower() and "not found" in str(e).lower():
-                pytest.skip(f"no ptxas here: {e}")
-            raise AssertionError(f"{fn.fn.__name__}: {e}") from e
-        assert k.asm.get("cubin"), fn.fn.__name__
+        k = compile_for_sm90(fn, types, const)
         if fn in (T._admit, T._book_static):
             assert "div.rn.f64" in k.asm["ptx"], fn.fn.__name__
         if fn is T._book_static:  # the books' read-then-write is one thread's: every store of

@@ -174,12 +174,10 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
     without a GPU (Triton's wheel brings its compiler and ptxas): a kernel the interpreter runs
     but the compiler refuses would fall back to torch ops on every GPU. Fails on such a kernel
     (a tensor used as an ``if`` condition, for instance)."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    pytest.importorskip("triton")
     from gnnio.sampling import _triton_hop as hop
     from gnnio.sampling import _triton_relabel as rel
+    from tests.helpers import compile_for_sm90
 
     p, i = "*i64", "i32"
 
@@ -207,15 +205,4 @@ def test_the_kernels_build_for_a_gpu_on_this_machine():
         (rel._reset, sig("nodes loc first cnt"), {"BLOCK": 256, "HAS_CNT": True}),
     ]
     for fn, types, const in cases:
-        types = {a: types.get(a, "constexpr") for a in fn.arg_names}
-        assert {a for a, t in types.items() if t == "constexpr"} == set(const), fn.fn.__name__
-        src = ASTSource(
-            fn, types, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()}
-        )
-        try:
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-        except Exception as e:
-            if "ptxas" in str(e).lower() and "not found" in str(e).lower():
-                pytest.skip(f"no ptxas here: {e}")
-            raise AssertionError(f"{fn.fn.__name__}: {e}") from e
-        assert k.asm.get("cubin"), fn.fn.__name__
+        compile_for_sm90(fn, {a: types.get(a, "constexpr") for a in fn.arg_names}, const)

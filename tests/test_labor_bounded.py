@@ -197,11 +197,9 @@ def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
     as arguments and read from device memory (a CUDA graph's, ``KEY_PTR``), and the
     Poisson threshold ``k / d`` is the correctly rounded float64 division (``div.rn.f64``, as
     NumPy's), never fused into an FMA: either would keep other neighbours than the CPU kernel."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    pytest.importorskip("triton")
     from gnnio.sampling import _triton_labor as TL
+    from tests.helpers import compile_for_sm90
 
     def sig(fn, ptrs: str, ints: str) -> dict:
         types = {k: "*i64" for k in ptrs.split()} | {k: "i32" for k in ints.split()}
@@ -217,17 +215,7 @@ def test_the_labor_kernels_build_for_a_gpu_on_this_machine():
           for p in (False, True) for kp in (False, True)),
     ]  # fmt: skip
     for fn, types, const, divides in cases:
-        assert {a for a, t in types.items() if t == "constexpr"} == set(const)
-        src = ASTSource(
-            fn, types, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()}
-        )
-        try:
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-        except Exception as e:
-            if "ptxas" in str(e).lower() and "not found" in str(e).lower():
-                pytest.skip(f"no ptxas here: {e}")
-            raise AssertionError(f"{fn.fn.__name__}: {e}") from e
-        assert k.asm.get("cubin"), fn.fn.__name__
+        k = compile_for_sm90(fn, types, const)
         ptx = k.asm["ptx"]
         assert ("div.rn.f64" in ptx) == divides and "div.approx" not in ptx, fn.fn.__name__
         assert "fma.rn.f64" not in ptx, fn.fn.__name__  # (a fused product would round apart)
