@@ -92,8 +92,9 @@ class TrainConfig:
         sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- pruned and
             locality-aware too -- or LABOR-0 sampler runs on the training GPU inside the loader, on its own stream:
             :mod:`gnnio.sampling.gpu` and its subclasses) or ``"auto"``
-            (default: ``cuda`` when training on a GPU with one of those samplers and the CSR
-            takes at most a quarter of the free GPU memory, else ``cpu``).
+            (default: ``cuda`` when training on a GPU with one of those samplers and the CSR --
+            with the locality-aware sampler's member index -- takes at most a quarter of the
+            free GPU memory, else ``cpu``).
         graph_in: with ``sampler_device="cuda"``: ``"gpu"`` (the CSR copied to the GPU),
             ``"host"`` (UVA sampling: the CSR pinned in host memory and read zero-copy, never
             copied) or ``"auto"`` (gpu when it takes at most a quarter of the free GPU memory).
