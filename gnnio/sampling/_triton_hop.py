@@ -43,6 +43,22 @@ def _mix64(z):
     return z ^ (z >> 31)
 
 
+@triton.jit
+def _key(k0, k1, k2, kp, KEY_PTR: tl.constexpr):
+    """A sampler kernel's 64-bit key (uniform, LABOR-0, LAS hops): with ``KEY_PTR`` the bits at
+    ``kp`` (int64 ``[1]`` in device memory: a CUDA graph's replay reads each batch's key there),
+    else from three 22-bit int32 arguments (one compiled signature for every key)."""
+    if KEY_PTR:
+        key = tl.load(kp).to(tl.uint64, bitcast=True)
+    else:
+        key = (
+            (k2.to(tl.int64).to(tl.uint64) << 44)
+            | (k1.to(tl.int64).to(tl.uint64) << 22)
+            | k0.to(tl.int64).to(tl.uint64)
+        )
+    return key
+
+
 @triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2", "theta"])
 def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, kp, loc,
          first, theta, fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
@@ -58,14 +74,7 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
     start = tl.load(indptr + g, mask=rm, other=0)
     deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
     off = tl.load(row_off + r, mask=rm, other=0)
-    if KEY_PTR:  # the key in device memory (a CUDA graph's replay: a new key, no new launch)
-        key = tl.load(kp).to(tl.uint64, bitcast=True)
-    else:  # the 64-bit key in three int32 arguments (one compiled signature for every key)
-        key = (
-            (k2.to(tl.int64).to(tl.uint64) << 44)
-            | (k1.to(tl.int64).to(tl.uint64) << 22)
-            | k0.to(tl.int64).to(tl.uint64)
-        )
+    key = _key(k0, k1, k2, kp, KEY_PTR)  # (in device memory: a CUDA graph's replay)
     state = _mix64(key ^ (g.to(tl.uint64) * 0x9E3779B97F4A7C15))
     # HyDRA's pruning (theta > 0): a row longer than theta first draws its window's start in
     # [0, deg) (Lemire, rejections redrawn), then samples the theta positions from there

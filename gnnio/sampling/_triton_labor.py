@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_hop import _mix64
+from ._triton_hop import _key, _mix64
 
 __all__ = ["count_triton", "select_triton"]
 
@@ -50,22 +50,6 @@ def _rows(dst, indptr, cnt, n, BLOCK: tl.constexpr):
     start = tl.load(indptr + g, mask=rm, other=0)
     deg = tl.load(indptr + g + 1, mask=rm, other=0) - start
     return r, rm, start, deg
-
-
-@triton.jit
-def _key(k0, k1, k2, kp, KEY_PTR: tl.constexpr):
-    """The 64-bit LABOR key: with ``KEY_PTR`` the bits at ``kp`` (int64 ``[1]`` in device
-    memory: a CUDA graph's replay reads each batch's key there), else from three 22-bit int32
-    arguments (one compiled signature for every key)."""
-    if KEY_PTR:
-        key = tl.load(kp).to(tl.uint64, bitcast=True)
-    else:
-        key = (
-            (k2.to(tl.int64).to(tl.uint64) << 44)
-            | (k1.to(tl.int64).to(tl.uint64) << 22)
-            | k0.to(tl.int64).to(tl.uint64)
-        )
-    return key
 
 
 @triton.jit

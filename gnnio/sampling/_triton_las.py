@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_hop import _mix64
+from ._triton_hop import _key, _mix64
 
 __all__ = ["las_consts", "sample_las_triton"]
 
@@ -165,11 +165,7 @@ def _las(indptr, indices, dst, row_off, out_src, out_row, out_w, n, cnt, cap, k0
     start = tl.load(indptr + g, mask=rm, other=0)
     d = tl.load(indptr + g + 1, mask=rm, other=0) - start
     off = tl.load(row_off + r, mask=rm, other=0)
-    key = (
-        (k2.to(tl.int64).to(tl.uint64) << 44)
-        | (k1.to(tl.int64).to(tl.uint64) << 22)
-        | k0.to(tl.int64).to(tl.uint64)
-    )
+    key = _key(k0, k1, k2, k0, False)  # (from the three int32 arguments)
     state = _mix64(key ^ (g.to(tl.uint64) * 0x9E3779B97F4A7C15))
     # 1. the pruning window (theta > 0): its start drawn first, as on the CPU
     cut = rm & (d > theta) & (theta > 0)
