@@ -240,6 +240,13 @@ def test_an_optional_value_does_not_swallow_the_dataset_directory(tmp_path):
         assert (args.dir, args.prune_threshold) == (d, "1,1")
         args = build_parser().parse_args(normalise_argv([*cmd, "--cuda-graph", "step", d]))
         assert (args.dir, args.cuda_graph) == (d, "step")  # a value stays a value
+        for both in (["--cuda-graph", "--prune-threshold"], ["--prune-threshold", "--cuda-graph"]):
+            args = build_parser().parse_args(normalise_argv([*cmd, *both, d, "--epochs", "2"]))
+            assert (args.dir, args.cuda_graph, args.prune_threshold) == (d, "all", "1,1")
+        args = build_parser().parse_args(
+            normalise_argv([*cmd, "--cuda-graph", "sampler", "--prune-threshold", d])
+        )
+        assert (args.dir, args.cuda_graph, args.prune_threshold) == (d, "sampler", "1,1")
     args = build_parser().parse_args(normalise_argv(["bench", "sampling", "--prune-threshold", d]))
     assert (args.dataset, args.prune_threshold) == (d, "1,1")
     # not a directory: still the option's value, refused as such

@@ -80,15 +80,21 @@ _OPTIONAL_VALUE = {
 def dir_before_optional_values(argv: list[str]) -> list[str]:
     """``["--cuda-graph", "DIR", ...]`` -> ``["DIR", "--cuda-graph", ...]`` where ``DIR`` is an
     existing directory and not a value of the option: argparse would take the dataset directory
-    for the value of an option whose value is optional (``gnnio train --cuda-graph DIR``)."""
-    out, i = [], 0
+    for the value of an option whose value is optional (``gnnio train --cuda-graph DIR``). ``DIR``
+    goes before the whole run of such options without a value (``--cuda-graph --prune-threshold
+    DIR``), else the first of them would take it."""
+    out, i, run = [], 0, None  # run: where in out a run of those options without a value starts
     while i < len(argv):
         a, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else None
         is_value = _OPTIONAL_VALUE.get(a)
         if is_value and nxt is not None and not is_value(nxt) and os.path.isdir(nxt):
-            out += [nxt, a]
-            i += 2
+            at = len(out) if run is None else run
+            out[at:at] = [nxt]
+            out.append(a)
+            i, run = i + 2, None
             continue
+        bare = is_value is not None and (nxt is None or not is_value(nxt))
+        run = (len(out) if run is None else run) if bare else None
         out.append(a)
         i += 1
     return out
