@@ -63,10 +63,6 @@ class PrunedUniformSampler(LocalitySampler):
         self._torch = TorchPrunedSampler(*topo, self.fanouts, self.thresholds, weights,
                                          cuda_graph=cuda_graph)  # fmt: skip
 
-    @property
-    def device(self) -> torch.device:
-        return self._torch.device if self._torch is not None else torch.device("cpu")
-
     def sample(self, seeds, epoch_seed: int | None = None) -> MiniBatch:
         """As :meth:`LocalitySampler.sample`; on the GPU path the same batch, sampled there."""
         if self._torch is None:
