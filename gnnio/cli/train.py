@@ -216,10 +216,11 @@ def add_train_arguments(p) -> None:
         "--sampler-device",
         choices=["auto", "cpu", "cuda"],
         default="auto",
-        help="where the uniform (--prune-threshold included) or labor sampler runs: cpu (numba "
-        "kernels), cuda (the training GPU, inside the loader on its own stream; needs --device "
-        "cuda), or auto: cuda when training on a GPU with one of those samplers and the graph "
-        "fits (CSR <= 1/4 of the free GPU memory), else cpu (default: auto)",
+        help="where the uniform (--prune-threshold and --locality-scale included) or labor "
+        "sampler runs: cpu (numba kernels), cuda (the training GPU, inside the loader on its own "
+        "stream; needs --device cuda), or auto: cuda when training on a GPU with one of those "
+        "samplers and the graph fits (CSR, with --locality-scale its member index too, <= 1/4 of "
+        "the free GPU memory), else cpu (default: auto)",
     )
     g.add_argument(
         "--graph-in",
@@ -227,7 +228,8 @@ def add_train_arguments(p) -> None:
         default="auto",
         help="with --sampler-device cuda: the CSR on the GPU (gpu), or pinned in host memory and "
         "read zero-copy by the GPU sampler, never copied (host: UVA sampling); auto: gpu when it "
-        "takes at most a quarter of the free GPU memory (default: auto)",
+        "(with --locality-scale its member index too) takes at most a quarter of the free GPU "
+        "memory (default: auto)",
     )
     g.add_argument(
         "--layer-size",
