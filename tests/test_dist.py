@@ -178,6 +178,19 @@ def test_failure_line_prefers_the_killed_rank():
         1: failure(1, 11, 1, {"message": "Traceback...\nRuntimeError: injected fault"}, 2),
     }
     assert failure_line(err).startswith("rank 1 (pid 11) failed: RuntimeError: injected fault")
+    # a SIGKILLed rank and its peer, aborted by gloo (SIGABRT) in the same poll (seen once in CI):
+    # the killed one is the cause, whatever the ranks' order; an abort also follows a real error
+    for ts in ((1, 1), (2, 1)):
+        err.failures = {
+            0: failure(0, 10, -6, "Signal 6 (SIGABRT) received by PID 10", ts[1]),
+            1: failure(1, 11, -9, "Signal 9 (SIGKILL) received by PID 11", ts[0]),
+        }
+        assert failure_line(err).startswith("rank 1 (pid 11) was killed by SIGKILL")
+    err.failures = {
+        0: failure(0, 10, -6, "Signal 6 (SIGABRT) received by PID 10", 1),
+        1: failure(1, 11, 1, {"message": "Traceback...\nRuntimeError: injected fault"}, 2),
+    }
+    assert failure_line(err).startswith("rank 1 (pid 11) failed: RuntimeError: injected fault")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -68,15 +68,16 @@ def failure_line(err) -> str:
                                     "peer", "timed out", "timeout", "remote worker",
                                     "socket closed"))  # fmt: skip
 
-    ranked = sorted(
-        failures.items(),
-        key=lambda kv: (
-            not (kv[1].exitcode is not None and kv[1].exitcode < 0),  # killed first
-            peer_loss(kv[1]),  # then a real error before "my peer went away"
-            kv[1].timestamp,
-            kv[0],
-        ),
-    )
+    def cause(f) -> int:
+        """0: killed by a signal from outside (SIGKILL, SIGSEGV, ...); 1: a real error; 2: a rank
+        that aborted (SIGABRT: gloo aborts a rank whose peer vanished mid-collective; seen in CI
+        reported before its SIGKILLed peer) or saw its peer go away."""
+        killed = f.exitcode is not None and f.exitcode < 0
+        if killed:
+            return 2 if f.exitcode == -signal.SIGABRT else 0
+        return 2 if peer_loss(f) else 1
+
+    ranked = sorted(failures.items(), key=lambda kv: (cause(kv[1]), kv[1].timestamp, kv[0]))
     first_rank, first = ranked[0]
     line = describe(first_rank, first)
     others = [r for r, _ in ranked[1:]]
