@@ -59,6 +59,23 @@ def _key(k0, k1, k2, kp, KEY_PTR: tl.constexpr):
     return key
 
 
+@triton.jit
+def _lemire(state, bound, pending):
+    """The CPU's ``_bounded(state, bound)`` on the ``pending`` lanes, rejections redrawn:
+    ``(value, state)``."""
+    b = bound.to(tl.uint64)
+    thr = ((1 << 32) - b) % tl.maximum(b, 1)
+    val = tl.zeros(bound.shape, dtype=tl.int64)
+    while tl.max(pending.to(tl.int32), 0) > 0:
+        state = tl.where(pending, state + 0x9E3779B97F4A7C15, state)
+        m = (_mix64(state) >> 32) * b
+        low = m & 0xFFFFFFFF
+        ok = (low >= b) | (low >= thr)
+        val = tl.where(pending & ok, (m >> 32).to(tl.int64), val)
+        pending = pending & (ok == 0)
+    return val, state
+
+
 @triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2", "theta"])
 def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k2, kp, loc,
          first, theta, fanout: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
@@ -79,16 +96,7 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
     # HyDRA's pruning (theta > 0): a row longer than theta first draws its window's start in
     # [0, deg) (Lemire, rejections redrawn), then samples the theta positions from there
     cut = rm & (deg > theta) & (theta > 0)
-    bd = deg.to(tl.uint64)
-    bd_thr = ((1 << 32) - bd) % tl.maximum(bd, 1)
-    st = tl.zeros([BLOCK], dtype=tl.int64)
-    drawing = cut
-    while tl.max(drawing.to(tl.int32), 0) > 0:
-        state = tl.where(drawing, state + 0x9E3779B97F4A7C15, state)
-        bm = (_mix64(state) >> 32) * bd
-        accept = ((bm & 0xFFFFFFFF) >= bd) | ((bm & 0xFFFFFFFF) >= bd_thr)
-        st = tl.where(drawing & accept, (bm >> 32).to(tl.int64), st)
-        drawing = drawing & (accept == 0)
+    st, state = _lemire(state, deg, cut)
     w = tl.where(cut, theta, deg)  # the positions to sample from: the window or the row
     k = tl.minimum(w, fanout)
     col = tl.arange(0, FP)
@@ -96,17 +104,7 @@ def _hop(indptr, indices, dst, row_off, out_src, out_row, n, cnt, cap, k0, k1, k
     live = rm & (w > fanout)
     for i in range(0, fanout):
         j = w - fanout + i  # Floyd: j runs over the last `fanout` positions
-        bound = (j + 1).to(tl.uint64)
-        thr = ((1 << 32) - bound) % tl.maximum(bound, 1)
-        pending = live
-        val = tl.zeros([BLOCK], dtype=tl.int64)
-        while tl.max(pending.to(tl.int32), 0) > 0:  # Lemire: redraw the rejected rows
-            state = tl.where(pending, state + 0x9E3779B97F4A7C15, state)
-            m = (_mix64(state) >> 32) * bound
-            low = m & 0xFFFFFFFF
-            ok = (low >= bound) | (low >= thr)
-            val = tl.where(pending & ok, (m >> 32).to(tl.int64), val)
-            pending = pending & (ok == 0)
+        val, state = _lemire(state, j + 1, live)  # redraws the rejected rows
         seen = tl.sum(((picks == val[:, None]) & (col[None, :] < i)).to(tl.int32), 1) > 0
         t = tl.where(seen, j, val)
         picks = tl.where(col[None, :] == i, t[:, None], picks)

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_hop import _key, _mix64
+from ._triton_hop import _key, _lemire, _mix64
 
 __all__ = ["las_consts", "sample_las_triton"]
 
@@ -52,23 +52,6 @@ def las_consts(scale: float, device) -> torch.Tensor:
     """The kernel's float64 constants: ``scale``, the Newton tolerance ``1e-12``, ``1 - 1e-16``
     (the odds clamp) -- values a float32 literal would round."""
     return torch.tensor([float(scale), 1e-12, 1.0 - 1e-16], dtype=torch.float64, device=device)
-
-
-@triton.jit
-def _lemire(state, bound, pending):
-    """The CPU's ``_bounded(state, bound)`` on the ``pending`` lanes, rejections redrawn:
-    ``(value, state)``."""
-    b = bound.to(tl.uint64)
-    thr = ((1 << 32) - b) % tl.maximum(b, 1)
-    val = tl.zeros(bound.shape, dtype=tl.int64)
-    while tl.max(pending.to(tl.int32), 0) > 0:
-        state = tl.where(pending, state + 0x9E3779B97F4A7C15, state)
-        m = (_mix64(state) >> 32) * b
-        low = m & 0xFFFFFFFF
-        ok = (low >= b) | (low >= thr)
-        val = tl.where(pending & ok, (m >> 32).to(tl.int64), val)
-        pending = pending & (ok == 0)
-    return val, state
 
 
 @triton.jit
