@@ -78,7 +78,7 @@ from .._gather import output_rows
 from ..accounting import CacheStats, _Timer
 from ..base import BatchCount, FeatureStore
 from ..batch_ops import FirstOccurrence, ids_on, move_rows
-from . import nosync
+from . import nosync, nosync_lookahead
 from .lookahead import LookaheadPolicy, make_any_policy
 from .policy import (
     POLICIES,
@@ -148,7 +148,9 @@ class FeatureCache(FeatureStore):
             else ``"cache"``).
         timing: measure management and copy time per batch (CUDA events on a GPU).
         sync_free: run the batch without host synchronisations
-            (:mod:`gnnio.features.caches.nosync`; FIFO and static only). Default: on a GPU.
+            (:mod:`gnnio.features.caches.nosync`: FIFO and static;
+            :mod:`gnnio.features.caches.nosync_lookahead`: lookahead and optimal). Default: on a
+            GPU.
     """
 
     def __init__(
@@ -182,12 +184,14 @@ class FeatureCache(FeatureStore):
             (self.capacity + 1, self.dim), dtype=self.dtype, device=self.device
         )
         self.buffer = self._buffer_ext[: self.capacity]
-        nosync_ok = self.policy.name in ("fifo", "static")
+        nosync_ok = self.policy.name in ("fifo", "static", "lookahead", "optimal")
         if sync_free and not nosync_ok:
-            raise ValueError(f"sync_free: FIFO and static caches only, not {self.policy.name}")
+            raise ValueError(f"sync_free: FIFO, static, lookahead caches, not {self.policy.name}")
         self.sync_free = nosync_ok if sync_free is None and self.device.type == "cuda" else bool(
             sync_free
         )  # fmt: skip
+        if self.sync_free and isinstance(self.policy, LookaheadPolicy):
+            self.policy.use_kernels = False  # (the kernels' slot ranks are not kept there)
         self.stats = CacheStats()
         self._dedup = FirstOccurrence(self.num_rows, self.device) if self.policy.dynamic else None
         self._clock = 0
@@ -279,6 +283,9 @@ class FeatureCache(FeatureStore):
             return
         idx = ids_on(self, ids, self.device)
         with self._lock:
+            if self.sync_free:  # padded: the unique count stays on the device
+                self._announced.append((ids, idx, nosync_lookahead.dedup_and_announce(self, idx)))
+                return
             fused = self.policy.announce_ids(idx)  # CPU kernels: dedup in the same pass
             if fused is None:
                 uniq, inv = self._dedup(idx)
@@ -286,7 +293,7 @@ class FeatureCache(FeatureStore):
             else:
                 uniq, inv = fused
             # kept for gather() of the same ids: validated and deduplicated once, not twice
-            self._announced.append((ids, idx, uniq, inv))
+            self._announced.append((ids, idx, (uniq, inv)))
 
     def reset_window(self) -> None:
         """Forget announced batches that will not be served (an epoch closed early)."""
@@ -296,17 +303,20 @@ class FeatureCache(FeatureStore):
                 self._announced.clear()
 
     def _take_announced(self, ids) -> tuple | None:
-        """``(idx, unique, inverse)`` computed when ``ids`` (this very object, unchanged) was
-        announced as the next batch; None otherwise. Drops the oldest announcement either way
+        """``(idx, dedup)`` computed when ``ids`` (this very object, unchanged) was announced as
+        the next batch (``dedup``: ``(unique, inverse)``, or the sync-free path's padded dedup);
+        None otherwise. Drops the oldest announcement either way
         (it is this batch's, or the policy refuses the batch)."""
         if not self._announced:
             return None
-        obj, idx, uniq, inv = self._announced.popleft()
+        obj, idx, dedup = self._announced.popleft()
         if obj is not ids or not isinstance(ids, torch.Tensor) or ids.dtype != idx.dtype:
             return None
+        if idx is ids:  # (ids on the device as they came: the same tensor, nothing to compare)
+            return idx, dedup
         if ids.device != idx.device or not torch.equal(ids, idx):  # changed in place since
             return None
-        return idx, uniq, inv
+        return idx, dedup
 
     def cached_ids(self) -> torch.Tensor:
         """The global ids cached now (int64, slot order)."""
@@ -328,10 +338,13 @@ class FeatureCache(FeatureStore):
         with self._lock:
             if self.sync_free:
                 timer = _Timer(self.device, self.timing, self.stats.laps)
-                run = nosync.gather_fifo if self.policy.dynamic else nosync.gather_static
-                run(self, idx, dst, timer)
+                if isinstance(self.policy, LookaheadPolicy):
+                    nosync_lookahead.gather_lookahead(self, idx, dst, timer, pre and pre[1])
+                else:
+                    run = nosync.gather_fifo if self.policy.dynamic else nosync.gather_static
+                    run(self, idx, dst, timer)
             elif self.policy.dynamic:
-                self._gather_dynamic(idx, dst, None if pre is None else pre[1:])
+                self._gather_dynamic(idx, dst, None if pre is None else pre[1])
             else:
                 self._gather_static(idx, dst)
         return dst

@@ -24,7 +24,10 @@ Ranking after batch ``t``, over the cached ids and the misses of ``t`` (smaller 
    21.7 k against 23.5 k rows fetched per batch at a 20 % cache, docs/benchmarks.md), ties -- and
    every id without ``hot_keys`` -- by the number of batches the id appeared in so far (frequency
    over the whole history, not only while cached), then cached before missed (no churn between
-   equals).
+   equals);
+3. remaining ties by position: cached ids in slot order, then the misses in first-occurrence
+   order, the earlier kept (:func:`kept_smallest`; a stable sort on the sync-free path, so both
+   paths keep the same ids).
 
 So a missed row not reused inside the window is admitted only into a free slot or in place of a
 cached row that is also not reused inside the window and has a lower fallback estimate; with a
@@ -35,8 +38,9 @@ cache's; without it a short trace measures mostly the fill-up).
 
 Cost per batch, all vectorized (no Python per id): ``announce`` O(batch) (on the CPU
 :meth:`LookaheadPolicy.announce_ids` also deduplicates the raw ids in that pass); ``begin_batch`` O(batch);
-``admit`` one gather of the cached ids' ranks and one ``topk`` (of the victims) over the cached ids
-plus the misses (LRU does one over the cached ids). The rank of every key is kept current in one
+``admit`` one gather of the cached ids' ranks and one selection (``kthvalue``) over the cached ids
+plus the misses (LRU does one over the cached ids). On a GPU the whole batch runs without a host
+synchronisation (:mod:`gnnio.features.caches.nosync_lookahead`). The rank of every key is kept current in one
 array (``rank_of``: the next use while announced, else the fallback, updated where the next use or
 the frequency changes: the announced and the served ids), so ranking reads one value per key.
 State: dense per-key arrays (rank, last announced position, the fallback's static base: int64;
@@ -103,9 +107,14 @@ class LookaheadPolicy(CachePolicy):
         self.name = "optimal" if lookahead is None else "lookahead"
         dev = self.device
         # per key: [rank, last announced serial, fallback rank, slot] (one cache line; the
-        # kernels); ``slot_of`` becomes a view of the last column
-        self.keystate = torch.empty((num_keys, 4), dtype=torch.int64, device=dev)
+        # kernels); ``slot_of`` becomes a view of the last column. One sentinel row (key
+        # ``num_keys``) and one sentinel slot past the end take the sync-free path's masked-off
+        # writes (:mod:`gnnio.features.caches.nosync_lookahead`)
+        self._ks_ext = torch.empty((num_keys + 1, 4), dtype=torch.int64, device=dev)
+        self.keystate = self._ks_ext[:num_keys]
         self.keystate[:, _K.SLOT] = -1
+        self._key_ext = torch.full((self.capacity + 1,), -1, dtype=torch.int64, device=dev)
+        self.key_of = self._key_ext[:-1]
         self.slot_of = self.keystate[:, _K.SLOT]
         self.last_serial.fill_(-1)
         # fallback = _BEYOND + 2 * ((hotness position << 24) + FREQ_MAX - frequency): hotter
@@ -139,13 +148,38 @@ class LookaheadPolicy(CachePolicy):
         self.next_serial = 0  # serial of the next announced id
         self.consumed = 0  # serials below this belong to consumed batches
         self.announced = 0  # batches announced so far (the next one's index)
-        self.pending: deque[tuple[int, int, int]] = deque()  # (batch index, first serial, size)
+        # (batch index, first serial, size); the sync-free path's: (.., serial and size as
+        # device scalars, the batch's padded length), made ints by sync_cursors()
+        self.pending: deque[tuple] = deque()
         #: numba kernels on CPU tensors (one pass per batch); the torch path elsewhere. Set it
         #: before the first batch (``slot_rank`` is kept by the kernels only).
         self.use_kernels = self.device.type == "cpu"
         self.slot_rank = torch.empty(self.capacity, dtype=torch.int64, device=dev)
         self._sync_slot_rank()
         self._served: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, their slots)
+        #: the sync-free path's cursors on the device: [next_serial, consumed, filled]
+        self._cur: torch.Tensor | None = None
+
+    def device_cursors(self) -> torch.Tensor:
+        """``[next_serial, consumed, filled]`` as an int64 device tensor the sync-free path
+        updates in place (its pending batches then hold their first serial and size as device
+        scalars); :meth:`sync_cursors` brings them back to the int attributes."""
+        if self._cur is None:
+            self._cur = torch.tensor([self.next_serial, self.consumed, self.filled],
+                                     dtype=torch.int64, device=self.device)  # fmt: skip
+        return self._cur
+
+    def sync_cursors(self) -> None:
+        """The device cursors and the pending batches' device scalars back to ints (one read);
+        every host-path entry point calls it first."""
+        if self._cur is None:
+            return
+        dev = [e for e in self.pending if len(e) == 4]
+        vals = torch.cat([self._cur, *(torch.stack([e[1], e[2]]) for e in dev)]).tolist()
+        self.next_serial, self.consumed, self.filled = vals[:3]
+        it = iter(vals[3:])
+        self.pending = deque((e[0], next(it), next(it)) if len(e) == 4 else e for e in self.pending)
+        self._cur = None
 
     @property
     def rank_of(self) -> torch.Tensor:
@@ -166,6 +200,7 @@ class LookaheadPolicy(CachePolicy):
 
     def announce(self, keys: torch.Tensor) -> None:
         """Announce the next batch's unique keys (int64 on ``device``, no repeats)."""
+        self.sync_cursors()
         m, dev = int(keys.numel()), self.device
         j = self.announced
         if m == 0:  # an empty batch is served without the cache looking at it
@@ -200,6 +235,7 @@ class LookaheadPolicy(CachePolicy):
         do not run (the caller deduplicates and calls :meth:`announce`)."""
         if not self.use_kernels:
             return None
+        self.sync_cursors()
         n = int(ids.numel())
         if n == 0:
             return ids, None
@@ -220,6 +256,7 @@ class LookaheadPolicy(CachePolicy):
     def begin_batch(self, keys: torch.Tensor) -> None:
         """The cache serves a batch with unique keys ``keys`` (first-occurrence order): consume the
         oldest announced batch (it must be this one), or announce and consume it at once."""
+        self.sync_cursors()
         if not self.pending:
             self.announce(keys)
         _j, a, m = self.pending.popleft()
@@ -287,6 +324,7 @@ class LookaheadPolicy(CachePolicy):
 
     def reset_window(self) -> None:
         """Forget the announced, unserved batches (an epoch stopped early)."""
+        self.sync_cursors()
         while self.pending:
             _j, a, m = self.pending.pop()
             ids = self._ring_get(self.ring_ids, a, m)
@@ -328,6 +366,7 @@ class LookaheadPolicy(CachePolicy):
         cached ids and misses (module docstring); ``ticks`` are unused. Returns ``(slots, pos,
         evicted)`` as :meth:`CachePolicy.admit`."""
         dev = self.device
+        self.sync_cursors()
         none = torch.empty(0, dtype=torch.int64, device=dev)
         if check_present and keys.numel():
             keep = torch.nonzero(self.lookup(keys) < 0).flatten()
@@ -353,10 +392,7 @@ class LookaheadPolicy(CachePolicy):
                 )
             else:
                 ranks = torch.cat([self._rank(res_keys, False), self._rank(keys, True)])
-            # the victims: the (nres + m) - (cap - s0) largest ranks (fewer than those kept)
-            worst = torch.topk(ranks, nres + m - (cap - s0), largest=True, sorted=False).indices
-            kept = torch.ones(nres + m, dtype=torch.bool, device=dev)
-            kept[worst] = False
+            kept = kept_smallest(ranks, cap - s0)
             pos = torch.nonzero(kept[nres:]).flatten()
             evicted_slots = res_slots[~kept[:nres]]
             free = torch.arange(self.filled, cap, device=dev)
@@ -407,6 +443,17 @@ class LookaheadPolicy(CachePolicy):
     def _tensors(self) -> list[torch.Tensor]:
         out = [self.key_of, self.keystate, self.slot_rank]  # (slot_of is a view of keystate)
         return [*out, self.ring_ids, self.ring_next]
+
+
+def kept_smallest(ranks: torch.Tensor, keep: int) -> torch.Tensor:
+    """Mask of the ``keep`` (< ``len(ranks)``) smallest ``ranks``, ties kept in order of position
+    (what a stable sort's first ``keep`` are; the sync-free path sorts): O(n), one selection of
+    the ``keep``-th smallest value, then the first of the entries equal to it."""
+    t = torch.kthvalue(ranks, keep).values
+    below = ranks < t
+    at = ranks == t
+    need = keep - int(below.sum())
+    return below | (at & (torch.cumsum(at, 0) <= need))
 
 
 def make_any_policy(
