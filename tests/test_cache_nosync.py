@@ -141,7 +141,7 @@ def test_padded_dedup():
 
 def test_sync_free_is_refused_for_the_other_policies_and_is_off_on_the_cpu():
     feats = _feats(20)
-    with pytest.raises(ValueError, match="FIFO and static"):
+    with pytest.raises(ValueError, match="FIFO, static, lookahead"):
         FeatureCache(InMemoryFeatureStore(feats), 5, "lru", sync_free=True)
     assert not FeatureCache(InMemoryFeatureStore(feats), 5, "fifo").sync_free
 
