@@ -121,6 +121,19 @@ def test_longer_traces_with_many_ties(policy, k, static):
     assert caches["free"].stats.as_dict()["evictions"] > 50
 
 
+def test_free_slots_are_filled_before_the_evicted_ones():
+    """A batch that both fills the last free slots and evicts (the cache not full before it): the
+    misses go to the free slots first, then to the evicted slots, in slot order."""
+    feats = np.arange(20, dtype=np.float32).reshape(10, 2)
+    caches = _caches(feats, 4, "lookahead", 1, None, 0)
+    # batch 1's ids are used again in batch 2 (inside the window): they displace key 1, the
+    # later of the two cached ids tied on their fallback
+    _replay(caches, feats, [[0, 1], [2, 3, 4], [4, 3, 2]], ahead=2)
+    for c in caches.values():
+        assert c.policy.key_of.tolist() == [0, 4, 2, 3]
+        assert c.stats.as_dict()["evictions"] == 1
+
+
 def test_a_batch_makes_no_host_sync(monkeypatch):
     """announce + gather of a sync-free lookahead cache: 0 host syncs per batch. The ids come as
     a GPU's loader hands them (already int64 on the cache's device and vouched, so ``ids_on``
