@@ -1,5 +1,5 @@
-"""Host syncs and ATen ops per batch of a FIFO / static FeatureCache, host path vs the sync-free
-path (issue 24, items 2 and 5; docs/benchmarks.md). An op is about one kernel launch on a GPU; on
+"""Host syncs and ATen ops per batch of a FIFO / static / lookahead FeatureCache, host path vs the
+sync-free path (issue 24, items 2 and 5; docs/benchmarks.md). An op is about one kernel launch on a GPU; on
 the CPU the sync-free path runs its torch fallback, so its CPU time is not the point.
 
     python benchmarks/cache_syncs.py              # the torch fallback over an in-memory store
@@ -11,6 +11,11 @@ tensors as they would on a GPU, with the cache over a tiered store of 0 % hot ro
 read zero-copy, as ``gnnio train --cache-policy`` builds it on a GPU); Triton launches are counted
 apart (``launches/batch``) and the torch ops the interpreter runs inside a launch are not counted
 as the host's. ``--by-op`` prints each op name and the gnnio line that dispatched it.
+
+The lookahead cache (window K = 4) is counted per batch served plus the announcement of the batch
+K ahead, as the loader does; its host path runs its torch ops (a GPU's, not the CPU kernels), and
+the ids reach it as a GPU's loader hands them (int64 on the cache's device: ``ids_on`` passes
+them through, so the announced batch is recognised without comparing a copy).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 import torch
 
 from gnnio.features import InMemoryFeatureStore
+from gnnio.features.caches import cache as cache_mod
 from gnnio.features.caches.cache import FeatureCache
 from gnnio.utils.syncs import OpCounter
 
@@ -93,7 +99,9 @@ def main() -> None:
     n, dim, bs = (1 << 16, 32, 10_000) if a.interpret else (1 << 18, 128, 100_000)
     feats = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
     rng = np.random.default_rng(1)
-    batches = [torch.from_numpy((rng.zipf(1.3, bs) % n).astype(np.int64)) for _ in range(8)]
+    k = 4  # the lookahead cache's window
+    batches = [torch.from_numpy((rng.zipf(1.3, bs) % n).astype(np.int64)) for _ in range(8 + k)]
+    cache_mod.ids_on = lambda store, ids, device: ids.long()  # as on a GPU (module docstring)
 
     def backing():
         if not a.interpret:
@@ -103,31 +111,39 @@ def main() -> None:
 
         return TieredFeatureStore(torch.from_numpy(feats), 0, simulate=SimulatedDevice())
 
-    for pol in ("fifo", "static"):
+    for pol in ("fifo", "static", "lookahead"):
+        ahead = k if pol == "lookahead" else 0
         for free in (False, True):
-            c = FeatureCache(backing(), n // 10, pol, hot_ids=np.arange(n), sync_free=free)
+            c = FeatureCache(backing(), n // 10, pol, hot_ids=np.arange(n), sync_free=free,
+                             lookahead=k)  # fmt: skip
+            if pol == "lookahead":
+                c.policy.use_kernels = False  # the host path as on a GPU: torch ops
+            for b in batches[:ahead]:
+                c.announce(b)
             ops = syncs = launches = 0
             t = 0.0
             names: collections.Counter = collections.Counter()
-            for i, b in enumerate(batches):
+            for i, b in enumerate(batches[:8]):
                 oc = _COUNTER[0] = _Ops(a.by_op and free)
                 LAUNCHES.clear()
                 with oc:
                     t0 = time.perf_counter()
                     c.gather(b)
+                    if ahead:
+                        c.announce(batches[i + ahead])
                     dt = time.perf_counter() - t0
                 _COUNTER[0] = None
                 if i >= 2:  # warm batches only
                     ops, syncs, t = ops + oc.ops, syncs + oc.syncs, t + dt
                     launches += sum(LAUNCHES.values())
                     names += oc.names
-            k = len(batches) - 2
-            print(f"{pol:6s} {'sync_free' if free else 'host':9s} ops/batch {ops / k:6.1f} "
-                  f"syncs/batch {syncs / k:4.1f} launches/batch {launches / k:4.1f} "
-                  f"cpu ms/batch {1e3 * t / k:7.1f} "
+            w = 8 - 2
+            print(f"{pol:9s} {'sync_free' if free else 'host':9s} ops/batch {ops / w:6.1f} "
+                  f"syncs/batch {syncs / w:4.1f} launches/batch {launches / w:4.1f} "
+                  f"cpu ms/batch {1e3 * t / w:7.1f} "
                   f"hit ratio {c.stats.as_dict()['hit_ratio']:.3f}")  # fmt: skip
             for name, cnt in sorted(names.items(), key=lambda x: (-x[1], x[0])):
-                print(f"    {cnt / k:5.1f}  {name}")
+                print(f"    {cnt / w:5.1f}  {name}")
 
 
 if __name__ == "__main__":
