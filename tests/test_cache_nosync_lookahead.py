@@ -37,15 +37,19 @@ def _caches(feats, cap, policy, k, hot, static):
     return out
 
 
-def _same(caches) -> None:
+def _same(caches, sync: bool = True) -> None:
+    """The state of every path equals the CPU kernels'; the cursors too with ``sync`` (read back
+    from the device: the window's pending batches then go on as ints, the other branch)."""
     ref = caches["kernels"]
     a = ref.policy
     for path in PATHS[1:]:
         c = caches[path]
         b = c.policy
-        b.sync_cursors()
         assert torch.equal(a.key_of, b.key_of), path
         assert torch.equal(a.keystate, b.keystate), path  # ranks, last serials, fallbacks, slots
+        if not sync:
+            continue
+        b.sync_cursors()
         for k in ("next_serial", "consumed", "filled", "announced"):
             assert getattr(a, k) == getattr(b, k), (path, k)
         assert [e[:3] for e in a.pending] == [e[:3] for e in b.pending], path
@@ -77,7 +81,7 @@ def _replay(caches, feats, batches, ahead, reset_at=None) -> None:
             for c in caches.values():
                 c.reset_window()
                 c.announced_upto = t + 1
-        _same(caches)
+        _same(caches, sync=t % 3 == 2 or t == len(batches) - 1)
 
 
 @st.composite
@@ -296,10 +300,11 @@ for policy, k, static, hot in (("lookahead", 0, 0, 0), ("lookahead", 4, 20, N //
         if policy == "lookahead" and k and t + k < NB:
             ref.announce(trace[t + k])
         assert torch.equal(got.cpu(), feats[trace[t]]) and torch.equal(ref.gather(trace[t]), got.cpu())
-        free.policy.sync_cursors()
         assert torch.equal(free.policy.keystate.cpu(), ref.policy.keystate), (policy, t)
         assert torch.equal(free.policy.key_of.cpu(), ref.policy.key_of)
-        assert free.policy.filled == ref.policy.filled
+        if t % 3 == 2:  # (the cursors read back: the window goes on as ints, the other branch)
+            free.policy.sync_cursors()
+            assert free.policy.filled == ref.policy.filled
     sa, sb = free.stats.as_dict(), ref.stats.as_dict()
     for key in ("hits", "misses", "insertions", "evictions", "unique_queries"):
         assert sa[key] == sb[key], (policy, key, sa[key], sb[key])
@@ -310,6 +315,45 @@ assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
 """
 )
+
+
+KERNELS = r"""
+import numpy as np
+import tests.test_cache_nosync_lookahead as T
+from gnnio.features.caches import _triton_lookahead as TL
+from gnnio.utils import triton_kernels
+
+ran = {}
+for name in ("announce", "begin", "admit"):
+    def spy(*a, _real=getattr(TL, name), _name=name):
+        ran[_name] = ran.get(_name, 0) + 1
+        return _real(*a)
+    setattr(TL, name, spy)
+for args in (("lookahead", 0, 0), ("lookahead", 3, 0), ("lookahead", 5, 12), ("optimal", 0, 0)):
+    T.test_longer_traces_with_many_ties(*args)
+T.test_free_slots_are_filled_before_the_evicted_ones()
+T.test_checkpoints_of_both_paths_are_the_same_and_resume_either_way()
+T.test_a_batch_not_announced_next_is_refused_and_changes_nothing()
+rng = np.random.default_rng(9)
+for policy, k, hot, static in (("lookahead", 2, True, 3), ("optimal", 0, False, 0)):
+    feats = rng.standard_normal((40, 3)).astype(np.float32)
+    for cap in (0, 1, 7, 45):
+        caches = T._caches(feats, cap, policy, k, rng.permutation(40) if hot else None,
+                           min(static, cap))
+        batches = [rng.integers(0, 40, int(rng.integers(0, 30))).tolist() for _ in range(9)]
+        T._replay(caches, feats, batches, 9 if policy == "optimal" else k, 4)
+assert min(ran.get(k, 0) for k in ("announce", "begin", "admit")) > 20, ran
+assert not triton_kernels._FAILED, triton_kernels._FAILED
+print("ok")
+"""
+
+
+def test_the_kernels_in_the_triton_interpreter_equal_the_host_path():
+    """The lookahead bookkeeping's Triton kernels (gnnio.features.caches._triton_lookahead), run
+    in Triton's interpreter: the replays above (ties, free slots, checkpoints, refusal, small and
+    full caches, the window reset) give the CPU kernels' state batch by batch with them."""
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(KERNELS)
 
 
 def test_the_on_cuda_script_in_the_triton_interpreter():

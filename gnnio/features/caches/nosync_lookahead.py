@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from ...utils.triton_kernels import kernel_ran
+from ...utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .._gather import copy_masked, scatter_masked
 from . import _lookahead_kernels as _K
 from .nosync import _fetch_masked, dedup_padded
@@ -47,6 +47,30 @@ _BEYOND = 1 << 61  # lookahead._BEYOND: ranks beyond the window start here
 _FREQ_MAX = (1 << 24) - 1
 _EMPTY = (1 << 62) + 2  # an empty slot's rank: above every real rank (freed first)
 _NONE = (1 << 62) + 3  # a padding entry's or a hit's rank: never kept
+
+
+def _kernels(pol):
+    """:mod:`gnnio.features.caches._triton_lookahead` where its kernels run, else None."""
+    if not triton_available(pol.device, "lookahead_batch"):
+        return None
+    try:
+        from . import _triton_lookahead
+
+        return _triton_lookahead
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot import them: torch ops
+        kernel_failed("lookahead_batch", e, "the lookahead cache's batch in torch ops instead")
+        return None
+
+
+def _launched(run, *args) -> bool:
+    """``run(*args)`` (a kernel step that changes nothing unless it completes); False after a
+    failure to build or launch it (warned once; the torch ops run instead)."""
+    try:
+        run(*args)
+    except Exception as e:  # noqa: BLE001
+        kernel_failed("lookahead_batch", e, "the lookahead cache's batch in torch ops instead")
+        return False
+    return True
 
 
 def _reserve(pol, n: int) -> None:
@@ -76,9 +100,19 @@ def announce_padded(pol, uniq: torch.Tensor, valid: torch.Tensor, u: torch.Tenso
         return
     _reserve(pol, n)
     cur = pol.device_cursors()
+    j, s0 = pol.announced, cur[0].clone()
+    k = _kernels(pol)
+    if k is None or not _launched(k.announce, pol, uniq, u, n, cur):
+        _announce_torch(pol, uniq, valid, n, cur, s0)
+    cur[0].add_(u)
+    pol.pending.append((j, s0, u, n))
+    pol.announced += 1
+
+
+def _announce_torch(pol, uniq, valid, n: int, cur, s0) -> None:
+    """The announcement in torch ops (the cursors not moved: the caller does)."""
     j, r, nk, dev = pol.announced, pol.ring_ids.numel(), pol.num_keys, pol.device
     ks = pol._ks_ext
-    s0 = cur[0].clone()
     serials = s0 + torch.arange(n, device=dev)
     key = torch.where(valid, uniq, nk)
     prev = ks[:, _K.LAST].index_select(0, key)
@@ -90,9 +124,6 @@ def announce_padded(pol, uniq: torch.Tensor, valid: torch.Tensor, u: torch.Tenso
     pol.ring_ids.index_copy_(0, at, uniq)
     pol.ring_next.index_fill_(0, at, _INF)
     ks[:, _K.LAST].index_copy_(0, key, serials)
-    cur[0].add_(u)
-    pol.pending.append((j, s0, u, n))
-    pol.announced += 1
 
 
 def begin_padded(pol, uniq: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -100,6 +131,12 @@ def begin_padded(pol, uniq: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     batch ``uniq`` (padded, as announced); returns the keys' slots (the lookup, -1 absent)."""
     entry = pol.pending.popleft()
     a, m = entry[1], entry[2]
+    k = _kernels(pol) if isinstance(a, torch.Tensor) else None
+    if k is not None:
+        try:
+            return k.begin(pol, uniq, a, m)
+        except Exception as e:  # noqa: BLE001 - nothing changed: the torch ops below
+            kernel_failed("lookahead_batch", e, "the lookahead cache's batch in torch ops instead")
     n, r, dev = int(uniq.numel()), pol.ring_ids.numel(), pol.device
     cur = pol.device_cursors()
     nxt = pol.ring_next.index_select(0, torch.remainder(a + torch.arange(n, device=dev), r))
@@ -200,7 +237,14 @@ def gather_lookahead(cache, idx: torch.Tensor, dst: torch.Tensor, timer, pre=Non
 
     m = miss_u.sum()
     if pol.capacity > pol.static_capacity:
-        vslot, ins, ev = admit_padded(pol, uniq, miss_u)
+        k = _kernels(pol)
+        try:
+            vslot, ins, ev = k.admit(pol, uniq, slots, u) if k is not None else (None,) * 3
+        except Exception as e:  # noqa: BLE001 - only its last kernel changes the cache
+            kernel_failed("lookahead_batch", e, "the lookahead cache's batch in torch ops instead")
+            vslot = None
+        if vslot is None:
+            vslot, ins, ev = admit_padded(pol, uniq, miss_u)
         manage += timer.lap("manage")
         if not scatter_masked(rows_u, torch.where(vslot < pol.capacity, vslot, -1), cache.buffer):
             cache._buffer_ext.index_copy_(0, vslot, rows_u)  # the others: the sentinel row
