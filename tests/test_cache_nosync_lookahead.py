@@ -348,6 +348,28 @@ print("ok")
 """
 
 
+@pytest.mark.parametrize("scalars", ["i32", "i64"])
+def test_the_kernels_build_for_a_gpu_on_this_machine(scalars):
+    """Every lookahead kernel compiles to an sm_90 cubin (no GPU needed; the interpreter accepts
+    code a GPU compiler refuses), with int32 and int64 sizes; the cursors' stores of ``_begin``
+    and ``_admit`` (program 0's) are predicated, one thread's."""
+    pytest.importorskip("triton")
+    from gnnio.features.caches import _triton_lookahead as T
+    from tests.helpers import compile_for_sm90
+
+    for fn in (T._announce, T._begin, T._ranks, T._flags, T._freed, T._admit):
+        types = {}
+        for a in fn.arg_names:
+            if a == "BLOCK":
+                types[a] = "constexpr"
+            elif a in ("n", "j", "r", "c", "s0", "cap"):
+                types[a] = scalars
+            else:
+                types[a] = "*i8" if a == "kept" else "*i64"
+        k = compile_for_sm90(fn, types, {"BLOCK": 1024})
+        assert "st.global" in k.asm["ptx"], fn.fn.__name__
+
+
 def test_the_kernels_in_the_triton_interpreter_equal_the_host_path():
     """The lookahead bookkeeping's Triton kernels (gnnio.features.caches._triton_lookahead), run
     in Triton's interpreter: the replays above (ties, free slots, checkpoints, refusal, small and

@@ -33,12 +33,12 @@ import triton.language as tl
 __all__ = ["admit", "announce", "begin"]
 
 _BLOCK = 1024
-INF: tl.constexpr = 1 << 62  # lookahead._INF
-BEYOND: tl.constexpr = 1 << 61
-FREQ_MAX: tl.constexpr = (1 << 24) - 1
-EMPTY: tl.constexpr = (1 << 62) + 2  # nosync_lookahead._EMPTY
-NONE: tl.constexpr = (1 << 62) + 3
-LOW: tl.constexpr = (1 << 32) - 1
+INF = tl.constexpr(1 << 62)  # lookahead._INF
+BEYOND = tl.constexpr(1 << 61)
+FREQ_MAX = tl.constexpr((1 << 24) - 1)
+EMPTY = tl.constexpr((1 << 62) + 2)  # nosync_lookahead._EMPTY
+NONE = tl.constexpr((1 << 62) + 3)
+LOW = tl.constexpr((1 << 32) - 1)
 
 
 @triton.jit(do_not_specialize=["n", "j", "r"])
@@ -80,7 +80,7 @@ def _begin(uniq, ks, ring_next, a_ptr, m_ptr, cur, slots, n, r, BLOCK: tl.conste
 def _ranks(key_res, uniq, slots, u_ptr, ks, out, c, n, BLOCK: tl.constexpr):
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     res = e < c
-    ism = (e >= c) & (e < c + n)
+    ism = (e >= c) & (e - c < n)  # (int64: c + n may pass 2^31)
     kr = tl.load(key_res + e, mask=res, other=-1)
     i = e - c
     s = tl.load(slots + i, mask=ism, other=0)
@@ -96,7 +96,7 @@ def _ranks(key_res, uniq, slots, u_ptr, ks, out, c, n, BLOCK: tl.constexpr):
 def _flags(ranks, kept, key_res, ws, c, n, BLOCK: tl.constexpr):
     # ws[:c]: empty + (evicted << 32) per dynamic slot; ws[c:]: admitted per padded miss
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = e < c + n
+    valid = e - c < n
     res = e < c
     keep = (tl.load(kept + e, mask=valid, other=0) != 0) & (
         tl.load(ranks + e, mask=valid, other=NONE) < EMPTY
@@ -106,7 +106,7 @@ def _flags(ranks, kept, key_res, ws, c, n, BLOCK: tl.constexpr):
     tl.store(ws + e, tl.where(res, f_res, keep.to(tl.int64)), mask=valid)
 
 
-@triton.jit(do_not_specialize=["c"])
+@triton.jit(do_not_specialize=["c", "s0"])
 def _freed(ws, cs, key_res, freed, old, c, s0, BLOCK: tl.constexpr):
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     res = e < c
