@@ -74,7 +74,8 @@ class NextEpoch:
         while len(self.ids) < min(want, len(self.batches)):
             j = len(self.ids)
             mb = ld.sampler.sample(self.batches[j], epoch_seed=(self.epoch << 32) + j)
-            ld.store.announce(mb.input_nodes)
+            with ids_in_range():  # (as at the gather)
+                ld.store.announce(mb.input_nodes)
             self.ids.append(mb.input_nodes)
 
 
@@ -204,7 +205,9 @@ class EpochRun:
                         if k:
                             if st is not None:  # the ids may still be written on a sampler stream
                                 st.wait(ld._side, item[1])
-                            carried = _announce(ld.store, item, ahead, carried, nxt - self.start)
+                            with ids_in_range():  # the sampler's ids: no range check read back
+                                carried = _announce(ld.store, item, ahead, carried,
+                                                    nxt - self.start)  # fmt: skip
                         ahead.append(item)
                         nxt += 1
                     if nexts is not None and nxt == len(self.batches):
