@@ -277,8 +277,12 @@ import contextlib
 from gnnio.features import InMemoryFeatureStore
 from gnnio.features.base import ids_in_range
 from gnnio.features.caches import cache as cache_mod
+from gnnio.features.caches import _triton_lookahead_rows as TR
 from gnnio.features.caches.cache import FeatureCache
 
+served = []
+real_finish = TR.finish
+TR.finish = lambda *a: (served.append(1), real_finish(*a))
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 ON = {"device": "cuda"} if CUDA else {"simulate": SimulatedDevice()}
@@ -339,7 +343,7 @@ for policy, k, static, hot in (("lookahead", 0, 0, 0), ("lookahead", 4, 20, N //
         assert sa[key] == sb[key], (policy, key, sa[key], sb[key])
     assert sa["evictions"] > 0 or not ahead, policy  # (K = 0: the hot keys stay)
     store.close()
-assert launches, "the masked row kernels did not run"
+assert len(served) == 3 * NB, "the rows' kernels did not serve every batch"
 assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
 """
@@ -350,14 +354,15 @@ KERNELS = r"""
 import numpy as np
 import tests.test_cache_nosync_lookahead as T
 from gnnio.features.caches import _triton_lookahead as TL
+from gnnio.features.caches import _triton_lookahead_rows as TR
 from gnnio.utils import triton_kernels
 
 ran = {}
-for name in ("announce", "begin", "admit"):
-    def spy(*a, _real=getattr(TL, name), _name=name):
+for mod, name in ((TL, "announce"), (TL, "begin"), (TL, "admit"), (TR, "serve"), (TR, "finish")):
+    def spy(*a, _real=getattr(mod, name), _name=name):
         ran[_name] = ran.get(_name, 0) + 1
         return _real(*a)
-    setattr(TL, name, spy)
+    setattr(mod, name, spy)
 for args in (("lookahead", 0, 0), ("lookahead", 3, 0), ("lookahead", 5, 12), ("optimal", 0, 0)):
     T.test_longer_traces_with_many_ties(*args)
 T.test_free_slots_are_filled_before_the_evicted_ones()
@@ -371,7 +376,7 @@ for policy, k, hot, static in (("lookahead", 2, True, 3), ("optimal", 0, False, 
                            min(static, cap))
         batches = [rng.integers(0, 40, int(rng.integers(0, 30))).tolist() for _ in range(9)]
         T._replay(caches, feats, batches, 9 if policy == "optimal" else k, 4)
-assert min(ran.get(k, 0) for k in ("announce", "begin", "admit")) > 20, ran
+assert min(ran.get(k, 0) for k in ("announce", "begin", "admit", "serve", "finish")) > 20, ran
 assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
 """
@@ -380,22 +385,29 @@ print("ok")
 @pytest.mark.parametrize("scalars", ["i32", "i64"])
 def test_the_kernels_build_for_a_gpu_on_this_machine(scalars):
     """Every lookahead kernel compiles to an sm_90 cubin (no GPU needed; the interpreter accepts
-    code a GPU compiler refuses), with int32 and int64 sizes; the cursors' stores of ``_begin``
-    and ``_admit`` (program 0's) are predicated, one thread's."""
+    code a GPU compiler refuses), with int32 and int64 sizes, with and without a lookup table."""
     pytest.importorskip("triton")
     from gnnio.features.caches import _triton_lookahead as T
+    from gnnio.features.caches import _triton_lookahead_rows as R
     from tests.helpers import compile_for_sm90
 
-    for fn in (T._announce, T._begin, T._ranks, T._flags, T._freed, T._admit):
+    rows = {"W": 100, "WP": 128, "BR": 32}
+    kernels = [(f, {"BLOCK": 1024}) for f in (T._announce, T._begin, T._ranks, T._flags, T._freed,
+                                              T._admit)]  # fmt: skip
+    kernels += [(R._fetch, rows | {"HAS_TABLE": t}) for t in (False, True)]
+    kernels += [(R._out, rows), (R._write, rows)]
+    for fn, const in kernels:
         types = {}
         for a in fn.arg_names:
-            if a == "BLOCK":
+            if a in const:
                 types[a] = "constexpr"
-            elif a in ("n", "j", "r", "c", "s0", "cap"):
+            elif a in ("n", "j", "r", "c", "s0", "cap", "prefix", "rb"):
                 types[a] = scalars
+            elif a in ("buf", "hot", "cold", "dst", "rows_u"):
+                types[a] = "*fp32"
             else:
-                types[a] = "*i8" if a == "kept" else "*i64"
-        k = compile_for_sm90(fn, types, {"BLOCK": 1024})
+                types[a] = {"kept": "*i8", "stats": "*fp64", "table": "*i32"}.get(a, "*i64")
+        k = compile_for_sm90(fn, types, const)
         assert "st.global" in k.asm["ptx"], fn.fn.__name__
 
 

@@ -146,7 +146,7 @@ def begin_padded(pol, uniq: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     used = torch.bitwise_and(torch.bitwise_right_shift(fb - _BEYOND, 1), _FREQ_MAX) != 0
     fb = fb - 2 * used.long()  # one more use (until 0)
     rank = torch.where(nxt < _INF, nxt, fb)
-    slots = rows[:, _K.SLOT]
+    slots = rows[:, _K.SLOT].contiguous()  # (the kernels read it as a flat array)
     pol._ks_ext.index_copy_(0, key, torch.stack([rank, rows[:, _K.LAST], fb, slots], 1))
     cur[1].copy_(a + m)
     return slots
@@ -209,7 +209,6 @@ def _check_next(pol, uniq: torch.Tensor, u: torch.Tensor) -> None:
 def gather_lookahead(cache, idx: torch.Tensor, dst: torch.Tensor, timer, pre=None) -> None:
     """A lookahead / optimal cache's batch (``cache.py``'s steps, the policy's ranking) without a
     sync where the backing allows; ``pre``: the padded dedup made when ``idx`` was announced."""
-    kernel_ran("cache", "torch")
     pol = cache.policy
     n = int(idx.numel())
     if pre is not None:
@@ -223,33 +222,75 @@ def gather_lookahead(cache, idx: torch.Tensor, dst: torch.Tensor, timer, pre=Non
         cache._clock_dev = torch.zeros((), dtype=torch.int64, device=cache.device)
     cache._clock_dev.add_(u)
     slots = begin_padded(pol, uniq, valid)
-    hit_u = valid & (slots >= 0)
-    miss_u = valid & (slots < 0)
-    slot_r = slots.index_select(0, inv)
-    hit_r = slot_r >= 0
     manage = timer.lap("manage")
-
-    copy_masked(cache.buffer, slot_r, dst)  # hits
-    rows_u = torch.empty((n, cache.dim), dtype=cache.dtype, device=cache.device)
-    _fetch_masked(cache, uniq, miss_u, rows_u)  # each missed id once
-    copy_masked(rows_u, torch.where(hit_r, -1, inv), dst)  # missed rows and their repeats
+    rk = _rows_kernels(cache)  # (module, what it needs) where Triton serves the rows
+    rows_u = None
+    if rk is not None:
+        try:
+            rows_u = rk[0].serve(cache, rk[1], uniq, inv, slots, u, dst)
+        except Exception as e:  # noqa: BLE001 - only the output and the scratch changed
+            kernel_failed("lookahead_rows", e, "the lookahead cache's rows in torch ops instead")
+            cache._fused_scr[:4].zero_()
+            rk = None
+    if rk is None:
+        kernel_ran("cache", "torch")
+        slot_r = slots.index_select(0, inv)
+        copy_masked(cache.buffer, slot_r, dst)  # hits
+        rows_u = torch.empty((n, cache.dim), dtype=cache.dtype, device=cache.device)
+        _fetch_masked(cache, uniq, valid & (slots < 0), rows_u)  # each missed id once
+        copy_masked(rows_u, torch.where(slot_r >= 0, -1, inv), dst)  # misses and their repeats
     copy = timer.lap("copy")
 
-    m = miss_u.sum()
-    if pol.capacity > pol.static_capacity:
-        k = _kernels(pol)
+    cap = pol.capacity
+    if cap > pol.static_capacity:
+        vslot, ins, ev = _admit(pol, uniq, valid, slots, u)
+        manage += timer.lap("manage")
+    else:
+        vslot = None
+        ins = ev = cache._fused_scr[5] if rk is not None else _zero(cache)
+    if rk is not None:
         try:
-            vslot, ins, ev = k.admit(pol, uniq, slots, u) if k is not None else (None,) * 3
+            vs = vslot if vslot is not None else torch.full((n,), cap, device=cache.device)
+            rk[0].finish(cache, rk[1], rows_u, vs, u, ins, ev)
+            kernel_ran("cache", "triton")
+            cache.stats._booked_on_device(n, manage, copy + timer.lap("copy"))
+            return
+        except Exception as e:  # noqa: BLE001 - the rows and the books in torch ops below
+            kernel_failed("lookahead_rows", e, "the lookahead cache's rows in torch ops instead")
+            m = rk[0].book_in_torch(cache, rk[1])
+    else:
+        m = (valid & (slots < 0)).sum()
+    if vslot is not None:
+        if not scatter_masked(rows_u, torch.where(vslot < cap, vslot, -1), cache.buffer):
+            cache._buffer_ext.index_copy_(0, vslot, rows_u)  # the others: the sentinel row
+    copy += timer.lap("copy")
+    cache.counters.add_device(cache.tier, m.neg().add_(n), cache.row_bytes)
+    cache.stats._record_device(n, u, u - m, m, ins, ev, cache.row_bytes, manage, copy)
+
+
+def _zero(cache) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=cache.device)
+
+
+def _admit(pol, uniq, valid, slots, u):
+    """The admission: the Triton kernels where they run, else (or after a failure) torch ops."""
+    k = _kernels(pol)
+    if k is not None:
+        try:
+            return k.admit(pol, uniq, slots, u)
         except Exception as e:  # noqa: BLE001 - only its last kernel changes the cache
             kernel_failed("lookahead_batch", e, "the lookahead cache's batch in torch ops instead")
-            vslot = None
-        if vslot is None:
-            vslot, ins, ev = admit_padded(pol, uniq, miss_u)
-        manage += timer.lap("manage")
-        if not scatter_masked(rows_u, torch.where(vslot < pol.capacity, vslot, -1), cache.buffer):
-            cache._buffer_ext.index_copy_(0, vslot, rows_u)  # the others: the sentinel row
-        copy += timer.lap("copy")
-    else:
-        ins = ev = torch.zeros((), dtype=torch.int64, device=cache.device)
-    cache.counters.add_device(cache.tier, m.neg().add_(n), cache.row_bytes)
-    cache.stats._record_device(n, u, hit_u.sum(), m, ins, ev, cache.row_bytes, manage, copy)
+    return admit_padded(pol, uniq, valid & (slots < 0))
+
+
+def _rows_kernels(cache):
+    """``(module, what it needs)`` where Triton serves the batch's rows, else None."""
+    if _kernels(cache.policy) is None or not triton_available(cache.device, "lookahead_rows"):
+        return None
+    try:
+        from . import _triton_lookahead_rows as rows
+    except Exception as e:  # noqa: BLE001 - a Triton that cannot import them: torch ops
+        kernel_failed("lookahead_rows", e, "the lookahead cache's rows in torch ops instead")
+        return None
+    got = rows.applies(cache)
+    return None if got is None else (rows, got)
