@@ -2,7 +2,8 @@
 
 :mod:`gnnio.features.caches.nosync_lookahead` in torch ops dispatches about 140 operations per
 batch for the announcement, ``begin_batch`` and the admission; here they are six launches, one
-stable sort and two scans, computing exactly what the torch ops compute (the tests replay both):
+stable sort and two scans, computing exactly what the torch ops compute (the tests replay both;
+the rows and the books: :mod:`gnnio.features.caches._triton_lookahead_rows`):
 
 * ``_announce``: per unique id of the padded batch (``i < u``), its pending occurrence linked to
   batch ``j`` or its rank set to ``j``, its ring entry and last serial written (the cursors read,

@@ -26,7 +26,11 @@ scalars stay on the device:
   ties kept in position order); the freed slots listed empty ones first, then the evicted in slot
   order, and the ``k``-th admitted miss paired with the ``k``-th freed slot by a running count.
 
-The cache's counters and stats are booked as device scalars (read back when read). The host path
+The cache's counters and stats are booked as device scalars (read back when read). Where Triton
+runs, the bookkeeping is Triton kernels (:mod:`gnnio.features.caches._triton_lookahead`) and,
+over a backing whose rows lie on the device, so are the rows and the books
+(:mod:`gnnio.features.caches._triton_lookahead_rows`; ``python benchmarks/cache_syncs.py
+--interpret``: 43 torch ops and 9 launches per batch against 241 and 4). The host path
 stays for CPU caches (numba kernels) and is the fallback; ``tests/test_cache_nosync_lookahead.py``
 replays both batch by batch and compares rows, maps, ranks, cursors and counts.
 """
