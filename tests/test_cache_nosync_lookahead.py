@@ -376,6 +376,19 @@ for policy, k, hot, static in (("lookahead", 2, True, 3), ("optimal", 0, False, 
                            min(static, cap))
         batches = [rng.integers(0, 40, int(rng.integers(0, 30))).tolist() for _ in range(9)]
         T._replay(caches, feats, batches, 9 if policy == "optimal" else k, 4)
+for case in range(40):  # random small workloads, as the hypothesis test draws them
+    n = int(rng.integers(1, 30))
+    cap = int(rng.integers(0, n + 4))
+    policy = ("lookahead", "optimal")[case % 2]
+    k = int(rng.integers(0, 5))
+    hot = rng.permutation(n) if case % 3 else None
+    static = int(rng.integers(0, min(cap, n) + 1)) if hot is not None and case % 4 == 1 else 0
+    feats = rng.standard_normal((n, 3)).astype(np.float32)
+    batches = [rng.integers(0, n, int(rng.integers(0, 25))).tolist()
+               for _ in range(int(rng.integers(1, 9)))]
+    ahead = len(batches) if policy == "optimal" else k
+    reset = None if policy == "optimal" else int(rng.integers(0, len(batches)))
+    T._replay(T._caches(feats, cap, policy, k, hot, static), feats, batches, ahead, reset)
 assert min(ran.get(k, 0) for k in ("announce", "begin", "admit", "serve", "finish")) > 20, ran
 assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
