@@ -358,7 +358,8 @@ from gnnio.features.caches import _triton_lookahead_rows as TR
 from gnnio.utils import triton_kernels
 
 ran = {}
-for mod, name in ((TL, "announce"), (TL, "begin"), (TL, "admit"), (TR, "serve"), (TR, "finish")):
+for mod, name in ((TL, "dedup"), (TL, "announce"), (TL, "begin"), (TL, "admit"), (TR, "serve"),
+                  (TR, "finish")):
     def spy(*a, _real=getattr(mod, name), _name=name):
         ran[_name] = ran.get(_name, 0) + 1
         return _real(*a)
@@ -389,7 +390,7 @@ for case in range(40):  # random small workloads, as the hypothesis test draws t
     ahead = len(batches) if policy == "optimal" else k
     reset = None if policy == "optimal" else int(rng.integers(0, len(batches)))
     T._replay(T._caches(feats, cap, policy, k, hot, static), feats, batches, ahead, reset)
-assert min(ran.get(k, 0) for k in ("announce", "begin", "admit", "serve", "finish")) > 20, ran
+assert min(ran.get(k, 0) for k in ("dedup", "announce", "begin", "admit", "serve", "finish")) > 20, ran
 assert not triton_kernels._FAILED, triton_kernels._FAILED
 print("ok")
 """
@@ -405,8 +406,8 @@ def test_the_kernels_build_for_a_gpu_on_this_machine(scalars):
     from tests.helpers import compile_for_sm90
 
     rows = {"W": 100, "WP": 128, "BR": 32}
-    kernels = [(f, {"BLOCK": 1024}) for f in (T._announce, T._begin, T._ranks, T._flags, T._freed,
-                                              T._admit)]  # fmt: skip
+    kernels = [(f, {"BLOCK": 1024}) for f in (T._first, T._place, T._announce, T._begin, T._ranks,
+                                              T._flags, T._freed, T._admit)]  # fmt: skip
     kernels += [(R._fetch, rows | {"HAS_TABLE": t}) for t in (False, True)]
     kernels += [(R._out, rows), (R._write, rows)]
     for fn, const in kernels:
@@ -419,7 +420,8 @@ def test_the_kernels_build_for_a_gpu_on_this_machine(scalars):
             elif a in ("buf", "hot", "cold", "dst", "rows_u"):
                 types[a] = "*fp32"
             else:
-                types[a] = {"kept": "*i8", "stats": "*fp64", "table": "*i32"}.get(a, "*i64")
+                types[a] = {"kept": "*i8", "stats": "*fp64", "table": "*i32", "pos": "*i32",
+                            "valid": "*i1"}.get(a, "*i64")  # fmt: skip
         k = compile_for_sm90(fn, types, const)
         assert "st.global" in k.asm["ptx"], fn.fn.__name__
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["admit", "announce", "begin"]
+__all__ = ["admit", "announce", "begin", "dedup"]
 
 _BLOCK = 1024
 INF = tl.constexpr(1 << 62)  # lookahead._INF
@@ -40,6 +40,32 @@ FREQ_MAX = tl.constexpr((1 << 24) - 1)
 EMPTY = tl.constexpr((1 << 62) + 2)  # nosync_lookahead._EMPTY
 NONE = tl.constexpr((1 << 62) + 3)
 LOW = tl.constexpr((1 << 32) - 1)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _first(ids, pos, ws, n, BLOCK: tl.constexpr):
+    # after _triton_cache._claim: ws[r] = whether r is its id's first occurrence, ws[n + r] = that
+    # occurrence's position
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    rm = r < n
+    first = tl.load(pos + tl.load(ids + r, mask=rm, other=0), mask=rm, other=0).to(tl.int64)
+    tl.store(ws + r, (first == r).to(tl.int64), mask=rm)
+    tl.store(ws + n + r, first, mask=rm)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _place(ids, pos, ws, rank, uniq, inv, valid, n, BLOCK: tl.constexpr):
+    # rank: the scan of ws[:n]; each id's unique index, the unique ids in first-occurrence order,
+    # the padding mask; the dedup scratch left as found
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    rm = r < n
+    key = tl.load(ids + r, mask=rm, other=0)
+    isf = rm & (tl.load(ws + r, mask=rm, other=0) != 0)
+    q = tl.load(rank + tl.load(ws + n + r, mask=rm, other=0), mask=rm, other=1) - 1
+    tl.store(inv + r, q, mask=rm)
+    tl.store(uniq + q, key, mask=isf)
+    tl.store(pos + key, 2147483647, mask=isf)
+    tl.store(valid + r, r < tl.load(rank + n - 1), mask=rm)
 
 
 @triton.jit(do_not_specialize=["n", "j", "r"])
@@ -136,6 +162,26 @@ def _admit(uniq, ws_m, cs_m, freed, old, ks, key_of, vslot, cur, n, cap, BLOCK: 
     if tl.program_id(0) == 0:
         cnt = tl.load(cs_m + n - 1)
         tl.store(cur + 2, tl.minimum(tl.load(cur + 2) + cnt, cap))
+
+
+def dedup(pos: torch.Tensor, idx: torch.Tensor) -> tuple:
+    """:func:`~gnnio.features.caches.nosync.dedup_padded` of int64 ``idx`` in three launches and
+    a scan: ``(unique, inverse, valid, count)``, the same tensors' values. A failure after the
+    first launch leaves only this batch's claims in ``pos`` (what the torch dedup claims again)."""
+    from ._triton_cache import _claim
+
+    idx = idx.contiguous()
+    n, dev = int(idx.numel()), idx.device
+    grid = (triton.cdiv(n, _BLOCK),)
+    ws = torch.empty(2 * n, dtype=torch.int64, device=dev)
+    _claim[grid](idx, pos, n, BLOCK=_BLOCK)
+    _first[grid](idx, pos, ws, n, BLOCK=_BLOCK)
+    rank = torch.cumsum(ws[:n], 0)
+    uniq = torch.zeros(n, dtype=torch.int64, device=dev)
+    inv = torch.empty(n, dtype=torch.int64, device=dev)
+    valid = torch.empty(n, dtype=torch.bool, device=dev)
+    _place[grid](idx, pos, ws, rank, uniq, inv, valid, n, BLOCK=_BLOCK)
+    return uniq, inv, valid, rank[-1]
 
 
 def announce(pol, uniq: torch.Tensor, u: torch.Tensor, n: int, cur: torch.Tensor) -> None:

@@ -193,9 +193,20 @@ def admit_padded(pol, uniq: torch.Tensor, miss: torch.Tensor):
 
 def dedup_and_announce(cache, idx: torch.Tensor) -> tuple:
     """The padded dedup of ``idx`` and its announcement; ``(unique, inverse, valid, count)``."""
-    d = dedup_padded(cache._dedup.pos, idx)
+    d = _dedup(cache, idx)
     announce_padded(cache.policy, d[0], d[2], d[3])
     return d
+
+
+def _dedup(cache, idx: torch.Tensor) -> tuple:
+    """:func:`~gnnio.features.caches.nosync.dedup_padded`, as Triton kernels where they run."""
+    k = _kernels(cache.policy)
+    if k is not None and idx.numel():
+        try:
+            return k.dedup(cache._dedup.pos, idx)
+        except Exception as e:  # noqa: BLE001 - the torch dedup claims and clears the scratch
+            kernel_failed("lookahead_batch", e, "the lookahead cache's batch in torch ops instead")
+    return dedup_padded(cache._dedup.pos, idx)
 
 
 def _check_next(pol, uniq: torch.Tensor, u: torch.Tensor) -> None:
@@ -218,7 +229,7 @@ def gather_lookahead(cache, idx: torch.Tensor, dst: torch.Tensor, timer, pre=Non
     if pre is not None:
         uniq, inv, valid, u = pre
     elif pol.pending:
-        uniq, inv, valid, u = dedup_padded(cache._dedup.pos, idx)
+        uniq, inv, valid, u = _dedup(cache, idx)
         _check_next(pol, uniq, u)
     else:  # served unannounced (K = 0): announced and consumed at once
         uniq, inv, valid, u = dedup_and_announce(cache, idx)
