@@ -5,6 +5,9 @@ batch for the announcement, ``begin_batch`` and the admission; here they are six
 stable sort and two scans, computing exactly what the torch ops compute (the tests replay both;
 the rows and the books: :mod:`gnnio.features.caches._triton_lookahead_rows`):
 
+* the padded dedup (``dedup``): FIFO's ``_claim`` (each id's first position), ``_first`` (first
+  occurrences flagged), one scan, ``_place`` (unique ids, inverse, padding mask; the scratch
+  reset);
 * ``_announce``: per unique id of the padded batch (``i < u``), its pending occurrence linked to
   batch ``j`` or its rank set to ``j``, its ring entry and last serial written (the cursors read,
   not written: the caller advances ``next_serial`` after the launch);

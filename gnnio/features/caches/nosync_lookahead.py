@@ -30,7 +30,7 @@ The cache's counters and stats are booked as device scalars (read back when read
 runs, the bookkeeping is Triton kernels (:mod:`gnnio.features.caches._triton_lookahead`) and,
 over a backing whose rows lie on the device, so are the rows and the books
 (:mod:`gnnio.features.caches._triton_lookahead_rows`; ``python benchmarks/cache_syncs.py
---interpret``: 43 torch ops and 9 launches per batch against 241 and 4). The host path
+--interpret``: 33 torch ops and 12 launches per batch against 241 and 4). The host path
 stays for CPU caches (numba kernels) and is the fallback; ``tests/test_cache_nosync_lookahead.py``
 replays both batch by batch and compares rows, maps, ranks, cursors and counts.
 """
