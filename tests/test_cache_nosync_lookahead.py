@@ -247,6 +247,31 @@ def test_checkpoints_of_both_paths_are_the_same_and_resume_either_way():
     assert torch.equal(free.policy.key_of, host.policy.key_of)
 
 
+def test_device_cursors_are_made_without_a_copy_from_the_host():
+    """The cursors go to the device by in-place fills (a kernel argument each), not as a tensor
+    built on the host and copied up (``lift_fresh``: on CUDA a blocking copy, a sync inside the
+    batch after every read-back of the cursors)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gnnio.features.caches.lookahead import LookaheadPolicy
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    pol = LookaheadPolicy(5, 20, lookahead=2)
+    pol.next_serial, pol.consumed, pol.filled = 7, 3, 4
+    with Names() as seen:
+        cur = pol.device_cursors()
+    assert cur.tolist() == [7, 3, 4]
+    assert not any("lift_fresh" in n or "copy" in n for n in seen.names), seen.names
+
+
 def test_ties_are_kept_in_position_order():
     """The host path's selection keeps what a stable sort keeps (the sync-free path's)."""
     g = torch.Generator().manual_seed(0)

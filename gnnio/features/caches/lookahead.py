@@ -164,9 +164,10 @@ class LookaheadPolicy(CachePolicy):
         """``[next_serial, consumed, filled]`` as an int64 device tensor the sync-free path
         updates in place (its pending batches then hold their first serial and size as device
         scalars); :meth:`sync_cursors` brings them back to the int attributes."""
-        if self._cur is None:
-            self._cur = torch.tensor([self.next_serial, self.consumed, self.filled],
-                                     dtype=torch.int64, device=self.device)  # fmt: skip
+        if self._cur is None:  # (filled in place: a copy up from the host would wait for it)
+            self._cur = torch.empty(3, dtype=torch.int64, device=self.device)
+            for i, v in enumerate((self.next_serial, self.consumed, self.filled)):
+                self._cur[i].fill_(v)
         return self._cur
 
     def sync_cursors(self) -> None:
