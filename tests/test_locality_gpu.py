@@ -125,8 +125,8 @@ with warnings.catch_warnings(record=True) as said:
     warnings.simplefilter("always")
     dev = LocalitySampler(g, [4, 3], hot_ids=HOT, scale=8.0, seed=5, prune=(0.0, 2.0),
                           device="cuda", cuda_graph=True)
-assert dev._torch is not None
-assert any("not replayed as a CUDA graph" in str(w.message) for w in said), said
+assert dev._torch is not None and dev._torch.cuda_graph  # (replayed: tests/test_locality_graphed.py)
+assert not any("CUDA graph" in str(w.message) for w in said), [str(w.message) for w in said]
 for e, s in enumerate((8.0, 2.0, 1.0)):  # Algorithm 2's changes of s reach the GPU sampler
     cpu.scale = dev.scale = s
     reset_kernel_record()
@@ -146,10 +146,10 @@ print("ok")
 
 
 def test_locality_sampler_samples_on_the_device_and_follows_its_scale():
-    """``LocalitySampler(device=...)`` builds the GPU sampler (here on CPU tensors, in Triton's
-    interpreter), warns that it does not replay CUDA graphs, and each call samples with the
-    scale set then (s = 1: the pruned uniform hops, no LAS kernel); a fanout of -1: the CPU
-    kernels."""
+    """``LocalitySampler(device=..., cuda_graph=True)`` builds the GPU sampler (here on CPU
+    tensors, in Triton's interpreter) with the graphed path on (no warning), and each call
+    samples with the scale set then (s = 1: the pruned uniform hops, no LAS kernel); a fanout
+    of -1: the CPU kernels."""
     run_in_triton_interpreter(_WIRED)
 
 
@@ -441,12 +441,13 @@ def test_the_kernel_compiles_for_an_h100_without_one(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     sig = dict(indptr="*i64", indices="*i32", dst="*i64", row_off="*i64", out_src="*i64",
                out_row="*i64", out_w="*fp32", n="i32", cnt="*i64", cap="i32", k0="i32",
-               k1="i32", k2="i32", qptr="*i64", qpos="*i32", consts="*fp64", theta="i32",
-               FANOUT="constexpr", FP="constexpr", BLOCK="constexpr", WMODE="constexpr")  # fmt: skip
+               k1="i32", k2="i32", kp="*i64", qptr="*i64", qpos="*i32", consts="*fp64",
+               theta="i32", FANOUT="constexpr", FP="constexpr", BLOCK="constexpr",
+               WMODE="constexpr", KEY_PTR="constexpr")  # fmt: skip
     fmas = {}
-    for fusion in (False, True):
-        src = ASTSource(fn=M._las, signature=sig,
-                        constexprs=dict(FANOUT=5, FP=8, BLOCK=M._BLOCK, WMODE=1))  # fmt: skip
+    for fusion in (False, True):  # (the key read from device memory -- a graph's -- and not)
+        src = ASTSource(fn=M._las, signature=sig, constexprs=dict(
+            FANOUT=5, FP=8, BLOCK=M._BLOCK, WMODE=1, KEY_PTR=not fusion))  # fmt: skip
         k = compile(src, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion})
         assert len(k.asm["cubin"]) > 0
         fmas[fusion] = k.asm["ptx"].count("fma.rn.f64")
@@ -462,3 +463,7 @@ def test_the_kernel_compiles_for_an_h100_without_one(tmp_path, monkeypatch):
     z = torch.zeros(4, dtype=torch.int64)
     M.sample_las_triton(z, z, z, 2, z, z, 7, 5, 0, z, z, M.las_consts(2.0, "cpu"), 0, (z, z, z))
     assert seen["enable_fp_fusion"] is False and seen["FANOUT"] == 5, seen
+    assert seen["KEY_PTR"] is False
+    M.sample_las_triton(z, z, z, 2, z, z, z[:1], 5, 0, z, z, M.las_consts(2.0, "cpu"), 0,
+                        (z, z, z))  # fmt: skip
+    assert seen["KEY_PTR"] is True
