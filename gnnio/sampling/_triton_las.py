@@ -32,6 +32,10 @@ NumPy in the interpreter), numba's from libm; they may differ by an ulp, which c
 value by an ulp and, in the rare row whose uniform falls right there, change ``m``. The weights
 use no ``exp``/``log`` and are the CPU's bits; the tests check nodes and edges on their seeds and
 weights exactly.
+
+The hop key comes as three int32 arguments, or with ``KEY_PTR`` from an int64 ``[1]`` device
+tensor, and the scale always from the ``consts`` tensor: a CUDA graph's replay
+(:mod:`gnnio.sampling.gpu_graphed`) samples with the key and scale its input buffer holds then.
 """
 
 from __future__ import annotations

@@ -28,6 +28,12 @@ LABOR-0 (:class:`~gnnio.sampling.labor_torch.TorchLaborSampler` with ``cuda_grap
 same path with its own hop, bound slack and hop keys (its count and select kernels read their
 key from ``inp`` as well); a Poisson batch past its bound comes back None
 (:func:`graphable` tells that from "not applicable") and is sampled by the synced path.
+The locality-aware sampler (:class:`~gnnio.sampling.locality_torch.TorchLocalitySampler`,
+:func:`~gnnio.sampling.locality_torch.las_hop`) uploads the scale's float64 constants with the
+keys (``extra``: more slots of ``inp``, :attr:`GraphState.extra`), which its LAS kernel reads, and
+its kernel's edge weights stay in the buffer set until the batch's end copies them out. A buffer
+set holds one graph per kind of hop (:func:`hop_name`: a locality-aware batch at ``s = 1`` draws
+uniform hops), each captured at its own second batch.
 
 Not measured on a GPU yet (written after the H200 run of 2026-11-26): opt-in until a GPU run
 shows it faster.

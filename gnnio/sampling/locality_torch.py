@@ -17,7 +17,8 @@ the device, the relabelling kernels, **one** host sync at the end). Only the hop
   member count). The member index (``qptr``/``qpos`` of each layer's Q') is uploaded once, when
   the sampler is built (UVA sampling, ``graph_in="host"``: CUDA views of it in pinned host
   memory, as the CSR); the scale's float64 constants once per scale (a blocking upload of 24
-  bytes the first time a scale is used; Algorithm 2 changes it between epochs).
+  bytes the first time a scale is used; Algorithm 2 changes it between epochs; a CUDA graph's
+  replay reads them from its input buffer instead, below).
 
 Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's interpreter,
 ``GNNIO_TRITON=0``) or a kernel that fails to build or launch (one warning naming the error,
@@ -25,8 +26,16 @@ Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's inte
 -1, bounds past :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`, a uniform hop's rejected
 fast torch draw), the batch is sampled by the CPU kernels and copied to the device: the same
 batch, the CPU's cost, with one warning per sampler and reason (a failed kernel's is
-:func:`~gnnio.utils.triton_kernels.kernel_failed`'s). Not replayed as a CUDA graph (``cuda_graph`` is refused by the caller with
-a warning: :class:`~gnnio.sampling.locality.LocalitySampler`).
+:func:`~gnnio.utils.triton_kernels.kernel_failed`'s).
+
+With ``cuda_graph`` the bounded batch is replayed as a CUDA graph (:mod:`gnnio.sampling.
+gpu_graphed`, :func:`las_hop` its hop): the LAS kernel reads each hop's key and the scale's
+constants from the graph's static input buffer, uploaded with the seeds for every batch, so
+Algorithm 2's new scale reaches the next replay without a re-capture; its weights go to the
+buffer set's per-hop weight buffers (copied out with the batch's arrays, eagerly too). ``s = 1``
+batches are the pruned uniform sampler's, replayed through a uniform graph of their own. Where
+the batch cannot be replayed (a fanout of -1, huge bounds, a Triton kernel it needs gone) one
+warning per sampler says why and the eager path samples.
 """
 
 from __future__ import annotations
