@@ -355,3 +355,39 @@ def test_where_it_cannot_replay_one_warning_says_why(monkeypatch):
     assert len(msgs) == 2 and any("CPU kernels" in m for m in msgs), msgs
     rep = gpu_graphed.graphed_report()
     assert rep["by_sampler"] == {} and rep["eager"] == 0, rep
+
+
+def test_a_failed_las_kernel_on_the_graphed_path_warns_once(monkeypatch):
+    """The LAS kernel failing while the graph path runs its launches: one warning (the
+    kernel's, naming the error), that batch and the next from the CPU kernels (the same
+    batches), no second warning that nothing replays."""
+    from gnnio.sampling import _triton_las, locality_torch
+
+    monkeypatch.setattr(triton_kernels, "_FAILED", {})
+    monkeypatch.setattr(triton_kernels, "_RAN", {})
+
+    def usable(dev, kernel) -> bool:  # (Triton for the LAS and hop kernels, until one fails)
+        return kernel in ("las_hop", "sample_hop") and kernel not in triton_kernels._FAILED
+
+    monkeypatch.setattr(locality_torch, "triton_available", usable)
+    monkeypatch.setattr(gpu_graphed, "triton_available", lambda dev, kernel: True)
+    calls = []
+
+    def broken(*a, **k):
+        calls.append(isinstance(a[6], torch.Tensor))  # (the key: the graph's buffer)
+        raise RuntimeError("no PTX for you")
+
+    monkeypatch.setattr(_triton_las, "sample_las_triton", broken)
+    cpu, ref = pair([4, 3], 8.0, (0.0, 2.0))
+    s = locality_torch.TorchLocalitySampler(ref.indptr, ref.indices, cpu.fanouts,
+                                            cpu.thresholds, "ht", ref._q, cpu._sample_key,
+                                            cuda_graph=True)  # fmt: skip
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for e in range(3):
+            b = s.sample(torch.from_numpy(SEEDS), call_key(5, epoch_seed=e), 8.0)
+            _check(cpu.sample(SEEDS, epoch_seed=e), b)
+    msgs = [str(w.message) for w in said if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "las_hop" in msgs[0] and "no PTX for you" in msgs[0], msgs
+    assert calls == [True]  # tried once, on the graph path
+    assert triton_kernels.kernels_report()["las_hop"] == "numba"
