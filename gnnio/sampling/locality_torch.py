@@ -20,13 +20,15 @@ the device, the relabelling kernels, **one** host sync at the end). Only the hop
   bytes the first time a scale is used; Algorithm 2 changes it between epochs; a CUDA graph's
   replay reads them from its input buffer instead, below).
 
-Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's interpreter,
-``GNNIO_TRITON=0``) or a kernel that fails to build or launch (one warning naming the error,
-``kernels["las_hop"] = "numba"``) -- and for batches the bounded form cannot hold (a fanout of
--1, bounds past :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`, a uniform hop's rejected
-fast torch draw), the batch is sampled by the CPU kernels and copied to the device: the same
-batch, the CPU's cost, with one warning per sampler and reason (a failed kernel's is
-:func:`~gnnio.utils.triton_kernels.kernel_failed`'s).
+Batches the bounded form cannot hold (a fanout of -1, bounds past :data:`~gnnio.sampling.
+gpu_bounded.MAX_EDGE_SLOTS`, a uniform hop's rejected fast torch draw) take the uniform GPU
+sampler's synced path (``len(fanouts) + 1`` host syncs) with the same LAS kernel on each hop's
+real rows (:meth:`TorchLocalitySampler._synced_hop`); a hop of -1 takes every neighbour, as the
+CPU kernel does. Where the LAS kernel cannot run -- no Triton (a CPU tensor outside Triton's
+interpreter, ``GNNIO_TRITON=0``) or a kernel that fails to build or launch (one warning naming
+the error, ``kernels["las_hop"] = "numba"``) -- the batch is sampled by the CPU kernels and
+copied to the device: the same batch, the CPU's cost, with one warning per sampler (a failed
+kernel's is :func:`~gnnio.utils.triton_kernels.kernel_failed`'s).
 
 With ``cuda_graph`` the bounded batch is replayed as a CUDA graph (:mod:`gnnio.sampling.
 gpu_graphed`, :func:`las_hop` its hop): the LAS kernel reads each hop's key and the scale's
@@ -58,8 +60,6 @@ __all__ = ["TorchLocalitySampler", "las_hop"]
 _WMODE = {"ht": 0, "ht_mean": 1, "none": 2}  # = _las_kernels.W_HT, W_HT_MEAN, W_NONE
 _WHY = {  # why a batch goes to the CPU kernels (TorchLocalitySampler._say)
     "no_triton": "the Triton LAS kernel cannot run here (no Triton, or GNNIO_TRITON=0)",
-    "unbounded": "a batch the bounded GPU batch cannot hold (a fanout of -1, a hop past "
-    "MAX_EDGE_SLOTS edges, or torch draws to redo)",
     "not_graphed": "a fanout of -1, a hop past MAX_EDGE_SLOTS edges, or a Triton kernel the "
     "batch needs (hop, relabel) cannot run",
 }
@@ -143,9 +143,47 @@ class TorchLocalitySampler(TorchPrunedSampler):
         except _KernelFailed:  # (its scratch is dropped, not pooled: the pool makes another)
             return self._on_cpu(seeds, key, s)
         if mb is None:  # a fanout of -1, huge bounds, a rejected fast torch draw
-            self._say("unbounded")
-            return self._on_cpu(seeds, key, s)
+            return self._sample_las_synced(seeds, key, s)
         return self._weigh_las(mb, s)
+
+    def _sample_las_synced(self, seeds: torch.Tensor, key: int, s: float) -> MiniBatch:
+        """The batch the bounded form cannot hold (a fanout of -1, bounds past
+        :data:`~gnnio.sampling.gpu_bounded.MAX_EDGE_SLOTS`, a rejected fast torch draw): the
+        uniform GPU sampler's synced path (``len(fanouts) + 1`` host syncs) with the LAS
+        kernel's hops (:meth:`_synced_hop`); a hop of -1 takes every neighbour, as the CPU
+        kernel's (``k = n``: no draw, the pruned formula's weight)."""
+        tls = self._tls
+        tls.w = w = [None] * len(self.fanouts)
+        try:
+            mb = self._sample_synced(seeds, key)
+        except _KernelFailed:
+            return self._on_cpu(seeds, key, s)
+        finally:
+            tls.w = None
+        for h, blk in enumerate(reversed(mb.blocks)):
+            blk.edge_weight = w[h]  # (None: the pruned formula, or no weights)
+        return self._weigh_las(mb, s)
+
+    def _synced_hop(self, h: int, dst_nodes, hk: int, total: int, exact: bool):
+        """The synced path's hop ``h`` (:meth:`~gnnio.sampling.gpu.TorchUniformSampler.
+        _synced_hop`): the LAS kernel where the hop's Q' is not empty and its fanout >= 1 (its
+        rows ``dst_nodes`` all real, their offsets the prefix sums of ``k = min(d, theta,
+        fanout)``; weights kept for :meth:`_sample_las_synced`), else the uniform hop."""
+        q, fanout, tls = self._q[h], self.fanouts[h], self._tls
+        if q is None or fanout < 1 or getattr(tls, "w", None) is None:
+            return super()._synced_hop(h, dst_nodes, hk, total, exact)
+        dev, ip = self.device, self.indptr
+        n = int(dst_nodes.shape[0])
+        k = torch.clamp(ip[dst_nodes + 1] - ip[dst_nodes], max=self.k_fanouts[h])
+        off = torch.cumsum(k, 0) - k
+        src = torch.empty(total, dtype=torch.int64, device=dev)
+        row = torch.empty(total, dtype=torch.int64, device=dev)
+        w = torch.empty(total, dtype=torch.float32, device=dev)
+        cnt = torch.full((1,), n, dtype=torch.int64, device=dev)
+        _las_launch(self, dst_nodes, n, cnt, off, hk, h, tls.consts, (src, row, w))
+        if self.weights != "none":
+            tls.w[h] = w
+        return src, row, None
 
     def _say(self, why: str) -> None:
         """One warning per sampler and reason that batches go to the CPU kernels (no silent
@@ -201,24 +239,33 @@ def las_hop(sampler: TorchLocalitySampler, buf, h: int, n_rows: int, hk, loc, fi
     q = sampler._q[h]
     if q is None:
         return uniform_hop(sampler, buf, h, n_rows, hk, loc, first)
-    fanout, e = sampler.fanouts[h], int(buf.src[h].shape[0])
+    e = int(buf.src[h].shape[0])
     if e == 0:  # nothing to draw (fanout 0, no rows or no edges)
         return buf.src[h], buf.row[h], False
     if isinstance(hk, torch.Tensor):  # a graph's launch: the scale as its buffer holds it
         consts = buf.graph[las_hop.graph_name].extra
     else:
         consts = sampler._tls.consts
+    _las_launch(sampler, buf.nodes, n_rows, buf.count[h], buf.cum[h], hk, h, consts,
+                (buf.src[h], buf.row[h], buf.weights()[h]))  # fmt: skip
+    return buf.src[h], buf.row[h], False
+
+
+def _las_launch(sampler: TorchLocalitySampler, nodes, rows: int, count, row_off, hk, h: int,
+                consts, out) -> None:  # fmt: skip
+    """Hop ``h``'s LAS kernel (:func:`._triton_las.sample_las_triton`); where it fails, one
+    warning and :class:`_KernelFailed` (the batch goes to the CPU kernels)."""
+    q = sampler._q[h]
     try:
         from ._triton_las import sample_las_triton
 
-        sample_las_triton(sampler.indptr, sampler.indices, buf.nodes, n_rows, buf.count[h],
-                          buf.cum[h], hk, fanout, sampler.thresholds[h], q[0], q[1], consts,
-                          _WMODE[sampler.weights], (buf.src[h], buf.row[h], buf.weights()[h]))  # fmt: skip
+        sample_las_triton(sampler.indptr, sampler.indices, nodes, rows, count, row_off, hk,
+                          sampler.fanouts[h], sampler.thresholds[h], q[0], q[1], consts,
+                          _WMODE[sampler.weights], out)  # fmt: skip
     except Exception as err:  # noqa: BLE001 - a Triton that cannot build it: the CPU kernels
         kernel_failed("las_hop", err, "locality-aware sampling on the CPU instead (same batches)")
         raise _KernelFailed from err
     kernel_ran("las_hop", "triton")
-    return buf.src[h], buf.row[h], False
 
 
 def _las_kernels(sampler: TorchLocalitySampler) -> tuple:
