@@ -200,7 +200,8 @@ def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
             mb = gpu_graphed.sample_graphed(s, seeds, i, capture=True)
             _equal(mb, ref._sample_synced(seeds, i))
     rep = gpu_graphed.graphed_report()
-    assert rep == {"captured": 1, "replayed": 4, "eager": 1, "failed": None}, rep
+    counts = {"captured": 1, "replayed": 4, "eager": 1}
+    assert rep == {**counts, "failed": None, "by_sampler": {"uniform": counts}}, rep
     assert held == [True]
     # a replay records its kernels in the run's report, as a launch does (the record may have
     # been reset since the capture: --isolation auto's profiling)

@@ -221,6 +221,7 @@ def labor_hop(sampler, buf, h: int, n_rows: int, rkey, loc, first):
 
 
 labor_hop.triton_kernel = "labor_hop"  # what gpu_graphed checks before it captures this hop
+labor_hop.graph_name = "labor"  # (gpu_graphed: its graphs and report entry)
 
 
 class TorchLaborSampler(TorchUniformSampler):
