@@ -210,11 +210,12 @@ class TorchUniformSampler:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
         seeds = self._int64_seeds(seeds)
         if self.cuda_graph:  # seeds and keys uploaded together, the batch one replay
-            from .gpu_graphed import sample_graphed
+            from .gpu_graphed import not_replayed, sample_graphed
 
             mb = sample_graphed(self, seeds, key)
             if mb is not None:
                 return mb
+            not_replayed(self, "the GPU sampler")
         seeds = self._device_seeds(seeds)
         mb = sample_bounded(self, seeds, key)  # one host sync
         if mb is not None:

@@ -52,7 +52,8 @@ from .gpu_bounded import buffers, finish, launch, plan
 from .gpu_hop import _s64
 from .threaded import hop_key
 
-__all__ = ["GraphState", "graphable", "graphed_report", "hop_name", "reset_graphed_report",
+__all__ = ["GraphState", "graphable", "graphed_report", "hop_name", "not_replayed",
+           "reset_graphed_report",
            "sample_graphed"]  # fmt: skip
 
 _LOCK = threading.Lock()
@@ -116,6 +117,19 @@ def graphable(sampler, b: int, hop=None, slack: int = 1) -> tuple[list, list] | 
     batch past its bound: LABOR-0's Poisson rows)."""
     bounded = plan(sampler, b, slack) if b else None
     return bounded if bounded is not None and _usable(sampler, hop) else None
+
+
+def not_replayed(sampler, what: str) -> None:
+    """Warn once per sampler that its batches are not replayed although ``cuda_graph`` asked for
+    it (:func:`graphable` said no: a fanout of -1, a hop past ``MAX_EDGE_SLOTS`` edges, or a
+    Triton kernel the batch needs cannot run): no silent slow path (issue 24, item 7)."""
+    if getattr(sampler, "_not_replayed_said", False):
+        return
+    sampler._not_replayed_said = True
+    warnings.warn(f"--cuda-graph: {what}'s batches on {sampler.device} are not replayed as CUDA "
+                  "graphs (a fanout of -1, a hop past MAX_EDGE_SLOTS edges, or a Triton kernel "
+                  "the batch needs cannot run); they launch eagerly (the same batches)",
+                  RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 def _upload(st: GraphState, seeds: torch.Tensor, keys: list, extra=()) -> None:
