@@ -263,8 +263,12 @@ def test_a_failing_measurement_keeps_its_steps_other_figures(tmp_path, monkeypat
     s = gpu_check.step_sampling(c)
     assert s["gpu_over_cpu"] == 3.0 and s["checksum_equal"] is True
     assert "ZeroDivisionError" in s["uva"]["error"] and s["uva_over_cpu"] is None
+    assert s["las_gpu_over_cpu"] == 3.0 and s["las_graphed_over_eager"] == 1.0
+    assert s["las_cuda_checksum_equal"] is True and s["las_cuda_graph_checksum_equal"] is True
     e = gpu_check.step_epochs(c)
     assert "boom" in e["0.05"]["error"] and e["speedup_10pct"] == 2.0
     md = tmp_path / "r.md"
-    gpu_check.write_markdown({"steps": {"epochs": e}, "goals": {}, "elapsed_s": 1.0}, md)
+    gpu_check.write_markdown({"steps": {"sampling": s, "epochs": e}, "goals": {},
+                              "elapsed_s": 1.0}, md)  # fmt: skip
     assert "| 0.05 | RuntimeError: train exited 1: boom | | |" in md.read_text()
+    assert "locality-aware s = 8: GPU 3.00x the CPU, graphed 1.00x eager" in md.read_text()

@@ -122,6 +122,29 @@ def test_a_failed_capture_warns_once_and_samples_eagerly(monkeypatch):
     gpu_graphed.reset_graphed_report()
 
 
+@pytest.mark.parametrize("kind", ["uniform", "labor"])
+def test_a_batch_that_cannot_be_replayed_warns_once(kind):
+    """``cuda_graph`` asked for, the batch not graphable (a fanout of -1): one warning per sampler
+    says its batches launch eagerly, and they are the eager sampler's (no silent slow path)."""
+    from gnnio.sampling.labor_torch import TorchLaborSampler
+
+    cls = TorchUniformSampler if kind == "uniform" else TorchLaborSampler
+    g = random_graph(300, 3000, 5)
+    s, ref = cls(*g.to_torch(), [-1, 3], cuda_graph=True), cls(*g.to_torch(), [-1, 3])
+    rng = np.random.default_rng(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
+            seeds = torch.from_numpy(rng.permutation(300)[:30])
+            _equal(s.sample(seeds, i), ref.sample(seeds, i))
+    msgs = [str(w.message) for w in caught if "not replayed as CUDA graphs" in str(w.message)]
+    assert len(msgs) == 1, [str(w.message) for w in caught]
+    with warnings.catch_warnings(record=True) as caught:  # without cuda_graph: nothing to say
+        warnings.simplefilter("always")
+        ref.sample(torch.arange(30), 9)
+    assert not [w for w in caught if "CUDA graph" in str(w.message)]
+
+
 class _FakeGraph:
     """A CUDA graph on the CPU: the "capture" runs the batch's launches (recorded by
     :func:`_fake_capture`'s wrapper of ``launch``); the first replay after it is that run, later
@@ -200,7 +223,8 @@ def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
             mb = gpu_graphed.sample_graphed(s, seeds, i, capture=True)
             _equal(mb, ref._sample_synced(seeds, i))
     rep = gpu_graphed.graphed_report()
-    assert rep == {"captured": 1, "replayed": 4, "eager": 1, "failed": None}, rep
+    counts = {"captured": 1, "replayed": 4, "eager": 1}
+    assert rep == {**counts, "failed": None, "by_sampler": {"uniform": counts}}, rep
     assert held == [True]
     # a replay records its kernels in the run's report, as a launch does (the record may have
     # been reset since the capture: --isolation auto's profiling)

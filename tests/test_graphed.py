@@ -194,12 +194,12 @@ def test_cuda_graph_option(small, capsys):
     assert any("sampler runs on the CPU here" in m for m in said), said  # nothing to replay
     hint = [m for m in said if "sampler runs on the CPU here" in m]
     assert "uniform sampler" in hint[0] and "--sampler-device cuda" in hint[0], hint
-    # the locality-aware sampler is not replayed on a GPU either: no hint that it would be
+    # the locality-aware sampler is replayed on a GPU too: the same hint
     with pytest.warns(RuntimeWarning) as caught:
         train(small, _cfg(cuda_graph="sampler", gpu_cache_fraction=0.1, locality_scale=4.0))
     hint = [str(w.message) for w in caught if "sampler runs on the CPU here" in str(w.message)]
     assert len(hint) == 1 and "locality-aware sampler" in hint[0], hint
-    assert "--sampler-device" not in hint[0], hint
+    assert "--sampler-device cuda" in hint[0], hint
     eager = train(small, _cfg(epochs=2))
     cg = s["cuda_graph"]
     assert cg["mode"] == "all" and cg["sampler"]["replayed"] == 0  # (a CPU sampler here)

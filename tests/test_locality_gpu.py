@@ -125,8 +125,8 @@ with warnings.catch_warnings(record=True) as said:
     warnings.simplefilter("always")
     dev = LocalitySampler(g, [4, 3], hot_ids=HOT, scale=8.0, seed=5, prune=(0.0, 2.0),
                           device="cuda", cuda_graph=True)
-assert dev._torch is not None
-assert any("not replayed as a CUDA graph" in str(w.message) for w in said), said
+assert dev._torch is not None and dev._torch.cuda_graph  # (replayed: tests/test_locality_graphed.py)
+assert not any("CUDA graph" in str(w.message) for w in said), [str(w.message) for w in said]
 for e, s in enumerate((8.0, 2.0, 1.0)):  # Algorithm 2's changes of s reach the GPU sampler
     cpu.scale = dev.scale = s
     reset_kernel_record()
@@ -135,22 +135,47 @@ for e, s in enumerate((8.0, 2.0, 1.0)):  # Algorithm 2's changes of s reach the 
     assert b.meta["scale"] == s
     rep = kernels_report()
     assert ("las_hop" in rep) == (s != 1.0) and rep.get("las_hop", "triton") == "triton", rep
-# a fanout of -1 (no bounded batch): the CPU kernels' batch, copied up
+# a fanout of -1 (no bounded batch): the synced path on the device, the LAS kernel's hops
 cpu = LocalitySampler(g, [4, -1], hot_ids=HOT, scale=8.0, seed=5)
 dev = LocalitySampler(g, [4, -1], hot_ids=HOT, scale=8.0, seed=5, device="cuda")
 reset_kernel_record()
 _check(cpu.sample(SEEDS, epoch_seed=4), dev.sample(SEEDS, epoch_seed=4))
-assert kernels_report()["las_hop"] == "numba"
+assert kernels_report()["las_hop"] == "triton"
 print("ok")
 """
 
 
 def test_locality_sampler_samples_on_the_device_and_follows_its_scale():
-    """``LocalitySampler(device=...)`` builds the GPU sampler (here on CPU tensors, in Triton's
-    interpreter), warns that it does not replay CUDA graphs, and each call samples with the
-    scale set then (s = 1: the pruned uniform hops, no LAS kernel); a fanout of -1: the CPU
-    kernels."""
+    """``LocalitySampler(device=..., cuda_graph=True)`` builds the GPU sampler (here on CPU
+    tensors, in Triton's interpreter) with the graphed path on (no warning), and each call
+    samples with the scale set then (s = 1: the pruned uniform hops, no LAS kernel); a fanout
+    of -1: the synced path's LAS hops."""
     run_in_triton_interpreter(_WIRED)
+
+
+_WHOLE = """
+import torch
+from gnnio.sampling.gpu import count_syncs
+from gnnio.sampling.threaded import call_key
+from tests.test_locality_gpu import SEEDS, check_cases, pair
+
+cases = [([4, -1], 8.0, None, "ht"), ([-1, 3], 0.5, (0.0, 2.0), "ht_mean"),
+         ([-1, 3], 1000.0, None, "none")]
+check_cases(cases, syncs=None)
+cpu, tch = pair([4, -1], 8.0)
+with count_syncs() as c:
+    tch.sample(torch.from_numpy(SEEDS), call_key(5, epoch_seed=0), 8.0)
+assert c.count == 3, c.ops  # the synced path's len(fanouts) + 1
+print("ok")
+"""
+
+
+def test_a_fanout_of_minus_one_samples_on_the_device():
+    """A fanout of -1 (every neighbour; no bounded batch): the uniform GPU sampler's synced path
+    with the LAS kernel's hops, in Triton's interpreter -- the numba batches (a -1 hop before
+    and after a LAS hop, windows, every weight mode, capping both ways) with ``len(fanouts) +
+    1`` host syncs, the scratch at rest after."""
+    run_in_triton_interpreter(_WHOLE, timeout=900)
 
 
 def test_scale_one_is_the_pruned_uniform_batch_with_one_sync():
@@ -198,13 +223,13 @@ def test_a_failed_kernel_warns_once_and_the_cpu_samples(monkeypatch):
 
 def test_cpu_batches_warn_once_per_reason(monkeypatch):
     """Batches the CPU kernels sample without a failed kernel are no silent slow path either:
-    no Triton for the LAS kernel, or a batch the bounded form cannot hold (a fanout of -1), is
-    one warning per sampler naming the reason, however many batches follow (same batches)."""
+    no Triton for the LAS kernel is one warning per sampler naming the reason, however many
+    batches follow (same batches); so with a fanout of -1."""
     from gnnio.sampling import locality_torch
 
     monkeypatch.setattr(triton_kernels, "_FAILED", {})
     for fanouts, available, reason in (([4, 3], False, "cannot run here"),
-                                       ([4, -1], True, "bounded GPU batch cannot hold")):  # fmt: skip
+                                       ([4, -1], False, "cannot run here")):  # fmt: skip
         monkeypatch.setattr(locality_torch, "triton_available", lambda dev, k, a=available: a)
         cpu, tch = pair(fanouts, 8.0)
         with warnings.catch_warnings(record=True) as said:
@@ -292,18 +317,20 @@ def test_train_builds_the_locality_sampler_on_the_gpu(monkeypatch):
 
 #: the GPU test's cases: (graph, fanouts, scale, prune, weights) -- every weight mode (a
 #: compiled variant each), capping both ways, windows, and mixed_graph(0)'s hub drawn 40 of
-#: (FP = 64, Floyd's 40 draws; the CPU's hashed branch)
+#: (FP = 64, Floyd's 40 draws; the CPU's hashed branch); a fanout of -1 (the synced path)
 DEVICE_CASES = [("random", [15, 10, 5], 8.0, None, "ht"),
                 ("random", [15, 10, 5], 2.0, (1.0, 1.0), "ht_mean"),
                 ("random", [15, 10, 5], 0.5, None, "none"),
                 ("random", [15, 10, 5], 1000.0, (0.5, 0.0), "ht"),
-                ("mixed", [40, 3], 8.0, (1.0, 1.0), "ht")]  # fmt: skip
+                ("mixed", [40, 3], 8.0, (1.0, 1.0), "ht"),
+                ("random", [10, -1], 8.0, None, "ht")]  # fmt: skip
 
 
 def equal_on_device(graph_in: str, cases=DEVICE_CASES, nodes=5000, edges=80000, seeds=512,
                     epochs=(0, 1)) -> None:  # fmt: skip
     """Each case's batches on the device equal the numba ones (weights bit for bit), one host
-    sync each, no warning of a CPU batch or a failed kernel, ``las_hop`` Triton only."""
+    sync each (``len(fanouts) + 1`` with a fanout of -1), no warning of a CPU batch or a failed
+    kernel, ``las_hop`` Triton only."""
     from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
     from tests.helpers import random_graph
 
@@ -325,7 +352,8 @@ def equal_on_device(graph_in: str, cases=DEVICE_CASES, nodes=5000, edges=80000, 
                 with count_syncs() as c:
                     b = gpu.sample(ids, epoch_seed=e)
                 _check(a, b.to("cpu"))
-                assert c.count == 1, (name, fanouts, scale, c.ops)
+                want = 1 if min(fanouts) >= 0 else len(fanouts) + 1  # (-1: the synced path)
+                assert c.count == want, (name, fanouts, scale, c.ops)
         ours = [str(w.message) for w in said if "locality-aware" in str(w.message)
                 or "Triton kernel" in str(w.message)]  # fmt: skip
         assert not ours, ours  # (a CPU batch or a failed kernel; NumPy's overflows aside)
@@ -441,12 +469,13 @@ def test_the_kernel_compiles_for_an_h100_without_one(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     sig = dict(indptr="*i64", indices="*i32", dst="*i64", row_off="*i64", out_src="*i64",
                out_row="*i64", out_w="*fp32", n="i32", cnt="*i64", cap="i32", k0="i32",
-               k1="i32", k2="i32", qptr="*i64", qpos="*i32", consts="*fp64", theta="i32",
-               FANOUT="constexpr", FP="constexpr", BLOCK="constexpr", WMODE="constexpr")  # fmt: skip
+               k1="i32", k2="i32", kp="*i64", qptr="*i64", qpos="*i32", consts="*fp64",
+               theta="i32", FANOUT="constexpr", FP="constexpr", BLOCK="constexpr",
+               WMODE="constexpr", KEY_PTR="constexpr")  # fmt: skip
     fmas = {}
-    for fusion in (False, True):
-        src = ASTSource(fn=M._las, signature=sig,
-                        constexprs=dict(FANOUT=5, FP=8, BLOCK=M._BLOCK, WMODE=1))  # fmt: skip
+    for fusion in (False, True):  # (the key read from device memory -- a graph's -- and not)
+        src = ASTSource(fn=M._las, signature=sig, constexprs=dict(
+            FANOUT=5, FP=8, BLOCK=M._BLOCK, WMODE=1, KEY_PTR=not fusion))  # fmt: skip
         k = compile(src, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion})
         assert len(k.asm["cubin"]) > 0
         fmas[fusion] = k.asm["ptx"].count("fma.rn.f64")
@@ -462,3 +491,7 @@ def test_the_kernel_compiles_for_an_h100_without_one(tmp_path, monkeypatch):
     z = torch.zeros(4, dtype=torch.int64)
     M.sample_las_triton(z, z, z, 2, z, z, 7, 5, 0, z, z, M.las_consts(2.0, "cpu"), 0, (z, z, z))
     assert seen["enable_fp_fusion"] is False and seen["FANOUT"] == 5, seen
+    assert seen["KEY_PTR"] is False
+    M.sample_las_triton(z, z, z, 2, z, z, z[:1], 5, 0, z, z, M.las_consts(2.0, "cpu"), 0,
+                        (z, z, z))  # fmt: skip
+    assert seen["KEY_PTR"] is True

@@ -17,7 +17,8 @@ what is left of the budget, a failure in one step recorded and the next one run,
    on CUDA;
 6. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores), and the GPU
    sampler reading the CSR from pinned host memory (UVA): edges/s; the GPU's batch ``checksum``
-   against the CPU's (counter-based sampling: bit-identical batches);
+   against the CPU's (counter-based sampling: bit-identical batches); the batch replayed as a
+   CUDA graph; the same for the locality-aware sampler (s = 8): CPU, eager GPU and graphed;
 7. ``bandwidth``: ``gnnio bench tiers --device cuda --bandwidth``: UVA (zero-copy) gather against
    the pinned host->device copy, GPU-tier gather against a device-to-device copy;
 8. ``feature_bound`` (issue 24): every paper's technique against its baseline on 512-wide rows
@@ -262,6 +263,17 @@ def step_sampling(c: Check) -> dict[str, Any]:
         for name in ("uva", "cuda_graph"):
             if "checksum" in out[name] and "checksum" in out["cpu"]:
                 out[f"{name}_checksum_equal"] = out[name]["checksum"] == out["cpu"]["checksum"]
+        # Song & Jiang's locality-aware sampler (s = 8, 10 % of the rows local): numba on the
+        # CPU, the Triton LAS kernel eagerly and replayed as a CUDA graph; the same batches
+        las = [*common, "--locality-scale", "8", "--gpu-cache-fraction", "0.1"]
+        out["las_cpu"] = part(lambda: c.gnnio(*las, "--device", "cpu", "--threads", threads))
+        out["las_cuda"] = part(lambda: c.gnnio(*las, "--device", "cuda"))
+        out["las_cuda_graph"] = part(lambda: c.gnnio(*las, "--device", "cuda", "--cuda-graph"))
+        out["las_gpu_over_cpu"] = _over(out["las_cuda"], out["las_cpu"], "edges_per_s")
+        out["las_graphed_over_eager"] = _over(out["las_cuda_graph"], out["las_cuda"], "edges_per_s")
+        for name in ("las_cuda", "las_cuda_graph"):
+            if "checksum" in out[name] and "checksum" in out["las_cpu"]:
+                out[f"{name}_checksum_equal"] = out[name]["checksum"] == out["las_cpu"]["checksum"]
     return out
 
 

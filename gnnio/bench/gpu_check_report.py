@@ -162,6 +162,11 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                 status += (f"; --cuda-graph: {res['graphed_over_cpu']:.2f}x the CPU "
                            f"({res.get('graphed_over_eager') or 0:.2f}x the eager GPU sampler), "
                            f"batches identical: {res.get('cuda_graph_checksum_equal')}")  # fmt: skip
+            if res.get("las_gpu_over_cpu") is not None:
+                status += (f"; locality-aware s = 8: GPU {res['las_gpu_over_cpu']:.2f}x the CPU, "
+                           f"graphed {res.get('las_graphed_over_eager') or 0:.2f}x eager, batches "
+                           f"identical: {res.get('las_cuda_checksum_equal')} / "
+                           f"{res.get('las_cuda_graph_checksum_equal')}")  # fmt: skip
         if name == "cache" and "manage_ms_median" in res:
             status = "; ".join(
                 f"{p} {ms:.2f} ms, hits {res['hit_ratio'][p]:.3f}"

@@ -82,8 +82,9 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--cuda-graph",
         action="store_true",
-        help="--device cuda, uniform or labor sampler: replay each batch as a CUDA graph "
-        "(gnnio.sampling.gpu_graphed; the same batches)",
+        help="--device cuda, uniform (--prune-threshold, --locality-scale included) or labor "
+        "sampler: replay each batch as a CUDA graph (gnnio.sampling.gpu_graphed; the same "
+        "batches)",
     )
     p.add_argument(
         "--prune-threshold", metavar="ALPHA,BETA", nargs="?", const="1,1", default=None,
@@ -143,8 +144,6 @@ def _check(args) -> list[int]:
         args.gpu_cache_fraction = 0.1 if frac is None else frac
         if getattr(args, "sampler", "uniform") != "uniform":
             raise UsageError(f"--locality-scale: works with --sampler uniform, not {args.sampler}")
-        if getattr(args, "cuda_graph", False):
-            raise UsageError("--locality-scale: not with --cuda-graph (its batches launch eagerly)")
         if not (0 < las < float("inf")):
             raise UsageError(f"--locality-scale: must be a finite number > 0, got {las}")
         if not 0 < args.gpu_cache_fraction <= 1:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import uuid
 
 from ..errors import GnnioError
@@ -104,6 +106,7 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
     Raises:
         DistRunError: a rank failed (one line naming it).
     """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -130,6 +133,9 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
         sys.warnoptions.append(quiet)
     port = _free_port()
     timeout = int(timeout_s) if timeout_s else 120
+    # the agent's per-run directory (the ranks' error files): torch's default is a new
+    # torchelastic_* directory in the temporary directory per run, never removed
+    log_dir = tempfile.mkdtemp(prefix="gnnio-ranks-")
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -141,6 +147,7 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
         max_restarts=0,
         monitor_interval=0.2,
         start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     added = [k for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS") if k not in os.environ]
     for k in added:
@@ -156,3 +163,4 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
     finally:
         for k in added:
             os.environ.pop(k, None)
+        shutil.rmtree(log_dir, ignore_errors=True)  # (the failure line has read its files)

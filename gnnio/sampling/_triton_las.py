@@ -32,6 +32,10 @@ NumPy in the interpreter), numba's from libm; they may differ by an ulp, which c
 value by an ulp and, in the rare row whose uniform falls right there, change ``m``. The weights
 use no ``exp``/``log`` and are the CPU's bits; the tests check nodes and edges on their seeds and
 weights exactly.
+
+The hop key comes as three int32 arguments, or with ``KEY_PTR`` from an int64 ``[1]`` device
+tensor, and the scale always from the ``consts`` tensor: a CUDA graph's replay
+(:mod:`gnnio.sampling.gpu_graphed`) samples with the key and scale its input buffer holds then.
 """
 
 from __future__ import annotations
@@ -42,16 +46,22 @@ import triton.language as tl
 
 from ._triton_hop import _key, _lemire, _mix64
 
-__all__ = ["las_consts", "sample_las_triton"]
+__all__ = ["las_const_values", "las_consts", "sample_las_triton"]
 
 _BLOCK = 16
 _M22 = (1 << 22) - 1
 
 
-def las_consts(scale: float, device) -> torch.Tensor:
+def las_const_values(scale: float) -> list[float]:
     """The kernel's float64 constants: ``scale``, the Newton tolerance ``1e-12``, ``1 - 1e-16``
-    (the odds clamp) -- values a float32 literal would round."""
-    return torch.tensor([float(scale), 1e-12, 1.0 - 1e-16], dtype=torch.float64, device=device)
+    (the odds clamp) -- values a float32 literal would round. (A CUDA graph's replay reads them
+    from its static input buffer, uploaded with each batch: :mod:`.gpu_graphed`.)"""
+    return [float(scale), 1e-12, 1.0 - 1e-16]
+
+
+def las_consts(scale: float, device) -> torch.Tensor:
+    """:func:`las_const_values` as a float64 tensor on ``device``."""
+    return torch.tensor(las_const_values(scale), dtype=torch.float64, device=device)
 
 
 @triton.jit
@@ -131,9 +141,9 @@ def _nch_pmf(ratio, omega, span, col, FANOUT: tl.constexpr, FP: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["n", "cap", "k0", "k1", "k2", "theta"])
-def _las(indptr, indices, dst, row_off, out_src, out_row, out_w, n, cnt, cap, k0, k1, k2, qptr,
-         qpos, consts, theta, FANOUT: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
-         WMODE: tl.constexpr):  # fmt: skip
+def _las(indptr, indices, dst, row_off, out_src, out_row, out_w, n, cnt, cap, k0, k1, k2, kp,
+         qptr, qpos, consts, theta, FANOUT: tl.constexpr, FP: tl.constexpr, BLOCK: tl.constexpr,
+         WMODE: tl.constexpr, KEY_PTR: tl.constexpr = False):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     real = tl.load(cnt)
     if pid * BLOCK >= real:
@@ -148,7 +158,7 @@ def _las(indptr, indices, dst, row_off, out_src, out_row, out_w, n, cnt, cap, k0
     start = tl.load(indptr + g, mask=rm, other=0)
     d = tl.load(indptr + g + 1, mask=rm, other=0) - start
     off = tl.load(row_off + r, mask=rm, other=0)
-    key = _key(k0, k1, k2, k0, False)  # (from the three int32 arguments)
+    key = _key(k0, k1, k2, kp, KEY_PTR)  # (in device memory: a CUDA graph's replay)
     state = _mix64(key ^ (g.to(tl.uint64) * 0x9E3779B97F4A7C15))
     # 1. the pruning window (theta > 0): its start drawn first, as on the CPU
     cut = rm & (d > theta) & (theta > 0)
@@ -294,20 +304,25 @@ def _las(indptr, indices, dst, row_off, out_src, out_row, out_w, n, cnt, cap, k0
         tl.store(out_w + dest, w.to(tl.float32), mask=valid)
 
 
-def sample_las_triton(indptr, indices, nodes, rows: int, count, row_off, hop_key: int,
-                      fanout: int, theta: int, qptr, qpos, consts, wmode: int,
-                      out) -> None:  # fmt: skip
+def sample_las_triton(indptr, indices, nodes, rows: int, count, row_off, hop_key, fanout: int,
+                      theta: int, qptr, qpos, consts, wmode: int, out) -> None:  # fmt: skip
     """One hop (module docstring) of the bounded batch: rows ``nodes[:rows]`` (real up to
     ``count``, int64 ``[1]`` on the device), written at ``row_off`` (the hop's cumulative ``k``)
     into ``out = (src, row, w)`` (``w`` unused for ``wmode`` 2, ``"none"``); nothing at or past
-    ``len(src)``. ``fanout >= 1``; ``consts``: :func:`las_consts` of the scale."""
+    ``len(src)``. ``fanout >= 1``; ``consts``: :func:`las_consts` of the scale (float64 ``[3]``
+    on the device). ``hop_key``: an int, or an int64 ``[1]`` device tensor of its bits
+    (:func:`gnnio.sampling.gpu_hop._s64`), read there by the kernel (``KEY_PTR``): a captured
+    launch samples with the key -- and the scale -- its buffers hold when it is replayed."""
     src, row, w = out
     cap = int(src.shape[0])
     if cap == 0 or rows == 0:
         return
-    key = hop_key & ((1 << 64) - 1)
+    key_ptr = isinstance(hop_key, torch.Tensor)
+    key = 0 if key_ptr else hop_key & ((1 << 64) - 1)
+    kp = hop_key if key_ptr else count  # (unread without KEY_PTR)
     fp = max(2, 1 << fanout.bit_length())  # >= fanout + 1: the law of m has <= k + 1 values
     grid = (triton.cdiv(rows, _BLOCK),)
     _las[grid](indptr, indices, nodes, row_off, src, row, w, rows, count, cap, key & _M22,
-               (key >> 22) & _M22, key >> 44, qptr, qpos, consts, int(theta), FANOUT=fanout,
-               FP=fp, BLOCK=_BLOCK, WMODE=wmode, enable_fp_fusion=False)  # fmt: skip
+               (key >> 22) & _M22, key >> 44, kp, qptr, qpos, consts, int(theta), FANOUT=fanout,
+               FP=fp, BLOCK=_BLOCK, WMODE=wmode, KEY_PTR=key_ptr,
+               enable_fp_fusion=False)  # fmt: skip

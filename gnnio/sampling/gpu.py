@@ -210,11 +210,12 @@ class TorchUniformSampler:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
         seeds = self._int64_seeds(seeds)
         if self.cuda_graph:  # seeds and keys uploaded together, the batch one replay
-            from .gpu_graphed import sample_graphed
+            from .gpu_graphed import not_replayed, sample_graphed
 
             mb = sample_graphed(self, seeds, key)
             if mb is not None:
                 return mb
+            not_replayed(self, "the GPU sampler")
         seeds = self._device_seeds(seeds)
         mb = sample_bounded(self, seeds, key)  # one host sync
         if mb is not None:
@@ -250,20 +251,15 @@ class TorchUniformSampler:
             raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
         parts, hop_nodes, hop_edges = [seeds], [b], []
         dst_nodes = seeds
-        for h, fanout in enumerate(fanouts):
+        for h in range(len(fanouts)):
             hk = hop_key(key, h)
-            th = self.thresholds[h]
-            src, dst, redo = sample_hop_torch(
-                ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=False, theta=th
-            )
+            src, dst, redo = self._synced_hop(h, dst_nodes, hk, totals[h], exact=False)
             self._mark("sample")
             new, more, redo = _relabel(src, loc, first, hop_nodes[-1], ip, kf[h + 1 :], redo)
             self._mark("relabel")
             if redo:  # a rejected draw (rare): undo the numbering, draw the hop step by step
                 loc[new] = -1
-                src, dst, _ = sample_hop_torch(
-                    ip, self.indices, dst_nodes, fanout, hk, total=totals[h], exact=True, theta=th
-                )
+                src, dst, _ = self._synced_hop(h, dst_nodes, hk, totals[h], exact=True)
                 new, more, _ = _relabel(src, loc, first, hop_nodes[-1], ip, kf[h + 1 :])
             for g, extra in enumerate(more):  # the new nodes' edges in the later hops
                 totals[h + 1 + g] += extra
@@ -281,6 +277,13 @@ class TorchUniformSampler:
         return MiniBatch(
             seeds=seeds, input_nodes=dst_nodes, blocks=blocks, meta={"hop_nodes": hop_nodes}
         )
+
+    def _synced_hop(self, h: int, dst_nodes, hk: int, total: int, exact: bool):
+        """The synced path's hop ``h`` from ``dst_nodes`` with hop key ``hk``, drawing ``total``
+        edges: ``(src, row, redo)`` (:func:`sample_hop_torch`; another sampler's hop:
+        :class:`~gnnio.sampling.locality_torch.TorchLocalitySampler`)."""
+        return sample_hop_torch(self.indptr, self.indices, dst_nodes, self.fanouts[h], hk,
+                                total=total, exact=exact, theta=self.thresholds[h])  # fmt: skip
 
 
 def _relabel(

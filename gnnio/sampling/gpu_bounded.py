@@ -181,11 +181,22 @@ class _Buffers:
         self.row = [z(e) for e in edges]
         self.uses = 0  # batches sampled with this set (which set a full scratch drops)
         self._own = [self.meta, self.nodes, *self.cum, src, flag, rank, *self.local, *self.row]
-        self.graph = None  # :mod:`.gpu_graphed`'s state for this set
+        self._edges, self._w = edges, None
+        self.graph: dict = {}  # :mod:`.gpu_graphed`'s state for this set, per kind of hop
+
+    def weights(self) -> list:
+        """Per hop a float32 ``[E_h]`` buffer for edge weights a hop kernel writes (the
+        locality-aware one's, :mod:`.locality_torch`), made at the first call (never inside a
+        CUDA graph's capture: its caller asks before the launches) and reused."""
+        if self._w is None:  # (one buffer, a slice per hop: every hop's stay until the end)
+            w = torch.empty(sum(self._edges), dtype=torch.float32, device=self.meta.device)
+            self._w = list(w.split(self._edges))
+            self._own.append(w)
+        return self._w
 
     def tensors(self) -> list:
-        """Every tensor the set owns (views aside), and its graph's static input."""
-        return self._own + ([self.graph.inp] if self.graph is not None else [])
+        """Every tensor the set owns (views aside), and its graphs' static inputs."""
+        return self._own + [st.inp for st in self.graph.values()]
 
 
 def _triton(dev: torch.device, kernel: str):
@@ -292,9 +303,9 @@ def buffers(cache: dict, b: int, rows: list, edges: list, dev: torch.device) -> 
                 cur = torch.cuda.current_stream(dev)  # waited for in _take): freed after ours
                 for t in gone.tensors():
                     t.record_stream(cur)
-            if gone.graph is not None:  # its CUDA graph destroyed, never beside a capture
+            if gone.graph:  # its CUDA graphs destroyed, never beside a capture
                 with CAPTURE_LOCK:
-                    gone.graph = None
+                    gone.graph.clear()
         buf = cache[b] = _Buffers(rows, edges, dev)
     buf.uses += 1
     return buf
@@ -330,10 +341,12 @@ def launch(sampler, buf: _Buffers, rows: list, seeds, keys, loc, first, reset=No
 
 
 def finish(sampler, buf: _Buffers, rows: list, edges: list, seeds, hop_edges, loc, first, cache,
-           reset: bool = True) -> MiniBatch | None:  # fmt: skip
+           reset: bool = True, weighted=None) -> MiniBatch | None:  # fmt: skip
     """The batch's one host sync and its arrays (module docstring); gives the scratch back.
     ``reset``: put the scratch at rest (False: :func:`launch` did, and ``seeds`` is a static
-    buffer: the batch's seeds are then the head of its node list). Raises ValueError for bad
+    buffer: the batch's seeds are then the head of its node list). ``weighted``: per hop
+    whether its kernel wrote the edges' weights into :meth:`_Buffers.weights` (copied out as
+    the blocks' ``edge_weight``; the others None). Raises ValueError for bad
     seeds (``seeds``: the batch's, on the device); None where the torch draws must be redone
     or a hop drew more edges than its bound ``edges[h]`` (LABOR-0's Poisson rows)."""
     L, cap, b = len(sampler.fanouts), rows[-1], int(seeds.shape[0])
@@ -366,25 +379,33 @@ def finish(sampler, buf: _Buffers, rows: list, edges: list, seeds, hop_edges, lo
         parts += [local[: sizes[h]], row[: sizes[h]], buf.cum[h][: hop_nodes[h] + 1]]
         lengths += [2 * sizes[h], hop_nodes[h] + 1]
     flat = torch.cat(parts).split(lengths)
+    hops_w = [h for h in range(L) if weighted is not None and weighted[h]]
+    w = [None] * L
+    if hops_w:  # (float32: a copy of their own, also before the scratch goes back)
+        ws = buf.weights()
+        got = torch.cat([ws[h][: sizes[h]] for h in hops_w]).split([sizes[h] for h in hops_w])
+        for h, x in zip(hops_w, got, strict=True):
+            w[h] = x
     sampler._give(loc, first, cache)  # after the copy: another thread may write them next
     blocks = []
     for h in range(L - 1, -1, -1):  # edges grouped by destination (the CSR pointer: no sort)
         ei = flat[1 + 2 * h].view(2, sizes[h])
         blocks.append(Block(ei, num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
-                            ptr=flat[2 + 2 * h]))  # fmt: skip
+                            ptr=flat[2 + 2 * h], edge_weight=w[h]))  # fmt: skip
     if not reset:  # ``seeds`` a static buffer (a graph's): the node list's head, a copy
         seeds = flat[0][:b]
     return MiniBatch(seeds=seeds, input_nodes=flat[0], blocks=blocks, meta={"hop_nodes": hop_nodes})
 
 
 def sample_bounded(sampler, seeds: torch.Tensor, key: int, hop=None, slack: int = 1,
-                   keys=None) -> MiniBatch | None:  # fmt: skip
+                   keys=None, weighted=None) -> MiniBatch | None:  # fmt: skip
     """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
     int64 ``seeds`` with one host sync (module docstring). None where the synced path must
     sample it: a fanout of -1, an edge bound past :data:`MAX_EDGE_SLOTS`, torch draws to
     redo step by step, or a hop that drew more edges than its bound. Raises ValueError for bad
     seeds. ``hop``, ``slack``: another sampler's draws and bound (:func:`launch`,
-    :func:`plan`; LABOR-0), ``keys``: its hop keys (default ``hop_key(key, h)``)."""
+    :func:`plan`; LABOR-0), ``keys``: its hop keys (default ``hop_key(key, h)``),
+    ``weighted``: the hops whose kernel writes edge weights (:func:`finish`)."""
     b = int(seeds.shape[0])
     bounded = plan(sampler, b, slack)
     if bounded is None:
@@ -392,10 +413,13 @@ def sample_bounded(sampler, seeds: torch.Tensor, key: int, hop=None, slack: int 
     rows, edges = bounded
     loc, first, cache = sampler._take(cache=True)
     buf = buffers(cache, b, rows, edges, sampler.device)
+    if weighted is not None:
+        buf.weights()
     if keys is None:
         keys = [hop_key(key, h) for h in range(len(sampler.fanouts))]
     hop_edges = launch(sampler, buf, rows, seeds, keys, loc, first, hop=hop)
-    return finish(sampler, buf, rows, edges, seeds, hop_edges, loc, first, cache)
+    return finish(sampler, buf, rows, edges, seeds, hop_edges, loc, first, cache,
+                  weighted=weighted)  # fmt: skip
 
 
 def _reset_torch(nodes: torch.Tensor, n: int, loc, first, count=None) -> None:

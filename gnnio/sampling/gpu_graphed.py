@@ -28,6 +28,12 @@ LABOR-0 (:class:`~gnnio.sampling.labor_torch.TorchLaborSampler` with ``cuda_grap
 same path with its own hop, bound slack and hop keys (its count and select kernels read their
 key from ``inp`` as well); a Poisson batch past its bound comes back None
 (:func:`graphable` tells that from "not applicable") and is sampled by the synced path.
+The locality-aware sampler (:class:`~gnnio.sampling.locality_torch.TorchLocalitySampler`,
+:func:`~gnnio.sampling.locality_torch.las_hop`) uploads the scale's float64 constants with the
+keys (``extra``: more slots of ``inp``, :attr:`GraphState.extra`), which its LAS kernel reads, and
+its kernel's edge weights stay in the buffer set until the batch's end copies them out. A buffer
+set holds one graph per kind of hop (:func:`hop_name`: a locality-aware batch at ``s = 1`` draws
+uniform hops), each captured at its own second batch.
 
 Not measured on a GPU yet (written after the H200 run of 2026-11-26): opt-in until a GPU run
 shows it faster.
@@ -46,40 +52,62 @@ from .gpu_bounded import buffers, finish, launch, plan
 from .gpu_hop import _s64
 from .threaded import hop_key
 
-__all__ = ["GraphState", "graphable", "graphed_report", "reset_graphed_report", "sample_graphed"]
+__all__ = ["GraphState", "graphable", "graphed_report", "hop_name", "not_replayed",
+           "reset_graphed_report",
+           "sample_graphed"]  # fmt: skip
 
 _LOCK = threading.Lock()
-_STATS = {"captured": 0, "replayed": 0, "eager": 0, "failed": None}
+_STATS: dict = {"captured": 0, "replayed": 0, "eager": 0, "failed": None, "by_sampler": {}}
 
 
 class GraphState:
-    """One buffer set's static inputs and graph: ``inp`` (int64 ``[b + L]``): the seeds, then
-    each hop's key bits; ``seeds`` and ``keys[h]`` its views."""
+    """One buffer set's static inputs and graph for one kind of hop: ``inp`` (int64
+    ``[b + L + X]``): the seeds, then each hop's key bits, then ``X`` float64 values' bits
+    (the locality-aware hop's constants, its scale first); ``seeds``, ``keys[h]`` and
+    ``extra`` (float64 ``[X]``) its views. ``runs``: its batches run eagerly so far (the
+    first compiles the kernels: a capture comes after)."""
 
-    def __init__(self, b: int, L: int, dev: torch.device):
-        self.inp = torch.zeros(b + L, dtype=torch.int64, device=dev)
+    def __init__(self, b: int, L: int, dev: torch.device, n_extra: int = 0):
+        self.inp = torch.zeros(b + L + n_extra, dtype=torch.int64, device=dev)
         self.seeds = self.inp[:b]
         self.keys = [self.inp[b + h : b + h + 1] for h in range(L)]
+        self.extra = self.inp[b + L :].view(torch.float64)
         self.graph = None
         self.hop_edges = None
+        self.runs = 0
+
+
+def hop_name(hop) -> str:
+    """The sampler a hop function draws for (``graph_name``: ``"labor"``, ``"locality"``;
+    default ``"uniform"``): a buffer set's graph per name, and :func:`graphed_report`'s."""
+    return getattr(hop, "graph_name", "uniform")
+
+
+def _kernels(sampler, hop) -> tuple:
+    """The Triton kernels ``hop`` launches for ``sampler``: its ``triton_kernel`` (a name, or
+    a function of the sampler giving names; default the uniform ``sample_hop``)."""
+    names = getattr(hop, "triton_kernel", "sample_hop")
+    if callable(names):
+        names = names(sampler)
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def _usable(sampler, hop=None) -> bool:
-    """Every fanout ``>= 1`` and the Triton kernels of ``hop`` (its ``triton_kernel``: LABOR-0's
-    ``labor_hop``; default the uniform ``sample_hop``) and of the relabelling available."""
+    """Every fanout ``>= 1`` and the Triton kernels of ``hop`` (:func:`_kernels`) and of the
+    relabelling available."""
     dev = sampler.device
     return (
         min(sampler.fanouts, default=0) >= 1
-        and triton_available(dev, getattr(hop, "triton_kernel", "sample_hop"))
+        and all(triton_available(dev, k) for k in _kernels(sampler, hop))
         and triton_available(dev, "relabel")
     )
 
 
-def _ran(hop) -> None:
+def _ran(sampler, hop) -> None:
     """A replay's kernels in the run's ``kernels`` record (as a launch records itself: the
     record may have been reset since the capture, after ``--isolation auto``'s profiling)."""
-    name = getattr(hop, "triton_kernel", "sample_hop")
-    kernel_ran({"sample_hop": "hop"}.get(name, name), "triton")
+    for name in _kernels(sampler, hop):
+        kernel_ran({"sample_hop": "hop"}.get(name, name), "triton")
     kernel_ran("relabel", "triton")
 
 
@@ -91,11 +119,26 @@ def graphable(sampler, b: int, hop=None, slack: int = 1) -> tuple[list, list] | 
     return bounded if bounded is not None and _usable(sampler, hop) else None
 
 
-def _upload(st: GraphState, seeds: torch.Tensor, keys: list) -> None:
-    """The batch's seeds and hop keys (ints) into ``st.inp``: one queued copy from pinned
-    memory."""
-    L = len(keys)
+def not_replayed(sampler, what: str) -> None:
+    """Warn once per sampler that its batches are not replayed although ``cuda_graph`` asked for
+    it (:func:`graphable` said no: a fanout of -1, a hop past ``MAX_EDGE_SLOTS`` edges, or a
+    Triton kernel the batch needs cannot run): no silent slow path (issue 24, item 7)."""
+    if getattr(sampler, "_not_replayed_said", False):
+        return
+    sampler._not_replayed_said = True
+    warnings.warn(f"--cuda-graph: {what}'s batches on {sampler.device} are not replayed as CUDA "
+                  "graphs (a fanout of -1, a hop past MAX_EDGE_SLOTS edges, or a Triton kernel "
+                  "the batch needs cannot run); they launch eagerly (the same batches)",
+                  RuntimeWarning, stacklevel=3)  # fmt: skip
+
+
+def _upload(st: GraphState, seeds: torch.Tensor, keys: list, extra=()) -> None:
+    """The batch's seeds, hop keys (ints) and ``extra`` floats into ``st.inp``: one queued copy
+    from pinned memory."""
+    L = len(keys) + len(extra)
     keys = torch.tensor([_s64(k) for k in keys], dtype=torch.int64)
+    if len(extra):  # (float64 bits as int64: one buffer, one copy)
+        keys = torch.cat([keys, torch.tensor(extra, dtype=torch.float64).view(torch.int64)])
     if seeds.device == st.inp.device:
         st.seeds.copy_(seeds)
         host = keys
@@ -107,7 +150,7 @@ def _upload(st: GraphState, seeds: torch.Tensor, keys: list) -> None:
     dst.copy_(host, non_blocking=True)
 
 
-def _note(what: str, err: str | None = None) -> None:
+def _note(what: str, err: str | None = None, name: str = "uniform") -> None:
     with _LOCK:
         if what == "failed":
             first = _STATS["failed"] is None
@@ -117,18 +160,24 @@ def _note(what: str, err: str | None = None) -> None:
                               f"({err})", RuntimeWarning, stacklevel=3)  # fmt: skip
         else:
             _STATS[what] += 1
+            per = _STATS["by_sampler"].setdefault(name, {"captured": 0, "replayed": 0,
+                                                         "eager": 0})  # fmt: skip
+            per[what] += 1
 
 
 def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None = None,
-                   hop=None, slack: int = 1, keys=None):  # fmt: skip
+                   hop=None, slack: int = 1, keys=None, extra=(), weighted=None):  # fmt: skip
     """One batch of ``sampler`` (a :class:`~gnnio.sampling.gpu.TorchUniformSampler`) around
     int64 ``seeds`` (host or device) as a CUDA graph's replay (module docstring); None where
     this path does not apply (the caller samples eagerly) or a hop drew past its bound.
     ``capture``: None captures on CUDA, False runs the launches eagerly from the static
     buffers. ``hop``, ``slack``, ``keys`` (ints, uploaded as their bits): another sampler's
     draws, bounds and hop keys, as :func:`~gnnio.sampling.gpu_bounded.sample_bounded`'s
-    (LABOR-0: :class:`~gnnio.sampling.labor_torch.TorchLaborSampler`). Raises ValueError for
-    bad seeds."""
+    (LABOR-0: :class:`~gnnio.sampling.labor_torch.TorchLaborSampler`); ``extra``: floats
+    uploaded with them, which the hop reads from :attr:`GraphState.extra` (the locality-aware
+    hop's scale and constants: :class:`~gnnio.sampling.locality_torch.TorchLocalitySampler`);
+    ``weighted``: the hops that write edge weights (:func:`~gnnio.sampling.gpu_bounded.
+    finish`). Raises ValueError for bad seeds."""
     b, L, dev = int(seeds.shape[0]), len(sampler.fanouts), sampler.device
     bounded = graphable(sampler, b, hop, slack)
     if bounded is None:
@@ -138,12 +187,15 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     rows, edges = bounded
     loc, first, cache = sampler._take(cache=True)
     buf = buffers(cache, b, rows, edges, dev)
-    st = buf.graph
-    if st is None:
-        st = buf.graph = GraphState(b, L, dev)
+    name = hop_name(hop)
+    st = buf.graph.get(name)
+    if st is None:  # (one per kind of hop: a locality-aware sampler at s = 1 draws uniformly)
+        st = buf.graph[name] = GraphState(b, L, dev, len(extra))
+    if weighted is not None:
+        buf.weights()  # (made before any capture)
     if keys is None:
         keys = [hop_key(key, h) for h in range(L)]
-    _upload(st, seeds, keys)
+    _upload(st, seeds, keys, extra)
 
     def run() -> list:
         return launch(sampler, buf, rows, st.seeds, st.keys, loc, first, reset=rows[-1],
@@ -152,35 +204,40 @@ def sample_graphed(sampler, seeds: torch.Tensor, key: int, capture: bool | None 
     failed = _STATS["failed"] is not None
     if st.graph is not None:
         st.graph.replay()
-        _note("replayed")
-        _ran(hop)
-    elif capture and buf.uses > 1 and not failed:  # the first batch compiled the kernels
+        _note("replayed", name=name)
+        _ran(sampler, hop)
+    elif capture and st.runs > 0 and not failed:  # the first batch compiled the kernels
         try:
             g = torch.cuda.CUDAGraph()
             with capture_graph(g, dev):  # (one capture at a time, no device-wide wait meanwhile)
                 st.hop_edges = run()
             st.graph = g
-            _note("captured")
+            _note("captured", name=name)
             g.replay()
-            _note("replayed")
+            _note("replayed", name=name)
         except Exception as e:  # noqa: BLE001 - one warning, then every batch eagerly
             _note("failed", f"{type(e).__name__}: {e}"[:300])
             st.hop_edges = run()
-            _note("eager")
+            _note("eager", name=name)
     else:
         st.hop_edges = run()
-        _note("eager")
+        st.runs += 1
+        _note("eager", name=name)
     return finish(sampler, buf, rows, edges, st.seeds, st.hop_edges, loc, first, cache,
-                  reset=False)  # fmt: skip
+                  reset=False, weighted=weighted)  # fmt: skip
 
 
 def graphed_report() -> dict:
     """For the run's summary (``cuda_graph.sampler``): batches replayed, captured graphs, batches
-    run eagerly on this path, and why capturing failed (None if it did not)."""
+    run eagerly on this path, why capturing failed (None if it did not), and ``by_sampler``:
+    the same counts per sampler that ran here (``uniform`` -- HyDRA's pruned one and the
+    locality-aware one at ``s = 1`` included --, ``labor``, ``locality``)."""
     with _LOCK:
-        return dict(_STATS)
+        out = dict(_STATS)
+        out["by_sampler"] = {k: dict(v) for k, v in _STATS["by_sampler"].items()}
+        return out
 
 
 def reset_graphed_report() -> None:
     with _LOCK:
-        _STATS.update(captured=0, replayed=0, eager=0, failed=None)
+        _STATS.update(captured=0, replayed=0, eager=0, failed=None, by_sampler={})

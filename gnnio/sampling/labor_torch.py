@@ -221,6 +221,7 @@ def labor_hop(sampler, buf, h: int, n_rows: int, rkey, loc, first):
 
 
 labor_hop.triton_kernel = "labor_hop"  # what gpu_graphed checks before it captures this hop
+labor_hop.graph_name = "labor"  # (gpu_graphed: its graphs and report entry)
 
 
 class TorchLaborSampler(TorchUniformSampler):
@@ -281,13 +282,14 @@ class TorchLaborSampler(TorchUniformSampler):
         keys = labor_keys(key, len(self.fanouts), self.layer_dependency)
         seeds = self._int64_seeds(seeds)
         if self.cuda_graph:  # seeds and keys uploaded together, the batch one replay
-            from .gpu_graphed import graphable, sample_graphed
+            from .gpu_graphed import graphable, not_replayed, sample_graphed
 
             mb = sample_graphed(self, seeds, key, hop=labor_hop, slack=slack, keys=keys)
             if mb is not None:
                 return self._weigh(mb)
             if graphable(self, int(seeds.shape[0]), labor_hop, slack) is not None:
                 return self._sample_synced(seeds, key)  # a Poisson hop past its bound
+            not_replayed(self, "the LABOR-0 sampler")
         seeds = self._device_seeds(seeds)
         mb = sample_bounded(self, seeds, key, hop=labor_hop, slack=slack, keys=keys)
         if mb is None:  # fanout -1, huge bounds, or a Poisson hop past its bound

@@ -95,7 +95,6 @@ destination, blocks input layer first).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -265,7 +264,8 @@ class LocalitySampler(ThreadedCPUSampler):
         device, graph_in: ``"cuda"`` samples on that GPU (module docstring), the CSR placed as
             :class:`~gnnio.sampling.UniformSampler` places it (with ``graph_in="host"`` the
             member index below stays in pinned host memory too); None: the CPU.
-        cuda_graph: not supported here (a warning; the GPU batches launch eagerly).
+        cuda_graph: on a GPU, replay each batch as a CUDA graph (:mod:`.gpu_graphed`, the
+            scale read from the graph's input buffer; the same batches).
 
     Memory: per layer whose ``Q'`` is non-empty, ``8 (N + 1)`` bytes of row pointers plus 4 bytes
     per edge whose source is in ``Q'_l``; the per-call scratch is an int ``[N]`` id map, as in the
@@ -328,15 +328,12 @@ class LocalitySampler(ThreadedCPUSampler):
             return
         from .locality_torch import TorchLocalitySampler
 
-        if cuda_graph:
-            warnings.warn("cuda_graph: the locality-aware GPU sampler is not replayed as a CUDA "
-                          "graph; its batches launch eagerly", RuntimeWarning, stacklevel=3)  # fmt: skip
         L = len(self.fanouts)
         index = [self._q[L - 1 - h] for h in range(L)]  # hop h uses Q'_{L-h}
         if graph_in == "host":  # UVA: the member index (about the CSR's size, one per
             index = [self._pinned_index(q, topo[0].device) for q in index]  # layer) stays too
         self._torch = TorchLocalitySampler(*topo, self.fanouts, self.thresholds, self.weights,
-                                           index, self._sample_key)  # fmt: skip
+                                           index, self._sample_key, cuda_graph=cuda_graph)  # fmt: skip
 
     def _pinned_index(self, q, device):
         """A layer's ``(qptr, qpos)`` as CUDA views of its pinned host arrays, as UVA sampling

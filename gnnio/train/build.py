@@ -103,13 +103,12 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         from ..sampling.gpu_graphed import reset_graphed_report
 
         reset_graphed_report()  # this run's batches only
-        # (a GPU sampler replays, or, the locality-aware one, warned that it does not)
+        # (a GPU sampler replays, or warns once why not)
         if not str(getattr(sampler, "device", "cpu")).startswith("cuda"):
-            las = getattr(cfg, "locality_scale", None) is not None  # (not replayed on a GPU either)
-            kind = "locality-aware" if las else getattr(cfg, "sampler", "uniform")
-            hint = (
-                "" if las or kind == "ladies" else " (a GPU sampler's are: --sampler-device cuda)"
-            )
+            las = getattr(cfg, "locality_scale", None) is not None
+            kind = getattr(cfg, "sampler", "uniform")
+            hint = "" if kind == "ladies" else " (a GPU sampler's are: --sampler-device cuda)"
+            kind = "locality-aware" if las else kind
             warnings.warn(f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches "
                           f"are not replayed as CUDA graphs{hint}", RuntimeWarning, stacklevel=2)  # fmt: skip
     return parts

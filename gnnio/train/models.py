@@ -57,8 +57,11 @@ from ..features.base import FeatureStore
 from ..graph.csr import CSRGraph
 from ..sampling.base import Block
 from ..utils.progress import bar
+from ..utils.pyg_templates import remove_at_exit
 from .decode import FeatureDecoder
 from .spmm import block_csr, block_matmul
+
+remove_at_exit()  # PyG writes its layers' generated modules to /tmp and never deletes them
 
 __all__ = [
     "MODELS",
