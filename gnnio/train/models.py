@@ -58,6 +58,7 @@ from ..graph.csr import CSRGraph
 from ..sampling.base import Block
 from ..utils.progress import bar
 from .decode import FeatureDecoder
+from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 from .spmm import block_csr, block_matmul
 
 __all__ = [
@@ -72,10 +73,6 @@ __all__ = [
     "count_parameters",
     "full_neighbor_block",
 ]
-
-MODELS = ("sage", "gcn", "gat", "gin")
-FEATURE_NORMS = ("none", "row")
-EDGE_WEIGHT_NORMS = ("mean", "sum")
 
 
 def _scatter_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
