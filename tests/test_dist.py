@@ -251,11 +251,22 @@ def _store_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def _spawn(fn, world: int, args: tuple, timeout: float = 120.0) -> None:
+    """``world`` processes running ``fn(rank, world, *args)``, each with its share of the cores
+    as ``gnnio train --nproc`` gives its ranks (gnnio.distributed.launch): numba's and OpenMP's
+    default of one thread per core in each of 2-4 processes on a 2-core machine made every
+    parallel kernel call of a small batch wait ~20 ms for its threads (4 ranks: 4 s of 12)."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(
-        fn, args=(world, *args), nprocs=world, join=False, start_method="spawn"
-    )
+    per_rank = str(max(1, (os.cpu_count() or 1) // world))
+    added = [k for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS") if k not in os.environ]
+    os.environ.update({k: per_rank for k in added})  # inherited by the processes started now
+    try:
+        ctx = mp.start_processes(
+            fn, args=(world, *args), nprocs=world, join=False, start_method="spawn"
+        )
+    finally:  # (left set, numba in this process would refuse to compile with another count)
+        for k in added:
+            os.environ.pop(k, None)
     deadline = time.time() + timeout
     while not ctx.join(timeout=1):
         if time.time() > deadline:
