@@ -242,7 +242,26 @@ def test_pruned_partitioned_sampling_matches_single_process(tmp_path):
     assert ranks[owner]["hub_peer_bytes"] == {k: 0 for k in other}
 
 
-def test_train_and_bench_with_a_partition(tmp_path):
+#: ``gnnio bench dist-sampling --nproc 2`` on :func:`_write`'s graph, both modes, unpruned and
+#: pruned: each launched once for the test below and test_dist_comm's check of its collectives
+_BENCH_DS: dict = {}
+
+
+def bench_dist_sampling(tmp_path_factory, prune: str | None):
+    """The run with ``--prune-threshold PRUNE`` (None: without), under ``GNNIO_COMM_CHECK``:
+    ``(CompletedProcess, the check's directory)``."""
+    if prune not in _BENCH_DS:
+        root = tmp_path_factory.mktemp("bench-ds")
+        d, pdirs = _write(root)
+        extra = [] if prune is None else ["--prune-threshold", prune, "--shard-device", "cpu"]
+        r = run_cli(["bench", "dist-sampling", str(d), "--nproc", "2", "--partition",
+                     str(pdirs[0]), "--modes", "dsp,shared", "--batches", "3", *extra, "--json"],
+                    env={"GNNIO_COMM_CHECK": str(root / "check")}, timeout=300)  # fmt: skip
+        _BENCH_DS[prune] = (r, root / "check")
+    return _BENCH_DS[prune]
+
+
+def test_train_and_bench_with_a_partition(tmp_path, tmp_path_factory):
     import gnnio
     from tests.test_dist import _summary
 
@@ -284,34 +303,18 @@ def test_train_and_bench_with_a_partition(tmp_path):
     # which implementation of the hop ran, as the single-process samplers record it
     assert s["kernels"]["hop"] == "numba", s["kernels"]
     assert s["sampling"]["thresholds"] == [math.ceil(avg + f) for f in (4, 3)]
-    r = run_cli(
-        [
-            "bench",
-            "dist-sampling",
-            str(d),
-            "--nproc",
-            "2",
-            "--partition",
-            str(pdirs[0]),
-            "--modes",
-            "dsp,shared",
-            "--batches",
-            "2",
-            "--batch-size",
-            "16",
-            "--json",
-        ]  # fmt: skip
-    )
+    # fewer batches per epoch than asked (75 seeds per rank, batches of 1024: one per epoch): the
+    # next epochs' batches are timed, not none (it printed zeros for Cora)
+    r, _ = bench_dist_sampling(tmp_path_factory, None)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["batches"] == 3
     for mode in ("dsp", "shared"):
         m = out["modes"][mode]
         assert set(m["bytes_by_link"]) >= {"local", "peer", "network"}
         assert m["requests_per_batch"] > 0 and m["ms_per_batch"] > 0
     # pruned (HyDRA Eq. 4, (0, 1): windows of one fanout): fewer bytes per remote list read
-    r = run_cli(["bench", "dist-sampling", str(d), "--nproc", "2", "--partition", str(pdirs[0]),
-                 "--modes", "shared", "--batches", "2", "--batch-size", "16",
-                 "--prune-threshold", "0,1", "--shard-device", "cpu", "--json"])  # fmt: skip
+    r, _ = bench_dist_sampling(tmp_path_factory, "0,1")
     assert r.returncode == 0, r.stderr[-2000:]
     pruned = json.loads(r.stdout.strip().splitlines()[-1])
     # issue 26: the CPU's path, asked for or by default (the rank's device on gloo)
@@ -319,14 +322,7 @@ def test_train_and_bench_with_a_partition(tmp_path):
     assert pruned["prune_threshold"] == [0.0, 1.0] and pruned["thresholds"] == [15, 10, 5]
     a, b = out["modes"]["shared"], pruned["modes"]["shared"]  # (other frontiers after hop 1)
     per_request = [m["bytes_by_link"]["peer"] / m["requests_per_batch"] for m in (a, b)]
-    assert per_request[1] < per_request[0]
-    # fewer batches per epoch than asked (75 seeds per rank, batches of 1024: one per epoch): the
-    # next epochs' batches are timed, not none (it printed zeros for Cora)
-    r = run_cli(["bench", "dist-sampling", str(d), "--nproc", "2", "--partition", str(pdirs[0]),
-                 "--modes", "dsp", "--batches", "3", "--json"])  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
-    few = json.loads(r.stdout.strip().splitlines()[-1])
-    assert few["batches"] == 3 and few["modes"]["dsp"]["requests_per_batch"] > 0
+    assert per_request[1] < per_request[0], per_request
     r = run_cli(["bench", "dist-sampling", str(d), "--partition", str(pdirs[0]),
                  "--prune-threshold", "0,0"])  # fmt: skip
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gnnio:")]

@@ -482,9 +482,11 @@ def test_example_training_loop_on_cora(tmp_path):
     d = prepare_planetoid("cora", CORA_RAW, tmp_path / "cora", progress=False)
     # one intra-op thread: the loop is small, and spinning OpenMP threads only slow a busy machine
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # 15 epochs: the run is deterministic, and a 50-epoch run's best validation accuracy is
+    # reached at epoch 8 (test accuracy 0.80 there; validation 0.47 after epoch 3)
     r = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "pyg_training_loop.py"), "--data", str(d),
-         "--epochs", "50"],
+         "--epochs", "15"],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]

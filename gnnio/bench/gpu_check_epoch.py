@@ -63,17 +63,18 @@ def fallbacks(result: dict[str, Any]) -> int:
 
 
 def step_train_step(c) -> dict[str, Any]:
-    r = c.gnnio("bench", "step", str(c.data), "--device", c.device, "--batches", "20",
-                "--warmup", "5", "--quiet", "--json", limit_s=240)  # fmt: skip
+    # (a CPU dry run checks the plumbing only: 3 batches after 1, not 20 after 5)
+    k, warm = ("20", "5") if c.device == "cuda" else ("3", "1")
+    r = c.gnnio("bench", "step", str(c.data), "--device", c.device, "--batches", k,
+                "--warmup", warm, "--quiet", "--json", limit_s=240)  # fmt: skip
     bd = r.get("breakdown", {})
     r["train_step_ms"] = sum(bd.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
     r["fell_back"] = fallbacks(r) > 0
     # the same with the step replayed as a CUDA graph (--cuda-graph, gnnio.train.graphed): step
     # alone (step_ms, as gnnio train times it) and the pipelined batch, against the eager ones
     try:
-        k = "20" if c.device == "cuda" else "3"  # (a CPU dry run checks the plumbing only)
         g = c.gnnio("bench", "step", str(c.data), "--device", c.device, "--batches", k,
-                    "--warmup", "5", "--cuda-graph", "--no-gpu-passes", "--quiet", "--json",
+                    "--warmup", warm, "--cuda-graph", "--no-gpu-passes", "--quiet", "--json",
                     limit_s=120)  # fmt: skip
         r["cuda_graph"] = {k: g.get(k) for k in ("ms_per_batch", "step_ms", "cuda_graph")}
         r["cuda_graph"]["eager_step_ms"] = r.get("step_ms")

@@ -343,7 +343,7 @@ def _refuse_ignored(args, ranks: int) -> None:
 
 def run(args) -> int:
     from ..distributed.context import env_world_size
-    from ..train import check_device, train
+    from ..train import check_device
     from ..train.defaults import DEFAULT_TRAIN_EPOCHS, default_dataset
 
     world = env_world_size()
@@ -375,6 +375,8 @@ def run(args) -> int:
         if s is None:
             return 0
     else:
+        from ..train import train  # (not in a --nproc launcher: it imports the models)
+
         s = train(dataset, cfg)
     bd = s["breakdown_s"]
     tiers = ", ".join(f"{t} {b / 2**20:,.1f} MiB" for t, b in sorted(s["bytes_by_tier"].items()))

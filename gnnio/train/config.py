@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .device import check_device
-from .models import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
+from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 
 #: ``--nproc`` starts at most this many local ranks (processes) per CPU core
 MAX_RANKS_PER_CORE = 8

@@ -59,6 +59,7 @@ from ..sampling.base import Block
 from ..utils.progress import bar
 from ..utils.pyg_templates import remove_at_exit
 from .decode import FeatureDecoder
+from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 from .spmm import block_csr, block_matmul
 
 remove_at_exit()  # PyG writes its layers' generated modules to /tmp and never deletes them
@@ -75,10 +76,6 @@ __all__ = [
     "count_parameters",
     "full_neighbor_block",
 ]
-
-MODELS = ("sage", "gcn", "gat", "gin")
-FEATURE_NORMS = ("none", "row")
-EDGE_WEIGHT_NORMS = ("mean", "sum")
 
 
 def _scatter_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
