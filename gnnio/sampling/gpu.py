@@ -215,7 +215,7 @@ class TorchUniformSampler:
             mb = sample_graphed(self, seeds, key)
             if mb is not None:
                 return mb
-            not_replayed(self, "the GPU sampler")
+            not_replayed(self, "the GPU sampler", int(seeds.shape[0]))
         seeds = self._device_seeds(seeds)
         mb = sample_bounded(self, seeds, key)  # one host sync
         if mb is not None:

@@ -119,11 +119,12 @@ def graphable(sampler, b: int, hop=None, slack: int = 1) -> tuple[list, list] | 
     return bounded if bounded is not None and _usable(sampler, hop) else None
 
 
-def not_replayed(sampler, what: str) -> None:
+def not_replayed(sampler, what: str, b: int) -> None:
     """Warn once per sampler that its batches are not replayed although ``cuda_graph`` asked for
     it (:func:`graphable` said no: a fanout of -1, a hop past ``MAX_EDGE_SLOTS`` edges, or a
-    Triton kernel the batch needs cannot run): no silent slow path (issue 24, item 7)."""
-    if getattr(sampler, "_not_replayed_said", False):
+    Triton kernel the batch needs cannot run): no silent slow path (issue 24, item 7). Nothing
+    for an empty batch (``b == 0``: nothing to replay)."""
+    if b == 0 or getattr(sampler, "_not_replayed_said", False):
         return
     sampler._not_replayed_said = True
     warnings.warn(f"--cuda-graph: {what}'s batches on {sampler.device} are not replayed as CUDA "

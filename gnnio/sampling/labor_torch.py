@@ -289,7 +289,7 @@ class TorchLaborSampler(TorchUniformSampler):
                 return self._weigh(mb)
             if graphable(self, int(seeds.shape[0]), labor_hop, slack) is not None:
                 return self._sample_synced(seeds, key)  # a Poisson hop past its bound
-            not_replayed(self, "the LABOR-0 sampler")
+            not_replayed(self, "the LABOR-0 sampler", int(seeds.shape[0]))
         seeds = self._device_seeds(seeds)
         mb = sample_bounded(self, seeds, key, hop=labor_hop, slack=slack, keys=keys)
         if mb is None:  # fanout -1, huge bounds, or a Poisson hop past its bound

@@ -60,8 +60,6 @@ __all__ = ["TorchLocalitySampler", "las_hop"]
 _WMODE = {"ht": 0, "ht_mean": 1, "none": 2}  # = _las_kernels.W_HT, W_HT_MEAN, W_NONE
 _WHY = {  # why a batch goes to the CPU kernels (TorchLocalitySampler._say)
     "no_triton": "the Triton LAS kernel cannot run here (no Triton, or GNNIO_TRITON=0)",
-    "not_graphed": "a fanout of -1, a hop past MAX_EDGE_SLOTS edges, or a Triton kernel the "
-    "batch needs (hop, relabel) cannot run",
 }
 
 
@@ -123,7 +121,7 @@ class TorchLocalitySampler(TorchPrunedSampler):
         weighted = [q is not None and self.weights != "none" for q in self._q]
         seeds = self._int64_seeds(seeds)
         if self.cuda_graph:  # seeds, hop keys and the scale uploaded together, one replay
-            from .gpu_graphed import sample_graphed
+            from .gpu_graphed import not_replayed, sample_graphed
 
             try:
                 mb = sample_graphed(self, seeds, key, hop=las_hop,
@@ -132,8 +130,7 @@ class TorchLocalitySampler(TorchPrunedSampler):
                 return self._on_cpu(seeds, key, s)
             if mb is not None:
                 return self._weigh_las(mb, s)
-            if seeds.numel():  # (an empty batch has nothing to replay)
-                self._say("not_graphed")
+            not_replayed(self, "the locality-aware sampler", int(seeds.numel()))
         if s not in self._consts:
             self._consts[s] = las_consts(s, self.device)
         self._tls.consts = self._consts[s]
@@ -191,11 +188,6 @@ class TorchLocalitySampler(TorchPrunedSampler):
         if why in self._said or (why == "no_triton" and "las_hop" in triton_kernels._FAILED):
             return
         self._said.add(why)
-        if why == "not_graphed":
-            warnings.warn(f"--cuda-graph: the locality-aware sampler's batches on {self.device} "
-                          f"are not replayed as CUDA graphs ({_WHY[why]}); they launch "
-                          "eagerly (the same batches)", RuntimeWarning, stacklevel=4)  # fmt: skip
-            return
         warnings.warn(f"locality-aware sampling on {self.device}: {_WHY[why]}; those batches "
                       "are sampled by the CPU kernels and copied to the device (the same "
                       "batches, the CPU's cost)", RuntimeWarning, stacklevel=4)  # fmt: skip
