@@ -36,7 +36,8 @@ How each layer handles the bipartite block and per-edge weights ``b.edge_weight`
   x_j)``, the sum again by :func:`aggregate`; with ``w = 1/q_j`` the weighted sum is the unbiased
   (Horvitz-Thompson) estimate of the full neighbour sum.
 
-Dropout is applied to the input of every layer (features included), ReLU between layers.
+Dropout is applied to the input of every layer (features included), ReLU between layers; on the
+CPU by :func:`gnnio.train.dropout.dropout` (``F.dropout``'s result and random stream, faster).
 :meth:`BlockGNN.inference` runs the same layers layer by layer over all nodes with all neighbours
 (exact evaluation, no sampling).
 """
@@ -59,6 +60,7 @@ from ..sampling.base import Block
 from ..utils.progress import bar
 from ..utils.pyg_templates import remove_at_exit
 from .decode import FeatureDecoder
+from .dropout import dropout
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 from .spmm import block_csr, block_matmul
 
@@ -150,7 +152,7 @@ class _WeightedGATConv(GATConv):
         alpha = F.leaky_relu(alpha, self.negative_slope)
         alpha = alpha + torch.log(edge_attr).view(-1, 1)
         alpha = softmax(alpha, index, ptr, dim_size)
-        return F.dropout(alpha, p=self.dropout, training=self.training)
+        return dropout(alpha, p=self.dropout, training=self.training)
 
 
 class GATLayer(nn.Module):
@@ -250,7 +252,7 @@ class BlockGNN(nn.Module):
         """Layer ``i`` on the rows ``x[:block.num_src]`` (dropout before, ReLU after unless last)."""
         if x.shape[0] != block.num_src:  # a full-length slice would still cost a backward copy
             x = x[: block.num_src]
-        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = dropout(x, p=self.dropout, training=self.training)
         x = self.layers[i](x, block)
         if i < self.num_layers - 1:
             x = F.relu(x)

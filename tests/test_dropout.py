@@ -1,0 +1,166 @@
+"""gnnio's CPU dropout equals ``F.dropout`` bit for bit (values, gradients, random stream) and the
+training step uses it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnnio.train import dropout as dropout_mod
+from gnnio.train.dropout import dropout, matches_torch
+from gnnio.utils.syncs import OpCounter
+
+
+def _both(x: torch.Tensor, p: float, seed: int):
+    """(F.dropout's output, its gradient, the next draws) and the same for gnnio's dropout."""
+    out = []
+    for fn in (F.dropout, dropout):
+        xi = x.detach().clone().requires_grad_(x.is_floating_point())
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            y = fn(xi, p=p, training=True)
+            after = torch.rand(5, dtype=torch.float64)
+        grad = None
+        if xi.requires_grad:
+            y.backward(torch.arange(y.numel(), dtype=y.dtype).view_as(y))
+            grad = xi.grad
+        out.append((y.detach(), grad, after))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_equals_f_dropout_bit_for_bit_with_the_same_random_stream(dtype, p):
+    x = torch.randn(257, 33, generator=torch.Generator().manual_seed(3)).to(dtype)
+    (y0, g0, a0), (y1, g1, a1) = _both(x, p, seed=11)
+    assert torch.equal(y0, y1) and torch.equal(g0, g1) and torch.equal(a0, a1)
+    assert matches_torch(dtype)  # the fast path was taken, not F.dropout itself
+
+
+def test_equals_f_dropout_when_drawn_in_several_pieces(monkeypatch):
+    """Above ``_CHUNK`` elements the draws come in pieces through the reused buffer: same
+    result; and on a tensor smaller than the buffer left by a larger one."""
+    monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 16)
+    big = torch.randn(700, 513, generator=torch.Generator().manual_seed(4))
+    assert big.numel() > dropout_mod._CHUNK
+    for x in (big, big[:5].clone(), big):
+        (y0, g0, a0), (y1, g1, a1) = _both(x, 0.35, seed=21)
+        assert torch.equal(y0, y1) and torch.equal(g0, g1) and torch.equal(a0, a1)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_any_piece_size_gives_f_dropout(chunk):
+    x = torch.randn(37, 29, generator=torch.Generator().manual_seed(chunk))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(9)
+        want = F.dropout(x, 0.6, True)
+        torch.manual_seed(9)
+        got = dropout_mod._mask_dropout(x, 0.6, chunk=chunk)
+    assert torch.equal(want, got)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 40),
+    p=st.floats(0.01, 0.99),
+    seed=st.integers(0, 2**31),
+)
+def test_equals_f_dropout_on_any_shape_and_rate(rows, cols, p, seed):
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    (y0, g0, a0), (y1, g1, a1) = _both(x, p, seed)
+    assert torch.equal(y0, y1) and torch.equal(g0, g1) and torch.equal(a0, a1)
+
+
+def test_inputs_the_fast_path_does_not_take_behave_as_f_dropout():
+    x = torch.randn(8, 6)
+    assert dropout(x, p=0.0, training=True) is x  # F.dropout returns its input
+    assert dropout(x, p=0.5, training=False) is x
+    assert torch.equal(dropout(x, p=1.0, training=True), torch.zeros_like(x))
+    t = x.t()  # not contiguous: empty_like keeps its strides, so F.dropout is used
+    (y0, _, a0), (y1, _, a1) = _both(t, 0.5, seed=5)
+    assert torch.equal(y0, y1) and torch.equal(a0, a1)
+    empty = torch.empty(0, 4)
+    assert dropout(empty, p=0.5, training=True).shape == (0, 4)
+
+
+@pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad])
+def test_the_first_call_may_come_under_no_grad_or_inference_mode(mode):
+    matches_torch.cache_clear()
+    x = torch.randn(6, 5)
+    outs = []
+    with mode():
+        for fn in (F.dropout, dropout):
+            torch.manual_seed(3)
+            outs.append(fn(x, p=0.5, training=True))
+    assert matches_torch.cache_info().currsize == 1 and matches_torch(torch.float32)
+    assert torch.equal(*outs)
+
+
+def test_a_torch_that_draws_otherwise_gets_f_dropout(monkeypatch):
+    monkeypatch.setattr(dropout_mod, "matches_torch", lambda dtype: False)
+    calls = Counter()
+    real = F.dropout
+
+    def spy(*a, **k):
+        calls["F.dropout"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(dropout_mod.F, "dropout", spy)
+    dropout(torch.randn(4, 4), p=0.5, training=True)
+    assert calls["F.dropout"] == 1
+
+
+def test_the_check_sees_a_different_draw(monkeypatch):
+    """matches_torch compares with F.dropout for real: a mask drawn otherwise fails it."""
+    matches_torch.cache_clear()
+    monkeypatch.setattr(
+        dropout_mod,
+        "_mask_dropout",
+        lambda x, p, chunk=0: x * (torch.rand(x.shape) < 1 - p).to(x.dtype) / (1 - p),  # float32
+    )
+    try:
+        assert not matches_torch(torch.float32)
+    finally:
+        matches_torch.cache_clear()
+
+
+def test_the_training_step_on_the_cpu_draws_no_bernoulli():
+    """The model's dropout goes through gnnio's (no aten.bernoulli_ in a step), and a step's
+    output is F.dropout's: same loss as the model with F.dropout patched back in."""
+    from gnnio.sampling.base import Block
+    from gnnio.train.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("sage", 12, 16, 3, num_layers=2, dropout=0.5)
+    n_src, n_dst = 30, 10
+    src = torch.randint(0, n_src, (60,))
+    dst = torch.randint(0, n_dst, (60,)).sort().values
+    b0 = Block(torch.stack([src, dst]), num_src=n_src, num_dst=n_dst)
+    keep = dst < 4
+    b1 = Block(torch.stack([src[keep] % n_dst, dst[keep]]), num_src=n_dst, num_dst=4)
+    x = torch.randn(n_src, 12)
+
+    class Ops(OpCounter):
+        def __init__(self):
+            super().__init__()
+            self.names = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names[func.overloadpacket.__name__] += 1
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    assert matches_torch(torch.float32)  # its one-time check runs F.dropout: not inside the count
+    torch.manual_seed(1)
+    with Ops() as ops:
+        loss = net(x, [b0, b1]).square().sum()
+    assert ops.names["bernoulli_"] == 0 and ops.names["rand"] == 2
+    torch.manual_seed(1)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(dropout_mod, "_mask_dropout", lambda x, p, chunk=0: F.dropout(x, p, True))
+        assert torch.equal(net(x, [b0, b1]).square().sum(), loss)
