@@ -178,3 +178,32 @@ def compile_for_sm90(fn, types: dict, const: dict):
         raise AssertionError(f"{name}: {e}") from e
     assert k.asm.get("cubin"), name
     return k
+
+
+def in_forked_child(fn, timeout: float = 60) -> bool | None:
+    """Run ``fn()`` (returns a bool) in a child made by ``os.fork()`` and return its answer, or
+    None if the child hung past ``timeout`` seconds (then killed) or died before answering."""
+    import os
+    import select
+    import signal
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one byte, or nothing written
+        code = 1
+        try:
+            os.write(w, b"1" if fn() else b"0")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    got = b""
+    try:
+        ready, _, _ = select.select([r], [], [], timeout)
+        got = os.read(r, 1) if ready else b""
+    finally:
+        os.close(r)
+        if not got:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return None if not got else got == b"1"

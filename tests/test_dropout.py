@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gnnio.train import dropout as dropout_mod
 from gnnio.train.dropout import dropout, matches_torch
 from gnnio.utils.syncs import OpCounter
+from tests.helpers import in_forked_child
 
 
 def _both(x: torch.Tensor, p: float, seed: int):
@@ -42,15 +43,22 @@ def test_equals_f_dropout_bit_for_bit_with_the_same_random_stream(dtype, p):
     assert matches_torch(dtype)  # the fast path was taken, not F.dropout itself
 
 
-def test_equals_f_dropout_when_drawn_in_several_pieces(monkeypatch):
-    """Above ``_CHUNK`` elements the draws come in pieces through the reused buffer: same
-    result; and on a tensor smaller than the buffer left by a larger one."""
-    monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 16)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_equals_f_dropout_when_drawn_in_several_pieces(monkeypatch, threads):
+    """Above ``_CHUNK`` elements the draws come in pieces through the two reused buffers, each
+    piece's pass on the second thread (with 2 threads) while the next is drawn: same result; and
+    on a tensor smaller than the buffers left by a larger one."""
+    monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 14)
     big = torch.randn(700, 513, generator=torch.Generator().manual_seed(4))
-    assert big.numel() > dropout_mod._CHUNK
-    for x in (big, big[:5].clone(), big):
-        (y0, g0, a0), (y1, g1, a1) = _both(x, 0.35, seed=21)
-        assert torch.equal(y0, y1) and torch.equal(g0, g1) and torch.equal(a0, a1)
+    assert big.numel() > 20 * dropout_mod._CHUNK
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for i, x in enumerate((big, big[:5].clone(), big, big, big, big)):
+            (y0, g0, a0), (y1, g1, a1) = _both(x, 0.35, seed=21 + i)
+            assert torch.equal(y0, y1) and torch.equal(g0, g1) and torch.equal(a0, a1)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
@@ -164,3 +172,28 @@ def test_the_training_step_on_the_cpu_draws_no_bernoulli():
     with pytest.MonkeyPatch.context() as m:
         m.setattr(dropout_mod, "_mask_dropout", lambda x, p, chunk=0: F.dropout(x, p, True))
         assert torch.equal(net(x, [b0, b1]).square().sum(), loss)
+
+
+def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
+    """The mask pass's thread does not survive a fork; the child makes a new one (it would wait
+    forever on the parent's executor)."""
+    monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 9)
+    # below torch's parallel grain size: no OpenMP region in the child (libgomp's threads do not
+    # survive a fork either, whatever gnnio does)
+    x = torch.randn(64, 100)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        dropout(x, p=0.5, training=True)  # the parent's pool exists now
+    finally:
+        torch.set_num_threads(before)
+    assert dropout_mod._POOL is not None
+
+    def child() -> bool:
+        torch.set_num_threads(2)
+        torch.manual_seed(5)
+        y = dropout(x, p=0.5, training=True)
+        torch.manual_seed(5)
+        return torch.equal(y, F.dropout(x, p=0.5, training=True))
+
+    assert in_forked_child(child) is True, "the forked child's dropout hung or differed"

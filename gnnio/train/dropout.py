@@ -1,4 +1,4 @@
-"""Dropout on the CPU with ``F.dropout``'s exact result at about twice its speed.
+"""Dropout on the CPU with ``F.dropout``'s exact result at two to three times its speed.
 
 On the CPU ``F.dropout(x, p, training=True)`` is ``noise = empty_like(x).bernoulli_(1 - p);
 noise.div_(1 - p); x * noise``, and torch's CPU ``bernoulli_(q)`` draws one float64 uniform per
@@ -12,10 +12,11 @@ with ``noise = 1 / q`` (rounded to ``x``'s dtype, as ``div_`` rounds it) where t
 ``F.dropout`` and its ``MulBackward``, hence the same losses as before (``tests/test_dropout.py``;
 ``tests/test_step.py`` pins the loss histories).
 
-For float32 and float64 the uniforms are drawn ``_CHUNK`` at a time into one reused buffer (a
-fresh 100 MB tensor of draws per layer cost ~40 ms of page faults on the 2-core VM) and one numba
-pass per piece does the mask, the scale and the product, keeping a 1-byte mask for the backward;
-other dtypes take the plain torch passes.
+For float32 and float64 the uniforms are drawn ``_CHUNK`` at a time into two reused buffers (a
+fresh 100 MB tensor of draws per layer cost ~40 ms of page faults on the 2-core VM), and one numba
+pass per piece forms ``noise`` and ``x * noise``, on a second thread while the next piece is drawn
+(with more than one intra-op thread); the backward is ``grad * noise`` as ``F.dropout``'s. Other
+dtypes take the plain torch passes.
 
 Whether this torch draws its Bernoulli masks that way is checked once per dtype on a private seed
 (:func:`matches_torch`, over several pieces); where it does not (another torch build), and on every
@@ -27,7 +28,9 @@ CPU time.
 from __future__ import annotations
 
 import functools
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -43,62 +46,86 @@ except ImportError:  # pragma: no cover - numba is a dependency
 
 __all__ = ["dropout", "matches_torch"]
 
-#: uniforms drawn per piece: 32 MiB of float64, one buffer per thread, reused (pieces of 2^16 to
-#: 2^24 draws measured the same, ~80 ms for 12M elements; larger pieces, fewer torch ops)
-_CHUNK = 1 << 22
+#: uniforms drawn per piece: two 4 MiB buffers per thread. 12M elements on the 2-core VM: 76, 68,
+#: 69, 73, 78, 88 ms at 2^16, 2^18, 2^19, 2^20, 2^21, 2^22 (the pass of the last piece is not
+#: overlapped; each piece is a torch op, so not the smallest)
+_CHUNK = 1 << 19
 _scratch = threading.local()
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 
 if HAVE_NUMBA:
 
     @njit(nogil=True, cache=True)
-    def _mask_mul(r, q, x, s, out, keep):  # pragma: no cover - compiled; tested via callers
-        # out = x * noise, noise = s where r < q else 0 (x's dtype); keep = r < q
+    def _mask_mul(r, q, x, s, out, noise):  # pragma: no cover - compiled; tested via callers
+        # noise = s where r < q else 0 (x's dtype), out = x * noise
         zero = x.dtype.type(0)
         for i in range(x.shape[0]):
-            k = r[i] < q
-            keep[i] = k
-            out[i] = x[i] * (s if k else zero)
-
-    @njit(nogil=True, cache=True)
-    def _keep_mul(g, keep, s, out):  # pragma: no cover - compiled; tested via callers
-        # out = g * noise (dropout's backward)
-        zero = g.dtype.type(0)
-        for i in range(g.shape[0]):
-            out[i] = g[i] * (s if keep[i] else zero)
+            v = s if r[i] < q else zero
+            noise[i] = v
+            out[i] = x[i] * v
 
 
-def _draws(n: int) -> torch.Tensor:
-    """This thread's reused float64 buffer of at least ``n`` elements."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.numel() < n:
-        buf = _scratch.buf = torch.empty(n, dtype=torch.float64)
-    return buf
+def _draws(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This thread's two reused float64 buffers of at least ``n`` elements."""
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None or bufs[0].numel() < n:
+        bufs = _scratch.bufs = (
+            torch.empty(n, dtype=torch.float64),
+            torch.empty(n, dtype=torch.float64),
+        )
+    return bufs
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # a forked child has the executor but not its thread: it would wait forever
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One thread for the mask passes, beside the thread that draws (not named ``gnnio-*``: that
+    prefix is for threads owned by a loader, sampler or store)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dropout-mask")
+        return _POOL
 
 
 class _FusedDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, q, s, chunk):
-        out = torch.empty_like(x)
-        keep = torch.empty(x.shape, dtype=torch.bool)
+        out, noise = torch.empty_like(x), torch.empty_like(x)
         n = x.numel()
-        xs, outs, keeps = x.detach().view(-1).numpy(), out.view(-1).numpy(), keep.view(-1).numpy()
-        buf = _draws(min(n, chunk))
-        for a in range(0, n, chunk):
+        xs, outs, ns = x.detach().view(-1).numpy(), out.view(-1).numpy(), noise.view(-1).numpy()
+        bufs = _draws(min(n, chunk))
+        beside = n > chunk and torch.get_num_threads() > 1
+        job = None
+        for k, a in enumerate(range(0, n, chunk)):
             b = min(n, a + chunk)
-            r = torch.rand(b - a, dtype=torch.float64, out=buf[: b - a]).numpy()
-            _mask_mul(r, q, xs[a:b], s, outs[a:b], keeps[a:b])
-        ctx.save_for_backward(keep)
-        ctx.s = s
+            # the draws stay on this thread, in order: the generator's stream is F.dropout's.
+            # Buffer k % 2 was last read by the pass of piece k - 2, waited for below at k - 1.
+            r = torch.rand(b - a, dtype=torch.float64, out=bufs[k % 2][: b - a]).numpy()
+            if job is not None:
+                job.result()
+                job = None
+            if beside:  # this piece's pass runs while the next piece is drawn
+                job = _pool().submit(_mask_mul, r, q, xs[a:b], s, outs[a:b], ns[a:b])
+            else:
+                _mask_mul(r, q, xs[a:b], s, outs[a:b], ns[a:b])
+        if job is not None:
+            job.result()
+        ctx.save_for_backward(noise)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
-        grad = grad.contiguous()
-        out = torch.empty_like(grad)
-        _keep_mul(grad.view(-1).numpy(), keep.view(-1).numpy(), ctx.s, out.view(-1).numpy())
-        return out, None, None, None
+        (noise,) = ctx.saved_tensors
+        return grad * noise, None, None, None  # F.dropout's backward: MulBackward's grad * noise
 
 
 def _mask_dropout(x: torch.Tensor, p: float, chunk: int | None = None) -> torch.Tensor:
