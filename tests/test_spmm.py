@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gnnio.sampling.base import Block, dst_ptr
 from gnnio.train import spmm
 from gnnio.train.models import aggregate
+from tests.helpers import in_forked_child
 
 
 def _random_block(rng, nd, ns, e, weighted, sorted_dst=True, with_ptr=True):
@@ -187,3 +188,33 @@ def test_torch_path_builds_the_numba_paths_matrix_and_transpose_exactly(
     for a, b in ((ref, got), (ref.t(), got.t())):
         assert torch.equal(a.ptr, b.ptr) and torch.equal(a.col, b.col), a.shape
         assert torch.equal(a.val, b.val), (a.val - b.val).abs().max()
+
+
+def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
+    """The product's threads do not survive a fork; the child makes new ones (it would wait
+    forever on the parent's executor). Numba's kernel on NumPy arrays only: no OpenMP region in
+    the child (libgomp's threads do not survive a fork either)."""
+    rng = np.random.default_rng(3)
+    nd, ns, e, f = 300, 500, 4000, 16
+    ptr = np.searchsorted(np.sort(rng.integers(0, nd, e)), np.arange(nd + 1)).astype(np.int64)
+    col = rng.integers(0, ns, e).astype(np.int64)
+    val = rng.uniform(0.1, 2.0, e).astype(np.float32)
+    x = rng.standard_normal((ns, f)).astype(np.float32)
+    want = np.zeros((nd, f), np.float32)
+    spmm._spmm(ptr, col, val, x, want, 0, nd)
+    monkeypatch.setattr(spmm, "_SERIAL_WORK", 0)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        spmm._spmm_threads(ptr, col, val, x, np.empty_like(want))  # the parent's pool exists now
+    finally:
+        torch.set_num_threads(prev)
+    assert spmm._POOL is not None
+
+    def child() -> bool:
+        torch.set_num_threads(2)
+        out = np.empty_like(want)
+        spmm._spmm_threads(ptr, col, val, x, out)
+        return np.array_equal(out, want)
+
+    assert in_forked_child(child) is True, "the forked child's product hung or differed"

@@ -104,6 +104,15 @@ if HAVE_NUMBA:
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # a forked child has the executor but not its threads: it would wait forever
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
 #: rows x features below which one thread does the product (a handoff costs ~20 us)
 _SERIAL_WORK = 1 << 18
 
