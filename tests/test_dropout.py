@@ -51,6 +51,7 @@ def test_equals_f_dropout_when_drawn_in_several_pieces(monkeypatch, threads):
     monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 14)
     big = torch.randn(700, 513, generator=torch.Generator().manual_seed(4))
     assert big.numel() > 20 * dropout_mod._CHUNK
+    passes = _count_passes(monkeypatch)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -59,6 +60,7 @@ def test_equals_f_dropout_when_drawn_in_several_pieces(monkeypatch, threads):
             assert torch.equal(y0, y1) and torch.equal(g0, g1) and torch.equal(a0, a1)
     finally:
         torch.set_num_threads(before)
+    assert passes["n"] >= 5 * 22  # the fast path ran (not F.dropout against itself)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
@@ -99,14 +101,14 @@ def test_inputs_the_fast_path_does_not_take_behave_as_f_dropout():
 
 @pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad])
 def test_the_first_call_may_come_under_no_grad_or_inference_mode(mode):
-    matches_torch.cache_clear()
+    dropout_mod._CHECKED.clear()
     x = torch.randn(6, 5)
     outs = []
     with mode():
         for fn in (F.dropout, dropout):
             torch.manual_seed(3)
             outs.append(fn(x, p=0.5, training=True))
-    assert matches_torch.cache_info().currsize == 1 and matches_torch(torch.float32)
+    assert len(dropout_mod._CHECKED) == 1 and matches_torch(torch.float32)
     assert torch.equal(*outs)
 
 
@@ -126,7 +128,7 @@ def test_a_torch_that_draws_otherwise_gets_f_dropout(monkeypatch):
 
 def test_the_check_sees_a_different_draw(monkeypatch):
     """matches_torch compares with F.dropout for real: a mask drawn otherwise fails it."""
-    matches_torch.cache_clear()
+    dropout_mod._CHECKED.clear()
     monkeypatch.setattr(
         dropout_mod,
         "_mask_dropout",
@@ -135,7 +137,7 @@ def test_the_check_sees_a_different_draw(monkeypatch):
     try:
         assert not matches_torch(torch.float32)
     finally:
-        matches_torch.cache_clear()
+        dropout_mod._CHECKED.clear()
 
 
 def test_the_training_step_on_the_cpu_draws_no_bernoulli():
@@ -197,3 +199,135 @@ def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
         return torch.equal(y, F.dropout(x, p=0.5, training=True))
 
     assert in_forked_child(child) is True, "the forked child's dropout hung or differed"
+
+
+def _count_passes(monkeypatch) -> Counter:
+    calls = Counter()
+    real = dropout_mod._mask_mul
+
+    def counted(*a):
+        calls["n"] += 1
+        return real(*a)
+
+    monkeypatch.setattr(dropout_mod, "_mask_mul", counted)
+    return calls
+
+
+def test_a_slow_mask_pass_changes_nothing(monkeypatch):
+    """Each piece's pass started late on the second thread: the waits keep every buffer until its
+    pass is done, so the result is F.dropout's every time (a missing wait fails here for sure)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow = ThreadPoolExecutor(1)
+
+    class Late:
+        def submit(self, fn, *a):
+            return slow.submit(lambda: (time.sleep(0.003), fn(*a))[1])
+
+    monkeypatch.setattr(dropout_mod, "_pool", Late)
+    monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 12)
+    passes = _count_passes(monkeypatch)
+    x = torch.randn(40, 1000, generator=torch.Generator().manual_seed(8))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (y0, g0, a0), (y1, g1, a1) = _both(x, 0.5, seed=2)
+    finally:
+        torch.set_num_threads(before)
+        slow.shutdown()
+    assert passes["n"] == 10
+    assert torch.equal(y0, y1) and torch.equal(g0, g1) and torch.equal(a0, a1)
+
+
+def test_autograd_beyond_one_backward_as_f_dropout():
+    """Double backward, forward-mode AD, torch.func.grad and vmap: F.dropout's results."""
+    import torch.autograd.forward_ad as fwad
+
+    x = torch.randn(5, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    res = []
+    for fn in (F.dropout, dropout):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1)
+            xi = x.clone().requires_grad_(True)
+            y = fn(xi, p=0.4, training=True)
+            (g,) = torch.autograd.grad((y**2).sum(), xi, create_graph=True)
+            (gg,) = torch.autograd.grad(g.sum(), xi)
+            with fwad.dual_level():
+                tangent = fwad.unpack_dual(
+                    fn(fwad.make_dual(x, torch.ones_like(x)), p=0.4, training=True)
+                ).tangent
+            fgrad = torch.func.grad(lambda t, f=fn: f(t, p=0.4, training=True).sum())(x)
+            vm = torch.func.vmap(
+                lambda t, f=fn: f(t, p=0.4, training=True), randomness="different"
+            )(x)
+        res.append((y.detach(), g.detach(), gg, tangent, fgrad, vm))
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+
+
+def test_a_default_device_context_does_not_move_the_draws():
+    x = torch.randn(6, 9)
+    with torch.device("meta"):
+        outs = []
+        for fn in (F.dropout, dropout):
+            torch.manual_seed(4)
+            outs.append(fn(x, p=0.5, training=True))
+    assert outs[1].device.type == "cpu" and torch.equal(*outs)
+
+
+def test_two_threads_first_calls_keep_the_stream_and_the_fast_path():
+    """The one-time check runs once, under a lock, whatever threads call dropout first; and the
+    default generator ends where two F.dropout calls would leave it."""
+    import threading
+
+    for rep in range(6):
+        dropout_mod._CHECKED.clear()
+        xs = [torch.randn(30, 40), torch.randn(30, 40)]
+        start = threading.Barrier(2)
+        torch.manual_seed(rep)
+
+        def run(x, start=start):
+            start.wait()
+            dropout(x, p=0.5, training=True)
+
+        ts = [threading.Thread(target=run, args=(x,)) for x in xs]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=60)
+        after = torch.rand(4, dtype=torch.float64)
+        torch.manual_seed(rep)
+        F.dropout(xs[0], 0.5, True), F.dropout(xs[1], 0.5, True)
+        assert torch.equal(after, torch.rand(4, dtype=torch.float64))
+        assert dropout_mod._CHECKED == {torch.float32: True}
+
+
+def test_two_threads_each_draw_one_unbroken_run(monkeypatch):
+    """Two threads in dropout at once: each call's draws are one run of the stream (as torch holds
+    the generator for a whole bernoulli_), so the pair equals F.dropout's in one of the two
+    orders."""
+    import threading
+
+    monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 10)
+    assert matches_torch(torch.float32)
+    xs = [torch.randn(100, 500), torch.randn(100, 500)]
+    torch.manual_seed(0)
+    ab = [F.dropout(xs[0], 0.5, True), F.dropout(xs[1], 0.5, True)]
+    torch.manual_seed(0)
+    ba = [F.dropout(xs[1], 0.5, True), F.dropout(xs[0], 0.5, True)][::-1]
+    for _ in range(4):
+        torch.manual_seed(0)
+        got = [None, None]
+        start = threading.Barrier(2)
+
+        def run(i, start=start, got=got):
+            start.wait()
+            got[i] = dropout(xs[i], p=0.5, training=True)
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=60)
+        assert all(map(torch.equal, got, ab)) or all(map(torch.equal, got, ba))

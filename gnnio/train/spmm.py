@@ -107,8 +107,10 @@ _POOL_LOCK = threading.Lock()
 
 
 def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has the executor but not its threads: it would wait forever
+    # a forked child has the executor but not its threads (it would wait forever), and the lock in
+    # whatever state another thread of the parent left it
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
