@@ -68,14 +68,16 @@ if HAVE_NUMBA:
             out[i] = x[i] * v
 
 
-def _draws(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This thread's two reused float64 buffers of at least ``n`` elements."""
+def _draws(n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple]:
+    """This thread's two reused float64 buffers of at least ``n`` elements, as tensors and as
+    NumPy arrays over the same memory (so a piece costs no ``numpy()`` conversion)."""
     bufs = getattr(_scratch, "bufs", None)
-    if bufs is None or bufs[0].numel() < n:
-        bufs = _scratch.bufs = (
+    if bufs is None or bufs[0][0].numel() < n:
+        t = (
             torch.empty(n, dtype=torch.float64, device="cpu"),
             torch.empty(n, dtype=torch.float64, device="cpu"),
         )
+        bufs = _scratch.bufs = (t, (t[0].numpy(), t[1].numpy()))
     return bufs
 
 
@@ -106,7 +108,7 @@ class _FusedDropout(torch.autograd.Function):
         out, noise = torch.empty_like(x), torch.empty_like(x)
         n = x.numel()
         xs, outs, ns = x.detach().view(-1).numpy(), out.view(-1).numpy(), noise.view(-1).numpy()
-        bufs = _draws(min(n, chunk))
+        bufs, arrays = _draws(min(n, chunk))
         beside = n > chunk and torch.get_num_threads() > 1
         job = None
         # one call's draws in one run of the stream, as F.dropout's (torch holds the generator
@@ -117,10 +119,10 @@ class _FusedDropout(torch.autograd.Function):
                     b = min(n, a + chunk)
                     # the draws stay on this thread, in order; buffer k % 2 was last read by the
                     # pass of piece k - 2, waited for below at piece k - 1
-                    r = torch.rand(
-                        b - a, dtype=torch.float64, device="cpu", out=bufs[k % 2][: b - a]
-                    )
-                    r = r.numpy()
+                    buf = bufs[k % 2]
+                    torch.rand(b - a, dtype=torch.float64, device="cpu",
+                               out=buf if b - a == buf.numel() else buf[: b - a])  # fmt: skip
+                    r = arrays[k % 2][: b - a]
                     if job is not None:
                         job.result()
                         job = None
