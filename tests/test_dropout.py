@@ -4,6 +4,7 @@ training step uses it."""
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -189,7 +190,7 @@ def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
         dropout(x, p=0.5, training=True)  # the parent's pool exists now
     finally:
         torch.set_num_threads(before)
-    assert dropout_mod._POOL is not None
+    assert dropout_mod._POOL.made
 
     def child() -> bool:
         torch.set_num_threads(2)
@@ -225,7 +226,7 @@ def test_a_slow_mask_pass_changes_nothing(monkeypatch):
         def submit(self, fn, *a):
             return slow.submit(lambda: (time.sleep(0.003), fn(*a))[1])
 
-    monkeypatch.setattr(dropout_mod, "_pool", Late)
+    monkeypatch.setattr(dropout_mod, "_POOL", SimpleNamespace(get=lambda k=1: Late()))
     monkeypatch.setattr(dropout_mod, "_CHUNK", 1 << 12)
     passes = _count_passes(monkeypatch)
     x = torch.randn(40, 1000, generator=torch.Generator().manual_seed(8))

@@ -33,10 +33,11 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
+
+from ..utils.thread_pool import LazyPool
 
 try:
     from numba import njit
@@ -52,8 +53,8 @@ __all__ = ["dropout", "matches_torch"]
 #: overlapped; each piece is a torch op, so not the smallest)
 _CHUNK = 1 << 19
 _scratch = threading.local()
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+#: one thread for the mask passes, beside the thread that draws
+_POOL = LazyPool("dropout-mask")
 _DRAW_LOCK = threading.RLock()  # one dropout's draws at a time (see _FusedDropout.forward)
 
 if HAVE_NUMBA:
@@ -81,25 +82,13 @@ def _draws(n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple]:
     return bufs
 
 
-def _forget_pool() -> None:
-    # a forked child has the executor but not its thread (it would wait forever), and the locks
-    # in whatever state another thread of the parent left them
-    global _POOL, _POOL_LOCK, _DRAW_LOCK, _CHECK_LOCK
-    _POOL = None
-    _POOL_LOCK, _DRAW_LOCK, _CHECK_LOCK = threading.Lock(), threading.RLock(), threading.Lock()
+def _forget_locks() -> None:
+    # a forked child: the locks in whatever state another thread of the parent left them
+    global _DRAW_LOCK, _CHECK_LOCK
+    _DRAW_LOCK, _CHECK_LOCK = threading.RLock(), threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _pool() -> ThreadPoolExecutor:
-    """One thread for the mask passes, beside the thread that draws (not named ``gnnio-*``: that
-    prefix is for threads owned by a loader, sampler or store)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dropout-mask")
-        return _POOL
+os.register_at_fork(after_in_child=_forget_locks)
 
 
 class _FusedDropout(torch.autograd.Function):
@@ -127,7 +116,7 @@ class _FusedDropout(torch.autograd.Function):
                         job.result()
                         job = None
                     if beside:  # this piece's pass runs while the next piece is drawn
-                        job = _pool().submit(_mask_mul, r, q, xs[a:b], s, outs[a:b], ns[a:b])
+                        job = _POOL.get().submit(_mask_mul, r, q, xs[a:b], s, outs[a:b], ns[a:b])
                     else:
                         _mask_mul(r, q, xs[a:b], s, outs[a:b], ns[a:b])
             finally:
@@ -135,7 +124,6 @@ class _FusedDropout(torch.autograd.Function):
                     job.result()
         ctx.save_for_backward(noise)
         ctx.save_for_forward(noise)
-        ctx.noise = noise
         return out
 
     @staticmethod
@@ -145,7 +133,8 @@ class _FusedDropout(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_t, *_):
-        return x_t * ctx.noise  # forward-mode AD, as F.dropout's
+        (noise,) = ctx.saved_tensors
+        return x_t * noise  # forward-mode AD, as F.dropout's
 
 
 #: ``1 / q`` as ``F.dropout``'s ``noise.div_(q)`` rounds it, per (dtype, q)

@@ -33,12 +33,11 @@ division per edge), so the forward results are unchanged.
 from __future__ import annotations
 
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from ..utils.thread_pool import LazyPool
 from ..utils.triton_kernels import kernel_ran
 
 try:
@@ -102,18 +101,7 @@ if HAVE_NUMBA:
                 out[e] = one / d
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _forget_pool() -> None:
-    # a forked child has the executor but not its threads (it would wait forever), and the lock in
-    # whatever state another thread of the parent left it
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+_POOL = LazyPool("spmm-pool")
 
 #: rows x features below which one thread does the product (a handoff costs ~20 us)
 _SERIAL_WORK = 1 << 18
@@ -131,13 +119,7 @@ def _spmm_threads(ptr, col, val, x, out) -> None:
     if k == 1 or rows * x.shape[1] < _SERIAL_WORK:
         _spmm(ptr, col, val, x, out, 0, rows)
         return
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < k:
-            # process-wide and idle between calls, like torch's intra-op threads: not named
-            # "gnnio-*", the prefix of threads owned by a loader, sampler or store
-            _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="spmm-pool")
-        pool = _POOL
+    pool = _POOL.get(k)
     cuts = np.searchsorted(ptr, np.linspace(0, ptr[-1], k + 1)).clip(0, rows)
     cuts[0], cuts[-1] = 0, rows
     futs = [pool.submit(_spmm, ptr, col, val, x, out, int(a), int(b))
