@@ -1,31 +1,29 @@
-"""Dropout on the CPU with ``F.dropout``'s exact result at 1.8 to 3 times its speed.
+"""Dropout on the CPU with ``F.dropout``'s exact result, about 15 times faster.
 
 On the CPU ``F.dropout(x, p, training=True)`` is ``noise = empty_like(x).bernoulli_(1 - p);
 noise.div_(1 - p); x * noise``, and torch's CPU ``bernoulli_(q)`` draws one float64 uniform per
 element from the default generator and keeps the element where it is below ``q``, in a serial
 per-element loop: about 12 ns per element, 59 % of a GraphSAGE step's CPU time on the 2^17 graph
-(torch 2.13, 2-core VM). ``torch.rand(..., dtype=torch.float64)`` draws the *same* uniforms from
-the same generator (so the generator ends in the same state) through a faster kernel, and drawing
-them in consecutive pieces gives the same stream as one draw. From them gnnio forms ``x * noise``
-with ``noise = 1 / q`` (computed by torch's own ``div_`` in ``x``'s dtype) where the draw is below
-``q`` and ``0`` elsewhere, and the backward ``grad * noise``: the same tensors bit for bit as
-``F.dropout`` and its ``MulBackward``, hence the same losses as before (``tests/test_dropout.py``;
-``tests/test_step.py`` pins the loss histories).
+(torch 2.13, 2-core VM). Those uniforms are ``torch.rand(..., dtype=torch.float64)``'s, the
+standard Mersenne Twister stream of the default generator; :mod:`gnnio.train._mt19937` continues
+that stream from the generator's state in numba (vectorized: ~0.8 ns per element, mask and
+product included) and writes the state back, so the generator ends where ``F.dropout`` leaves
+it. From the draws one pass forms ``x * noise`` with ``noise = 1 / q`` (computed by torch's own
+``div_`` in ``x``'s dtype) where the draw is below ``q`` and ``0`` elsewhere; the backward is
+``grad * noise``: the same tensors bit for bit as ``F.dropout`` and its ``MulBackward``, hence
+the same losses as before (``tests/test_dropout.py``; ``tests/test_step.py`` pins the loss
+histories). Double backward works; forward-mode AD has a ``jvp``; under ``torch.func``
+transforms ``F.dropout`` is used. Other dtypes than float32 and float64 take plain torch passes
+(``torch.rand`` in float64, then ``lt_``), which draw the same stream.
 
-For float32 and float64 the uniforms are drawn ``_CHUNK`` at a time into two reused buffers (a
-fresh 96 MB tensor of draws took ~38 ms of page faults on the 2-core VM), and one numba
-pass per piece forms ``noise`` and ``x * noise``, on a second thread while the next piece is drawn
-(with more than one intra-op thread); the backward is ``grad * noise`` as ``F.dropout``'s (so
-double backward works; forward-mode AD has a ``jvp``; under ``torch.func`` transforms
-``F.dropout`` is used). One call's draws are one unbroken run of the stream (a lock: torch holds
-the generator for a whole ``bernoulli_`` too). Other dtypes take the plain torch passes (a float64
-tensor of draws, 4x a half-precision input's bytes).
-
-Whether this torch draws its Bernoulli masks that way is checked once per dtype on a private seed
-(:func:`matches_torch`, over several pieces, under a lock); where it does not (another torch build), and on every
-other device (CUDA's ``F.dropout`` is one fused Philox kernel), :func:`dropout` is ``F.dropout``.
-The draws themselves stay serial (torch's Mersenne Twister): they are what is left of dropout's
-CPU time.
+Whether this torch draws its Bernoulli masks that way, and stores its generator's state as
+:mod:`gnnio.train._mt19937` reads it, is checked once per dtype on a private seed
+(:func:`matches_torch`, over several rounds, under a lock); where it does not (another torch
+build), and on every other device (CUDA's ``F.dropout`` is one fused Philox kernel),
+:func:`dropout` is ``F.dropout``. One call's draws are one unbroken run of the stream (a lock, as
+torch holds the generator for a whole ``bernoulli_``); unlike torch's, a draw that *another
+thread* makes from the default generator during a call is overwritten when the call writes the
+state back (gnnio draws from it nowhere else while training).
 """
 
 from __future__ import annotations
@@ -34,51 +32,29 @@ import functools
 import os
 import threading
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..utils.thread_pool import LazyPool
-
-try:
-    from numba import njit
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - numba is a dependency
-    HAVE_NUMBA = False
+from . import _mt19937 as mt
 
 __all__ = ["dropout", "matches_torch"]
 
-#: uniforms drawn per piece: two 4 MiB buffers per thread. 12M elements on the 2-core VM: 76, 68,
-#: 69, 73, 78, 88 ms at 2^16, 2^18, 2^19, 2^20, 2^21, 2^22 (the pass of the last piece is not
-#: overlapped; each piece is a torch op, so not the smallest)
-_CHUNK = 1 << 19
+#: elements per round of the numba pass (its word buffer: 1 MiB per thread). 12.9M float32
+#: elements, reused outputs, 2-core VM: 14.9, 13.0, 12.6, 10.5, 10.3 ms at 2^11, 2^13, 2^15,
+#: 2^17, 2^19
+_CHUNK = 1 << 17
 _scratch = threading.local()
-#: one thread for the mask passes, beside the thread that draws
-_POOL = LazyPool("dropout-mask")
-_DRAW_LOCK = threading.RLock()  # one dropout's draws at a time (see _FusedDropout.forward)
-
-if HAVE_NUMBA:
-
-    @njit(nogil=True, cache=True)
-    def _mask_mul(r, q, x, s, out, noise):  # pragma: no cover - compiled; tested via callers
-        # noise = s where r < q else 0 (x's dtype), out = x * noise
-        zero = x.dtype.type(0)
-        for i in range(x.shape[0]):
-            v = s if r[i] < q else zero
-            noise[i] = v
-            out[i] = x[i] * v
+_DRAW_LOCK = threading.RLock()  # one dropout's draws at a time (see _mask_dropout)
 
 
-def _draws(n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple]:
-    """This thread's two reused float64 buffers of at least ``n`` elements, as tensors and as
-    NumPy arrays over the same memory (so a piece costs no ``numpy()`` conversion)."""
+def _words(per: int) -> tuple[np.ndarray, np.ndarray]:
+    """This thread's reused word buffer for ``per`` elements a round, as uint32 and uint64 views."""
     bufs = getattr(_scratch, "bufs", None)
-    if bufs is None or bufs[0][0].numel() < n:
-        t = (
-            torch.empty(n, dtype=torch.float64, device="cpu"),
-            torch.empty(n, dtype=torch.float64, device="cpu"),
-        )
-        bufs = _scratch.bufs = (t, (t[0].numpy(), t[1].numpy()))
+    n = mt.block_words(per)
+    if bufs is None or bufs[1].shape[0] < n:
+        w64 = np.empty(n, dtype=np.uint64)
+        bufs = _scratch.bufs = (w64.view(np.uint32), w64)
     return bufs
 
 
@@ -93,35 +69,11 @@ os.register_at_fork(after_in_child=_forget_locks)
 
 class _FusedDropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, q, s, chunk):
+    def forward(ctx, x, q, s, chunk, st):
         out, noise = torch.empty_like(x), torch.empty_like(x)
-        n = x.numel()
         xs, outs, ns = x.detach().view(-1).numpy(), out.view(-1).numpy(), noise.view(-1).numpy()
-        bufs, arrays = _draws(min(n, chunk))
-        beside = n > chunk and torch.get_num_threads() > 1
-        job = None
-        # one call's draws in one run of the stream, as F.dropout's (torch holds the generator
-        # for a whole bernoulli_), whatever other threads run dropout meanwhile
-        with _DRAW_LOCK:
-            try:
-                for k, a in enumerate(range(0, n, chunk)):
-                    b = min(n, a + chunk)
-                    # the draws stay on this thread, in order; buffer k % 2 was last read by the
-                    # pass of piece k - 2, waited for below at piece k - 1
-                    buf = bufs[k % 2]
-                    torch.rand(b - a, dtype=torch.float64, device="cpu",
-                               out=buf if b - a == buf.numel() else buf[: b - a])  # fmt: skip
-                    r = arrays[k % 2][: b - a]
-                    if job is not None:
-                        job.result()
-                        job = None
-                    if beside:  # this piece's pass runs while the next piece is drawn
-                        job = _POOL.get().submit(_mask_mul, r, q, xs[a:b], s, outs[a:b], ns[a:b])
-                    else:
-                        _mask_mul(r, q, xs[a:b], s, outs[a:b], ns[a:b])
-            finally:
-                if job is not None:  # (also on an error: no pass left writing the buffers)
-                    job.result()
+        w32, w64 = _words(chunk)
+        st.c = mt.dropout_pass(st.block, st.c, mt.threshold(q), xs, s, outs, ns, w32, w64, chunk)
         ctx.save_for_backward(noise)
         ctx.save_for_forward(noise)
         return out
@@ -129,7 +81,7 @@ class _FusedDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (noise,) = ctx.saved_tensors
-        return grad * noise, None, None, None  # F.dropout's backward: MulBackward's grad * noise
+        return grad * noise, None, None, None, None  # F.dropout's: MulBackward's grad * noise
 
     @staticmethod
     def jvp(ctx, x_t, *_):
@@ -145,9 +97,18 @@ def _scale(dtype: torch.dtype, q: float):
 
 def _mask_dropout(x: torch.Tensor, p: float, chunk: int | None = None) -> torch.Tensor:
     q = 1.0 - p
-    chunk = chunk or _CHUNK
-    if HAVE_NUMBA and x.dtype in (torch.float32, torch.float64):
-        return _FusedDropout.apply(x, q, _scale(x.dtype, q), chunk)
+    if mt.HAVE_NUMBA and x.dtype in (torch.float32, torch.float64):
+        gen = torch.default_generator
+        # the state read, continued and written back under one lock: this call's draws are one
+        # run of the stream whatever other threads run dropout meanwhile
+        with _DRAW_LOCK:
+            st = mt.read_state(gen)
+            if st is None:  # a layout this module does not know: torch's own draws
+                return F.dropout(x, p=p, training=True)
+            try:
+                return _FusedDropout.apply(x, q, _scale(x.dtype, q), chunk or _CHUNK, st)
+            finally:
+                mt.write_state(gen, st)  # (on an error too: the draws made so far are spent)
     noise = torch.rand(x.shape, dtype=torch.float64, device="cpu").lt_(q).to(x.dtype)
     return x * noise.div_(q)
 
@@ -171,19 +132,25 @@ def matches_torch(dtype: torch.dtype) -> bool:
 
 def _check(dtype: torch.dtype) -> bool:
     g = torch.Generator(device="cpu").manual_seed(12345)
-    x = torch.randn(3, 67, generator=g, device="cpu").to(dtype)
-    grad = torch.randn(3, 67, generator=g, device="cpu").to(dtype)
+    x = torch.randn(3, 467, generator=g, device="cpu").to(dtype)
+    grad = torch.randn(3, 467, generator=g, device="cpu").to(dtype)
     outs = []
-    with torch.inference_mode(False), torch.enable_grad(), torch.random.fork_rng(devices=[]):
-        for fn in (
-            lambda t: F.dropout(t, p=0.15, training=True),
-            lambda t: _mask_dropout(t, 0.15, 64),  # (takes the draw lock again: an RLock)
-        ):
-            torch.manual_seed(777)  # (pieces of 64, 64, 64 and 9 draws above)
-            xi = x.clone().requires_grad_(True)
-            y = fn(xi)
-            y.backward(grad)
-            outs.append((y.detach(), xi.grad, torch.rand(4, dtype=torch.float64, device="cpu")))
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            for fn in (
+                lambda t: F.dropout(t, p=0.15, training=True),
+                lambda t: _mask_dropout(t, 0.15, 64),  # (takes the draw lock again: an RLock)
+            ):
+                # 1,401 draws from an odd word in mid-block, in 22 rounds, over 4 new blocks
+                torch.manual_seed(777)
+                torch.rand(5, device="cpu")
+                xi = x.clone().requires_grad_(True)
+                y = fn(xi)
+                y.backward(grad)
+                after = torch.rand(4, dtype=torch.float64, device="cpu")
+                outs.append((y.detach(), xi.grad, after))
+    except Exception:  # noqa: BLE001 - e.g. numba cannot compile here: torch's own dropout
+        return False
     return all(torch.equal(a, b) for a, b in zip(*outs))
 
 
@@ -196,7 +163,7 @@ def _functorch_wrapped(x: torch.Tensor) -> bool:
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """``F.dropout(x, p, training)`` (same signature, same result, same random stream); on a
-    contiguous CPU tensor with ``0 < p < 1`` the mask is drawn by ``torch.rand`` (module
+    contiguous CPU tensor with ``0 < p < 1`` the draws are continued in numba (module
     docstring)."""
     if (
         training

@@ -2,8 +2,7 @@
 in a forked child.
 
 gnnio's own CPU kernels (numba, ``nogil``) run on such pools: the block SpMM over row ranges
-(:mod:`gnnio.train.spmm`), dropout's mask pass beside the draws (:mod:`gnnio.train.dropout`). Idle
-between calls, like torch's intra-op threads; not named ``gnnio-*``, the prefix of threads owned by
+(:mod:`gnnio.train.spmm`). Idle between calls, like torch's intra-op threads; not named ``gnnio-*``, the prefix of threads owned by
 a loader, sampler or store. A child forked after the pool ran keeps the executor but not its
 threads and would wait forever on its first task, and the lock in whatever state another thread
 left it: both are dropped at fork (``os.register_at_fork``) and made again on first use.
