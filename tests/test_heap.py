@@ -71,3 +71,96 @@ def test_a_rank_limits_its_heap_before_it_builds_anything(monkeypatch):
     ctx = types.SimpleNamespace(rank=0, world_size=2, is_main=True)
     run = dtrain.DistRun(ctx)
     assert calls == ["limit"] and run.heap_threshold == 123
+
+
+# A fresh process touches a 64 MiB block, frees it, allocates and touches another: prints the
+# page faults of the second (ru_minflt) and whether it was mapped (mallinfo2's hblkhd).
+_KEEP_PROBE = """
+import ctypes, resource, sys
+from gnnio.utils.heap import glibc, keep_heap
+lib = glibc()
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+lib.mallinfo2.restype = Info
+lib.malloc.restype, lib.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+lib.free.argtypes = [ctypes.c_void_p]
+if sys.argv[1] == "keep":
+    assert keep_heap() == "kept"
+n = 64 << 20
+p = lib.malloc(n)
+ctypes.memset(p, 1, n)
+lib.free(p)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+mapped = lib.mallinfo2().hblkhd
+q = lib.malloc(n)
+ctypes.memset(q, 1, n)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, lib.mallinfo2().hblkhd > mapped)
+"""
+
+
+def _keep_probe(mode: str) -> tuple[int, bool]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}  # no MALLOC_* tunables
+    r = subprocess.run([sys.executable, "-c", _KEEP_PROBE, mode], capture_output=True,
+                       text=True, timeout=60, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    faults, mapped = r.stdout.split()
+    return int(faults), mapped == "True"
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc >= 2.33 only (mallopt, mallinfo2)")
+def test_keep_heap_reuses_a_freed_large_block_without_faulting_it_in_again():
+    faults, mapped = _keep_probe("default")
+    assert mapped and faults > 8000  # glibc's own rule: mapped afresh, 16,384 pages faulted in
+    faults, mapped = _keep_probe("keep")
+    assert not mapped and faults < 1000  # from the heap: the freed block's pages, resident
+
+
+def test_keep_heap_leaves_a_users_malloc_settings_and_other_libcs(monkeypatch):
+    for k in (*heap._USER_ENV, "GLIBC_TUNABLES"):
+        monkeypatch.delenv(k, raising=False)
+    calls = []
+    monkeypatch.setattr(heap, "glibc", lambda: calls.append(1))
+    for k, v in (
+        ("MALLOC_MMAP_MAX_", "65536"),
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1"),
+    ):
+        with monkeypatch.context() as m:
+            m.setenv(k, v)
+            assert heap.keep_heap().startswith("system (MALLOC_*") and not calls
+    assert heap.keep_heap() == "system (not glibc)" and calls == [1]
+
+
+def test_apply_heap_keeps_it_on_the_cpu_unless_told_otherwise(monkeypatch):
+    monkeypatch.setattr(heap, "keep_heap", lambda: "kept")
+    assert heap.apply_heap("auto", "cpu") == "kept"
+    assert heap.apply_heap("auto", "cuda") == "system"
+    assert heap.apply_heap("keep", "cuda") == "kept"
+    assert heap.apply_heap("system", "cpu") == "system"
+
+
+def test_train_keeps_the_heap_before_it_builds_anything_and_says_so(monkeypatch, tmp_path):
+    from gnnio.train import TrainConfig, loop, train
+    from tests.helpers import write_tiny_dataset
+
+    ds = write_tiny_dataset(tmp_path / "d", num_nodes=60, num_edges=300)
+    calls = []
+    real_build = loop.build_training
+    monkeypatch.setattr(loop, "apply_heap", lambda mode, dev: calls.append((mode, dev)) or "kept")
+    monkeypatch.setattr(loop, "build_training", lambda *a: calls.append("build") or real_build(*a))
+    s = train(ds, TrainConfig(fanouts=(3,), batch_size=8, epochs=1, hidden=4, progress=False))
+    assert calls == [("auto", "cpu"), "build"] and s["heap"] == "kept"
+    calls.clear()
+    s = train(ds, TrainConfig(fanouts=(3,), batch_size=8, epochs=1, hidden=4, progress=False,
+                              heap="system"))  # fmt: skip
+    assert calls == [("system", "cpu"), "build"]
+
+
+def test_heap_options_are_checked():
+    from gnnio.errors import UsageError
+    from gnnio.train import TrainConfig
+
+    with pytest.raises(UsageError, match="--heap: must be auto, keep or system"):
+        TrainConfig(heap="never").validate()
+    with pytest.raises(UsageError, match="--heap keep: single-process only"):
+        TrainConfig(heap="keep", nproc=2).validate_dist(2)

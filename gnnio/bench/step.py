@@ -414,6 +414,7 @@ def run(args) -> dict:
     from ..train.gpu_plan import apply_layout_plan
     from ..train.graphed import graph_report
     from ..train.loop import LocalRun
+    from ..utils.heap import apply_heap
     from ..utils.triton_kernels import kernels_report, reset_kernel_record
 
     if args.nproc > 1:
@@ -427,6 +428,7 @@ def run(args) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     reset_kernel_record()
+    heap = apply_heap(cfg.heap, device.type)  # as gnnio train sets it (--heap)
     build_cfg, plan = apply_layout_plan(ds, cfg, device)  # as gnnio train plans it
     parts = build_training(ds, build_cfg, LocalRun(), device)
     iso = undo = None
@@ -474,6 +476,7 @@ def run(args) -> dict:
         "kernels": kernels_report(),
         "cuda_graph": graph_report(cfg, parts.step),
         "plan": plan,
+        "heap": heap,
         "isolation": None if iso is None else iso.as_dict(),
         "sampler_device": str(getattr(parts.sampler, "device", "cpu")),
         "store": type(parts.store).__name__,

@@ -95,6 +95,14 @@ def add_train_arguments(p) -> None:
         help="CPU threads of the sampler and the feature gather",
     )
     p.add_argument(
+        "--heap",
+        choices=["auto", "keep", "system"],
+        default="auto",
+        help="keep: glibc keeps freed memory for the next batch (no page faults on a batch's "
+        "large tensors; peak memory a little higher); system: glibc's defaults; auto: keep when "
+        "the model trains on the CPU in one process (default: auto)",
+    )
+    p.add_argument(
         "--isolation",
         choices=["auto", "off"],
         default="off",

@@ -73,6 +73,7 @@ def config_from_args(args, ranks: int):
         log=args.log,
         store=store_kind(args, ranks),
         threads=args.threads,
+        heap=getattr(args, "heap", "auto"),
         isolation=args.isolation,
         cuda_graph=getattr(args, "cuda_graph", "off"),
         sampler_device=args.sampler_device,

@@ -9,11 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import UsageError
+from .config_dist import DIST_STRATEGIES, MAX_RANKS_PER_CORE, PARTITION_STRATEGIES, validate_dist
 from .device import check_device
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
-
-#: ``--nproc`` starts at most this many local ranks (processes) per CPU core
-MAX_RANKS_PER_CORE = 8
 
 #: the largest --lr and --weight-decay: far above any useful value and clear of float32's
 #: overflow inside the optimizer (Adam divides lr by its bias correction)
@@ -21,6 +19,8 @@ MAX_RATE = 1e9
 
 __all__ = [
     "DIST_STRATEGIES",
+    "MAX_RANKS_PER_CORE",
+    "PARTITION_STRATEGIES",
     "EVAL_MODES",
     "STAGES",
     "SAMPLERS",
@@ -34,10 +34,6 @@ EVAL_MODES = ("sampled", "full")
 SAMPLERS = ("uniform", "labor", "ladies")
 STORE_KINDS = ("memory", "mmap", "disk")
 STAGES = ("sample", "gather", "transfer", "compute", "wait")
-#: placements a distributed run can compute at start-up (``--placement-strategy``)
-DIST_STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
-#: the placements that partition the nodes (``--local-seeds`` trains each rank on its part)
-PARTITION_STRATEGIES = ("metis", "naive", "random")
 
 
 @dataclass
@@ -81,6 +77,10 @@ class TrainConfig:
             ``O_DIRECT`` under a host cache of ``host_cache_size`` (:mod:`gnnio.train.setup_disk`;
             ``cache_policy`` is then that cache's policy).
         threads: CPU threads of the sampler and of the feature gather kernel; None = their defaults.
+        heap: ``"auto"`` (default: ``"keep"`` when the model trains on the CPU in one process),
+            ``"keep"`` (glibc keeps freed memory for the next batch, process-wide:
+            :func:`gnnio.utils.heap.keep_heap`) or ``"system"``; the summary's ``heap`` says
+            what held.
         isolation: ``"off"`` (default) or ``"auto"``: BGL's profiling-based resource isolation
             (:mod:`gnnio.train.isolate`): the sample, gather and (on the CPU) compute stages are
             profiled against their threads and given the allocation that minimizes the slowest;
@@ -195,6 +195,7 @@ class TrainConfig:
     log: str | None = None
     store: str = "memory"
     threads: int | None = None
+    heap: str = "auto"
     isolation: str = "off"
     cuda_graph: str | bool = "off"
     sampler_device: str = "auto"
@@ -287,6 +288,8 @@ class TrainConfig:
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
         if self.isolation not in ("auto", "off"):
             raise UsageError(f"--isolation: must be auto or off, got '{self.isolation}'")
+        if self.heap not in ("auto", "keep", "system"):
+            raise UsageError(f"--heap: must be auto, keep or system, got '{self.heap}'")
         from .graphed import CUDA_GRAPH_MODES, graph_mode
 
         if (mode := graph_mode(self)) not in CUDA_GRAPH_MODES:
@@ -424,74 +427,9 @@ class TrainConfig:
             )
 
     def validate_dist(self, world_size: int) -> None:
-        """Refuse, with one line naming the option, what makes no sense with several ranks."""
-        if self.nproc < 1:
-            raise UsageError(f"--nproc: must be >= 1, got {self.nproc}")
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if self.nproc > MAX_RANKS_PER_CORE * (cores or 1):  # each local rank is a process
-            raise UsageError(
-                f"--nproc {self.nproc}: more local ranks than {MAX_RANKS_PER_CORE} per CPU core "
-                f"({cores} cores here: at most {MAX_RANKS_PER_CORE * (cores or 1)})"
-            )
-        if self.dist_timeout is not None and not self.dist_timeout > 0:
-            raise UsageError(f"--dist-timeout: must be > 0 seconds, got {self.dist_timeout}")
-        if not (math.isfinite(self.buffer) and 0.0 <= self.buffer <= 1.0):
-            raise UsageError(f"--buffer: must be a fraction in [0, 1], got {self.buffer}")
-        if world_size <= 1:
-            for name, bad in (
-                ("--partition", self.partition is not None),
-                ("--topology", self.topology is not None),
-                ("--placement-strategy", self.placement_strategy is not None),
-                ("--local-seeds", self.local_seeds),
-            ):
-                if bad:
-                    raise UsageError(f"{name}: needs several ranks (--nproc N or torchrun)")
-            return
-        if self.gpu_cache_fraction is not None or self.gpu_budget_bytes is not None:
-            raise UsageError(
-                "--gpu-cache-fraction/--gpu-budget: single-process options; with several ranks "
-                "use --placement-strategy rule1 --buffer F (every rank keeps the top F rows)"
-            )
-        if self.eval == "full":
-            raise UsageError("--eval full: single-process only; use --eval sampled with ranks")
-        if self.isolation != "off":
-            raise UsageError("--isolation auto: single-process only for now")
-        from .graphed import graph_mode
-
-        if graph_mode(self, "step"):
-            raise UsageError(
-                "--cuda-graph: the step's graph is single-process only (DDP's "
-                "hooks are not captured); --cuda-graph sampler works with ranks"
-            )
-        if self.placement is not None and self.placement_strategy is not None:
-            raise UsageError("--placement and --placement-strategy exclude each other; give one")
-        if self.placement_strategy is not None and self.placement_strategy not in DIST_STRATEGIES:
-            raise UsageError(
-                f"--placement-strategy: unknown '{self.placement_strategy}' "
-                f"(choose from {', '.join(DIST_STRATEGIES)})"
-            )
-        if self.sampling_mode not in ("dsp", "shared"):
-            raise UsageError(f"--sampling-mode: dsp or shared, got '{self.sampling_mode}'")
-        if self.partition is not None:
-            for name, bad in (
-                ("--locality-scale", self.locality_scale is not None),
-                ("--sampler", getattr(self, "sampler", "uniform") not in (None, "uniform")),
-            ):
-                if bad:
-                    raise UsageError(
-                        f"{name}: not available with --partition (its sampler is uniform, "
-                        "optionally pruned)"
-                    )
-        strategy = self.placement_strategy or ("alg1" if self.placement is None else None)
-        if (
-            self.local_seeds
-            and self.partition is None
-            and strategy not in (None, *PARTITION_STRATEGIES)
-        ):
-            raise UsageError(
-                f"--local-seeds: placement '{strategy}' has no partition; use "
-                f"--placement-strategy {'|'.join(PARTITION_STRATEGIES)}"
-            )
+        """Refuse, with one line naming the option, what makes no sense with several ranks
+        (:func:`gnnio.train.config_dist.validate_dist`)."""
+        validate_dist(self, world_size)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

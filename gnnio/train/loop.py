@@ -52,6 +52,7 @@ import torch
 from ..errors import DatasetError, GnnioError
 from ..features.base import BatchCount
 from ..graph.dataset import Dataset, load
+from ..utils.heap import apply_heap
 from ..utils.outputs import AtomicLog, write_atomic
 from ..utils.progress import bar
 from ..utils.rss import rss_bytes
@@ -198,6 +199,8 @@ def train(
     build_cfg, plan = apply_layout_plan(ds, cfg, device, run.world_size)  # --device auto|cuda
     if plan.get("planned") and cfg.progress and run.is_main:
         _status(_describe_plan(plan))
+    # one process on the CPU: a batch's large tensors reuse the pages the last batch faulted in
+    heap = apply_heap(cfg.heap, device.type) if run.world_size == 1 else None
     parts = build_training(ds, build_cfg, run, device)
     setup, store, sampler, adaptive, order = (
         parts.setup,
@@ -324,6 +327,8 @@ def train(
     summary.update(simulation_facts(device, setup.info))
     summary["isolation"] = dict(iso.threads) if iso is not None else None
     summary["plan"] = plan
+    if heap is not None:
+        summary["heap"] = heap  # --heap: "kept", or "system" (and why)
     summary["kernels"] = kernels_report()  # which implementation ran (a fallback shows here)
     graphs = graph_report(cfg, parts.step)  # --cuda-graph: batches replayed, eager, why not
     if graphs is not None:

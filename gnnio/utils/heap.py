@@ -13,9 +13,18 @@ returned when freed, while the many smaller ones keep reusing the heap's pages (
 batch faulting its pages in again). The price of 1 MiB there: warm epochs within the noise at
 the default batch, ~17 % slower at batch 128 (blocks mapped and faulted in again each time).
 
+One process training on the CPU wants the opposite (:func:`keep_heap`, ``--heap auto|keep``):
+there a batch's large tensors (dropout's masks, the layers' activations and gradients: 30-100 MiB
+each on the 2^21 graph) are above glibc's largest threshold, so each is a fresh mapping whose
+pages fault in on first touch, every batch; on the 2-core development VM that was a third of the
+CPU step and 94 s of system time in a two-epoch run (docs/benchmarks.md, "Freed memory kept").
+:func:`keep_heap` serves every allocation from the heaps (``M_MMAP_MAX = 0``) and keeps up to
+2 GiB free at a heap's top (``M_TRIM_THRESHOLD``), so the next batch reuses pages already
+resident. The price: memory freed is mostly kept (peak RSS +7 % there), for the process's life.
+
 A no-op (returns None) where the C library is not glibc, and where the user has tuned glibc's
-``malloc`` through the environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
-``GLIBC_TUNABLES``): their setting wins.
+``malloc`` through the environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
+``MALLOC_MMAP_MAX_`` or ``GLIBC_TUNABLES``): their setting wins.
 """
 
 from __future__ import annotations
@@ -25,11 +34,22 @@ import ctypes.util
 import os
 import sys
 
-__all__ = ["HEAP_MMAP_THRESHOLD", "limit_heap"]
+__all__ = ["HEAP_MODES", "HEAP_MMAP_THRESHOLD", "KEEP_TRIM_THRESHOLD", "apply_heap", "keep_heap",
+           "limit_heap"]  # fmt: skip
 
 HEAP_MMAP_THRESHOLD = 2**20  # blocks this size and larger: mapped, returned when freed
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
-_USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+#: free bytes a heap keeps at its top before glibc trims it (mallopt's largest: an int)
+KEEP_TRIM_THRESHOLD = 2**31 - 1
+#: ``--heap``: auto (keep on the CPU in one process), keep, system (glibc's defaults)
+HEAP_MODES = ("auto", "keep", "system")
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc's <malloc.h>
+_USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_")
+
+
+def _user_tuned() -> bool:
+    return any(k in os.environ for k in _USER_ENV) or "malloc" in os.environ.get(
+        "GLIBC_TUNABLES", ""
+    )
 
 
 def glibc():
@@ -48,10 +68,36 @@ def limit_heap(threshold: int = HEAP_MMAP_THRESHOLD) -> int | None:
     system when freed; the heap is trimmed when ``2 * threshold`` at its top is free (glibc's own
     ratio). Fixing the threshold stops glibc from raising it. Returns the threshold set, or None
     (not glibc, glibc refused it, or the environment tunes ``malloc``: module docstring)."""
-    if any(k in os.environ for k in _USER_ENV) or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+    if _user_tuned():
         return None
     lib = glibc()
     if lib is None or not lib.mallopt(_M_MMAP_THRESHOLD, int(threshold)):
         return None
     lib.mallopt(_M_TRIM_THRESHOLD, 2 * int(threshold))
     return int(threshold)
+
+
+def keep_heap() -> str:
+    """Serve every allocation from glibc's heaps and keep freed memory there for reuse (module
+    docstring); process-wide and for the process's life. Returns what holds now: ``"kept"``, or
+    ``"system"`` with the reason (``"system (not glibc)"``, ``"system (MALLOC_* or
+    GLIBC_TUNABLES set)"``, ``"system (mallopt refused)"``)."""
+    if _user_tuned():
+        return "system (MALLOC_* or GLIBC_TUNABLES set)"
+    lib = glibc()
+    if lib is None:
+        return "system (not glibc)"
+    if not lib.mallopt(_M_MMAP_MAX, 0):
+        return "system (mallopt refused)"
+    lib.mallopt(_M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD)
+    return "kept"
+
+
+def apply_heap(mode: str, device_type: str) -> str:
+    """``--heap``: ``"keep"`` calls :func:`keep_heap`; ``"auto"`` does where the model trains on
+    the CPU (one process: ranks bound their heap instead, :func:`limit_heap`; on a GPU the large
+    tensors live in torch's caching allocator, and keeping the host's is unmeasured); ``"system"``
+    leaves glibc as it is. Returns what holds, for the run's summary (``heap``)."""
+    if mode == "keep" or (mode == "auto" and device_type == "cpu"):
+        return keep_heap()
+    return "system"

@@ -1,0 +1,88 @@
+"""What a distributed run refuses (:meth:`gnnio.train.config.TrainConfig.validate_dist`): options
+that make no sense with several ranks, each with a one-line :class:`~gnnio.errors.UsageError`
+naming the option."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ..errors import UsageError
+
+__all__ = ["DIST_STRATEGIES", "MAX_RANKS_PER_CORE", "PARTITION_STRATEGIES", "validate_dist"]
+
+#: ``--nproc`` starts at most this many local ranks (processes) per CPU core
+MAX_RANKS_PER_CORE = 8
+#: placements a distributed run can compute at start-up (``--placement-strategy``)
+DIST_STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
+#: the placements that partition the nodes (``--local-seeds`` trains each rank on its part)
+PARTITION_STRATEGIES = ("metis", "naive", "random")
+
+
+def validate_dist(cfg, world_size: int) -> None:
+    """Refuse, with one line naming the option, what makes no sense with several ranks."""
+    if cfg.nproc < 1:
+        raise UsageError(f"--nproc: must be >= 1, got {cfg.nproc}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cfg.nproc > MAX_RANKS_PER_CORE * (cores or 1):  # each local rank is a process
+        raise UsageError(
+            f"--nproc {cfg.nproc}: more local ranks than {MAX_RANKS_PER_CORE} per CPU core "
+            f"({cores} cores here: at most {MAX_RANKS_PER_CORE * (cores or 1)})"
+        )
+    if cfg.dist_timeout is not None and not cfg.dist_timeout > 0:
+        raise UsageError(f"--dist-timeout: must be > 0 seconds, got {cfg.dist_timeout}")
+    if not (math.isfinite(cfg.buffer) and 0.0 <= cfg.buffer <= 1.0):
+        raise UsageError(f"--buffer: must be a fraction in [0, 1], got {cfg.buffer}")
+    if world_size <= 1:
+        for name, bad in (
+            ("--partition", cfg.partition is not None),
+            ("--topology", cfg.topology is not None),
+            ("--placement-strategy", cfg.placement_strategy is not None),
+            ("--local-seeds", cfg.local_seeds),
+        ):
+            if bad:
+                raise UsageError(f"{name}: needs several ranks (--nproc N or torchrun)")
+        return
+    if cfg.gpu_cache_fraction is not None or cfg.gpu_budget_bytes is not None:
+        raise UsageError(
+            "--gpu-cache-fraction/--gpu-budget: single-process options; with several ranks "
+            "use --placement-strategy rule1 --buffer F (every rank keeps the top F rows)"
+        )
+    if cfg.eval == "full":
+        raise UsageError("--eval full: single-process only; use --eval sampled with ranks")
+    if cfg.isolation != "off":
+        raise UsageError("--isolation auto: single-process only for now")
+    if cfg.heap != "auto":  # ranks bound their heap for memory (gnnio.utils.heap.limit_heap)
+        raise UsageError(f"--heap {cfg.heap}: single-process only (ranks bound their heap)")
+    from .graphed import graph_mode
+
+    if graph_mode(cfg, "step"):
+        raise UsageError(
+            "--cuda-graph: the step's graph is single-process only (DDP's "
+            "hooks are not captured); --cuda-graph sampler works with ranks"
+        )
+    if cfg.placement is not None and cfg.placement_strategy is not None:
+        raise UsageError("--placement and --placement-strategy exclude each other; give one")
+    if cfg.placement_strategy is not None and cfg.placement_strategy not in DIST_STRATEGIES:
+        raise UsageError(
+            f"--placement-strategy: unknown '{cfg.placement_strategy}' "
+            f"(choose from {', '.join(DIST_STRATEGIES)})"
+        )
+    if cfg.sampling_mode not in ("dsp", "shared"):
+        raise UsageError(f"--sampling-mode: dsp or shared, got '{cfg.sampling_mode}'")
+    if cfg.partition is not None:
+        for name, bad in (
+            ("--locality-scale", cfg.locality_scale is not None),
+            ("--sampler", getattr(cfg, "sampler", "uniform") not in (None, "uniform")),
+        ):
+            if bad:
+                raise UsageError(
+                    f"{name}: not available with --partition (its sampler is uniform, "
+                    "optionally pruned)"
+                )
+    strategy = cfg.placement_strategy or ("alg1" if cfg.placement is None else None)
+    if cfg.local_seeds and cfg.partition is None and strategy not in (None, *PARTITION_STRATEGIES):
+        raise UsageError(
+            f"--local-seeds: placement '{strategy}' has no partition; use "
+            f"--placement-strategy {'|'.join(PARTITION_STRATEGIES)}"
+        )
