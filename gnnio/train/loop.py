@@ -175,7 +175,9 @@ def train(
     evaluation), ``history`` (per-epoch records, same as the JSONL log), ``loss_history`` (the
     mean training loss of every epoch), ``rss_mb_per_epoch`` (resident memory of the process,
     MiB, after each epoch's training and evaluation), ``device``,
-    ``num_parameters``, ``stopped_early``.
+    ``num_parameters``, ``stopped_early``, ``heap`` (one process: ``"kept"`` or ``"system"``
+    and why, :func:`gnnio.utils.heap.apply_heap`; ``config.heap="auto"`` keeps freed memory
+    in glibc's heaps, process-wide, when the model trains on the CPU).
 
     ``run`` builds the store, orders and model and reduces the results: :class:`LocalRun` (one
     process, the default) or :class:`gnnio.distributed.train.DistRun` (one rank of several).
