@@ -91,10 +91,13 @@ def main(argv=None) -> int:
     device = check_device(cfg.device)
     cfg.validate(1)
     ds = load(args.dir)
+    from gnnio.utils.heap import apply_heap
+
+    heap = apply_heap(cfg.heap, device.type)  # --heap, as gnnio train sets it
     build_cfg, plan = apply_layout_plan(ds, cfg, device)
     parts = build_training(ds, build_cfg, LocalRun(), device)
     net, opt, k, pk = parts.net, parts.opt, args.batches, args.profile_batches
-    res: dict = {"device": str(device), "plan": plan, "batches": k}
+    res: dict = {"device": str(device), "plan": plan, "heap": heap, "batches": k}
     if device.type == "cuda":
         res["gpu"] = torch.cuda.get_device_name(device)
     from torch.profiler import ProfilerActivity, profile

@@ -17,6 +17,22 @@ from gnnio.utils.syncs import OpCounter
 from tests.helpers import in_forked_child
 
 
+@pytest.fixture(autouse=True)
+def _every_size(monkeypatch):
+    """The fast path for tensors of any size here (small ones take F.dropout by default)."""
+    monkeypatch.setattr(dropout_mod, "_MIN_ELEMENTS", 0)
+
+
+def test_small_tensors_take_f_dropout_by_default(monkeypatch):
+    monkeypatch.setattr(dropout_mod, "_MIN_ELEMENTS", 2048)
+    assert matches_torch(torch.float32)  # (its one-time check makes a pass of its own)
+    passes = _count_passes(monkeypatch)
+    (y0, g0, a0), (y1, g1, a1) = _both(torch.randn(40, 51), 0.5, seed=1)  # 2040 elements
+    assert passes["n"] == 0 and torch.equal(y0, y1) and torch.equal(a0, a1)
+    _both(torch.randn(41, 50), 0.5, seed=1)  # 2050
+    assert passes["n"] == 1
+
+
 def _both(x: torch.Tensor, p: float, seed: int):
     """(F.dropout's output, its gradient, the next draws) and the same for gnnio's dropout."""
     out = []
