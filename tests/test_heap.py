@@ -14,12 +14,10 @@ from gnnio.utils import heap
 
 GLIBC = heap.glibc() is not None and hasattr(heap.glibc(), "mallinfo2")
 
-# A fresh process frees a mapped 30 MiB block (which makes glibc raise its threshold past 20
-# MiB), then allocates 20 MiB: prints whether that block was mapped (glibc's own count of
-# mapped bytes, mallinfo2's hblkhd, grew by it).
-_PROBE = """
+# glibc's malloc, free and mallinfo2 (its counts of mapped chunks and bytes) in a fresh process
+_LIBC = """
 import ctypes, sys
-from gnnio.utils.heap import HEAP_MMAP_THRESHOLD, glibc, limit_heap
+from gnnio.utils.heap import glibc
 lib = glibc()
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
@@ -27,6 +25,15 @@ class Info(ctypes.Structure):
 lib.mallinfo2.restype = Info
 lib.malloc.restype, lib.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 lib.free.argtypes = [ctypes.c_void_p]
+"""
+
+# A fresh process frees a mapped 30 MiB block (which makes glibc raise its threshold past 20
+# MiB), then allocates 20 MiB: prints whether that block was mapped (glibc's own count of
+# mapped bytes, mallinfo2's hblkhd, grew by it).
+_PROBE = (
+    _LIBC
+    + """
+from gnnio.utils.heap import HEAP_MMAP_THRESHOLD, limit_heap
 if sys.argv[1] == "limit":
     assert limit_heap() == HEAP_MMAP_THRESHOLD
 lib.free(lib.malloc(30 << 20))
@@ -34,6 +41,7 @@ before = lib.mallinfo2().hblkhd
 p = lib.malloc(20 << 20)
 print(lib.mallinfo2().hblkhd - before >= 20 << 20)
 """
+)
 
 
 def _probe(mode: str) -> bool:
@@ -75,16 +83,11 @@ def test_a_rank_limits_its_heap_before_it_builds_anything(monkeypatch):
 
 # A fresh process touches a 64 MiB block, frees it, allocates and touches another: prints the
 # page faults of the second (ru_minflt) and whether it was mapped (mallinfo2's hblkhd).
-_KEEP_PROBE = """
-import ctypes, resource, sys
-from gnnio.utils.heap import glibc, keep_heap
-lib = glibc()
-class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-lib.mallinfo2.restype = Info
-lib.malloc.restype, lib.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-lib.free.argtypes = [ctypes.c_void_p]
+_KEEP_PROBE = (
+    _LIBC
+    + """
+import resource
+from gnnio.utils.heap import keep_heap
 if sys.argv[1] == "keep":
     assert keep_heap() == "kept"
 n = 64 << 20
@@ -97,6 +100,7 @@ q = lib.malloc(n)
 ctypes.memset(q, 1, n)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, lib.mallinfo2().hblkhd > mapped)
 """
+)
 
 
 def _keep_probe(mode: str) -> tuple[int, bool]:
