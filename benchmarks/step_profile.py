@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     ds = load(args.dir)
     from gnnio.utils.heap import apply_heap
 
-    heap = apply_heap(cfg.heap, device.type)  # --heap, as gnnio train sets it
+    heap = apply_heap(cfg.heap, device.type, cfg.store)  # --heap, as gnnio train
     build_cfg, plan = apply_layout_plan(ds, cfg, device)
     parts = build_training(ds, build_cfg, LocalRun(), device)
     net, opt, k, pk = parts.net, parts.opt, args.batches, args.profile_batches

@@ -138,6 +138,9 @@ def test_keep_heap_leaves_a_users_malloc_settings_and_other_libcs(monkeypatch):
 def test_apply_heap_keeps_it_on_the_cpu_unless_told_otherwise(monkeypatch):
     monkeypatch.setattr(heap, "keep_heap", lambda: "kept")
     assert heap.apply_heap("auto", "cpu") == "kept"
+    assert heap.apply_heap("auto", "cpu", "mmap") == "kept"
+    assert heap.apply_heap("auto", "cpu", "disk") == "system"  # bound by the disk and memory
+    assert heap.apply_heap("keep", "cpu", "disk") == "kept"
     assert heap.apply_heap("auto", "cuda") == "system"
     assert heap.apply_heap("keep", "cuda") == "kept"
     assert heap.apply_heap("system", "cpu") == "system"
@@ -150,7 +153,9 @@ def test_train_keeps_the_heap_before_it_builds_anything_and_says_so(monkeypatch,
     ds = write_tiny_dataset(tmp_path / "d", num_nodes=60, num_edges=300)
     calls = []
     real_build = loop.build_training
-    monkeypatch.setattr(loop, "apply_heap", lambda mode, dev: calls.append((mode, dev)) or "kept")
+    monkeypatch.setattr(
+        loop, "apply_heap", lambda mode, dev, store: calls.append((mode, dev)) or "kept"
+    )
     monkeypatch.setattr(loop, "build_training", lambda *a: calls.append("build") or real_build(*a))
     s = train(ds, TrainConfig(fanouts=(3,), batch_size=8, epochs=1, hidden=4, progress=False))
     assert calls == [("auto", "cpu"), "build"] and s["heap"] == "kept"

@@ -428,7 +428,7 @@ def run(args) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     reset_kernel_record()
-    heap = apply_heap(cfg.heap, device.type)  # as gnnio train sets it (--heap)
+    heap = apply_heap(cfg.heap, device.type, cfg.store)  # as gnnio train sets it
     build_cfg, plan = apply_layout_plan(ds, cfg, device)  # as gnnio train plans it
     parts = build_training(ds, build_cfg, LocalRun(), device)
     iso = undo = None

@@ -100,7 +100,7 @@ def add_train_arguments(p) -> None:
         default="auto",
         help="keep: glibc keeps freed memory for the next batch (no page faults on a batch's "
         "large tensors; peak memory a little higher); system: glibc's defaults; auto: keep when "
-        "the model trains on the CPU in one process (default: auto)",
+        "the model trains on the CPU in one process, features not on disk (default: auto)",
     )
     p.add_argument(
         "--isolation",

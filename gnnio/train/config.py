@@ -77,7 +77,8 @@ class TrainConfig:
             ``O_DIRECT`` under a host cache of ``host_cache_size`` (:mod:`gnnio.train.setup_disk`;
             ``cache_policy`` is then that cache's policy).
         threads: CPU threads of the sampler and of the feature gather kernel; None = their defaults.
-        heap: ``"auto"`` (default: ``"keep"`` when the model trains on the CPU in one process),
+        heap: ``"auto"`` (default: ``"keep"`` when the model trains on the CPU in one process,
+            features not on disk),
             ``"keep"`` (glibc keeps freed memory for the next batch, process-wide:
             :func:`gnnio.utils.heap.keep_heap`) or ``"system"``; the summary's ``heap`` says
             what held.

@@ -202,7 +202,7 @@ def train(
     if plan.get("planned") and cfg.progress and run.is_main:
         _status(_describe_plan(plan))
     # one process on the CPU: a batch's large tensors reuse the pages the last batch faulted in
-    heap = apply_heap(cfg.heap, device.type) if run.world_size == 1 else None
+    heap = apply_heap(cfg.heap, device.type, cfg.store) if run.world_size == 1 else None
     parts = build_training(ds, build_cfg, run, device)
     setup, store, sampler, adaptive, order = (
         parts.setup,
