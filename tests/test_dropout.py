@@ -24,12 +24,12 @@ def _every_size(monkeypatch):
 
 
 def test_small_tensors_take_f_dropout_by_default(monkeypatch):
-    monkeypatch.setattr(dropout_mod, "_MIN_ELEMENTS", 2048)
+    monkeypatch.setattr(dropout_mod, "_MIN_ELEMENTS", 4096)
     assert matches_torch(torch.float32)  # (its one-time check makes a pass of its own)
     passes = _count_passes(monkeypatch)
-    (y0, g0, a0), (y1, g1, a1) = _both(torch.randn(40, 51), 0.5, seed=1)  # 2040 elements
+    (y0, g0, a0), (y1, g1, a1) = _both(torch.randn(63, 65), 0.5, seed=1)  # 4095 elements
     assert passes["n"] == 0 and torch.equal(y0, y1) and torch.equal(a0, a1)
-    _both(torch.randn(41, 50), 0.5, seed=1)  # 2050
+    _both(torch.randn(64, 64), 0.5, seed=1)  # 4096
     assert passes["n"] == 1
 
 
@@ -329,3 +329,34 @@ def test_two_threads_each_draw_one_unbroken_run(monkeypatch):
         for t in ts:
             t.join(timeout=60)
         assert all(map(torch.equal, got, ab)) or all(map(torch.equal, got, ba))
+
+
+def test_the_check_leaves_the_gpus_generators_alone(monkeypatch):
+    """The one-time check seeds the CPU generator only: torch.manual_seed would also reseed every
+    GPU's generator, silently resetting a GPU run's random stream (found in review)."""
+    seeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda s: seeded.append(("cuda", s)))
+    dropout_mod._CHECKED.clear()
+    try:
+        assert matches_torch(torch.float32) and matches_torch(torch.float64)
+    finally:
+        dropout_mod._CHECKED.clear()
+    assert seeded == []
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_the_check_sees_a_draw_that_differs_only_in_one_case(monkeypatch, case):
+    """Each of the check's cases runs: a mask that differs only at the case's rate fails it."""
+    p_bad = dropout_mod._CHECK_CASES[case][0]
+    real = dropout_mod._mask_dropout
+
+    def off_at_one_rate(x, p, chunk=None):
+        y = real(x, p, chunk)
+        return y + 1 if p == p_bad else y
+
+    monkeypatch.setattr(dropout_mod, "_mask_dropout", off_at_one_rate)
+    dropout_mod._CHECKED.clear()
+    try:
+        assert not matches_torch(torch.float32)
+    finally:
+        dropout_mod._CHECKED.clear()

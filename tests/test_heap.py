@@ -173,3 +173,20 @@ def test_heap_options_are_checked():
         TrainConfig(heap="never").validate()
     with pytest.raises(UsageError, match="--heap keep: single-process only"):
         TrainConfig(heap="keep", nproc=2).validate_dist(2)
+
+
+def test_limit_heap_allows_mapping_again_after_keep_heap(monkeypatch):
+    for k in (*heap._USER_ENV, "GLIBC_TUNABLES"):
+        monkeypatch.delenv(k, raising=False)
+    calls = []
+
+    class Lib:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(heap, "glibc", lambda: Lib())
+    assert heap.keep_heap() == "kept" and (heap._M_MMAP_MAX, 0) in calls
+    calls.clear()
+    assert heap.limit_heap() == heap.HEAP_MMAP_THRESHOLD
+    assert (heap._M_MMAP_MAX, 65536) in calls  # otherwise the 1 MiB threshold would do nothing

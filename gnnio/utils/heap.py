@@ -19,8 +19,11 @@ each on the 2^21 graph) are above glibc's largest threshold, so each is a fresh 
 pages fault in on first touch, every batch; on the 2-core development VM that was a third of the
 CPU step and 94 s of system time in a two-epoch run (docs/benchmarks.md, "Freed memory kept").
 :func:`keep_heap` serves every allocation from the heaps (``M_MMAP_MAX = 0``) and keeps up to
-2 GiB free at a heap's top (``M_TRIM_THRESHOLD``), so the next batch reuses pages already
-resident. The price: memory freed is mostly kept (peak RSS +7 % there), for the process's life.
+2 GiB free at the top of each heap (``M_TRIM_THRESHOLD``; the main heap and each thread's arena
+alike), so the next batch reuses pages already resident. The price: memory freed is mostly kept
+for the process's life (peak RSS +1.5 % on the 2^17 graph, +2.6 % on the 2^21 graph over two
+epochs; docs/benchmarks.md), and a large block freed below live data is never returned (without
+``mmap`` it cannot be unmapped). With the features on disk ``auto`` does not keep it.
 
 A no-op (returns None) where the C library is not glibc, and where the user has tuned glibc's
 ``malloc`` through the environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
@@ -43,6 +46,7 @@ KEEP_TRIM_THRESHOLD = 2**31 - 1
 #: ``--heap``: auto (keep on the CPU in one process), keep, system (glibc's defaults)
 HEAP_MODES = ("auto", "keep", "system")
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc's <malloc.h>
+_DEFAULT_MMAP_MAX = 65536  # glibc's
 _USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_")
 
 
@@ -74,6 +78,7 @@ def limit_heap(threshold: int = HEAP_MMAP_THRESHOLD) -> int | None:
     if lib is None or not lib.mallopt(_M_MMAP_THRESHOLD, int(threshold)):
         return None
     lib.mallopt(_M_TRIM_THRESHOLD, 2 * int(threshold))
+    lib.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)  # mapping allowed again after a keep_heap()
     return int(threshold)
 
 
