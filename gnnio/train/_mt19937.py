@@ -144,6 +144,24 @@ if HAVE_NUMBA:
             out[i] = _m53(w64[i]) * (1.0 / 9007199254740992.0)
 
     @njit(nogil=True, cache=True)
+    def _round(block, c, m, w32):  # pragma: no cover - compiled
+        # the next 2m words of the stream in w32, after the current block's; returns the index of
+        # the round's first word pair in the uint64 view, the new blocks made and the offset
+        need = 2 * m - (_N - c)  # words beyond the current block
+        nb = max(0, -(-need // _N))
+        pad = c & 1  # the round's first word at an even index: pairs are 64-bit words
+        w32[pad : pad + _N] = block
+        _twist(w32[pad:], _N * nb)
+        return (pad + c) // 2, nb, pad
+
+    @njit(nogil=True, cache=True)
+    def _next(block, c, m, nb, pad, w32):  # pragma: no cover - compiled
+        # after a round of m draws: the block holding its last word, and the new c
+        if nb:
+            block[:] = w32[pad + _N * nb : pad + _N * nb + _N]
+        return c + 2 * m - _N * nb
+
+    @njit(nogil=True, cache=True)
     def dropout_pass(block, c, k, x, s, out, noise, w32, w64, per):  # pragma: no cover
         """``noise[i] = s if draw_i < q else 0`` and ``out = x * noise`` for the next ``len(x)``
         float64 draws of the stream whose current block is ``block`` (updated in place) and next
@@ -152,16 +170,9 @@ if HAVE_NUMBA:
         n = x.shape[0]
         for lo in range(0, n, per):
             hi = min(n, lo + per)
-            need = 2 * (hi - lo) - (_N - c)  # words beyond the current block
-            nb = max(0, -(-need // _N))
-            pad = c & 1  # the round's first word at an even index: pairs are 64-bit words
-            w32[pad : pad + _N] = block
-            _twist(w32[pad:], _N * nb)
-            a = (pad + c) // 2
+            a, nb, pad = _round(block, c, hi - lo, w32)
             _mask_pass(w64[a : a + hi - lo], k, x[lo:hi], s, out[lo:hi], noise[lo:hi])
-            if nb:
-                block[:] = w32[pad + _N * nb : pad + _N * nb + _N]
-            c += 2 * (hi - lo) - _N * nb
+            c = _next(block, c, hi - lo, nb, pad, w32)
         return c
 
     @njit(nogil=True, cache=True)
@@ -171,13 +182,7 @@ if HAVE_NUMBA:
         n = out.shape[0]
         for lo in range(0, n, per):
             hi = min(n, lo + per)
-            need = 2 * (hi - lo) - (_N - c)
-            nb = max(0, -(-need // _N))
-            pad = c & 1
-            w32[pad : pad + _N] = block
-            _twist(w32[pad:], _N * nb)
-            _uniforms(w64[(pad + c) // 2 :], out[lo:hi])
-            if nb:
-                block[:] = w32[pad + _N * nb : pad + _N * nb + _N]
-            c += 2 * (hi - lo) - _N * nb
+            a, nb, pad = _round(block, c, hi - lo, w32)
+            _uniforms(w64[a : a + hi - lo], out[lo:hi])
+            c = _next(block, c, hi - lo, nb, pad, w32)
         return c
