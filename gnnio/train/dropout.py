@@ -128,8 +128,9 @@ _CHECK_LOCK = threading.Lock()
 
 def matches_torch(dtype: torch.dtype) -> bool:
     """Whether :func:`_mask_dropout` equals ``F.dropout`` on CPU tensors of ``dtype`` in this torch
-    build: output, gradient and the generator's state after it, at ``p = 0.15`` (where a scale
-    rounded otherwise would show). Checked once per dtype, each side from the same seed under
+    build: output, gradient and the generator's whole state after it, for each of
+    ``_CHECK_CASES`` (p = 0.15, where a scale rounded otherwise would show, and p near 0 and 1,
+    from three positions in the generator's block). Checked once per dtype, each side from the same seed under
     ``fork_rng``: the default generator's state is put back, and the draw lock is held, so another
     thread's dropout cannot draw in between (a draw of some other kind meanwhile would be undone)."""
     with _CHECK_LOCK:
