@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UsageError
+from ..utils.heap import HEAP_MODES
 from . import HelpFormatter
 from .train_config import config_from_args
 from .train_disk import add_disk_arguments
@@ -96,7 +97,7 @@ def add_train_arguments(p) -> None:
     )
     p.add_argument(
         "--heap",
-        choices=["auto", "keep", "system"],
+        choices=HEAP_MODES,
         default="auto",
         help="keep: glibc keeps freed memory for the next batch (no page faults on a batch's "
         "large tensors; peak memory a little higher); system: glibc's defaults; auto: keep when "

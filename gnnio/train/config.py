@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..utils.heap import HEAP_MODES
 from .config_dist import DIST_STRATEGIES, MAX_RANKS_PER_CORE, PARTITION_STRATEGIES, validate_dist
 from .device import check_device
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
@@ -289,7 +290,7 @@ class TrainConfig:
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
         if self.isolation not in ("auto", "off"):
             raise UsageError(f"--isolation: must be auto or off, got '{self.isolation}'")
-        if self.heap not in ("auto", "keep", "system"):
+        if self.heap not in HEAP_MODES:
             raise UsageError(f"--heap: must be auto, keep or system, got '{self.heap}'")
         from .graphed import CUDA_GRAPH_MODES, graph_mode
 
