@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -50,17 +52,21 @@ def _write(tmp: Path) -> tuple[Path, list[Path]]:
     return d, outs
 
 
-def _sampling_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, out: str):
+def _sampling_worker(
+    rank: int, world: int, port: int, dsdir: str, pdirs: list, out: str, shm_dir: str
+):
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
     )  # fmt: skip
     import gnnio
+    from gnnio.distributed import shm
     from gnnio.distributed.context import init, shutdown
     from gnnio.distributed.sampling import ShardedSampler
     from gnnio.preprocess.partition import load_partition
     from gnnio.sampling import UniformSampler
 
+    shm.SHM_DIR = Path(shm_dir)  # this test's own folder in /dev/shm: other tests' names unseen
     ctx = init(timeout_s=60)
     ds = gnnio.load(dsdir)
     ref = UniformSampler(ds.graph, FANOUTS, seed=3, num_threads=1)
@@ -94,9 +100,7 @@ def _sampling_worker(rank: int, world: int, port: int, dsdir: str, pdirs: list, 
                 r1 = ShardedSampler(part, pdir, ctx, [3], seed=3, mode=mode)
                 r1.sample(torch.from_numpy(part.replicated), epoch_seed=7)
                 res["replicated_requests"][mode] = r1.stats["requests"]
-    import glob
-
-    res["shm_left"] = glob.glob("/dev/shm/gnnio-*")  # the names are removed once mapped
+    res["shm_left"] = sorted(os.listdir(shm_dir))  # removed once mapped, before any rank returns
     Path(out, f"rank{rank}.json").write_text(json.dumps(res))
     shutdown()
 
@@ -125,7 +129,12 @@ def test_partitioned_sampling_matches_single_process(tmp_path):
     import gnnio
 
     d, pdirs = _write(tmp_path)
-    _spawn(_sampling_worker, 2, (free_port(), str(d), [str(p) for p in pdirs], str(tmp_path)))
+    shm_dir = tempfile.mkdtemp(prefix="test-dist-sampling-", dir="/dev/shm")
+    try:
+        _spawn(_sampling_worker, 2,
+               (free_port(), str(d), [str(p) for p in pdirs], str(tmp_path), shm_dir))  # fmt: skip
+    finally:
+        shutil.rmtree(shm_dir, ignore_errors=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["identical"] for r in ranks)  # => every sampled edge exists, same distribution
     ds = gnnio.load(d)

@@ -4,8 +4,8 @@ sharing; issue 26, item 4).
 **CPU** (every run): each rank copies its shard's arrays (``nodes``, ``indptr``, ``indices``) into
 torch shared-memory tensors backed by files in ``/dev/shm`` (``torch.from_file(...,
 shared=True)``), the other ranks of its machine map them, and once every rank has mapped them
-the owner removes the names: the mappings stay valid and nothing is left in ``/dev/shm``, even
-if the run dies later. A peer's neighbour list is then read from the owner's memory, not from
+each rank removes the names of its machine's shards: the mappings stay valid and nothing is left
+in ``/dev/shm`` once any rank returns, even if the run dies later. A peer's neighbour list is then read from the owner's memory, not from
 pages of the partition files. The bytes read are counted by the sampler exactly as before.
 
 **GPU** (CUDA IPC): when the shards live on a GPU, the owner's shard is a CUDA tensor there,
@@ -115,8 +115,11 @@ def share_shards(ctx, arrays: dict[str, np.ndarray], peers: list[int], device=No
                 views[name] = t.numpy()[:n].reshape(shape)
             mapped[k] = views
     finally:
-        ctx.barrier()  # every peer has mapped my shard: the names can go
-        for path, _, _ in mine.values():
+        ctx.barrier()  # every rank of this machine has mapped what it needs: the names can go
+        # each rank removes its peers' names as well as its own, so that none is left on this
+        # machine once share_shards returns on any of its ranks (not only once the last returns)
+        names = [path for k in peers if every[k] is not None for path, _, _ in every[k].values()]
+        for path in [p for p, _, _ in mine.values()] + names:
             Path(path).unlink(missing_ok=True)
     return mapped, via
 
