@@ -114,6 +114,43 @@ def test_gpu_tests_that_run_out_of_time_keep_their_log_and_failures(tmp_path, mo
     assert "test_x" in (tmp_path / "gpu_tests.log").read_text()
 
 
+def test_the_gpu_tests_run_where_pytest_has_no_xdist():
+    """pyproject's addopts ask for xdist's ``-n``; a GPU image's pytest without xdist (``-p
+    no:xdist`` here) refuses them and runs no test. The gpu tests' options replace them."""
+    base = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "--co",
+            "-q", "-m", "gpu"]  # fmt: skip
+    target = ["tests/test_graphed.py"]
+    plain = subprocess.run(base + target, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert plain.returncode != 0 and "-n" in plain.stderr  # what gpu-check would have run
+    fixed = subprocess.run(base + gpu_check.pytest_workers_args(0) + target, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
+    assert "test_graphed.py::" in fixed.stdout
+
+
+def test_the_gpu_tests_use_xdist_workers_where_it_is_installed(tmp_path, monkeypatch):
+    import importlib.util
+
+    cmds = []
+
+    def run(cmd, **kw):
+        cmds.append(cmd)
+        return SimpleNamespace(stdout="1 passed in 1.0s\n", stderr="", returncode=0)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", run)
+    monkeypatch.setattr(gpu_check.os, "cpu_count", lambda: 16)
+    c = SimpleNamespace(out=tmp_path, left_s=lambda: 1000.0)
+    res = gpu_check.step_gpu_tests(c)
+    assert res["workers"] == 4 and res["counts"] == {"passed": 1}
+    assert cmds[-1][cmds[-1].index("-n") + 1] == "4" and "addopts=-ra" in cmds[-1]
+    find = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "xdist" else find(n, *a)
+    )
+    res = gpu_check.step_gpu_tests(c)
+    assert res["workers"] == 0 and "-n" not in cmds[-1] and "addopts=-ra" in cmds[-1]
+
+
 def test_a_bench_that_runs_out_of_time_says_where_it_was(tmp_path, monkeypatch):
     def run(cmd, **kw):
         raise _timeout(cmd, kw["timeout"], b"", b"loading\nepoch 1: batch 17\n")

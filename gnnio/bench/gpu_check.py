@@ -151,12 +151,32 @@ def _run_line(cmd: list[str]) -> str | None:
     return out[0] if r.returncode == 0 and out else None
 
 
+def gpu_test_workers() -> int:
+    """pytest-xdist workers for the gpu tests: 0 where xdist is not installed (a GPU image may lack
+    it), else one per 4 cores, at most 4 (each is a process with its own CUDA context on the one
+    GPU; the tests compare results and count syncs per process, none times anything)."""
+    import importlib.util
+
+    if importlib.util.find_spec("xdist") is None:
+        return 0
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
+def pytest_workers_args(workers: int) -> list[str]:
+    """pytest options that replace pyproject's ``addopts`` (``-n 2 --dist loadfile``, which a pytest
+    without xdist refuses, so no test would run): ``workers`` processes, a test file each at a
+    time, or one process where ``workers`` is 0."""
+    opts = ["-o", "addopts=-ra"]
+    return opts + (["-n", str(workers), "--dist", "loadfile"] if workers else [])
+
+
 def step_gpu_tests(c: Check) -> dict[str, Any]:
     tests = Path(__file__).resolve().parents[2] / "tests"
     if not tests.is_dir():
         return {"skipped": "no tests/ next to the package (installed, not a checkout)"}
+    workers = gpu_test_workers()
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--durations=15", "-m", "gpu", "-p",
-           "no:cacheprovider", str(tests)]  # fmt: skip
+           "no:cacheprovider", *pytest_workers_args(workers), str(tests)]  # fmt: skip
     limit = max(5.0, min(GPU_TESTS_S, c.left_s() - 240))
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -167,7 +187,8 @@ def step_gpu_tests(c: Check) -> dict[str, Any]:
     last = (out.strip().splitlines() or [""])[-1]
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last)}
     failed = sorted({ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))})
-    res = {"summary": last, "counts": counts, "failed": failed, "returncode": rc}
+    res = {"summary": last, "counts": counts, "failed": failed, "returncode": rc,
+           "workers": workers}  # fmt: skip
     if timed_out:
         res["summary"] = f"stopped after {limit:.0f} s (see gpu_tests.log for the tests that ran)"
         res["error"] = res["summary"]
