@@ -421,3 +421,39 @@ def test_announce_deduplicates_in_the_kernel_pass(k):
     assert uniq.tolist() == [5, 3, 9, 0] and inv.tolist() == [0, 1, 0, 2, 1, 1, 3]
     uniq, inv = pol.announce_ids(torch.tensor([4, 1]))
     assert uniq.tolist() == [4, 1] and inv is None
+
+
+def test_host_ids_on_a_device_cache_are_checked_on_the_host(monkeypatch):
+    """A CPU sampler feeding a GPU lookahead cache: the batch announced is served with the dedup
+    made at announce() after comparing the ids with a host copy, never with their device copy
+    (that comparison reads the device back, a sync per batch); ids changed in place since are
+    still caught. Simulated on the CPU: ``ids_on`` returns a copy, as a device copy would be."""
+    import gnnio.features.caches.cache as cache_mod
+
+    copies = []
+
+    def ids_on(store, ids, device):
+        copies.append(torch.as_tensor(ids, dtype=torch.int64).clone())
+        return copies[-1]
+
+    monkeypatch.setattr(cache_mod, "ids_on", ids_on)
+    monkeypatch.setattr(cache_mod, "_host_ids", lambda ids, idx: isinstance(ids, torch.Tensor))
+    equal = torch.equal
+    read = []
+
+    def spy(a, b):
+        read.extend(x for x in (a, b) if any(x is c for c in copies))
+        return equal(a, b)
+
+    monkeypatch.setattr(torch, "equal", spy)
+    trace = _random_trace(batches=3)
+    store = _store(400)
+    c = FeatureCache(store, 50, "lookahead", lookahead=2)
+    batches = [torch.tensor(ids) for ids in trace]
+    for b in batches[:2]:
+        c.announce(b)
+    assert equal(c.gather(batches[0]), store.gather(batches[0]))
+    assert read == [] and c.policy.window == 1
+    batches[1][0] = (batches[1][0] + 1) % 400  # changed in place after announce()
+    with pytest.raises(ValueError, match="not the batch announced"):
+        c.gather(batches[1])

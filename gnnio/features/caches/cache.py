@@ -91,21 +91,10 @@ from .policy import (
 )
 
 __all__ = [
-    "POLICIES",
-    "CachePolicy",
-    "CacheStats",
-    "FIFOPolicy",
-    "FeatureCache",
-    "LFUPolicy",
-    "LRUPolicy",
-    "LookaheadPolicy",
-    "StaticPolicy",
-    "capacity_rows",
-    "make_policy",
-    "move_rows",
-    "static_plus_dynamic",
-    "two_level_cache",
-]
+    "POLICIES", "CachePolicy", "CacheStats", "FIFOPolicy", "FeatureCache", "LFUPolicy",
+    "LRUPolicy", "LookaheadPolicy", "StaticPolicy", "capacity_rows", "make_policy", "move_rows",
+    "static_plus_dynamic", "two_level_cache",
+]  # fmt: skip
 
 
 def capacity_rows(size: float | int, num_rows: int) -> int:
@@ -123,6 +112,11 @@ def capacity_rows(size: float | int, num_rows: int) -> int:
         if rows < 0:
             raise ValueError(f"cache size must be >= 0, got {size}")
     return min(rows, int(num_rows))
+
+
+def _host_ids(ids, idx: torch.Tensor) -> bool:
+    """``ids`` a host tensor that :func:`ids_on` copied to another device as ``idx``."""
+    return isinstance(ids, torch.Tensor) and ids.device.type == "cpu" != idx.device.type
 
 
 # ---- the cache -------------------------------------------------------------------------------
@@ -282,9 +276,13 @@ class FeatureCache(FeatureStore):
         if not isinstance(self.policy, LookaheadPolicy):
             return
         idx = ids_on(self, ids, self.device)
+        # host ids copied to a device (a CPU sampler, a GPU cache): gather() checks them against
+        # a host copy, not against idx (a read back from the device)
+        ref = ids.clone() if _host_ids(ids, idx) else None
         with self._lock:
             if self.sync_free:  # padded: the unique count stays on the device
-                self._announced.append((ids, idx, nosync_lookahead.dedup_and_announce(self, idx)))
+                pre = nosync_lookahead.dedup_and_announce(self, idx)
+                self._announced.append((ids, idx, pre, ref))
                 return
             fused = self.policy.announce_ids(idx)  # CPU kernels: dedup in the same pass
             if fused is None:
@@ -293,7 +291,7 @@ class FeatureCache(FeatureStore):
             else:
                 uniq, inv = fused
             # kept for gather() of the same ids: validated and deduplicated once, not twice
-            self._announced.append((ids, idx, (uniq, inv)))
+            self._announced.append((ids, idx, (uniq, inv), ref))
 
     def reset_window(self) -> None:
         """Forget announced batches that will not be served (an epoch closed early)."""
@@ -309,11 +307,13 @@ class FeatureCache(FeatureStore):
         (it is this batch's, or the policy refuses the batch)."""
         if not self._announced:
             return None
-        obj, idx, dedup = self._announced.popleft()
+        obj, idx, dedup, ref = self._announced.popleft()
         if obj is not ids or not isinstance(ids, torch.Tensor) or ids.dtype != idx.dtype:
             return None
         if idx is ids:  # (ids on the device as they came: the same tensor, nothing to compare)
             return idx, dedup
+        if ref is not None:  # host ids: compared on the host with their copy at announce()
+            return (idx, dedup) if torch.equal(ids, ref) else None
         if ids.device != idx.device or not torch.equal(ids, idx):  # changed in place since
             return None
         return idx, dedup
