@@ -185,6 +185,7 @@ CASES = [
     ("train D --placement PUNBOUND", "records no dataset it was made for"),
     ("train D --placement POTHER", "made for dataset 'tiny'"),
     ("train D --placement D/labels.npy", "not a gnnio placement file (a .npy, not an .npz)"),
+    ("train D --placement TOPO", "not a gnnio placement file (not an .npz; 'gnnio plan --save'"),
     # item 10: trusted input checked at open
     ("train DCLASSES", "num_classes is 1000 but the largest label is 2; set num_classes to 3"),
     ("info DPASSWD", "file '/etc/passwd' is not a file name inside the dataset directory"),

@@ -534,7 +534,7 @@ def test_npy_float_labels_with_nan(tmp_path):
         (dict(indptr="indices"), r"--indptr .*: must start at 0"),
         (dict(valid="bad_ids"), r"--valid-idx .*: node id 6 is out of range \[0, 6\)"),
         (dict(indices="bad_ids"), r"--indptr .*: ends at 8 but --indices .* has 1 entries"),
-        (dict(features="text"), r"--features .*: not a readable \.npy file"),
+        (dict(features="text"), r"--features .*: not a readable \.npy file \(no NumPy header;"),
         (dict(features="short_feats"), r"--features .*: has 5 rows but the topology gives 6"),
     ],
 )
