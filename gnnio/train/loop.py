@@ -191,7 +191,10 @@ def train(
     ds.require_labels()
     for split in ("valid_idx", "test_idx"):
         if getattr(ds, split) is None or getattr(ds, split).size == 0:
-            raise DatasetError(f"{ds.path}: has no {split.split('_')[0]} split; train needs one")
+            name = split.split("_")[0]
+            raise DatasetError(
+                f"{ds.path}: has no {name} split; train needs one (prepare npy --{name}-idx F)"
+            )
     num_classes = ds.num_classes
     if num_classes < 2:
         raise DatasetError(f"{ds.path}: needs at least 2 classes to train, has {num_classes}")
