@@ -277,3 +277,20 @@ def test_cli_help_states_each_default_once():
     assert "(default: None)" not in text
     assert "three (default: 3)" in text
     assert text.count("(default") == 2
+
+
+def test_every_cli_option_has_help():
+    """README: 'gnnio --help and gnnio COMMAND --help document every option' (--model had none)."""
+    import argparse
+
+    from gnnio.cli.main import build_parser
+
+    def options(parser, name):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for k, sub in a.choices.items():
+                    yield from options(sub, f"{name} {k}")
+            elif a.option_strings:
+                yield f"{name} {a.option_strings[0]}", a.help
+
+    assert [name for name, text in options(build_parser(), "gnnio") if not text] == []
