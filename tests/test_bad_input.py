@@ -393,3 +393,18 @@ def test_sigint_while_loading_is_one_line(tmp_path):
         err = p.communicate(timeout=120)[1]
         assert p.returncode == 130, (delay, err[-2000:])
         assert err == "gnnio: interrupted\n", (delay, err[-2000:])
+
+
+def test_warnings_of_gnnio_are_one_line(tmp_path):
+    """A warning of gnnio's own is one ``gnnio: warning:`` line, as its errors are, not Python's
+    path, category and a line of gnnio's source (``--cuda-graph`` without a GPU warns twice)."""
+    d = write_tiny_dataset(tmp_path / "ds", num_nodes=40, num_edges=160)
+    r = subprocess.run(
+        [sys.executable, "-m", "gnnio", "train", str(d), "--epochs", "1", "--quiet",
+         "--device", "cpu", "--hidden", "8", "--cuda-graph"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert sum(ln.startswith("gnnio: warning: --cuda-graph: ") for ln in lines) == 2, r.stderr
+    assert "Warning:" not in r.stderr and ".py:" not in r.stderr, r.stderr
