@@ -132,6 +132,7 @@ CASES = [
     ("train D --cache-size 0.2", "--cache-size: has no effect without --cache-policy"),
     ("train D --reader 1", "--reader: has no effect without --placement"),
     ("train D --gpu-budget 1000", "--gpu-budget: has no effect"),
+    ("train D --gpu-cache-fraction 0.1 --gpu-budget 4GB/s", "--gpu-budget: cannot read '4GB/s'"),
     ("train D --heads 2", "--heads: has no effect without --model gat"),
     ("train D --po-sequences 3", "--po-sequences: has no effect without --order po"),
     ("bench placement --num-nodes 1e10", "invalid int value"),
@@ -222,6 +223,14 @@ def test_bad_argument_is_one_line(argv, words, paths, capsys):
         assert err.count("\n") == 1, err  # gnnio's own errors: exactly one line
     assert open(meta_before[0]).read() == meta_before[1]  # the dataset is untouched
     assert os.path.exists(paths["FIFO"]) and not os.path.isfile(paths["FIFO"])
+
+
+def test_gpu_budget_takes_sizes_as_memory_budget_does():
+    from gnnio.cli.train_config import config_from_args
+
+    for text, want in (("4GiB", 4 << 30), ("1e9", 10**9), ("123456", 123456)):
+        argv = ["train", "d", "--gpu-cache-fraction", "0.1", "--gpu-budget", text]
+        assert config_from_args(build_parser().parse_args(argv), 1).gpu_budget_bytes == want
 
 
 def test_negative_list_values_are_values():

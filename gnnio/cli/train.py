@@ -149,10 +149,10 @@ def add_train_arguments(p) -> None:
     )
     g.add_argument(
         "--gpu-budget",
-        type=int,
         metavar="BYTES",
         default=None,
-        help="most bytes the GPU tier may take; hot rows are clamped to fit (default: no cap)",
+        help="most bytes the GPU tier may take (e.g. 4GiB, 1e9); hot rows are clamped to fit "
+        "(default: no cap)",
     )
     g.add_argument(
         "--score",
