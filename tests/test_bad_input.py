@@ -417,3 +417,14 @@ def test_warnings_of_gnnio_are_one_line(tmp_path):
     lines = r.stderr.splitlines()
     assert sum(ln.startswith("gnnio: warning: --cuda-graph: ") for ln in lines) == 2, r.stderr
     assert "Warning:" not in r.stderr and ".py:" not in r.stderr, r.stderr
+
+
+def test_a_partition_directory_given_as_the_dataset_says_so(tmp_path, capsys):
+    d = write_tiny_dataset(tmp_path / "ds", num_nodes=40, num_edges=160)
+    p = tmp_path / "ds.p2"
+    assert main(["partition", str(d), "--parts", "2", "--method", "random", "--out", str(p),
+                 "--quiet"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["train", str(p), "--epochs", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'gnnio partition' output" in err and "--partition" in err
