@@ -294,3 +294,17 @@ def test_every_cli_option_has_help():
                 yield f"{name} {a.option_strings[0]}", a.help
 
     assert [name for name, text in options(build_parser(), "gnnio") if not text] == []
+
+
+def test_bench_help_is_plain_text():
+    """The bench descriptions are module docstrings: their Sphinx markup is not shown in --help."""
+    from gnnio.cli.bench import BENCHES, plain
+    from gnnio.cli.main import build_parser
+
+    assert plain(":func:`~gnnio.train.build.train_step` and ``--warmup``, **bold**") == (
+        "train_step and --warmup, bold"
+    )
+    for kind in BENCHES:
+        sub = build_parser()._subparsers._group_actions[0].choices["bench"]
+        text = sub._subparsers._group_actions[0].choices[kind].format_help()
+        assert not any(m in text for m in ("``", ":func:`", ":class:`", ":mod:`", "**")), kind
