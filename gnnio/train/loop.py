@@ -134,8 +134,9 @@ class LocalRun:
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def evaluate(self, model, loaders: dict, epoch: int) -> dict[str, float]:
-        return {k: evaluate_sampled(model, ld, epoch) for k, ld in loaders.items()}
+    def evaluate(self, model, loaders: dict, epoch: int, bars: bool = False) -> dict[str, float]:
+        return {k: evaluate_sampled(model, ld, epoch, f"eval {k}" if bars else None)
+                for k, ld in loaders.items()}  # fmt: skip
 
     def epoch_record(self, rec: dict[str, Any], setup) -> None:
         """Add run-specific fields to an epoch record (called on every rank)."""
@@ -279,7 +280,7 @@ def train(
 
             t0 = time.perf_counter()
             if cfg.eval == "sampled":
-                accs = run.evaluate(model, eval_loaders, epoch)
+                accs = run.evaluate(model, eval_loaders, epoch, cfg.progress and run.is_main)
             else:
                 accs = evaluate_full(
                     model,
