@@ -108,7 +108,7 @@ def main(argv=None) -> int:
             loss = F.cross_entropy(out, batch.y[: batch.batch_size])
             loss.backward()
             opt.step()
-            total_loss += float(loss) * batch.batch_size
+            total_loss += loss.item() * batch.batch_size
         val_acc = accuracy(model, val_loader)
         if val_acc > best_val:
             best_val, best_epoch = val_acc, epoch

@@ -132,6 +132,7 @@ CASES = [
     ("train D --cache-size 0.2", "--cache-size: has no effect without --cache-policy"),
     ("train D --reader 1", "--reader: has no effect without --placement"),
     ("train D --gpu-budget 1000", "--gpu-budget: has no effect"),
+    ("train D --gpu-cache-fraction 0.1 --gpu-budget 4GB/s", "--gpu-budget: cannot read '4GB/s'"),
     ("train D --heads 2", "--heads: has no effect without --model gat"),
     ("train D --po-sequences 3", "--po-sequences: has no effect without --order po"),
     ("bench placement --num-nodes 1e10", "invalid int value"),
@@ -185,6 +186,7 @@ CASES = [
     ("train D --placement PUNBOUND", "records no dataset it was made for"),
     ("train D --placement POTHER", "made for dataset 'tiny'"),
     ("train D --placement D/labels.npy", "not a gnnio placement file (a .npy, not an .npz)"),
+    ("train D --placement TOPO", "not a gnnio placement file (not an .npz; 'gnnio plan --save'"),
     # item 10: trusted input checked at open
     ("train DCLASSES", "num_classes is 1000 but the largest label is 2; set num_classes to 3"),
     ("info DPASSWD", "file '/etc/passwd' is not a file name inside the dataset directory"),
@@ -221,6 +223,14 @@ def test_bad_argument_is_one_line(argv, words, paths, capsys):
         assert err.count("\n") == 1, err  # gnnio's own errors: exactly one line
     assert open(meta_before[0]).read() == meta_before[1]  # the dataset is untouched
     assert os.path.exists(paths["FIFO"]) and not os.path.isfile(paths["FIFO"])
+
+
+def test_gpu_budget_takes_sizes_as_memory_budget_does():
+    from gnnio.cli.train_config import config_from_args
+
+    for text, want in (("4GiB", 4 << 30), ("1e9", 10**9), ("123456", 123456)):
+        argv = ["train", "d", "--gpu-cache-fraction", "0.1", "--gpu-budget", text]
+        assert config_from_args(build_parser().parse_args(argv), 1).gpu_budget_bytes == want
 
 
 def test_negative_list_values_are_values():
@@ -392,3 +402,29 @@ def test_sigint_while_loading_is_one_line(tmp_path):
         err = p.communicate(timeout=120)[1]
         assert p.returncode == 130, (delay, err[-2000:])
         assert err == "gnnio: interrupted\n", (delay, err[-2000:])
+
+
+def test_warnings_of_gnnio_are_one_line(tmp_path):
+    """A warning of gnnio's own is one ``gnnio: warning:`` line, as its errors are, not Python's
+    path, category and a line of gnnio's source (``--cuda-graph`` without a GPU warns twice)."""
+    d = write_tiny_dataset(tmp_path / "ds", num_nodes=40, num_edges=160)
+    r = subprocess.run(
+        [sys.executable, "-m", "gnnio", "train", str(d), "--epochs", "1", "--quiet",
+         "--device", "cpu", "--hidden", "8", "--cuda-graph"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert sum(ln.startswith("gnnio: warning: --cuda-graph: ") for ln in lines) == 2, r.stderr
+    assert "Warning:" not in r.stderr and ".py:" not in r.stderr, r.stderr
+
+
+def test_a_partition_directory_given_as_the_dataset_says_so(tmp_path, capsys):
+    d = write_tiny_dataset(tmp_path / "ds", num_nodes=40, num_edges=160)
+    p = tmp_path / "ds.p2"
+    assert main(["partition", str(d), "--parts", "2", "--method", "random", "--out", str(p),
+                 "--quiet"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["train", str(p), "--epochs", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'gnnio partition' output" in err and "--partition" in err

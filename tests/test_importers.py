@@ -491,6 +491,20 @@ def test_npy_cli_forms(tmp_path, monkeypatch, topo):
     )
 
 
+@pytest.mark.parametrize("split", ["valid", "test"])
+def test_npy_without_a_split_train_names_the_option(tmp_path, capsys, split):
+    """Prepared with no valid or no test split: train's one line names the option to add."""
+    _, p = npy_inputs(tmp_path)
+    argv = npy_argv(p, tmp_path / "out")
+    i = argv.index(f"--{split}-idx")
+    assert main(argv[:i] + argv[i + 2 :]) == 0
+    capsys.readouterr()
+    assert main(["train", str(tmp_path / "out"), "--epochs", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gnnio: error: ") and "\n" not in err
+    assert f"has no {split} split" in err and f"prepare npy --{split}-idx F" in err
+
+
 def test_npy_minimal_symmetrize_and_ambiguous_edges(tmp_path):
     feats = np.ones((3, 2), np.float16)
     edges = np.array([[0, 1], [2, 2]])  # [2, 2]: read as [2, E] = edges 0->2, 1->2
@@ -534,7 +548,7 @@ def test_npy_float_labels_with_nan(tmp_path):
         (dict(indptr="indices"), r"--indptr .*: must start at 0"),
         (dict(valid="bad_ids"), r"--valid-idx .*: node id 6 is out of range \[0, 6\)"),
         (dict(indices="bad_ids"), r"--indptr .*: ends at 8 but --indices .* has 1 entries"),
-        (dict(features="text"), r"--features .*: not a readable \.npy file"),
+        (dict(features="text"), r"--features .*: not a readable \.npy file \(no NumPy header;"),
         (dict(features="short_feats"), r"--features .*: has 5 rows but the topology gives 6"),
     ],
 )

@@ -148,3 +148,20 @@ def test_isolation_auto_pins_every_stage_thread_to_its_cores(tmp_path, monkeypat
     assert by_thread["gnnio-sample-0"][0] == plan["sample"]
     assert by_thread["gnnio-gather"][0] == plan["gather"]
     assert affinity.pinned() == {}  # deactivated after the run: later threads are not pinned
+
+
+def test_isolation_auto_changes_times_only(tmp_path):
+    """docs/design.md: '--isolation auto picks threads from timings, which changes times only'.
+    Its profile of the model step (on a copy, with dropout) draws from torch's generator; the
+    run's own draws must not move (they did: another loss history and accuracy)."""
+    from gnnio.train import TrainConfig, train
+    from tests.helpers import write_tiny_dataset
+
+    path = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200, feat_dim=8)
+    runs = {}
+    for iso in ("off", "auto"):
+        cfg = TrainConfig(device="cpu", epochs=2, fanouts=(3, 2), batch_size=16, hidden=8,
+                          dropout=0.5, progress=False, isolation=iso)  # fmt: skip
+        s = train(path, cfg)
+        runs[iso] = (s["loss_history"], s["test_acc"], s["best_valid_acc"])
+    assert runs["auto"] == runs["off"]

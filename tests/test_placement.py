@@ -437,3 +437,18 @@ def test_alpha_choices():
     for bad in ("1.5", "lots"):
         with pytest.raises(UsageError, match="alpha"):
             resolve_alpha(bad, load_topology("2"))
+
+
+def test_bench_placement_shows_progress_and_quiet_hides_it(capsys, monkeypatch):
+    """The graph-free timings take ~45 s at the default 10^7 nodes: a bar says where they are."""
+    from gnnio.cli.main import main
+
+    monkeypatch.delenv("GNNIO_NO_PROGRESS", raising=False)
+    argv = ["bench", "placement", "--num-nodes", "20000", "--passes", "1", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    res = json.loads(out.strip().splitlines()[-1])
+    assert {"alg1_s", "alg1_sort_s", "alg1_loop_s", "lookup_one_gpu_s"} <= set(res)
+    assert "placement timings" in err
+    assert main([*argv, "--quiet"]) == 0
+    assert "placement timings" not in capsys.readouterr().err

@@ -493,6 +493,7 @@ def test_example_training_loop_on_cora(tmp_path):
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["test_acc"] >= 0.78, summary
     assert summary["train_store"]["rows"]["host"] > 0
+    assert "Warning" not in r.stderr, r.stderr[-2000:]  # a new user's first run prints no noise
 
 
 def test_to_pyg_data_needs_graph_for_e_id(small_ds):

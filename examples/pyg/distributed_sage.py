@@ -93,7 +93,7 @@ def run(rank, world_size, dataset, epochs, seed):
         if val_acc > best_val:
             best_val, test_at_best = val_acc, test(test_loader, model, device)
         if rank == 0:
-            print(f"Epoch {epoch:02d}: loss {float(loss):.4f}, val {val_acc:.4f}")
+            print(f"Epoch {epoch:02d}: loss {loss.item():.4f}, val {val_acc:.4f}")
     if rank == 0:
         print(
             json.dumps(

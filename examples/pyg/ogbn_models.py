@@ -89,7 +89,7 @@ def train():
         loss = F.cross_entropy(out, y)
         loss.backward()
         optimizer.step()
-        total_loss += float(loss)
+        total_loss += loss.item()
     return total_loss / len(train_loader)
 
 

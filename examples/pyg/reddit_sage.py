@@ -89,7 +89,7 @@ def train():
         loss = F.cross_entropy(out, y)
         loss.backward()
         optimizer.step()
-        total_loss += float(loss) * batch.batch_size
+        total_loss += loss.item() * batch.batch_size
         total_examples += batch.batch_size
     assert total_examples == len(train_loader.dataset)
     return total_loss / total_examples

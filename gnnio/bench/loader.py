@@ -28,7 +28,13 @@ def add_arguments(p) -> None:
     p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per hop")
-    p.add_argument("--batches", type=int, default=50, help="mini-batches per pass")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=50,
+        help="mini-batches per pass, at most one epoch's (ceil(training nodes / --batch-size)); "
+        "the JSON's 'batches' says how many ran",
+    )
     p.add_argument("--threads", type=int, default=2, help="CPU threads of sampler and gather")
     p.add_argument("--store", choices=["memory", "mmap"], default="memory", help="feature store")
     p.add_argument("--prefetch", type=int, default=2, help="batches ready ahead of the consumer")

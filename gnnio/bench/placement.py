@@ -29,6 +29,7 @@ from ..placement import PlacementRequest, hottest_order, place
 from ..placement.topology import load_topology
 from ..utils.argtypes import positive_float
 from ..utils.counts import top_count
+from ..utils.progress import bar
 from ._timing import median, time_passes
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]
@@ -50,6 +51,9 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--passes", type=int, default=3, help="timed passes (median reported)")
     p.add_argument("--seed", type=int, default=0, help="seed of the score vector / the trace")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
+    )
     g = p.add_argument_group("evaluation grid on a dataset (--dataset)")
     g.add_argument("--dataset", default=None, metavar="DIR", help="run the grid on this dataset")
     g.add_argument("--topologies", default="2,2+2,4,8", help="comma-separated GPU group specs")
@@ -97,31 +101,38 @@ def run(args) -> dict[str, Any]:
         "measured": "wall-clock seconds, median of passes after one warm-up (CPU)",
     }
     placements: dict[str, Any] = {}
-    for name in names:
+    steps = len(names) + 2 * ("alg1" in names) + 1  # ~45 s by default: show where it is
+    pb = bar(steps, "placement timings", "timing", enabled=not args.no_progress)
 
-        def one(name=name):
-            placements[name] = place(name, req)
+    def timed(fn) -> float:
+        t = median(time_passes(fn, 1, args.passes))
+        pb.update(1)
+        return t
 
-        result[f"{name}_s"] = median(time_passes(one, 1, args.passes))
-    if "alg1" in names:
-        from ..placement.alg1 import algorithm1
+    try:
+        for name in names:
 
-        alpha = topo.alpha if args.alpha is None else float(args.alpha)
-        g = len(topo.groups[0]) if topo.peers_cheaper else 1
-        k = min(n, g * bsize)  # Algorithm 1 only needs the first n * BSIZE nodes of V
-        order = hottest_order(probs, k=k)
-        result["alg1_sort_s"] = median(
-            time_passes(lambda: hottest_order(probs, k=k), 1, args.passes)
-        )
-        result["alg1_loop_s"] = median(
-            time_passes(lambda: algorithm1(probs, g, bsize, alpha, order=order), 1, args.passes)
-        )
-        result["alg1_nodes_per_s"] = n / result["alg1_s"] if result["alg1_s"] > 0 else None
-        summ = placements["alg1"].summary()
-        result["alg1_alpha"] = alpha
-        result["alg1_distinct_rows"] = summ["distinct_rows"]
-    first = placements[names[0]]
-    result["lookup_one_gpu_s"] = median(time_passes(lambda: first.lookup(0), 1, args.passes))
+            def one(name=name):
+                placements[name] = place(name, req)
+
+            result[f"{name}_s"] = timed(one)
+        if "alg1" in names:
+            from ..placement.alg1 import algorithm1
+
+            alpha = topo.alpha if args.alpha is None else float(args.alpha)
+            g = len(topo.groups[0]) if topo.peers_cheaper else 1
+            k = min(n, g * bsize)  # Algorithm 1 only needs the first n * BSIZE nodes of V
+            order = hottest_order(probs, k=k)
+            result["alg1_sort_s"] = timed(lambda: hottest_order(probs, k=k))
+            result["alg1_loop_s"] = timed(lambda: algorithm1(probs, g, bsize, alpha, order=order))
+            result["alg1_nodes_per_s"] = n / result["alg1_s"] if result["alg1_s"] > 0 else None
+            summ = placements["alg1"].summary()
+            result["alg1_alpha"] = alpha
+            result["alg1_distinct_rows"] = summ["distinct_rows"]
+        first = placements[names[0]]
+        result["lookup_one_gpu_s"] = timed(lambda: first.lookup(0))
+    finally:
+        pb.close()
     return result
 
 
@@ -184,7 +195,7 @@ def run_grid(args) -> dict[str, Any]:
                 trace=trace,
                 partition_cache=cache,
                 local_trace_cache=tcache,
-                progress=True,
+                progress=not args.no_progress,
             )
             for name, o in res.outcomes.items():
                 row = {"topology": topo.name, "buffer": b, "strategy": name}

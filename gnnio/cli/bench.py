@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 from . import HelpFormatter
 
@@ -24,6 +25,16 @@ BENCHES = {
 }
 
 
+_ROLE = re.compile(r":(?:func|class|mod|meth|attr|data|exc):`(~?)([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """A module docstring as a ``--help`` description: Sphinx roles, double-backquoted literals
+    and bold as the plain text they mark (``:func:`~a.b``` -> ``b``)."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return text.replace("``", "").replace("**", "")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "bench",
@@ -42,7 +53,7 @@ def register(sub) -> None:
         sp = kinds.add_parser(
             name,
             help=mod.HELP,
-            description=getattr(mod, "DESCRIPTION", mod.HELP),
+            description=plain(getattr(mod, "DESCRIPTION", mod.HELP)),
             formatter_class=HelpFormatter,
         )
         mod.add_arguments(sp)

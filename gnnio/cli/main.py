@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 
 from .. import __version__
 from ..errors import GnnioError, UsageError
@@ -141,8 +142,24 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _one_line_warnings(python_format):
+    """gnnio's own warnings as one ``gnnio: warning:`` line, as its errors are (Python's format
+    adds a path and a line of gnnio's source that say nothing to a user); others unchanged."""
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if os.path.abspath(filename).startswith(_PACKAGE):
+            return f"gnnio: warning: {' '.join(str(message).split())}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    return format_warning
+
+
 def main(argv: list[str] | None = None) -> int:
-    prev_term = None
+    prev_term, prev_format = None, warnings.formatwarning
+    warnings.formatwarning = _one_line_warnings(prev_format)
     if threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -152,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gnnio: terminated", file=sys.stderr)
         return 143
     finally:
+        warnings.formatwarning = prev_format
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
 
@@ -202,6 +220,7 @@ def rank_main(argv: list[str]) -> int:
     # signal's default action: a KeyboardInterrupt would print a traceback per rank, or abort
     # inside a C++ callback ("terminate called after throwing ... KeyboardInterrupt")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    warnings.formatwarning = _one_line_warnings(warnings.formatwarning)
 
     @record
     def run() -> int:

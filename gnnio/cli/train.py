@@ -36,7 +36,12 @@ def add_train_arguments(p) -> None:
         default=None,
         help="dataset directory written by 'gnnio prepare' (default: the built-in synthetic one)",
     )
-    p.add_argument("--model", default="sage", choices=["sage", "gcn", "gat", "gin"])
+    p.add_argument(
+        "--model",
+        default="sage",
+        choices=["sage", "gcn", "gat", "gin"],
+        help="GraphSAGE, GCN, GAT or GIN (default: sage)",
+    )
     p.add_argument(
         "--fanouts",
         default="15,10,5",
@@ -77,10 +82,16 @@ def add_train_arguments(p) -> None:
         "full-neighbour inference (O(edges x layers) per epoch)",
     )
     p.add_argument(
-        "--eval-batch-size", type=int, default=None, help="seeds / nodes per evaluation batch"
+        "--eval-batch-size",
+        type=int,
+        default=None,
+        help="seeds / nodes per evaluation batch (default: max(--batch-size, 4096))",
     )
     p.add_argument(
-        "--patience", type=int, default=None, help="stop after N epochs without better valid acc"
+        "--patience",
+        type=int,
+        default=None,
+        help="stop after N epochs without better valid acc (default: never)",
     )
     p.add_argument(
         "--store",
@@ -124,7 +135,8 @@ def add_train_arguments(p) -> None:
     )
     g = p.add_argument_group(
         "feature placement and caching",
-        "where feature rows live during training (docs: README, 'Data I/O options')",
+        "where feature rows live during training (README: 'Where feature rows live during "
+        "training')",
     )
     g.add_argument(
         "--gpu-cache-fraction",
@@ -137,10 +149,10 @@ def add_train_arguments(p) -> None:
     )
     g.add_argument(
         "--gpu-budget",
-        type=int,
         metavar="BYTES",
         default=None,
-        help="most bytes the GPU tier may take; hot rows are clamped to fit (default: no cap)",
+        help="most bytes the GPU tier may take (e.g. 4GiB, 1e9); hot rows are clamped to fit "
+        "(default: no cap)",
     )
     g.add_argument(
         "--score",
@@ -319,7 +331,7 @@ def add_train_arguments(p) -> None:
         metavar="SECONDS",
         default=600.0,
         help="end the run with one line naming the stuck loader stage when no batch arrives "
-        "for this long (a sampler or store call that never returns; default 600)",
+        "for this long (a sampler or store call that never returns)",
     )
     p.add_argument(
         "--verify",

@@ -9,6 +9,13 @@ from .train_disk import refuse_store_with_disk, store_kind
 __all__ = ["config_from_args"]
 
 
+def _bytes(text: str | None, option: str) -> int | None:
+    """A byte count as --memory-budget takes it (``4GiB``, ``8GB``, ``1e9``, or plain bytes)."""
+    from ..placement.topology import parse_bytes
+
+    return None if text is None else parse_bytes(text, option)
+
+
 def _parse_fanouts(text: str) -> tuple[int, ...]:
     from ..sampling import parse_fanouts
 
@@ -80,7 +87,7 @@ def config_from_args(args, ranks: int):
         graph_in=args.graph_in,
         progress=not args.quiet,
         gpu_cache_fraction=args.gpu_cache_fraction,
-        gpu_budget_bytes=args.gpu_budget,
+        gpu_budget_bytes=_bytes(args.gpu_budget, "--gpu-budget"),
         score=args.score,
         placement=args.placement,
         reader=args.reader if args.reader is not None else 0,

@@ -287,11 +287,11 @@ class DistRun(LocalRun):
         )  # fmt: skip
 
     # -- per epoch ------------------------------------------------------------------------
-    def evaluate(self, model, loaders: dict, epoch: int) -> dict[str, float]:
+    def evaluate(self, model, loaders: dict, epoch: int, bars: bool = False) -> dict[str, float]:
         names = list(loaders)
         counts: list[float] = []
         for k in names:
-            c, t = evaluate_sampled_counts(model, loaders[k], epoch)
+            c, t = evaluate_sampled_counts(model, loaders[k], epoch, f"eval {k}" if bars else None)
             counts += [float(c), float(t)]
         tot = self.ctx.all_reduce_sum(counts)
         return {k: tot[2 * i] / max(tot[2 * i + 1], 1.0) for i, k in enumerate(names)}

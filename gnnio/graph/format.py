@@ -302,7 +302,11 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     except RecursionError:
         raise DatasetError(f"{mfile}: not a gnnio dataset (JSON nested too deep)") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise DatasetError(f"{mfile}: not a gnnio dataset (format is not '{FORMAT_NAME}')")
+        if isinstance(meta, dict) and str(meta.get("format")).startswith("gnnio-partition"):
+            why = "a 'gnnio partition' output: give the dataset as DIR and this as --partition"
+        else:
+            why = f"format is not '{FORMAT_NAME}'"
+        raise DatasetError(f"{mfile}: not a gnnio dataset ({why})")
     check_version(meta.get("format_version"), mfile, FORMAT_VERSION)
     for key in ("num_nodes", "num_edges", "feat_dim", "feat_dtype", "num_classes", "arrays"):
         if key not in meta:

@@ -103,7 +103,9 @@ def load_npy(path: str | Path, what: str | None = None) -> np.ndarray:
     try:
         arr = np.load(p, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise DatasetError(f"{prefix}: not a readable .npy file ({_one_line(e)})") from None
+        npy = _starts_with(p, b"\x93NUMPY")  # else numpy tried to unpickle it and says so
+        why = _one_line(e) if npy else "no NumPy header; numpy.save writes one"
+        raise DatasetError(f"{prefix}: not a readable .npy file ({why})") from None
     if not isinstance(arr, np.ndarray):
         raise DatasetError(f"{prefix}: is an .npz archive, expected a single .npy array")
     return arr
@@ -362,6 +364,14 @@ def parse_csv_block(
             f"(near line {first_line + 1})"
         )
     return arr
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def _one_line(e: BaseException) -> str:

@@ -55,6 +55,11 @@ def read_fields(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"{path}: placement file not found")
     try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith((b"PK", b"\x93NUMPY")):  # np.load would try to unpickle it
+            why = "not an .npz; 'gnnio plan --save' writes one"
+            raise UsageError(f"{path}: not a gnnio placement file ({why})")
         z = np.load(path, allow_pickle=False)
         if not hasattr(z, "files"):
             raise UsageError(f"{path}: not a gnnio placement file (a .npy, not an .npz)")

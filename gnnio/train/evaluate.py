@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..graph.dataset import Dataset
+from ..utils.progress import bar
 from .models import BlockGNN
 
 __all__ = [
@@ -39,21 +40,26 @@ def make_node_loader(
                       stall_timeout=stall_timeout)  # fmt: skip
 
 
-def evaluate_sampled(model: BlockGNN, loader, epoch: int = 0) -> float:
+def evaluate_sampled(model: BlockGNN, loader, epoch: int = 0, progress: str | None = None) -> float:
     """Accuracy of ``model`` over every seed of ``loader`` (sampled neighbourhoods); ``epoch``
     selects the loader's epoch, i.e. the seed order and the sampler's random stream, so the same
-    ``(loader seeds, epoch)`` gives the same batches again."""
-    correct, total = evaluate_sampled_counts(model, loader, epoch)
+    ``(loader seeds, epoch)`` gives the same batches again; ``progress``: a bar's title (None:
+    no bar)."""
+    correct, total = evaluate_sampled_counts(model, loader, epoch, progress)
     return correct / max(total, 1)
 
 
 @torch.no_grad()
-def evaluate_sampled_counts(model: BlockGNN, loader, epoch: int = 0) -> tuple[int, int]:
+def evaluate_sampled_counts(
+    model: BlockGNN, loader, epoch: int = 0, progress: str | None = None
+) -> tuple[int, int]:
     """``(correct, labelled)`` predictions of ``model`` over ``loader``'s seeds (see
     :func:`evaluate_sampled`); ranks of a distributed run add these up."""
     was = model.training
     model.eval()
     correct = total = None  # summed on the batches' device, read once: no host sync per batch
+    n = loader.order.num_batches if hasattr(loader, "order") else None
+    pb = bar(n, progress or "", "batch", enabled=progress is not None)
     try:
         for batch in loader.epoch(epoch):
             pred = model(batch.x, batch.blocks).argmax(dim=1)
@@ -62,7 +68,9 @@ def evaluate_sampled_counts(model: BlockGNN, loader, epoch: int = 0) -> tuple[in
             c, t = ((pred == y) & mask).sum(), mask.sum()
             correct = c if correct is None else correct + c
             total = t if total is None else total + t
+            pb.update(1)
     finally:
+        pb.close()
         model.train(was)
     if correct is None:
         return 0, 0

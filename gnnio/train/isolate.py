@@ -14,7 +14,8 @@ The stages and the knob each one has:
 
 Profiling runs each stage alone on the first few batches of epoch 0 (sampled with keys the
 training run does not use), after one warm-up call per thread count; the model step is profiled
-on a copy of the model, so training starts from the same weights either way.
+on a copy of the model, and torch's generators are put back after it, so training starts from
+the same weights and draws the same dropout masks either way.
 """
 
 from __future__ import annotations
@@ -122,15 +123,17 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
         stages["gather"] = gather
     else:
         fixed["gather"] = _timed(lambda i: base.gather(mbs[i % n].input_nodes), n)
-    if device.type == "cpu":
-        stages["compute"] = compute
-    else:
-        fixed["compute"] = _timed(step, n)
-    try:
-        fits = profile_stages(stages, thread_candidates(cores))
-    finally:
-        base.counters.reset()  # the run's counters must not count profiling reads
-        torch.set_num_threads(undo["torch_threads"])
+    # the twin's dropout draws from torch's generators: put them back, or the run's masks move
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if device.type == "cpu":
+            stages["compute"] = compute
+        else:
+            fixed["compute"] = _timed(step, n)
+        try:
+            fits = profile_stages(stages, thread_candidates(cores))
+        finally:
+            base.counters.reset()  # the run's counters must not count profiling reads
+            torch.set_num_threads(undo["torch_threads"])
     alloc = solve(fits, cores, fixed)
     apply(alloc, sampler, targets)
     return alloc, undo

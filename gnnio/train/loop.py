@@ -134,8 +134,9 @@ class LocalRun:
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def evaluate(self, model, loaders: dict, epoch: int) -> dict[str, float]:
-        return {k: evaluate_sampled(model, ld, epoch) for k, ld in loaders.items()}
+    def evaluate(self, model, loaders: dict, epoch: int, bars: bool = False) -> dict[str, float]:
+        return {k: evaluate_sampled(model, ld, epoch, f"eval {k}" if bars else None)
+                for k, ld in loaders.items()}  # fmt: skip
 
     def epoch_record(self, rec: dict[str, Any], setup) -> None:
         """Add run-specific fields to an epoch record (called on every rank)."""
@@ -191,7 +192,10 @@ def train(
     ds.require_labels()
     for split in ("valid_idx", "test_idx"):
         if getattr(ds, split) is None or getattr(ds, split).size == 0:
-            raise DatasetError(f"{ds.path}: has no {split.split('_')[0]} split; train needs one")
+            name = split.split("_")[0]
+            raise DatasetError(
+                f"{ds.path}: has no {name} split; train needs one (prepare npy --{name}-idx F)"
+            )
     num_classes = ds.num_classes
     if num_classes < 2:
         raise DatasetError(f"{ds.path}: needs at least 2 classes to train, has {num_classes}")
@@ -276,7 +280,7 @@ def train(
 
             t0 = time.perf_counter()
             if cfg.eval == "sampled":
-                accs = run.evaluate(model, eval_loaders, epoch)
+                accs = run.evaluate(model, eval_loaders, epoch, cfg.progress and run.is_main)
             else:
                 accs = evaluate_full(
                     model,
