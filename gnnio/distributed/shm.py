@@ -96,9 +96,9 @@ def share_shards(ctx, arrays: dict[str, np.ndarray], peers: list[int], device=No
             a = np.ascontiguousarray(arrays[name])
             path = SHM_DIR / f"gnnio-{tag[0]}-r{ctx.rank}-{name}"
             t = torch.from_file(str(path), shared=True, size=max(a.size, 1),
-                                dtype=torch.from_numpy(a[:0]).dtype)  # fmt: skip
+                                dtype=torch.from_numpy(np.empty(0, a.dtype)).dtype)  # fmt: skip
             if a.size:
-                t[: a.size].copy_(torch.from_numpy(a).reshape(-1))
+                t.numpy()[: a.size] = a.reshape(-1)  # (a may be read-only: no tensor of it)
             mine[name] = (str(path), a.dtype.str, a.shape)
     every = ctx.all_gather_object(mine if use else None)
     mapped: dict[int, dict[str, np.ndarray]] = {}
@@ -127,7 +127,7 @@ def share_shards(ctx, arrays: dict[str, np.ndarray], peers: list[int], device=No
 def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """``a`` as a 1-D tensor of at least one element on ``device`` (CUDA IPC cannot share an
     empty allocation; the receiver cuts it back to the real length)."""
-    t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1))
+    t = torch.from_numpy(np.require(np.reshape(a, -1), requirements=["C", "W"]))  # (a: read-only?)
     if t.numel() == 0:
         t = torch.zeros(1, dtype=t.dtype)
     return t.to(device)
@@ -166,7 +166,7 @@ def gather_lists(indptr: torch.Tensor, indices: torch.Tensor, local: np.ndarray)
     GPU with CUDA IPC), copied into a compact CPU CSR: ``(indptr, indices)`` with row ``i`` the
     list of ``local[i]``. The sampler's kernels then run on it unchanged."""
     dev = indptr.device
-    loc = torch.from_numpy(np.asarray(local, dtype=np.int64)).to(dev)
+    loc = torch.from_numpy(np.require(local, np.int64, ["C", "W"])).to(dev)  # (read-only?)
     start, end = indptr[loc].long(), indptr[loc + 1].long()
     deg = end - start
     ptr = torch.zeros(loc.numel() + 1, dtype=torch.int64, device=dev)
