@@ -34,9 +34,22 @@ CORA_RAW = ROOT.parent / "shared" / "datasets" / "cora"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for processes started afterwards to bind (``MASTER_PORT``), kept from every other
+    socket meanwhile: a port merely found free could be handed, before they bind it, to another
+    socket bound to port 0 (the other xdist worker's ranks, its own ``free_port``), and the run
+    then failed. Here the port's accepted end of a connection closes first, which leaves the
+    port in TIME_WAIT for a minute: the kernel gives it to no socket bound to port 0 or
+    connecting out, while c10d's store (SO_REUSEADDR) can still bind it."""
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        with socket.socket() as cli:
+            cli.connect(("127.0.0.1", port))
+            conn, _ = srv.accept()
+            conn.close()
+    return port
 
 
 def run_cli(args, timeout=240, env=None, **kw):

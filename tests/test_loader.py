@@ -141,8 +141,16 @@ def test_stages_overlap_with_a_slow_consumer(data):
     loader = make_loader(data, prefetch=2)
     for _ in loader.epoch(0):  # warm-up: JIT compilation would count as waiting
         pass
-    for _ in loader.epoch(1):
+    it = loader.epoch(1)
+    for _ in it:
+        # a step of 20 ms, and as long as the stages need for the next batch while it is held
+        # (a fixed 20 ms was shorter than a batch's stages on a loaded machine, 3 runs in 30 with
+        # two busy cores: the consumer then waited for them, overlap or not). A loader whose
+        # stages do not run ahead never has it: 1 s per batch, then the wait below counts it
         time.sleep(0.02)
+        end = time.monotonic() + 1.0
+        while it._run is not None and it._run.out.empty() and time.monotonic() < end:
+            time.sleep(0.002)
     st = loader.stats
     assert st.wait_s < 0.5 * st.stage_sum_s + 0.05, st
 

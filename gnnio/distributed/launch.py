@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import uuid
@@ -31,12 +30,6 @@ __all__ = ["DistRunError", "launch", "failure_line"]
 
 class DistRunError(GnnioError):
     """A rank of a distributed run failed; the message names it."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def failure_line(err) -> str:
@@ -131,7 +124,6 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
     quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
     if quiet not in sys.warnoptions:
         sys.warnoptions.append(quiet)
-    port = _free_port()
     timeout = int(timeout_s) if timeout_s else 120
     # the agent's per-run directory (the ranks' error files): torch's default is a new
     # torchelastic_* directory in the temporary directory per run, never removed
@@ -142,7 +134,12 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
         nproc_per_node=int(nproc),
         run_id=f"gnnio-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{port}",
+        # port 0: the agent's rendezvous store binds a port the kernel picks, and holds it (as
+        # torchrun --standalone does; the ranks learn it from the agent). A port found free
+        # beforehand and bound later could be taken in between by another process (a concurrent
+        # run, any socket bound to port 0): the store, unable to bind it, then connected to that
+        # process as a client and the launch failed
+        rdzv_endpoint="127.0.0.1:0",
         rdzv_configs={"timeout": timeout, "join_timeout": timeout},
         max_restarts=0,
         monitor_interval=0.2,
