@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from gnnio.distributed.launch import failure_line
 from gnnio.errors import UsageError
 from gnnio.ordering import RandomOrder
 from gnnio.train import TrainConfig
+from gnnio.utils.ports import reserved_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GNNIO = [sys.executable, "-m", "gnnio"]
@@ -35,21 +35,8 @@ CORA_RAW = ROOT.parent / "shared" / "datasets" / "cora"
 
 def free_port() -> int:
     """A port for processes started afterwards to bind (``MASTER_PORT``), kept from every other
-    socket meanwhile: a port merely found free could be handed, before they bind it, to another
-    socket bound to port 0 (the other xdist worker's ranks, its own ``free_port``), and the run
-    then failed. Here the port's accepted end of a connection closes first, which leaves the
-    port in TIME_WAIT for a minute: the kernel gives it to no socket bound to port 0 or
-    connecting out, while c10d's store (SO_REUSEADDR) can still bind it."""
-    with socket.socket() as srv:
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        port = srv.getsockname()[1]
-        with socket.socket() as cli:
-            cli.connect(("127.0.0.1", port))
-            conn, _ = srv.accept()
-            conn.close()
-    return port
+    socket meanwhile (:func:`gnnio.utils.ports.reserved_port`)."""
+    return reserved_port()
 
 
 def run_cli(args, timeout=240, env=None, **kw):

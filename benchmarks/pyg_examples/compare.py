@@ -15,7 +15,6 @@ import argparse
 import difflib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,20 +37,11 @@ SCRIPTS = [
 
 
 def free_port() -> int:
-    """A port for the script's ranks to bind (``MASTER_PORT``), left in TIME_WAIT for a minute
-    (the accepted end of a connection to it closes first) so that the kernel hands it to no other
-    socket bound to port 0 before they bind it (with SO_REUSEADDR, as c10d's store does): a port
-    merely found free could be taken in between by a concurrent run (tests.test_dist.free_port)."""
-    with socket.socket() as srv:
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        port = srv.getsockname()[1]
-        with socket.socket() as cli:
-            cli.connect(("127.0.0.1", port))
-            conn, _ = srv.accept()
-            conn.close()
-    return port
+    """A port for the script's ranks to bind (``MASTER_PORT``), reserved until they do
+    (:func:`gnnio.utils.ports.reserved_port`)."""
+    from gnnio.utils.ports import reserved_port
+
+    return reserved_port()
 
 
 def planetoid_root(raw: Path, name: str, work: Path) -> Path:

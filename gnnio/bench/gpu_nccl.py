@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from ..utils.ports import reserved_port
 from .gpu_ipc import run_worker, small_partitioned, step_ipc
 
 __all__ = ["AWAITING", "step_nccl"]
@@ -70,9 +70,7 @@ def step_nccl(c) -> dict[str, Any]:
         return {"skipped": "no CUDA device: NCCL needs one", "nccl_modes_failed": None}
     work = c.out / "nccl"
     work.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = reserved_port()  # (a port merely found free could go to another socket first)
     env = dict(
         os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GNNIO_COMM_CHECK=str(work / "check"),
