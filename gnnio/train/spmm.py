@@ -11,11 +11,12 @@ Two implementations (recorded as ``kernels["spmm"]`` in a training summary):
 
 * **numba** (CPU tensors, the default where numba imports): a ``nogil`` row loop run on
   ``torch.get_num_threads()`` Python threads over row ranges, each output row accumulated edge by
-  edge in CSR order -- the same order as ``torch.sparse.mm`` on a CSR tensor,
-  so the forward is bit-identical to it (tested) and measured 1.2-3.4x faster on the CPU, the
-  transpose product 1.7-5x (one thread, a 2^21-node graph's layer-0 block, loaded VM;
-  ``benchmarks/step_kernels.py``); the
-  transpose is a stable counting sort, ``O(E)``.
+  edge in CSR order, a multiply then an add per edge (tested bit-identical to that sum) -- the
+  order of ``torch.sparse.mm`` on a CSR tensor, bit-identical to it where MKL does not fuse the
+  multiply-add (on an Intel CPU with FMA it does, and the last bits differ). Measured 1.2-3.4x
+  faster than it on the CPU, the transpose product 1.7-5x (one thread, a 2^21-node graph's
+  layer-0 block, loaded VM; ``benchmarks/step_kernels.py``); the transpose is a stable counting
+  sort, ``O(E)``.
 * **torch** (CUDA tensors, or ``GNNIO_SPMM=torch``): ``torch.mm`` of a CSR tensor (cuSPARSE on a
   GPU); the transpose by one stable ``sort`` of the sources and
   ``torch._convert_indices_from_coo_to_csr``, neither of which reads anything back to the host.
