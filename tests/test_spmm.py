@@ -209,6 +209,39 @@ def test_torch_path_builds_the_numba_paths_matrix_and_transpose_exactly(
         assert torch.equal(a.val, b.val), (a.val - b.val).abs().max()
 
 
+def test_the_torch_paths_weighted_mean_sums_rows_without_atomics_or_syncs(monkeypatch):
+    """On a GPU ``index_add_`` / ``scatter_add_`` accumulate with atomics in no fixed order (the
+    weighted mean's row sums then change from run to run); the torch path sums each row with
+    ``segment_reduce`` instead, reads nothing back to the host, and its values equal the numba
+    path's (the test above). Fails when the row sums go back to an atomic scatter."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gnnio.utils.syncs import OpCounter
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    rng = np.random.default_rng(3)
+    block = _random_block(rng, 80, 200, 1200, weighted=True)
+    monkeypatch.setenv("GNNIO_SPMM", "torch")
+    with Names() as seen, OpCounter() as count:
+        adj = spmm.block_csr(block, "mean", torch.float32, torch.device("cpu"))
+    assert "aten::segment_reduce" in seen.names or "aten.segment_reduce" in seen.names, seen.names
+    assert not {n for n in seen.names if "index_add" in n or "scatter" in n}, seen.names
+    assert count.syncs == 0, count.sync_ops
+    deg = (block.ptr[1:] - block.ptr[:-1]).numpy()
+    rows = np.repeat(np.arange(80), deg)
+    sums = np.zeros(80, np.float32)
+    np.add.at(sums, rows, block.edge_weight.numpy())
+    np.testing.assert_allclose(adj.val.numpy(), block.edge_weight.numpy() / sums[rows], rtol=1e-6)
+
+
 def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
     """The product's threads do not survive a fork; the child makes new ones (it would wait
     forever on the parent's executor). Numba's kernel on NumPy arrays only: no OpenMP region in

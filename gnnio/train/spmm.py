@@ -28,7 +28,10 @@ Two implementations (recorded as ``kernels["spmm"]`` in a training summary):
 Values: ``reduce="sum"`` ``A_ij = w_j``; ``reduce="mean"`` ``A_ij = w_j / sum_k w_k`` over the
 in-edges of ``i`` (``1 / deg(i)`` without weights); rows without in-edges are 0. The per-edge
 values are computed as the previous ``aggregate`` computed them (row sums in edge order, then one
-division per edge), so the forward results are unchanged.
+division per edge), so the forward results are unchanged. Both implementations sum a row's weights
+in edge order (the torch path with ``torch.segment_reduce`` over ``[E, 1]``, one thread per row on
+a GPU), so the values are bit-identical between them and from run to run on a GPU, where the
+``index_add_`` used before accumulated with atomics in no fixed order.
 """
 
 from __future__ import annotations
@@ -255,8 +258,10 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device) -> B
         val = (ptr[1:] - ptr[:-1]).to(dtype).reciprocal_()[dst]
     else:
         val = torch.ones(e, dtype=dtype, device=device) if w is None else w
-        if reduce == "mean":
-            sums = torch.zeros(nd, dtype=dtype, device=device).index_add_(0, dst, val)
+        if reduce == "mean":  # each row's sum in edge order (as _row_values): a [E, 1] column's
+            # segments take torch's sequential per-row kernel, not index_add_'s atomics (whose
+            # order on a GPU changes from run to run) nor CUB's tree of a 1-D input
+            sums = torch.segment_reduce(val[:, None], "sum", offsets=ptr, unsafe=True)[:, 0]
             val = val / sums.clamp_min(1e-30)[dst]
     return BlockCSR(ptr, src, val, (nd, ns), impl, row=dst)
 
