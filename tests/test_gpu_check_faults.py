@@ -272,8 +272,30 @@ def test_cpu_vs_cuda_trains_with_a_short_stall_timeout(tmp_path, monkeypatch):
     monkeypatch.setattr(gnnio.train, "train", fake_train)
     (tmp_path / "data" / "small").mkdir(parents=True)
     res = gpu_check.step_cpu_vs_cuda(SimpleNamespace(out=tmp_path, device="cpu"))
-    assert seen == [gpu_check.STALL_S] * 2 and gpu_check.STALL_S <= 60
+    assert seen == [gpu_check.STALL_S] * 5 and gpu_check.STALL_S <= 60
     assert res["identical_bytes_by_tier"] and res["losses_close"]
+    assert res["runs_identical"] and res["runs_identical_labor"]
+
+
+def test_cpu_vs_cuda_reports_a_run_that_does_not_repeat(tmp_path, monkeypatch):
+    """The device's runs are compared exactly, times aside: a loss that differs in the last bit
+    between two runs is reported (``runs_identical`` false); different epoch times are not."""
+    import gnnio.train
+
+    calls = []
+
+    def fake_train(path, cfg):
+        calls.append(cfg.sampler)
+        n = len(calls)
+        loss = 0.5 + (1e-16 if cfg.sampler == "labor" and n == 5 else 0.0)
+        h = [{"loss": 1.0, "epoch_time_s": float(n)}, {"loss": loss, "epoch_time_s": 2.0 * n}]
+        return {"history": h, "bytes_by_tier": {"gpu": 1}, "simulated": True}
+
+    monkeypatch.setattr(gnnio.train, "train", fake_train)
+    (tmp_path / "data" / "small").mkdir(parents=True)
+    res = gpu_check.step_cpu_vs_cuda(SimpleNamespace(out=tmp_path, device="cpu"))
+    assert calls[-2:] == ["labor", "labor"]
+    assert res["runs_identical"] is True and res["runs_identical_labor"] is False
 
 
 def test_a_failing_measurement_keeps_its_steps_other_figures(tmp_path, monkeypatch):

@@ -9,7 +9,9 @@ what is left of the budget, a failure in one step recorded and the next one run,
 2. ``gpu_tests``: the ``gpu``-marked tests (``pytest -m gpu``, at most :data:`GPU_TESTS_S`; on a
    timeout the tests that ran are kept in ``gpu_tests.log``);
 3. ``cpu_vs_cuda``: the same small training run on the CPU and on CUDA: ``bytes_by_tier`` must be
-   identical, per-epoch losses close (no dropout; floating-point order only);
+   identical, per-epoch losses close (no dropout; floating-point order only); on CUDA the run
+   again and a LABOR-0 run twice, each pair with identical losses, accuracies and bytes
+   (``runs_identical``, ``runs_identical_labor``);
 4. ``dataset``: a synthetic 2^21-node graph (``--nodes``), reordered by ``wrpr``, small
    valid/test splits so that evaluation stays cheap;
 5. ``step``, ``epoch_default`` (issue 24, :mod:`gnnio.bench.gpu_check_epoch`): the training
@@ -219,7 +221,13 @@ def step_cpu_vs_cuda(c: Check) -> dict[str, Any]:
         abs(x["loss"] - y["loss"]) / max(abs(x["loss"]), 1e-12)
         for x, y in zip(a["history"], b["history"])
     )
+    # run to run on the device (issue 24: "bit-identical from run to run"): the same run again,
+    # and LABOR-0 twice (its weights take the weighted mean's row sums), histories compared exactly
+    again = train(path, TrainConfig(device=c.device, **kw))
+    labor = [train(path, TrainConfig(device=c.device, sampler="labor", **kw)) for _ in range(2)]
     return {
+        "runs_identical": _history(again) == _history(b),
+        "runs_identical_labor": _history(labor[0]) == _history(labor[1]),
         "bytes_by_tier": {"cpu": a["bytes_by_tier"], c.device: b["bytes_by_tier"]},
         "identical_bytes_by_tier": a["bytes_by_tier"] == b["bytes_by_tier"],
         "loss": {
@@ -230,6 +238,12 @@ def step_cpu_vs_cuda(c: Check) -> dict[str, Any]:
         "losses_close": rel <= 0.02,
         "simulated": {"cpu": a["simulated"], c.device: b["simulated"]},
     }
+
+
+def _history(summary: dict) -> list:
+    """A run's per-epoch figures without its times (what must repeat bit for bit)."""
+    keep = ("epoch", "loss", "train_acc", "valid_acc", "test_acc", "bytes_by_tier", "rows_by_tier")
+    return [{k: h.get(k) for k in keep} for h in summary["history"]]
 
 
 def step_dataset(c: Check) -> dict[str, Any]:

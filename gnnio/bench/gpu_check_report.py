@@ -155,7 +155,9 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
             status = res["summary"]
         if name == "cpu_vs_cuda" and "identical_bytes_by_tier" in res:
             status = (f"bytes_by_tier identical: {res['identical_bytes_by_tier']}, max relative "
-                      f"loss difference {res['max_rel_loss_diff']:.2e}")  # fmt: skip
+                      f"loss difference {res['max_rel_loss_diff']:.2e}; on the device run to run "
+                      f"identical: {res.get('runs_identical')}, LABOR-0 "
+                      f"{res.get('runs_identical_labor')}")  # fmt: skip
         if name == "sampling" and "checksum_equal" in res:
             status = f"GPU batches bit-identical to the CPU's (checksum): {res['checksum_equal']}"
             if res.get("graphed_over_cpu") is not None:
