@@ -134,6 +134,61 @@ def test_gcn_blocks_equal_dense_reference():
     torch.testing.assert_close(out, h[seeds], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gcn_layer_is_pyg_gcnconv_with_loops_bit_for_bit_and_scatter_free(weighted, monkeypatch):
+    """The GCN layer computes what PyG's ``GCNConv(normalize=False)`` computes on the block with
+    one appended self-loop per destination and the random-walk weights (the layer as it was),
+    bit for bit on the CPU's numba path, gradients included, and on the torch (GPU) path runs no
+    scatter or ``index_add`` (atomics on a GPU: results that change from run to run) and no op
+    that reads back to the host. Fails when the loop's term, the weights' order or the bias
+    changes, or when the sum goes back to a scatter."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gnnio.train.models import GCNLayer
+    from gnnio.utils.syncs import OpCounter
+
+    torch.manual_seed(1)
+    rng = np.random.default_rng(11)
+    nd, ns, e = 120, 300, 1500
+    dst = np.sort(rng.integers(0, nd, e))
+    src = rng.integers(0, ns, e)
+    w = torch.from_numpy(rng.uniform(0.1, 3.0, e).astype(np.float32)) if weighted else None
+    ptr = torch.from_numpy(np.searchsorted(dst, np.arange(nd + 1)))
+    block = Block(torch.from_numpy(np.stack([src, dst])), ns, nd, w, ptr=ptr)
+    layer = GCNLayer(16, 8)
+    layer.conv.bias.data.normal_()
+    x = torch.randn(ns, 16, requires_grad=True)
+
+    loops = torch.arange(nd)
+    ei = torch.cat([block.edge_index, torch.stack([loops, loops])], dim=1)
+    ww = torch.cat([torch.ones(e) if w is None else w, torch.ones(nd)])
+    ww = ww / torch.zeros(nd).index_add_(0, ei[1], ww)[ei[1]]
+    ref = layer.conv(x, ei, ww)[:nd]
+    (gref,) = torch.autograd.grad(ref.square().sum(), x)
+    monkeypatch.setenv("GNNIO_SPMM", "")
+    out = layer(x, block)
+    (gout,) = torch.autograd.grad(out.square().sum(), x)
+    assert torch.equal(out, ref) and torch.equal(gout, gref)
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setenv("GNNIO_SPMM", "torch")
+    with Names() as seen, OpCounter() as count:
+        out = layer(x, block)
+        (gout,) = torch.autograd.grad(out.square().sum(), x)
+    assert not {n for n in seen.names if "index_add" in n or "scatter" in n}, seen.names
+    assert count.syncs == 0, count.sync_ops
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gout, gref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_inference_equals_full_fanout_blocks(name):
     torch.manual_seed(0)

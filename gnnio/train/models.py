@@ -26,7 +26,10 @@ How each layer handles the bipartite block and per-edge weights ``b.edge_weight`
   aggregator" of Hamilton et al.) normalisation ``h_i = W · (x_i + sum_j w_j x_j) / (1 + sum_j
   w_j)`` (``w = 1`` without weights), i.e. ``D~^-1 (A + I) X W`` with full neighbourhoods: a
   ``GCNConv(normalize=False)`` is run on the source set with one self-loop per destination node and
-  these precomputed edge weights, and its output sliced to ``[:num_dst]``.
+  these precomputed edge weights, and its output sliced to ``[:num_dst]`` -- computed as
+  ``GCNConv``'s ``lin``, one CSR product of :mod:`gnnio.train.spmm` with the loop's term added
+  (``block_csr(self_loop=1)``) and its ``bias``: the same sums in the same order as PyG's
+  gather-scatter, without the ``[E, out]`` message buffer or a scatter's atomics on a GPU.
 * **GAT** — ``GATConv`` on ``(x_src, x_dst)`` with ``size=(num_src, num_dst)``; PyG then adds
   self-loops only for ``i < min(size) = num_dst``, which are the right nodes because destination
   local ids equal source local ids (prefix rule). With weights the attention becomes
@@ -129,14 +132,14 @@ class GCNLayer(nn.Module):
         self.conv = GCNConv(in_dim, out_dim, normalize=False, add_self_loops=False)
 
     def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
-        ns, nd = block.num_src, block.num_dst
-        loops = torch.arange(nd, device=block.edge_index.device, dtype=block.edge_index.dtype)
-        edge_index = torch.cat([block.edge_index, torch.stack([loops, loops])], dim=1)
-        w = block.edge_weight
-        w = x.new_ones(block.num_edges) if w is None else w.to(x.dtype)
-        w = torch.cat([w, x.new_ones(nd)])
-        w = w / _scatter_sum(w, edge_index[1], nd)[edge_index[1]]
-        return self.conv(x[:ns], edge_index, w)[:nd]
+        # GCNConv(normalize=False)'s own steps -- lin, the weighted sum over the in-edges and one
+        # self-loop per destination, bias -- with the sum as one CSR product (block_csr's
+        # self_loop): in PyG's order (a row's edges, then its loop), no [E, out] message buffer,
+        # and no scatter, whose atomics on a GPU change the last bits from run to run
+        h = self.conv.lin(x[: block.num_src])
+        adj = block_csr(block, "mean", h.dtype, h.device, self_loop=1.0)
+        out = block_matmul(h, adj) + adj.self_val[:, None] * h[: block.num_dst]
+        return out if self.conv.bias is None else out + self.conv.bias
 
 
 class _WeightedGATConv(GATConv):

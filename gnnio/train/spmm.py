@@ -97,6 +97,28 @@ if HAVE_NUMBA:
                 out[e] = w[e] / s
 
     @njit(nogil=True, cache=True)
+    def _row_values_loop(ptr, w, c, out, self_out):  # pragma: no cover - compiled
+        # the mean over a row's edges and a self-loop of weight c: s = (w_0 + ... + w_k) + c in
+        # edge order, out[e] = w[e] / s, self_out[i] = c / s (w None: _ones_loop)
+        for i in range(ptr.shape[0] - 1):
+            s = w.dtype.type(0)
+            for e in range(ptr[i], ptr[i + 1]):
+                s += w[e]
+            s = s + w.dtype.type(c)
+            for e in range(ptr[i], ptr[i + 1]):
+                out[e] = w[e] / s
+            self_out[i] = w.dtype.type(c) / s
+
+    @njit(nogil=True, cache=True)
+    def _ones_loop(ptr, c, out, self_out):  # pragma: no cover - compiled
+        one = out.dtype.type(1)
+        for i in range(ptr.shape[0] - 1):
+            s = out.dtype.type(ptr[i + 1] - ptr[i]) + out.dtype.type(c)
+            for e in range(ptr[i], ptr[i + 1]):
+                out[e] = one / s
+            self_out[i] = out.dtype.type(c) / s
+
+    @njit(nogil=True, cache=True)
     def _mean_ones(ptr, out):  # pragma: no cover - compiled
         one = out.dtype.type(1)
         for i in range(ptr.shape[0] - 1):
@@ -155,6 +177,8 @@ class BlockCSR:
         self.shape = (int(shape[0]), int(shape[1]))
         self.impl = impl
         self._t: BlockCSR | None = None
+        #: ``[rows]`` each row's self-loop value (``block_csr(..., self_loop=c)``), else None
+        self.self_val: torch.Tensor | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``A @ x`` for ``x`` ``[shape[1], F]`` (no autograd)."""
@@ -220,14 +244,22 @@ class _BlockMatmul(torch.autograd.Function):
         return ctx.adj.t().matmul(grad), None
 
 
-def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device) -> BlockCSR:
+def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device,
+              self_loop: float = 0.0) -> BlockCSR:  # fmt: skip
     """The block's aggregation matrix (see module docstring), on ``device``, values in ``dtype``.
 
     Uses ``block.ptr`` when the sampler gave one (edges grouped by destination, in order);
     otherwise sorts the edges by destination once (stable, so each row keeps its edge order).
+
+    ``self_loop=c > 0`` (``reduce="mean"`` only): each row's mean also counts a self-loop of
+    weight ``c`` after its edges (GCN's ``D~^-1 (A + I)``): ``A_ij = w_j / (sum_k w_k + c)``, and
+    the result's ``self_val[i] = c / (sum_k w_k + c)`` (the loop stays out of the matrix, whose
+    columns are sources: the caller adds ``self_val * x_i``).
     """
     if reduce not in ("mean", "sum"):
         raise ValueError(f"aggregate: reduce must be 'mean' or 'sum', got {reduce!r}")
+    if self_loop and reduce != "mean":
+        raise ValueError("block_csr: self_loop needs reduce='mean'")
     nd, ns = block.num_dst, block.num_src
     impl = spmm_impl(device)
     src = block.edge_index[0].to(device=device, dtype=torch.int64)
@@ -244,6 +276,8 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device) -> B
     else:  # edges ptr[i]:ptr[i+1] go into i: dst is ptr's expansion, in edge order
         ptr = ptr.to(device=device, dtype=torch.int64)
     e = int(src.shape[0])
+    if self_loop:
+        return _with_self_loop(ptr, src, dst, w, float(self_loop), (nd, ns), impl, dtype, device)
     if impl == "numba":
         val = torch.empty(e, dtype=dtype)
         if w is None and reduce == "sum":
@@ -264,6 +298,30 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device) -> B
             sums = torch.segment_reduce(val[:, None], "sum", offsets=ptr, unsafe=True)[:, 0]
             val = val / sums.clamp_min(1e-30)[dst]
     return BlockCSR(ptr, src, val, (nd, ns), impl, row=dst)
+
+
+def _with_self_loop(ptr, src, dst, w, c, shape, impl, dtype, device) -> BlockCSR:
+    """:func:`block_csr`'s ``self_loop`` case: the row sums as ``_row_values`` takes them (edge
+    order), then ``+ c``; the same values on both paths, bit for bit."""
+    nd, e = shape[0], int(src.shape[0])
+    if impl == "numba":
+        val = torch.empty(e, dtype=dtype)
+        self_val = torch.empty(nd, dtype=dtype)
+        if w is None:
+            _ones_loop(ptr.numpy(), c, val.numpy(), self_val.numpy())
+        else:
+            _row_values_loop(ptr.numpy(), w.contiguous().numpy(), c, val.numpy(), self_val.numpy())
+    else:
+        if w is None:  # the in-degrees are ptr's differences (exact in float)
+            sums = (ptr[1:] - ptr[:-1]).to(dtype) + c
+            val = sums.reciprocal()[dst]
+        else:  # in edge order, one thread per row (as in block_csr)
+            sums = torch.segment_reduce(w[:, None], "sum", offsets=ptr, unsafe=True)[:, 0] + c
+            val = w / sums[dst]
+        self_val = torch.full_like(sums, c) / sums
+    adj = BlockCSR(ptr, src, val, shape, impl, row=dst)
+    adj.self_val = self_val
+    return adj
 
 
 def block_matmul(x: torch.Tensor, adj: BlockCSR) -> torch.Tensor:
