@@ -223,11 +223,15 @@ def step_cpu_vs_cuda(c: Check) -> dict[str, Any]:
     )
     # run to run on the device (issue 24: "bit-identical from run to run"): the same run again,
     # and LABOR-0 twice (its weights take the weighted mean's row sums), histories compared exactly
+    def _untimed(run):  # a run's per-epoch figures, times left out
+        keep = ("epoch", "loss", "train_acc", "valid_acc", "test_acc", "bytes_by_tier")
+        return [{k: h.get(k) for k in keep} for h in run["history"]]
+
     again = train(path, TrainConfig(device=c.device, **kw))
     labor = [train(path, TrainConfig(device=c.device, sampler="labor", **kw)) for _ in range(2)]
     return {
-        "runs_identical": _history(again) == _history(b),
-        "runs_identical_labor": _history(labor[0]) == _history(labor[1]),
+        "runs_identical": _untimed(again) == _untimed(b),
+        "runs_identical_labor": _untimed(labor[0]) == _untimed(labor[1]),
         "bytes_by_tier": {"cpu": a["bytes_by_tier"], c.device: b["bytes_by_tier"]},
         "identical_bytes_by_tier": a["bytes_by_tier"] == b["bytes_by_tier"],
         "loss": {
@@ -238,12 +242,6 @@ def step_cpu_vs_cuda(c: Check) -> dict[str, Any]:
         "losses_close": rel <= 0.02,
         "simulated": {"cpu": a["simulated"], c.device: b["simulated"]},
     }
-
-
-def _history(summary: dict) -> list:
-    """A run's per-epoch figures without its times (what must repeat bit for bit)."""
-    keep = ("epoch", "loss", "train_acc", "valid_acc", "test_acc", "bytes_by_tier", "rows_by_tier")
-    return [{k: h.get(k) for k in keep} for h in summary["history"]]
 
 
 def step_dataset(c: Check) -> dict[str, Any]:
