@@ -152,6 +152,7 @@ CASES = [
     ("bench reorder D --threads 0", "argument --threads: must be >= 1, got 0"),
     ("bench sampling D --threads 99999999999", "--threads: must be at most 4096"),
     ("bench gather D --ceiling-gib 1e300", "--ceiling-gib 1e+300: more than half of the"),
+    ("bench gather D --evict-mib -1", "--evict-mib must be >= 0"),
     ("bench loader D --passes 0", "argument --passes: must be >= 1, got 0"),
     ("bench step D --batches 0", "argument --batches: must be >= 1, got 0"),
     ("bench cache D --warmup -1", "argument --warmup: must be >= 0, got -1"),

@@ -157,12 +157,61 @@ def test_bench_gather_cli_reports_alignment(tmp_path, capsys):
 
     path = write_tiny_dataset(tmp_path / "tiny")
     rc = main(["bench", "gather", str(path), "--batches", "2", "--passes", "1", "--warmup", "0",
-               "--batch-size", "4", "--fanouts", "2,2", "--ceiling-gib", "0.001", "--json",
+               "--batch-size", "4", "--fanouts", "2,2", "--ceiling-gib", "0.001", "--evict-mib", "2",
+               "--json",
                "--no-progress"])  # fmt: skip
     assert rc in (0, None)
     res = json.loads(capsys.readouterr().out)
     assert res["store_row_offset_mod_64"] in range(64)
     assert 0 < res["fraction_of_ceiling"]
+    assert res["evict_mib"] == 2 and res["ceiling_gib"] == 0.001 and res["llc_mib"] > 0
+
+
+def test_the_ceiling_outgrows_the_cache_and_every_pass_starts_evicted(monkeypatch, tmp_path):
+    """The ceiling's buffer defaults to 4x the last-level cache (1 GiB at least) and the eviction
+    read to 2x: on a machine with a 480 MiB L3 a 1 GiB ceiling read a third of its rows from the
+    cache its previous pass left, the gather none. Every pass, warm-up included, follows one
+    eviction read."""
+    import argparse
+
+    from gnnio.bench import gather as bg
+    from tests.helpers import write_tiny_dataset
+
+    monkeypatch.setattr(bg, "llc_bytes", lambda: 480 << 20)
+    monkeypatch.setattr(bg, "available_ram", lambda: 64 << 30)
+    evicted, made = [], []
+
+    def make_evict(nbytes):
+        made.append(nbytes)
+        return lambda: evicted.append(1)
+
+    def make_ceiling(rows, gib, seed, progress):
+        made.append(gib)
+        return {"numba_u64_rows": lambda: None}, 1
+
+    monkeypatch.setattr(bg, "make_evict", make_evict)
+    monkeypatch.setattr(bg, "make_ceiling", make_ceiling)
+    path = write_tiny_dataset(tmp_path / "tiny")
+    p = argparse.ArgumentParser()
+    bg.add_arguments(p)
+    res = bg.run(p.parse_args([str(path), "--batches", "2", "--passes", "3", "--warmup", "1",
+                               "--batch-size", "4", "--fanouts", "2,2", "--quiet"]))  # fmt: skip
+    assert made == [2.0, 960 << 20]  # 4 x 480 MiB = 1.875 GiB, in quarter GiB: 2; 2 x 480 MiB
+    assert res["ceiling_gib"] == 2.0 and res["evict_mib"] == 960 and res["llc_mib"] == 480
+    assert len(evicted) == 2 * (1 + 3)  # gather + one ceiling, warm-up + 3 timed passes each
+
+
+def test_llc_bytes_reads_the_largest_cache(monkeypatch, tmp_path):
+    from gnnio.bench import gather as bg
+
+    for i, size in enumerate(["48K", "2048K", "491520K"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    real = bg.Path
+    monkeypatch.setattr(bg, "Path", lambda p: real(tmp_path) if "cache" in str(p) else real(p))
+    assert bg.llc_bytes() == 480 << 20
+    monkeypatch.setattr(bg, "Path", lambda p: real(tmp_path / "none"))
+    assert bg.llc_bytes() == 32 << 20  # unreadable: a common size
 
 
 def test_big_misaligned_arrays_are_realigned_small_ones_shared():

@@ -285,7 +285,10 @@ def test_bench_gather_and_loader_run(tmp_path, store):
     path = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1500, feat_dim=128)
     common = [str(path), "--batch-size", "16", "--fanouts", "3,2", "--batches", "3"]
     common += ["--threads", "1", "--passes", "2", "--store", store, "--no-progress"]
-    for mod, extra in [(bench_gather, ["--ceiling-gib", "0.002"]), (bench_loader, [])]:
+    for mod, extra in [
+        (bench_gather, ["--ceiling-gib", "0.002", "--evict-mib", "2"]),
+        (bench_loader, []),
+    ]:
         p = argparse.ArgumentParser()
         mod.add_arguments(p)
         res = mod.run(p.parse_args(common + extra))

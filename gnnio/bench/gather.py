@@ -7,21 +7,31 @@ loader does. ``gb_per_s`` = useful bytes (rows x row bytes) per second of a pass
 
 The ceiling. ``ceiling_gb_per_s`` is the rate of the same *access pattern* stripped of everything
 gnnio-specific: uniformly random 512-byte rows copied out of a separate buffer of ``--ceiling-gib``
-GiB (default 1 GiB: far larger than the last-level cache, every page touched beforehand so reads
-hit DRAM, not the zero page; its first row on a 2 MiB boundary, the best case: no row straddles a
-cache line and huge pages cover it from the start) into a reused, pre-faulted buffer, with the same number of rows per
-call and calls per pass as the measured gather, on the same number of threads. Three
+GiB (default: 1 GiB or four times the last-level cache, whichever is larger -- far larger than
+the cache; every page touched beforehand so reads hit DRAM, not the zero page; its first row on a
+2 MiB boundary, the best case: no row straddles a cache line and huge pages cover it from the
+start) into a reused, pre-faulted buffer, with the same number of rows per call and calls per
+pass as the measured gather, on the same number of threads. Three
 implementations run and the fastest one is the ceiling: ATen's ``index_select(out=)``, and two
 numba kernels written here (uint64 words, not the store's byte-view kernel), one plain, one with
 software prefetch of the rows 8 ahead (the best technique we know; the store's kernel uses it
 too). Random rows of a power-law batch partly hit in cache (hot rows repeat across batches), so a
 real gather may beat the ceiling.
-Gather and ceiling passes are interleaved so both see the same machine load;
-``fraction_of_ceiling`` is the ratio of the medians, ``fraction_of_ceiling_paired`` the median of
-the per-pass ratios (steadier on a shared machine).
+Gather and ceiling passes are interleaved so both see the same machine load, and every pass
+(warm-up and timed, gather and ceiling alike) starts after a sequential read of ``--evict-mib``
+MiB (default: twice the last-level cache) that evicts what the pass before left in the cache:
+otherwise a ceiling pass reads rows its predecessor (the same ids) left in the cache while the
+gather's were just evicted -- on a VM with a 480 MiB L3 that gave the 1 GiB ceiling a third of its
+rows from the cache and the gather 0.74-0.78 of it, where the same kernel on the store's rows
+measured the ceiling's rate (docs/benchmarks.md). ``fraction_of_ceiling`` is the ratio of the
+medians, ``fraction_of_ceiling_paired`` the median of the per-pass ratios (steadier on a shared
+machine).
 """
 
 from __future__ import annotations
+
+import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -47,7 +57,12 @@ def add_arguments(p) -> None:
     p.add_argument("--store", choices=["memory", "mmap"], default="memory", help="feature store")
     p.add_argument("--passes", type=int, default=5, help="timed passes (the median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
-    p.add_argument("--ceiling-gib", type=float, default=1.0, help="size of the ceiling's buffer")
+    p.add_argument("--ceiling-gib", type=float, default=None,
+                   help="size of the ceiling's buffer (default: 1 GiB or 4x the last-level "
+                        "cache, the larger)")  # fmt: skip
+    p.add_argument("--evict-mib", type=float, default=None,
+                   help="MiB read before every pass to evict the cache (default: 2x the "
+                        "last-level cache; 0: none)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
     p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
@@ -153,6 +168,32 @@ except ImportError:  # pragma: no cover
     numba = None
 
 
+def llc_bytes() -> int:
+    """The largest CPU cache of this machine (sysfs), or 32 MiB where it cannot be read."""
+    best = 0
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (d / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            best = max(best, int(digits) * mult)
+    return best or (32 << 20)
+
+
+def make_evict(nbytes: int):
+    """``evict()``: a sequential read of ``nbytes`` of a buffer of its own (pre-faulted), which
+    pushes what the previous pass left out of the cache; a no-op for 0 bytes."""
+    words = nbytes // 8
+    if words < 8:
+        return lambda: None
+    buf = host_empty((words // 8, 8), np.uint64)
+    buf.fill(1)
+    return lambda: int(buf.sum())
+
+
 def make_ceiling(rows_per_call: list[int], gib: float, seed: int, progress: bool):
     """Passes of the random-512-byte-row copy, one function per implementation."""
     words = CEILING_ROW_BYTES // 8
@@ -197,14 +238,23 @@ def run(args) -> dict:
     from ..features import open_store
 
     check_common(args)
+    llc = llc_bytes()
+    avail = available_ram()
+    if args.ceiling_gib is None:  # 1 GiB or 4x the cache, in quarter GiB; at most a quarter of RAM
+        args.ceiling_gib = max(1.0, math.ceil(4 * llc / (1 << 28)) / 4)
+        if avail is not None:
+            args.ceiling_gib = max(0.25, min(args.ceiling_gib, avail / 4 / (1 << 30)))
     if not 0 < args.ceiling_gib < float("inf"):
         raise UsageError(f"--ceiling-gib must be > 0, got {args.ceiling_gib}")
-    avail = available_ram()
     if avail is not None and args.ceiling_gib * (1 << 30) > avail // 2:
         raise UsageError(
             f"--ceiling-gib {args.ceiling_gib:g}: more than half of the "
             f"{avail / 2**30:.1f} GiB of memory available now"
         )
+    evict_mib = 2 * llc / (1 << 20) if args.evict_mib is None else args.evict_mib
+    if not 0 <= evict_mib * (1 << 20) <= (avail if avail is not None else float("inf")) / 4:
+        raise UsageError(f"--evict-mib must be >= 0 and at most a quarter of the memory "
+                         f"available now, got {evict_mib:g}")  # fmt: skip
     set_threads(args.threads)
     ds = gnnio.load(args.dataset)
     ids = sample_batches(ds, args)
@@ -223,13 +273,16 @@ def run(args) -> dict:
 
     ceilings, ceiling_bytes = make_ceiling(rows, args.ceiling_gib, args.seed, not args.no_progress)
     fns = {"gather": gather_pass, **ceilings}
+    evict = make_evict(int(evict_mib * (1 << 20)))
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():  # warm-up: JIT, page faults, caches
+    for fn in fns.values():  # warm-up: JIT, page faults
         for _ in range(args.warmup):
+            evict()
             fn()
     with bar(args.passes, "timed passes", "pass", enabled=not args.no_progress) as pb:
         for _ in range(args.passes):  # interleaved, so all see the same machine load
             for k, fn in fns.items():
+                evict()  # each pass starts with the cache holding none of its rows
                 times[k] += time_passes(fn, warmup=0, passes=1)
             pb.update(1)
     t_gather = median(times["gather"])
@@ -249,6 +302,9 @@ def run(args) -> dict:
         "ceiling_gb_per_s": ceil[best],
         "ceiling_impl": best,
         **{f"ceiling_{k}_gb_per_s": v for k, v in ceil.items()},
+        "ceiling_gib": args.ceiling_gib,
+        "llc_mib": llc / (1 << 20),
+        "evict_mib": evict_mib,
         "fraction_of_ceiling": gbps / ceil[best],
         # the same, as the median over passes of (ceiling time / gather time) within one pass:
         # steadier than the ratio of medians when the machine's load drifts between passes

@@ -75,41 +75,52 @@ if HAVE_NUMBA:
         for i in prange(ids.shape[0]):
             out[i, :] = src[ids[i], :]
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def _gather_rows_prefetch(src, ids, out, chunks, pf_lines, last_off):  # pragma: no cover
-        # The kernel gather_rows uses: as _gather_bytes (any word view: uint64 / uint32 / uint16 /
-        # uint8 [N, words]), plus a software prefetch of the row PREFETCH_ROWS ahead: each thread
-        # walks a contiguous chunk of ids, so "ahead" is known, and the next rows' cache lines are
-        # already on their way while this row is copied (random rows defeat the HW prefetcher).
-        # chunks: a few per thread (numba.get_num_threads() inside would block on-disk caching).
-        # It prefetches *every* cache line of the row ahead: the ``pf_lines`` lines from its
-        # first byte on, plus the line of byte ``last_off`` (the row's last byte, or -1 for none):
-        # a row that does not start on a 64-byte boundary spans one line more than its size
-        # suggests. The usual line counts get constant-trip loops: a runtime-trip prefetch loop
-        # measured about 10% slower on 512-byte rows.
-        n = ids.shape[0]
-        for c in prange(chunks):
-            start = c * n // chunks
-            end = (c + 1) * n // chunks
-            for i in range(start, end):
-                j = i + PREFETCH_ROWS
-                if j < end:
-                    r = ids[j]
-                    if pf_lines == 8:
-                        for off in range(0, 512, 64):
+    def _make_prefetch_kernel(pf_lines: int, tail: bool):
+        """The kernel gather_rows uses, for rows whose first ``pf_lines`` cache lines (and, with
+        ``tail``, the line of byte ``last_off``) are prefetched: as _gather_bytes (any word view:
+        uint64 / uint32 / uint16 / uint8 [N, words]), plus a software prefetch of the row
+        PREFETCH_ROWS ahead: each thread walks a contiguous chunk of ids, so "ahead" is known,
+        and the next rows' cache lines are already on their way while this row is copied (random
+        rows defeat the hardware prefetcher). chunks: a few per thread
+        (numba.get_num_threads() inside would block on-disk caching). A row that does not start
+        on a 64-byte boundary spans one line more than its size suggests: ``tail`` prefetches
+        the line of its last byte too.
+
+        One compiled kernel per (pf_lines, tail), the line count a constant of the closure:
+        one kernel taking both at run time (a branch per row on the count, constant-trip loops
+        inside) measured 4 % below the bench's ceiling kernel on a 2^21-node graph's batches,
+        this form 5 % above it (docs/benchmarks.md; a runtime-trip prefetch loop measured about
+        10 % slower still). numba keys its on-disk cache on the closure's values."""
+        pf_bytes = 64 * pf_lines
+
+        @njit(parallel=True, nogil=True, cache=True)
+        def kernel(src, ids, out, chunks, last_off):  # pragma: no cover - compiled
+            n = ids.shape[0]
+            for c in prange(chunks):
+                start = c * n // chunks
+                end = (c + 1) * n // chunks
+                for i in range(start, end):
+                    j = i + PREFETCH_ROWS
+                    if j < end:
+                        r = ids[j]
+                        for off in range(0, pf_bytes, 64):
                             prefetch_row(src, r, off)
-                    elif pf_lines == 16:
-                        for off in range(0, 1024, 64):
-                            prefetch_row(src, r, off)
-                    elif pf_lines == 4:
-                        for off in range(0, 256, 64):
-                            prefetch_row(src, r, off)
-                    else:
-                        for q in range(pf_lines):
-                            prefetch_row(src, r, q * 64)
-                    if last_off >= 0:
-                        prefetch_row(src, r, last_off)
-                out[i, :] = src[ids[i], :]
+                        if tail:
+                            prefetch_row(src, r, last_off)
+                    out[i, :] = src[ids[i], :]
+
+        return kernel
+
+    _PREFETCH_KERNELS: dict = {}
+
+    def _gather_rows_prefetch(src, ids, out, chunks, pf_lines, last_off) -> None:
+        """Rows ``src[ids]`` into ``out`` with the specialised kernel for ``pf_lines`` prefetched
+        lines per row ahead, plus the line of byte ``last_off`` unless it is -1."""
+        key = (int(pf_lines), last_off >= 0)
+        k = _PREFETCH_KERNELS.get(key)
+        if k is None:
+            k = _PREFETCH_KERNELS[key] = _make_prefetch_kernel(*key)
+        k(src, ids, out, chunks, max(int(last_off), 0))
 
     def _gather_bytes_prefetch(src, ids, out, chunks) -> None:
         """:func:`_gather_rows_prefetch` prefetching the first ``PREFETCH_MAX_BYTES`` of each row
