@@ -189,6 +189,81 @@ def test_gcn_layer_is_pyg_gcnconv_with_loops_bit_for_bit_and_scatter_free(weight
     torch.testing.assert_close(gout, gref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["numba", "torch"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gat_over_csr_rows_equals_pyg_gatconv_with_gradients_and_no_scatter(impl, weighted,
+                                                                            monkeypatch):  # fmt: skip
+    """GATLayer's attention over the block's CSR rows (gnnio.train.gat_csr) gives PyG
+    ``GATConv``'s output on the block with its self-loop edges at weight 0 and one loop per
+    destination appended (the layer as it was), and the same gradients for the input and every
+    parameter, with both kernels; the torch (GPU) path runs no scatter or ``index_add`` (atomics
+    on a GPU) and reads nothing back to the host; 1 and 2 threads give the same bits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gnnio.train.models import GATLayer
+
+    def _scatter_sum(v, index, n):
+        return torch.zeros(n).index_add_(0, index, v)
+
+    from gnnio.utils.syncs import OpCounter
+
+    monkeypatch.setenv("GNNIO_SPMM", "" if impl == "numba" else "torch")
+    rng = np.random.default_rng(4)
+    nd, ns, e = 90, 260, 1400
+    dst = np.sort(rng.integers(0, nd - 3, e))  # the last 3 destinations have no in-edges
+    src = rng.integers(0, ns, e)
+    src[::17] = dst[::17]  # self-loop edges
+    w = torch.from_numpy(rng.uniform(0.1, 3.0, e).astype(np.float32)) if weighted else None
+    ptr = torch._convert_indices_from_coo_to_csr(torch.from_numpy(dst), nd)
+    block = Block(torch.from_numpy(np.stack([src, dst])), ns, nd, w, ptr=ptr)
+    torch.manual_seed(2)
+    for concat in (True, False):
+        layer = GATLayer(12, 16 if concat else 4, 4, concat=concat, attn_dropout=0.0)
+        layer.conv.bias.data.normal_()
+        x = torch.randn(ns, 12, requires_grad=True)
+
+        def reference(layer=layer, x=x):  # the pre-change layer: PyG's GATConv, loops appended
+            ei = block.edge_index
+            keep = (ei[0] != ei[1]).float()
+            if w is None:
+                ww, loop_w = keep, torch.ones(nd)
+            else:
+                ww = w.clamp_min(1e-30) * keep
+                loop_w = _scatter_sum(ww, ei[1], nd) / _scatter_sum(keep, ei[1], nd).clamp_min(1)
+                loop_w = loop_w.clamp_min(1e-30)
+            loops = torch.arange(nd)
+            ei = torch.cat([ei, torch.stack([loops, loops])], dim=1)
+            return layer.conv((x, x[:nd]), ei, edge_attr=torch.cat([ww, loop_w]), size=(ns, nd))
+
+        params = [x, *layer.parameters()]
+        want = reference()
+        gwant = torch.autograd.grad(want.square().sum(), params)
+
+        class Names(TorchDispatchMode):
+            names: set = set()
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.names.add(str(func.overloadpacket))
+                return func(*args, **(kwargs or {}))
+
+        with Names() as seen, OpCounter() as count:
+            got = layer(x, block)
+            ggot = torch.autograd.grad(got.square().sum(), params)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for a, b in zip(ggot, gwant):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert count.syncs == 0, count.sync_ops
+        if impl == "torch":
+            assert not {n for n in seen.names if "index_add" in n or "scatter" in n}, seen.names
+        with torch.no_grad():
+            torch.set_num_threads(1)
+            try:
+                one = layer(x, block)
+            finally:
+                torch.set_num_threads(2)
+            assert torch.equal(one, layer(x, block))
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_inference_equals_full_fanout_blocks(name):
     torch.manual_seed(0)
@@ -327,7 +402,8 @@ def test_gat_layer_equals_pyg_self_loop_handling_without_a_mask(weighted):
     dst = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
     ns, nd = 7, 5
     w = torch.rand(src.numel()) + 0.1 if weighted else None
-    block = Block(torch.stack([src, dst]), ns, nd, w)
+    ptr = torch._convert_indices_from_coo_to_csr(dst, nd)  # as the samplers give it
+    block = Block(torch.stack([src, dst]), ns, nd, w, ptr=ptr)
     x = torch.randn(ns, 6)
     for concat in (True, False):
         layer = GATLayer(6, 8, 2, concat=concat, attn_dropout=0.0).eval()
@@ -338,3 +414,37 @@ def test_gat_layer_equals_pyg_self_loop_handling_without_a_mask(weighted):
         want = ref.eval()((x, x[:nd]), block.edge_index, edge_attr=w, size=(ns, nd))
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         assert c.syncs == 0, dict(c.sync_ops)
+        # without the pointer (LADIES' blocks): sorted once, the same result
+        torch.testing.assert_close(layer(x, Block(block.edge_index, ns, nd, w)), got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["gat", "gcn", "sage"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_models_on_cuda_equal_cpu_and_repeat_bit_for_bit(name, weighted):
+    """On CUDA the block layers (CSR products, segment sums, GAT's per-head products) give the
+    CPU's forward and gradients to float rounding, and two runs give the same bits (no atomics:
+    issue 24's run-to-run rule)."""
+    torch.manual_seed(0)
+    g = directed_graph(400, 4000, seed=5)
+    mb = UniformSampler(g, [6, 4], seed=0).sample(torch.arange(0, 400, 7))
+    if weighted:
+        mb = with_weights(mb, lambda b: torch.rand(b.num_edges) + 0.1)
+    model = build_model(name, 16, 32, 5, num_layers=2, dropout=0.0)
+    x = torch.randn(len(mb.input_nodes), 16)
+
+    def run(device):
+        m = model.to(device)
+        blocks = [Block(b.edge_index.to(device), b.num_src, b.num_dst,
+                        None if b.edge_weight is None else b.edge_weight.to(device),
+                        ptr=None if b.ptr is None else b.ptr.to(device)) for b in mb.blocks]  # fmt: skip
+        out = m(x.to(device), blocks)
+        grads = torch.autograd.grad(out.square().sum(), list(m.parameters()))
+        return [t.detach().cpu() for t in (out, *grads)]
+
+    cpu = run("cpu")
+    first, second = run("cuda"), run("cuda")
+    for a, b, c in zip(cpu, first, second):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+        assert torch.equal(b, c)

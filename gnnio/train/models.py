@@ -34,7 +34,9 @@ How each layer handles the bipartite block and per-edge weights ``b.edge_weight`
   self-loops only for ``i < min(size) = num_dst``, which are the right nodes because destination
   local ids equal source local ids (prefix rule). With weights the attention becomes
   ``softmax_j(e_ij + log w_j)`` = ``w_j exp(e_ij) / sum_k w_k exp(e_ik)`` (importance-weighted,
-  self-normalised); a self-loop gets the mean weight of its node's in-edges.
+  self-normalised); a self-loop gets the mean weight of its node's in-edges. Computed over the
+  block's CSR rows (:mod:`gnnio.train.gat_csr`: segment maxima and sums, one product per head,
+  no scatter, no ``[E, heads, C]`` message buffer on the CPU).
 * **GIN** — PyG ``GINConv``'s MLP and learnable ``eps``: ``h_i = MLP((1 + eps) x_i + sum_j w_j
   x_j)``, the sum again by :func:`aggregate`; with ``w = 1/q_j`` the weighted sum is the unbiased
   (Horvitz-Thompson) estimate of the full neighbour sum.
@@ -64,6 +66,7 @@ from ..utils.progress import bar
 from ..utils.pyg_templates import remove_at_exit
 from .decode import FeatureDecoder
 from .dropout import dropout
+from .gat_csr import gat_attention
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 from .spmm import block_csr, block_matmul
 
@@ -81,12 +84,6 @@ __all__ = [
     "count_parameters",
     "full_neighbor_block",
 ]
-
-
-def _scatter_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """``out[i] = sum of values[e] with index[e] == i`` for ``i < n`` (values ``[E]`` or ``[E, F]``)."""
-    out = values.new_zeros((n, *values.shape[1:]))
-    return out.index_add_(0, index, values)
 
 
 def aggregate(x: torch.Tensor, block: Block, reduce: str) -> torch.Tensor:
@@ -146,7 +143,10 @@ class _WeightedGATConv(GATConv):
     """GATConv whose ``edge_attr`` (when the layer has no ``edge_dim``) is a ``[E]`` weight vector
     multiplying the unnormalised attention: ``alpha_ij = softmax_j(leaky_relu(e_ij) + log w_j)``.
     A weight of 0 gives ``log 0 = -inf``: the edge gets no attention at all (how
-    :class:`GATLayer` drops self-loop edges without a data-dependent mask)."""
+    :class:`GATLayer` drops self-loop edges without a data-dependent mask). :class:`GATLayer`
+    holds its parameters and computes the same over the block's CSR rows
+    (:func:`gnnio.train.gat_csr.gat_attention`); called on an edge list it is the reference the
+    tests compare with."""
 
     def edge_update(self, alpha_j, alpha_i, edge_attr, index, ptr, dim_size):
         if edge_attr is None or self.lin_edge is not None:
@@ -167,9 +167,10 @@ class GATLayer(nn.Module):
     layer gives the same attention without the mask: a self-loop edge of the block stays in place
     with weight 0 (``log 0 = -inf``, so ``exp`` gives it exactly no attention) and the loops are
     appended here, with PyG's ``fill_value="mean"`` computed over the kept edges. Results equal
-    PyG's to float rounding (tested in tests/test_models.py); with ``attn_dropout > 0`` the
-    dropout draws one mask entry per edge, kept self-loop edges included, so its random stream
-    differs from PyG's."""
+    PyG's to float rounding (tested in tests/test_models.py, gradients included); with
+    ``attn_dropout > 0`` the dropout draws one mask entry per edge (in the block's CSR order, then
+    the loops), kept self-loop edges included, so its random stream differs from PyG's. Computed
+    over the block's CSR rows without a scatter (:mod:`gnnio.train.gat_csr`)."""
 
     def __init__(self, in_dim: int, out_dim: int, heads: int, concat: bool, attn_dropout: float):
         super().__init__()
@@ -180,18 +181,35 @@ class GATLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
         ns, nd = block.num_src, block.num_dst
-        ei = block.edge_index
-        keep = (ei[0] != ei[1]).to(x.dtype)  # self-loop edges: weight 0 (PyG removes them)
+        conv = self.conv
+        heads, c = conv.heads, conv.out_channels
+        # GATConv's steps over the block's CSR rows (gnnio.train.gat_csr): no scatter, no
+        # [E, heads, C] message buffer on the CPU; the destinations' features are the sources'
+        # first rows (GATConv transforms x[:nd] again: the same rows, to float rounding)
+        xs = x if x.shape[0] == ns else x[:ns]  # (a full-length slice's backward copies x)
+        hs = conv.lin(xs).view(ns, heads, c)
+        # the attention terms (hs * att).sum(-1) as x @ (W^T att), sources' and destinations'
+        # in one product: no [rows, heads, C] products (nor their backward); the same sums in
+        # another order
+        wt = conv.lin.weight.view(heads, c, -1)
+        att = torch.cat([conv.att_src, conv.att_dst], 1).view(2 * heads, c, 1)
+        a = xs @ (wt.repeat(2, 1, 1) * att).sum(1).t()
+        a_src, a_dst = a[:, :heads], a[:nd, heads:]
+        adj = block_csr(block, "sum", x.dtype, x.device)  # CSR order; val: the weights, or 1
+        keep = (adj.col != adj.row).to(x.dtype)  # self-loop edges: weight 0 (PyG removes them)
         if block.edge_weight is None:
             w, loop_w = keep, x.new_ones(nd)
         else:
-            w = block.edge_weight.to(x.dtype).clamp_min(1e-30) * keep
-            loop_w = _scatter_sum(w, ei[1], nd) / _scatter_sum(keep, ei[1], nd).clamp_min(1)
+            w = adj.val.clamp_min(1e-30) * keep
+            n = torch.segment_reduce(torch.stack([w, keep], 1), "sum", offsets=adj.ptr,
+                                     unsafe=True)  # fmt: skip
+            loop_w = n[:, 0] / n[:, 1].clamp_min(1)
             loop_w = loop_w.clamp_min(1e-30)  # PyG: the mean of no edges is 0, clamped as above
-        loops = torch.arange(nd, device=ei.device, dtype=ei.dtype)
-        ei = torch.cat([ei, torch.stack([loops, loops])], dim=1)
-        w = torch.cat([w, loop_w])
-        return self.conv((x, x[:nd]), ei, edge_attr=w, size=(ns, nd))
+        p = conv.dropout
+        drop = (lambda a: dropout(a, p=p, training=True)) if self.training and p > 0 else None
+        out = gat_attention(hs, a_src, a_dst, adj, w, loop_w, conv.negative_slope, drop)
+        out = out.reshape(nd, heads * c) if conv.concat else out.mean(dim=1)
+        return out if conv.bias is None else out + conv.bias
 
 
 class GINLayer(nn.Module):
