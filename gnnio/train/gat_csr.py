@@ -165,6 +165,15 @@ class _HeadsProduct(torch.autograd.Function):
         return dval, dloop, dx, None
 
 
+def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``t[idx]`` (rows), with a backward that sums each row's gradients in a fixed order: on the
+    CPU ``index_select`` (backward ``index_add_``, serial over the indices), where ``t[idx]``'s
+    backward (``index_put_`` with ``accumulate=True``) adds with several threads in no fixed
+    order, so gradients changed from run to run and with the thread count; elsewhere ``t[idx]``
+    (on a GPU that backward sorts the indices: no atomics, unlike ``index_select``'s)."""
+    return t.index_select(0, idx) if t.device.type == "cpu" else t[idx]
+
+
 def gat_attention(hs, a_src, a_dst, adj, w, loop_w, negative_slope, dropout_fn):
     """GAT's output before the heads are combined (module docstring): ``[num_dst, H, C]``.
 
@@ -180,7 +189,7 @@ def gat_attention(hs, a_src, a_dst, adj, w, loop_w, negative_slope, dropout_fn):
     """
     ptr, col, row = adj.ptr, adj.col, adj.row
     w = w.reshape(-1, 1)
-    logit = F.leaky_relu(a_src[col] + a_dst[row], negative_slope) + torch.log(w)
+    logit = F.leaky_relu(_take(a_src, col) + _take(a_dst, row), negative_slope) + torch.log(w)
     nd = a_dst.shape[0]
     loop = F.leaky_relu(a_src[:nd] + a_dst, negative_slope) + torch.log(loop_w)[:, None]
     with torch.no_grad():  # PyG's softmax detaches the maximum
@@ -188,7 +197,7 @@ def gat_attention(hs, a_src, a_dst, adj, w, loop_w, negative_slope, dropout_fn):
     ex = torch.exp(logit - m[row])
     ex_loop = torch.exp(loop - m)
     total = torch.segment_reduce(ex, "sum", offsets=ptr, unsafe=True) + ex_loop + 1e-16
-    alpha, alpha_loop = ex / total[row], ex_loop / total
+    alpha, alpha_loop = ex / _take(total, row), ex_loop / total
     if dropout_fn is not None:
         both = dropout_fn(torch.cat([alpha, alpha_loop]))
         alpha, alpha_loop = both[: alpha.shape[0]], both[alpha.shape[0] :]
