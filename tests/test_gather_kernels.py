@@ -201,6 +201,29 @@ def test_the_ceiling_outgrows_the_cache_and_every_pass_starts_evicted(monkeypatc
     assert len(evicted) == 2 * (1 + 3)  # gather + one ceiling, warm-up + 3 timed passes each
 
 
+def test_default_eviction_fits_the_memory_available(monkeypatch, tmp_path):
+    """Without ``--evict-mib`` the eviction buffer (2x the cache) is capped at a quarter of the
+    memory available, as the automatic ceiling is: it used to fail the run with a usage error
+    about a flag not given (a 480 MiB L3, 3 GiB available: 960 MiB > 768)."""
+    import argparse
+
+    from gnnio.bench import gather as bg
+    from tests.helpers import write_tiny_dataset
+
+    monkeypatch.setattr(bg, "llc_bytes", lambda: 480 << 20)
+    monkeypatch.setattr(bg, "available_ram", lambda: 3 << 30)
+    made = []
+    monkeypatch.setattr(bg, "make_evict", lambda nbytes: made.append(nbytes) or (lambda: None))
+    monkeypatch.setattr(bg, "make_ceiling",
+                        lambda rows, gib, seed, progress: ({"numba_u64_rows": lambda: None}, 1))  # fmt: skip
+    path = write_tiny_dataset(tmp_path / "tiny")
+    p = argparse.ArgumentParser()
+    bg.add_arguments(p)
+    res = bg.run(p.parse_args([str(path), "--batches", "2", "--passes", "1", "--warmup", "0",
+                               "--batch-size", "4", "--fanouts", "2,2", "--quiet"]))  # fmt: skip
+    assert res["evict_mib"] == 768 and made == [768 << 20] and res["ceiling_gib"] == 0.75
+
+
 def test_llc_bytes_reads_the_largest_cache(monkeypatch, tmp_path):
     from gnnio.bench import gather as bg
 

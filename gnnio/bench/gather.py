@@ -62,7 +62,7 @@ def add_arguments(p) -> None:
                         "cache, the larger)")  # fmt: skip
     p.add_argument("--evict-mib", type=float, default=None,
                    help="MiB read before every pass to evict the cache (default: 2x the "
-                        "last-level cache; 0: none)")  # fmt: skip
+                        "last-level cache, at most a quarter of the memory available; 0: none)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
     p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
@@ -251,7 +251,11 @@ def run(args) -> dict:
             f"--ceiling-gib {args.ceiling_gib:g}: more than half of the "
             f"{avail / 2**30:.1f} GiB of memory available now"
         )
-    evict_mib = 2 * llc / (1 << 20) if args.evict_mib is None else args.evict_mib
+    evict_mib = args.evict_mib
+    if evict_mib is None:  # 2x the cache; at most a quarter of the memory (as checked below)
+        evict_mib = 2 * llc / (1 << 20)
+        if avail is not None:
+            evict_mib = min(evict_mib, avail / 4 / (1 << 20))
     if not 0 <= evict_mib * (1 << 20) <= (avail if avail is not None else float("inf")) / 4:
         raise UsageError(f"--evict-mib must be >= 0 and at most a quarter of the memory "
                          f"available now, got {evict_mib:g}")  # fmt: skip
