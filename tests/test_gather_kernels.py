@@ -211,7 +211,8 @@ def test_default_eviction_fits_the_memory_available(monkeypatch, tmp_path):
     from tests.helpers import write_tiny_dataset
 
     monkeypatch.setattr(bg, "llc_bytes", lambda: 480 << 20)
-    monkeypatch.setattr(bg, "available_ram", lambda: 3 << 30)
+    avail = [3 << 30]
+    monkeypatch.setattr(bg, "available_ram", lambda: avail[0])
     made = []
     monkeypatch.setattr(bg, "make_evict", lambda nbytes: made.append(nbytes) or (lambda: None))
     monkeypatch.setattr(bg, "make_ceiling",
@@ -222,6 +223,10 @@ def test_default_eviction_fits_the_memory_available(monkeypatch, tmp_path):
     res = bg.run(p.parse_args([str(path), "--batches", "2", "--passes", "1", "--warmup", "0",
                                "--batch-size", "4", "--fanouts", "2,2", "--quiet"]))  # fmt: skip
     assert res["evict_mib"] == 768 and made == [768 << 20] and res["ceiling_gib"] == 0.75
+    avail[0] = 400 << 20  # little memory: both shrink to a quarter of it, no error about a flag
+    res = bg.run(p.parse_args([str(path), "--batches", "2", "--passes", "1", "--warmup", "0",
+                               "--batch-size", "4", "--fanouts", "2,2", "--quiet"]))  # fmt: skip
+    assert res["evict_mib"] == 100 and res["ceiling_gib"] == 100 / 1024
 
 
 def test_llc_bytes_reads_the_largest_cache(monkeypatch, tmp_path):

@@ -7,8 +7,8 @@ loader does. ``gb_per_s`` = useful bytes (rows x row bytes) per second of a pass
 
 The ceiling. ``ceiling_gb_per_s`` is the rate of the same *access pattern* stripped of everything
 gnnio-specific: uniformly random 512-byte rows copied out of a separate buffer of ``--ceiling-gib``
-GiB (default: 1 GiB or four times the last-level cache, whichever is larger -- far larger than
-the cache; every page touched beforehand so reads hit DRAM, not the zero page; its first row on a
+GiB (default: 1 GiB or four times the last-level cache, whichever is larger, at most a quarter
+of the memory available -- far larger than the cache; every page touched beforehand so reads hit DRAM, not the zero page; its first row on a
 2 MiB boundary, the best case: no row straddles a cache line and huge pages cover it from the
 start) into a reused, pre-faulted buffer, with the same number of rows per call and calls per
 pass as the measured gather, on the same number of threads. Three
@@ -242,8 +242,8 @@ def run(args) -> dict:
     avail = available_ram()
     if args.ceiling_gib is None:  # 1 GiB or 4x the cache, in quarter GiB; at most a quarter of RAM
         args.ceiling_gib = max(1.0, math.ceil(4 * llc / (1 << 28)) / 4)
-        if avail is not None:
-            args.ceiling_gib = max(0.25, min(args.ceiling_gib, avail / 4 / (1 << 30)))
+        if avail is not None:  # (a quarter of what is free always passes the check below)
+            args.ceiling_gib = min(args.ceiling_gib, avail / 4 / (1 << 30))
     if not 0 < args.ceiling_gib < float("inf"):
         raise UsageError(f"--ceiling-gib must be > 0, got {args.ceiling_gib}")
     if avail is not None and args.ceiling_gib * (1 << 30) > avail // 2:
@@ -256,7 +256,8 @@ def run(args) -> dict:
         evict_mib = 2 * llc / (1 << 20)
         if avail is not None:
             evict_mib = min(evict_mib, avail / 4 / (1 << 20))
-    if not 0 <= evict_mib * (1 << 20) <= (avail if avail is not None else float("inf")) / 4:
+    limit = (avail if avail is not None else 1 << 50) / 4  # (unknown memory: any finite size)
+    if not 0 <= evict_mib * (1 << 20) <= limit:
         raise UsageError(f"--evict-mib must be >= 0 and at most a quarter of the memory "
                          f"available now, got {evict_mib:g}")  # fmt: skip
     set_threads(args.threads)

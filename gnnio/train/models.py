@@ -168,8 +168,9 @@ class GATLayer(nn.Module):
     with weight 0 (``log 0 = -inf``, so ``exp`` gives it exactly no attention) and the loops are
     appended here, with PyG's ``fill_value="mean"`` computed over the kept edges. Results equal
     PyG's to float rounding (tested in tests/test_models.py, gradients included); with
-    ``attn_dropout > 0`` the dropout draws one mask entry per edge (in the block's CSR order, then
-    the loops), kept self-loop edges included, so its random stream differs from PyG's. Computed
+    ``attn_dropout > 0`` the dropout draws one mask entry per edge and head (in the block's CSR
+    order, then the loops), kept self-loop edges included, so its random stream differs from
+    PyG's. Computed
     over the block's CSR rows without a scatter (:mod:`gnnio.train.gat_csr`)."""
 
     def __init__(self, in_dim: int, out_dim: int, heads: int, concat: bool, attn_dropout: float):

@@ -258,8 +258,9 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device,
     """
     if reduce not in ("mean", "sum"):
         raise ValueError(f"aggregate: reduce must be 'mean' or 'sum', got {reduce!r}")
-    if self_loop and reduce != "mean":
-        raise ValueError("block_csr: self_loop needs reduce='mean'")
+    if self_loop < 0 or (self_loop and reduce != "mean"):
+        raise ValueError(f"block_csr: self_loop must be >= 0, with reduce='mean' when > 0; got "
+                         f"{self_loop!r} with reduce={reduce!r}")  # fmt: skip
     nd, ns = block.num_dst, block.num_src
     impl = spmm_impl(device)
     src = block.edge_index[0].to(device=device, dtype=torch.int64)
