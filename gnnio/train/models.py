@@ -36,7 +36,7 @@ How each layer handles the bipartite block and per-edge weights ``b.edge_weight`
   ``softmax_j(e_ij + log w_j)`` = ``w_j exp(e_ij) / sum_k w_k exp(e_ik)`` (importance-weighted,
   self-normalised); a self-loop gets the mean weight of its node's in-edges. Computed over the
   block's CSR rows (:mod:`gnnio.train.gat_csr`: segment maxima and sums, one product per head,
-  no scatter, no ``[E, heads, C]`` message buffer on the CPU).
+  no atomic scatter, no ``[E, heads, C]`` message buffer on the CPU).
 * **GIN** — PyG ``GINConv``'s MLP and learnable ``eps``: ``h_i = MLP((1 + eps) x_i + sum_j w_j
   x_j)``, the sum again by :func:`aggregate`; with ``w = 1/q_j`` the weighted sum is the unbiased
   (Horvitz-Thompson) estimate of the full neighbour sum.
@@ -184,7 +184,7 @@ class GATLayer(nn.Module):
         ns, nd = block.num_src, block.num_dst
         conv = self.conv
         heads, c = conv.heads, conv.out_channels
-        # GATConv's steps over the block's CSR rows (gnnio.train.gat_csr): no scatter, no
+        # GATConv's steps over the block's CSR rows (gnnio.train.gat_csr): no atomics, no
         # [E, heads, C] message buffer on the CPU; the destinations' features are the sources'
         # first rows (GATConv transforms x[:nd] again: the same rows, to float rounding)
         xs = x if x.shape[0] == ns else x[:ns]  # (a full-length slice's backward copies x)
