@@ -207,3 +207,20 @@ def in_forked_child(fn, timeout: float = 60) -> bool | None:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     return None if not got else got == b"1"
+
+
+def op_names():
+    """A ``TorchDispatchMode`` whose ``names`` collects the ATen ops run inside its block
+    (``aten.index_add``, ...): for tests that an op is, or is not, on a path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpNames(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    return OpNames()

@@ -13,6 +13,7 @@ from gnnio.graph.csr import CSRGraph
 from gnnio.sampling import UniformSampler
 from gnnio.sampling.base import Block, MiniBatch
 from gnnio.train.models import MODELS, build_model, full_neighbor_block
+from tests.helpers import op_names
 
 
 def directed_graph(n: int = 40, e: int = 160, seed: int = 0) -> CSRGraph:
@@ -142,8 +143,6 @@ def test_gcn_layer_is_pyg_gcnconv_with_loops_bit_for_bit_and_scatter_free(weight
     scatter or ``index_add`` (atomics on a GPU: results that change from run to run) and no op
     that reads back to the host. Fails when the loop's term, the weights' order or the bias
     changes, or when the sum goes back to a scatter."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gnnio.train.models import GCNLayer
     from gnnio.utils.syncs import OpCounter
 
@@ -170,17 +169,8 @@ def test_gcn_layer_is_pyg_gcnconv_with_loops_bit_for_bit_and_scatter_free(weight
     (gout,) = torch.autograd.grad(out.square().sum(), x)
     assert torch.equal(out, ref) and torch.equal(gout, gref)
 
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.add(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
     monkeypatch.setenv("GNNIO_SPMM", "torch")
-    with Names() as seen, OpCounter() as count:
+    with op_names() as seen, OpCounter() as count:
         out = layer(x, block)
         (gout,) = torch.autograd.grad(out.square().sum(), x)
     assert not {n for n in seen.names if "index_add" in n or "scatter" in n}, seen.names
@@ -198,8 +188,6 @@ def test_gat_over_csr_rows_equals_pyg_gatconv_with_gradients_and_no_scatter(impl
     destination appended (the layer as it was), and the same gradients for the input and every
     parameter, with both kernels; the torch (GPU) path runs no scatter or ``index_add`` (atomics
     on a GPU) and reads nothing back to the host; 1 and 2 threads give the same bits."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gnnio.train.models import GATLayer
 
     def _scatter_sum(v, index, n):
@@ -239,14 +227,7 @@ def test_gat_over_csr_rows_equals_pyg_gatconv_with_gradients_and_no_scatter(impl
         want = reference()
         gwant = torch.autograd.grad(want.square().sum(), params)
 
-        class Names(TorchDispatchMode):
-            names: set = set()
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                self.names.add(str(func.overloadpacket))
-                return func(*args, **(kwargs or {}))
-
-        with Names() as seen, OpCounter() as count:
+        with op_names() as seen, OpCounter() as count:
             got = layer(x, block)
             ggot = torch.autograd.grad(got.square().sum(), params)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -268,24 +249,13 @@ def test_gat_take_gathers_rows_with_a_deterministic_backward_on_each_device():
     """gat_csr's row gathers: on the CPU ``index_select`` (backward ``index_add_``, serial),
     elsewhere ``t[idx]`` (on a GPU its backward sorts the indices, while ``index_add_`` -- the
     backward of ``index_select`` there -- adds with atomics). Checked on the meta device."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gnnio.train.gat_csr import _take
-
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.add(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
 
     for device, want, never in (("cpu", "aten.index_select", "aten.index_put_"),
                                 ("meta", "aten.index", "aten.index_add")):  # fmt: skip
         t = torch.randn(6, 2, device=device, requires_grad=True)
         idx = torch.tensor([0, 5, 5, 1], device=device)
-        with Names() as seen:
+        with op_names() as seen:
             torch.autograd.grad(_take(t, idx).sum(), t)
         assert want in seen.names and never not in seen.names, seen.names
 

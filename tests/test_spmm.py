@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gnnio.sampling.base import Block, dst_ptr
 from gnnio.train import spmm
 from gnnio.train.models import aggregate
-from tests.helpers import in_forked_child
+from tests.helpers import in_forked_child, op_names
 
 
 def _random_block(rng, nd, ns, e, weighted, sorted_dst=True, with_ptr=True):
@@ -214,23 +214,12 @@ def test_the_torch_paths_weighted_mean_sums_rows_without_atomics_or_syncs(monkey
     weighted mean's row sums then change from run to run); the torch path sums each row with
     ``segment_reduce`` instead, reads nothing back to the host, and its values equal the numba
     path's (the test above). Fails when the row sums go back to an atomic scatter."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gnnio.utils.syncs import OpCounter
-
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.add(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
 
     rng = np.random.default_rng(3)
     block = _random_block(rng, 80, 200, 1200, weighted=True)
     monkeypatch.setenv("GNNIO_SPMM", "torch")
-    with Names() as seen, OpCounter() as count:
+    with op_names() as seen, OpCounter() as count:
         adj = spmm.block_csr(block, "mean", torch.float32, torch.device("cpu"))
     assert "aten::segment_reduce" in seen.names or "aten.segment_reduce" in seen.names, seen.names
     assert not {n for n in seen.names if "index_add" in n or "scatter" in n}, seen.names
