@@ -50,8 +50,10 @@ def _batches(path, cfg, n):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"model": "sage"}, {"model": "gin"}, {"model": "gcn"}, {"model": "sage", "sampler": "labor"}],
-)
+    [{"model": "sage"}, {"model": "gin"}, {"model": "gcn"}, {"model": "gat"},
+     {"model": "sage", "sampler": "labor"}, {"model": "gat", "sampler": "labor"},
+     {"model": "gcn", "sampler": "labor"}],
+)  # fmt: skip
 def test_the_padded_step_trains_as_the_eager_step(small, kw):
     """Same start, same batches: after the eager warmup, every padded batch gives the eager
     step's loss and logits, and the parameters stay equal (float rounding: dense products over
@@ -213,7 +215,7 @@ def test_cuda_graph_option(small, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("model", ["sage", "gin"])
+@pytest.mark.parametrize("model", ["sage", "gin", "gcn", "gat"])
 def test_the_captured_step_trains_as_the_eager_step_on_cuda(small, model):  # pragma: no cover
     """On a GPU the step is captured once and replayed: no capture failure, every batch past the
     warmup and the padded warm-up batch replayed (8 = 2 eager + 1 warm-up + 5 replays, as
