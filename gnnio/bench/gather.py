@@ -8,10 +8,11 @@ loader does. ``gb_per_s`` = useful bytes (rows x row bytes) per second of a pass
 The ceiling. ``ceiling_gb_per_s`` is the rate of the same *access pattern* stripped of everything
 gnnio-specific: uniformly random 512-byte rows copied out of a separate buffer of ``--ceiling-gib``
 GiB (default: 1 GiB or four times the last-level cache, whichever is larger, at most a quarter
-of the memory available -- far larger than the cache; every page touched beforehand so reads hit DRAM, not the zero page; its first row on a
-2 MiB boundary, the best case: no row straddles a cache line and huge pages cover it from the
-start) into a reused, pre-faulted buffer, with the same number of rows per call and calls per
-pass as the measured gather, on the same number of threads. Three
+of the memory available -- far larger than the cache; every page touched beforehand so reads hit
+DRAM, not the zero page; its first row on a 2 MiB boundary, the best case: no row straddles a
+cache line and huge pages cover it from the start) into a reused, pre-faulted buffer, with the
+same number of rows per call and calls per pass as the measured gather, on the same number of
+threads. Three
 implementations run and the fastest one is the ceiling: ATen's ``index_select(out=)``, and two
 numba kernels written here (uint64 words, not the store's byte-view kernel), one plain, one with
 software prefetch of the rows 8 ahead (the best technique we know; the store's kernel uses it
@@ -59,7 +60,7 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
     p.add_argument("--ceiling-gib", type=float, default=None,
                    help="size of the ceiling's buffer (default: 1 GiB or 4x the last-level "
-                        "cache, the larger)")  # fmt: skip
+                        "cache, the larger, at most a quarter of the memory available)")  # fmt: skip
     p.add_argument("--evict-mib", type=float, default=None,
                    help="MiB read before every pass to evict the cache (default: 2x the "
                         "last-level cache, at most a quarter of the memory available; 0: none)")  # fmt: skip

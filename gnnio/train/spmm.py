@@ -278,7 +278,7 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device,
         ptr = ptr.to(device=device, dtype=torch.int64)
     e = int(src.shape[0])
     if self_loop:
-        return _with_self_loop(ptr, src, dst, w, float(self_loop), (nd, ns), impl, dtype, device)
+        return _with_self_loop(ptr, src, dst, w, float(self_loop), (nd, ns), impl, dtype)
     if impl == "numba":
         val = torch.empty(e, dtype=dtype)
         if w is None and reduce == "sum":
@@ -301,7 +301,7 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device,
     return BlockCSR(ptr, src, val, (nd, ns), impl, row=dst)
 
 
-def _with_self_loop(ptr, src, dst, w, c, shape, impl, dtype, device) -> BlockCSR:
+def _with_self_loop(ptr, src, dst, w, c, shape, impl, dtype) -> BlockCSR:
     """:func:`block_csr`'s ``self_loop`` case: the row sums as ``_row_values`` takes them (edge
     order), then ``+ c``; the same values on both paths, bit for bit."""
     nd, e = shape[0], int(src.shape[0])
