@@ -68,7 +68,7 @@ from .decode import FeatureDecoder
 from .dropout import dropout
 from .gat_csr import gat_attention
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
-from .spmm import block_csr, block_matmul
+from .spmm import block_csr, block_matmul, first_rows
 
 remove_at_exit()  # PyG writes its layers' generated modules to /tmp and never deletes them
 
@@ -133,7 +133,7 @@ class GCNLayer(nn.Module):
         # self-loop per destination, bias -- with the sum as one CSR product (block_csr's
         # self_loop): in PyG's order (a row's edges, then its loop), no [E, out] message buffer,
         # and no scatter, whose atomics on a GPU change the last bits from run to run
-        h = self.conv.lin(x[: block.num_src])
+        h = self.conv.lin(first_rows(x, block.num_src))
         adj = block_csr(block, "mean", h.dtype, h.device, self_loop=1.0)
         out = block_matmul(h, adj) + adj.self_val[:, None] * h[: block.num_dst]
         return out if self.conv.bias is None else out + self.conv.bias
@@ -187,7 +187,7 @@ class GATLayer(nn.Module):
         # GATConv's steps over the block's CSR rows (gnnio.train.gat_csr): no atomics, no
         # [E, heads, C] message buffer on the CPU; the destinations' features are the sources'
         # first rows (GATConv transforms x[:nd] again: the same rows, to float rounding)
-        xs = x if x.shape[0] == ns else x[:ns]  # (a full-length slice's backward copies x)
+        xs = first_rows(x, ns)
         hs = conv.lin(xs).view(ns, heads, c)
         # the attention terms (hs * att).sum(-1) as x @ (W^T att), sources' and destinations'
         # in one product: no [rows, heads, C] products (nor their backward); the same sums in
@@ -272,9 +272,7 @@ class BlockGNN(nn.Module):
 
     def apply_layer(self, i: int, x: torch.Tensor, block: Block) -> torch.Tensor:
         """Layer ``i`` on the rows ``x[:block.num_src]`` (dropout before, ReLU after unless last)."""
-        if x.shape[0] != block.num_src:  # a full-length slice would still cost a backward copy
-            x = x[: block.num_src]
-        x = dropout(x, p=self.dropout, training=self.training)
+        x = dropout(first_rows(x, block.num_src), p=self.dropout, training=self.training)
         x = self.layers[i](x, block)
         if i < self.num_layers - 1:
             x = F.relu(x)

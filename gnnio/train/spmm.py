@@ -51,7 +51,7 @@ try:
 except ImportError:  # pragma: no cover - numba is a dependency
     HAVE_NUMBA = False
 
-__all__ = ["BlockCSR", "block_csr", "block_matmul", "spmm_impl"]
+__all__ = ["BlockCSR", "block_csr", "block_matmul", "first_rows", "spmm_impl"]
 
 if HAVE_NUMBA:
 
@@ -325,9 +325,12 @@ def _with_self_loop(ptr, src, dst, w, c, shape, impl, dtype) -> BlockCSR:
     return adj
 
 
+def first_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x[:n]``, or ``x`` itself when it has ``n`` rows: a full-length slice would still cost a
+    backward that allocates and copies all of ``x``."""
+    return x if x.shape[0] == n else x[:n]
+
+
 def block_matmul(x: torch.Tensor, adj: BlockCSR) -> torch.Tensor:
     """``adj @ x[:adj.shape[1]]``, differentiable in ``x`` (backward ``adj^T @ grad``)."""
-    ns = adj.shape[1]
-    if x.shape[0] != ns:
-        x = x[:ns]
-    return _BlockMatmul.apply(x, adj)
+    return _BlockMatmul.apply(first_rows(x, adj.shape[1]), adj)
