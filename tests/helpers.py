@@ -152,8 +152,32 @@ def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:
         [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
         timeout=timeout,
     )  # fmt: skip
+    if r.returncode != 0 and _INDEX_BUG in r.stderr and _interpreter_lacks_index_fix():
+        import pytest
+        import triton
+
+        pytest.skip(
+            f"Triton {triton.__version__}'s interpreter cannot use a reduction's result as a loop "
+            "bound (its tensors' __index__ is int() of a 1-element array, which NumPy refuses; "
+            "Triton 3.9's squeezes it first); the compiled kernels are not affected"
+        )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "ok"
+
+
+_INDEX_BUG = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def _interpreter_lacks_index_fix() -> bool:
+    """Whether Triton's interpreter turns a tensor into an index by ``int(data)`` without
+    squeezing it first (Triton 3.6, the GPU image's: a reduction's result there is a 1-element
+    array, and ``range(0, tl.max(x, 0), C)`` fails under NumPy 2.4 and newer)."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    src = inspect.getsource(interpreter)
+    return '"__index__", lambda self: int(self.handle.data))' in src
 
 
 def compile_for_sm90(fn, types: dict, const: dict):
