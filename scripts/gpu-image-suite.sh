@@ -14,12 +14,17 @@ fi
 venv=$1
 shift
 cd "$(dirname "$0")/.."
-PY312=${PYTHON312:-$(command -v python3.12 || true)}
-if [ -z "$PY312" ]; then
-  echo "gpu-image-suite: no python3.12 found (set PYTHON312 to one)" >&2
-  exit 2
-fi
 if [ ! -x "$venv/bin/python" ]; then
+  PY312=${PYTHON312:-}
+  if [ -z "$PY312" ]; then  # (a pyenv shim may exist and still refuse to run)
+    for c in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+      if "$c" -c "" 2>/dev/null; then PY312=$c; break; fi
+    done
+  fi
+  if [ -z "$PY312" ]; then
+    echo "gpu-image-suite: no Python 3.12 that runs (set PYTHON312 to one)" >&2
+    exit 2
+  fi
   "$PY312" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" \
