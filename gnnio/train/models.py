@@ -68,7 +68,7 @@ from .decode import FeatureDecoder
 from .dropout import dropout
 from .gat_csr import gat_attention
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
-from .spmm import block_csr, block_matmul, first_rows
+from .spmm import block_csr, block_matmul, block_matmul_root, first_rows
 
 remove_at_exit()  # PyG writes its layers' generated modules to /tmp and never deletes them
 
@@ -114,11 +114,13 @@ class SAGELayer(nn.Module):
         self.edge_weight_norm = edge_weight_norm
 
     def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
-        agg = aggregate(x, block, "mean" if block.edge_weight is None else self.edge_weight_norm)
+        reduce = "mean" if block.edge_weight is None else self.edge_weight_norm
+        agg, xd = block_matmul_root(x, block_csr(block, reduce, x.dtype, x.device))
         root = self.conv.lin_r
-        if root.bias is None:  # lin_r(x) added inside lin_l's product: one op (and backward) less
-            return torch.addmm(self.conv.lin_l(agg), x[: block.num_dst], root.weight.t())
-        return self.conv.lin_l(agg) + root(x[: block.num_dst])
+        if root.bias is None:  # lin_r(x) added in place into lin_l's result: the same product
+            # as torch.addmm(lin_l(agg), ...) without its copy of lin_l(agg) into a new tensor
+            return self.conv.lin_l(agg).addmm_(xd, root.weight.t())
+        return self.conv.lin_l(agg) + root(xd)
 
 
 class GCNLayer(nn.Module):
@@ -135,7 +137,8 @@ class GCNLayer(nn.Module):
         # and no scatter, whose atomics on a GPU change the last bits from run to run
         h = self.conv.lin(first_rows(x, block.num_src))
         adj = block_csr(block, "mean", h.dtype, h.device, self_loop=1.0)
-        out = block_matmul(h, adj) + adj.self_val[:, None] * h[: block.num_dst]
+        agg, hd = block_matmul_root(h, adj)
+        out = agg + adj.self_val[:, None] * hd
         return out if self.conv.bias is None else out + self.conv.bias
 
 
@@ -223,8 +226,8 @@ class GINLayer(nn.Module):
         self.conv = GINConv(mlp, train_eps=True)
 
     def forward(self, x: torch.Tensor, block: Block) -> torch.Tensor:
-        agg = aggregate(x, block, "sum")
-        return self.conv.nn(agg + (1 + self.conv.eps) * x[: block.num_dst])
+        agg, xd = block_matmul_root(x, block_csr(block, "sum", x.dtype, x.device))
+        return self.conv.nn(agg + (1 + self.conv.eps) * xd)
 
 
 class BlockGNN(nn.Module):
