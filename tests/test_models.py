@@ -236,6 +236,7 @@ def test_gat_over_csr_rows_equals_pyg_gatconv_with_gradients_and_no_scatter(impl
         assert count.syncs == 0, count.sync_ops
         if impl == "torch":  # (index_add: the CPU's row gathers' backward, see test_gat_take)
             assert not {n for n in seen.names if "scatter" in n}, seen.names
+        assert "aten.copy_" not in seen.names  # (``dx[:nd] +=`` copies dx[:nd] onto itself)
         with torch.no_grad():
             torch.set_num_threads(1)
             try:

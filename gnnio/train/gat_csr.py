@@ -161,7 +161,7 @@ class _HeadsProduct(torch.autograd.Function):
         if ctx.needs_input_grad[2]:  # the transposed product, and the loops' rows
             tptr, tcol, order = r.t()
             dx = _product(tptr, tcol, val[order], g, r.shape[1], r.impl)
-            dx[:nd] += loop[:, :, None] * g
+            dx.narrow(0, 0, nd).add_(loop[:, :, None] * g)  # (not dx[:nd] +=: a self-copy)
         return dval, dloop, dx, None
 
 

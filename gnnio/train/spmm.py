@@ -265,7 +265,7 @@ class _BlockMatmulRoot(torch.autograd.Function):
         else:
             gx = adj.t().matmul(grad)
         if grad_root is not None:
-            gx[: adj.shape[0]] += grad_root
+            gx.narrow(0, 0, adj.shape[0]).add_(grad_root)  # (``gx[:d] +=`` copies it onto itself)
         return gx, None
 
 
