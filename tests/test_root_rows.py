@@ -141,3 +141,32 @@ def test_without_a_gradient_no_custom_backward_is_recorded():
     agg, xd = spmm.block_matmul_root(x, adj)
     assert agg.grad_fn is None and xd.grad_fn is None
     assert xd.data_ptr() == x.data_ptr() and xd.shape == (5, 4)
+
+
+@pytest.mark.parametrize("name", ["sage", "gin"])
+def test_layers_under_autocast_equal_the_sliced_root(name):
+    """Under ``torch.autocast`` (bfloat16 on the CPU here; float16 on a GPU alike) ``lin_l``'s
+    result is in the lower precision while the root rows and ``lin_r``'s weight are not: SAGE's
+    in-place ``addmm_`` (not an autocast op) must not meet them, or it raises a dtype mismatch
+    where ``torch.addmm`` (an autocast op) cast them. Same values and gradients as before."""
+    make, ref = LAYERS[name]
+    rng = np.random.default_rng(2)
+    block = _random_block(rng, 9, 40, 150, False)
+    torch.manual_seed(0)
+    layer = make()
+    x = torch.randn(40, 12)
+    g = torch.randn(9, 8)
+
+    def autocast(fn):
+        def run(layer, x, block):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = layer(x, block) if fn is None else fn(layer, x, block)
+            return out.float()
+
+        return run
+
+    got = _grads(layer, autocast(None), x, block, g)
+    want = _grads(layer, autocast(ref), x, block, g)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for a, b in zip(got[2], want[2], strict=True):
+        assert torch.equal(a, b)

@@ -117,10 +117,15 @@ class SAGELayer(nn.Module):
         reduce = "mean" if block.edge_weight is None else self.edge_weight_norm
         agg, xd = block_matmul_root(x, block_csr(block, reduce, x.dtype, x.device))
         root = self.conv.lin_r
+        out = self.conv.lin_l(agg)
         if root.bias is None:  # lin_r(x) added in place into lin_l's result: the same product
             # as torch.addmm(lin_l(agg), ...) without its copy of lin_l(agg) into a new tensor
-            return self.conv.lin_l(agg).addmm_(xd, root.weight.t())
-        return self.conv.lin_l(agg) + root(xd)
+            if out.dtype == xd.dtype:
+                return out.addmm_(xd, root.weight.t())
+            # under torch.autocast lin_l's result is in the lower precision: addmm_ is no
+            # autocast op (a dtype mismatch), torch.addmm casts its operands
+            return torch.addmm(out, xd, root.weight.t())
+        return out + root(xd)
 
 
 class GCNLayer(nn.Module):
