@@ -11,11 +11,15 @@ if [ $# -lt 1 ]; then
   echo "usage: bash scripts/gpu-image-suite.sh VENV [pytest options]" >&2
   exit 2
 fi
-venv=$1
+venv=$(realpath -m -- "$1")  # (relative to where it was called, not to the checkout)
 shift
 cd "$(dirname "$0")/.."
 if [ ! -x "$venv/bin/python" ]; then
   PY312=${PYTHON312:-}
+  if [ -n "$PY312" ] && ! "$PY312" -c "" 2>/dev/null; then
+    echo "gpu-image-suite: PYTHON312=$PY312 does not run" >&2
+    exit 2
+  fi
   if [ -z "$PY312" ]; then  # (a pyenv shim may exist and still refuse to run)
     for c in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
       if "$c" -c "" 2>/dev/null; then PY312=$c; break; fi

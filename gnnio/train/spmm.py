@@ -279,7 +279,11 @@ def block_matmul_root(x: torch.Tensor, adj: BlockCSR) -> tuple[torch.Tensor, tor
     gradient as large as ``x`` and then adds it to the product's, two passes over all ``S`` rows
     (``S`` is 5-7 times ``D`` in a sampled block): measured ~10 ms of a 135 ms GraphSAGE step
     on the 2^21 graph (2-core VM), and more for GCN, whose layer 0 reads its root from a
-    transformed input that needs a gradient. Without a gradient for ``x`` both are plain."""
+    transformed input that needs a gradient. Without a gradient for ``x`` both are plain.
+
+    With a gradient, ``x[:D]`` is a view made inside an autograd function: modifying it in
+    place, or modifying ``x`` in place while it is in use, raises (a plain slice allowed the
+    former); the layers only read both."""
     xs = first_rows(x, adj.shape[1])
     if not (torch.is_grad_enabled() and xs.requires_grad):
         return _BlockMatmul.apply(xs, adj), xs[: adj.shape[0]]
