@@ -264,6 +264,51 @@ def test_autograd_beyond_one_backward_as_f_dropout():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("mode", ["no_grad_input", "under_no_grad", "inference_mode", "dual"])
+def test_an_input_without_a_gradient_keeps_no_mask(monkeypatch, mode):
+    """The model's first layer (the features need no gradient), ``torch.no_grad``, inference
+    mode: the output and the stream are F.dropout's, and no mask is made or kept (the autograd
+    function is not used). A forward-mode AD level open: the function is used, its tangent
+    F.dropout's. Fails when the mask-free pass drifts from F.dropout or is never taken."""
+    import contextlib
+
+    import torch.autograd.forward_ad as fwad
+
+    assert matches_torch(torch.float32)  # (its one-time check uses the function: before the spy)
+    fused = Counter()
+    real = dropout_mod._FusedDropout.apply
+
+    def spy(*a):
+        fused["n"] += 1
+        return real(*a)
+
+    monkeypatch.setattr(dropout_mod._FusedDropout, "apply", spy)
+    x = torch.randn(70, 90, generator=torch.Generator().manual_seed(6))  # > _MIN_ELEMENTS
+    tangent = torch.randn(70, 90, generator=torch.Generator().manual_seed(7))
+    ctx = {
+        "no_grad_input": contextlib.nullcontext,
+        "under_no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+        "dual": fwad.dual_level,
+    }[mode]
+    res = []
+    for fn in (F.dropout, dropout):
+        xi = x.clone().requires_grad_(mode == "under_no_grad")
+        with torch.random.fork_rng(devices=[]), ctx():
+            torch.manual_seed(3)
+            if mode == "dual":
+                xi = fwad.make_dual(xi, tangent)
+            y = fn(xi, p=0.35, training=True)
+            t = fwad.unpack_dual(y).tangent if mode == "dual" else None
+            y = fwad.unpack_dual(y).primal if mode == "dual" else y
+            res.append((y.clone(), t, torch.default_generator.get_state()))
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][2], res[1][2])
+    if mode == "dual":
+        assert torch.equal(res[0][1], res[1][1])
+    assert fused["n"] == (1 if mode == "dual" else 0), fused
+    assert not res[1][0].requires_grad
+
+
 def test_a_default_device_context_does_not_move_the_draws():
     x = torch.randn(6, 9)
     with torch.device("meta"):

@@ -43,7 +43,14 @@ try:
 except ImportError:  # pragma: no cover - numba is a dependency
     HAVE_NUMBA = False
 
-__all__ = ["MTState", "block_words", "read_state", "threshold", "write_state"]
+__all__ = [
+    "MTState",
+    "block_words",
+    "dropout_out_pass",
+    "read_state",
+    "threshold",
+    "write_state",
+]
 
 _N, _M = 624, 397
 _STATE_BYTES = 5056
@@ -139,6 +146,13 @@ if HAVE_NUMBA:
             out[i] = x[i] * v
 
     @njit(nogil=True, cache=True)
+    def _mask_only(w64, k, x, s, out):  # pragma: no cover - compiled
+        # _mask_pass's out alone: for an input without a gradient (no noise kept for a backward)
+        zero = x.dtype.type(0)
+        for i in range(x.shape[0]):
+            out[i] = x[i] * (s if _m53(w64[i]) < k else zero)
+
+    @njit(nogil=True, cache=True)
     def _uniforms(w64, out):  # pragma: no cover - compiled
         for i in range(out.shape[0]):
             out[i] = _m53(w64[i]) * (1.0 / 9007199254740992.0)
@@ -172,6 +186,18 @@ if HAVE_NUMBA:
             hi = min(n, lo + per)
             a, nb, pad = _round(block, c, hi - lo, w32)
             _mask_pass(w64[a : a + hi - lo], k, x[lo:hi], s, out[lo:hi], noise[lo:hi])
+            c = _next(block, c, hi - lo, nb, pad, w32)
+        return c
+
+    @njit(nogil=True, cache=True)
+    def dropout_out_pass(block, c, k, x, s, out, w32, w64, per):  # pragma: no cover - compiled
+        """:func:`dropout_pass` without its ``noise`` (an input that needs no gradient): the same
+        ``out`` and stream. Returns the new ``c``."""
+        n = x.shape[0]
+        for lo in range(0, n, per):
+            hi = min(n, lo + per)
+            a, nb, pad = _round(block, c, hi - lo, w32)
+            _mask_only(w64[a : a + hi - lo], k, x[lo:hi], s, out[lo:hi])
             c = _next(block, c, hi - lo, nb, pad, w32)
         return c
 

@@ -98,6 +98,24 @@ class _FusedDropout(torch.autograd.Function):
         return x_t * noise  # forward-mode AD, as F.dropout's
 
 
+def _needs_backward(x: torch.Tensor) -> bool:
+    """Whether the output needs the mask kept: ``x`` needs a gradient, or a forward-mode AD
+    level is open (``x`` may carry a tangent)."""
+    import torch.autograd.forward_ad as fwad
+
+    return (torch.is_grad_enabled() and x.requires_grad) or getattr(fwad, "_current_level", 0) >= 0
+
+
+def _out_only(x: torch.Tensor, q: float, chunk: int, st) -> torch.Tensor:
+    """The fused pass's output alone, for an input without a gradient (the model's first layer
+    reads the features): no mask tensor written and kept, 4 of the pass's 20 bytes per element."""
+    out = torch.empty_like(x)
+    w32, w64 = _words(chunk)
+    st.c = mt.dropout_out_pass(st.block, st.c, mt.threshold(q), x.detach().view(-1).numpy(),
+                               _scale(x.dtype, q), out.view(-1).numpy(), w32, w64, chunk)  # fmt: skip
+    return out
+
+
 #: ``1 / q`` as ``F.dropout``'s ``noise.div_(q)`` rounds it, per (dtype, q)
 @functools.lru_cache(maxsize=64)
 def _scale(dtype: torch.dtype, q: float):
@@ -115,7 +133,9 @@ def _mask_dropout(x: torch.Tensor, p: float, chunk: int | None = None) -> torch.
             if st is None:  # a layout this module does not know: torch's own draws
                 return F.dropout(x, p=p, training=True)
             try:
-                return _FusedDropout.apply(x, q, _scale(x.dtype, q), chunk or _CHUNK, st)
+                if _needs_backward(x):
+                    return _FusedDropout.apply(x, q, _scale(x.dtype, q), chunk or _CHUNK, st)
+                return _out_only(x, q, chunk or _CHUNK, st)
             finally:
                 mt.write_state(gen, st)  # (on an error too: the draws made so far are spent)
     noise = torch.rand(x.shape, dtype=torch.float64, device="cpu").lt_(q).to(x.dtype)
