@@ -202,7 +202,7 @@ def _functorch_wrapped(x: torch.Tensor) -> bool:
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """``F.dropout(x, p, training)`` (same signature, same result, same random stream); on a
     contiguous CPU tensor with ``0 < p < 1`` the draws are continued in numba (module
-    docstring)."""
+    docstring), and where ``x`` needs no gradient no mask is written or kept."""
     if (
         training
         and 0.0 < p < 1.0
