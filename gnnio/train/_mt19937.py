@@ -147,7 +147,9 @@ if HAVE_NUMBA:
 
     @njit(nogil=True, cache=True)
     def _mask_only(w64, k, x, s, out):  # pragma: no cover - compiled
-        # _mask_pass's out alone: for an input without a gradient (no noise kept for a backward)
+        # _mask_pass's out alone: for an input without a gradient (no noise kept for a backward).
+        # A kernel of its own: _mask_pass with both loops behind a branch on an empty noise ran
+        # 12 % slower on both paths (a 2^21 batch's layer inputs, 2-core VM)
         zero = x.dtype.type(0)
         for i in range(x.shape[0]):
             out[i] = x[i] * (s if _m53(w64[i]) < k else zero)

@@ -39,6 +39,7 @@ import threading
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwad
 import torch.nn.functional as F
 
 from . import _mt19937 as mt
@@ -101,8 +102,6 @@ class _FusedDropout(torch.autograd.Function):
 def _needs_backward(x: torch.Tensor) -> bool:
     """Whether the output needs the mask kept: ``x`` needs a gradient, or a forward-mode AD
     level is open (``x`` may carry a tangent)."""
-    import torch.autograd.forward_ad as fwad
-
     return (torch.is_grad_enabled() and x.requires_grad) or getattr(fwad, "_current_level", 0) >= 0
 
 
