@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gnnio.errors import UsageError
 from gnnio.graph.csr import CSRGraph
@@ -164,19 +165,65 @@ def test_gcn_layer_is_pyg_gcnconv_with_loops_bit_for_bit_and_scatter_free(weight
     ww = ww / torch.zeros(nd).index_add_(0, ei[1], ww)[ei[1]]
     ref = layer.conv(x, ei, ww)[:nd]
     (gref,) = torch.autograd.grad(ref.square().sum(), x)
-    monkeypatch.setenv("GNNIO_SPMM", "")
-    out = layer(x, block)
-    (gout,) = torch.autograd.grad(out.square().sum(), x)
-    assert torch.equal(out, ref) and torch.equal(gout, gref)
-
-    monkeypatch.setenv("GNNIO_SPMM", "torch")
-    with op_names() as seen, OpCounter() as count:
+    assert not layer.transforms_first(block)  # (a sampled block: lin after the product)
+    for first in (True, False):  # PyG's order bit for bit; lin after it within rounding
+        monkeypatch.setattr(layer, "transforms_first", lambda b, first=first: first)
+        monkeypatch.setenv("GNNIO_SPMM", "")
         out = layer(x, block)
         (gout,) = torch.autograd.grad(out.square().sum(), x)
-    assert not {n for n in seen.names if "index_add" in n or "scatter" in n}, seen.names
-    assert count.syncs == 0, count.sync_ops
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gout, gref, rtol=1e-5, atol=1e-5)
+        if first:
+            assert torch.equal(out, ref) and torch.equal(gout, gref)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(gout, gref, rtol=1e-5, atol=1e-5)
+
+        monkeypatch.setenv("GNNIO_SPMM", "torch")
+        with op_names() as seen, OpCounter() as count:
+            out = layer(x, block)
+            (gout,) = torch.autograd.grad(out.square().sum(), x)
+        assert not {n for n in seen.names if "index_add" in n or "scatter" in n}, seen.names
+        assert count.syncs == 0, count.sync_ops
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(gout, gref, rtol=1e-5, atol=1e-5)
+
+
+def test_gcn_takes_lin_where_it_costs_less():
+    """GCNLayer.transforms_first: lin after the product on a sampled block (its GEMM on the
+    destinations' rows, not all the sources'); first on a full graph's block whose output is
+    narrower than its input (PyG's and DGL's order there); and the forward's GEMM has the rows
+    the choice says. Fails when the choice is ignored or inverted."""
+    from gnnio.train.models import GCNLayer
+
+    def block_of(nd, ns, e):
+        dst = torch.arange(e) % nd
+        dst = dst.sort().values
+        ptr = torch.searchsorted(dst, torch.arange(nd + 1))
+        return Block(torch.stack([torch.arange(e) % ns, dst]), ns, nd, None, ptr=ptr)
+
+    sampled, full = block_of(50, 300, 900), block_of(300, 300, 900)
+    wide_to_narrow, narrow_to_wide = GCNLayer(64, 8), GCNLayer(8, 64)
+    assert not wide_to_narrow.transforms_first(sampled)
+    assert not narrow_to_wide.transforms_first(sampled)
+    assert wide_to_narrow.transforms_first(full)
+    assert not narrow_to_wide.transforms_first(full)
+
+    class Rows(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func.overloadpacket) in ("aten.mm", "aten.addmm"):
+                self.rows = [a.shape[0] for a in args if isinstance(a, torch.Tensor) and
+                             a.dim() == 2 and a.shape[1] == 64]  # fmt: skip
+            return func(*args, **(kwargs or {}))
+
+    for layer, block, rows in ((wide_to_narrow, sampled, 50), (wide_to_narrow, full, 300)):
+        with torch.no_grad(), Rows() as seen:
+            layer(torch.randn(300, 64), block)
+        assert seen.rows == [rows], (seen.rows, rows)
+        # gnnio bench step's floor counts lin's FLOPs on the same rows
+        from gnnio.bench.step import batch_work
+
+        net = torch.nn.Module()
+        net.layers = torch.nn.ModuleList([layer])
+        mb = MiniBatch(torch.arange(block.num_dst), torch.arange(300), [block])
+        assert batch_work(net, mb, 0)[0] == 3 * 2.0 * rows * 64 * 8
 
 
 @pytest.mark.parametrize("impl", ["numba", "torch"])

@@ -310,13 +310,17 @@ def _sequential(parts, device, warmup: int, k: int, progress: bool, count: bool)
 
 def batch_work(model, mb, row_bytes: int) -> tuple[float, float]:
     """``(flops, bytes)`` of one training step on ``mb`` (see module docstring): every
-    ``nn.Linear`` of each layer on the rows it sees (the destinations for SAGE/GIN, the sources for
-    GCN/GAT), forward + backward (3x); the gather's rows read and written, and each aggregation's
+    ``nn.Linear`` of each layer on the rows it sees (the destinations for SAGE/GIN and for GCN
+    where its ``lin`` goes after the product, the sources for GAT and for GCN where it goes
+    first), forward + backward (3x); the gather's rows read and written, and each aggregation's
     edge rows read and destination rows written, forward and backward (2x), in float32."""
     flops = 0.0
     nbytes = 2.0 * int(mb.input_nodes.shape[0]) * row_bytes
     for layer, b in zip(getattr(model, "layers", []), mb.blocks):
-        rows = b.num_src if type(layer).__name__ in ("GCNLayer", "GATLayer") else b.num_dst
+        first = type(layer).__name__ == "GATLayer" or (
+            type(layer).__name__ == "GCNLayer" and layer.transforms_first(b)
+        )
+        rows = b.num_src if first else b.num_dst
         width = None
         for m in layer.modules():
             if isinstance(m, torch.nn.Linear):
