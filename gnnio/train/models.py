@@ -13,7 +13,7 @@ writes the destination rows; destination nodes are a prefix of the source nodes,
 How each layer handles the bipartite block and per-edge weights ``b.edge_weight``:
 
 * **SAGE** — PyG ``SAGEConv(aggr="mean")``'s weights and update,
-  ``h_i = W_l · mean_{j in N(i)} x_j + W_r · x_i``, with the aggregation done by :func:`aggregate`
+  ``h_i = W_l · mean_{j in N(i)} x_j + W_r · x_i``, with the aggregation :func:`aggregate`'s product
   (one sparse ``[num_dst, num_src]`` by dense product, so no ``[E, in_dim]`` message buffer; equal
   to ``SAGEConv.forward((x_src, x_dst), edge_index, size=(num_src, num_dst))``, which the tests
   check). SAGEConv takes no edge weights; with weights two forms exist (``edge_weight_norm``):
@@ -42,7 +42,7 @@ How each layer handles the bipartite block and per-edge weights ``b.edge_weight`
   block's CSR rows (:mod:`gnnio.train.gat_csr`: segment maxima and sums, one product per head,
   no atomic scatter, no ``[E, heads, C]`` message buffer on the CPU).
 * **GIN** — PyG ``GINConv``'s MLP and learnable ``eps``: ``h_i = MLP((1 + eps) x_i + sum_j w_j
-  x_j)``, the sum again by :func:`aggregate`; with ``w = 1/q_j`` the weighted sum is the unbiased
+  x_j)``, the sum again :func:`aggregate`'s product; with ``w = 1/q_j`` the weighted sum is the unbiased
   (Horvitz-Thompson) estimate of the full neighbour sum.
 
 Dropout is applied to the input of every layer (features included), ReLU between layers; on the
@@ -107,9 +107,11 @@ class SAGELayer(nn.Module):
     """GraphSAGE-mean over one block (see module docstring for the weighted form).
 
     Parameters and update are PyG's ``SAGEConv(aggr="mean")`` (``lin_l``, ``lin_r``); the neighbour
-    aggregation is a sparse-matrix product (:func:`aggregate`) rather than PyG's gather-scatter, so no
+    aggregation is :func:`aggregate`'s sparse-matrix product rather than PyG's gather-scatter, so no
     ``[E, in_dim]`` message tensor is materialised (it is the largest buffer of a batch with wide
-    features). Tests check it equals ``SAGEConv.forward`` on the same block.
+    features). Tests check it equals ``SAGEConv.forward`` on the same block. SAGE, GCN and GIN
+    take the product with their root rows ``x[:num_dst]``
+    (:func:`~gnnio.train.spmm.block_matmul_root`: one backward for both).
     """
 
     def __init__(self, in_dim: int, out_dim: int, edge_weight_norm: str = "mean"):
@@ -239,7 +241,7 @@ class GATLayer(nn.Module):
 
 class GINLayer(nn.Module):
     """GIN (learnable eps, 2-layer MLP) over one block: PyG ``GINConv``'s parameters and update,
-    with the (weighted) neighbour sum computed by :func:`aggregate` (no ``[E, in_dim]`` buffer)."""
+    with the (weighted) neighbour sum as :func:`aggregate`'s product (no ``[E, in_dim]`` buffer)."""
 
     def __init__(self, in_dim: int, out_dim: int, hidden: int):
         super().__init__()
