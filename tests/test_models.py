@@ -308,6 +308,27 @@ def test_gat_take_gathers_rows_with_a_deterministic_backward_on_each_device():
         assert want in seen.names and never not in seen.names, seen.names
 
 
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 30), cols=st.integers(1, 40), e=st.integers(0, 300),
+       seed=st.integers(0, 2**31 - 1))  # fmt: skip
+def test_gat_transpose_counting_sort_equals_torch_stable_sort(rows, cols, e, seed):
+    """GAT's transposed product orders the edges by source: on the CPU's numba path by a
+    counting sort, elsewhere by ``torch.sort(stable=True)``. Both give the same pointer, rows
+    and order, bit for bit (rows and sources without edges included)."""
+    from gnnio.train.gat_csr import HAVE_NUMBA, _Rows
+
+    if not HAVE_NUMBA:
+        pytest.skip("needs numba")
+    rng = np.random.default_rng(seed)
+    dst = torch.from_numpy(np.sort(rng.integers(0, rows, e)))
+    src = torch.from_numpy(rng.integers(0, cols, e))
+    ptr = torch._convert_indices_from_coo_to_csr(dst, rows)
+    got = _Rows(ptr, src, dst, (rows, cols), "numba").t()
+    want = _Rows(ptr, src, dst, (rows, cols), "torch").t()
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+
+
 @pytest.mark.parametrize("impl", ["numba", "torch"])
 def test_gat_gradients_repeat_bit_for_bit_on_the_cpu(impl, monkeypatch):
     """Two threads, the same step several times: the same gradients, bit for bit. The row

@@ -74,6 +74,24 @@ if HAVE_NUMBA:
                     s += g[i, k] * x[i, k]
                 dloop[i, h] = s
 
+    @njit(nogil=True, cache=True)
+    def _order_by_source(ptr, col, tptr, tcol, order):  # pragma: no cover - compiled
+        # a stable counting sort of the CSR's edges by source: tptr [cols + 1] zeros on entry;
+        # order[p] the p-th edge in source order (each source's edges in row order, as
+        # torch.sort(col, stable=True) orders them), tcol[p] its row
+        for e in range(col.shape[0]):
+            tptr[col[e] + 1] += 1
+        for j in range(tptr.shape[0] - 1):
+            tptr[j + 1] += tptr[j]
+        pos = tptr[:-1].copy()
+        for i in range(ptr.shape[0] - 1):
+            for e in range(ptr[i], ptr[i + 1]):
+                j = col[e]
+                p = pos[j]
+                order[p] = e
+                tcol[p] = i
+                pos[j] = p + 1
+
 
 def _by_rows(kernel, ptr: np.ndarray, work: int, *args) -> None:
     """``kernel(ptr, *args, lo, hi)`` over ``torch.get_num_threads()`` row ranges of about equal
@@ -124,9 +142,17 @@ class _Rows:
         """``(tptr, tcol, order)``: the edges sorted by source, stable (each source's edges in
         row order), ``order`` their positions in this CSR."""
         if self._t is None:
-            trow, order = torch.sort(self.col, stable=True)
-            tptr = torch._convert_indices_from_coo_to_csr(trow, self.shape[1])
-            self._t = (tptr, self.row[order], order)
+            if self.impl == "numba":  # O(E) counting sort, ~10x torch's sort on the CPU
+                tptr = torch.zeros(self.shape[1] + 1, dtype=self.ptr.dtype)
+                tcol = torch.empty_like(self.col)
+                order = torch.empty(self.col.shape[0], dtype=torch.int64)
+                _order_by_source(self.ptr.numpy(), self.col.numpy(), tptr.numpy(), tcol.numpy(),
+                                 order.numpy())  # fmt: skip
+                self._t = (tptr, tcol, order)
+            else:
+                trow, order = torch.sort(self.col, stable=True)
+                tptr = torch._convert_indices_from_coo_to_csr(trow, self.shape[1])
+                self._t = (tptr, self.row[order], order)
         return self._t
 
 
