@@ -405,3 +405,37 @@ def test_the_check_sees_a_draw_that_differs_only_in_one_case(monkeypatch, case):
         assert not matches_torch(torch.float32)
     finally:
         dropout_mod._CHECKED.clear()
+
+
+def test_a_draw_off_the_cpu_waits_for_a_capture_on_another_thread():
+    """On a GPU an eager dropout beside another thread's CUDA graph capture fails (torch's
+    default generator is the capture's; gnnio.utils.capture): off the CPU :func:`dropout` draws
+    under the capture lock -- it waits while another thread holds it, and runs while this one
+    does (the step's capture calls it). The meta device stands in for CUDA."""
+    import threading
+
+    from gnnio.utils.capture import CAPTURE_LOCK
+
+    x = torch.ones(64, 64, device="meta")
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def capture_elsewhere():
+        with CAPTURE_LOCK:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=capture_elsewhere)
+    t.start()
+    assert held.wait(10)
+    out = []
+    d = threading.Thread(target=lambda: (out.append(dropout(x, 0.5, True)), done.set()))
+    d.start()
+    assert not done.wait(0.3), "the draw ran while another thread held the capture lock"
+    release.set()
+    t.join(10)
+    assert done.wait(10) and out[0].shape == x.shape
+    d.join(10)
+    with CAPTURE_LOCK:  # reentrant: the thread capturing draws inside its capture
+        assert dropout(x, 0.5, True).device.type == "meta"
+    assert not CAPTURE_LOCK.locked()
+    assert dropout(x, 0.5, False) is x or dropout(x, 0.5, False).shape == x.shape

@@ -166,6 +166,13 @@ class _FakeGraph:
             b.copy_(d)
 
 
+class _FakeStream:
+    synced = 0
+
+    def synchronize(self) -> None:
+        _FakeStream.synced += 1
+
+
 class _FakeCaptureStream:
     def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
         self.graph = graph
@@ -193,7 +200,8 @@ def _fake_capture(monkeypatch) -> None:
     monkeypatch.setattr(gpu_graphed, "_usable", lambda sampler, *a: True)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", _FakeCaptureStream)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(_FakeStream, "synced", 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -226,6 +234,7 @@ def test_the_second_batch_is_captured_and_later_ones_replayed(monkeypatch):
     counts = {"captured": 1, "replayed": 4, "eager": 1}
     assert rep == {**counts, "failed": None, "by_sampler": {"uniform": counts}}, rep
     assert held == [True]
+    assert _FakeStream.synced == 1  # the capture waited for its stream (utils.capture)
     # a replay records its kernels in the run's report, as a launch does (the record may have
     # been reset since the capture: --isolation auto's profiling)
     from gnnio.utils.triton_kernels import kernels_report, reset_kernel_record
@@ -453,7 +462,10 @@ def test_captures_run_on_a_stream_no_loader_stage_uses(monkeypatch):
 
         __hash__ = object.__hash__
 
-    used = []
+        def synchronize(self) -> None:
+            synced.append(self)
+
+    used, synced = [], []
 
     class Graph:
         def __init__(self, graph, stream=None, capture_error_mode="global") -> None:
@@ -479,6 +491,9 @@ def test_captures_run_on_a_stream_no_loader_stage_uses(monkeypatch):
         with capture.capture(object(), "cuda:0"):
             pass
     assert len(used) == 3 and all(s is reserved for s in used)
+    # each capture waited for its stream before letting go of the lock: the generator's resets
+    # in the capture's prologue done before another thread's replay sets them
+    assert len(synced) == 3 and all(s is reserved for s in synced)
 
 
 def test_an_evicted_buffer_set_is_freed_after_the_current_streams_work(monkeypatch):

@@ -157,9 +157,12 @@ def test_the_first_padded_batch_warms_up_then_the_next_is_captured(small, monkey
         opt.zero_grad(set_to_none=True)
         return step._body(net, opt)
 
+    from gnnio.utils.capture import CAPTURE_LOCK
+
     class Stub:
         def replay(self):
-            calls.append("replay")  # (what a replay recomputes; its grads are written anew)
+            # under the capture lock: a replay's dropout draws fail beside a capture
+            calls.append("replay" if CAPTURE_LOCK.locked() else "replay without the lock")
             parts.opt.zero_grad(set_to_none=True)
             step._out = step._body(parts.net, parts.opt)
 

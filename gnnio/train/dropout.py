@@ -25,7 +25,8 @@ Whether this torch draws its Bernoulli masks that way, and stores its generator'
 :mod:`gnnio.train._mt19937` reads it, is checked once per dtype on a private seed
 (:func:`matches_torch`, over several rounds, under a lock); where it does not (another torch
 build), and on every other device (CUDA's ``F.dropout`` is one fused Philox kernel),
-:func:`dropout` is ``F.dropout``. One call's draws are one unbroken run of the stream (a lock, as
+:func:`dropout` is ``F.dropout`` -- on a GPU under :data:`gnnio.utils.capture.CAPTURE_LOCK`, as
+an eager draw beside another thread's CUDA graph capture fails. One call's draws are one unbroken run of the stream (a lock, as
 torch holds the generator for a whole ``bernoulli_``); unlike torch's, a draw that *another
 thread* makes from the default generator during a call is overwritten when the call writes the
 state back (gnnio draws from it nowhere else while training).
@@ -42,6 +43,7 @@ import torch
 import torch.autograd.forward_ad as fwad
 import torch.nn.functional as F
 
+from ..utils.capture import CAPTURE_LOCK
 from . import _mt19937 as mt
 
 __all__ = ["dropout", "matches_torch"]
@@ -212,4 +214,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         and matches_torch(x.dtype)
     ):
         return _mask_dropout(x, p)
+    if training and 0.0 < p < 1.0 and x.device.type != "cpu":
+        with CAPTURE_LOCK:  # never beside another thread's capture (gnnio.utils.capture)
+            return F.dropout(x, p=p, training=True)
     return F.dropout(x, p=p, training=training)

@@ -257,7 +257,8 @@ class GraphedStep:
                     timer.stop()
                 return logits[:b].detach(), loss.detach()
             else:
-                self._graph.replay()
+                with CAPTURE_LOCK:  # its dropout draws: never beside a capture (utils.capture)
+                    self._graph.replay()
                 logits, loss, self._sums = self._out
         self.graphed += 1
         if timer is not None:

@@ -10,11 +10,20 @@ gnnio captures CUDA graphs on two threads: the training step on the main thread
 * torch supports one capture underway at a time in a process (its RNG capture state is global:
   pytorch#137844);
 * destroying a graph beside another thread's capture can fail as well (pytorch#176754 guards
-  torch's own destructor for that reason).
+  torch's own destructor for that reason);
+* every capture registers torch's default CUDA generator, whose state is one per device, not
+  one per thread (torch 2.11, the GPU image's): while any capture is underway, a random draw
+  outside it -- an eager ``F.dropout`` on another thread, or the replay of a graph that draws
+  (its prologue advances the generator) -- fails with "Offset increment outside graph capture
+  encountered unexpectedly"; and the capture's prologue resets the generator's device-side
+  seed and offset (which a graph's dropout kernels read) on the capture stream.
 
 So every capture (:func:`capture`), every device-wide wait in gnnio's training path
-(:func:`device_sync`) and the sampler's dropping of an evicted buffer set's graph hold one
-process-wide lock. A capture is rare (once per buffer set and the step's one; its length not
+(:func:`device_sync`), the sampler's dropping of an evicted buffer set's graph, every eager
+random draw on a GPU in the training step (:func:`gnnio.train.dropout.dropout`) and the step
+graph's replay hold one process-wide lock, reentrant (the step's capture runs its dropout), and
+a capture waits for its stream before it lets go (its generator resets done before the next
+replay sets them). A capture is rare (once per buffer set and the step's one; its length not
 yet timed on a GPU) and the waits are at epoch ends and in benchmarks, so nobody waits long. Stream
 and event waits (``Event.synchronize``, ``.tolist()`` on one stream) do not break a capture in
 another thread under ``capture_error_mode="thread_local"`` and take no lock.
@@ -36,8 +45,38 @@ import torch
 
 __all__ = ["CAPTURE_LOCK", "capture", "capture_stream", "capturing", "device_sync"]
 
-#: held by a capture and by gnnio's device-wide waits (module docstring)
-CAPTURE_LOCK = threading.Lock()
+class _Lock:
+    """A reentrant lock that tells whether some thread holds it (``RLock.locked`` is Python
+    3.13's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # (changed by the holder only)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        ok = self._lock.acquire(blocking, timeout)
+        if ok:
+            self._depth += 1
+        return ok
+
+    def release(self) -> None:
+        self._depth -= 1
+        self._lock.release()
+
+    def locked(self) -> bool:
+        """Whether a thread holds it (this one or another)."""
+        return self._depth > 0
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+#: held by a capture, by gnnio's device-wide waits, eager GPU random draws and the step graph's
+#: replay (module docstring)
+CAPTURE_LOCK = _Lock()
 _LOCAL = threading.local()  # .on: this thread is inside capture()
 
 
@@ -84,6 +123,7 @@ def capture(graph, device) -> Iterator[None]:
         try:
             with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
                 yield
+            side.synchronize()  # the generator's resets (capture prologue) done: see above
         finally:
             _LOCAL.on = False
             # torch.cuda.graph's exit ends the capture, then leaves the stream: where ending
