@@ -45,6 +45,7 @@ import torch
 
 __all__ = ["CAPTURE_LOCK", "capture", "capture_stream", "capturing", "device_sync"]
 
+
 class _Lock:
     """A reentrant lock that tells whether some thread holds it (``RLock.locked`` is Python
     3.13's)."""
