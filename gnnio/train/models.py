@@ -155,7 +155,8 @@ class GCNLayer(nn.Module):
         # after the product where that is cheaper (module docstring)
         if self.transforms_first(block):
             h = self.conv.lin(first_rows(x, block.num_src))
-            adj = block_csr(block, "mean", h.dtype, h.device, self_loop=1.0)
+            # (x's dtype: under autocast h is in the lower precision, the product is not)
+            adj = block_csr(block, "mean", x.dtype, h.device, self_loop=1.0)
             agg, hd = block_matmul_root(h, adj)
             out = agg + adj.self_val[:, None] * hd
         else:

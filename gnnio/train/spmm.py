@@ -53,7 +53,15 @@ try:
 except ImportError:  # pragma: no cover - numba is a dependency
     HAVE_NUMBA = False
 
-__all__ = ["BlockCSR", "block_csr", "block_matmul", "block_matmul_root", "first_rows", "spmm_impl"]
+__all__ = [
+    "BlockCSR",
+    "block_csr",
+    "block_matmul",
+    "block_matmul_root",
+    "first_rows",
+    "sparse_mm",
+    "spmm_impl",
+]
 
 if HAVE_NUMBA:
 
@@ -183,16 +191,17 @@ class BlockCSR:
         self.self_val: torch.Tensor | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``A @ x`` for ``x`` ``[shape[1], F]`` (no autograd)."""
-        x = x.contiguous()
+        """``A @ x`` for ``x`` ``[shape[1], F]`` (no autograd), in ``A``'s dtype: an ``x`` in
+        another (autocast's lower precision) is cast to it, as PyG's scatter aggregation runs in
+        float32 under autocast."""
+        x = (x if x.dtype == self.val.dtype else x.to(self.val.dtype)).contiguous()
         kernel_ran("spmm", self.impl)
         if self.impl == "numba":
             out = torch.empty((self.shape[0], x.shape[1]), dtype=x.dtype)
             _spmm_threads(self.ptr.numpy(), self.col.numpy(), self.val.numpy(), x.numpy(),
                           out.numpy())  # fmt: skip
             return out
-        adj = _csr_tensor(self.ptr, self.col, self.val, self.shape)
-        return torch.mm(adj, x)  # (torch.sparse.mm: the same product behind a zeros + addmm)
+        return sparse_mm(_csr_tensor(self.ptr, self.col, self.val, self.shape), x)
 
     def t(self) -> BlockCSR:
         """``A^T`` (``[shape[1], shape[0]]``), edges of equal column in row order."""
@@ -211,6 +220,18 @@ class BlockCSR:
                 tptr = torch._convert_indices_from_coo_to_csr(trow, cols)
             self._t = BlockCSR(tptr, tcol, tval, (cols, rows), self.impl, trow)
         return self._t
+
+
+def sparse_mm(adj: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``torch.mm(adj, x)`` of a CSR tensor and a dense ``x``, in their dtype also under
+    ``torch.autocast`` (where ``mm`` would cast both to the lower precision: the CPU's MKL has
+    no bfloat16 CSR product, and on a GPU the backward's product would meet a float16
+    gradient with the float32 CSR; PyG's scatter aggregations stay in float32 alike).
+    ``torch.sparse.mm`` is the same product behind a zeros + addmm."""
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return torch.mm(adj, x)
+    return torch.mm(adj, x)
 
 
 _CSR_WARNED = False
