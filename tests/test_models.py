@@ -329,6 +329,48 @@ def test_gat_transpose_counting_sort_equals_torch_stable_sort(rows, cols, e, see
         assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gat_softmax_in_numba_equals_the_torch_path(weighted):
+    """The CPU's fused attention (``gat_csr._EdgeSoftmax``) gives the torch path's values bit
+    for bit, and its gradients to float rounding, with rows without edges, zero-weight
+    (self-loop) edges and sources nobody reads; 1 and 2 threads give the same bits."""
+    from gnnio.train.gat_csr import HAVE_NUMBA, _EdgeSoftmax, _Rows, _softmax_torch
+
+    if not HAVE_NUMBA:
+        pytest.skip("needs numba")
+    rng = np.random.default_rng(7)
+    nd, ns, e, h = 300, 900, 60000, 4  # (enough work for _by_rows to use two threads)
+    dst = torch.from_numpy(np.sort(rng.integers(0, nd - 5, e)))  # 5 rows without edges
+    src = torch.from_numpy(rng.integers(0, ns - 7, e))  # 7 sources without edges
+    ptr = torch._convert_indices_from_coo_to_csr(dst, nd)
+    w = torch.from_numpy(rng.uniform(0.1, 3, e).astype(np.float32)) if weighted else torch.ones(e)
+    w[::11] = 0  # self-loop edges: no attention
+    loop_w = torch.from_numpy(rng.uniform(0.1, 3, nd).astype(np.float32))
+    a = (torch.randn(ns, 2 * h) * 3).requires_grad_()
+    ga, gl = torch.randn(e, h), torch.randn(nd, h)
+
+    def run(fused, threads=2):
+        a_src, a_dst = a[:, :h], a[:nd, h:]
+        rows = _Rows(ptr, src, dst, (nd, ns), "numba")
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            if fused:
+                out = _EdgeSoftmax.apply(a_src, a_dst, torch.log(w), torch.log(loop_w), rows, 0.2)
+            else:
+                out = _softmax_torch(a_src, a_dst, w, loop_w, rows, 0.2)
+            (grad,) = torch.autograd.grad(out, [a], [ga, gl])
+        finally:
+            torch.set_num_threads(old)
+        return out[0].detach(), out[1].detach(), grad
+
+    got, want, one = run(True), run(False), run(True, threads=1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert (got[0][::11] == 0).all()
+    torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)  # (~200 edges a row)
+    assert all(torch.equal(x, y) for x, y in zip(got, one, strict=True))
+
+
 @pytest.mark.parametrize("impl", ["numba", "torch"])
 def test_gat_gradients_repeat_bit_for_bit_on_the_cpu(impl, monkeypatch):
     """Two threads, the same step several times: the same gradients, bit for bit. The row

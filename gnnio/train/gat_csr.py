@@ -13,8 +13,12 @@ the sampler's pointer, or one stable sort), and :func:`gat_attention` computes, 
     out_i   = sum_e alpha_e x_j, then + alpha_i x_i
 
 -- the sums in each row's edge order, then the loop (where PyG appends the loops), the max
-detached as PyG's ``softmax`` detaches it. Row sums and maxima are ``torch.segment_reduce`` over
-``[E, heads]`` (one thread per row and head on a GPU), the weighted product a custom autograd
+detached as PyG's ``softmax`` detaches it. On a GPU row sums and maxima are
+``torch.segment_reduce`` over ``[E, heads]`` (one thread per row and head); on the CPU the
+softmax is one autograd function (:class:`_EdgeSoftmax`: two numba passes around torch's
+``exp``, the same values bit for bit, and one fused backward pass plus a sum per source over
+the transpose's order) in place of some twenty ``[E, heads]`` torch operations each way. The
+weighted product is a custom autograd
 function over the CSR rows: numba kernels on the CPU (no message buffer), one cuSPARSE product per
 head on a GPU; its backward is the transposed product for ``x`` and, for the weights, one dot
 product per edge and head (on a GPU as gathered rows: ``[E, heads, C]`` there, as PyG's).
@@ -26,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .spmm import _POOL, _SERIAL_WORK, HAVE_NUMBA, _csr_tensor
+from .spmm import _POOL, _SERIAL_WORK, HAVE_NUMBA, _csr_tensor, sparse_mm
 
 if HAVE_NUMBA:
     from numba import njit
@@ -92,6 +96,97 @@ if HAVE_NUMBA:
                 tcol[p] = i
                 pos[j] = p + 1
 
+    @njit(nogil=True, cache=True)
+    def _logits_rows(ptr, col, a_src, a_dst, logw, logloop, slope, alpha, alpha_loop, lo, hi):
+        # pragma: no cover - compiled. GAT's attention logits of the rows [lo, hi) (module
+        # docstring), less each row's max over its edges and its loop: alpha [E, H] the
+        # edges', alpha_loop [rows, H] the loop's. The operations and roundings of the torch
+        # path (float32 slope, as leaky_relu's); edges outer, heads inner: one read of a
+        # source's row per edge
+        heads = a_dst.shape[1]
+        sl = alpha.dtype.type(slope)
+        m = np.empty(heads, alpha.dtype)
+        for i in range(lo, hi):
+            for h in range(heads):
+                z = a_src[i, h] + a_dst[i, h]
+                z = (z if z > 0 else z * sl) + logloop[i]
+                alpha_loop[i, h] = z
+                m[h] = z
+            for e in range(ptr[i], ptr[i + 1]):
+                j = col[e]
+                for h in range(heads):
+                    y = a_src[j, h] + a_dst[i, h]
+                    y = (y if y > 0 else y * sl) + logw[e]
+                    alpha[e, h] = y
+                    m[h] = max(m[h], y)
+            for e in range(ptr[i], ptr[i + 1]):
+                for h in range(heads):
+                    alpha[e, h] -= m[h]
+            for h in range(heads):
+                alpha_loop[i, h] -= m[h]
+
+    @njit(nogil=True, cache=True)
+    def _normalise_rows(ptr, alpha, alpha_loop, lo, hi):  # pragma: no cover - compiled
+        # alpha /= total, alpha_loop /= total for the rows [lo, hi): total the sum over a row's
+        # edges in edge order, then + the loop's, then + 1e-16 (the torch path's order)
+        heads = alpha_loop.shape[1]
+        s = np.empty(heads, alpha.dtype)
+        eps = alpha.dtype.type(1e-16)
+        for i in range(lo, hi):
+            for h in range(heads):
+                s[h] = 0
+            for e in range(ptr[i], ptr[i + 1]):
+                for h in range(heads):
+                    s[h] += alpha[e, h]
+            for h in range(heads):
+                s[h] = s[h] + alpha_loop[i, h] + eps
+                alpha_loop[i, h] /= s[h]
+            for e in range(ptr[i], ptr[i + 1]):
+                for h in range(heads):
+                    alpha[e, h] /= s[h]
+
+    @njit(nogil=True, cache=True)
+    def _softmax_rows_backward(ptr, col, a_src, a_dst, slope, alpha, alpha_loop, ga, ga_loop,
+                               dz, dz_loop, da_dst, lo, hi):  # fmt: skip
+        # pragma: no cover - compiled. The softmax's and the leaky ReLU's backward for the rows
+        # [lo, hi): dz [E, H] each edge's logit gradient (the sources' share, summed by
+        # _sum_by_source), dz_loop [rows, H] the loops', da_dst [rows, H] the destinations'
+        heads = a_dst.shape[1]
+        dot = np.empty(heads, alpha.dtype)
+        for i in range(lo, hi):
+            for h in range(heads):
+                dot[h] = alpha_loop[i, h] * ga_loop[i, h]
+            for e in range(ptr[i], ptr[i + 1]):
+                for h in range(heads):
+                    dot[h] += alpha[e, h] * ga[e, h]
+            for h in range(heads):
+                z = a_src[i, h] + a_dst[i, h]
+                g = alpha_loop[i, h] * (ga_loop[i, h] - dot[h])
+                g = g if z > 0 else g * slope
+                dz_loop[i, h] = g
+                da_dst[i, h] = g
+            for e in range(ptr[i], ptr[i + 1]):
+                j = col[e]
+                for h in range(heads):
+                    y = a_src[j, h] + a_dst[i, h]
+                    g = alpha[e, h] * (ga[e, h] - dot[h])
+                    g = g if y > 0 else g * slope
+                    dz[e, h] = g
+                    da_dst[i, h] += g
+
+    @njit(nogil=True, cache=True)
+    def _sum_by_source(tptr, order, dz, dz_loop, da_src, lo, hi):  # pragma: no cover - compiled
+        # da_src[j] = the loop's share (j < rows) + the logit gradients of j's edges, in row
+        # order (tptr, order: _Rows.t()), for the sources [lo, hi)
+        heads = da_src.shape[1]
+        nd = dz_loop.shape[0]
+        for j in range(lo, hi):
+            for h in range(heads):
+                acc = dz_loop[j, h] if j < nd else da_src.dtype.type(0)
+                for p in range(tptr[j], tptr[j + 1]):
+                    acc += dz[order[p], h]
+                da_src[j, h] = acc
+
 
 def _by_rows(kernel, ptr: np.ndarray, work: int, *args) -> None:
     """``kernel(ptr, *args, lo, hi)`` over ``torch.get_num_threads()`` row ranges of about equal
@@ -125,7 +220,7 @@ def _product(ptr, col, val, x, rows: int, impl: str, loop=None) -> torch.Tensor:
         return out
     shape = (rows, x.shape[0])
     vt, xt = val.t().contiguous(), x.transpose(0, 1).contiguous()  # heads first: one copy each
-    out = torch.stack([torch.mm(_csr_tensor(ptr, col, vt[h], shape), xt[h])
+    out = torch.stack([sparse_mm(_csr_tensor(ptr, col, vt[h], shape), xt[h])
                        for h in range(heads)], dim=1)  # fmt: skip
     return out if loop is None else out.add_(loop[:, :, None] * x[:rows])
 
@@ -191,6 +286,53 @@ class _HeadsProduct(torch.autograd.Function):
         return dval, dloop, dx, None
 
 
+class _EdgeSoftmax(torch.autograd.Function):
+    """``(a_src [cols, H], a_dst [rows, H]) -> (alpha [E, H], alpha_loop [rows, H])``: GAT's
+    attention over a block's CSR rows (the CPU path of :func:`gat_attention`; ``logw``,
+    ``logloop`` and the rows are constants): the logits less the row's max (numba), torch's
+    ``exp``, the row sums and divisions (numba) -- :func:`_softmax_torch`'s values bit for bit,
+    in place of some twenty ``[E, H]`` torch operations. The backward is one numba pass per row
+    (softmax and leaky ReLU) and a sum per source in the transpose's order: the same gradients
+    to float rounding, and the same on every run and thread count."""
+
+    @staticmethod
+    def forward(ctx, a_src, a_dst, logw, logloop, rows, slope):
+        a_src, a_dst = a_src.contiguous(), a_dst.contiguous()
+        nd, heads = a_dst.shape
+        alpha = torch.empty((rows.col.shape[0], heads), dtype=a_dst.dtype)
+        alpha_loop = torch.empty((nd, heads), dtype=a_dst.dtype)
+        ptr = rows.ptr.numpy()
+        _by_rows(_logits_rows, ptr, alpha.numel() * 4, rows.col.numpy(), a_src.numpy(),
+                 a_dst.numpy(), logw.contiguous().numpy(), logloop.contiguous().numpy(), slope,
+                 alpha.numpy(), alpha_loop.numpy())  # fmt: skip
+        torch.exp_(alpha)  # (torch's vectorised exp: the torch path's values)
+        torch.exp_(alpha_loop)
+        _by_rows(_normalise_rows, ptr, alpha.numel(), alpha.numpy(), alpha_loop.numpy())
+        ctx.save_for_backward(a_src, a_dst, alpha, alpha_loop)
+        ctx.rows, ctx.slope = rows, slope
+        return alpha, alpha_loop
+
+    @staticmethod
+    def backward(ctx, ga, ga_loop):
+        a_src, a_dst, alpha, alpha_loop = ctx.saved_tensors
+        r = ctx.rows
+        ga = torch.zeros_like(alpha) if ga is None else ga.contiguous()
+        ga_loop = torch.zeros_like(alpha_loop) if ga_loop is None else ga_loop.contiguous()
+        dz, dz_loop, da_dst = torch.empty_like(alpha), torch.empty_like(alpha_loop), None
+        da_dst = torch.empty_like(a_dst)
+        _by_rows(_softmax_rows_backward, r.ptr.numpy(), alpha.numel() * 4, r.col.numpy(),
+                 a_src.numpy(), a_dst.numpy(), ctx.slope, alpha.numpy(), alpha_loop.numpy(),
+                 ga.numpy(), ga_loop.numpy(), dz.numpy(), dz_loop.numpy(),
+                 da_dst.numpy())  # fmt: skip
+        da_src = None
+        if ctx.needs_input_grad[0]:
+            tptr, _, order = r.t()
+            da_src = torch.empty_like(a_src)
+            _by_rows(_sum_by_source, tptr.numpy(), alpha.numel(), order.numpy(), dz.numpy(),
+                     dz_loop.numpy(), da_src.numpy())  # fmt: skip
+        return da_src, da_dst, None, None, None, None
+
+
 def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``t[idx]`` (rows), with a backward that sums each row's gradients in a fixed order: on the
     CPU ``index_select`` (backward ``index_add_``, serial over the indices), where ``t[idx]``'s
@@ -214,6 +356,19 @@ def gat_attention(hs, a_src, a_dst, adj, w, loop_w, negative_slope, dropout_fn):
             loops' (``[E + num_dst, H]``, as PyG's one edge list).
     """
     ptr, col, row = adj.ptr, adj.col, adj.row
+    rows = _Rows(ptr, col, row, adj.shape, adj.impl)
+    if adj.impl == "numba" and a_src.dtype in (torch.float32, torch.float64):
+        alpha, alpha_loop = _EdgeSoftmax.apply(a_src, a_dst, torch.log(w.reshape(-1)),
+                                               torch.log(loop_w), rows, negative_slope)  # fmt: skip
+    else:
+        alpha, alpha_loop = _softmax_torch(a_src, a_dst, w, loop_w, rows, negative_slope)
+    return _attend(alpha, alpha_loop, hs, rows, dropout_fn)
+
+
+def _softmax_torch(a_src, a_dst, w, loop_w, rows, negative_slope):
+    """The attention ``(alpha [E, H], alpha_loop [rows, H])`` in torch operations (the GPU's
+    path; :class:`_EdgeSoftmax` computes the same values in numba)."""
+    ptr, col, row = rows.ptr, rows.col, rows.row
     w = w.reshape(-1, 1)
     logit = F.leaky_relu(_take(a_src, col) + _take(a_dst, row), negative_slope) + torch.log(w)
     nd = a_dst.shape[0]
@@ -223,9 +378,12 @@ def gat_attention(hs, a_src, a_dst, adj, w, loop_w, negative_slope, dropout_fn):
     ex = torch.exp(logit - m[row])
     ex_loop = torch.exp(loop - m)
     total = torch.segment_reduce(ex, "sum", offsets=ptr, unsafe=True) + ex_loop + 1e-16
-    alpha, alpha_loop = ex / _take(total, row), ex_loop / total
+    return ex / _take(total, row), ex_loop / total
+
+
+def _attend(alpha, alpha_loop, hs, rows, dropout_fn):
+    """The attention's dropout, then the weighted product over the rows."""
     if dropout_fn is not None:
         both = dropout_fn(torch.cat([alpha, alpha_loop]))
         alpha, alpha_loop = both[: alpha.shape[0]], both[alpha.shape[0] :]
-    rows = _Rows(ptr, col, row, adj.shape, adj.impl)
     return _HeadsProduct.apply(alpha, alpha_loop, hs, rows)
