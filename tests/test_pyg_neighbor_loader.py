@@ -156,6 +156,27 @@ def test_device_follows_data_x(cache):
             NeighborLoader(data, [2], batch_size=4, device=dev)
 
 
+@pytest.mark.parametrize("feat_dtype", ["bfloat16", "int8"])
+def test_compressed_dataset_rows_are_decoded(cache, tmp_path, feat_dtype):
+    """Over a ``--feature-dtype`` dataset, ``x`` is what ``PyGLoader`` gives and what
+    ``loader.data.x[n_id]`` holds: bfloat16 values, int8 rows dequantized (not the codes)."""
+    from gnnio.graph.feature_dtype import writing_as
+
+    data = make_data(n=40, e=200, f=6)
+    with writing_as(feat_dtype):
+        path = from_pyg(data, tmp_path / feat_dtype, progress=False)
+    want = list(PyGLoader(path, [-1], batch_size=8))
+    assert want[0].x.dtype == (torch.bfloat16 if feat_dtype == "bfloat16" else torch.float32)
+    for fpw in (None, False):
+        loader = NeighborLoader(str(path), [-1], batch_size=8, filter_per_worker=fpw)
+        got = list(loader)
+        assert len(got) == len(want) == 5
+        for a, b in zip(got, want):
+            assert torch.equal(a.n_id, b.n_id)
+            assert a.x.dtype == b.x.dtype and torch.equal(a.x, b.x)
+            assert torch.equal(a.x, loader.data.x[a.n_id])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_batches_on_the_gpu_of_data_x(tmp_path, monkeypatch):

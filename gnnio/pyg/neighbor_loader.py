@@ -44,7 +44,7 @@ from .arguments import check_refused, loader_options, refuse
 from .batch import to_pyg_data
 from .data_input import resolve_data
 from .disjoint import DisjointSampler
-from .loader import InOrder
+from .loader import InOrder, _user_rows
 
 __all__ = ["NeighborLoader"]
 
@@ -173,6 +173,11 @@ class NeighborLoader:
         self.batch_size = opts.batch_size
         self.device = src.device if device is None else _device(device)
         self.store = src.store
+        codec = None if src.dataset is None else src.dataset.feature_codec
+        #: the codec of compressed rows from ``src.store`` (decoded per batch), else None
+        self._codec = (
+            codec if codec is not None and codec.feat_dtype in ("bfloat16", "int8") else None
+        )
         self.transform = transform
         self.filter_per_worker = filter_per_worker
         self.reuse_buffers = bool(reuse_buffers)
@@ -229,15 +234,18 @@ class NeighborLoader:
             stall_timeout=self.options.stall_timeout,
         )
         late = None if in_pipeline else x_store  # gathered on this thread (filter_per_worker)
-        return self._batches(self.loader.epoch(int(key)), in_pipeline, late)
+        decode = self._codec is not None and x_store is self._src.store
+        return self._batches(self.loader.epoch(int(key)), in_pipeline, late, decode)
 
-    def _batches(self, it, in_pipeline: bool, late) -> Iterator[Data]:
+    def _batches(self, it, in_pipeline: bool, late, decode: bool) -> Iterator[Data]:
         try:
             for mb in it:
                 if late is not None:
                     mb.x = late.gather(mb.input_nodes.cpu()).to(self.device)
                 elif not in_pipeline:
                     mb.x = None
+                if decode and mb.x is not None:  # bfloat16 bits / int8 codes: the user's rows
+                    mb.x = _user_rows(mb.x, self._codec, self)
                 batch = self.convert(mb)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
