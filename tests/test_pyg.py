@@ -425,7 +425,9 @@ def test_from_pyg_streams_and_refuses(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "CHUNK_BYTES", 64)  # several feature chunks
     data = random_data(n=40, e=100, f=8, seed=2)
     data.x = data.x.to(torch.float64)
-    ds = load(from_pyg(data, tmp_path / "ok", progress=False))
+    with pytest.warns(UserWarning, match="x: float64 features are stored as float32") as caught:
+        ds = load(from_pyg(data, tmp_path / "ok", progress=False))
+    assert len(caught) == 1  # one warning, not one per chunk
     assert ds.features.dtype == np.float32
     np.testing.assert_array_equal(ds.features, data.x.float().numpy())
     bad = {

@@ -13,6 +13,12 @@ numbers are not reproduced), and:
 * **safe to keep**: each batch has its own ``x`` (``reuse_buffers=False``); ``reuse_buffers=True``
   gathers into gnnio's ring of buffers instead, and then a batch's ``x`` on the CPU is valid only
   until the next batch is requested;
+* **x as PyG's**: ``batch.x`` is ``data.x[n_id]``, in ``data.x``'s own dtype. float32, float16
+  and bfloat16 rows are read from the converted copy (bfloat16 decoded from its stored bits); any
+  other dtype (float64, int64 ids for an ``nn.Embedding``, ...) from ``data.x`` itself, held in
+  host memory (``store=`` does not apply to it). Over a gnnio dataset, ``x`` is ``loader.data.x``'s
+  rows: bfloat16 datasets give bfloat16, int8 ones float32 dequantized (as :class:`PyGLoader`);
+  over a store pair, what ``feature_store.get_tensor`` gives;
 * **on the device of** ``data.x`` (the user moved it there), unless ``device=`` says otherwise;
 * **seeded from torch**: every ``iter(loader)`` draws one number from ``generator`` (default:
   torch's global generator, so ``seed_everything`` / ``torch.manual_seed`` take effect), which
