@@ -498,6 +498,21 @@ def test_example_training_loop_on_cora(tmp_path):
     assert "Warning" not in r.stderr, r.stderr[-2000:]  # a new user's first run prints no noise
 
 
+def test_example_names_a_missing_dataset_in_one_line(tmp_path, capsys):
+    """``--data`` that is not a prepared dataset: one line saying how to prepare one, exit 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "pyg_training_loop", ROOT / "examples" / "pyg_training_loop.py"
+    )
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for bad in (tmp_path / "missing", tmp_path):
+        assert example.main(["--data", str(bad), "--epochs", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(bad) in err[0] and "gnnio prepare planetoid" in err[0], err
+
+
 def test_to_pyg_data_needs_graph_for_e_id(small_ds):
     mb = UniformSampler(small_ds.graph, [2], num_threads=1).sample(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="graph="):
