@@ -1,8 +1,13 @@
 """A PyG training loop fed by gnnio: PyG's own GraphSAGE with ``trim_to_layer``, on
 NeighborLoader-format batches from :class:`gnnio.pyg.PyGLoader`.
 
-    gnnio prepare planetoid --name cora --root datasets/cora --out /tmp/cora
-    python examples/pyg_training_loop.py --data /tmp/cora --epochs 50
+    python -c "from torch_geometric.datasets import Planetoid; Planetoid('datasets', 'Cora')"
+    gnnio prepare planetoid --name cora --root datasets/Cora --out data/cora
+    python examples/pyg_training_loop.py --data data/cora --epochs 50
+
+(the first line downloads Cora's original files into ``datasets/Cora/raw``; any folder holding
+``ind.cora.*`` will do as ``--root``). A ``--data`` that is not a prepared dataset ends with one
+line naming the problem and how to prepare one (exit status 2).
 
 The loop is the one a PyG user writes around ``NeighborLoader``; only the two loader lines
 differ (see docs/pyg.md). It prints a progress line per epoch (stderr) and, last, one JSON object
@@ -21,7 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn.models import GraphSAGE
 
+from gnnio.errors import DatasetError
+from gnnio.graph import load
 from gnnio.pyg import PyGLoader
+
+PREPARE = "gnnio prepare planetoid --name cora --root datasets/Cora --out data/cora"
 
 
 def fanouts(text: str) -> list[int]:
@@ -80,14 +89,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    try:
+        data = load(args.data)
+    except DatasetError as e:  # one line, not a traceback: a new user's first run
+        print(f"pyg_training_loop.py: error: --data {e}; prepare a dataset first, e.g. {PREPARE} (docs/pyg.md)",
+              file=sys.stderr)  # fmt: skip
+        return 2
 
     # --- the two lines that replace NeighborLoader(data, num_neighbors=..., input_nodes=...) ---
     common = dict(store=args.store, expand=args.expand, device=device, seed=args.seed)
-    train_loader = PyGLoader(args.data, args.fanouts, input_nodes="train",
+    train_loader = PyGLoader(data, args.fanouts, input_nodes="train",
                              batch_size=args.batch_size, shuffle=True, **common)  # fmt: skip
-    val_loader = PyGLoader(args.data, args.eval_fanouts, input_nodes="valid",
+    val_loader = PyGLoader(data, args.eval_fanouts, input_nodes="valid",
                            batch_size=512, **common)  # fmt: skip
-    test_loader = PyGLoader(args.data, args.eval_fanouts, input_nodes="test",
+    test_loader = PyGLoader(data, args.eval_fanouts, input_nodes="test",
                             batch_size=512, **common)  # fmt: skip
     ds = train_loader.dataset
 

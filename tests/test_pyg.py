@@ -425,7 +425,9 @@ def test_from_pyg_streams_and_refuses(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "CHUNK_BYTES", 64)  # several feature chunks
     data = random_data(n=40, e=100, f=8, seed=2)
     data.x = data.x.to(torch.float64)
-    ds = load(from_pyg(data, tmp_path / "ok", progress=False))
+    with pytest.warns(UserWarning, match="x: float64 features are stored as float32") as caught:
+        ds = load(from_pyg(data, tmp_path / "ok", progress=False))
+    assert len(caught) == 1  # one warning, not one per chunk
     assert ds.features.dtype == np.float32
     np.testing.assert_array_equal(ds.features, data.x.float().numpy())
     bad = {
@@ -494,6 +496,21 @@ def test_example_training_loop_on_cora(tmp_path):
     assert summary["test_acc"] >= 0.78, summary
     assert summary["train_store"]["rows"]["host"] > 0
     assert "Warning" not in r.stderr, r.stderr[-2000:]  # a new user's first run prints no noise
+
+
+def test_example_names_a_missing_dataset_in_one_line(tmp_path, capsys):
+    """``--data`` that is not a prepared dataset: one line saying how to prepare one, exit 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "pyg_training_loop", ROOT / "examples" / "pyg_training_loop.py"
+    )
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for bad in (tmp_path / "missing", tmp_path):
+        assert example.main(["--data", str(bad), "--epochs", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(bad) in err[0] and "gnnio prepare planetoid" in err[0], err
 
 
 def test_to_pyg_data_needs_graph_for_e_id(small_ds):

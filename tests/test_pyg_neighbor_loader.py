@@ -156,6 +156,53 @@ def test_device_follows_data_x(cache):
             NeighborLoader(data, [2], batch_size=4, device=dev)
 
 
+X_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
+
+
+@pytest.mark.parametrize("filter_per_worker", [None, False])
+@pytest.mark.parametrize("dtype", X_DTYPES, ids=str)
+def test_x_is_data_x_of_n_id_in_its_dtype(cache, dtype, filter_per_worker):
+    """PyG's ``batch.x``: ``data.x[n_id]``, dtype and bits (bfloat16 decoded, not its int16
+    bits; float64 and int64 not cast to float32), with no warning."""
+    data = make_data(n=40, e=200, f=3)
+    g = torch.Generator().manual_seed(1)
+    if dtype == torch.int64:  # ids for an nn.Embedding, beyond float32's 2**24
+        data.x = torch.randint(0, 2**40, (40, 3), generator=g)
+    else:
+        data.x = torch.randn(40, 3, generator=g, dtype=torch.float64).to(dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = NeighborLoader(data, [3, 2], batch_size=8, shuffle=True,
+                                filter_per_worker=filter_per_worker)  # fmt: skip
+        batches = list(loader)
+    noted = [str(w.message) for w in caught if not issubclass(w.category, DeprecationWarning)]
+    assert not noted, noted
+    assert len(batches) == 5
+    for b in batches:
+        assert b.x.dtype == dtype and torch.equal(b.x, data.x[b.n_id])
+
+
+@pytest.mark.parametrize("feat_dtype", ["bfloat16", "int8"])
+def test_compressed_dataset_rows_are_decoded(cache, tmp_path, feat_dtype):
+    """Over a ``--feature-dtype`` dataset, ``x`` is what ``PyGLoader`` gives and what
+    ``loader.data.x[n_id]`` holds: bfloat16 values, int8 rows dequantized (not the codes)."""
+    from gnnio.graph.feature_dtype import writing_as
+
+    data = make_data(n=40, e=200, f=6)
+    with writing_as(feat_dtype):
+        path = from_pyg(data, tmp_path / feat_dtype, progress=False)
+    want = list(PyGLoader(path, [-1], batch_size=8))
+    assert want[0].x.dtype == (torch.bfloat16 if feat_dtype == "bfloat16" else torch.float32)
+    for fpw in (None, False):
+        loader = NeighborLoader(str(path), [-1], batch_size=8, filter_per_worker=fpw)
+        got = list(loader)
+        assert len(got) == len(want) == 5
+        for a, b in zip(got, want):
+            assert torch.equal(a.n_id, b.n_id)
+            assert a.x.dtype == b.x.dtype and torch.equal(a.x, b.x)
+            assert torch.equal(a.x, loader.data.x[a.n_id])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_batches_on_the_gpu_of_data_x(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@
 What is read from the ``Data`` (duck-typed: any object with these attributes):
 
 * ``x`` ``[N, F]`` (required): float16 and bfloat16 stay as they are (bfloat16 stored as its
-  int16 bits), any other dtype becomes float32; copied into
+  int16 bits), any other dtype becomes float32 with one warning naming it (float64, int64: a
+  gnnio dataset holds float32, float16, bfloat16 or int8 rows); copied into
   the output file one chunk of rows at a time (``.to()`` per chunk, so a CUDA or bfloat16 tensor is
   never converted whole);
 * ``edge_index`` ``[2, E]`` (row 0 source, row 1 target, PyG's ``source_to_target`` flow): stored
@@ -30,6 +31,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ import torch
 
 from ..errors import DatasetError, GnnioError, UsageError
 from ..graph.csr import index_dtype
+from ..graph.feature_dtype import requested
 from ..graph.format import DatasetWriter
 from ..utils.progress import bar
 from ._common import (
@@ -199,6 +202,17 @@ def _splits(data, n: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     return out, names
 
 
+def _cast_note(dtype: torch.dtype) -> str:
+    """The one warning of :func:`from_pyg` for an ``x`` its format cannot keep."""
+    name = str(dtype).removeprefix("torch.")
+    exact = "" if dtype.is_floating_point else " (integers beyond 2**24 are rounded)"
+    return (
+        f"x: {name} features are stored as float32{exact}: a gnnio dataset holds float32, "
+        f"float16, bfloat16 or int8 rows; gnnio.pyg.NeighborLoader over the Data itself keeps "
+        f"{name}"
+    )
+
+
 def from_pyg(
     data,
     out: str | os.PathLike,
@@ -249,6 +263,8 @@ def from_pyg(
     del src, dst
     # half precision stays as it is: float16, bfloat16 (its bits as int16, gnnio.graph.feature_dtype)
     feat_dtype = {torch.float16: np.float16, torch.bfloat16: np.int16}.get(x.dtype, np.float32)
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) and requested() is None:
+        warnings.warn(_cast_note(x.dtype), stacklevel=2)
     if x.dtype == torch.bfloat16:
         x = x.view(torch.int16)
     out = Path(out)

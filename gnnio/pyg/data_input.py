@@ -3,7 +3,9 @@ needs: a CSR of in-neighbours, a gnnio feature store for ``x``, and the ``Data``
 that PyG's ``loader.data`` holds.
 
 * a PyG ``Data``: its ``x`` and ``edge_index`` are converted once into a gnnio dataset in a cache
-  directory named by their content hash (``$GNNIO_CACHE/pyg/data-<hash>``, or ``cache_dir``);
+  directory named by their content hash (``$GNNIO_CACHE/pyg/data-<hash>``, or ``cache_dir``;
+  an ``x`` of a dtype that format would change, anything but float32, float16 and bfloat16, is
+  not converted but served from ``data.x`` itself, in its own dtype: :data:`KEPT_DTYPES`);
   later loaders over the same content, in this or any process, open it. Several processes (DDP
   ranks) converting the same ``Data`` at once take an exclusive ``flock`` on
   ``.data-<hash>.convert.lock`` in turn: the first converts (written to a temporary directory and
@@ -36,6 +38,20 @@ __all__ = ["Source", "cached_dataset", "content_hash", "resolve_data"]
 
 #: bump when the cache's content changes meaning (old entries are then not reused)
 CACHE_VERSION = 1
+#: ``data.x`` dtypes the converted dataset holds as they are (bfloat16 as its int16 bits); rows
+#: of any other dtype (float64, int64, ...) are served from ``data.x`` itself, in its own dtype
+KEPT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def served_from_x(x) -> bool:
+    """Whether ``x`` (a ``Data``'s) is served from the tensor itself rather than from the
+    converted dataset: a 2-D real tensor of a dtype gnnio's format would change."""
+    return (
+        isinstance(x, torch.Tensor)
+        and x.dim() == 2
+        and not x.is_complex()
+        and x.dtype not in KEPT_DTYPES
+    )
 
 
 @dataclass
@@ -122,6 +138,8 @@ def cached_dataset(data, cache_dir=None) -> tuple[Path, bool]:
                 pass  # a damaged entry: converted again below
         from torch_geometric.data import Data
 
+        if served_from_x(x):  # rows read from data.x itself: only the graph is converted
+            x = torch.empty((int(x.shape[0]), 0))
         minimal = Data(x=x, edge_index=ei, num_nodes=int(x.shape[0]))
         from_pyg(minimal, out, name=out.name, overwrite=out.exists(), progress=False,
                  allow_nonfinite=True, source={"cache": "gnnio.pyg.NeighborLoader"})  # fmt: skip
@@ -188,11 +206,16 @@ def resolve_data(data, store_kind: str = "memory", cache_dir=None, threads=None)
     if isinstance(data, Data):
         path, converted = cached_dataset(data, cache_dir)
         ds = load(path)
-        store = open_store(ds, store_kind, num_threads=threads, progress=False)
+        x = getattr(data, "x", None)
+        if served_from_x(x):  # float64, int64, ...: PyG's rows, in x's own dtype
+            from ..features.stores.memory import InMemoryFeatureStore
+
+            store = InMemoryFeatureStore(x.detach().cpu(), num_threads=threads)
+        else:
+            store = open_store(ds, store_kind, num_threads=threads, progress=False)
         edge_ids = None
         if "pyg_edge_id" in ds.extra:
             edge_ids = torch.from_numpy(np.asarray(ds.extra["pyg_edge_id"]))
-        x = getattr(data, "x", None)
         dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
         return Source(graph=ds.graph, store=store, data=data, x_ref=x, edge_ids=edge_ids,
                       device=dev, dataset=ds, converted=converted)  # fmt: skip

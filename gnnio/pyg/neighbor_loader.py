@@ -13,6 +13,12 @@ numbers are not reproduced), and:
 * **safe to keep**: each batch has its own ``x`` (``reuse_buffers=False``); ``reuse_buffers=True``
   gathers into gnnio's ring of buffers instead, and then a batch's ``x`` on the CPU is valid only
   until the next batch is requested;
+* **x as PyG's**: ``batch.x`` is ``data.x[n_id]``, in ``data.x``'s own dtype. float32, float16
+  and bfloat16 rows are read from the converted copy (bfloat16 decoded from its stored bits); any
+  other dtype (float64, int64 ids for an ``nn.Embedding``, ...) from ``data.x`` itself, held in
+  host memory (``store=`` does not apply to it). Over a gnnio dataset, ``x`` is ``loader.data.x``'s
+  rows: bfloat16 datasets give bfloat16, int8 ones float32 dequantized (as :class:`PyGLoader`);
+  over a store pair, what ``feature_store.get_tensor`` gives;
 * **on the device of** ``data.x`` (the user moved it there), unless ``device=`` says otherwise;
 * **seeded from torch**: every ``iter(loader)`` draws one number from ``generator`` (default:
   torch's global generator, so ``seed_everything`` / ``torch.manual_seed`` take effect), which
@@ -44,7 +50,7 @@ from .arguments import check_refused, loader_options, refuse
 from .batch import to_pyg_data
 from .data_input import resolve_data
 from .disjoint import DisjointSampler
-from .loader import InOrder
+from .loader import InOrder, _user_rows
 
 __all__ = ["NeighborLoader"]
 
@@ -173,6 +179,11 @@ class NeighborLoader:
         self.batch_size = opts.batch_size
         self.device = src.device if device is None else _device(device)
         self.store = src.store
+        codec = None if src.dataset is None else src.dataset.feature_codec
+        #: the codec of compressed rows from ``src.store`` (decoded per batch), else None
+        self._codec = (
+            codec if codec is not None and codec.feat_dtype in ("bfloat16", "int8") else None
+        )
         self.transform = transform
         self.filter_per_worker = filter_per_worker
         self.reuse_buffers = bool(reuse_buffers)
@@ -229,15 +240,18 @@ class NeighborLoader:
             stall_timeout=self.options.stall_timeout,
         )
         late = None if in_pipeline else x_store  # gathered on this thread (filter_per_worker)
-        return self._batches(self.loader.epoch(int(key)), in_pipeline, late)
+        decode = self._codec is not None and x_store is self._src.store
+        return self._batches(self.loader.epoch(int(key)), in_pipeline, late, decode)
 
-    def _batches(self, it, in_pipeline: bool, late) -> Iterator[Data]:
+    def _batches(self, it, in_pipeline: bool, late, decode: bool) -> Iterator[Data]:
         try:
             for mb in it:
                 if late is not None:
                     mb.x = late.gather(mb.input_nodes.cpu()).to(self.device)
                 elif not in_pipeline:
                     mb.x = None
+                if decode and mb.x is not None:  # bfloat16 bits / int8 codes: the user's rows
+                    mb.x = _user_rows(mb.x, self._codec, self)
                 batch = self.convert(mb)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
