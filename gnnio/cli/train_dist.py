@@ -94,10 +94,11 @@ def launch_ranks(args, cfg, dataset) -> int:
         from ..preprocess.partition import load_partition
 
         load_partition(cfg.partition, ds, args.nproc)
-    if cfg.resume is not None:  # checkpoints of another world size: refuse before starting
-        from ..train.checkpoint import check_world_size
+    from ..train.checkpoint import check_fresh_dir, check_world_size
 
+    if cfg.resume is not None:  # checkpoints of another world size: refuse before starting
         check_world_size(cfg.resume, args.nproc)
+    check_fresh_dir(cfg.checkpoint_dir, cfg.resume)  # another run's checkpoints: likewise
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
         argv.append(str(ds.path))  # the built-in dataset, generated once above

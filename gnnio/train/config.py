@@ -64,7 +64,8 @@ class TrainConfig:
         patience: stop after this many epochs without a better valid accuracy; None = never.
         checkpoint: path for the best model's ``state_dict`` (``torch.save``); None = not saved.
         checkpoint_dir: directory for resumable checkpoints, written at the end of every epoch
-            (:mod:`gnnio.train.checkpoint`; the newest two kept); None = none.
+            (:mod:`gnnio.train.checkpoint`; the newest two kept); None = none. One that already
+            holds checkpoints is refused unless ``resume`` names it (the run continues them).
         checkpoint_every: also write one every this many batches within an epoch; None = only
             at epoch ends.
         resume: a ``checkpoint_dir`` to continue from (its newest complete checkpoint); the run
