@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..train.config_dist import DEFAULT_BUFFER
+
 __all__ = ["add_dist_arguments", "launch_ranks", "train_rank"]
 
 
@@ -39,7 +41,7 @@ def add_dist_arguments(p) -> None:
         "--buffer",
         type=float,
         metavar="B",
-        default=0.1,
+        default=DEFAULT_BUFFER,
         help="feature rows each rank holds, as a fraction of the nodes (--placement-strategy)",
     )
     g.add_argument(

@@ -10,7 +10,13 @@ from typing import Any
 
 from ..errors import UsageError
 from ..utils.heap import HEAP_MODES
-from .config_dist import DIST_STRATEGIES, MAX_RANKS_PER_CORE, PARTITION_STRATEGIES, validate_dist
+from .config_dist import (
+    DEFAULT_BUFFER,
+    DIST_STRATEGIES,
+    MAX_RANKS_PER_CORE,
+    PARTITION_STRATEGIES,
+    validate_dist,
+)
 from .device import check_device
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 
@@ -228,7 +234,7 @@ class TrainConfig:
     topology: str | None = None
     dist_timeout: float | None = None
     placement_strategy: str | None = None
-    buffer: float = 0.1
+    buffer: float = DEFAULT_BUFFER
     local_seeds: bool = False
     partition: str | None = None
     sampling_mode: str = "dsp"
