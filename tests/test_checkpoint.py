@@ -208,3 +208,58 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(easy, tmp_path):
     assert resumed["loss_history"] == full["loss_history"] and len(full["loss_history"]) == 4
     assert results(resumed) == results(full)
     assert same_params(final_params(tmp_path / "a"), final_params(c))
+
+
+def test_fresh_run_refuses_a_directory_of_another_runs_checkpoints(easy, tmp_path, capsys):
+    """A fresh run into a directory holding another run's checkpoints exited 0 and kept only the
+    other run's (the newest two of both); now it is refused with one line and nothing changes."""
+    from gnnio.cli.main import main
+
+    args = ["train", str(easy), "--fanouts", "5,5", "--batch-size", "64", "--hidden", "16",
+            "--quiet"]  # fmt: skip
+    c = tmp_path / "ck"
+    assert main([*args, "--epochs", "2", "--seed", "1", "--checkpoint-dir", str(c)]) == 0
+    before = {p.name: p.stat().st_mtime_ns for p in c.iterdir()}
+    capsys.readouterr()
+    assert main([*args, "--epochs", "1", "--seed", "5", "--checkpoint-dir", str(c)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gnnio: error: --checkpoint-dir"), err
+    assert str(c) in err and f"--resume {c}" in err and "ckpt-e000002-b000000000.pt" in err
+    assert {p.name: p.stat().st_mtime_ns for p in c.iterdir()} == before
+    # resuming into it (the same run, more epochs) continues it as before
+    assert main([*args, "--epochs", "3", "--seed", "1", "--resume", str(c)]) == 0
+    assert [(e, b) for e, b, _ in checkpoint_files(c)] == [(2, 0), (3, 0)]
+    # a resumed run writing to another directory that holds checkpoints: refused as well
+    d = tmp_path / "other"
+    d.mkdir()
+    (d / "ckpt-e000001-b000000000-r1of2.pt").write_bytes(b"")  # any rank's, any world size
+    capsys.readouterr()
+    assert main([*args, "--epochs", "3", "--seed", "1", "--resume", str(c),
+                 "--checkpoint-dir", str(d)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--checkpoint-dir {d}: already holds" in err, err
+
+
+def test_ranks_refuse_together_and_save_never_deletes_its_own(tmp_path):
+    """Every rank refuses when any rank's directory holds checkpoints (no rank left waiting in
+    a collective); a save keeps the checkpoint it wrote even below a later one."""
+    from types import SimpleNamespace
+
+    from gnnio.train.checkpoint import check_fresh_dir
+
+    empty = tmp_path / "r0"
+    empty.mkdir()
+    other = SimpleNamespace(all_gather_object=lambda obj: [obj, ["ckpt-e000004-b000000000.pt"]])
+    with pytest.raises(UsageError, match=r"already holds checkpoints of another run \(ckpt-e00"):
+        check_fresh_dir(str(empty), None, other)
+    check_fresh_dir(str(empty), str(empty), other)  # resumed from it: continues them
+    ck = CheckpointDir(tmp_path / "c")
+    try:
+        for later in (8, 9):  # another run's, say: the old pruning deleted each new file
+            (ck.path / f"ckpt-e{later:06d}-b000000000.pt").write_bytes(b"later")
+        for epoch in (1, 2, 3):
+            ck.save({"epoch": epoch, "batch": 0})
+            assert (ck.path / f"ckpt-e{epoch:06d}-b000000000.pt").exists()
+        assert [(e, b) for e, b, _ in checkpoint_files(ck.path)] == [(2, 0), (3, 0), (8, 0), (9, 0)]
+    finally:
+        ck.close()

@@ -137,6 +137,18 @@ def test_another_world_size_is_refused_with_one_line(tiny, full):
         assert "written by 2 ranks" in lines[0] and "resume with --nproc 2" in lines[0]
 
 
+def test_fresh_run_into_another_runs_checkpoints_is_refused_with_one_line(tiny, full):
+    _, c = full
+    before = sorted(p.name for p in c.iterdir())
+    r = gnnio("train", tiny, *ARGS, "--seed", "6", "--checkpoint-dir", c, timeout=120)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr[-2000:]
+    assert f"--checkpoint-dir {c}: already holds checkpoints" in lines[0]
+    assert f"--resume {c}" in lines[0]
+    assert sorted(p.name for p in c.iterdir()) == before
+
+
 class FakeRanks:
     """``all_gather_object`` across simulated ranks: each rank's first call records its
     answer; a rank's call returns what every rank recorded for that step (ranks run in turn)."""

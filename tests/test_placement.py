@@ -415,7 +415,7 @@ def test_plan_cli_table_and_pagraph_cap(tiny, capsys):
     [
         (["--topology", "2+", "--buffer", "0.1"], "topology"),
         (["--topology", "2", "--buffer", "1.5"], "--buffer"),
-        (["--topology", "2"], "--buffer"),
+        (["--topology", "2", "--buffer", "0"], "--buffer"),  # none: 0.1 N (test_topology)
         (["--topology", "2", "--buffer", "0.1", "--strategies", "alg1,zzz"], "zzz"),
         (["--topology", "2", "--buffer", "0.1", "--fanouts", "a"], "--fanouts"),
         (["--topology", "2", "--buffer", "0.1", "--alpha", "3"], "alpha"),

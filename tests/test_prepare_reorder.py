@@ -172,3 +172,25 @@ def test_failure_while_reordering_leaves_nothing(tmp_path, monkeypatch, budget):
         main([*SYN, "--out", str(out), "--reorder", "degree", "--quiet", "--overwrite", *opts])
     assert read_meta(out) == before and "reordered_by" not in before
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_output_directories_follow_the_umask(tmp_path, mask):
+    """Every output directory was drwx------ whatever the umask (its temporary directory was
+    made 0700 and renamed into place), its files 0644: now the umask gives both, as for mkdir."""
+    import os
+    import stat
+
+    syn, re_, part = tmp_path / "syn", tmp_path / "re", tmp_path / "part"
+    small = ["prepare", "synthetic", "--num-nodes", "300", "--feat-dim", "4", "--quiet"]
+    old = os.umask(mask)
+    try:
+        assert main([*small, "--out", str(syn)]) == 0
+        assert main(["reorder", str(syn), "--by", "degree", "--out", str(re_), "--quiet"]) == 0
+        assert main(["partition", str(syn), "--parts", "2", "--out", str(part), "--quiet"]) == 0
+        assert main([*small, "--seed", "1", "--out", str(re_), "--overwrite"]) == 0  # replaced
+    finally:
+        os.umask(old)
+    for d in (syn, re_, part, part / "part0"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o777 & ~mask, d
+    assert stat.S_IMODE((syn / "meta.json").stat().st_mode) == 0o666 & ~mask

@@ -152,3 +152,29 @@ def test_topology_validates_groups():
         Topology("t", groups=((0, 2),))
     with pytest.raises(UsageError):
         Topology("t", groups=())
+
+
+def test_plan_without_buffer_works_with_presets_and_shorthands(tmp_path, capsys):
+    """``gnnio plan DIR --topology PRESET`` failed ("--buffer: give the per-GPU buffer ..."): no
+    preset sets feature_budget_bytes, which its help gave as the default. Now the default is
+    gnnio train --nproc's --buffer (0.1 N); a topology file's budget still wins."""
+    from gnnio.cli.main import main
+    from gnnio.placement.planner import buffer_rows_from
+    from gnnio.train.config_dist import DEFAULT_BUFFER
+    from gnnio.utils.counts import top_count
+
+    from .helpers import write_tiny_dataset
+
+    assert DEFAULT_BUFFER == 0.1
+    ds = write_tiny_dataset(tmp_path / "ds", num_nodes=60, num_edges=300)
+    want = top_count(DEFAULT_BUFFER, 60)
+    for spec in ("dgx-a100-8", "pcie-2gpu", "2"):
+        args = ["plan", str(ds), "--topology", spec, "--strategies", "alg1,rule1"]
+        assert main([*args, "--fanouts", "4,3", "--batch-size", "16", "--json", "--quiet"]) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["buffer_rows"] == want, spec
+    assert all(buffer_rows_from(None, 60, 16, load_topology(p)) == want for p in PRESETS)
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"groups": "2", "feature_budget_bytes": 16 * 30}))
+    assert buffer_rows_from(None, 60, 16, load_topology(f)) == 30
+    assert buffer_rows_from(0.5, 60, 16, load_topology(f)) == 30
+    assert buffer_rows_from(0.2, 60, 16, load_topology("2")) == 12

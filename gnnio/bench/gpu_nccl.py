@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -184,6 +185,7 @@ def worker(work: Path, device: str) -> dict[str, Any]:
     ctx = init(timeout_s=120, device=device)
     chk = ctx._extra.get("check")
     ck = work / "ck"
+    shutil.rmtree(ck, ignore_errors=True)  # a rerun's: a fresh run refuses them
     modes: list[tuple[str, Any]] = [(f"store/{s}", lambda s=s: _store(ctx, ds, s))
                                     for s in STRATEGIES]  # fmt: skip
     for m in ("dsp", "shared"):

@@ -1,7 +1,8 @@
 """``gnnio plan DIR --topology T --buffer B [--json]``: compare feature placements before training.
 
 Runs every placement strategy for the machine described by ``--topology`` and a per-GPU buffer of
-``B * N`` rows, models each GPU's feature-loading time per epoch from a pre-sampled epoch of the
+``B * N`` rows (``B`` 0.1 by default, as ``gnnio train --nproc``'s; a topology file's
+``feature_budget_bytes`` instead where it sets one), models each GPU's feature-loading time per epoch from a pre-sampled epoch of the
 real sampler (Song & Jiang's Eq. 3 cost model; seconds are modeled from link bandwidths, not
 measured) and recommends the cheapest. ``--json`` prints one JSON object last; see
 :class:`gnnio.placement.planner.PlanResult`.
@@ -23,6 +24,7 @@ from ..placement.planner import (
     make_plan,
 )
 from ..placement.topology import PRESETS, load_topology
+from ..train.config_dist import DEFAULT_BUFFER
 from ..utils.outputs import check_output_path
 from . import HelpFormatter
 
@@ -55,8 +57,9 @@ def register(sub) -> None:
         type=float,
         default=None,
         metavar="B",
-        help="feature buffer per GPU as a fraction of the nodes (e.g. 0.1); default: the "
-        "topology's feature_budget_bytes",
+        help="feature buffer per GPU as a fraction of the nodes (e.g. 0.2); default: the "
+        "topology file's feature_budget_bytes where it sets one, else "
+        f"{DEFAULT_BUFFER:g} (as 'gnnio train --nproc N --buffer'; no preset sets a budget)",
     )
     p.add_argument("--fanouts", default="15,10,5", help="sampler fanouts, hop 1 first")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch per GPU")

@@ -308,7 +308,8 @@ def add_train_arguments(p) -> None:
         default=None,
         help="write a resumable checkpoint to C at the end of every epoch (model, optimizer, "
         "position, random states, caches, the record so far; atomic, the newest two kept; "
-        "with several ranks one file per rank)",
+        "with several ranks one file per rank); a C that already holds checkpoints is refused "
+        "unless this run continues them (--resume C)",
     )
     p.add_argument(
         "--checkpoint-every",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..train.config_dist import DEFAULT_BUFFER
+
 __all__ = ["add_dist_arguments", "launch_ranks", "train_rank"]
 
 
@@ -39,7 +41,7 @@ def add_dist_arguments(p) -> None:
         "--buffer",
         type=float,
         metavar="B",
-        default=0.1,
+        default=DEFAULT_BUFFER,
         help="feature rows each rank holds, as a fraction of the nodes (--placement-strategy)",
     )
     g.add_argument(
@@ -94,10 +96,11 @@ def launch_ranks(args, cfg, dataset) -> int:
         from ..preprocess.partition import load_partition
 
         load_partition(cfg.partition, ds, args.nproc)
-    if cfg.resume is not None:  # checkpoints of another world size: refuse before starting
-        from ..train.checkpoint import check_world_size
+    from ..train.checkpoint import check_fresh_dir, check_world_size
 
+    if cfg.resume is not None:  # checkpoints of another world size: refuse before starting
         check_world_size(cfg.resume, args.nproc)
+    check_fresh_dir(cfg.checkpoint_dir, cfg.resume)  # another run's checkpoints: likewise
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
         argv.append(str(ds.path))  # the built-in dataset, generated once above

@@ -185,7 +185,7 @@ def make_temp_dir(out: str | os.PathLike, kind: str = "tmp") -> Path:
     while True:
         p = out.parent / f".{out.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            p.mkdir(mode=0o700)
+            p.mkdir()  # the umask gives its mode, as for any new directory, once renamed
             return p
         except FileExistsError:
             continue

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import DatasetError, UsageError
 from ..placement.topology import Topology
+from ..train.config_dist import DEFAULT_BUFFER
 from ..utils.counts import top_count
 from . import Placement, PlacementRequest, place
 from .costmodel import CostReport, expected_reads, placement_cost
@@ -140,8 +141,10 @@ def warm_up_kernels() -> None:
 def buffer_rows_from(
     buffer: float | None, num_nodes: int, row_bytes: int, topology: Topology
 ) -> int:
-    """``BSIZE`` in rows: ``top_count(buffer, N)`` for a fraction in (0, 1], else the topology's
-    ``feature_budget_bytes // row_bytes``."""
+    """``BSIZE`` in rows: ``top_count(buffer, N)`` for a fraction in (0, 1]; with ``buffer``
+    None the topology's ``feature_budget_bytes // row_bytes`` where it sets one (a topology
+    file), else :data:`~gnnio.train.config_dist.DEFAULT_BUFFER` of the nodes (the presets and
+    shorthands set none: ``gnnio train --nproc``'s ``--buffer`` default)."""
     if buffer is not None:
         b = float(buffer)
         if not 0.0 < b <= 1.0:
@@ -149,10 +152,7 @@ def buffer_rows_from(
         return top_count(b, num_nodes)
     rows = topology.buffer_rows(row_bytes)
     if rows is None:
-        raise UsageError(
-            "--buffer: give the per-GPU buffer as a fraction of N, or a topology with "
-            "feature_budget_bytes"
-        )
+        return top_count(DEFAULT_BUFFER, num_nodes)
     return min(rows, num_nodes)
 
 

@@ -22,10 +22,13 @@ What a checkpoint holds (one ``torch.save`` file of tensors, numbers and strings
   the model configuration, the options that change results, the world size.
 
 Writing is atomic: a uniquely named temporary file in ``C``, ``fsync``, ``rename`` to
-``ckpt-e<epoch>-b<batch>.pt``, ``fsync`` of ``C``; then all but the newest :data:`KEEP` files are
-removed. A run killed at any point leaves either the previous checkpoints or the new one, never a
-partial file under a checkpoint name. ``C/lock`` (``flock``, released by the kernel when the
-process dies, also on SIGKILL) keeps two runs from writing the same directory.
+``ckpt-e<epoch>-b<batch>.pt``, ``fsync`` of ``C``; then all but the newest :data:`KEEP` files up
+to that position are removed (never the one just written). A run killed at any point leaves
+either the previous checkpoints or the new one, never a partial file under a checkpoint name.
+``C/lock`` (``flock``, released by the kernel when the process dies, also on SIGKILL) keeps two
+runs from writing the same directory at once; a run that does not resume from ``C`` refuses a
+``C`` that already holds checkpoints (:func:`~.checkpoint_checks.check_fresh_dir`): its own would
+be pruned among another run's.
 
 Several ranks (``--nproc N``, torchrun): every rank writes its own file,
 ``ckpt-e<epoch>-b<batch>-r<rank>of<N>.pt``, at the same positions, claimed by its own
@@ -45,7 +48,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +57,15 @@ import torch
 
 from ..errors import UsageError
 from ..utils.outputs import remove_stale_files, write_atomic
-from .checkpoint_checks import check_contents, check_regular, check_within, malformed
+from .checkpoint_checks import NAME as _NAME
+from .checkpoint_checks import (
+    check_contents,
+    check_fresh_dir,
+    check_regular,
+    check_within,
+    held_checkpoints,
+    malformed,
+)
 from .rng_state import capture_rng, restore_rng
 
 __all__ = [
@@ -67,6 +77,8 @@ __all__ = [
     "capture_rng",
     "check_world_size",
     "checkpoint_files",
+    "check_fresh_dir",
+    "held_checkpoints",
     "load_resume",
     "make_state",
     "open_checkpoints",
@@ -80,7 +92,6 @@ FORMAT_VERSION = 1
 #: checkpoints kept in the directory (the newest ones)
 KEEP = 2
 _TAG = "gnnio-train-checkpoint"
-_NAME = re.compile(r"^ckpt-e(\d{6,})-b(\d{9,})(?:-r(\d+)of(\d+))?\.pt$")
 
 #: configuration fields that shape the model; a checkpoint of another shape is refused
 MODEL_KEYS = (
@@ -176,13 +187,17 @@ class CheckpointDir:
 
     def save(self, state: dict[str, Any]) -> Path:
         """Write ``state`` (a dict for :func:`torch.save`) as the checkpoint at its
-        ``(epoch, batch)`` atomically, then drop all but the newest :data:`KEEP`."""
-        target = self.path / _file_name(state["epoch"], state["batch"], self.rank, self.world_size)
+        ``(epoch, batch)`` atomically, then drop all but the newest :data:`KEEP` up to it (a
+        later position, left by a rank of a resumed run, is rewritten when reached)."""
+        pos = (state["epoch"], state["batch"])
+        target = self.path / _file_name(*pos, self.rank, self.world_size)
         # .NAME.tmp-<pid>-<random>, fsync, rename; a failed write (also inside torch.save) is one
         # line and removes the temporary file
         write_atomic(target, lambda f: torch.save(state, f), "--checkpoint-dir")
         _fsync_dir(self.path)
-        for _e, _b, old in checkpoint_files(self.path, self.rank, self.world_size)[:-KEEP]:
+        done = [p for e, b, p in checkpoint_files(self.path, self.rank, self.world_size)
+                if (e, b) <= pos]  # fmt: skip
+        for old in done[:-KEEP]:
             old.unlink(missing_ok=True)
         return target
 
@@ -430,7 +445,13 @@ def open_checkpoints(cfg, ds, run):
     resumed = None
     if cfg.resume is not None:
         resumed = load_resume(cfg.resume, ds, cfg, run.rank, run.world_size, run=run)
-    return CheckpointDir(target, run.rank, run.world_size), resumed
+    ckdir = CheckpointDir(target, run.rank, run.world_size)  # claimed: no run writes there now
+    try:
+        check_fresh_dir(cfg.checkpoint_dir, cfg.resume, run)
+    except UsageError:
+        ckdir.close()
+        raise
+    return ckdir, resumed
 
 
 def resume_progress(resumed: ResumeState | None, *, model, opt, store, sampler, adaptive,

@@ -1,4 +1,5 @@
-"""What ``--resume`` checks in a checkpoint file before trusting it (issue 27).
+"""What ``--resume`` checks in a checkpoint file before trusting it (issue 27), and what a fresh
+run checks in its ``--checkpoint-dir``.
 
 A checkpoint's name (``ckpt-e<E>-b<B>...pt``) only says where to look: the position, the record
 and the state come from the file's contents, and they must agree with the name and with each
@@ -11,12 +12,17 @@ them (a tensor of another shape, a key the model lacks) into one line naming the
 The binding (dataset fingerprint, model configuration, options, world size:
 :func:`~gnnio.train.checkpoint.check_binding`) is the run's fingerprint: two runs that agree on it
 compute the same states, so a checkpoint of one continues the other exactly.
+
+:func:`check_unclaimed` keeps a run that does not continue the checkpoints already in its
+``--checkpoint-dir`` from writing among them: keeping the newest ones would delete its own, and
+``--resume`` would then find the other run's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -25,7 +31,19 @@ import torch
 
 from ..errors import UsageError
 
-__all__ = ["check_contents", "check_regular", "check_within", "malformed"]
+__all__ = [
+    "NAME",
+    "check_contents",
+    "check_fresh_dir",
+    "check_regular",
+    "check_unclaimed",
+    "check_within",
+    "held_checkpoints",
+    "malformed",
+]
+
+#: a checkpoint's file name: epoch, batch and, with several ranks, rank and world size
+NAME = re.compile(r"^ckpt-e(\d{6,})-b(\d{9,})(?:-r(\d+)of(\d+))?\.pt$")
 
 #: keys of a checkpoint and the types they must have (``None`` allowed where listed)
 _FIELDS: dict[str, tuple[type, ...]] = {
@@ -123,3 +141,47 @@ def malformed(directory: Path, p: Path, e: BaseException) -> UsageError:
     fit the run (a tensor of another shape, a key the model or optimizer lacks)."""
     msg = " ".join(str(e).split())[:200] or type(e).__name__
     return _bad(directory, p, f"{type(e).__name__}: {msg}")
+
+
+def check_unclaimed(directory: Path, held: list[str], resume: str | None) -> None:
+    """One line when ``held`` (the checkpoint names in ``directory``, every rank's) is not empty:
+    a fresh run there would mix its checkpoints with another run's, and keeping the newest
+    :data:`~gnnio.train.checkpoint.KEEP` would delete its own. A run resumed from
+    ``directory`` itself continues them and is not checked."""
+    if not held:
+        return
+    newest = max(held)
+    if resume is None:
+        todo = f"continue that run with --resume {directory}"
+    else:
+        todo = f"leave out --checkpoint-dir to keep checkpointing to --resume {resume}"
+    raise UsageError(
+        f"--checkpoint-dir {directory}: already holds checkpoints of another run ({newest}); "
+        f"{todo}, or give an empty or new directory (or remove them)"
+    )
+
+
+def held_checkpoints(directory: str | os.PathLike) -> list[str]:
+    """Names of the checkpoints in ``directory``, of any rank and world size, sorted."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted(p.name for p in d.iterdir() if NAME.match(p.name))
+
+
+def resumes_into(checkpoint_dir, resume) -> bool:
+    """Whether a run with ``--resume resume`` writes its checkpoints where they came from."""
+    if resume is None:
+        return False
+    return checkpoint_dir is None or os.path.realpath(checkpoint_dir) == os.path.realpath(resume)
+
+
+def check_fresh_dir(checkpoint_dir, resume=None, run=None) -> None:
+    """One line when ``--checkpoint-dir`` holds checkpoints this run does not continue
+    (:func:`~gnnio.train.checkpoint_checks.check_unclaimed`). With several ranks every rank
+    calls this with ``run``: they refuse together, also where their directories differ."""
+    if checkpoint_dir is None or resumes_into(checkpoint_dir, resume):
+        return
+    mine = held_checkpoints(checkpoint_dir)
+    held = sorted(set().union(*(run.all_gather_object(mine) if run is not None else [mine])))
+    check_unclaimed(Path(checkpoint_dir), held, resume)

@@ -10,7 +10,13 @@ from typing import Any
 
 from ..errors import UsageError
 from ..utils.heap import HEAP_MODES
-from .config_dist import DIST_STRATEGIES, MAX_RANKS_PER_CORE, PARTITION_STRATEGIES, validate_dist
+from .config_dist import (
+    DEFAULT_BUFFER,
+    DIST_STRATEGIES,
+    MAX_RANKS_PER_CORE,
+    PARTITION_STRATEGIES,
+    validate_dist,
+)
 from .device import check_device
 from .model_names import EDGE_WEIGHT_NORMS, FEATURE_NORMS, MODELS
 
@@ -64,7 +70,8 @@ class TrainConfig:
         patience: stop after this many epochs without a better valid accuracy; None = never.
         checkpoint: path for the best model's ``state_dict`` (``torch.save``); None = not saved.
         checkpoint_dir: directory for resumable checkpoints, written at the end of every epoch
-            (:mod:`gnnio.train.checkpoint`; the newest two kept); None = none.
+            (:mod:`gnnio.train.checkpoint`; the newest two kept); None = none. One that already
+            holds checkpoints is refused unless ``resume`` names it (the run continues them).
         checkpoint_every: also write one every this many batches within an epoch; None = only
             at epoch ends.
         resume: a ``checkpoint_dir`` to continue from (its newest complete checkpoint); the run
@@ -227,7 +234,7 @@ class TrainConfig:
     topology: str | None = None
     dist_timeout: float | None = None
     placement_strategy: str | None = None
-    buffer: float = 0.1
+    buffer: float = DEFAULT_BUFFER
     local_seeds: bool = False
     partition: str | None = None
     sampling_mode: str = "dsp"

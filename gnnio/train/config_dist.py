@@ -9,12 +9,22 @@ import os
 
 from ..errors import UsageError
 
-__all__ = ["DIST_STRATEGIES", "MAX_RANKS_PER_CORE", "PARTITION_STRATEGIES", "validate_dist"]
+__all__ = [
+    "DEFAULT_BUFFER",
+    "DIST_STRATEGIES",
+    "MAX_RANKS_PER_CORE",
+    "PARTITION_STRATEGIES",
+    "validate_dist",
+]
 
 #: ``--nproc`` starts at most this many local ranks (processes) per CPU core
 MAX_RANKS_PER_CORE = 8
 #: placements a distributed run can compute at start-up (``--placement-strategy``)
 DIST_STRATEGIES = ("alg1", "interleaved", "mod", "rule1", "metis", "naive", "random")
+#: feature rows each rank (GPU) holds, a fraction of the nodes: ``--buffer``'s default here and
+#: in ``gnnio plan`` (unless its topology sets ``feature_budget_bytes``), so a plan models what
+#: the run does
+DEFAULT_BUFFER = 0.1
 #: the placements that partition the nodes (``--local-seeds`` trains each rank on its part)
 PARTITION_STRATEGIES = ("metis", "naive", "random")
 
