@@ -104,7 +104,8 @@ def add_train_arguments(p) -> None:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads of the sampler and the feature gather",
+        help="CPU threads of the sampler and the feature gather (default: min(8, the CPU cores) "
+        "for the sampler, all cores for the gather; with several ranks the cores / local ranks)",
     )
     p.add_argument(
         "--heap",
