@@ -405,7 +405,7 @@ def run(args) -> dict[str, Any]:
     from ..preprocess.hotness import SCORES, compute_score
     from ..train import check_device
 
-    device = check_device(args.device)  # one line naming --device, before anything runs
+    device = str(check_device(args.device))  # one line naming --device, before anything runs
     names = [s.strip() for s in str(args.scores).split(",") if s.strip() and s.strip() != "oracle"]
     unknown = [s for s in names if s not in SCORES]
     if unknown:
