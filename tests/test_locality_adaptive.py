@@ -84,8 +84,8 @@ def test_bench_locality_cli(tmp_path, capsys):
     rc = main([*argv, "--fanouts", "5,3", "--batch-size", "8", "--json", "--no-progress"])
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    out = json.loads(lines[-1])
-    assert lines[0].split()[:3] == ["s", "host", "MB"]
+    assert len(lines) == 1  # --json: the JSON object only, no table before it
+    out = json.loads(lines[0])
     assert set(out["host_bytes"]) == {"1", "2", "4", "8"}
     assert out["hot_rows"] == 40 and out["row_bytes"] == 32
     for k in ("gpu_bytes", "host_share", "edges_per_batch", "modeled_host_s"):
@@ -97,6 +97,8 @@ def test_bench_locality_cli(tmp_path, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["batches"] == 2 and out["prune"] == [1.0, 1.0] and all(out["thresholds"])
+    assert main([*argv, "--batches", "1", "--batch-size", "8", "--no-progress"]) == 0
+    assert capsys.readouterr().out.split()[:3] == ["s", "host", "MB"]  # the table without --json
     rc = main([*argv[:3], "--scales", "1,0"])
     assert rc == 2 and "--scales" in capsys.readouterr().err
     rc = main([*argv, "--score", "nope"])

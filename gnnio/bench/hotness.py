@@ -12,7 +12,6 @@ epochs), otherwise it would be the oracle.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from ..errors import UsageError
 from ..graph.dataset import load
 from ..preprocess.hotness import SCORES, compute_score, presample_counts, top_count
 from ..preprocess.reorder import order_by_score
+from ..utils.argtypes import fanouts_arg, int_range
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run", "captured_shares", "cumulative_curve"]
 
@@ -48,26 +48,17 @@ def _csv_floats(text: str) -> list[float]:
     return vals
 
 
-def _fanouts(text: str) -> list[int]:
-    from ..sampling.uniform import parse_fanouts
-
-    try:
-        return parse_fanouts(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def add_arguments(p) -> None:
     p.add_argument("dir", metavar="DIR", help="dataset directory (needs a train split)")
     p.add_argument(
-        "--fanouts", type=_fanouts, default=[15, 10, 5], help="per-hop fanouts, hop 1 first"
+        "--fanouts", type=fanouts_arg, default="15,10,5", help="per-hop fanouts, hop 1 first"
     )
-    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
-    p.add_argument("--epochs", type=int, default=1, help="epochs of the measured run")
+    p.add_argument("--batch-size", type=int_range(1), default=1024, help="seeds per mini-batch")
+    p.add_argument("--epochs", type=int_range(1), default=1, help="epochs of the measured run")
     p.add_argument("--seed", type=int, default=0, help="seed of the measured run")
     p.add_argument(
         "--presample-epochs",
-        type=int,
+        type=int_range(1),
         default=1,
         help="epochs of the pre-sampling run (seeded --seed + 1)",
     )

@@ -96,9 +96,7 @@ def run(args) -> dict:
     check_common(args)
     if args.prefetch < 1 or args.workers < 1:
         raise UsageError("--prefetch and --workers must be >= 1")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
+    device = _device_option("--device", args.device)
     store_device = _device_option("--store-device", args.store_device)
     if store_device.type != "cpu" and args.store != "memory":
         raise UsageError(f"--store-device {args.store_device} needs --store memory")

@@ -253,5 +253,6 @@ def run(args) -> dict:
         "bytes_scope": "feature rows of the sampled batches' input_nodes (counted); "
         "modeled_host_s = host_bytes / host_bw (modeled)",
     }
-    print(traffic_table(result))
+    if not getattr(args, "json", False):  # --json: stdout is the one JSON object
+        print(traffic_table(result))
     return result

@@ -25,6 +25,7 @@ import torch
 
 from ..errors import UsageError
 from ..features.tiers.tiered import TieredFeatureStore, hot_rows_for_fraction
+from ..utils.argtypes import fanouts_arg, int_range
 from ..utils.progress import bar
 from .tier_bandwidth import gpu_gather_bandwidth
 
@@ -352,22 +353,22 @@ def _csv_fracs(text: str) -> list[float]:
 
 
 def add_arguments(p) -> None:
-    from ..sampling.uniform import parse_fanouts
-
     p.add_argument("dir", metavar="DIR", help="dataset directory (needs a train split)")
     p.add_argument("--scores", default=",".join(DEFAULT_SCORES),
                    help="comma-separated hotness scores (gnnio.preprocess.hotness.SCORES); 'oracle' (the "
                    "access counts of the measured run itself) is always added")  # fmt: skip
     p.add_argument("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS),
                    help="hot fractions of the nodes")  # fmt: skip
-    p.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5],
+    p.add_argument("--fanouts", type=fanouts_arg, default="15,10,5",
                    help="per-hop fanouts, hop 1 first")  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
-    p.add_argument("--epochs", type=int, default=1, help="epochs of the measured run")
+    p.add_argument("--batch-size", type=int_range(1), default=1024, help="seeds per mini-batch")
+    p.add_argument("--epochs", type=int_range(1), default=1, help="epochs of the measured run")
     p.add_argument("--max-batches", type=int, default=None,
                    help="measure only the first N batches of each epoch (None: whole epochs)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the measured run")
-    p.add_argument("--device", default="cpu", help="'cpu' (simulated GPU tier) or 'cuda'")
+    p.add_argument(
+        "--device", default="cpu", help="cpu (simulated GPU tier), cuda (cuda:N) or auto"
+    )
     p.add_argument("--gather", action="store_true",
                    help="copy rows for real (default: route and count only; same bytes)")  # fmt: skip
     p.add_argument("--bandwidth", action="store_true",
@@ -377,7 +378,7 @@ def add_arguments(p) -> None:
                    help="write host bytes vs hot fraction (relative to 0 %%) to this PNG")  # fmt: skip
     p.add_argument("--plot-add", metavar="R.json", action="append", default=[],
                    help="put an earlier run's --json output in the --plot figure as an extra "
-                   "panel, before this run's (repeatable)")  # fmt: skip
+                   "panel, before this run's (repeatable; default: none)")  # fmt: skip
     p.add_argument(
         "--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars"
     )
@@ -402,7 +403,9 @@ def read_result(path: str | os.PathLike) -> dict[str, Any]:
 def run(args) -> dict[str, Any]:
     from ..graph.dataset import load
     from ..preprocess.hotness import SCORES, compute_score
+    from ..train import check_device
 
+    device = str(check_device(args.device))  # one line naming --device, before anything runs
     names = [s.strip() for s in str(args.scores).split(",") if s.strip() and s.strip() != "oracle"]
     unknown = [s for s in names if s not in SCORES]
     if unknown:
@@ -424,7 +427,7 @@ def run(args) -> dict[str, Any]:
     # the oracle is recorded from the measured batches themselves (same trace, cap included)
     result = host_traffic_experiment(
         ds, scores, fractions, fanouts, args.batch_size, args.epochs, args.seed,
-        device=args.device, count_only=not args.gather, num_threads=args.threads,
+        device=device, count_only=not args.gather, num_threads=args.threads,
         progress=progress, oracle=True, max_batches=max_batches,
     )  # fmt: skip
     if "presample" in scores:

@@ -32,6 +32,24 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{' '.join(message.split())} (see '{self.prog} --help')")
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but an unrecognized argument names the help of the (sub)command that was
+        run (``gnnio train --help``), not the top-level one."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._chosen(ns).error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
+    def _chosen(self, ns) -> argparse.ArgumentParser:
+        """The innermost subcommand parser that ``ns`` was parsed by (``self`` without any)."""
+        parser = self
+        while True:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            name = getattr(ns, subs[0].dest, None) if subs else None
+            if name not in (subs[0].choices if subs else ()):
+                return parser
+            parser = subs[0].choices[name]
+
 
 def build_parser() -> argparse.ArgumentParser:
     from . import bench, info, partition, plan, prepare, reorder, train

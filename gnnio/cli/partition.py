@@ -58,7 +58,12 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--fanouts", default="15,10,5", help="fanouts of the remote_fraction epoch")
     p.add_argument("--batch-size", type=int, default=1024, help="batch of that epoch")
-    p.add_argument("--threads", type=int, default=None, help="sampler threads for the epoch")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="sampler threads for the epoch (default: min(8, the CPU cores))",
+    )
     p.add_argument("--out", required=True, metavar="PDIR", help="partition directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace PDIR if it is a partition")
     p.add_argument(

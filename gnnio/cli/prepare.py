@@ -24,6 +24,7 @@ from ..graph.feature_dtype import writing_as
 from ..importers import IMPORTERS
 from ..preprocess.chunked import DEFAULT_BUDGET_FRACTION
 from ..preprocess.hotness import SCORES
+from ..utils.argtypes import fanouts_arg
 from . import HelpFormatter, add_feature_dtype_argument
 
 #: sources whose import runs within ``--memory-budget`` (issue 25); the others run in RAM
@@ -31,15 +32,6 @@ BOUNDED_SOURCES = ("synthetic", "npy", "ogb")
 
 #: scores accepted by ``--reorder`` (all of :data:`gnnio.preprocess.hotness.SCORES`, as ``gnnio reorder``)
 REORDER_SCORES = tuple(SCORES)
-
-
-def _fanouts(text: str) -> list[int]:
-    from ..sampling.uniform import parse_fanouts
-
-    try:
-        return parse_fanouts(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(sub) -> None:
@@ -75,8 +67,8 @@ def register(sub) -> None:
         )
         sp.add_argument(
             "--reorder-fanouts",
-            type=_fanouts,
-            default=[15, 10, 5],
+            type=fanouts_arg,
+            default="15,10,5",
             metavar="K1,K2,..",
             help="per-hop fanouts (hop 1 first) for --reorder sj, sj_fanout and presample",
         )

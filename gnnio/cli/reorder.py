@@ -9,16 +9,19 @@ from ..errors import UsageError
 from ..graph.feature_dtype import writing_as
 from ..preprocess.hotness import SCORES
 from ..preprocess.reorder import reorder_path
+from ..utils.argtypes import fanouts_arg, int_range
 from . import HelpFormatter, add_feature_dtype_argument
 
 
-def _fanouts(text: str) -> list[int]:
-    from ..sampling.uniform import parse_fanouts
-
+def _unit_float(text: str) -> float:
+    """A number in [0, 1] (``--damping``)."""
     try:
-        return parse_fanouts(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not 0.0 <= v <= 1.0:  # (NaN fails too)
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return v
 
 
 def register(sub) -> None:
@@ -50,20 +53,32 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--fanouts",
-        type=_fanouts,
-        default=[15, 10, 5],
+        type=fanouts_arg,
+        default="15,10,5",
         help="per-hop fanouts (hop 1 first) for sj, sj_fanout and presample",
     )
-    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (presample)")
-    p.add_argument("--epochs", type=int, default=1, help="epochs to pre-sample (presample)")
+    p.add_argument(
+        "--batch-size", type=int_range(1), default=1024, help="seeds per batch (presample)"
+    )
+    p.add_argument(
+        "--epochs", type=int_range(1), default=1, help="epochs to pre-sample (presample)"
+    )
     p.add_argument("--seed", type=int, default=1, help="random seed (presample)")
     p.add_argument(
-        "--damping", type=float, default=None, help="damping d (rpr, wrpr; default 0.85)"
+        "--damping", type=_unit_float, default=None, help="damping d (rpr, wrpr; default 0.85)"
     )
     p.add_argument(
-        "--iterations", type=int, default=None, help="iterations (rpr default 20, wrpr default 5)"
+        "--iterations",
+        type=int_range(0),
+        default=None,
+        help="iterations (rpr default 20, wrpr default 5)",
     )
-    p.add_argument("--threads", type=int, default=None, help="sampler threads (presample)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="sampler threads (presample) (default: min(8, the CPU cores))",
+    )
     p.add_argument(
         "--memory-budget",
         metavar="BYTES",
@@ -82,6 +97,8 @@ def register(sub) -> None:
 def run(args) -> int:
     opts: dict = {"epochs": args.epochs, "seed": args.seed, "num_threads": args.threads}
     if args.damping is not None:
+        if args.by not in ("rpr", "wrpr"):
+            raise UsageError(f"--damping: only applies to rpr and wrpr, not '{args.by}'")
         opts["damping"] = args.damping
     if args.iterations is not None:
         if args.by not in ("rpr", "wrpr"):

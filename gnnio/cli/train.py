@@ -104,7 +104,8 @@ def add_train_arguments(p) -> None:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads of the sampler and the feature gather",
+        help="CPU threads of the sampler and the feature gather (default: min(8, the CPU cores) "
+        "for the sampler, all cores for the gather; with several ranks the cores / local ranks)",
     )
     p.add_argument(
         "--heap",
@@ -255,9 +256,9 @@ def add_train_arguments(p) -> None:
     g.add_argument(
         "--layer-size",
         type=int,
-        default=8192,
+        default=None,
         metavar="K",
-        help="LADIES: nodes drawn per layer (expected; Song & Jiang use 8192)",
+        help="LADIES: nodes drawn per layer (expected; Song & Jiang use 8192) (default: 8192)",
     )
     g.add_argument(
         "--locality-scale",
@@ -269,7 +270,10 @@ def add_train_arguments(p) -> None:
         "--gpu-cache-fraction, --placement or --cache-policy static",
     )
     g.add_argument(
-        "--locality-max-scale", type=float, default=8.0, help="MAXS of --locality-scale auto"
+        "--locality-max-scale",
+        type=float,
+        default=None,
+        help="MAXS of --locality-scale auto (default: 8.0)",
     )
     g.add_argument(
         "--locality-compute-s",
@@ -358,9 +362,22 @@ def _refuse_ignored(args, ranks: int) -> None:
          "--gpu-cache-fraction"),
         ("--heads", args.heads, args.model == "gat", "--model gat"),
         ("--po-sequences", args.po_sequences, args.order == "po", "--order po"),
+        ("--layer-size", args.layer_size, args.sampler == "ladies", "--sampler ladies"),
+        ("--locality-max-scale", args.locality_max_scale, args.locality_scale == "auto",
+         "--locality-scale auto"),
+        ("--locality-compute-s", args.locality_compute_s, args.locality_scale == "auto",
+         "--locality-scale auto"),
+        ("--sampling-mode", args.sampling_mode, args.partition, "--partition PDIR"),
     ):  # fmt: skip
         if given is not None and not needs:
             raise UsageError(f"{option}: has no effect without {what}")
+    reuse = None if args.reuse is None else "--reuse" if args.reuse else "--no-reuse"
+    for option, given in (("--buffer", args.buffer), (reuse, args.reuse),
+                          ("--dist-timeout", args.dist_timeout)):  # fmt: skip
+        if given is not None and ranks <= 1:  # read by the ranks' placement, store and group
+            raise UsageError(f"{option}: needs several ranks (--nproc N or torchrun)")
+    if args.buffer is not None and args.placement:
+        raise UsageError("--buffer: has no effect with --placement FILE (the file's buffers)")
 
 
 def run(args) -> int:

@@ -49,6 +49,14 @@ def _parse_prune(text: str | None):
     return vals
 
 
+def _or_default(value, field: str):
+    """An option's value, or the TrainConfig default where it was not given (its parser default
+    is None so that ``gnnio train`` can tell a given option from a default one)."""
+    from ..train import TrainConfig
+
+    return getattr(TrainConfig, field) if value is None else value
+
+
 def config_from_args(args, ranks: int):
     """The :class:`~gnnio.train.TrainConfig` of parsed ``gnnio train`` options."""
     from ..train import TrainConfig
@@ -99,9 +107,9 @@ def config_from_args(args, ranks: int):
         order=args.order,
         po_sequences=args.po_sequences,
         sampler=args.sampler,
-        layer_size=args.layer_size,
+        layer_size=_or_default(args.layer_size, "layer_size"),
         locality_scale=_parse_scale(args.locality_scale),
-        locality_max_scale=args.locality_max_scale,
+        locality_max_scale=_or_default(args.locality_max_scale, "locality_max_scale"),
         locality_compute_s=args.locality_compute_s,
         prune_threshold=_parse_prune(args.prune_threshold),
         nproc=args.nproc,
@@ -109,10 +117,10 @@ def config_from_args(args, ranks: int):
         dist_timeout=args.dist_timeout,
         stall_timeout=args.stall_timeout,
         placement_strategy=args.placement_strategy,
-        buffer=args.buffer,
+        buffer=_or_default(args.buffer, "buffer"),
         local_seeds=args.local_seeds,
         partition=args.partition,
-        sampling_mode=args.sampling_mode,
-        reuse=args.reuse,
+        sampling_mode=_or_default(args.sampling_mode, "sampling_mode"),
+        reuse=_or_default(args.reuse, "reuse"),
     )
     return cfg

@@ -41,8 +41,9 @@ def add_dist_arguments(p) -> None:
         "--buffer",
         type=float,
         metavar="B",
-        default=DEFAULT_BUFFER,
-        help="feature rows each rank holds, as a fraction of the nodes (--placement-strategy)",
+        default=None,
+        help="feature rows each rank holds, as a fraction of the nodes (--placement-strategy) "
+        f"(default: {DEFAULT_BUFFER})",
     )
     g.add_argument(
         "--partition",
@@ -53,10 +54,11 @@ def add_dist_arguments(p) -> None:
     )
     g.add_argument(
         "--sampling-mode",
-        default="dsp",
+        default=None,
         choices=["dsp", "shared"],
         help="with --partition: request/response to the owner (dsp) or direct reads of the "
-        "owner's shard (shared, HyDRA memory sharing; request/response across machines)",
+        "owner's shard (shared, HyDRA memory sharing; request/response across machines) "
+        "(default: dsp)",
     )
     g.add_argument(
         "--local-seeds",
@@ -67,8 +69,9 @@ def add_dist_arguments(p) -> None:
     g.add_argument(
         "--reuse",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="HyDRA cross-batch reuse: rows fetched for the previous batch are not fetched again",
+        default=None,
+        help="HyDRA cross-batch reuse with several ranks: rows fetched for the previous batch "
+        "are not fetched again (default: on)",
     )
     g.add_argument(
         "--dist-timeout",

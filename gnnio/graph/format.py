@@ -287,7 +287,7 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     mfile = path / META_FILE
     if not path.is_dir():
-        raise DatasetError(f"{path}: not a directory")
+        raise DatasetError(f"{path}: {'not a directory' if path.exists() else 'no such directory'}")
     if output_dir.is_temp_dir_name(Path(os.path.abspath(path)).name):
         raise DatasetError(
             f"{path}: the temporary directory of an interrupted write, not a dataset (the next "

@@ -431,7 +431,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs=3,
         default=list(DEFAULT_SPLIT),
         metavar=("TRAIN", "VALID", "TEST"),
-        help="fractions of the nodes in the train/valid/test splits",
+        help="fractions of the nodes in the train/valid/test splits, three numbers (default: "
+        f"{' '.join(f'{v:g}' for v in DEFAULT_SPLIT)})",
     )
     _dcsbm.add_arguments(parser)
 

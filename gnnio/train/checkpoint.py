@@ -330,7 +330,8 @@ def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size
     :class:`~gnnio.errors.UsageError` when there is none."""
     d = Path(directory)
     if not d.is_dir():
-        raise UsageError(f"--resume {d}: no such checkpoint directory")
+        what = "not a directory" if d.exists() else "no such checkpoint directory"
+        raise UsageError(f"--resume {d}: {what}")
     check_world_size(d, world_size)
     files = {(e, b): p for e, b, p in checkpoint_files(d, rank, world_size)}
     held = _gather(run, sorted(files))

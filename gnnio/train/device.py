@@ -19,7 +19,9 @@ def check_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise UsageError(f"--device: unknown device '{device}' (use cpu or cuda)") from None
+        raise UsageError(
+            f"--device: unknown device '{device}' (use cpu, cuda, cuda:N or auto)"
+        ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError(
@@ -30,5 +32,5 @@ def check_device(device: str) -> torch.device:
                 f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present"
             )
     elif dev.type != "cpu":
-        raise UsageError(f"--device: unsupported device '{device}' (use cpu or cuda)")
+        raise UsageError(f"--device: unsupported device '{device}' (use cpu, cuda, cuda:N or auto)")
     return dev

@@ -8,7 +8,14 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["COMMON_RANGES", "apply_common_ranges", "int_range", "positive_float", "seconds_up_to"]
+__all__ = [
+    "COMMON_RANGES",
+    "apply_common_ranges",
+    "fanouts_arg",
+    "int_range",
+    "positive_float",
+    "seconds_up_to",
+]
 
 
 def int_range(least: int, most: int | None = None) -> Callable[[str], int]:
@@ -27,6 +34,24 @@ def int_range(least: int, most: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "int"
     return parse
+
+
+def fanouts_arg(text: str) -> list[int]:
+    """Comma-separated fanouts (``15,10,5``; -1 = all neighbours), one hop at least. Give the
+    option the default as the same text (``default="15,10,5"``): ``--help`` then shows it in the
+    form the option takes, and argparse parses it like a given value."""
+    from ..sampling.threaded import parse_fanouts
+
+    try:
+        return parse_fanouts(text)
+    except ValueError as e:  # "--fanouts: ..." or "fanouts: ...": argparse names the option
+        msg = str(e)  # itself ("argument --reorder-fanouts: ..."), so without the prefix
+        if msg.lstrip("-").startswith("fanouts: "):
+            msg = msg.split(": ", 1)[1]
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+fanouts_arg.__name__ = "fanouts"
 
 
 def positive_float(text: str) -> float:

@@ -1,0 +1,45 @@
+"""``gnnio bench KIND ... --json``: stdout is exactly one JSON document (nothing printed before
+it), for every benchmark kind that runs in one process in a few seconds on a tiny dataset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gnnio.cli.main import main
+from tests.helpers import write_tiny_dataset
+
+#: kind -> arguments that keep its run short (DIR: the tiny dataset); not here: dist and
+#: dist-sampling, which start several processes
+CHEAP = {
+    "reorder": "--num-nodes 1000 --avg-degree 4 --impls numpy --passes 1 --warmup 0",
+    "placement": "--num-nodes 1000 --strategies alg1,mod --passes 1 --no-progress",
+    "sampling": "DIR --fanouts 3,3 --batch-size 16 --passes 1 --warmup 0",
+    "gather": "DIR --fanouts 3,3 --batch-size 16 --batches 2 --passes 1 --warmup 0 "
+    "--ceiling-gib 0.001",
+    "loader": "DIR --fanouts 3,3 --batch-size 16 --batches 2 --passes 1 --warmup 0",
+    "hotness": "DIR --fanouts 3,3 --batch-size 16 --scores degree --fractions 0.1 --quiet",
+    "tiers": "DIR --fanouts 3,3 --batch-size 16 --scores degree --fractions 0.1 --max-batches 2 "
+    "--quiet",
+    "cache": "DIR --fanouts 3,3 --batch-size 16 --batches 2 --policies lru --orders random "
+    "--sizes 0.1 --warmup 0",
+    "locality": "DIR --fanouts 3,3 --batch-size 16 --scales 1,2 --gpu-cache-fraction 0.1 "
+    "--no-progress",
+    "disk": "DIR --fanouts 3,3 --batch-size 16 --batches 2 --sizes 0.1 --policies lru "
+    "--random-reads 8 --seq-mib 1 --repeats 1 --no-progress",
+    "step": "DIR --fanouts 3,3 --batch-size 16 --hidden 8 --batches 2 --quiet",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(write_tiny_dataset(tmp_path_factory.mktemp("bj") / "ds", 200, 1200))
+
+
+@pytest.mark.parametrize("kind", sorted(CHEAP))
+def test_json_stdout_is_one_document(kind, tiny, capfd):
+    argv = [tiny if a == "DIR" else a for a in CHEAP[kind].split()]
+    assert main(["bench", kind, *argv, "--json"]) == 0
+    out = capfd.readouterr().out
+    assert isinstance(json.loads(out), dict), out[:400]  # the whole of stdout, nothing before

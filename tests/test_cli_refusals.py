@@ -1,0 +1,57 @@
+"""``gnnio train`` refuses, in one line, an option given where it has no effect (the rule of
+``_refuse_ignored``), and still takes it where it has one; defaults are never refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from gnnio.cli.main import build_parser, main
+from gnnio.cli.train import _refuse_ignored
+from gnnio.cli.train_config import config_from_args
+
+REFUSED = [
+    ("--buffer 0.2", "--buffer: needs several ranks"),
+    ("--sampling-mode shared", "--sampling-mode: has no effect without --partition"),
+    ("--no-reuse", "--no-reuse: needs several ranks"),
+    ("--reuse", "--reuse: needs several ranks"),
+    ("--dist-timeout 5", "--dist-timeout: needs several ranks"),
+    ("--layer-size 100", "--layer-size: has no effect without --sampler ladies"),
+    ("--locality-max-scale 4", "--locality-max-scale: has no effect without --locality-scale auto"),
+    ("--locality-scale 2 --gpu-cache-fraction 0.1 --locality-compute-s 3",
+     "--locality-compute-s: has no effect without --locality-scale auto"),
+    ("--nproc 2 --placement p.npz --buffer 0.1", "--buffer: has no effect with --placement FILE"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra,words", REFUSED, ids=[r[0] for r in REFUSED])
+def test_an_option_without_effect_is_refused_in_one_line(extra, words, tmp_path, capsys):
+    # refused before the dataset is opened: DIR need not exist
+    assert main(["train", str(tmp_path / "none"), *extra.split(), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+
+
+TAKEN = [
+    ("", 1),
+    ("--sampler ladies --layer-size 100", 1),
+    ("--locality-scale auto --gpu-cache-fraction 0.1 --locality-max-scale 4 "
+     "--locality-compute-s 3", 1),
+    ("--nproc 2 --buffer 0.2 --no-reuse --dist-timeout 5", 2),
+    ("--nproc 2 --partition P --sampling-mode shared", 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra,ranks", TAKEN, ids=[t[0] or "defaults" for t in TAKEN])
+def test_an_option_with_effect_is_taken(extra, ranks):
+    args = build_parser().parse_args(["train", "d", *extra.split()])
+    _refuse_ignored(args, ranks)
+    cfg = config_from_args(args, ranks)
+    want = {"layer_size": 8192, "locality_max_scale": 8.0, "buffer": 0.1, "sampling_mode": "dsp",
+            "reuse": True}  # fmt: skip
+    given = {"--layer-size": ("layer_size", 100), "--locality-max-scale": ("locality_max_scale", 4),
+             "--buffer": ("buffer", 0.2), "--sampling-mode": ("sampling_mode", "shared"),
+             "--no-reuse": ("reuse", False)}  # fmt: skip
+    for opt, (field, value) in given.items():
+        if opt in extra:
+            want[field] = value
+    assert {k: getattr(cfg, k) for k in want} == want

@@ -1,0 +1,102 @@
+"""The wording of ``gnnio``'s one-line errors: what is wrong with a path, the flag (not an
+internal name) of a value out of range, the command whose ``--help`` to read."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gnnio.cli.main import main
+from tests.helpers import write_tiny_dataset
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wording")
+    (root / "afile").write_text("x")
+    return {"D": str(write_tiny_dataset(root / "ds", 40, 160)), "FILE": str(root / "afile"),
+            "NONE": str(root / "none"), "ROOT": str(root)}  # fmt: skip
+
+
+CASES = [
+    ("info NONE", "NONE: no such directory"),
+    ("info FILE", "FILE: not a directory"),
+    ("train NONE", "NONE: no such directory"),
+    ("reorder NONE --by degree --out ROOT/r", "NONE: no such directory"),
+    ("bench sampling NONE", "NONE: no such directory"),
+    ("train D --resume FILE --quiet", "--resume FILE: not a directory"),
+    ("train D --resume NONE --quiet", "--resume NONE: no such checkpoint directory"),
+    ("reorder D --by wrpr --damping 2 --out ROOT/r", "argument --damping: must be in [0, 1]"),
+    ("reorder D --by rpr --iterations -1 --out ROOT/r", "argument --iterations: must be >= 0"),
+    ("reorder D --by presample --batch-size 0 --out ROOT/r", "argument --batch-size: must be >= 1"),
+    ("reorder D --by presample --epochs 0 --out ROOT/r", "argument --epochs: must be >= 1"),
+    ("reorder D --by degree --damping 0.5 --out ROOT/r", "--damping: only applies to rpr and wrpr"),
+    ("bench hotness D --epochs 0", "argument --epochs: must be >= 1"),
+    ("bench tiers D --batch-size 0", "argument --batch-size: must be >= 1"),
+    (
+        "bench tiers D --device foo",
+        "--device: unknown device 'foo' (use cpu, cuda, cuda:N or auto)",
+    ),
+    ("bench loader D --device foo", "--device 'foo': not a device"),
+    ("train D --device foo", "(use cpu, cuda, cuda:N or auto)"),
+    ("train D --epochz 1", "unrecognized arguments: --epochz 1 (see 'gnnio train --help')"),
+    ("bench tiers D --foo", "(see 'gnnio bench tiers --help')"),
+]
+if not torch.cuda.is_available():
+    CASES.append(("bench tiers D --device cuda", "--device cuda: CUDA is not available on this "
+                  "machine (use --device cpu)"))  # fmt: skip
+
+
+def _fill(text: str, paths: dict) -> str:
+    """``text`` with the upper-case names of ``paths`` (whole words) filled in."""
+    return re.sub(r"\b(D|FILE|NONE|ROOT)\b", lambda m: paths[m.group(1)], text)
+
+
+@pytest.mark.parametrize("argv,words", CASES, ids=[c[0] for c in CASES])
+def test_error_line_says_what_is_wrong(argv, words, paths, capsys):
+    assert main(_fill(argv, paths).split()) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and _fill(words, paths) in err, err
+
+
+def _help(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())  # argparse's line breaks as spaces
+
+
+@pytest.mark.parametrize(
+    "argv,shown",
+    [
+        (["reorder"], "(default: 15,10,5)"),
+        (["prepare", "synthetic"], "--reorder sj, sj_fanout and presample (default: 15,10,5)"),
+        (["prepare", "synthetic"], "three numbers (default: 0.1 0.05 0.1)"),
+        (["bench", "tiers"], "hop 1 first (default: 15,10,5)"),
+        (["bench", "hotness"], "hop 1 first (default: 15,10,5)"),
+        (["train"], "feature gather (default: min(8, the CPU cores)"),
+        (["reorder"], "sampler threads (presample) (default: min(8, the CPU cores))"),
+        (["partition"], "for the epoch (default: min(8, the CPU cores))"),
+    ],
+)
+def test_help_shows_defaults_as_the_option_takes_them(argv, shown, capsys):
+    text = _help(argv, capsys)
+    assert shown in text and "[15, 10, 5]" not in text and "[0.1, 0.05, 0.1]" not in text
+
+
+def test_a_default_as_shown_is_accepted_and_a_bad_list_named_once(paths, capsys):
+    from gnnio.cli.main import build_parser
+
+    args = build_parser().parse_args(["reorder", "d", "--by", "sj", "--out", "o"])
+    assert args.fanouts == [15, 10, 5]
+    args = build_parser().parse_args(["prepare", "synthetic", "--out", "o", "--split",
+                                      "0.1", "0.05", "0.1"])  # fmt: skip
+    assert args.reorder_fanouts == [15, 10, 5] and args.split == [0.1, 0.05, 0.1]
+    for argv, opt in ((["reorder", paths["D"], "--by", "sj", "--out", "o"], "--fanouts"),
+                      (["prepare", "synthetic", "--out", "o"], "--reorder-fanouts"),
+                      (["bench", "tiers", paths["D"]], "--fanouts")):  # fmt: skip
+        assert main([*argv, opt, "[15, 10, 5]"]) == 2
+        err = capsys.readouterr().err
+        assert f"argument {opt}: expected comma-separated integers" in err, err
+        assert err.count("fanouts:") == 1, err  # not "argument --fanouts: --fanouts: ..."
