@@ -203,6 +203,34 @@ def test_compressed_dataset_rows_are_decoded(cache, tmp_path, feat_dtype):
             assert torch.equal(a.x, loader.data.x[a.n_id])
 
 
+@pytest.mark.parametrize("feat_dtype", ["bfloat16", "int8"])
+def test_feature_store_decodes_a_compressed_datasets_rows(tmp_path, feat_dtype):
+    """``GnnioFeatureStore.from_dataset`` over a ``--feature-dtype`` dataset returns the rows'
+    values (``PyGLoader``'s), not the stored int16 bits or int8 codes; an int8 store added
+    without its codec is an error, not codes passed off as values."""
+    import gnnio
+    from gnnio.features import open_store
+    from gnnio.graph.feature_dtype import writing_as
+
+    data = make_data(n=40, e=200, f=6)
+    with writing_as(feat_dtype):
+        path = from_pyg(data, tmp_path / feat_dtype, progress=False)
+    ds = gnnio.load(path)
+    fs = GnnioFeatureStore.from_dataset(ds)
+    want = next(iter(PyGLoader(path, [-1], batch_size=40, shuffle=False)))
+    ids = torch.tensor([5, 0, 39, 5])
+    got = fs[None, "x", ids]
+    x = torch.empty_like(want.x)
+    x[want.n_id] = want.x  # (PyGLoader's rows by node id)
+    assert got.dtype == want.x.dtype and torch.equal(got, x[ids])
+    raw = GnnioFeatureStore(open_store(ds, "memory", progress=False))
+    if feat_dtype == "int8":
+        with pytest.raises(ValueError, match="codec"):
+            raw[None, "x", ids]
+    else:
+        assert torch.equal(raw[None, "x", ids], got)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_batches_on_the_gpu_of_data_x(tmp_path, monkeypatch):

@@ -10,7 +10,8 @@ Keys follow PyG's homogeneous convention: ``TensorAttr(group_name=None, attr_nam
 ``EdgeAttr(edge_type=None, layout, is_sorted, size)``. A tensor is one of
 
 * a gnnio :class:`~gnnio.features.base.FeatureStore` (read-only; ``index`` rows come from
-  ``store.gather(index)``, counted per tier), registered with :meth:`GnnioFeatureStore.add_store`;
+  ``store.gather(index)``, counted per tier, compressed rows decoded: bfloat16 as bfloat16,
+  int8 dequantized to float32), registered with :meth:`GnnioFeatureStore.add_store`;
 * an ordinary tensor put with ``put_tensor`` (PyG's contract: ``index`` given at ``put`` names the
   node ids of its rows, None = rows ``0..n-1``).
 
@@ -81,10 +82,14 @@ class _Tensor:
 
 
 class _Store:
-    """A gnnio feature store as a tensor (rows = global ids)."""
+    """A gnnio feature store as a tensor (rows = global ids), its compressed rows decoded as
+    :class:`~gnnio.pyg.PyGLoader` decodes them: bfloat16 bits (stored as int16) viewed as
+    bfloat16, int8 codes dequantized to float32 by ``codec``."""
 
-    def __init__(self, store: GnnioStore) -> None:
+    def __init__(self, store: GnnioStore, codec=None) -> None:
         self.store = store
+        self.codec = codec if codec is not None and codec.feat_dtype == "int8" else None
+        self._decoder = None
 
     @property
     def size(self) -> tuple[int, ...]:
@@ -93,7 +98,22 @@ class _Store:
     def rows(self, ids: torch.Tensor | None) -> torch.Tensor:
         if ids is None:
             ids = torch.arange(int(self.store.num_rows), dtype=torch.int64)
-        return self.store.gather(ids)
+        x = self.store.gather(ids)
+        if x.dtype == torch.int16:  # gnnio keeps bfloat16 rows as their int16 bits
+            return x.view(torch.bfloat16)
+        if x.dtype == torch.int8:
+            if self.codec is None:
+                raise ValueError(
+                    "GnnioFeatureStore: the store holds int8-quantized rows; pass the dataset's "
+                    "codec (add_store(store, codec=dataset.feature_codec), or from_dataset) to "
+                    "read their values"
+                )
+            if self._decoder is None or self._decoder.scale.device != x.device:
+                from ..train.decode import FeatureDecoder
+
+                self._decoder = FeatureDecoder(self.codec).to(x.device)
+            return self._decoder(x)
+        return x
 
 
 class GnnioFeatureStore(FeatureStore):
@@ -120,15 +140,21 @@ class GnnioFeatureStore(FeatureStore):
             from ..features import open_store
 
             store = open_store(dataset, "memory", progress=False)
-        fs = cls(store)
+        fs = cls()
+        fs.add_store(store, "x", codec=dataset.feature_codec)
         if dataset.labels is not None:
             y = torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64))
             fs.put_tensor(y, group_name=None, attr_name="y", index=None)
         return fs
 
-    def add_store(self, store: GnnioStore, attr_name: str = "x", group_name=None) -> None:
-        """Serve ``(group_name, attr_name)`` from a gnnio feature store (read-only)."""
-        self._items[(group_name, attr_name)] = _Store(store)
+    def add_store(self, store: GnnioStore, attr_name: str = "x", group_name=None,
+                  codec=None) -> None:  # fmt: skip
+        """Serve ``(group_name, attr_name)`` from a gnnio feature store (read-only). Rows come
+        back as their values: a ``--feature-dtype bfloat16`` store's as bfloat16, an int8
+        store's dequantized to float32 by ``codec`` (the dataset's ``feature_codec``; without
+        it reading int8 rows is an error). Where PyG's stores return what was put, gnnio's
+        compressed rows are decoded: their stored form is not the user's data."""
+        self._items[(group_name, attr_name)] = _Store(store, codec)
 
     def gnnio_stores(self) -> dict[tuple[Any, str], GnnioStore]:
         """The gnnio stores behind attributes (their ``counters`` count every read)."""
