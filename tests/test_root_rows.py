@@ -195,3 +195,26 @@ def test_layers_under_autocast_equal_the_sliced_root(name, impl, monkeypatch):
     same(got[1], want[1])
     for a, b in zip(got[2], want[2], strict=True):
         same(a, b)
+
+
+@pytest.mark.parametrize("impl", ["numba", "torch"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gat_runs_under_autocast(impl, weighted, monkeypatch):
+    """GAT under ``torch.autocast``: the softmax comes out in float32 (``log w`` promotes it)
+    while ``hs`` is in the lower precision; the weighted product runs in float32 (as the other
+    layers' CSR product), on both paths. It raised before (a dtype mismatch in
+    ``spmm.sparse_mm`` on the torch path, bfloat16 ``.numpy()`` on the numba one)."""
+    from gnnio.train.models import GATLayer
+
+    monkeypatch.setenv("GNNIO_SPMM", "" if impl == "numba" else "torch")
+    rng = np.random.default_rng(2)
+    block = _random_block(rng, 9, 40, 150, weighted)
+    torch.manual_seed(0)
+    layer = GATLayer(12, 8, 2, True, 0.0)
+    x = torch.randn(40, 12, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x, block)
+    ref = layer(x, block)
+    torch.testing.assert_close(out.float(), ref, rtol=5e-2, atol=5e-2)
+    out.float().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

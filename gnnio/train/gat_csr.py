@@ -382,7 +382,11 @@ def _softmax_torch(a_src, a_dst, w, loop_w, rows, negative_slope):
 
 
 def _attend(alpha, alpha_loop, hs, rows, dropout_fn):
-    """The attention's dropout, then the weighted product over the rows."""
+    """The attention's dropout, then the weighted product over the rows (in the attention's
+    dtype: under autocast ``hs`` is in the lower precision, the softmax in float32 -- the
+    product stays in float32, as :meth:`~gnnio.train.spmm.BlockCSR.matmul`'s)."""
+    if hs.dtype != alpha.dtype:
+        hs = hs.to(alpha.dtype)
     if dropout_fn is not None:
         both = dropout_fn(torch.cat([alpha, alpha_loop]))
         alpha, alpha_loop = both[: alpha.shape[0]], both[alpha.shape[0] :]
