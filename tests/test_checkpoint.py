@@ -238,6 +238,7 @@ def test_fresh_run_refuses_a_directory_of_another_runs_checkpoints(easy, tmp_pat
                  "--checkpoint-dir", str(d)]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--checkpoint-dir {d}: already holds" in err, err
+    assert f"continue from them with --resume {d}" in err, err  # (a rerun after a crash)
 
 
 def test_ranks_refuse_together_and_save_never_deletes_its_own(tmp_path):

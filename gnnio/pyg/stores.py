@@ -82,13 +82,17 @@ class _Tensor:
 
 
 class _Store:
-    """A gnnio feature store as a tensor (rows = global ids), its compressed rows decoded as
-    :class:`~gnnio.pyg.PyGLoader` decodes them: bfloat16 bits (stored as int16) viewed as
-    bfloat16, int8 codes dequantized to float32 by ``codec``."""
+    """A gnnio feature store as a tensor (rows = global ids). Given its dataset's ``codec``
+    (``feature_codec``), compressed rows are decoded as :class:`~gnnio.pyg.PyGLoader` decodes
+    them: bfloat16 bits (stored as int16) viewed as bfloat16, int8 codes dequantized to float32.
+    Without one the rows are returned as stored: an int16 or int8 store may hold integers."""
 
     def __init__(self, store: GnnioStore, codec=None) -> None:
         self.store = store
-        self.codec = codec if codec is not None and codec.feat_dtype == "int8" else None
+        #: "bfloat16" / "int8": the rows' stored form, decoded by ``rows``; else None (as is)
+        self.kind = getattr(codec, "feat_dtype", None)
+        self.kind = self.kind if self.kind in ("bfloat16", "int8") else None
+        self.codec = codec
         self._decoder = None
 
     @property
@@ -99,21 +103,15 @@ class _Store:
         if ids is None:
             ids = torch.arange(int(self.store.num_rows), dtype=torch.int64)
         x = self.store.gather(ids)
-        if x.dtype == torch.int16:  # gnnio keeps bfloat16 rows as their int16 bits
+        if self.kind == "bfloat16" and x.dtype == torch.int16:  # gnnio keeps bfloat16 bits
             return x.view(torch.bfloat16)
-        if x.dtype == torch.int8:
-            if self.codec is None:
-                raise ValueError(
-                    "GnnioFeatureStore: the store holds int8-quantized rows; pass the dataset's "
-                    "codec (add_store(store, codec=dataset.feature_codec), or from_dataset) to "
-                    "read their values"
-                )
+        if self.kind == "int8" and x.dtype == torch.int8:
             if self._decoder is None or self._decoder.scale.device != x.device:
                 from ..train.decode import FeatureDecoder
 
                 self._decoder = FeatureDecoder(self.codec).to(x.device)
             return self._decoder(x)
-        return x
+        return x  # (a store's own int16 or int8 rows -- categorical ids, say -- as they are)
 
 
 class GnnioFeatureStore(FeatureStore):
@@ -150,10 +148,11 @@ class GnnioFeatureStore(FeatureStore):
     def add_store(self, store: GnnioStore, attr_name: str = "x", group_name=None,
                   codec=None) -> None:  # fmt: skip
         """Serve ``(group_name, attr_name)`` from a gnnio feature store (read-only). Rows come
-        back as their values: a ``--feature-dtype bfloat16`` store's as bfloat16, an int8
-        store's dequantized to float32 by ``codec`` (the dataset's ``feature_codec``; without
-        it reading int8 rows is an error). Where PyG's stores return what was put, gnnio's
-        compressed rows are decoded: their stored form is not the user's data."""
+        back as their values given ``codec`` (the dataset's ``feature_codec``, which
+        :meth:`from_dataset` passes): a ``--feature-dtype bfloat16`` store's as bfloat16, an
+        int8 store's dequantized to float32. Where PyG's stores return what was put, gnnio's
+        compressed rows are decoded: their stored form is not the user's data. Without
+        ``codec`` rows come as stored (int16 bits, int8 codes, or a store's own integers)."""
         self._items[(group_name, attr_name)] = _Store(store, codec)
 
     def gnnio_stores(self) -> dict[tuple[Any, str], GnnioStore]:

@@ -153,8 +153,9 @@ def check_unclaimed(directory: Path, held: list[str], resume: str | None) -> Non
     newest = max(held)
     if resume is None:
         todo = f"continue that run with --resume {directory}"
-    else:
-        todo = f"leave out --checkpoint-dir to keep checkpointing to --resume {resume}"
+    else:  # (a rerun after a crash: its newest checkpoints are in directory, not in resume)
+        todo = (f"continue from them with --resume {directory}, or leave out --checkpoint-dir "
+                f"to keep checkpointing to --resume {resume}")  # fmt: skip
     raise UsageError(
         f"--checkpoint-dir {directory}: already holds checkpoints of another run ({newest}); "
         f"{todo}, or give an empty or new directory (or remove them)"

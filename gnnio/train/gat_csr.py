@@ -152,6 +152,7 @@ if HAVE_NUMBA:
         # [lo, hi): dz [E, H] each edge's logit gradient (the sources' share, summed by
         # _sum_by_source), dz_loop [rows, H] the loops', da_dst [rows, H] the destinations'
         heads = a_dst.shape[1]
+        sl = alpha.dtype.type(slope)  # (leaky_relu_backward's: the slope in the input's dtype)
         dot = np.empty(heads, alpha.dtype)
         for i in range(lo, hi):
             for h in range(heads):
@@ -162,7 +163,7 @@ if HAVE_NUMBA:
             for h in range(heads):
                 z = a_src[i, h] + a_dst[i, h]
                 g = alpha_loop[i, h] * (ga_loop[i, h] - dot[h])
-                g = g if z > 0 else g * slope
+                g = g if z > 0 else g * sl
                 dz_loop[i, h] = g
                 da_dst[i, h] = g
             for e in range(ptr[i], ptr[i + 1]):
@@ -170,7 +171,7 @@ if HAVE_NUMBA:
                 for h in range(heads):
                     y = a_src[j, h] + a_dst[i, h]
                     g = alpha[e, h] * (ga[e, h] - dot[h])
-                    g = g if y > 0 else g * slope
+                    g = g if y > 0 else g * sl
                     dz[e, h] = g
                     da_dst[i, h] += g
 
@@ -313,6 +314,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         return alpha, alpha_loop
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # (numba passes: no double backward)
     def backward(ctx, ga, ga_loop):
         a_src, a_dst, alpha, alpha_loop = ctx.saved_tensors
         r = ctx.rows
