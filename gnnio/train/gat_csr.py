@@ -35,6 +35,8 @@ from .spmm import _POOL, _SERIAL_WORK, HAVE_NUMBA, _csr_tensor, sparse_mm
 if HAVE_NUMBA:
     from numba import njit
 
+    from .spmm import _transpose
+
     @njit(nogil=True, cache=True)
     def _heads_product(ptr, col, val, loop, x, out, heads, lo, hi):  # pragma: no cover
         # out[i, h*c:(h+1)*c] = sum_e val[e, h] * x[col[e], h*c:(h+1)*c], edges in order, then
@@ -77,24 +79,6 @@ if HAVE_NUMBA:
                 for k in range(h * c, (h + 1) * c):
                     s += g[i, k] * x[i, k]
                 dloop[i, h] = s
-
-    @njit(nogil=True, cache=True)
-    def _order_by_source(ptr, col, tptr, tcol, order):  # pragma: no cover - compiled
-        # a stable counting sort of the CSR's edges by source: tptr [cols + 1] zeros on entry;
-        # order[p] the p-th edge in source order (each source's edges in row order, as
-        # torch.sort(col, stable=True) orders them), tcol[p] its row
-        for e in range(col.shape[0]):
-            tptr[col[e] + 1] += 1
-        for j in range(tptr.shape[0] - 1):
-            tptr[j + 1] += tptr[j]
-        pos = tptr[:-1].copy()
-        for i in range(ptr.shape[0] - 1):
-            for e in range(ptr[i], ptr[i + 1]):
-                j = col[e]
-                p = pos[j]
-                order[p] = e
-                tcol[p] = i
-                pos[j] = p + 1
 
     @njit(nogil=True, cache=True)
     def _logits_rows(ptr, col, a_src, a_dst, logw, logloop, slope, alpha, alpha_loop, lo, hi):
@@ -242,8 +226,10 @@ class _Rows:
                 tptr = torch.zeros(self.shape[1] + 1, dtype=self.ptr.dtype)
                 tcol = torch.empty_like(self.col)
                 order = torch.empty(self.col.shape[0], dtype=torch.int64)
-                _order_by_source(self.ptr.numpy(), self.col.numpy(), tptr.numpy(), tcol.numpy(),
-                                 order.numpy())  # fmt: skip
+                # spmm's stable counting sort, each edge's position as its value: the order
+                _transpose(self.ptr.numpy(), self.col.numpy(),
+                           np.arange(self.col.shape[0], dtype=np.int64), tptr.numpy(),
+                           tcol.numpy(), order.numpy())  # fmt: skip
                 self._t = (tptr, tcol, order)
             else:
                 trow, order = torch.sort(self.col, stable=True)
