@@ -306,8 +306,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         r = ctx.rows
         ga = torch.zeros_like(alpha) if ga is None else ga.contiguous()
         ga_loop = torch.zeros_like(alpha_loop) if ga_loop is None else ga_loop.contiguous()
-        dz, dz_loop, da_dst = torch.empty_like(alpha), torch.empty_like(alpha_loop), None
-        da_dst = torch.empty_like(a_dst)
+        dz, dz_loop, da_dst = (torch.empty_like(t) for t in (alpha, alpha_loop, a_dst))
         _by_rows(_softmax_rows_backward, r.ptr.numpy(), alpha.numel() * 4, r.col.numpy(),
                  a_src.numpy(), a_dst.numpy(), ctx.slope, alpha.numpy(), alpha_loop.numpy(),
                  ga.numpy(), ga_loop.numpy(), dz.numpy(), dz_loop.numpy(),
