@@ -26,10 +26,11 @@ Whether this torch draws its Bernoulli masks that way, and stores its generator'
 (:func:`matches_torch`, over several rounds, under a lock); where it does not (another torch
 build), and on every other device (CUDA's ``F.dropout`` is one fused Philox kernel),
 :func:`dropout` is ``F.dropout`` -- on a GPU under :data:`gnnio.utils.capture.CAPTURE_LOCK`, as
-an eager draw beside another thread's CUDA graph capture fails. One call's draws are one unbroken run of the stream (a lock, as
-torch holds the generator for a whole ``bernoulli_``); unlike torch's, a draw that *another
-thread* makes from the default generator during a call is overwritten when the call writes the
-state back (gnnio draws from it nowhere else while training).
+an eager draw beside another thread's CUDA graph capture fails. One call's draws are one
+unbroken run of the stream (a lock, as torch holds the generator for a whole ``bernoulli_``);
+unlike torch's, a draw that *another thread* makes from the default generator during a call is
+overwritten when the call writes the state back (gnnio draws from it nowhere else while
+training).
 """
 
 from __future__ import annotations
