@@ -1,12 +1,12 @@
 """``gnnio train`` refuses, in one line, an option given where it has no effect (the rule of
-``_refuse_ignored``), and still takes it where it has one; defaults are never refused."""
+``refuse_ignored``), and still takes it where it has one; defaults are never refused."""
 
 from __future__ import annotations
 
 import pytest
 
 from gnnio.cli.main import build_parser, main
-from gnnio.cli.train import _refuse_ignored
+from gnnio.cli.train import refuse_ignored
 from gnnio.cli.train_config import config_from_args
 
 REFUSED = [
@@ -44,7 +44,7 @@ TAKEN = [
 @pytest.mark.parametrize("extra,ranks", TAKEN, ids=[t[0] or "defaults" for t in TAKEN])
 def test_an_option_with_effect_is_taken(extra, ranks):
     args = build_parser().parse_args(["train", "d", *extra.split()])
-    _refuse_ignored(args, ranks)
+    refuse_ignored(args, ranks)
     cfg = config_from_args(args, ranks)
     want = {"layer_size": 8192, "locality_max_scale": 8.0, "buffer": 0.1, "sampling_mode": "dsp",
             "reuse": True}  # fmt: skip
@@ -55,3 +55,12 @@ def test_an_option_with_effect_is_taken(extra, ranks):
         if opt in extra:
             want[field] = value
     assert {k: getattr(cfg, k) for k in want} == want
+
+
+@pytest.mark.parametrize("extra,words", REFUSED[:6], ids=[r[0] for r in REFUSED[:6]])
+def test_bench_step_refuses_them_too(extra, words, tmp_path, capsys):
+    """``gnnio bench step`` takes train's options and refuses the same ones, before it opens the
+    dataset (the time it reports is a configuration's: an ignored option would mislabel it)."""
+    assert main(["bench", "step", str(tmp_path / "none"), *extra.split(), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err

@@ -410,7 +410,7 @@ def device_rates(device: torch.device) -> dict:
 
 
 def run(args) -> dict:
-    from ..cli.train import config_from_args
+    from ..cli.train import config_from_args, refuse_ignored
     from ..graph.dataset import load
     from ..train import check_device
     from ..train.build import build_training
@@ -423,6 +423,7 @@ def run(args) -> dict:
 
     if args.nproc > 1:
         raise UsageError("bench step: one process (time a rank of --nproc with gnnio train)")
+    refuse_ignored(args, 1)  # (an option without effect: one line, as gnnio train says it)
     cfg = config_from_args(args, 1)
     progress = not args.quiet
     cfg.progress = False

@@ -347,7 +347,7 @@ def add_train_arguments(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
 
 
-def _refuse_ignored(args, ranks: int) -> None:
+def refuse_ignored(args, ranks: int) -> None:
     """One line for an option that would do nothing with the others given (issue 16, item 10)."""
     for option, given, needs, what in (
         ("--cache-size", args.cache_size, args.cache_policy != "none" and args.features_on
@@ -387,7 +387,7 @@ def run(args) -> int:
 
     world = env_world_size()
     ranks = max(world, args.nproc)
-    _refuse_ignored(args, ranks)
+    refuse_ignored(args, ranks)
     cfg = config_from_args(args, ranks)
     check_device(cfg.device)  # fail fast, before generating or loading anything
     cfg.validate(ranks)
