@@ -294,8 +294,8 @@ class PyGLoader:
 
     def convert(self, mb) -> Data:
         """One gathered :class:`~gnnio.sampling.base.MiniBatch` as a PyG ``Data`` batch."""
-        codec = self.dataset.feature_codec
-        if mb.x is not None and codec.feat_dtype in ("bfloat16", "int8"):  # compressed rows
+        codec = compressed(self.dataset.feature_codec)
+        if mb.x is not None and codec is not None:
             mb.x = _user_rows(mb.x, codec, self)
         return to_pyg_data(
             mb,
@@ -316,6 +316,12 @@ class PyGLoader:
             f"{type(self).__name__}(batches={len(self)}, expand={self.expand!r}, "
             f"sampler={type(self.sampler).__name__}, store={type(self.store).__name__})"
         )
+
+
+def compressed(codec):
+    """``codec`` where its rows are stored compressed (bfloat16 bits as int16, int8 codes), so a
+    PyG user reads them through :func:`_user_rows`; None otherwise (also for None)."""
+    return codec if codec is not None and codec.feat_dtype in ("bfloat16", "int8") else None
 
 
 def _user_rows(x: torch.Tensor, codec, loader) -> torch.Tensor:

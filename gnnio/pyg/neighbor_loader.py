@@ -50,7 +50,7 @@ from .arguments import check_refused, loader_options, refuse
 from .batch import to_pyg_data
 from .data_input import resolve_data
 from .disjoint import DisjointSampler
-from .loader import InOrder, _user_rows
+from .loader import InOrder, _user_rows, compressed
 
 __all__ = ["NeighborLoader"]
 
@@ -179,11 +179,8 @@ class NeighborLoader:
         self.batch_size = opts.batch_size
         self.device = src.device if device is None else _device(device)
         self.store = src.store
-        codec = None if src.dataset is None else src.dataset.feature_codec
         #: the codec of compressed rows from ``src.store`` (decoded per batch), else None
-        self._codec = (
-            codec if codec is not None and codec.feat_dtype in ("bfloat16", "int8") else None
-        )
+        self._codec = None if src.dataset is None else compressed(src.dataset.feature_codec)
         self.transform = transform
         self.filter_per_worker = filter_per_worker
         self.reuse_buffers = bool(reuse_buffers)

@@ -32,6 +32,7 @@ from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
 from torch_geometric.data.graph_store import EdgeLayout
 
 from ..features.base import FeatureStore as GnnioStore
+from .loader import _user_rows, compressed
 
 __all__ = ["GnnioFeatureStore", "GnnioGraphStore"]
 
@@ -89,11 +90,7 @@ class _Store:
 
     def __init__(self, store: GnnioStore, codec=None) -> None:
         self.store = store
-        #: "bfloat16" / "int8": the rows' stored form, decoded by ``rows``; else None (as is)
-        self.kind = getattr(codec, "feat_dtype", None)
-        self.kind = self.kind if self.kind in ("bfloat16", "int8") else None
-        self.codec = codec
-        self._decoder = None
+        self.codec = compressed(codec)  # (None: rows as stored)
 
     @property
     def size(self) -> tuple[int, ...]:
@@ -103,15 +100,9 @@ class _Store:
         if ids is None:
             ids = torch.arange(int(self.store.num_rows), dtype=torch.int64)
         x = self.store.gather(ids)
-        if self.kind == "bfloat16" and x.dtype == torch.int16:  # gnnio keeps bfloat16 bits
-            return x.view(torch.bfloat16)
-        if self.kind == "int8" and x.dtype == torch.int8:
-            if self._decoder is None or self._decoder.scale.device != x.device:
-                from ..train.decode import FeatureDecoder
-
-                self._decoder = FeatureDecoder(self.codec).to(x.device)
-            return self._decoder(x)
-        return x  # (a store's own int16 or int8 rows -- categorical ids, say -- as they are)
+        if self.codec is None:  # (a store's own int16 or int8 rows -- categorical ids, say)
+            return x
+        return _user_rows(x, self.codec, self)  # (its decoder kept on self, as a loader's)
 
 
 class GnnioFeatureStore(FeatureStore):
