@@ -3,8 +3,8 @@
 Runs every placement strategy for the machine described by ``--topology`` and a per-GPU buffer of
 ``B * N`` rows (``B`` 0.1 by default, as ``gnnio train --nproc``'s; a topology file's
 ``feature_budget_bytes`` instead where it sets one), models each GPU's feature-loading time per
-epoch from a pre-sampled epoch of the real sampler (Song & Jiang's Eq. 3 cost model; seconds are modeled from link bandwidths, not
-measured) and recommends the cheapest. ``--json`` prints one JSON object last; see
+epoch from a pre-sampled epoch of the real sampler (Song & Jiang's Eq. 3 cost model; seconds are
+modeled from link bandwidths, not measured) and recommends the cheapest. ``--json`` prints one JSON object last; see
 :class:`gnnio.placement.planner.PlanResult`.
 """
 
