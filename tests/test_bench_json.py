@@ -43,3 +43,15 @@ def test_json_stdout_is_one_document(kind, tiny, capfd):
     assert main(["bench", kind, *argv, "--json"]) == 0
     out = capfd.readouterr().out
     assert isinstance(json.loads(out), dict), out[:400]  # the whole of stdout, nothing before
+
+
+def test_bench_step_says_where_its_wall_time_went(tiny, capfd):
+    """``phases_s``: the run's parts in order, each timed once (a one-shot GPU session reads which
+    part of a short benchmark process its budget paid for)."""
+    argv = [tiny if a == "DIR" else a for a in CHEAP["step"].split()]
+    assert main(["bench", "step", *argv, "--json"]) == 0
+    phases = json.loads(capfd.readouterr().out)["phases_s"]
+    parts = [p for p in phases if p != "start"]
+    assert parts == ["load", "build", "rates", "pipelined", "sequential"]  # no GPU: no gpu passes
+    assert all(v >= 0 for v in phases.values())
+    assert phases["start"] > 0  # (Linux: the process's age from /proc when the run began)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -162,6 +163,28 @@ def test_a_bench_that_runs_out_of_time_says_where_it_was(tmp_path, monkeypatch):
         RuntimeError, match=r"bench step ran past .* s: loading \| epoch 1: batch 17"
     ):
         c.gnnio("bench", "step", "DIR")
+    assert c.report["calls"] == [{"argv": "bench step DIR", "wall_s": c.report["calls"][0]["wall_s"],
+                                  "timed_out": True}]  # fmt: skip
+
+
+def test_each_call_records_its_wall_time(tmp_path, monkeypatch):
+    """report.json's ``calls``: every gnnio process the check started, its options without the
+    run's absolute paths, its wall time and exit status (where a budget went)."""
+
+    def run(cmd, **kw):
+        time.sleep(0.05)
+        return subprocess.CompletedProcess(cmd, 0 if "ok" in cmd else 3, '{"x": 1}\n', "boom\n")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", run)
+    c = gpu_check.Check(SimpleNamespace(outdir=str(tmp_path), device="cpu", budget_s=100.0,
+                                        nodes=16))  # fmt: skip
+    assert c.gnnio("bench", "step", str(tmp_path / "d"), "ok", "--json") == {"x": 1}
+    with pytest.raises(RuntimeError, match="exited 3: boom"):
+        c.gnnio("train", str(tmp_path / "d"), "--epochs", "2")
+    first, second = c.report["calls"]
+    assert first["argv"] == "bench step ok --json" and first["returncode"] == 0
+    assert second["argv"] == "train --epochs 2" and second["returncode"] == 3
+    assert all(0.05 <= call["wall_s"] < 30 for call in (first, second))
 
 
 def test_modes_of_a_worker_that_hung(tmp_path):

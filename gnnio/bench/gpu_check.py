@@ -101,12 +101,18 @@ class Check:
         """Run ``gnnio ARGV --json`` in a subprocess; its last stdout line, parsed."""
         cmd = [sys.executable, "-m", "gnnio", *argv]
         limit = max(5.0, min(limit_s, self.left_s()))
+        # each call's wall time, start-up included (report.json's ``calls``: where a budget goes)
+        call = {"argv": " ".join(a for a in argv if not a.startswith("/")), "wall_s": None}
+        self.report.setdefault("calls", []).append(call)
+        t = time.monotonic()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired as e:  # say where it was (its last lines)
+            call["wall_s"], call["timed_out"] = round(time.monotonic() - t, 2), True
             tail = (_text(e.stderr) or _text(e.stdout)).strip().splitlines()[-2:]
             raise RuntimeError(f"{' '.join(argv[:2])} ran past {limit:.0f} s: "
                                f"{' | '.join(tail) or 'no output'}") from None  # fmt: skip
+        call["wall_s"], call["returncode"] = round(time.monotonic() - t, 2), r.returncode
         if r.returncode != 0:
             tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"{' '.join(argv[:2])} exited {r.returncode}: {' | '.join(tail)}")

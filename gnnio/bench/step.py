@@ -419,6 +419,7 @@ def run(args) -> dict:
     from ..train.graphed import graph_report
     from ..train.loop import LocalRun
     from ..utils.heap import apply_heap
+    from ..utils.phases import Phases
     from ..utils.triton_kernels import kernels_report, reset_kernel_record
 
     if args.nproc > 1:
@@ -429,26 +430,35 @@ def run(args) -> dict:
     cfg.progress = False
     device = check_device(cfg.device)
     cfg.validate(1)
+    clock = Phases()  # (``phases_s``: where a run's wall time goes besides its timed batches)
     ds = default_dataset(progress=progress) if args.dir is None else load(args.dir)
+    clock.mark("load")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     reset_kernel_record()
     heap = apply_heap(cfg.heap, device.type, cfg.store)  # as gnnio train sets it
     build_cfg, plan = apply_layout_plan(ds, cfg, device)  # as gnnio train plans it
     parts = build_training(ds, build_cfg, LocalRun(), device)
+    clock.mark("build")
     iso = undo = None
     if cfg.isolation == "auto":  # as gnnio train applies it (threads and core sets per stage)
         from ..train.isolate import isolate
 
         iso, undo = isolate(parts.sampler, parts.store, parts.model, parts.order, parts.labels,
                             device)  # fmt: skip
+        clock.mark("isolate")
     try:
         rates = device_rates(device)
+        clock.mark("rates")
         pipe = pipelined(parts, device, args.warmup, args.batches, progress)
+        clock.mark("pipelined")
         seq = sequential(parts, device, args.warmup, args.batches, progress)
+        clock.mark("sequential")
         gpu_passes = device.type == "cuda" and not args.no_gpu_passes
         launches = profiled(parts, device, min(args.batches, 5)) if gpu_passes else None
         cuda_syncs = sync_pass(parts, device, min(args.batches, 10)) if gpu_passes else {}
+        if gpu_passes:
+            clock.mark("gpu_passes")
     finally:
         if undo is not None:
             from ..train.isolate import restore
@@ -486,5 +496,6 @@ def run(args) -> dict:
         "sampler_device": str(getattr(parts.sampler, "device", "cpu")),
         "store": type(parts.store).__name__,
         "threads": torch.get_num_threads(),
+        "phases_s": clock.phases,
         "simulated": device.type != "cuda",
     }
