@@ -64,3 +64,46 @@ def test_bench_step_refuses_them_too(extra, words, tmp_path, capsys):
     assert main(["bench", "step", str(tmp_path / "none"), *extra.split(), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
+
+
+PRESAMPLE_ONLY = ["--batch-size 256", "--epochs 2", "--seed 3", "--threads 1"]
+
+
+@pytest.mark.parametrize("extra", PRESAMPLE_ONLY)
+@pytest.mark.parametrize("score", ["degree", "wrpr", "sj"])
+def test_reorder_refuses_presample_options_for_other_scores(extra, score, tmp_path, capsys):
+    """``gnnio reorder``'s pre-sampling options are read by ``--by presample`` only: with another
+    score they are one line, before DIR is opened or anything written."""
+    out = tmp_path / "r"
+    argv = ["reorder", str(tmp_path / "none"), "--by", score, "--out", str(out), *extra.split()]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    opt = extra.split()[0]
+    assert err.count("\n") == 1, err
+    assert f"{opt}: has no effect without --by presample" in err, err
+    assert not out.exists()
+
+
+def test_reorder_takes_presample_options_with_presample(tmp_path):
+    """With ``--by presample`` the options are taken: the copy follows the counts of a pre-sampling
+    pass with those very batch size, epochs and seed."""
+    import numpy as np
+
+    import gnnio
+    from gnnio.preprocess.hotness import compute_score
+    from gnnio.preprocess.reorder import order_by_score
+    from tests.helpers import write_tiny_dataset
+
+    src = write_tiny_dataset(tmp_path / "d", num_nodes=64, num_edges=400)
+    argv = ["reorder", str(src), "--by", "presample", "--fanouts", "3,2", "--out",
+            str(tmp_path / "r"), "--quiet", "--batch-size", "4", "--epochs", "3", "--seed", "7",
+            "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    got = np.asarray(gnnio.load(tmp_path / "r").extra["new2old"])
+    score = compute_score("presample", gnnio.load(src), fanouts=[3, 2], batch_size=4, epochs=3,
+                          seed=7, num_threads=1, progress=False)  # fmt: skip
+    np.testing.assert_array_equal(got, order_by_score(score))
+    default = compute_score(
+        "presample", gnnio.load(src), fanouts=[3, 2], num_threads=1, progress=False
+    )
+    assert not np.array_equal(order_by_score(default), got)  # (the options mattered)

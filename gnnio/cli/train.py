@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..utils.heap import HEAP_MODES
-from . import HelpFormatter
+from . import HelpFormatter, refuse_without_effect
 from .train_config import config_from_args
 from .train_disk import add_disk_arguments
 from .train_dist import add_dist_arguments, launch_ranks, train_rank
@@ -349,7 +349,7 @@ def add_train_arguments(p) -> None:
 
 def refuse_ignored(args, ranks: int) -> None:
     """One line for an option that would do nothing with the others given (issue 16, item 10)."""
-    for option, given, needs, what in (
+    refuse_without_effect((
         ("--cache-size", args.cache_size, args.cache_policy != "none" and args.features_on
          != "disk", "--cache-policy (with --features-on disk: --host-cache-size)"),
         ("--cpu-cache-size", args.cpu_cache_size, args.cache_policy != "none", "--cache-policy"),
@@ -368,9 +368,7 @@ def refuse_ignored(args, ranks: int) -> None:
         ("--locality-compute-s", args.locality_compute_s, args.locality_scale == "auto",
          "--locality-scale auto"),
         ("--sampling-mode", args.sampling_mode, args.partition, "--partition PDIR"),
-    ):  # fmt: skip
-        if given is not None and not needs:
-            raise UsageError(f"{option}: has no effect without {what}")
+    ))  # fmt: skip
     reuse = None if args.reuse is None else "--reuse" if args.reuse else "--no-reuse"
     for option, given in (("--buffer", args.buffer), (reuse, args.reuse),
                           ("--dist-timeout", args.dist_timeout)):  # fmt: skip
