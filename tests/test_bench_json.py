@@ -43,3 +43,29 @@ def test_json_stdout_is_one_document(kind, tiny, capfd):
     assert main(["bench", kind, *argv, "--json"]) == 0
     out = capfd.readouterr().out
     assert isinstance(json.loads(out), dict), out[:400]  # the whole of stdout, nothing before
+
+
+@pytest.mark.parametrize("kind", ["loader", "sampling"])
+def test_bench_device_auto_is_taken_as_train_takes_it(kind, tiny, capfd):
+    """``--device auto`` (as ``gnnio train``'s and ``bench step``'s): CUDA when present, else the
+    CPU; the JSON names the device it resolved to."""
+    import torch
+
+    argv = [tiny if a == "DIR" else a for a in CHEAP[kind].split()]
+    assert main(["bench", kind, *argv, "--device", "auto", "--json"]) == 0
+    got = json.loads(capfd.readouterr().out)["device"]
+    assert got == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_bench_sampling_auto_picks_cuda_when_present_and_cpu_for_ladies(monkeypatch):
+    from gnnio.bench.sampling import _check
+    from gnnio.cli.main import build_parser
+    from tests.fake_cuda import fake_cuda
+
+    fake_cuda(monkeypatch, count=1)
+    for sampler, want in (("uniform", "cuda"), ("labor", "cuda"), ("ladies", "cpu")):
+        args = build_parser().parse_args(
+            ["bench", "sampling", "d", "--sampler", sampler, "--device", "auto"]
+        )
+        _check(args)
+        assert args.device == want, sampler
