@@ -107,3 +107,46 @@ def test_reorder_takes_presample_options_with_presample(tmp_path):
         "presample", gnnio.load(src), fanouts=[3, 2], num_threads=1, progress=False
     )
     assert not np.array_equal(order_by_score(default), got)  # (the options mattered)
+
+
+EPOCH_ONLY = ["--epochs 3", "--patience 2", "--eval full", "--eval-batch-size 64",
+              "--summary S.json", "--log L.jsonl", "--checkpoint M.pt", "--checkpoint-dir C",
+              "--checkpoint-dir C --checkpoint-every 2", "--resume C"]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", EPOCH_ONLY)
+def test_bench_step_refuses_what_only_epochs_read(extra, tmp_path, capsys):
+    """``gnnio bench step`` times ``--batches`` steps and runs no epoch: train's stopping,
+    evaluation and output options are one line there, before the dataset is opened (a
+    ``--summary`` it took was never written)."""
+    argv = [a if a.isdigit() or a.startswith("--") or a in ("full",) else str(tmp_path / a)
+            for a in extra.split()]  # fmt: skip
+    assert main(["bench", "step", str(tmp_path / "none"), *argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    opt = extra.split()[0]
+    assert err.count("\n") == 1 and f"{opt}: has no effect in bench step" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_step_verify_checks_every_byte(tmp_path, capsys):
+    """``bench step --verify`` recomputes every sha256, as ``gnnio train --verify`` does: a byte
+    flipped outside the blocks an open samples is found with it and not without."""
+    from gnnio.graph.integrity import SAMPLE_BLOCK
+    from tests.helpers import write_tiny_dataset
+
+    ds = write_tiny_dataset(tmp_path / "d", num_nodes=2048, num_edges=8000, feat_dim=128)
+    f = ds / "features.npy"
+    size = f.stat().st_size
+    gap = SAMPLE_BLOCK + ((size - SAMPLE_BLOCK) // 7 - SAMPLE_BLOCK) // 2  # between blocks 0 and 1
+    assert SAMPLE_BLOCK < gap < (size - SAMPLE_BLOCK) // 7
+    with open(f, "r+b") as fh:
+        fh.seek(gap)
+        b = fh.read(1)
+        fh.seek(gap)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    argv = ["bench", "step", str(ds), "--fanouts", "2,2", "--batch-size", "16", "--hidden", "8",
+            "--batches", "1", "--warmup", "0", "--device", "cpu", "--quiet"]  # fmt: skip
+    assert main([*argv, "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "features.npy" in err and "sha256" in err, err
+    assert main(argv) == 0

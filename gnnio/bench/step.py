@@ -409,6 +409,23 @@ def device_rates(device: torch.device) -> dict:
     }
 
 
+#: gnnio train's options that only its epochs read (stopping, evaluation, output files): bench step
+#: times --batches training steps and runs no epoch, so each is refused in one line when given
+EPOCH_ONLY = ("epochs", "patience", "eval", "eval_batch_size", "summary", "log", "checkpoint",
+              "checkpoint_dir", "checkpoint_every", "resume")  # fmt: skip
+
+
+def refuse_epoch_options(args) -> None:
+    """One line for an epoch-only option of ``gnnio train`` given to ``bench step``."""
+    for dest in EPOCH_ONLY:
+        value = getattr(args, dest)
+        if value is not None and not (dest == "eval" and value == "sampled"):
+            raise UsageError(
+                f"--{dest.replace('_', '-')}: has no effect in bench step (it times --batches "
+                "training steps and runs no epoch; gnnio train takes it)"
+            )
+
+
 def run(args) -> dict:
     from ..cli.train import config_from_args, refuse_ignored
     from ..graph.dataset import load
@@ -424,12 +441,15 @@ def run(args) -> dict:
     if args.nproc > 1:
         raise UsageError("bench step: one process (time a rank of --nproc with gnnio train)")
     refuse_ignored(args, 1)  # (an option without effect: one line, as gnnio train says it)
+    refuse_epoch_options(args)
     cfg = config_from_args(args, 1)
     progress = not args.quiet
     cfg.progress = False
     device = check_device(cfg.device)
     cfg.validate(1)
-    ds = default_dataset(progress=progress) if args.dir is None else load(args.dir)
+    ds = default_dataset(progress=progress) if args.dir is None else load(args.dir, args.verify)
+    if args.dir is None and args.verify:  # --verify: every sha256, as gnnio train checks them
+        ds = load(ds.path, verify=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     reset_kernel_record()
