@@ -150,3 +150,21 @@ def test_bench_step_verify_checks_every_byte(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "features.npy" in err and "sha256" in err, err
     assert main(argv) == 0
+
+
+@pytest.mark.parametrize("reorder", [None, "degree", "sj"])
+def test_prepare_refuses_reorder_batch_size_without_presample(reorder, tmp_path, capsys):
+    """``prepare --reorder-batch-size`` is read by ``--reorder presample`` only: one line
+    otherwise, before anything is imported or written; with presample it is taken."""
+    out = tmp_path / "o"
+    argv = ["prepare", "synthetic", "--num-nodes", "256", "--avg-degree", "4", "--feat-dim", "4",
+            "--num-classes", "2", "--out", str(out), "--quiet", "--reorder-batch-size", "64",
+            *(["--reorder", reorder] if reorder else [])]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "--reorder-batch-size: has no effect without --reorder presample" in err, err
+    assert not out.exists()
+    if reorder == "sj":  # the same command with presample writes the reordered dataset
+        assert main([*argv[:-1], "presample", "--reorder-fanouts", "2,2"]) == 0
+        assert (out / "meta.json").is_file()
