@@ -378,6 +378,23 @@ def refuse_ignored(args, ranks: int) -> None:
         raise UsageError("--buffer: has no effect with --placement FILE (the file's buffers)")
 
 
+#: gnnio train's options that only its epochs read (stopping, evaluation, output files): bench step
+#: times --batches training steps and runs no epoch, so each is refused in one line when given
+EPOCH_ONLY = ("epochs", "patience", "eval", "eval_batch_size", "summary", "log", "checkpoint",
+              "checkpoint_dir", "checkpoint_every", "resume")  # fmt: skip
+
+
+def refuse_epoch_options(args) -> None:
+    """One line for an epoch-only option of ``gnnio train`` given to ``gnnio bench step``."""
+    for dest in EPOCH_ONLY:
+        value = getattr(args, dest)
+        if value is not None and not (dest == "eval" and value == "sampled"):
+            raise UsageError(
+                f"--{dest.replace('_', '-')}: has no effect in bench step (it times --batches "
+                "training steps and runs no epoch; gnnio train takes it)"
+            )
+
+
 def run(args) -> int:
     from ..distributed.context import env_world_size
     from ..train import check_device
