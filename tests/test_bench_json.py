@@ -55,3 +55,29 @@ def test_bench_step_says_where_its_wall_time_went(tiny, capfd):
     assert parts == ["load", "build", "rates", "pipelined", "sequential"]  # no GPU: no gpu passes
     assert all(v >= 0 for v in phases.values())
     assert phases["start"] > 0  # (Linux: the process's age from /proc when the run began)
+
+
+@pytest.mark.parametrize("kind", ["loader", "sampling"])
+def test_bench_device_auto_is_taken_as_train_takes_it(kind, tiny, capfd):
+    """``--device auto`` (as ``gnnio train``'s and ``bench step``'s): CUDA when present, else the
+    CPU; the JSON names the device it resolved to."""
+    import torch
+
+    argv = [tiny if a == "DIR" else a for a in CHEAP[kind].split()]
+    assert main(["bench", kind, *argv, "--device", "auto", "--json"]) == 0
+    got = json.loads(capfd.readouterr().out)["device"]
+    assert got == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_bench_sampling_auto_picks_cuda_when_present_and_cpu_for_ladies(monkeypatch):
+    from gnnio.bench.sampling import _check
+    from gnnio.cli.main import build_parser
+    from tests.fake_cuda import fake_cuda
+
+    fake_cuda(monkeypatch, count=1)
+    for sampler, want in (("uniform", "cuda"), ("labor", "cuda"), ("ladies", "cpu")):
+        args = build_parser().parse_args(
+            ["bench", "sampling", "d", "--sampler", sampler, "--device", "auto"]
+        )
+        _check(args)
+        assert args.device == want, sampler

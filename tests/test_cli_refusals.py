@@ -64,3 +64,107 @@ def test_bench_step_refuses_them_too(extra, words, tmp_path, capsys):
     assert main(["bench", "step", str(tmp_path / "none"), *extra.split(), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
+
+
+PRESAMPLE_ONLY = ["--batch-size 256", "--epochs 2", "--seed 3", "--threads 1"]
+
+
+@pytest.mark.parametrize("extra", PRESAMPLE_ONLY)
+@pytest.mark.parametrize("score", ["degree", "wrpr", "sj"])
+def test_reorder_refuses_presample_options_for_other_scores(extra, score, tmp_path, capsys):
+    """``gnnio reorder``'s pre-sampling options are read by ``--by presample`` only: with another
+    score they are one line, before DIR is opened or anything written."""
+    out = tmp_path / "r"
+    argv = ["reorder", str(tmp_path / "none"), "--by", score, "--out", str(out), *extra.split()]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    opt = extra.split()[0]
+    assert err.count("\n") == 1, err
+    assert f"{opt}: has no effect without --by presample" in err, err
+    assert not out.exists()
+
+
+def test_reorder_takes_presample_options_with_presample(tmp_path):
+    """With ``--by presample`` the options are taken: the copy follows the counts of a pre-sampling
+    pass with those very batch size, epochs and seed."""
+    import numpy as np
+
+    import gnnio
+    from gnnio.preprocess.hotness import compute_score
+    from gnnio.preprocess.reorder import order_by_score
+    from tests.helpers import write_tiny_dataset
+
+    src = write_tiny_dataset(tmp_path / "d", num_nodes=64, num_edges=400)
+    argv = ["reorder", str(src), "--by", "presample", "--fanouts", "3,2", "--out",
+            str(tmp_path / "r"), "--quiet", "--batch-size", "4", "--epochs", "3", "--seed", "7",
+            "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    got = np.asarray(gnnio.load(tmp_path / "r").extra["new2old"])
+    score = compute_score("presample", gnnio.load(src), fanouts=[3, 2], batch_size=4, epochs=3,
+                          seed=7, num_threads=1, progress=False)  # fmt: skip
+    np.testing.assert_array_equal(got, order_by_score(score))
+    default = compute_score(
+        "presample", gnnio.load(src), fanouts=[3, 2], num_threads=1, progress=False
+    )
+    assert not np.array_equal(order_by_score(default), got)  # (the options mattered)
+
+
+EPOCH_ONLY = ["--epochs 3", "--patience 2", "--eval full", "--eval-batch-size 64",
+              "--summary S.json", "--log L.jsonl", "--checkpoint M.pt", "--checkpoint-dir C",
+              "--checkpoint-dir C --checkpoint-every 2", "--resume C"]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", EPOCH_ONLY)
+def test_bench_step_refuses_what_only_epochs_read(extra, tmp_path, capsys):
+    """``gnnio bench step`` times ``--batches`` steps and runs no epoch: train's stopping,
+    evaluation and output options are one line there, before the dataset is opened (a
+    ``--summary`` it took was never written)."""
+    argv = [a if a.isdigit() or a.startswith("--") or a in ("full",) else str(tmp_path / a)
+            for a in extra.split()]  # fmt: skip
+    assert main(["bench", "step", str(tmp_path / "none"), *argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    opt = extra.split()[0]
+    assert err.count("\n") == 1 and f"{opt}: has no effect in bench step" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_step_verify_checks_every_byte(tmp_path, capsys):
+    """``bench step --verify`` recomputes every sha256, as ``gnnio train --verify`` does: a byte
+    flipped outside the blocks an open samples is found with it and not without."""
+    from gnnio.graph.integrity import SAMPLE_BLOCK
+    from tests.helpers import write_tiny_dataset
+
+    ds = write_tiny_dataset(tmp_path / "d", num_nodes=2048, num_edges=8000, feat_dim=128)
+    f = ds / "features.npy"
+    size = f.stat().st_size
+    gap = SAMPLE_BLOCK + ((size - SAMPLE_BLOCK) // 7 - SAMPLE_BLOCK) // 2  # between blocks 0 and 1
+    assert SAMPLE_BLOCK < gap < (size - SAMPLE_BLOCK) // 7
+    with open(f, "r+b") as fh:
+        fh.seek(gap)
+        b = fh.read(1)
+        fh.seek(gap)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    argv = ["bench", "step", str(ds), "--fanouts", "2,2", "--batch-size", "16", "--hidden", "8",
+            "--batches", "1", "--warmup", "0", "--device", "cpu", "--quiet"]  # fmt: skip
+    assert main([*argv, "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "features.npy" in err and "sha256" in err, err
+    assert main(argv) == 0
+
+
+@pytest.mark.parametrize("reorder", [None, "degree", "sj"])
+def test_prepare_refuses_reorder_batch_size_without_presample(reorder, tmp_path, capsys):
+    """``prepare --reorder-batch-size`` is read by ``--reorder presample`` only: one line
+    otherwise, before anything is imported or written; with presample it is taken."""
+    out = tmp_path / "o"
+    argv = ["prepare", "synthetic", "--num-nodes", "256", "--avg-degree", "4", "--feat-dim", "4",
+            "--num-classes", "2", "--out", str(out), "--quiet", "--reorder-batch-size", "64",
+            *(["--reorder", reorder] if reorder else [])]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "--reorder-batch-size: has no effect without --reorder presample" in err, err
+    assert not out.exists()
+    if reorder == "sj":  # the same command with presample writes the reordered dataset
+        assert main([*argv[:-1], "presample", "--reorder-fanouts", "2,2"]) == 0
+        assert (out / "meta.json").is_file()

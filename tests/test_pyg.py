@@ -1,11 +1,12 @@
-"""gnnio for PyG users (issue 17): NeighborLoader-format batches, PyG FeatureStore / GraphStore
-over gnnio, from_pyg / to_pyg and ``gnnio prepare pyg``, and the example training loop on Cora.
+"""gnnio for PyG users (issue 17): NeighborLoader-format batches from :class:`gnnio.pyg.PyGLoader`
+(equal to PyG's own loader's, their invariants, trim_to_layer, gnnio's stores and samplers behind
+the loader), ``to_pyg_data``, from_pyg / to_pyg and ``gnnio prepare pyg``, and the example
+training loop on Cora. PyG's FeatureStore / GraphStore over gnnio: tests/test_pyg_stores.py.
 
 pyg-lib and torch-sparse are not installed here, so PyG's own ``NeighborLoader`` is run on a
 stand-in for ``torch.ops.pyg.neighbor_sample`` written from pyg-lib's algorithm (the
-``pyg_backend`` fixture). With ``num_neighbors`` of -1 its batches are deterministic, so gnnio's
-must equal them field for field; the same stand-in lets PyG's loader read through the
-FeatureStore / GraphStore. A test with the real pyg-lib runs when it imports.
+``pyg_backend`` fixture, :func:`tests.pyg_common.use_standin_backend`). With ``num_neighbors`` of
+-1 its batches are deterministic, so gnnio's must equal them field for field.
 """
 
 from __future__ import annotations
@@ -14,86 +15,41 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch_geometric.typing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from torch_geometric.data import Data, TensorAttr
-from torch_geometric.data.feature_store import AttrView
-from torch_geometric.data.graph_store import EdgeLayout
+from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.nn.models import GraphSAGE
 
 import gnnio
 from gnnio.cli.main import main as cli
 from gnnio.errors import DatasetError
-from gnnio.features import FeatureCache, InMemoryFeatureStore, TieredFeatureStore
 from gnnio.graph import load
-from gnnio.pyg import (
-    GnnioFeatureStore,
-    GnnioGraphStore,
-    PyGLoader,
-    from_pyg,
-    to_pyg,
-    to_pyg_data,
-)
+from gnnio.pyg import PyGLoader, from_pyg, to_pyg, to_pyg_data
 from gnnio.sampling import FrontierSampler, UniformSampler
-
-ROOT = Path(__file__).resolve().parent.parent
-CORA_RAW = Path("/work/shared/datasets/cora")
-SLOW = settings(
-    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+from tests.pyg_common import (
+    CORA_RAW,
+    ROOT,
+    SLOW,
+    check_batch,
+    random_data,
+    small_dataset,
+    use_standin_backend,
 )
-
-
-def random_data(n=40, e=160, f=5, seed=0, sort_by_target=False, edge_attr=True, masks=True):
-    """A PyG Data with random directed edges (repeats and self-loops possible), labels, splits."""
-    g = torch.Generator().manual_seed(seed)
-    ei = torch.randint(0, n, (2, e), generator=g)
-    if sort_by_target:
-        ei = ei[:, torch.sort(ei[1], stable=True).indices]
-    data = Data(x=torch.randn(n, f, generator=g), edge_index=ei)
-    if edge_attr:
-        data.edge_attr = torch.randn(e, 3, generator=g)
-    data.y = torch.randint(0, 4, (n,), generator=g)
-    perm = torch.randperm(n, generator=g)
-    split = {"train": perm[: n // 2], "val": perm[n // 2 : 3 * n // 4], "test": perm[3 * n // 4 :]}
-    for k, ids in split.items():
-        if masks:
-            m = torch.zeros(n, dtype=torch.bool)
-            m[ids] = True
-            data[f"{k}_mask"] = m
-        else:
-            data[f"{k}_idx"] = ids
-    return data
-
-
-# ---- a stand-in for pyg-lib's neighbor_sample ------------------------------------------------
-
-
-def _fake_neighbor_sample(*args):
-    """pyg-lib's homogeneous algorithm (benchmarks/pyg_examples/standin.py), drawing from a
-    generator seeded 0 on every call, so a batch is a function of its seeds."""
-    from benchmarks.pyg_examples.standin import neighbor_sample
-
-    return neighbor_sample(*args, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture
 def pyg_backend(monkeypatch):
-    """PyG's NeighborLoader runs on :func:`_fake_neighbor_sample` (and a stable index sort, as
-    pyg-lib's radix sort is)."""
-    import torch_geometric.sampler.utils as sampler_utils
+    use_standin_backend(monkeypatch)
 
-    monkeypatch.setattr(torch_geometric.typing, "WITH_PYG_LIB", True)
-    monkeypatch.setattr(torch.ops.pyg, "neighbor_sample", _fake_neighbor_sample, raising=False)
-    monkeypatch.setattr(
-        sampler_utils, "index_sort", lambda x, max_value=None: torch.sort(x, stable=True)
-    )
+
+@pytest.fixture(scope="module")
+def small_ds(tmp_path_factory):
+    return small_dataset(tmp_path_factory)
 
 
 # ---- batches in NeighborLoader's format -------------------------------------------------------
@@ -124,48 +80,6 @@ def test_batches_equal_neighborloader(tmp_path, pyg_backend, sort_by_target, inp
         assert len(ours) == len(pyg)
         for a, b in zip(ours, pyg):
             assert_same_batch(a, b)  # (key order: PyG's own varies with the string hash seed)
-
-
-def check_batch(b: Data, ds, fanouts, expand: str, e_id_is_pos: bool = False) -> None:
-    """NeighborLoader's invariants on one batch, for either sampling semantics (``e_id_is_pos``:
-    e_id holds CSR positions even for a dataset with ``pyg_edge_id``, as PyG's loader over the
-    GraphStore reports them)."""
-    n_id, ei, bs = b.n_id, b.edge_index, b.batch_size
-    feats = torch.from_numpy(np.asarray(ds.features))
-    indptr = torch.from_numpy(np.asarray(ds.graph.indptr))
-    indices = torch.from_numpy(np.asarray(ds.graph.indices, dtype=np.int64))
-    assert torch.equal(b.x, feats[n_id])
-    assert torch.equal(b.y, torch.from_numpy(np.asarray(ds.labels))[n_id])
-    assert n_id.unique().numel() == n_id.numel()
-    assert sum(b.num_sampled_nodes) == n_id.numel() and b.num_sampled_nodes[0] == bs
-    assert sum(b.num_sampled_edges) == ei.shape[1] == b.e_id.numel()
-    # every edge exists: e_id is its CSR position (mapped to the user's edge id for a dataset
-    # from from_pyg whose edges were not grouped by target), in the target's row, holding the
-    # source
-    src, dst, pos = n_id[ei[0]], n_id[ei[1]], b.e_id
-    if "pyg_edge_id" in ds.extra and not e_id_is_pos:
-        pos = torch.from_numpy(np.argsort(np.asarray(ds.extra["pyg_edge_id"])))[pos]
-    assert torch.equal(indices[pos], src)
-    assert bool(((indptr[dst] <= pos) & (pos < indptr[dst + 1])).all())
-    # hop h: targets reached before hop h (only the new ones with PyG's semantics), sources
-    # reached by hop h, at most fanout edges per target
-    cn = np.cumsum(b.num_sampled_nodes)
-    ce = np.cumsum([0, *b.num_sampled_edges])
-    for h, k in enumerate(fanouts):
-        s, d = ei[0, ce[h] : ce[h + 1]], ei[1, ce[h] : ce[h + 1]]
-        lo = cn[h - 1] if (h > 0 and expand == "new") else 0
-        assert bool(((d >= lo) & (d < cn[h])).all()) and bool((s < cn[h + 1]).all())
-        if k >= 0 and d.numel():
-            assert int(torch.bincount(d).max()) <= k
-        if expand == "new":  # each expanded node's edges: distinct CSR positions
-            key = d * (ds.num_edges + 1) + pos[ce[h] : ce[h + 1]]
-            assert key.unique().numel() == key.numel()
-
-
-@pytest.fixture(scope="module")
-def small_ds(tmp_path_factory):
-    data = random_data(n=60, e=400, f=6, seed=11)
-    return load(from_pyg(data, tmp_path_factory.mktemp("pyg") / "d", progress=False))
 
 
 @SLOW
@@ -256,144 +170,6 @@ def test_gnnio_options_behind_the_loader(small_ds):
         assert torch.equal(torch.from_numpy(order.seeds)[b.input_id], b.n_id[: b.batch_size])
     with pytest.raises(gnnio.errors.UsageError, match="expand"):
         PyGLoader.from_config(small_ds, TrainConfig(locality_scale=2.0, progress=False))
-
-
-# ---- FeatureStore / GraphStore ----------------------------------------------------------------
-
-
-def test_feature_store_contract():
-    """PyG's test_feature_store, on GnnioFeatureStore (in-memory tensors)."""
-    store = GnnioFeatureStore()
-    tensor = torch.tensor([[0, 0, 0], [1, 1, 1], [2, 2, 2]], dtype=torch.float)
-    group_name, attr_name, index = "A", "feat", torch.tensor([0, 1, 2])
-    attr = TensorAttr(group_name, attr_name, index)
-    store.put_tensor(tensor, attr)
-    assert torch.equal(store.get_tensor(attr), tensor)
-    assert torch.equal(store.get_tensor(group_name, attr_name, index=torch.tensor([0, 2])),
-                       tensor[torch.tensor([0, 2])])  # fmt: skip
-    assert store.update_tensor(tensor + 1, group_name, attr_name, None)
-    assert torch.equal(store.get_tensor(group_name, attr_name, None), tensor + 1)
-    store.remove_tensor(group_name, attr_name, None)
-    with pytest.raises(KeyError):
-        store.get_tensor(attr)
-    view = store.view(group_name=group_name)
-    view.attr_name = attr_name
-    view["index"] = index
-    assert view == AttrView(store, TensorAttr(group_name, attr_name, index))
-    store[group_name, attr_name, index] = tensor
-    assert torch.equal(store[group_name, attr_name, index], tensor)
-    assert torch.equal(store[group_name, attr_name, None], tensor)
-    assert torch.equal(store[group_name, attr_name, :], tensor)
-    assert torch.equal(store[group_name][attr_name][:], tensor)
-    assert torch.equal(store[group_name].feat[:], tensor)
-    assert torch.equal(store.view().A.feat[:], tensor)
-    assert store[group_name] == store.view(TensorAttr(group_name=group_name))
-    # a called view fills its unset fields with None
-    store.put_tensor(tensor, group_name="B", attr_name=None, index=None)
-    assert isinstance(store["B"], AttrView)
-    assert torch.equal(store["B"](), tensor)
-    assert store.get_tensor_size(group_name, attr_name) == (3, 3)
-    del store[group_name, attr_name, index]
-    with pytest.raises(KeyError):
-        _ = store[group_name, attr_name, index]
-    # rows put under node ids are found by id, not by position
-    store.put_tensor(tensor, group_name=None, attr_name="z", index=torch.tensor([7, 2, 5]))
-    assert torch.equal(store[None, "z", torch.tensor([5, 7])], tensor[[2, 0]])
-    with pytest.raises(KeyError):
-        store[None, "z", torch.tensor([3])]
-
-
-def _stores(feats: np.ndarray):
-    base = InMemoryFeatureStore(feats.copy())
-    tiered = TieredFeatureStore(InMemoryFeatureStore(feats.copy()), hot_ids=np.arange(0, 50, 3),
-                                device="cpu", progress=False)  # fmt: skip
-    cached = FeatureCache(InMemoryFeatureStore(feats.copy()), 10, "lru")
-    return {"memory": base, "tiered": tiered, "cache": cached}
-
-
-@SLOW
-@given(
-    kind=st.sampled_from(["memory", "tiered", "cache"]),
-    index=st.one_of(
-        st.lists(st.integers(0, 49), max_size=30).map(lambda v: torch.tensor(v, dtype=torch.long)),
-        st.tuples(
-            st.integers(-60, 60) | st.none(),
-            st.integers(-60, 60) | st.none(),
-            st.integers(1, 4) | st.none(),
-        ).map(lambda t: slice(*t)),  # fmt: skip
-        st.lists(st.booleans(), min_size=50, max_size=50).map(torch.tensor),
-        st.none(),
-    ),
-)
-def test_feature_store_reads_through_gnnio(kind, index):
-    feats = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
-    gstore = _stores(feats)[kind]
-    fs = GnnioFeatureStore(gstore, y=torch.arange(50))
-    before = sum(gstore.counters.snapshot()["bytes"].values())
-    ids = _index_ids(index, 50)
-    got = fs[None, "x", index]
-    want = torch.from_numpy(feats)[ids]
-    assert torch.equal(got, want)
-    assert fs.get_tensor_size(None, "x", index) == tuple(want.shape)
-    if ids.numel():
-        assert sum(gstore.counters.snapshot()["bytes"].values()) > before
-    assert torch.equal(fs[None, "y", index], ids)
-
-
-def _index_ids(index, n: int) -> torch.Tensor:
-    """The node ids a TensorAttr index names (None, slice, bool mask or ids)."""
-    if index is None:
-        return torch.arange(n)
-    if isinstance(index, slice):
-        return torch.arange(n)[index]
-    return index.nonzero().view(-1) if index.dtype == torch.bool else index
-
-
-def test_graph_store_contract(small_ds):
-    """PyG's test_graph_store (put and get every layout) and the conversions on gnnio's CSR."""
-    gs = GnnioGraphStore(small_ds)
-    n = small_ds.num_nodes
-    (attr,) = gs.get_all_edge_attrs()
-    assert attr.edge_type is None and attr.layout == EdgeLayout.CSC and attr.size == (n, n)
-    row, colptr, perm = gs.csc()
-    assert perm is None
-    assert torch.equal(colptr, torch.from_numpy(np.asarray(small_ds.graph.indptr)))
-    assert torch.equal(row, torch.from_numpy(np.asarray(small_ds.graph.indices, dtype=np.int64)))
-    src, dst, _ = gs.coo()
-    want_src, want_dst = small_ds.graph.edges()
-    assert torch.equal(src, torch.from_numpy(np.asarray(want_src, dtype=np.int64)))
-    assert torch.equal(dst, torch.from_numpy(np.asarray(want_dst, dtype=np.int64)))
-    rowptr, col, perm = gs.csr()
-    assert rowptr.numel() == n + 1 and torch.equal(col, dst[perm])
-    # put / get / remove every layout, as PyG's test does
-    coo, csr = (src, dst), (rowptr, col)
-    gs["edge", "coo"] = coo
-    gs["edge", EdgeLayout.CSR] = csr
-    for got, want in ((gs["edge", "coo"], coo), (gs["edge", "csr"], csr)):
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert gs.remove_edge_index("edge", "coo") and not gs.remove_edge_index("edge", "coo")
-    with pytest.raises(KeyError):
-        gs["edge", "coo"]
-
-
-def test_neighborloader_over_the_stores(small_ds, pyg_backend):
-    """PyG's NeighborLoader reads through GnnioFeatureStore / GnnioGraphStore."""
-    gstore = _stores(np.asarray(small_ds.features))["tiered"]
-    fs, gs = GnnioFeatureStore.from_dataset(small_ds, gstore), GnnioGraphStore(small_ds)
-    seeds = torch.from_numpy(np.asarray(small_ds.train_idx))
-    loader = NeighborLoader((fs, gs), num_neighbors=[3, 2], input_nodes=seeds, batch_size=8)
-    for b in loader:
-        check_batch(b, small_ds, [3, 2], "new", e_id_is_pos=True)
-        assert torch.equal(b.n_id[: b.batch_size], seeds[b.input_id])
-    assert set(gstore.counters.snapshot()["rows"]) == {"gpu", "host"}
-
-
-def test_neighborloader_with_real_backend(small_ds):
-    pytest.importorskip("pyg_lib", reason="pyg-lib (PyG's sampling backend) is not installed")
-    fs, gs = GnnioFeatureStore.from_dataset(small_ds), GnnioGraphStore(small_ds)
-    for b in NeighborLoader((fs, gs), num_neighbors=[3, 2], input_nodes=torch.arange(20),
-                            batch_size=8):  # fmt: skip
-        check_batch(b, small_ds, [3, 2], "new", e_id_is_pos=True)
 
 
 # ---- from_pyg / to_pyg / gnnio prepare pyg ----------------------------------------------------

@@ -1,8 +1,8 @@
 """A stand-in for pyg-lib's ``torch.ops.pyg.neighbor_sample`` (pyg-lib and torch-sparse do not
 install on this project's machines), so PyG's own ``NeighborLoader`` runs here.
 
-It follows pyg-lib's homogeneous algorithm (``tests/test_pyg.py`` uses it too): hop ``h + 1``
-expands the nodes new at hop ``h``; a node takes all its neighbours in CSC order when ``k < 0`` or
+It follows pyg-lib's homogeneous algorithm (the PyG tests use it too, through
+``tests/pyg_common.py``): hop ``h + 1`` expands the nodes new at hop ``h``; a node takes all its neighbours in CSC order when ``k < 0`` or
 ``k >= deg``, else ``k`` distinct random ones. It draws from torch's global generator (as pyg-lib
 does), so ``seed_everything`` seeds it and every batch draws anew, and it implements ``disjoint=True`` (nodes are ``(subgraph, node)`` pairs, returned as pyg-lib
 returns them: a ``[N, 2]`` tensor of ``(batch, node)``). Pure Python: slow, but exact.
@@ -21,7 +21,7 @@ def neighbor_sample(colptr, row, seed, num_neighbors, node_time, seed_time, csc,
                     directed, disjoint, temporal_strategy, return_edge_id,
                     generator=None):  # fmt: skip
     """pyg-lib's signature; ``generator`` (not pyg-lib's) draws instead of torch's global one
-    (``tests/test_pyg.py`` passes a fixed one per call, so its batches are fixed)."""
+    (the PyG tests pass a fixed one per call, so its batches are fixed)."""
     assert csc and directed and not replace and node_time is None
     seeds = seed.tolist()
     keys = [(i if disjoint else 0, v) for i, v in enumerate(seeds)]

@@ -10,11 +10,9 @@ what is left of the budget, a failure in one step recorded and the next one run,
    timeout the tests that ran are kept in ``gpu_tests.log``);
 3. ``cpu_vs_cuda``: the same small training run on the CPU and on CUDA: ``bytes_by_tier`` must be
    identical, losses close (no dropout); the CUDA run again, LABOR-0 twice: ``runs_identical*``;
-4. ``dataset``: a synthetic 2^21-node graph (``--nodes``), reordered by ``wrpr``, small
-   valid/test splits so that evaluation stays cheap;
-5. ``step``, ``epoch_default`` (issue 24, :mod:`gnnio.bench.gpu_check_epoch`): the training
-   step's breakdown (eager, and replayed as a CUDA graph: ``--cuda-graph``) and the default epoch
-   on CUDA;
+4. ``dataset``: a synthetic 2^21-node graph (``--nodes``) reordered by ``wrpr``, small splits;
+5. ``step``, ``epoch_default`` (issue 24, :mod:`gnnio.bench.gpu_check_epoch`): the step's
+   breakdown (eager, and as a CUDA graph: ``--cuda-graph``) and the default epoch on CUDA;
 6. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores), and the GPU
    sampler reading the CSR from pinned host memory (UVA): edges/s; the GPU's batch ``checksum``
    against the CPU's (counter-based sampling: bit-identical batches); the batch replayed as a
@@ -30,12 +28,11 @@ what is left of the budget, a failure in one step recorded and the next one run,
     with evaluation, checkpoints and resume) on NCCL at world size 1, each tensor checked against
     NCCL's rules and each group against one thread; and two ranks on the one GPU sampling in
     ``shared`` mode with their shards shared by CUDA IPC (:mod:`gnnio.bench.gpu_ipc`);
-    ``goals.nccl_modes_failed`` (goal 0; run 1 of the H200 day passed all 16 modes, so it now
-    follows the issue-24 measurements);
+    ``goals.nccl_modes_failed`` (goal 0; all 16 passed on the H200 day: after issue 24's steps);
 11. ``epochs``: ``gnnio train --device cuda --gpu-cache-fraction F`` at 0 / 5 / 10 / 25 % hot:
     epoch time, breakdown, ``hidden_fraction``, bytes per tier;
-12. ``loader``: ``gnnio bench loader --device cuda`` with the store in host memory and on the GPU,
-    and with the store and the sampler on the GPU;
+12. ``loader``: ``gnnio bench loader --device cuda``, the store in host memory, on the GPU, and
+    with the sampler on the GPU too;
 13. ``cache``: ``benchmarks/cache_overhead.py --device cuda``: management ms per batch of the
     cache policies on the GPU (issue 18: the lookahead cache's overhead against LRU's).
 
@@ -43,11 +40,12 @@ what is left of the budget, a failure in one step recorded and the next one run,
 rewritten after every step, each atomically, so a run killed in any step (SIGKILL at a session's
 time limit) leaves the report of the steps before it; SIGTERM or Ctrl-C records the step as
 stopped, writes the report and exits (143 for SIGTERM); ``complete`` says whether every step
-ran. ``--report-dir DIR`` keeps a copy of the three report files (and nothing else) in ``DIR``,
-also after every step: on a device machine that returns a few small files, give it the folder
-that comes back and keep OUTDIR (GBs of datasets, many small files) elsewhere. ``OUTDIR/gpu_tests.log`` holds pytest's output. Without CUDA it prints one line saying no GPU
-is present and exits 0; ``--device cpu`` runs the same steps on the CPU instead (a dry run of the
-plumbing, used by the tests; its numbers are not GPU figures).
+ran; ``calls``, each gnnio process's wall time. ``--report-dir DIR`` keeps a copy of the three
+report files (and nothing else) in ``DIR``, also after every step: on a device machine that
+returns a few small files, give it the folder that comes back and keep OUTDIR (GBs of datasets)
+elsewhere. ``OUTDIR/gpu_tests.log`` holds pytest's output. Without CUDA it prints one line and
+exits 0; ``--device cpu`` runs the same steps on the CPU (a dry run of the plumbing, used by the
+tests; its numbers are not GPU figures).
 """
 
 from __future__ import annotations
@@ -78,8 +76,7 @@ STALL_S = 60.0
 #: what --report-dir receives
 REPORT_FILES = ("report.json", "report.md", "gpu_tests.log")
 
-#: the most seconds the gpu tests may take: H100 run 2 of 2026-11-25 (--budget-s 350) gave them at
-#: most 110 s and its 34 passed; more gpu tests since, the rest of the budget is for measurements
+#: the most seconds the gpu tests may take (H100 run 2 of 2026-11-25: 34 passed in at most 110 s)
 GPU_TESTS_S = 180.0
 
 
@@ -98,13 +95,12 @@ class Check:
         return self.args.budget_s - (time.monotonic() - self.t0)
 
     def gnnio(self, *argv: str, limit_s: float = 300.0) -> dict[str, Any]:
-        """Run ``gnnio ARGV --json`` in a subprocess; its last stdout line, parsed."""
+        """Run ``gnnio ARGV --json`` in a subprocess; its last stdout line, parsed (its options,
+        not paths, and wall time with the start-up: ``calls``)."""
         cmd = [sys.executable, "-m", "gnnio", *argv]
         limit = max(5.0, min(limit_s, self.left_s()))
-        # each call's wall time, start-up included (report.json's ``calls``: where a budget goes)
-        call = {"argv": " ".join(a for a in argv if not a.startswith("/")), "wall_s": None}
+        call, t = {"argv": " ".join(a for a in argv if not a.startswith("/"))}, time.monotonic()
         self.report.setdefault("calls", []).append(call)
-        t = time.monotonic()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired as e:  # say where it was (its last lines)

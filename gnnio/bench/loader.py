@@ -39,7 +39,12 @@ def add_arguments(p) -> None:
     p.add_argument("--store", choices=["memory", "mmap"], default="memory", help="feature store")
     p.add_argument("--prefetch", type=int, default=2, help="batches ready ahead of the consumer")
     p.add_argument("--workers", type=int, default=1, help="sampling threads of the loader")
-    p.add_argument("--device", default="cpu", help="where batches are delivered (cpu, cuda)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where batches are delivered: cpu, cuda (cuda:N) or auto (as gnnio train: cuda when "
+        "a GPU is present, else cpu)",
+    )
     p.add_argument(
         "--store-device",
         default="cpu",
@@ -96,7 +101,9 @@ def run(args) -> dict:
     check_common(args)
     if args.prefetch < 1 or args.workers < 1:
         raise UsageError("--prefetch and --workers must be >= 1")
-    device = _device_option("--device", args.device)
+    from ..train import check_device
+
+    device = check_device(args.device)  # as gnnio train's --device: auto = cuda when present
     store_device = _device_option("--store-device", args.store_device)
     if store_device.type != "cpu" and args.store != "memory":
         raise UsageError(f"--store-device {args.store_device} needs --store memory")

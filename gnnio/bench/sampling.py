@@ -70,7 +70,11 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
     p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
     p.add_argument(
-        "--device", default="cpu", help="'cpu' (numba kernels) or 'cuda' (topology on the GPU)"
+        "--device",
+        default="cpu",
+        help="'cpu' (numba kernels), 'cuda' (cuda:N; topology on the GPU) or 'auto' (as gnnio "
+        "train: cuda when a GPU is present, else cpu; cpu for --sampler ladies, which runs on "
+        "the CPU only)",
     )
     p.add_argument(
         "--graph-in",
@@ -118,14 +122,12 @@ def _check(args) -> list[int]:
         fanouts = parse_fanouts(args.fanouts)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        dev = torch.device(args.device)
-    except RuntimeError:
-        raise UsageError(f"--device: unknown device {args.device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available")
-    if dev.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device: expected 'cpu' or 'cuda', got {args.device!r}")
+    from ..train import check_device
+
+    if args.device == "auto" and getattr(args, "sampler", "uniform") == "ladies":
+        args.device = "cpu"  # (auto: where this sampler runs, and ladies runs on the CPU only)
+    dev = check_device(args.device)  # as gnnio train's --device: auto = cuda when present
+    args.device = str(dev)
     if getattr(args, "sampler", "uniform") == "ladies" and dev.type != "cpu":
         raise UsageError(f"--sampler {args.sampler}: runs on the CPU only (use --device cpu)")
     if getattr(args, "cuda_graph", False) and (

@@ -17,10 +17,9 @@ training order, after ``--warmup`` untimed batches:
    as the loader does), ``transfer`` (host to device), ``forward`` (model and loss), ``backward``,
    ``optimizer``, and ``other`` (the batch's wall time minus the parts: Python, labels, waits).
    A few more batches, untimed (the counter's dispatch mode slows the host), count
-   ``host_syncs_per_batch`` and ``ops_per_batch`` with
-   :class:`gnnio.utils.syncs.OpCounter` (the torch operations that would synchronise a GPU with
-   the host, per part in ``host_syncs_by_part``; on the CPU nothing really waits, and the numba
-   kernels are not seen).
+   ``host_syncs_per_batch`` and ``ops_per_batch`` with :class:`gnnio.utils.syncs.OpCounter` (the
+   torch operations that would synchronise a GPU with the host, per part in
+   ``host_syncs_by_part``; on the CPU nothing really waits, and the numba kernels are not seen).
 3. **profiled** (a GPU only): ``kernel_launches_per_batch`` from torch's profiler (the CUDA runtime's
    launch calls), in a separate pass so the profiler does not disturb the timings.
 4. **synced** (a GPU only): ``cuda_syncs_per_batch`` and ``cuda_sync_sites`` (``"<thread>
@@ -31,7 +30,7 @@ training order, after ``--warmup`` untimed batches:
 measured in the same run (``floor``): the dense layers' FLOPs (forward, and twice that backward)
 at the measured float32 matmul rate, plus the bytes of the gather and of the aggregation (rows
 read and written, forward and backward) at the measured copy bandwidth. It is a floor, not a
-prediction: real kernels reach neither rate.
+prediction: real kernels reach neither rate. ``phases_s``: the run's wall time by part.
 """
 
 from __future__ import annotations
@@ -410,7 +409,7 @@ def device_rates(device: torch.device) -> dict:
 
 
 def run(args) -> dict:
-    from ..cli.train import config_from_args, refuse_ignored
+    from ..cli.train import config_from_args, refuse_epoch_options, refuse_ignored
     from ..graph.dataset import load
     from ..train import check_device
     from ..train.build import build_training
@@ -425,13 +424,16 @@ def run(args) -> dict:
     if args.nproc > 1:
         raise UsageError("bench step: one process (time a rank of --nproc with gnnio train)")
     refuse_ignored(args, 1)  # (an option without effect: one line, as gnnio train says it)
+    refuse_epoch_options(args)
     cfg = config_from_args(args, 1)
     progress = not args.quiet
     cfg.progress = False
     device = check_device(cfg.device)
     cfg.validate(1)
     clock = Phases()  # (``phases_s``: where a run's wall time goes besides its timed batches)
-    ds = default_dataset(progress=progress) if args.dir is None else load(args.dir)
+    ds = default_dataset(progress=progress) if args.dir is None else load(args.dir, args.verify)
+    if args.dir is None and args.verify:  # --verify: every sha256, as gnnio train checks them
+        ds = load(ds.path, verify=True)
     clock.mark("load")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -448,17 +450,14 @@ def run(args) -> dict:
                             device)  # fmt: skip
         clock.mark("isolate")
     try:
-        rates = device_rates(device)
-        clock.mark("rates")
-        pipe = pipelined(parts, device, args.warmup, args.batches, progress)
-        clock.mark("pipelined")
-        seq = sequential(parts, device, args.warmup, args.batches, progress)
-        clock.mark("sequential")
+        rates = clock.run("rates", device_rates, device)
+        k = args.batches
+        pipe = clock.run("pipelined", pipelined, parts, device, args.warmup, k, progress)
+        seq = clock.run("sequential", sequential, parts, device, args.warmup, k, progress)
         gpu_passes = device.type == "cuda" and not args.no_gpu_passes
         launches = profiled(parts, device, min(args.batches, 5)) if gpu_passes else None
         cuda_syncs = sync_pass(parts, device, min(args.batches, 10)) if gpu_passes else {}
-        if gpu_passes:
-            clock.mark("gpu_passes")
+        clock.mark("gpu_passes", when=gpu_passes)
     finally:
         if undo is not None:
             from ..train.isolate import restore

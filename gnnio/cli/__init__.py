@@ -2,6 +2,8 @@
 
 import argparse
 
+from ..errors import UsageError
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends ``(default: X)`` to an option's help, except when the help already says what the
@@ -29,3 +31,13 @@ def add_feature_dtype_argument(p: argparse.ArgumentParser) -> None:
         "and the model decodes them on its device (default: as the input has them: float16 and "
         "bfloat16 stay, anything else float32)",
     )
+
+
+def refuse_without_effect(rules) -> None:
+    """One ``gnnio: error:`` line for the first option given where it would do nothing: ``rules``
+    holds ``(option, value, needed, what)``; ``value`` None means not given (the option's default
+    is None), ``needed`` false means the other options leave it no effect, ``what`` names what it
+    needs ("OPTION: has no effect without WHAT")."""
+    for option, given, needs, what in rules:
+        if given is not None and not needs:
+            raise UsageError(f"{option}: has no effect without {what}")

@@ -25,7 +25,7 @@ from ..importers import IMPORTERS
 from ..preprocess.chunked import DEFAULT_BUDGET_FRACTION
 from ..preprocess.hotness import SCORES
 from ..utils.argtypes import fanouts_arg
-from . import HelpFormatter, add_feature_dtype_argument
+from . import HelpFormatter, add_feature_dtype_argument, refuse_without_effect
 
 #: sources whose import runs within ``--memory-budget`` (issue 25); the others run in RAM
 BOUNDED_SOURCES = ("synthetic", "npy", "ogb")
@@ -75,9 +75,9 @@ def register(sub) -> None:
         sp.add_argument(
             "--reorder-batch-size",
             type=int,
-            default=1024,
+            default=None,
             metavar="B",
-            help="seeds per batch for --reorder presample (one epoch, seed 1)",
+            help="seeds per batch for --reorder presample (one epoch, seed 1) (default: 1024)",
         )
         if name in BOUNDED_SOURCES:
             sp.add_argument(
@@ -112,8 +112,9 @@ def _import_and_reorder(args) -> Path:
     from ..preprocess.reorder import reorder_path
 
     out = Path(args.out)
-    if args.reorder_batch_size < 1:
-        raise UsageError(f"--reorder-batch-size: must be >= 1, got {args.reorder_batch_size}")
+    batch_size = 1024 if args.reorder_batch_size is None else args.reorder_batch_size
+    if batch_size < 1:
+        raise UsageError(f"--reorder-batch-size: must be >= 1, got {batch_size}")
     output_dir.check_out_dir(out, args.overwrite)
     with output_dir.claim(out):
         output_dir.check_out_dir(out, args.overwrite)
@@ -131,7 +132,7 @@ def _import_and_reorder(args) -> Path:
                 out=out,
                 overwrite=args.overwrite,
                 fanouts=args.reorder_fanouts,
-                batch_size=args.reorder_batch_size,
+                batch_size=batch_size,
                 progress=not args.quiet,
                 memory_budget=args.memory_budget,  # the default budget too (issue 25)
             )
@@ -159,9 +160,12 @@ def resolve_budget(args) -> None:
 
 
 def run(args) -> int:
+    reorder = check_reorder_score(getattr(args, "reorder", None))  # (an unknown score first)
+    refuse_without_effect([("--reorder-batch-size", args.reorder_batch_size,
+                            reorder == "presample", "--reorder presample")])  # fmt: skip
     resolve_budget(args)
     with writing_as(args.feature_dtype):  # --feature-dtype: every writer recodes the rows
-        if check_reorder_score(getattr(args, "reorder", None)) is None:
+        if reorder is None:
             out = args.importer.run(args)
         else:
             out = _import_and_reorder(args)

@@ -10,7 +10,7 @@ from ..graph.feature_dtype import writing_as
 from ..preprocess.hotness import SCORES
 from ..preprocess.reorder import reorder_path
 from ..utils.argtypes import fanouts_arg, int_range
-from . import HelpFormatter, add_feature_dtype_argument
+from . import HelpFormatter, add_feature_dtype_argument, refuse_without_effect
 
 
 def _unit_float(text: str) -> float:
@@ -58,12 +58,18 @@ def register(sub) -> None:
         help="per-hop fanouts (hop 1 first) for sj, sj_fanout and presample",
     )
     p.add_argument(
-        "--batch-size", type=int_range(1), default=1024, help="seeds per batch (presample)"
+        "--batch-size",
+        type=int_range(1),
+        default=None,
+        help="seeds per batch (presample) (default: 1024)",
     )
     p.add_argument(
-        "--epochs", type=int_range(1), default=1, help="epochs to pre-sample (presample)"
+        "--epochs",
+        type=int_range(1),
+        default=None,
+        help="epochs to pre-sample (presample) (default: 1)",
     )
-    p.add_argument("--seed", type=int, default=1, help="random seed (presample)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (presample) (default: 1)")
     p.add_argument(
         "--damping", type=_unit_float, default=None, help="damping d (rpr, wrpr; default 0.85)"
     )
@@ -95,7 +101,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    opts: dict = {"epochs": args.epochs, "seed": args.seed, "num_threads": args.threads}
+    presample = args.by == "presample"
+    refuse_without_effect(  # read by the pre-sampling pass only (as gnnio train's refuse_ignored)
+        (opt, value, presample, "--by presample")
+        for opt, value in (("--batch-size", args.batch_size), ("--epochs", args.epochs),
+                           ("--seed", args.seed), ("--threads", args.threads))
+    )  # fmt: skip
+    opts: dict = {
+        "epochs": 1 if args.epochs is None else args.epochs,
+        "seed": 1 if args.seed is None else args.seed,
+        "num_threads": args.threads,
+    }
     if args.damping is not None:
         if args.by not in ("rpr", "wrpr"):
             raise UsageError(f"--damping: only applies to rpr and wrpr, not '{args.by}'")
@@ -114,7 +130,7 @@ def run(args) -> int:
             out=args.out,
             overwrite=args.overwrite,
             fanouts=args.fanouts,
-            batch_size=args.batch_size,
+            batch_size=1024 if args.batch_size is None else args.batch_size,
             progress=not args.quiet,
             memory_budget=budget,
             **opts,

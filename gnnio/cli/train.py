@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..utils.heap import HEAP_MODES
-from . import HelpFormatter
+from . import HelpFormatter, refuse_without_effect
 from .train_config import config_from_args
 from .train_disk import add_disk_arguments
 from .train_dist import add_dist_arguments, launch_ranks, train_rank
@@ -349,7 +349,7 @@ def add_train_arguments(p) -> None:
 
 def refuse_ignored(args, ranks: int) -> None:
     """One line for an option that would do nothing with the others given (issue 16, item 10)."""
-    for option, given, needs, what in (
+    refuse_without_effect((
         ("--cache-size", args.cache_size, args.cache_policy != "none" and args.features_on
          != "disk", "--cache-policy (with --features-on disk: --host-cache-size)"),
         ("--cpu-cache-size", args.cpu_cache_size, args.cache_policy != "none", "--cache-policy"),
@@ -368,9 +368,7 @@ def refuse_ignored(args, ranks: int) -> None:
         ("--locality-compute-s", args.locality_compute_s, args.locality_scale == "auto",
          "--locality-scale auto"),
         ("--sampling-mode", args.sampling_mode, args.partition, "--partition PDIR"),
-    ):  # fmt: skip
-        if given is not None and not needs:
-            raise UsageError(f"{option}: has no effect without {what}")
+    ))  # fmt: skip
     reuse = None if args.reuse is None else "--reuse" if args.reuse else "--no-reuse"
     for option, given in (("--buffer", args.buffer), (reuse, args.reuse),
                           ("--dist-timeout", args.dist_timeout)):  # fmt: skip
@@ -378,6 +376,23 @@ def refuse_ignored(args, ranks: int) -> None:
             raise UsageError(f"{option}: needs several ranks (--nproc N or torchrun)")
     if args.buffer is not None and args.placement:
         raise UsageError("--buffer: has no effect with --placement FILE (the file's buffers)")
+
+
+#: gnnio train's options that only its epochs read (stopping, evaluation, output files): bench step
+#: times --batches training steps and runs no epoch, so each is refused in one line when given
+EPOCH_ONLY = ("epochs", "patience", "eval", "eval_batch_size", "summary", "log", "checkpoint",
+              "checkpoint_dir", "checkpoint_every", "resume")  # fmt: skip
+
+
+def refuse_epoch_options(args) -> None:
+    """One line for an epoch-only option of ``gnnio train`` given to ``gnnio bench step``."""
+    for dest in EPOCH_ONLY:
+        value = getattr(args, dest)
+        if value is not None and not (dest == "eval" and value == "sampled"):
+            raise UsageError(
+                f"--{dest.replace('_', '-')}: has no effect in bench step (it times --batches "
+                "training steps and runs no epoch; gnnio train takes it)"
+            )
 
 
 def run(args) -> int:

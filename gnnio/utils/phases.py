@@ -20,10 +20,18 @@ class Phases:
             self.phases["start"] = round(start, 3)
         self._t = time.perf_counter()
 
-    def mark(self, name: str) -> None:
+    def mark(self, name: str, when: bool = True) -> None:
+        """The part ``name`` ended now (not recorded where ``when`` is false: a part not run)."""
         now = time.perf_counter()
-        self.phases[name] = round(now - self._t, 3)
+        if when:
+            self.phases[name] = round(now - self._t, 3)
         self._t = now
+
+    def run(self, name: str, fn, *args):
+        """``fn(*args)``, timed as the part ``name``."""
+        out = fn(*args)
+        self.mark(name)
+        return out
 
 
 def process_age_s() -> float | None:
