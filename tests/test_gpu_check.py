@@ -125,7 +125,8 @@ def test_feature_bound_step_compares_each_technique_with_its_baseline(tmp_path, 
                 return {}
             ms = 5.0 if "0.1" in argv and "--locality-scale" not in argv else 10.0
             fell = 1 if "labor" in argv else 0
-            return {"ms_per_batch": ms, "kernels": {"fallbacks": fell}, "breakdown": {}}
+            return {"ms_per_batch": ms, "kernels": {"fallbacks": fell}, "breakdown": {},
+                    "phases_s": {"start": ms / 10, "build": 1.0}}  # fmt: skip
 
     c = FakeCheck()
     out = ge.step_feature_bound(c)
@@ -134,6 +135,8 @@ def test_feature_bound_step_compares_each_technique_with_its_baseline(tmp_path, 
     assert out["tiering_speedup_10pct"] == 2.0 and t["tiering_5pct"]["speedup"] == 1.0
     assert t["labor"]["fell_back"] is True and t["bgl_static"]["fell_back"] is False
     assert ge.kernel_fallbacks({"feature_bound": out}) == 1
+    assert t["tiering_10pct"]["phases_s"]["start"] == 0.5  # each run's wall time by part, kept
+    assert t["tiering_10pct"]["baseline_phases_s"]["start"] == 1.0
     runs = [a for a in c.calls if a[0] == "bench"]
     assert len(runs) == len({a for a in runs})  # each configuration measured once
 

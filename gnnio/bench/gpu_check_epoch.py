@@ -153,6 +153,8 @@ def step_feature_bound(c) -> dict[str, Any]:
             "cuda_syncs_per_batch": t.get("cuda_syncs_per_batch"),
             "baseline_cuda_syncs_per_batch": b.get("cuda_syncs_per_batch"),
             "fell_back": fallbacks(t) > 0 or fallbacks(b) > 0,
+            "phases_s": t.get("phases_s"),  # (where each process's wall time went)
+            "baseline_phases_s": b.get("phases_s"),
         }
     tiers = out["techniques"].get("tiering_10pct", {})
     if "speedup" in tiers:
