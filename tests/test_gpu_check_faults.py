@@ -168,8 +168,8 @@ def test_a_bench_that_runs_out_of_time_says_where_it_was(tmp_path, monkeypatch):
 
 
 def test_each_call_records_its_wall_time(tmp_path, monkeypatch):
-    """report.json's ``calls``: every gnnio process the check started, its options without the
-    run's absolute paths, its wall time and exit status (where a budget went)."""
+    """report.json's ``calls``: every gnnio process the check started, its options (the run's
+    absolute paths by their last part), its wall time and exit status (where a budget went)."""
 
     def run(cmd, **kw):
         time.sleep(0.05)
@@ -182,8 +182,8 @@ def test_each_call_records_its_wall_time(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="exited 3: boom"):
         c.gnnio("train", str(tmp_path / "d"), "--epochs", "2")
     first, second = c.report["calls"]
-    assert first["argv"] == "bench step ok --json" and first["returncode"] == 0
-    assert second["argv"] == "train --epochs 2" and second["returncode"] == 3
+    assert first["argv"] == "bench step d ok --json" and first["returncode"] == 0
+    assert second["argv"] == "train d --epochs 2" and second["returncode"] == 3
     assert all(0.05 <= call["wall_s"] < 30 for call in (first, second))
 
 

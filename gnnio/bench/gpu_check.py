@@ -21,8 +21,7 @@ what is left of the budget, a failure in one step recorded and the next one run,
    the pinned host->device copy, GPU-tier gather against a device-to-device copy;
 8. ``feature_bound`` (issue 24): every paper's technique against its baseline on 512-wide rows
    (issue 24's goal pair first: 0 % / 10 % hot, eager and graphed);
-9. ``profile``: ``benchmarks/step_profile.py``, the step's operations by host and device time
-   (``isolated_step_ms`` against its kernel time);
+9. ``profile``: ``benchmarks/step_profile.py``, the step's ops by host and device time;
 10. ``nccl`` (issue 26, :mod:`gnnio.bench.gpu_nccl`): every distributed mode (sharded store per
     placement strategy, partitioned dsp/shared sampling with and without pruning, DDP training
     with evaluation, checkpoints and resume) on NCCL at world size 1, each tensor checked against
@@ -96,10 +95,11 @@ class Check:
 
     def gnnio(self, *argv: str, limit_s: float = 300.0) -> dict[str, Any]:
         """Run ``gnnio ARGV --json`` in a subprocess; its last stdout line, parsed (its options,
-        not paths, and wall time with the start-up: ``calls``)."""
+        paths by their last part, and wall time with the start-up: ``calls``)."""
         cmd = [sys.executable, "-m", "gnnio", *argv]
         limit = max(5.0, min(limit_s, self.left_s()))
-        call, t = {"argv": " ".join(a for a in argv if not a.startswith("/"))}, time.monotonic()
+        call = {"argv": " ".join(Path(a).name if a.startswith("/") else a for a in argv)}
+        t = time.monotonic()
         self.report.setdefault("calls", []).append(call)
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
