@@ -115,8 +115,10 @@ def capacity_rows(size: float | int, num_rows: int) -> int:
 
 
 def _host_ids(ids, idx: torch.Tensor) -> bool:
-    """``ids`` a host tensor that :func:`ids_on` copied to another device as ``idx``."""
-    return isinstance(ids, torch.Tensor) and ids.device.type == "cpu" != idx.device.type
+    """``ids`` a host tensor that :func:`ids_on` gave as another tensor ``idx``: a copy on
+    another device, or on the CPU a tensor over the same memory (so ``idx`` changes with ``ids``
+    and comparing the two cannot show an in-place change of ``ids``)."""
+    return isinstance(ids, torch.Tensor) and ids.device.type == "cpu" and idx is not ids
 
 
 # ---- the cache -------------------------------------------------------------------------------
@@ -276,8 +278,8 @@ class FeatureCache(FeatureStore):
         if not isinstance(self.policy, LookaheadPolicy):
             return
         idx = ids_on(self, ids, self.device)
-        # host ids copied to a device (a CPU sampler, a GPU cache): gather() checks them against
-        # a host copy, not against idx (a read back from the device)
+        # host ids (a CPU sampler): gather() checks them against a host copy, not against idx
+        # (on a GPU a read back from the device; on the CPU idx shares their memory)
         ref = ids.clone() if _host_ids(ids, idx) else None
         with self._lock:
             if self.sync_free:  # padded: the unique count stays on the device
