@@ -81,3 +81,20 @@ def test_bench_sampling_auto_picks_cuda_when_present_and_cpu_for_ladies(monkeypa
         )
         _check(args)
         assert args.device == want, sampler
+
+
+def test_bench_gathers_defaults_fit_in_a_quarter_of_the_memory(tiny, monkeypatch, capsys):
+    """Without --ceiling-gib and --evict-mib, the ceiling's buffer (1 GiB or 4x the last-level
+    cache) and the eviction buffer (2x the cache) shrink to a quarter of the memory available:
+    no error about an option the user did not give. 64 MiB free and a 1 GiB cache here."""
+    import gnnio.bench.gather as gather
+
+    monkeypatch.setattr(gather, "available_ram", lambda: 1 << 26)
+    monkeypatch.setattr(gather, "llc_bytes", lambda: 1 << 30)
+    args = "--fanouts 3,3 --batch-size 16 --batches 2 --passes 1 --warmup 0 --no-progress"
+    assert main(["bench", "gather", tiny, *args.split(), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["ceiling_gib"] == 1 / 64 and r["evict_mib"] == 16.0
+    # a given --evict-mib above the quarter is refused
+    assert main(["bench", "gather", tiny, *args.split(), "--evict-mib", "17"]) == 2
+    assert "--evict-mib must be >= 0 and at most a quarter" in capsys.readouterr().err

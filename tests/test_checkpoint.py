@@ -254,6 +254,8 @@ def test_ranks_refuse_together_and_save_never_deletes_its_own(tmp_path):
     with pytest.raises(UsageError, match=r"already holds checkpoints of another run \(ckpt-e00"):
         check_fresh_dir(str(empty), None, other)
     check_fresh_dir(str(empty), str(empty), other)  # resumed from it: continues them
+    (tmp_path / "link").symlink_to(empty)
+    check_fresh_dir(f"{empty}/", str(tmp_path / "link"), other)  # (the same directory)
     ck = CheckpointDir(tmp_path / "c")
     try:
         for later in (8, 9):  # another run's, say: the old pruning deleted each new file

@@ -439,3 +439,42 @@ def test_a_draw_off_the_cpu_waits_for_a_capture_on_another_thread():
         assert dropout(x, 0.5, True).device.type == "meta"
     assert not CAPTURE_LOCK.locked()
     assert dropout(x, 0.5, False) is x or dropout(x, 0.5, False).shape == x.shape
+
+
+def _untemper(y: int) -> int:
+    """The MT19937 word whose tempered output is ``y``."""
+    y ^= y >> 18
+    y ^= (y << 15) & 0xEFC60000
+    r = y
+    for _ in range(5):
+        r = y ^ ((r << 7) & 0x9D2C5680)
+    y, r = r & 0xFFFFFFFF, r & 0xFFFFFFFF
+    for _ in range(3):
+        r = y ^ (r >> 11)
+    return r
+
+
+@pytest.mark.parametrize("p", [0.35, 0.9])
+@pytest.mark.parametrize("needs_grad", [True, False])
+def test_a_draw_on_the_threshold_is_dropped_and_one_below_kept(needs_grad, p):
+    """torch keeps an element where its uniform ``u`` is below ``q``: with the generator set so
+    that the first draws are the 53-bit integers ``k - 1`` and ``k`` (``k`` the threshold, ``u``
+    just below and at ``q``) the first element is kept and the second dropped, as F.dropout does
+    (either pass: with and without the mask). Random draws land there once in 2^53."""
+    from gnnio.train import _mt19937 as mt
+
+    k = int(mt.threshold(1.0 - p))
+    x = torch.ones(64, 64)
+    outs = []
+    for fn in (F.dropout, dropout):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            torch.rand(1, dtype=torch.float64)  # (into a block: the next words are plain reads)
+            st = mt.read_state(torch.default_generator)
+            for i, m in enumerate((k - 1, k)):  # a draw's words: m's high 21 bits, then its low 32
+                st.block[st.c + 2 * i] = _untemper((m >> 32) & 0x1FFFFF)
+                st.block[st.c + 2 * i + 1] = _untemper(m & 0xFFFFFFFF)
+            mt.write_state(torch.default_generator, st)
+            outs.append(fn(x.clone().requires_grad_(needs_grad), p=p, training=True).detach())
+    assert outs[0].view(-1)[:2].tolist() == pytest.approx([1 / (1 - p), 0.0])  # (crafted first)
+    assert torch.equal(outs[0], outs[1])

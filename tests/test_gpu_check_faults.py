@@ -300,9 +300,11 @@ def test_cpu_vs_cuda_trains_with_a_short_stall_timeout(tmp_path, monkeypatch):
     assert res["runs_identical"] and res["runs_identical_labor"]
 
 
-def test_cpu_vs_cuda_reports_a_run_that_does_not_repeat(tmp_path, monkeypatch):
-    """The device's runs are compared exactly, times aside: a loss that differs in the last bit
-    between two runs is reported (``runs_identical`` false); different epoch times are not."""
+@pytest.mark.parametrize("odd,what", [(3, "loss"), (3, "bytes_by_tier"), (5, "loss")])
+def test_cpu_vs_cuda_reports_a_run_that_does_not_repeat(tmp_path, monkeypatch, odd, what):
+    """The device's runs are compared exactly, times aside, each with its pair (the run again:
+    the 3rd call, LABOR-0's second: the 5th): a loss that differs in the last bit, or bytes
+    read, between two runs is reported (``runs_identical*`` false); epoch times are not."""
     import gnnio.train
 
     calls = []
@@ -310,15 +312,18 @@ def test_cpu_vs_cuda_reports_a_run_that_does_not_repeat(tmp_path, monkeypatch):
     def fake_train(path, cfg):
         calls.append(cfg.sampler)
         n = len(calls)
-        loss = 0.5 + (1e-16 if cfg.sampler == "labor" and n == 5 else 0.0)
-        h = [{"loss": 1.0, "epoch_time_s": float(n)}, {"loss": loss, "epoch_time_s": 2.0 * n}]
+        off = {what: n == odd}  # (this call's loss or bytes off from its pair's)
+        loss = (0.7 if cfg.sampler == "labor" else 0.5) + (1e-16 if off.get("loss") else 0.0)
+        last = {"loss": loss, "epoch_time_s": 2.0 * n,
+                "bytes_by_tier": {"gpu": 2 if off.get("bytes_by_tier") else 1}}  # fmt: skip
+        h = [{"loss": 1.0, "epoch_time_s": float(n)}, last]
         return {"history": h, "bytes_by_tier": {"gpu": 1}, "simulated": True}
 
     monkeypatch.setattr(gnnio.train, "train", fake_train)
     (tmp_path / "data" / "small").mkdir(parents=True)
     res = gpu_check.step_cpu_vs_cuda(SimpleNamespace(out=tmp_path, device="cpu"))
     assert calls[-2:] == ["labor", "labor"]
-    assert res["runs_identical"] is True and res["runs_identical_labor"] is False
+    assert (res["runs_identical"], res["runs_identical_labor"]) == (odd != 3, odd != 5)
 
 
 def test_a_failing_measurement_keeps_its_steps_other_figures(tmp_path, monkeypatch):

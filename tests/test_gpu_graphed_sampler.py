@@ -132,6 +132,10 @@ def test_a_batch_that_cannot_be_replayed_warns_once(kind):
     g = random_graph(300, 3000, 5)
     s, ref = cls(*g.to_torch(), [-1, 3], cuda_graph=True), cls(*g.to_torch(), [-1, 3])
     rng = np.random.default_rng(5)
+    with warnings.catch_warnings(record=True) as caught:  # an empty batch: nothing to replay
+        warnings.simplefilter("always")
+        _equal(s.sample(torch.arange(0), 0), ref.sample(torch.arange(0), 0))
+    assert not [w for w in caught if "CUDA graph" in str(w.message)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i in range(3):

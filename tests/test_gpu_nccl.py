@@ -27,6 +27,9 @@ def test_without_cuda_the_step_is_skipped_with_a_line(tmp_path):
 
 
 def test_cpu_dry_run_passes_every_mode_and_counts_failures(tmp_path):
+    ck = tmp_path / "nccl" / "ck"  # a previous gpu-check's, into the same outdir: removed first
+    ck.mkdir(parents=True)
+    (ck / "ckpt-e000001-b000000000.pt").write_bytes(b"")
     r = step_nccl(_check(tmp_path, "cpu"))
     modes = r["modes"]
     expected = {f"store/{s}" for s in STRATEGIES} | {

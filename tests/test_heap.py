@@ -4,6 +4,7 @@ otherwise have served from a heap that keeps it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import types
@@ -190,3 +191,21 @@ def test_limit_heap_allows_mapping_again_after_keep_heap(monkeypatch):
     calls.clear()
     assert heap.limit_heap() == heap.HEAP_MMAP_THRESHOLD
     assert (heap._M_MMAP_MAX, 65536) in calls  # otherwise the 1 MiB threshold would do nothing
+
+
+def test_bench_step_sets_the_heap_as_train_does(monkeypatch, tmp_path, capsys):
+    """``gnnio bench step`` times the step under the heap ``gnnio train`` would set: kept on the
+    CPU with the features in memory, glibc's own with ``--features-on disk`` (``--heap auto``)."""
+    from gnnio.cli.main import main
+    from tests.helpers import write_tiny_dataset
+
+    ds = write_tiny_dataset(tmp_path / "d", num_nodes=60, num_edges=300)
+    calls = []
+    monkeypatch.setattr(heap, "keep_heap", lambda: calls.append("keep") or "kept")
+    args = ["bench", "step", str(ds), "--device", "cpu", "--batches", "1", "--warmup", "0",
+            "--fanouts", "3", "--batch-size", "8", "--hidden", "4", "--quiet", "--json"]  # fmt: skip
+    for extra, want in (([], "kept"), (["--features-on", "disk"], "system")):
+        calls.clear()
+        assert main([*args, *extra]) == 0
+        r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert r["heap"] == want and calls == (["keep"] if want == "kept" else []), extra

@@ -457,3 +457,20 @@ def test_host_ids_on_a_device_cache_are_checked_on_the_host(monkeypatch):
     batches[1][0] = (batches[1][0] + 1) % 400  # changed in place after announce()
     with pytest.raises(ValueError, match="not the batch announced"):
         c.gather(batches[1])
+
+
+def test_ids_changed_in_place_after_announce_are_caught_on_the_cpu():
+    """On the CPU ``ids_on`` gives the announced ids as a tensor over the same memory, so the
+    batch compared with it at gather() always matched: ids changed in place after announce()
+    (a reused buffer, say) were served with the rows of the ids announced. Now they are
+    compared with a copy made at announce() and refused, as on a GPU."""
+    trace = _random_trace(batches=3)
+    store = _store(400)
+    c = FeatureCache(store, 50, "lookahead", lookahead=2)
+    batches = [torch.tensor(ids) for ids in trace]
+    for b in batches[:2]:
+        c.announce(b)
+    assert torch.equal(c.gather(batches[0]), store.gather(batches[0]))
+    batches[1][0] = (batches[1][0] + 1) % 400
+    with pytest.raises(ValueError, match="not the batch announced"):
+        c.gather(batches[1])

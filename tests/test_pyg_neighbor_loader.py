@@ -204,6 +204,38 @@ def test_compressed_dataset_rows_are_decoded(cache, tmp_path, feat_dtype):
 
 
 @pytest.mark.parametrize("feat_dtype", ["bfloat16", "int8"])
+def test_a_replaced_x_over_a_compressed_dataset_is_not_decoded(cache, tmp_path, feat_dtype):
+    """The dataset's codec decodes the dataset's own rows only: a ``loader.data.x`` the user
+    replaced (float32 here) comes as it is, not viewed as bfloat16 bits or dequantized."""
+    from gnnio.graph.feature_dtype import writing_as
+
+    data = make_data(n=40, e=200, f=6)
+    with writing_as(feat_dtype):
+        path = from_pyg(data, tmp_path / feat_dtype, progress=False)
+    for fpw in (None, False):
+        loader = NeighborLoader(str(path), [-1], batch_size=8, filter_per_worker=fpw)
+        mine = torch.randn(40, 6, generator=torch.Generator().manual_seed(2))
+        loader.data.x = mine
+        for b in loader:
+            assert b.x.dtype == torch.float32 and torch.equal(b.x, mine[b.n_id])
+
+
+def test_from_pyg_warns_of_float32_only_where_it_stores_float32(tmp_path):
+    """A float64 ``x`` is stored as float32 with one warning; asked for another feature dtype
+    (``prepare pyg --feature-dtype``) it is stored as that, and no float32 warning is given."""
+    from gnnio.graph.feature_dtype import writing_as
+
+    data = make_data(n=40, e=200, f=6)
+    data.x = data.x.to(torch.float64)
+    with pytest.warns(UserWarning, match="stored as float32"):
+        from_pyg(data, tmp_path / "f32", progress=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*stored as float32")
+        with writing_as("bfloat16"):
+            from_pyg(data, tmp_path / "bf16", progress=False)
+
+
+@pytest.mark.parametrize("feat_dtype", ["bfloat16", "int8"])
 def test_feature_store_decodes_a_compressed_datasets_rows(tmp_path, feat_dtype):
     """``GnnioFeatureStore.from_dataset`` over a ``--feature-dtype`` dataset returns the rows'
     values (``PyGLoader``'s), not the stored int16 bits or int8 codes; a store added without a

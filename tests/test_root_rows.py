@@ -97,11 +97,13 @@ def test_either_output_alone_gets_its_gradient():
     rng = np.random.default_rng(3)
     block = _random_block(rng, 7, 20, 60, False)
     x = torch.randn(20, 5, dtype=torch.float64)
-    adj64 = spmm.block_csr(block, "mean", torch.float64, torch.device("cpu"))
     for pick in (0, 1):
+        adj64 = spmm.block_csr(block, "mean", torch.float64, torch.device("cpu"))
         xx = x.clone().requires_grad_(True)
         out = spmm.block_matmul_root(xx, adj64)[pick]
         out.square().sum().backward()
+        if pick == 1:  # the aggregation unused: no transpose built, no product of zeros
+            assert adj64._t is None
         yy = x.clone().requires_grad_(True)
         want = spmm.block_matmul(yy, adj64) if pick == 0 else yy[:7]
         want.square().sum().backward()
@@ -146,15 +148,26 @@ class _FullAdds(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_without_a_gradient_no_custom_backward_is_recorded():
-    """Layer 0 (the features need no gradient): the plain product and a view of the rows."""
+def test_without_a_gradient_no_custom_backward_is_recorded(monkeypatch):
+    """Layer 0 (the features need no gradient), and any input under ``no_grad``: the plain
+    product and a view of the rows, not the two-output function (its call costs host time)."""
     rng = np.random.default_rng(1)
     block = _random_block(rng, 5, 20, 40, False)
     adj = spmm.block_csr(block, "sum", torch.float32, torch.device("cpu"))
+    calls = []
+    real = spmm._BlockMatmulRoot.forward
+    monkeypatch.setattr(spmm._BlockMatmulRoot, "forward",
+                        staticmethod(lambda ctx, *a: calls.append(1) or real(ctx, *a)))  # fmt: skip
     x = torch.randn(20, 4)
     agg, xd = spmm.block_matmul_root(x, adj)
     assert agg.grad_fn is None and xd.grad_fn is None
     assert xd.data_ptr() == x.data_ptr() and xd.shape == (5, 4)
+    with torch.no_grad():
+        agg2, xd2 = spmm.block_matmul_root(x.clone().requires_grad_(True), adj)
+    assert torch.equal(agg2, agg) and torch.equal(xd2, xd)
+    assert not calls
+    spmm.block_matmul_root(x.clone().requires_grad_(True), adj)
+    assert calls  # (the spy sees the function where it is used)
 
 
 @pytest.mark.parametrize("impl", ["numba", "torch"])

@@ -176,5 +176,7 @@ def test_plan_without_buffer_works_with_presets_and_shorthands(tmp_path, capsys)
     f = tmp_path / "t.json"
     f.write_text(json.dumps({"groups": "2", "feature_budget_bytes": 16 * 30}))
     assert buffer_rows_from(None, 60, 16, load_topology(f)) == 30
-    assert buffer_rows_from(0.5, 60, 16, load_topology(f)) == 30
+    assert buffer_rows_from(0.2, 60, 16, load_topology(f)) == 12  # (a given --buffer wins)
+    f.write_text(json.dumps({"groups": "2", "feature_budget_bytes": 16 * 1000}))
+    assert buffer_rows_from(None, 60, 16, load_topology(f)) == 60  # (at most every row)
     assert buffer_rows_from(0.2, 60, 16, load_topology("2")) == 12

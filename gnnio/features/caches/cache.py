@@ -115,8 +115,9 @@ def capacity_rows(size: float | int, num_rows: int) -> int:
 
 
 def _host_ids(ids, idx: torch.Tensor) -> bool:
-    """``ids`` a host tensor that :func:`ids_on` copied to another device as ``idx``."""
-    return isinstance(ids, torch.Tensor) and ids.device.type == "cpu" != idx.device.type
+    """``ids`` a host tensor that :func:`ids_on` gave as another tensor ``idx`` (a device copy,
+    or on the CPU a view of the same memory: comparing the two cannot show an in-place change)."""
+    return isinstance(ids, torch.Tensor) and ids.device.type == "cpu" and idx is not ids
 
 
 # ---- the cache -------------------------------------------------------------------------------
@@ -276,8 +277,7 @@ class FeatureCache(FeatureStore):
         if not isinstance(self.policy, LookaheadPolicy):
             return
         idx = ids_on(self, ids, self.device)
-        # host ids copied to a device (a CPU sampler, a GPU cache): gather() checks them against
-        # a host copy, not against idx (a read back from the device)
+        # host ids: gather() checks them against a copy (idx: on a GPU a read back; CPU: shared)
         ref = ids.clone() if _host_ids(ids, idx) else None
         with self._lock:
             if self.sync_free:  # padded: the unique count stays on the device
