@@ -160,3 +160,35 @@ def test_a_dry_run_of_the_step_and_epoch_steps(tmp_path):
     assert "error" not in prof, prof
     assert prof["isolated"]["isolated_step_ms"] > 0 and prof["graphed"]["graphed_step_ms"] > 0
     assert "by_cpu" in prof["profile_isolated"]
+
+
+def test_feature_bound_leaves_its_reserve_to_the_profile(tmp_path):
+    """With --fb-reserve-s R, no technique starts once less than 30 + R s are left: the goal
+    pairs run first, the rest are skipped as out of time (the profile after it keeps R)."""
+    from gnnio.bench import gpu_check_epoch as ge
+
+    class FakeCheck:
+        out = tmp_path
+        device = "cuda"
+        args = type("A", (), {"fb_nodes": 64, "fb_batches": 2, "fb_reserve_s": 60.0})()
+        left = 200.0
+
+        def left_s(self):
+            return self.left
+
+        def gnnio(self, *argv, limit_s=0):
+            if argv[0] == "prepare":
+                (tmp_path / "data" / "fb64").mkdir(parents=True, exist_ok=True)
+                return {}
+            self.left -= 25.0  # each run takes 25 s of the budget
+            return {"ms_per_batch": 5.0, "kernels": {"fallbacks": 0}, "breakdown": {}}
+
+    c = FakeCheck()
+    t = ge.step_feature_bound(c)["techniques"]
+    ran = [n for n, r in t.items() if "speedup" in r]
+    # 200 s: tiering_10pct (2 runs, 150 left), _graphed (2, 100 left), labor (1: its baseline
+    # is tiering_10pct's technique, measured once; 75 left), then under 30 + 60: stop
+    assert ran == ["tiering_10pct", "tiering_10pct_graphed", "labor"]
+    assert all(t[n] == {"skipped": "out of time"} for n in t if n not in ran)
+    c.args.fb_reserve_s, c.left = 0.0, 200.0  # without a reserve the next pairs run too
+    assert len([r for r in ge.step_feature_bound(c)["techniques"].values() if "speedup" in r]) > 2

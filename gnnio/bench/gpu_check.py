@@ -381,8 +381,7 @@ def step_profile(c: Check) -> dict[str, Any]:
 
 
 #: in order of what the open issues need from a GPU, so that a run out of time drops the least:
-#: correctness, then issue 24's goals, issue 26's nccl step, the feature-bound comparison, and last
-#: the steps already measured on an H100 (issue 15's epochs, the loader, issue 18's cache)
+#: correctness, issue 24's goals and profile, issue 26's nccl step, then what an H100 measured
 STEPS = [
     ("env", step_env),
     ("gpu_tests", step_gpu_tests),
@@ -443,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=50, help="batches per bench pass")
     p.add_argument("--fb-nodes", type=int, default=1 << 20, help="nodes of the feature-bound graph")
     p.add_argument("--fb-batches", type=int, default=30, help="timed batches per technique")
+    p.add_argument("--fb-reserve-s", type=float, default=60.0, help="seconds left to the profile")
     p.add_argument("--budget-s", type=float, default=570.0, help="wall-clock budget")
     p.add_argument("--skip", default="", help="comma-separated steps to skip")
     p.add_argument("--report-dir", default=None,
