@@ -19,11 +19,13 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from gnnio.sampling import UniformSampler, gpu_hop
+from gnnio.graph.csr import CSRGraph
+from gnnio.sampling import LaborSampler, LadiesSampler, UniformSampler, gpu_hop
 from gnnio.sampling import _kernels as K
 from gnnio.sampling.gpu import TorchUniformSampler
 
-from .helpers import shared_neighbourhood_graph
+from .helpers import random_graph, shared_neighbourhood_graph
+from .test_ladies import paired_z
 
 # ---- per-position counts at the rows' ends ------------------------------------------------------
 
@@ -143,3 +145,61 @@ def test_lemire_accepts_from_the_threshold_on_and_rejects_below_it(bound):
         assert bool(ok[0]) == accepted, (bound, low)
         if accepted:
             assert int(tv[0]) == want[0]
+
+
+# ---- LABOR-0's Poisson design: the row size's mean --------------------------------------------
+
+
+def labor_poisson_excess(rows: int = 50_000, deg: int = 10, k: int = 3) -> float:
+    """z-score of the total number of picks of ``rows`` rows with disjoint neighbourhoods
+    (independent ``r_t``), over two independent batches, against its mean ``2 rows k``: each of
+    the ``2 rows deg`` edges is an independent Bernoulli(k / deg)."""
+    src = np.arange(rows * deg)
+    dst = rows * deg + np.repeat(np.arange(rows), deg)
+    g = CSRGraph.from_edges(src, dst, rows * deg + rows)
+    s = LaborSampler(g, [k], seed=3, design="poisson")
+    seeds = np.arange(rows * deg, rows * deg + rows)
+    total = sum(s.sample(seeds, epoch_seed=e).blocks[-1].num_edges for e in range(2))
+    p = k / deg
+    return (total - 2 * rows * deg * p) / np.sqrt(2 * rows * deg * p * (1 - p))
+
+
+def test_labor_poisson_rows_keep_k_on_average():
+    """The Poisson design keeps each neighbour with probability exactly k / deg, so the picks
+    total 2 rows k on average: |z| < 4 (shipped kernels: z = 0.26; with k / deg made 1.5 %
+    too small -- which the per-edge test in tests/test_labor.py lets through -- z = -9.6)."""
+    z = labor_poisson_excess()
+    assert abs(z) < 4, z
+
+
+# ---- LADIES: the second hop is unbiased too -----------------------------------------------------
+
+
+def test_ladies_second_hop_is_unbiased():
+    """The seeds are rows again in hop 2, with fresh candidates' draws: their weighted neighbour
+    sums in hop 2's block average to the exact sums. Candidates rejected in hop 1 are candidates
+    again in hop 2; were hop 2's uniforms hop 1's (the hop key reused), they would be rejected
+    again far more often than 1 - pi: per-row |z| < 5 and pooled |z| < 4.5 (shipped: max 2.2,
+    pooled 0.64; hop 1's key reused in hop 2: max 147, pooled -213)."""
+    z_rows, z_pooled = ladies_hop2_z()
+    assert np.abs(z_rows).max() < 5 and abs(z_pooled) < 4.5, (z_rows, z_pooled)
+
+
+def ladies_hop2_z(batches: int = 1500) -> tuple[np.ndarray, float]:
+    """Per-row and pooled z of the seeds' hop-2 estimates against their exact neighbour sums
+    (the graph, feature and 8 seeds of tests/test_ladies.py's one-hop test; 2 hops of 20)."""
+    g = random_graph(150, 1500, seed=7)
+    seeds = np.arange(8)
+    indptr, indices = np.asarray(g.indptr), np.asarray(g.indices)
+    x = np.random.default_rng(1).standard_normal(g.num_nodes) + 2.0
+    exact = np.array([x[indices[indptr[s] : indptr[s + 1]]].sum() for s in seeds])
+    sampler = LadiesSampler(g, [20, 20], seed=3)
+    est = []
+    for b in range(batches):
+        mb = sampler.sample(seeds, epoch_seed=b)
+        blk = mb.blocks[0]  # hop 2: its first 8 rows are the seeds
+        src, dst = blk.edge_index.numpy()
+        m = dst < 8
+        w = blk.edge_weight.double().numpy()[m]
+        est.append(np.bincount(dst[m], weights=w * x[mb.input_nodes.numpy()[src[m]]], minlength=8))
+    return paired_z(np.array(est), exact)
