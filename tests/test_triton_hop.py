@@ -101,3 +101,50 @@ print("ok")
 
 def test_triton_hop_redraws_rejected_draws_like_the_cpu_kernels():
     run_in_triton_interpreter(REJECTION)
+
+
+# Lemire's threshold itself: a draw whose low word is exactly 2**32 mod bound is kept, one below
+# it redrawn. Such a draw is a 2**-32 event (no graph shows it), so the states are crafted by
+# inverting SplitMix64 (tests/test_sampler_bias.py), and the kernel's `_lemire` runs on them in
+# a probe kernel: value and final state must be the reference's (the state says how many draws).
+THRESHOLD = r"""
+import numpy as np, torch
+import triton
+import triton.language as tl
+from gnnio.sampling._triton_hop import _lemire
+from tests.test_sampler_bias import BOUNDS, lemire_reference, state_with_low
+
+@triton.jit
+def probe(state_ptr, bound_ptr, val_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    s = tl.load(state_ptr + offs).to(tl.uint64, bitcast=True)
+    b = tl.load(bound_ptr + offs)
+    v, s2 = _lemire(s, b, offs < N)
+    tl.store(val_ptr + offs, v)
+    tl.store(out_ptr + offs, s2.to(tl.int64, bitcast=True))
+
+cases = []
+for bound in BOUNDS:
+    t = (1 << 32) % bound
+    for low in (t, t - 1, 0, bound - 1):
+        cases.append((state_with_low(bound, low), bound))
+n = 16
+assert len(cases) <= n
+cases += [cases[0]] * (n - len(cases))
+signed = lambda u: u - (1 << 64) if u >= 1 << 63 else u
+st = torch.tensor([signed(s) for s, _ in cases], dtype=torch.int64)
+bd = torch.tensor([b for _, b in cases], dtype=torch.int64)
+val, out = torch.empty_like(st), torch.empty_like(st)
+probe[(1,)](st, bd, val, out, N=n)
+redrawn = 0
+for i, (s, b) in enumerate(cases):
+    want_v, want_s = lemire_reference(s, b)
+    assert (int(val[i]), int(out[i]) & ((1 << 64) - 1)) == (want_v, want_s), (i, s, b)
+    redrawn += want_s != (s + 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
+assert redrawn >= len(BOUNDS), redrawn  # (each bound's t - 1 draw is rejected)
+print("ok")
+"""
+
+
+def test_triton_lemire_keeps_a_draw_on_the_threshold_and_redraws_one_below():
+    run_in_triton_interpreter(THRESHOLD)
