@@ -168,3 +168,37 @@ def test_prepare_refuses_reorder_batch_size_without_presample(reorder, tmp_path,
     if reorder == "sj":  # the same command with presample writes the reordered dataset
         assert main([*argv[:-1], "presample", "--reorder-fanouts", "2,2"]) == 0
         assert (out / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("score", ["degree", "wrpr", "sj"])
+def test_fanouts_are_refused_where_the_score_reads_none(score, tmp_path, capsys):
+    """``reorder --fanouts`` and ``prepare --reorder-fanouts`` are read by sj (their number),
+    sj_fanout and presample only: one line for the other scores, nothing written; taken by sj,
+    whose layers follow their number."""
+    import numpy as np
+
+    import gnnio
+    from gnnio.preprocess.hotness import compute_score
+    from gnnio.preprocess.reorder import order_by_score
+    from tests.helpers import write_tiny_dataset
+
+    src = write_tiny_dataset(tmp_path / "d", num_nodes=64, num_edges=400)
+    out = tmp_path / "r"
+    argv = ["reorder", str(src), "--by", score, "--fanouts", "3,2", "--out", str(out), "--quiet"]
+    prep = ["prepare", "synthetic", "--num-nodes", "256", "--avg-degree", "4", "--feat-dim", "4",
+            "--num-classes", "2", "--out", str(tmp_path / "p"), "--quiet", "--reorder", score,
+            "--reorder-fanouts", "3,2"]  # fmt: skip
+    if score != "sj":
+        for cmd, opt in ((argv, "--fanouts"), (prep, "--reorder-fanouts")):
+            assert main(cmd) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"{opt}: has no effect without --" in err and "sj_fanout" in err, err
+        assert not out.exists() and not (tmp_path / "p").exists()
+        return
+    assert main(argv) == 0 and main(prep) == 0
+    got = np.asarray(gnnio.load(out).extra["new2old"])
+    two = compute_score("sj", gnnio.load(src), fanouts=[3, 2], progress=False)
+    np.testing.assert_array_equal(got, order_by_score(two))
+    three = compute_score("sj", gnnio.load(src), fanouts=[15, 10, 5], progress=False)
+    assert not np.array_equal(order_by_score(three), got)  # (two layers, not the default three)

@@ -68,9 +68,10 @@ def register(sub) -> None:
         sp.add_argument(
             "--reorder-fanouts",
             type=fanouts_arg,
-            default="15,10,5",
+            default=None,
             metavar="K1,K2,..",
-            help="per-hop fanouts (hop 1 first) for --reorder sj, sj_fanout and presample",
+            help="per-hop fanouts (hop 1 first) for --reorder sj (their number: the layers), "
+            "sj_fanout and presample (default: 15,10,5)",
         )
         sp.add_argument(
             "--reorder-batch-size",
@@ -131,7 +132,7 @@ def _import_and_reorder(args) -> Path:
                 args.reorder,
                 out=out,
                 overwrite=args.overwrite,
-                fanouts=args.reorder_fanouts,
+                fanouts=[15, 10, 5] if args.reorder_fanouts is None else args.reorder_fanouts,
                 batch_size=batch_size,
                 progress=not args.quiet,
                 memory_budget=args.memory_budget,  # the default budget too (issue 25)
@@ -161,8 +162,12 @@ def resolve_budget(args) -> None:
 
 def run(args) -> int:
     reorder = check_reorder_score(getattr(args, "reorder", None))  # (an unknown score first)
+    from ..preprocess.hotness import FANOUT_SCORES
+
     refuse_without_effect([("--reorder-batch-size", args.reorder_batch_size,
-                            reorder == "presample", "--reorder presample")])  # fmt: skip
+                            reorder == "presample", "--reorder presample"),
+                           ("--reorder-fanouts", args.reorder_fanouts, reorder in FANOUT_SCORES,
+                            f"--reorder {', '.join(FANOUT_SCORES)}")])  # fmt: skip
     resolve_budget(args)
     with writing_as(args.feature_dtype):  # --feature-dtype: every writer recodes the rows
         if reorder is None:

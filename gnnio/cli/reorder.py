@@ -54,8 +54,9 @@ def register(sub) -> None:
     p.add_argument(
         "--fanouts",
         type=fanouts_arg,
-        default="15,10,5",
-        help="per-hop fanouts (hop 1 first) for sj, sj_fanout and presample",
+        default=None,
+        help="per-hop fanouts (hop 1 first) for sj (their number: the layers), sj_fanout and "
+        "presample (default: 15,10,5)",
     )
     p.add_argument(
         "--batch-size",
@@ -101,12 +102,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..preprocess.hotness import FANOUT_SCORES
+
     presample = args.by == "presample"
     refuse_without_effect(  # read by the pre-sampling pass only (as gnnio train's refuse_ignored)
         (opt, value, presample, "--by presample")
         for opt, value in (("--batch-size", args.batch_size), ("--epochs", args.epochs),
                            ("--seed", args.seed), ("--threads", args.threads))
     )  # fmt: skip
+    refuse_without_effect([("--fanouts", args.fanouts, args.by in FANOUT_SCORES,
+                            f"--by {', '.join(FANOUT_SCORES)}")])  # fmt: skip
     opts: dict = {
         "epochs": 1 if args.epochs is None else args.epochs,
         "seed": 1 if args.seed is None else args.seed,
@@ -129,7 +134,7 @@ def run(args) -> int:
             args.by,
             out=args.out,
             overwrite=args.overwrite,
-            fanouts=args.fanouts,
+            fanouts=[15, 10, 5] if args.fanouts is None else args.fanouts,
             batch_size=1024 if args.batch_size is None else args.batch_size,
             progress=not args.quiet,
             memory_budget=budget,

@@ -149,6 +149,9 @@ SCORES: dict[str, Callable[..., np.ndarray]] = {
 #: scores that need the training nodes
 TRAIN_SCORES = ("wrpr", "sj", "sj_fanout", "presample")
 
+#: scores that read the fanouts (sj: only their number, the layers)
+FANOUT_SCORES = ("sj", "sj_fanout", "presample")
+
 
 def score_fixed_bytes(name: str, graph) -> int:
     """Bytes the score ``name`` holds in RAM on ``graph`` besides its chunks (what a memory budget
