@@ -202,3 +202,27 @@ def test_fanouts_are_refused_where_the_score_reads_none(score, tmp_path, capsys)
     np.testing.assert_array_equal(got, order_by_score(two))
     three = compute_score("sj", gnnio.load(src), fanouts=[15, 10, 5], progress=False)
     assert not np.array_equal(order_by_score(three), got)  # (two layers, not the default three)
+
+
+@pytest.mark.parametrize(
+    "extra,line",
+    [
+        ("--layer-size 16", "--layer-size: has no effect without --sampler ladies"),
+        ("--sampler labor --layer-size 16", "--layer-size: has no effect without --sampler ladies"),
+        ("--graph-in host", "--graph-in: has no effect without --device cuda"),
+        ("--graph-in gpu --sampler ladies", "--graph-in: has no effect without --device cuda"),
+    ],
+)
+def test_bench_sampling_refuses_what_its_sampler_or_device_ignores(extra, line, tmp_path, capsys):
+    """``bench sampling --layer-size`` is LADIES' and ``--graph-in`` the GPU's (the JSON said
+    null for them): one line where nothing reads them; taken where something does."""
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200)
+    base = ["bench", "sampling", str(d), "--fanouts", "3,3", "--batch-size", "16", "--batches",
+            "1", "--passes", "1", "--warmup", "0", "--no-progress", "--json"]  # fmt: skip
+    assert main([*base, *extra.split()]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err, err
+    assert main([*base, "--sampler", "ladies", "--layer-size", "16"]) == 0
+    assert '"layer_size": 16' in capsys.readouterr().out

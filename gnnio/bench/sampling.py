@@ -61,8 +61,9 @@ def add_arguments(p) -> None:
         help="uniform (node-wise), labor (LABOR-0) or ladies (layer-wise, --layer-size per hop)",
     )
     p.add_argument(
-        "--layer-size", type=int, default=8192, metavar="K", help="LADIES: nodes per layer"
-    )
+        "--layer-size", type=int, default=None, metavar="K",
+        help="--sampler ladies: nodes per layer (default: 8192)",
+    )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
     p.add_argument("--batches", type=int, default=50, help="mini-batches sampled per pass")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of the sampler (and torch)")
@@ -78,10 +79,10 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--graph-in",
-        default="gpu",
+        default=None,
         choices=["gpu", "host"],
         help="--device cuda: the topology in GPU memory, or read zero-copy from pinned host "
-        "memory (UVA sampling)",
+        "memory (UVA sampling) (default: gpu)",
     )
     p.add_argument(
         "--cuda-graph",
@@ -122,6 +123,7 @@ def _check(args) -> list[int]:
         fanouts = parse_fanouts(args.fanouts)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from ..cli import refuse_without_effect
     from ..train import check_device
 
     if args.device == "auto" and getattr(args, "sampler", "uniform") == "ladies":
@@ -134,7 +136,12 @@ def _check(args) -> list[int]:
         dev.type != "cuda" or getattr(args, "sampler", "uniform") not in ("uniform", "labor")
     ):
         raise UsageError("--cuda-graph: the uniform or labor sampler on --device cuda only")
-    if getattr(args, "layer_size", 1) < 1:
+    refuse_without_effect([  # (the other samplers and the CPU read neither)
+        ("--layer-size", getattr(args, "layer_size", None),
+         getattr(args, "sampler", "uniform") == "ladies", "--sampler ladies"),
+        ("--graph-in", getattr(args, "graph_in", None), dev.type == "cuda", "--device cuda"),
+    ])  # fmt: skip
+    if getattr(args, "layer_size", None) is not None and args.layer_size < 1:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
     if _prune(args) is not None and getattr(args, "sampler", "uniform") != "uniform":
         raise UsageError(f"--prune-threshold: works with --sampler uniform, not {args.sampler}")
@@ -263,8 +270,8 @@ def run(args) -> dict:
     batches = fixed_batches(seeds, args.batch_size, args.batches, args.seed)
     torch.set_num_threads(args.threads)  # asked for by --threads (process-wide, this command only)
     kind = getattr(args, "sampler", "uniform")
-    layer_size = getattr(args, "layer_size", 8192)
-    graph_in = getattr(args, "graph_in", "gpu")
+    layer_size = getattr(args, "layer_size", None) or 8192
+    graph_in = getattr(args, "graph_in", None) or "gpu"
     graphed = bool(getattr(args, "cuda_graph", False))
     if graphed:
         from ..sampling.gpu_graphed import reset_graphed_report
