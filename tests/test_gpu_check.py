@@ -192,3 +192,44 @@ def test_feature_bound_leaves_its_reserve_to_the_profile(tmp_path):
     assert all(t[n] == {"skipped": "out of time"} for n in t if n not in ran)
     c.args.fb_reserve_s, c.left = 0.0, 200.0  # without a reserve the next pairs run too
     assert len([r for r in ge.step_feature_bound(c)["techniques"].values() if "speedup" in r]) > 2
+
+
+def _wheel(folder: Path) -> None:
+    """A minimal pure-Python wheel (``gnnio_probe``), as scripts/gpu-wheels.sh's are carried."""
+    import zipfile
+
+    folder.mkdir()
+    info = "gnnio_probe-0.1.dist-info"
+    files = {
+        "gnnio_probe.py": "VALUE = 7\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: gnnio-probe\nVersion: 0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / "gnnio_probe-0.1-py3-none-any.whl", "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_gpu_session_installs_the_carried_wheels_and_records_the_machine(tmp_path):
+    """``OUT=DIR bash scripts/gpu-session.sh COMMIT``: the device call in one line. The carried
+    wheels go into SITE (on the path of what runs next), ``pip list`` and ``nvidia-smi`` into
+    OUT; gpu-check then runs (here: no GPU, one line, exit 0). Without OUT: usage, exit 2."""
+    _wheel(tmp_path / "whl")
+    out, site = tmp_path / "out", tmp_path / "site"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "WHEELS": str(tmp_path / "whl"),
+           "SITE": str(site), "GC_DIR": str(tmp_path / "gc")}  # fmt: skip
+    script = str(ROOT / "scripts" / "gpu-session.sh")
+    r = subprocess.run(["bash", script, "abc123"], capture_output=True, text=True, timeout=300,
+                       env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "no GPU" in r.stdout.strip().splitlines()[-1]
+    assert (site / "gnnio_probe.py").is_file()
+    listed = (out / "pip-list.txt").read_text()
+    assert "gnnio-probe" in listed and "torch" in listed  # (the site is on the path)
+    assert (out / "nvidia-smi.txt").is_file()
+    env.pop("OUT")
+    r = subprocess.run(["bash", script, "abc123"], capture_output=True, text=True, timeout=60,
+                       env=env)  # fmt: skip
+    assert r.returncode == 2 and "usage: OUT=DIR" in r.stderr
