@@ -23,7 +23,7 @@ from ..graph.dataset import info_stats, load
 from ..graph.feature_dtype import writing_as
 from ..importers import IMPORTERS
 from ..preprocess.chunked import DEFAULT_BUDGET_FRACTION
-from ..preprocess.hotness import SCORES
+from ..preprocess.hotness import FANOUT_SCORES, SCORES
 from ..utils.argtypes import fanouts_arg
 from . import HelpFormatter, add_feature_dtype_argument, refuse_without_effect
 
@@ -162,8 +162,6 @@ def resolve_budget(args) -> None:
 
 def run(args) -> int:
     reorder = check_reorder_score(getattr(args, "reorder", None))  # (an unknown score first)
-    from ..preprocess.hotness import FANOUT_SCORES
-
     refuse_without_effect([("--reorder-batch-size", args.reorder_batch_size,
                             reorder == "presample", "--reorder presample"),
                            ("--reorder-fanouts", args.reorder_fanouts, reorder in FANOUT_SCORES,

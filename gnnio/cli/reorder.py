@@ -7,7 +7,7 @@ import json
 
 from ..errors import UsageError
 from ..graph.feature_dtype import writing_as
-from ..preprocess.hotness import SCORES
+from ..preprocess.hotness import FANOUT_SCORES, SCORES
 from ..preprocess.reorder import reorder_path
 from ..utils.argtypes import fanouts_arg, int_range
 from . import HelpFormatter, add_feature_dtype_argument, refuse_without_effect
@@ -102,8 +102,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..preprocess.hotness import FANOUT_SCORES
-
     presample = args.by == "presample"
     refuse_without_effect(  # read by the pre-sampling pass only (as gnnio train's refuse_ignored)
         (opt, value, presample, "--by presample")
