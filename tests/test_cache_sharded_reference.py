@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gnnio.features import InMemoryFeatureStore
@@ -36,6 +36,8 @@ def _per_shard_reference(policy, cap, batches, n, shards, hot):
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(max_rows=40, max_batches=10, max_len=30), shards=st.integers(1, 3))
+# more misses than a shard holds: the last ones are admitted; hits on the other shards are peer reads
+@example(w=(12, 2, [[0, 2, 4, 6, 8], [6, 8, 1, 3, 5, 7], [5, 7, 6, 8, 0]], 0), shards=2)
 def test_each_shard_is_the_reference_cache_of_its_ids(policy, w, shards):
     n, cap, batches, seed = w
     hot = _hot(n, seed)
