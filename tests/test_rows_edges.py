@@ -44,3 +44,13 @@ def test_cpu_gather_cold_rows_beyond_the_staging_buffer(batches):
         ids = rng.integers(0, n, m + 50)
         ids[:50] = np.arange(50)  # some hot ids: the cold ones are scattered into the output
         assert torch.equal(store.gather(ids), torch.from_numpy(feats[ids]))
+
+
+def test_a_static_part_is_loaded_from_the_bottom_store():
+    """The static rows come from the store at the bottom of the stack: the dynamic part below
+    them neither admits them (no row cached twice) nor counts the load as traffic."""
+    feats = np.random.default_rng(0).standard_normal((20, 3)).astype(np.float32)
+    c = static_plus_dynamic(InMemoryFeatureStore(feats), 4, 4, np.arange(20), "fifo")
+    assert c.backing.cached_ids().numel() == 0
+    assert not c.backing.counters.snapshot()["rows"]
+    assert torch.equal(c.buffer, torch.from_numpy(feats[:4]))
