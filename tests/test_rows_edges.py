@@ -54,3 +54,14 @@ def test_a_static_part_is_loaded_from_the_bottom_store():
     assert c.backing.cached_ids().numel() == 0
     assert not c.backing.counters.snapshot()["rows"]
     assert torch.equal(c.buffer, torch.from_numpy(feats[:4]))
+
+
+def test_one_cold_row_still_gets_the_zero_copy_path():
+    """Only a store with every row hot has no cold path: with one cold row it is read zero-copy
+    (simulated here) and counted as host traffic."""
+    feats = np.arange(40, dtype=np.float32).reshape(10, 4)
+    store = TieredFeatureStore(feats, hot=9)
+    assert store.cold_mode_used == "zero_copy"
+    assert torch.equal(store.gather([9, 0]), torch.from_numpy(feats[[9, 0]]))
+    assert store.counters.snapshot()["rows"] == {"gpu": 1, "host": 1}
+    assert TieredFeatureStore(feats, hot=10).cold_mode_used == "none"
