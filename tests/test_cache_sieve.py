@@ -153,3 +153,24 @@ def test_state_round_trips_and_gpu_is_refused():
     for cls in (SIEVEPolicy, S3FIFOPolicy):
         with pytest.raises(ValueError, match="on the CPU"):
             cls(4, 10, device="meta")
+
+
+@pytest.mark.parametrize("policy", ["sieve", "s3fifo"])
+@pytest.mark.parametrize("seed", range(4))
+def test_long_skewed_workloads_match_the_reference(policy, seed):
+    """Many batches of skewed ids over a cache of a fifth of the rows: entries get hit several
+    times, promoted from S to M, reinserted in M more than three times, and ghosts come back
+    (what short random workloads rarely reach: S3-FIFO's frequency cap and its promotion rule)."""
+    rng = np.random.default_rng(seed)
+    n, cap = 60, 12
+    weights = 1.0 / np.arange(1, n + 1) ** 1.1
+    batches = [rng.choice(n, size=8, p=weights / weights.sum()) for _ in range(150)]
+    feats = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
+    cache = FeatureCache(InMemoryFeatureStore(feats), cap, policy)
+    want = REFERENCES[policy](cap, batches)
+    got = []
+    for b in batches:
+        before = cache.stats.hits
+        assert torch.equal(cache.gather(b), torch.from_numpy(feats[b]))
+        got.append((cache.stats.hits - before, set(cache.cached_ids().tolist())))
+    assert got == want

@@ -218,3 +218,20 @@ def test_graph_without_edges_and_tiny_inputs():
     assert one.epoch_order(0).tolist() == [4]
     none = ProximityOrder(g, np.array([], dtype=np.int64), np.zeros(10, dtype=np.int64), 3)
     assert none.epoch_order(0).tolist() == [] and none.num_batches == 0
+
+
+def test_each_sequence_starts_at_a_random_offset():
+    """BGL's circular shift: one region of 50 seeds, one sequence -- every epoch is the region's
+    BFS order rotated, and the rotation varies with the randomness (a giant graph's small
+    components, appended at the end of a BFS, do not always come last)."""
+    from gnnio.ordering.po import BFSRegions
+
+    seq = np.random.default_rng(0).permutation(50)
+    reg = BFSRegions(seq, np.array([50]), np.array([0]))
+    firsts = set()
+    for seed in range(40):
+        perm = combine_regions(reg, 1, np.random.default_rng(seed))
+        shift = int(np.flatnonzero(seq == perm[0])[0])
+        assert np.array_equal(perm, np.roll(seq, -shift))
+        firsts.add(shift)
+    assert len(firsts) > 10

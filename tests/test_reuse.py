@@ -132,3 +132,16 @@ def test_tracker_memory_is_flat():
 def test_bad_keep_is_refused():
     with pytest.raises(ValueError, match="keep"):
         CrossBatchReuse(InMemoryFeatureStore(_feats(3)), keep="maybe")
+
+
+def test_keep_copy_survives_a_caller_that_writes_into_the_rows():
+    """keep="copy": the returned rows are the caller's (an in-place op on them, or a recycled
+    out= buffer written by someone else, does not reach the next batch's reused rows)."""
+    feats = _feats(30)
+    r = CrossBatchReuse(InMemoryFeatureStore(feats), keep="copy")
+    out = torch.empty((10, 3))
+    first = r.gather(np.arange(10), out=out)
+    first.mul_(0)  # e.g. an in-place dropout on the batch, or the buffer reused elsewhere
+    got = r.gather(np.arange(5, 15))
+    assert r.stats["reused"] == 5
+    assert torch.equal(got, torch.from_numpy(feats[5:15]))
