@@ -1,0 +1,50 @@
+"""HyDRA's HDR and the simple partitioners, pinned where test_partition.py's properties leave
+room: ties and rounding of the replicated set, the replicated nodes' home parts, the greedy
+group size and range parts that do not divide evenly (each found by a surviving mutation)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gnnio.graph import CSRGraph
+from gnnio.preprocess.partition.methods import (
+    hdr_greedy_parts,
+    hdr_replicated,
+    random_parts,
+    range_parts,
+)
+
+
+def _cycle(n: int) -> CSRGraph:
+    """Every node has in-degree 1: all degrees tie."""
+    src = np.arange(n)
+    return CSRGraph.from_edges(src, (src + 1) % n, n)
+
+
+def test_hdr_replicated_ties_go_to_lower_ids_and_the_count_rounds():
+    g = _cycle(10)
+    assert hdr_replicated(g, 0.2).tolist() == [0, 1]
+    assert hdr_replicated(g, 0.27).tolist() == [0, 1, 2]  # round(2.7) = 3, not 2
+    assert hdr_replicated(g, 0.0).size == 0
+
+
+def test_replicated_nodes_get_home_parts_round_robin():
+    g = _cycle(20)
+    rep = np.array([3, 8, 11, 17, 19])
+    parts = hdr_greedy_parts(g, 3, rep, group=2)
+    assert parts[rep].tolist() == [0, 1, 2, 0, 1]
+
+
+def test_greedy_default_group_gives_every_part_many_groups():
+    """Default group ``ceil(N' / (16 M))`` consecutive ids: 320 nodes, 2 parts -> groups of 10."""
+    g = _cycle(320)
+    parts = hdr_greedy_parts(g, 2, np.zeros(0, dtype=np.int64))
+    changes = np.flatnonzero(np.diff(parts)) + 1
+    assert (changes % 10 == 0).all() and changes.size >= 16
+    assert np.bincount(parts, minlength=2).tolist() == [160, 160]
+
+
+def test_range_and_random_parts_when_nodes_do_not_divide():
+    assert range_parts(10, 4).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    r = random_parts(10, 4, seed=1)
+    assert sorted(np.bincount(r, minlength=4).tolist()) == [1, 3, 3, 3] and r.max() == 3
