@@ -48,3 +48,20 @@ def test_range_and_random_parts_when_nodes_do_not_divide():
     assert range_parts(10, 4).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
     r = random_parts(10, 4, seed=1)
     assert sorted(np.bincount(r, minlength=4).tolist()) == [1, 3, 3, 3] and r.max() == 3
+
+
+def test_quality_report_by_hand():
+    """Node 0 (part 0, the only training node) reads node 2's list (part 1) at hop 2."""
+    from gnnio.preprocess.partition.quality import partition_quality
+
+    g = CSRGraph.from_edges(np.array([2, 3]), np.array([0, 2]), 4)  # 2 -> 0, 3 -> 2
+    parts = np.array([0, 0, 1, 1], dtype=np.int16)
+    none = np.zeros(0, dtype=np.int64)
+    q = partition_quality(g, parts, none, np.array([0]), fanouts=(1, 1), batch_size=4)
+    # reads: hop 1 node 0; hop 2 nodes 0 and 2 -- node 2 remote
+    assert q["neighbour_list_reads"] == 3 and q["remote_fraction"] == 1 / 3
+    assert q["edge_cut"] == 0.5 and q["memory_increase"] == 1.0
+    rep = partition_quality(g, parts, np.array([2]), np.array([0]), fanouts=(1, 1))
+    assert rep["remote_fraction"] == 0.0 and rep["memory_increase"] == 1.5
+    skew = partition_quality(g, np.array([0, 0, 0, 1], dtype=np.int16), none, None)
+    assert skew["node_balance"] == 1.5  # max over mean
