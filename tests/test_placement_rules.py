@@ -164,3 +164,28 @@ def test_local_seeds_plan_costs_the_partition_local_trace(tmp_path):
     glob = placement_cost(out.placement, topo, res.trace.per_epoch, res.row_bytes)
     assert out.trace_cost.max_s == pytest.approx(local.max_s)
     assert local.max_s != pytest.approx(glob.max_s)
+
+
+def test_equal_bandwidths_mean_no_peer_reads():
+    """Eq. 3 takes peer reads only when ``C_gpu < C_cpu``; at equal links a host read is as good."""
+    topo = load_topology("2", peer_bw="10GB/s", host_bw="10GB/s")
+    assert not topo.peers_cheaper and topo.alpha == 1.0
+
+
+def test_buffer_rows_from_a_budget_round_down():
+    topo = load_topology("2", feature_budget_bytes=1000)
+    assert topo.buffer_rows(300) == 3 and topo.buffer_rows(250) == 4
+
+
+def test_every_reader_of_a_multidevice_store_keeps_the_topology():
+    """A second reader made with for_reader reads from host, not a slow peer, as the first does."""
+    import torch
+
+    from gnnio.features.tiers.multidevice import MultiDeviceFeatureStore
+
+    feats = np.arange(60, dtype=np.float32).reshape(30, 2)
+    slow = load_topology("2", peer_bw="1GB/s", host_bw="10GB/s")
+    pl = place("naive", PlacementRequest(np.ones(30), load_topology("2"), 10))
+    s1 = MultiDeviceFeatureStore(feats, pl, reader=0, topology=slow).for_reader(1)
+    assert torch.equal(s1.gather(np.arange(30)), torch.from_numpy(feats))
+    assert s1.counters.snapshot()["rows"] == {"local": 10, "peer": 0, "host": 20}
