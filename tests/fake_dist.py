@@ -83,6 +83,10 @@ class FakeCtx:
     def broadcast_object_list(self, objs: list, src: int = 0, group="control") -> None:
         objs[:] = self.exchange.all_gather(self.rank, list(objs))[src]
 
+    def all_reduce_sum(self, values: list[float], group="control") -> list[float]:
+        every = self.exchange.all_gather(self.rank, [float(v) for v in values])
+        return [sum(col) for col in zip(*every)]
+
     def barrier(self, group="control") -> None:
         self.exchange.all_gather(self.rank, None)
 

@@ -79,3 +79,44 @@ def test_a_rank_that_lost_its_peer_is_not_the_cause(lost):
     assert (
         failure_line(err) == "rank 1 (pid 11) failed: ValueError: bad batch; stopped rank(s) 0 too"
     )
+
+
+def test_evaluation_and_means_are_over_all_ranks(monkeypatch):
+    """Accuracy is correct / total summed over the ranks (not each rank's own), and a value
+    every rank must agree on (the locality scale) is the mean over ranks."""
+    import gnnio.distributed.train as dtrain
+    from gnnio.placement.topology import load_topology
+    from tests.fake_dist import run_ranks
+
+    counts = {"a": (3, 4), "b": (1, 4)}  # rank 0 ("a"): 3 of 4 right; rank 1: 1 of 4
+    monkeypatch.setattr(dtrain, "evaluate_sampled_counts", lambda m, loader, e, bar: counts[loader])
+
+    def body(ctx):
+        run = dtrain.DistRun(ctx)
+        loader = "a" if ctx.rank == 0 else "b"
+        return run.evaluate(None, {"valid": loader}, 0), run.mean_over_ranks(ctx.rank + 1.0)
+
+    for acc, mean in run_ranks(2, body, load_topology("2")):
+        assert acc == {"valid": 0.5} and mean == 1.5
+
+
+def test_local_seeds_take_the_batch_count_of_the_largest_part():
+    """Every rank takes as many batches as the rank with the most seeds needs: no batch is
+    larger than the batch size, and every rank's own seeds are covered."""
+    import gnnio.distributed.train as dtrain
+    from gnnio.placement.topology import load_topology
+    from tests.fake_dist import run_ranks
+
+    parts = np.array([0] * 10 + [1] * 3, dtype=np.int16)
+    cfg = SimpleNamespace(local_seeds=True, order="random")
+
+    def body(ctx):
+        run = dtrain.DistRun(ctx)
+        run.placement = SimpleNamespace(parts=parts, strategy="naive")
+        order = run.build_order(None, cfg, np.arange(13), None, 4, seed=0)
+        return order.num_batches, [b.tolist() for b in order.batches(0)]
+
+    (n0, b0), (n1, b1) = run_ranks(2, body, load_topology("2"))
+    assert n0 == n1 == 3 and len(b0) == len(b1) == 3
+    assert max(len(b) for b in b0 + b1) <= 4
+    assert sorted(sum(b0, [])) == list(range(10)) and sorted(sum(b1, [])) == [10, 11, 12]

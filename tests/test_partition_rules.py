@@ -65,3 +65,16 @@ def test_quality_report_by_hand():
     assert rep["remote_fraction"] == 0.0 and rep["memory_increase"] == 1.5
     skew = partition_quality(g, np.array([0, 0, 0, 1], dtype=np.int16), none, None)
     assert skew["node_balance"] == 1.5  # max over mean
+
+
+def test_bfs_block_fallback_takes_the_largest_penalty_product():
+    """BGL §3.3.2 with no assigned neighbour: the part with the largest product of the two
+    penalties, which the training-node term can send away from the part with fewest nodes."""
+    import scipy.sparse as sp
+
+    from gnnio.preprocess.partition.bfs_block import _assign
+
+    sizes, train = np.array([3, 2, 2]), np.array([0, 2, 0])  # no edges between the blocks
+    parts = _assign(sp.csr_matrix((3, 3), dtype=np.int64), sizes, train, 2, hops=1)
+    # A -> 0; B -> 1 (part 0 fuller); C: part 1 holds all training nodes (penalty 0) -> 0
+    assert parts.tolist() == [0, 1, 0]
