@@ -34,8 +34,9 @@ def _sample(parted, mode: str, seeds_of, machine_of=None, shm_dir=None):
     from gnnio.distributed.sampling import ShardedSampler
 
     ds, pdir = parted
+    saved = shm.SHM_DIR
     if shm_dir is not None:
-        shm.SHM_DIR = shm_dir
+        shm.SHM_DIR = shm_dir  # this test's own folder (put back below)
 
     def body(ctx):
         part = load_partition(pdir, ds, 2)
@@ -50,7 +51,10 @@ def _sample(parted, mode: str, seeds_of, machine_of=None, shm_dir=None):
         return {"same": same, "stats": dict(s.stats), "bytes": dict(s.bytes_by_link),
                 "calls": list(ctx.calls), "itemsize": s.own.itemsize}  # fmt: skip
 
-    return run_ranks(2, body, load_topology("2"), machine_of=machine_of)
+    try:
+        return run_ranks(2, body, load_topology("2"), machine_of=machine_of)
+    finally:
+        shm.SHM_DIR = saved
 
 
 def _sampled(ds, ids) -> int:

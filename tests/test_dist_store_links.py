@@ -98,3 +98,28 @@ def test_a_checkpoint_rewinds_to_the_trained_batch_and_resumes_the_same():
         for t in ("reuse", "peer", "host"):
             assert f_rows.get(t, 0) <= s_after.get(t, 0)
         assert f_rows.get("reuse", 0) > 0
+
+
+def test_a_static_cache_holds_only_rows_the_rank_reads_from_host(tmp_path):
+    """Rows on this rank's shard or a peer's never reach host memory: a static cache in front of
+    host memory spends its capacity on the hottest of the others."""
+    from gnnio.distributed.train import DistRun
+    from gnnio.graph import load
+    from gnnio.train.config import TrainConfig
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=200, num_edges=1600, seed=2))
+    cfg = TrainConfig(
+        fanouts=[3, 2], batch_size=16, score="degree", cache_policy="static", cache_size=0.1,
+        placement_strategy="alg1", buffer=0.2, progress=False,
+    )  # fmt: skip
+
+    def body(ctx):
+        setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
+        store = setup.store
+        cached = store.host_store.cached_ids().numpy()
+        return cached, store.dev_num.numpy()
+
+    for cached, dev_num in run_ranks(2, body, load_topology("2")):
+        assert cached.size == 20
+        assert (dev_num[cached] < 0).all()  # every cached row is one this rank reads from host
