@@ -1,0 +1,115 @@
+"""Ranks as threads of one process: a stand-in for :class:`gnnio.distributed.context.DistContext`
+whose ``all_to_all_single`` exchanges tensors through shared memory with a barrier. The sharded
+store and sampler issue every collective through the context, so their bookkeeping (rows and
+bytes per link, requests, checkpoints) can be checked in milliseconds, on any link layout,
+without gloo; the gloo tests (test_dist.py, test_dist_sampling.py) check the real exchange."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+
+class Exchange:
+    """The shared state of ``world`` thread-ranks."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=30)
+        self.slots: list = [None] * world
+
+    def all_to_all(self, rank: int, send: torch.Tensor, send_splits) -> torch.Tensor:
+        if send_splits is None:
+            parts = list(torch.tensor_split(send, self.world))
+        else:
+            parts = list(torch.split(send, [int(s) for s in send_splits]))
+        self.slots[rank] = [p.clone() for p in parts]
+        self.barrier.wait()
+        out = torch.cat([self.slots[k][rank] for k in range(self.world)])
+        self.barrier.wait()  # every rank has read its parts before the next call writes
+        return out
+
+    def all_gather(self, rank: int, obj) -> list:
+        self.slots[rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+@dataclass
+class FakeCtx:
+    """The parts of a rank context the store and the sampler use."""
+
+    rank: int
+    world_size: int
+    exchange: Exchange
+    topology: object
+    machine_of: list[int] = field(default_factory=list)
+    device: torch.device = torch.device("cpu")
+    simulated: bool = True
+    calls: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.machine_of:
+            self.machine_of = [0] * self.world_size
+
+    @property
+    def machine(self) -> int:
+        return self.machine_of[self.rank]
+
+    @property
+    def num_machines(self) -> int:
+        return len(set(self.machine_of))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def link_to(self, other: int) -> str:
+        if other == self.rank:
+            return "local"
+        return "peer" if self.machine_of[other] == self.machine else "network"
+
+    def all_to_all_single(self, send, recv_splits=None, send_splits=None, group="fetch", out=None):
+        self.calls.append(group)
+        return self.exchange.all_to_all(self.rank, send, send_splits)
+
+    def all_gather_object(self, obj, group="control") -> list:
+        return self.exchange.all_gather(self.rank, obj)
+
+    def broadcast_object_list(self, objs: list, src: int = 0, group="control") -> None:
+        objs[:] = self.exchange.all_gather(self.rank, list(objs))[src]
+
+    def all_reduce_sum(self, values: list[float], group="control") -> list[float]:
+        every = self.exchange.all_gather(self.rank, [float(v) for v in values])
+        return [sum(col) for col in zip(*every)]
+
+    def barrier(self, group="control") -> None:
+        self.exchange.all_gather(self.rank, None)
+
+
+def run_ranks(world: int, fn, topology, machine_of: list[int] | None = None) -> list:
+    """``fn(ctx)`` on ``world`` thread-ranks; their results by rank (the first error re-raised)."""
+    ex = Exchange(world)
+    results: list = [None] * world
+    errors: list = []
+
+    def body(r: int) -> None:
+        try:
+            ctx = FakeCtx(r, world, ex, topology, list(machine_of or []))
+            results[r] = fn(ctx)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            ex.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results

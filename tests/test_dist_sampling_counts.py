@@ -1,0 +1,107 @@
+"""What the partitioned sampler counts, on two thread-ranks (tests/fake_dist.py): requests and
+bytes per link, by hand, in both modes and across machines. The gloo tests of
+test_dist_sampling.py check the batches themselves; each test here guards a mutation of the
+counting that they let through."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio.graph import load
+from gnnio.placement.topology import load_topology
+from gnnio.preprocess.partition import load_partition, partition_dataset, save_partition
+from gnnio.sampling import UniformSampler
+from tests.fake_dist import run_ranks
+from tests.helpers import write_tiny_dataset
+
+FANOUT = 3
+
+
+@pytest.fixture(scope="module")
+def parted(tmp_path_factory):
+    """A 60-node graph in two id ranges: part 0 owns nodes 0-29, part 1 nodes 30-59."""
+    root = tmp_path_factory.mktemp("parted")
+    ds = load(write_tiny_dataset(root / "g", num_nodes=60, num_edges=400, seed=3))
+    part = partition_dataset(ds, 2, "range", measure=False)
+    pdir = save_partition(part, ds.graph, root / "p")
+    return ds, pdir
+
+
+def _sample(parted, mode: str, seeds_of, machine_of=None, shm_dir=None):
+    from gnnio.distributed import shm
+    from gnnio.distributed.sampling import ShardedSampler
+
+    ds, pdir = parted
+    saved = shm.SHM_DIR
+    if shm_dir is not None:
+        shm.SHM_DIR = shm_dir  # this test's own folder (put back below)
+
+    def body(ctx):
+        part = load_partition(pdir, ds, 2)
+        s = ShardedSampler(part, pdir, ctx, [FANOUT], seed=3, mode=mode)
+        ctx.calls.clear()
+        seeds = torch.tensor(seeds_of[ctx.rank])
+        mb = s.sample(seeds, epoch_seed=5)
+        ref = UniformSampler(ds.graph, [FANOUT], seed=3, num_threads=1).sample(seeds, epoch_seed=5)
+        same = torch.equal(mb.input_nodes, ref.input_nodes) and torch.equal(
+            mb.blocks[0].edge_index, ref.blocks[0].edge_index
+        )
+        return {"same": same, "stats": dict(s.stats), "bytes": dict(s.bytes_by_link),
+                "calls": list(ctx.calls), "itemsize": s.own.itemsize}  # fmt: skip
+
+    try:
+        return run_ranks(2, body, load_topology("2"), machine_of=machine_of)
+    finally:
+        shm.SHM_DIR = saved
+
+
+def _sampled(ds, ids) -> int:
+    deg = ds.graph.in_degrees()[np.asarray(ids)]
+    return int(np.minimum(deg, FANOUT).sum())
+
+
+def test_own_rows_are_sampled_locally_and_counted_by_hand(parted):
+    """Seeds a rank owns (node 0 and 30: the first row of each shard) need no request."""
+    ds, _ = parted
+    seeds = {0: [0, 5, 7, 29], 1: [30, 31, 44]}
+    r0, r1 = _sample(parted, "dsp", seeds)
+    for r, rank in ((r0, 0), (r1, 1)):
+        assert r["same"]
+        assert r["stats"]["requests"] == 0
+        want = _sampled(ds, seeds[rank]) * r["itemsize"] + 16 * len(seeds[rank])
+        assert r["bytes"] == {"local": want}
+
+
+def test_dsp_requests_and_peer_bytes_by_hand(parted):
+    ds, _ = parted
+    seeds = {0: [31, 40, 2], 1: [33]}
+    r0, r1 = _sample(parted, "dsp", seeds)
+    assert r0["same"] and r1["same"]
+    assert r0["stats"]["requests"] == 2 and r1["stats"]["requests"] == 0
+    # out: one count and 8 B per row id; back: 8 B per row's count and per sampled id
+    assert r0["bytes"]["peer"] == 8 * (2 * 2 + _sampled(ds, [31, 40]))
+    assert "peer" not in r1["bytes"]
+    assert set(r0["calls"]) == {"sample"}
+
+
+def test_shared_mode_reads_peer_lists_without_collectives(parted, tmp_path):
+    ds, _ = parted
+    seeds = {0: [31, 40, 2], 1: [33]}
+    r0, r1 = _sample(parted, "shared", seeds, shm_dir=tmp_path)
+    assert r0["same"] and r1["same"]
+    assert r0["stats"]["requests"] == 2 and r1["stats"]["requests"] == 0
+    deg = ds.graph.in_degrees()
+    assert r0["bytes"]["peer"] == int(deg[[31, 40]].sum()) * r0["itemsize"] + 16 * 2
+    assert r0["calls"] == [] and r1["calls"] == []  # one machine: no request/response
+
+
+def test_shared_mode_requests_rows_of_another_machine(parted, tmp_path):
+    """Another machine's memory cannot be mapped: its rows go by request, on the network."""
+    ds, _ = parted
+    seeds = {0: [31, 40, 2], 1: [33]}
+    r0, _ = _sample(parted, "shared", seeds, machine_of=[0, 1], shm_dir=tmp_path)
+    assert r0["same"] and r0["stats"]["requests"] == 2
+    assert r0["bytes"].get("peer", 0) == 0
+    assert r0["bytes"]["network"] == 8 * (2 * 2 + _sampled(ds, [31, 40]))
