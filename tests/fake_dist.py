@@ -7,9 +7,10 @@ without gloo; the gloo tests (test_dist.py, test_dist_sampling.py) check the rea
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 import torch
+
+from gnnio.distributed.context import DistContext
 
 
 class Exchange:
@@ -39,39 +40,19 @@ class Exchange:
         return out
 
 
-@dataclass
-class FakeCtx:
-    """The parts of a rank context the store and the sampler use."""
+class FakeCtx(DistContext):
+    """A :class:`DistContext` (its links, machines and properties as they are) whose collectives
+    go through an :class:`Exchange` of thread-ranks instead of torch.distributed; ``calls``
+    records the fetch groups of ``all_to_all_single``."""
 
-    rank: int
-    world_size: int
-    exchange: Exchange
-    topology: object
-    machine_of: list[int] = field(default_factory=list)
-    device: torch.device = torch.device("cpu")
-    simulated: bool = True
-    calls: list = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.machine_of:
-            self.machine_of = [0] * self.world_size
-
-    @property
-    def machine(self) -> int:
-        return self.machine_of[self.rank]
-
-    @property
-    def num_machines(self) -> int:
-        return len(set(self.machine_of))
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def link_to(self, other: int) -> str:
-        if other == self.rank:
-            return "local"
-        return "peer" if self.machine_of[other] == self.machine else "network"
+    def __init__(self, rank: int, world_size: int, exchange: Exchange, topology,
+                 machine_of: list[int] | None = None) -> None:  # fmt: skip
+        super().__init__(rank=rank, world_size=world_size, local_rank=rank,
+                         machine_of=list(machine_of or [0] * world_size), backend="threads",
+                         device=torch.device("cpu"), simulated=True, timeout_s=30.0,
+                         topology=topology)  # fmt: skip
+        self.exchange = exchange
+        self.calls: list = []
 
     def all_to_all_single(self, send, recv_splits=None, send_splits=None, group="fetch", out=None):
         self.calls.append(group)
