@@ -229,6 +229,12 @@ def test_gpu_session_installs_the_carried_wheels_and_records_the_machine(tmp_pat
     listed = (out / "pip-list.txt").read_text()
     assert "gnnio-probe" in listed and "torch" in listed  # (the site is on the path)
     assert (out / "nvidia-smi.txt").is_file()
+    (tmp_path / "bad").mkdir()  # wheels that do not install (another Python's): a warning
+    (tmp_path / "bad" / "x-1.0-cp99-cp99-linux_x86_64.whl").write_bytes(b"not a wheel")
+    r = subprocess.run(["bash", script, "abc123"], capture_output=True, text=True, timeout=300,
+                       env={**env, "WHEELS": str(tmp_path / "bad"), "OUT": str(tmp_path / "o2")})  # fmt: skip
+    assert r.returncode == 0 and "did not install" in r.stderr, r.stderr
+    assert "no GPU" in r.stdout and (tmp_path / "o2" / "pip-list.txt").is_file()
     env.pop("OUT")
     r = subprocess.run(["bash", script, "abc123"], capture_output=True, text=True, timeout=60,
                        env=env)  # fmt: skip

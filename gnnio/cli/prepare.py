@@ -165,7 +165,7 @@ def run(args) -> int:
     refuse_without_effect([("--reorder-batch-size", args.reorder_batch_size,
                             reorder == "presample", "--reorder presample"),
                            ("--reorder-fanouts", args.reorder_fanouts, reorder in FANOUT_SCORES,
-                            f"--reorder {', '.join(FANOUT_SCORES)}")])  # fmt: skip
+                            f"--reorder {', '.join(FANOUT_SCORES[:-1])} or {FANOUT_SCORES[-1]}")])  # fmt: skip
     resolve_budget(args)
     with writing_as(args.feature_dtype):  # --feature-dtype: every writer recodes the rows
         if reorder is None:

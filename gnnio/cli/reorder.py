@@ -109,7 +109,7 @@ def run(args) -> int:
                            ("--seed", args.seed), ("--threads", args.threads))
     )  # fmt: skip
     refuse_without_effect([("--fanouts", args.fanouts, args.by in FANOUT_SCORES,
-                            f"--by {', '.join(FANOUT_SCORES)}")])  # fmt: skip
+                            f"--by {', '.join(FANOUT_SCORES[:-1])} or {FANOUT_SCORES[-1]}")])  # fmt: skip
     opts: dict = {
         "epochs": 1 if args.epochs is None else args.epochs,
         "seed": 1 if args.seed is None else args.seed,
