@@ -446,6 +446,16 @@ def test_host_ids_on_a_device_cache_are_checked_on_the_host(monkeypatch):
         return equal(a, b)
 
     monkeypatch.setattr(torch, "equal", spy)
+
+    def after_the_first(c):
+        assert read == [] and c.policy.window == 1
+
+    _refuses_a_batch_changed_after_announce(equal, after_the_first)
+
+
+def _refuses_a_batch_changed_after_announce(equal=torch.equal, after_the_first=None) -> None:
+    """Two batches announced to a lookahead cache: the first gathers the store's rows (then
+    ``after_the_first(cache)``); the second, changed in place after announce(), is refused."""
     trace = _random_trace(batches=3)
     store = _store(400)
     c = FeatureCache(store, 50, "lookahead", lookahead=2)
@@ -453,7 +463,8 @@ def test_host_ids_on_a_device_cache_are_checked_on_the_host(monkeypatch):
     for b in batches[:2]:
         c.announce(b)
     assert equal(c.gather(batches[0]), store.gather(batches[0]))
-    assert read == [] and c.policy.window == 1
+    if after_the_first is not None:
+        after_the_first(c)
     batches[1][0] = (batches[1][0] + 1) % 400  # changed in place after announce()
     with pytest.raises(ValueError, match="not the batch announced"):
         c.gather(batches[1])
@@ -464,13 +475,4 @@ def test_ids_changed_in_place_after_announce_are_caught_on_the_cpu():
     batch compared with it at gather() always matched: ids changed in place after announce()
     (a reused buffer, say) were served with the rows of the ids announced. Now they are
     compared with a copy made at announce() and refused, as on a GPU."""
-    trace = _random_trace(batches=3)
-    store = _store(400)
-    c = FeatureCache(store, 50, "lookahead", lookahead=2)
-    batches = [torch.tensor(ids) for ids in trace]
-    for b in batches[:2]:
-        c.announce(b)
-    assert torch.equal(c.gather(batches[0]), store.gather(batches[0]))
-    batches[1][0] = (batches[1][0] + 1) % 400
-    with pytest.raises(ValueError, match="not the batch announced"):
-        c.gather(batches[1])
+    _refuses_a_batch_changed_after_announce()
