@@ -113,9 +113,9 @@ def _import_and_reorder(args) -> Path:
     from ..preprocess.reorder import reorder_path
 
     out = Path(args.out)
-    batch_size = 1024 if args.reorder_batch_size is None else args.reorder_batch_size
-    if batch_size < 1:
-        raise UsageError(f"--reorder-batch-size: must be >= 1, got {batch_size}")
+    if args.reorder_batch_size is not None and args.reorder_batch_size < 1:
+        raise UsageError(f"--reorder-batch-size: must be >= 1, got {args.reorder_batch_size}")
+    given = {"fanouts": args.reorder_fanouts, "batch_size": args.reorder_batch_size}
     output_dir.check_out_dir(out, args.overwrite)
     with output_dir.claim(out):
         output_dir.check_out_dir(out, args.overwrite)
@@ -132,10 +132,9 @@ def _import_and_reorder(args) -> Path:
                 args.reorder,
                 out=out,
                 overwrite=args.overwrite,
-                fanouts=[15, 10, 5] if args.reorder_fanouts is None else args.reorder_fanouts,
-                batch_size=batch_size,
                 progress=not args.quiet,
                 memory_budget=args.memory_budget,  # the default budget too (issue 25)
+                **{k: v for k, v in given.items() if v is not None},  # (else reorder_path's)
             )
         except GnnioError as e:  # name DIR, not the temporary import
             text = str(e).replace(str(tmp / out.name), str(out)).replace(str(tmp), str(out.parent))

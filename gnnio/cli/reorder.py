@@ -110,11 +110,10 @@ def run(args) -> int:
     )  # fmt: skip
     refuse_without_effect([("--fanouts", args.fanouts, args.by in FANOUT_SCORES,
                             f"--by {', '.join(FANOUT_SCORES[:-1])} or {FANOUT_SCORES[-1]}")])  # fmt: skip
-    opts: dict = {
-        "epochs": 1 if args.epochs is None else args.epochs,
-        "seed": 1 if args.seed is None else args.seed,
-        "num_threads": args.threads,
-    }
+    given = {"fanouts": args.fanouts, "batch_size": args.batch_size, "epochs": args.epochs,
+             "seed": args.seed}  # fmt: skip
+    opts: dict = {k: v for k, v in given.items() if v is not None}  # (else reorder_path's own)
+    opts["num_threads"] = args.threads
     if args.damping is not None:
         if args.by not in ("rpr", "wrpr"):
             raise UsageError(f"--damping: only applies to rpr and wrpr, not '{args.by}'")
@@ -132,8 +131,6 @@ def run(args) -> int:
             args.by,
             out=args.out,
             overwrite=args.overwrite,
-            fanouts=[15, 10, 5] if args.fanouts is None else args.fanouts,
-            batch_size=1024 if args.batch_size is None else args.batch_size,
             progress=not args.quiet,
             memory_budget=budget,
             **opts,
