@@ -148,6 +148,8 @@ def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     env.pop("GNNIO_TRITON", None)
+    # (tests.interpreter_speedup first: the interpreter's per-call patching, listed once)
+    script = "import tests.interpreter_speedup  # noqa: F401\n" + script
     r = subprocess.run(
         [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
         timeout=timeout,
