@@ -177,3 +177,39 @@ def test_layout_is_planned_only_on_a_gpu_without_layout_options(easy):
     assert same is on_disk and not plan["planned"]
     same, plan = apply_layout_plan(ds, cfg, cuda, world_size=2, free_bytes=80 * GiB)
     assert same is cfg and not plan["planned"]
+
+
+def test_plan_layout_budget_arithmetic():
+    """The plan's numbers as the module docstring states them: reserve ``max(1 GiB, free / 4)``;
+    everything fits only with the sampler's scratch (16 bytes per node and worker) counted; the
+    CSR on the GPU only within a quarter of the budget, the hot rows then filling what the CSR
+    and the scratch leave; UVA gives the budget less the scratch to rows; hot rows never exceed
+    the rows there are."""
+    mib = 2**20
+    n, row = 2**20 - 1, 8192
+    scratch = 16 * (n + 1)  # 16 MiB
+    feats = (n + 1) * row  # 8 GiB: never fits
+    free = 8 * GiB  # reserve 2 GiB, budget 6 GiB
+    csr = GiB - scratch  # CSR + scratch: 1 GiB, within 6 / 4 GiB
+    p = plan_layout(feats, row, csr, n, free_bytes=free)
+    assert (p["reserve_bytes"], p["budget_bytes"]) == (2 * GiB, 6 * GiB)
+    assert (p["sampler_device"], p["graph_in"]) == ("cuda", "gpu")
+    assert p["hot_rows"] == 5 * GiB // row and p["gpu_cache_fraction"] == 5 / 8
+    assert (p["gpu_feature_bytes"], p["gpu_csr_bytes"]) == (5 * GiB, csr)
+    four = plan_layout(feats, row, csr, n, free_bytes=free, workers=4)  # scratch x 4
+    assert four["hot_rows"] == (6 * GiB - csr - 4 * scratch) // row
+    # CSR + scratch between a quarter and a half of the budget: UVA, the budget less the scratch
+    uva = plan_layout(feats, row, 2 * GiB, n, free_bytes=free)
+    assert (uva["sampler_device"], uva["graph_in"], uva["gpu_csr_bytes"]) == ("cuda", "host", 0)
+    assert uva["hot_rows"] == (6 * GiB - scratch) // row
+    # features + CSR fit, but not with the scratch: the hot-rows case
+    tight = plan_layout(5 * GiB, row, GiB - 8 * mib, n, free_bytes=free)
+    assert tight["graph_in"] == "gpu" and tight["hot_rows"] < 5 * GiB // row
+    assert tight["hot_rows"] == (6 * GiB - (GiB - 8 * mib) - scratch) // row
+    assert plan_layout(5 * GiB, row, GiB - 32 * mib, n, free_bytes=free)["gpu_cache_fraction"] == 1
+    # the CPU sampler (scratch over a quarter of the budget): hot rows clamped to the rows
+    big_n = 2**24
+    cpu = plan_layout(4 * big_n, 4, 0, big_n, free_bytes=GiB + 256 * mib)
+    assert cpu["sampler_device"] == "cpu" and cpu["budget_bytes"] == 256 * mib
+    assert cpu["hot_rows"] == big_n and cpu["gpu_cache_fraction"] == 1.0
+    assert plan_layout(0, 0, 0, 10, free_bytes=80 * GiB)["reserve_bytes"] == 20 * GiB
