@@ -213,3 +213,27 @@ def test_plan_layout_budget_arithmetic():
     assert cpu["sampler_device"] == "cpu" and cpu["budget_bytes"] == 256 * mib
     assert cpu["hot_rows"] == big_n and cpu["gpu_cache_fraction"] == 1.0
     assert plan_layout(0, 0, 0, 10, free_bytes=80 * GiB)["reserve_bytes"] == 20 * GiB
+
+
+def test_a_batch_of_unlabelled_seeds_only_steps_with_loss_0():
+    """A train split may hold unlabelled nodes (label -1; the format asks for one labelled
+    node), so a batch may have no labelled seed: its loss is 0 with zero gradients (PyTorch's
+    mean over no target is NaN, which stopped training as a diverging loss); with labelled seeds
+    it is their mean, as ``F.cross_entropy``'s, bit for bit."""
+    from gnnio.sampling.base import Block, MiniBatch
+    from gnnio.train.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("sage", 4, 8, 3, num_layers=1, dropout=0.0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    block = Block(torch.tensor([[1, 2, 3], [0, 0, 1]]), num_src=4, num_dst=2)
+    x = torch.randn(4, 4)
+    before = [p.detach().clone() for p in net.parameters()]
+    batch = MiniBatch(torch.arange(2), torch.arange(4), [block], x=x, labels=torch.tensor([-1, -1]))
+    _, loss = train_step(net, opt, batch)
+    assert loss.item() == 0.0
+    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters()))
+    y = torch.tensor([2, -1])
+    want = torch.nn.functional.cross_entropy(net(x, [block]), y, ignore_index=-1)
+    batch = MiniBatch(torch.arange(2), torch.arange(4), [block], x=x, labels=y)
+    assert torch.equal(train_step(net, opt, batch)[1], want.detach())
