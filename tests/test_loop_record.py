@@ -57,3 +57,34 @@ def test_mid_epoch_checkpoints_stop_before_the_epochs_last_batch(tiny, tmp_path)
                          checkpoint_every=3))  # fmt: skip
     assert s["history"][0]["batches"] == 3  # 15 training seeds
     assert [(e, b) for e, b, _ in checkpoint_files(tmp_path / "c")] == [(1, 0)]
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(tiny, tmp_path):
+    """The epoch-end checkpoint of the epoch that triggered early stopping says so: resumed with
+    more ``--epochs``, the run trains no further and reports the same record (best epoch,
+    ``stopped_early``)."""
+    ck = str(tmp_path / "c")
+    first = train(tiny, _cfg(epochs=8, patience=2, checkpoint_dir=ck), run=Scripted())
+    assert (first["epochs"], first["stopped_early"]) == (5, True)
+    again = train(tiny, _cfg(epochs=8, patience=2, resume=ck), run=Scripted())
+    more = train(tiny, _cfg(epochs=20, patience=2, resume=ck), run=Scripted())
+    for s in (again, more):
+        assert (s["epochs"], s["stopped_early"], s["best_epoch"], s["test_acc"]) == (
+            5,
+            True,
+            2,
+            0.3,
+        )
+        assert s["loss_history"] == first["loss_history"]
+
+
+def test_resumed_best_epoch_and_patience_continue_the_record(tiny, tmp_path):
+    """Resumed after epoch 3 (best epoch 2, valid 0.7), the run keeps that best: epoch 3's tie and
+    epoch 4's lower accuracy do not improve on it, and it stops after epoch 4 as the
+    uninterrupted run does."""
+    ck = str(tmp_path / "c")
+    train(tiny, _cfg(epochs=4, patience=2, checkpoint_dir=ck), run=Scripted())
+    whole = train(tiny, _cfg(epochs=8, patience=2), run=Scripted())
+    s = train(tiny, _cfg(epochs=8, patience=2, resume=ck), run=Scripted())
+    keys = ("epochs", "stopped_early", "best_epoch", "best_valid_acc", "test_acc")
+    assert [s[k] for k in keys] == [whole[k] for k in keys] == [5, True, 2, 0.7, 0.3]
