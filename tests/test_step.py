@@ -237,3 +237,32 @@ def test_a_batch_of_unlabelled_seeds_only_steps_with_loss_0():
     want = torch.nn.functional.cross_entropy(net(x, [block]), y, ignore_index=-1)
     batch = MiniBatch(torch.arange(2), torch.arange(4), [block], x=x, labels=y)
     assert torch.equal(train_step(net, opt, batch)[1], want.detach())
+
+
+def test_the_optimizer_is_adam_with_the_configured_rate_and_decay():
+    """``make_optimizer``: Adam over every trainable parameter (GIN's learnable ``eps`` too)
+    with ``--lr`` and ``--weight-decay`` (L2 added to the gradient: with a zero gradient the
+    decay alone moves each parameter by about ``lr`` at Adam's first step), as torch's
+    per-parameter loop computes it."""
+    from gnnio.train.build import make_optimizer
+    from gnnio.train.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("gin", 4, 8, 3, num_layers=1)
+    start = [p.detach().clone() for p in net.parameters()]
+    opt = make_optimizer(net, _cfg(lr=0.01, weight_decay=0.1))
+    assert isinstance(opt, torch.optim.Adam)
+    assert (opt.defaults["lr"], opt.defaults["weight_decay"]) == (0.01, 0.1)
+    assert [p for g in opt.param_groups for p in g["params"]] == list(net.parameters())
+    assert any(n.endswith("eps") for n, _ in net.named_parameters())
+    ref = [p.clone().requires_grad_() for p in start]
+    ref_opt = torch.optim.Adam(ref, lr=0.01, weight_decay=0.1, foreach=False)
+    for p in [*net.parameters(), *ref]:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    ref_opt.step()
+    for p, q, s0 in zip(net.parameters(), ref, start):
+        torch.testing.assert_close(p.detach(), q.detach())
+        nonzero = s0 != 0
+        torch.testing.assert_close((s0 - p.detach())[nonzero].abs(),
+                                   torch.full_like(s0[nonzero], 0.01), rtol=1e-3, atol=1e-6)  # fmt: skip
