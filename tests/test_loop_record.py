@@ -88,3 +88,13 @@ def test_resumed_best_epoch_and_patience_continue_the_record(tiny, tmp_path):
     s = train(tiny, _cfg(epochs=8, patience=2, resume=ck), run=Scripted())
     keys = ("epochs", "stopped_early", "best_epoch", "best_valid_acc", "test_acc")
     assert [s[k] for k in keys] == [whole[k] for k in keys] == [5, True, 2, 0.7, 0.3]
+
+
+@pytest.mark.parametrize("fraction,empty", [(0.0, "gpu"), (1.0, "host")])
+def test_every_tier_of_the_store_is_in_each_epochs_record(tiny, fraction, empty):
+    """A tier that served no row in an epoch is still listed, with 0 rows and bytes."""
+    s = train(tiny, _cfg(epochs=1, gpu_cache_fraction=fraction))
+    for key in ("bytes_by_tier", "rows_by_tier"):
+        tiers = s["history"][0][key]
+        assert set(tiers) == {"gpu", "host"} and tiers[empty] == 0 and sum(tiers.values()) > 0
+        assert s[key] == tiers
