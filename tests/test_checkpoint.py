@@ -266,3 +266,55 @@ def test_ranks_refuse_together_and_save_never_deletes_its_own(tmp_path):
         assert [(e, b) for e, b, _ in checkpoint_files(ck.path)] == [(2, 0), (3, 0), (8, 0), (9, 0)]
     finally:
         ck.close()
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("model", "gcn"), ("fanouts", (5, 5, 5)), ("hidden", 32), ("heads", 2), ("dropout", 0.3),
+     ("attn_dropout", 0.1), ("feature_norm", "row"), ("edge_weight_norm", "sum")],
+)  # fmt: skip
+def test_every_model_field_binds_the_checkpoint(key, value):
+    """A checkpoint is refused by a run whose model differs in any shaping field (GAT's heads
+    keep its weight's shape, ``att_src`` alone differs), naming the field; free fields (epochs)
+    may differ."""
+    from types import SimpleNamespace
+
+    from gnnio.train.checkpoint import _TAG, binding, check_binding
+
+    ds = SimpleNamespace(fingerprint="f", name="d")
+    base = cfg(model="gat", sampler="labor")
+    saved = {"format": _TAG, "format_version": FORMAT_VERSION, "binding": binding(ds, base, 1)}
+    check_binding("C", saved, binding(ds, cfg(model="gat", sampler="labor", epochs=9), 1))
+    other = cfg(**{"model": "gat", "sampler": "labor", key: value})
+    name = "num-layers" if key == "fanouts" else key.replace("_", "-")
+    with pytest.raises(UsageError, match=rf"another model configuration \(--{name} "):
+        check_binding("C", saved, binding(ds, other, 1))
+
+
+def test_a_store_that_runs_ahead_is_saved_at_the_last_trained_batchs_mark():
+    """Mid-epoch, a store with ``mark`` (the sharded store reads ahead of training) is saved as
+    it was at ``partial["store_mark"]``; one without it, as it is."""
+    from types import SimpleNamespace
+
+    from gnnio.train.checkpoint import make_state
+
+    class Ahead:
+        def mark(self):
+            return 9
+
+        def state_dict(self, upto=None):
+            return {"upto": upto}
+
+    class Plain:
+        def state_dict(self):
+            return {"plain": 1}
+
+    ds = SimpleNamespace(fingerprint="f", name="d")
+    net = torch.nn.Linear(2, 2)
+    kw = dict(ds=ds, cfg=cfg(), world_size=1, epoch=0, batch=3, model=net,
+              opt=torch.optim.SGD(net.parameters(), lr=0.1), stores=[Ahead(), Plain()],
+              sampler=None, adaptive=None, best_valid=-1.0, best_epoch=-1, stopped=False,
+              history=[])  # fmt: skip
+    state = make_state(**kw, partial={"store_mark": 5})
+    assert state["stores"] == [{"upto": 5}, {"plain": 1}]
+    assert make_state(**kw)["stores"] == [{"upto": None}, {"plain": 1}]

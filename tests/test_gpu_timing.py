@@ -155,3 +155,23 @@ def test_cpu_run_summary_says_simulated_and_hidden_fraction(tmp_path):
     assert 0.0 <= s["hidden_fraction"] <= 1.0
     assert 0.0 <= s["history"][0]["hidden_fraction"] <= 1.0
     assert isinstance(types.SimpleNamespace(**s).simulated, bool)
+
+
+def test_compute_timer_sums_event_pairs_in_seconds_waiting_for_the_last_end_only(monkeypatch):
+    """``ComputeTimer`` on CUDA: one (start, end) event pair per step on the current stream,
+    read at ``total_s``, which waits for the last end event alone and gives seconds (the
+    events' milliseconds / 1000); pairs read once are not counted again."""
+    from gnnio.train.timing import ComputeTimer
+
+    log = fake_events(monkeypatch)
+    timer = ComputeTimer(CUDA0)
+    for _ in range(3):
+        timer.start()
+        timer.stop()  # the fake events: 1 ms between a step's two
+    assert [op for op, *_ in log] == ["record"] * 6
+    assert timer.total_s() == pytest.approx(3e-3)
+    assert [(op, i) for op, i, _ in log if op == "synchronize"] == [("synchronize", log[-2][1])]
+    assert timer.total_s() == pytest.approx(3e-3)
+    timer.start()
+    timer.stop()
+    assert timer.total_s() == pytest.approx(4e-3)

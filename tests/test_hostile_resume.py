@@ -91,6 +91,18 @@ def _first_param(raw):
         (lambda r: r.__setitem__("epoch", "2"), ["'epoch' is a str"]),
         (lambda r: r["rng"].pop("numpy"), ["KeyError", "numpy"]),
         (lambda r: r["optimizer"].__setitem__("state", 5), ["not a valid checkpoint"]),
+        (lambda r: r.__setitem__("partial", "{}"), ["epoch 2 batch 0 and its partial sums"]),
+        (
+            lambda r: r.__setitem__("history", json.dumps([{"epoch": 1}, {"epoch": 0}])),
+            ["history record 0 is not epoch 0's"],
+        ),  # fmt: skip
+        (
+            lambda r: r.__setitem__("history", json.dumps([{"epoch": i} for i in range(3)])),
+            ["a history of 3 epochs at epoch 2"],
+        ),  # fmt: skip
+        (lambda r: r.__setitem__("best_epoch", True), ["'best_epoch' is a bool"]),
+        (lambda r: r["model"].__setitem__(next(iter(r["model"])), 5), ["not a tensor"]),
+        (lambda r: r["binding"].pop("options"), ["incomplete binding"]),
     ],
 )
 def test_tampered_checkpoint_is_one_line(run2, tmp_path, capsys, edit, words):
@@ -125,3 +137,26 @@ def test_file_size_limit_on_checkpoint_dir_is_one_line(run2, tmp_path):
                       preexec_fn=_fsize_limit(16 << 10))  # fmt: skip
     assert_one_line(proc, "--checkpoint-dir", "cannot write it", "too large")
     assert sorted(p.name for p in c.iterdir()) == ["lock"]
+
+
+def test_mid_epoch_checkpoint_of_the_last_epoch_needs_one_more(run2, tmp_path, capsys):
+    """A checkpoint inside epoch ``E`` (batch > 0) lies past ``--epochs E``: the run would
+    report an epoch more than asked for; ``--epochs E + 1`` is what to give."""
+    ds, c = _copy(run2, tmp_path)
+    *_, newest = checkpoint_files(c)[-1]  # epoch 2, batch 0
+    raw = torch.load(newest, weights_only=True)
+    raw["batch"] = 1
+    raw["partial"] = json.dumps({"loss_sum": 0.0, "correct": 0, "seen": 16, "wait": 0.0,
+                                 "counted": None, "store_mark": None})  # fmt: skip
+    torch.save(raw, c / "ckpt-e000002-b000000001.pt")
+    assert _resume(ds, c, 2) == 2
+    one_line_error(capsys, "ckpt-e000002-b000000001.pt", "past --epochs 2", "--epochs 3")
+
+
+def test_checkpoint_dir_spelled_otherwise_is_the_resumed_one(run2, tmp_path, capsys):
+    """``--checkpoint-dir`` naming the ``--resume`` directory by another path (a trailing
+    ``/.``) continues its checkpoints: not refused as another run's."""
+    ds, c = _copy(run2, tmp_path)
+    assert _resume(ds, c, 3, "--checkpoint-dir", f"{c}/.") == 0
+    assert checkpoint_files(c)[-1][:2] == (3, 0)
+    capsys.readouterr()

@@ -261,3 +261,52 @@ def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
         return np.array_equal(out, want)
 
     assert in_forked_child(child) is True, "the forked child's product hung or differed"
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threaded_product_writes_the_rows_after_the_last_edge(monkeypatch, threads):
+    """The row ranges split the edges evenly, so trailing rows without edges fall after the last
+    edge's cut; the last range still runs to the last row and writes its zeros (the output is
+    ``empty``: left unwritten, a row would keep whatever the memory held -- NaN here)."""
+    rng = np.random.default_rng(5)
+    nd, ns, e, f = 40, 50, 300, 4
+    dst = np.sort(rng.integers(0, nd - 10, e))  # the last 10 rows have no edges
+    ptr = np.searchsorted(dst, np.arange(nd + 1)).astype(np.int64)
+    col = rng.integers(0, ns, e).astype(np.int64)
+    val = rng.uniform(0.1, 2.0, e).astype(np.float32)
+    x = rng.standard_normal((ns, f)).astype(np.float32)
+    want = np.zeros((nd, f), np.float32)
+    spmm._spmm(ptr, col, val, x, want, 0, nd)
+    monkeypatch.setattr(spmm, "_SERIAL_WORK", 0)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = np.full((nd, f), np.nan, np.float32)
+        spmm._spmm_threads(ptr, col, val, x, out)
+    finally:
+        torch.set_num_threads(prev)
+    assert np.array_equal(out, want)
+    assert not out[-10:].any()
+
+
+@pytest.mark.parametrize("impl", ["numba", "torch"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_self_loop_of_any_weight_joins_each_rows_mean(monkeypatch, impl, weighted):
+    """``block_csr(self_loop=c)``: ``A_ij = w_j / (sum_k w_k + c)`` and ``self_val[i] = c /
+    (sum_k w_k + c)`` (a row without edges: all on the loop), for a ``c`` other than GCN's 1;
+    ``self_loop`` is refused with ``reduce="sum"`` or below 0."""
+    monkeypatch.setenv("GNNIO_SPMM", "" if impl == "numba" else "torch")
+    rng = np.random.default_rng(11)
+    block = _random_block(rng, 20, 45, 90, weighted)
+    c = 2.5
+    adj = spmm.block_csr(block, "mean", torch.float64, torch.device("cpu"), self_loop=c)
+    assert adj.impl == impl
+    src, dst = block.edge_index.numpy()
+    w = np.ones(len(src)) if block.edge_weight is None else block.edge_weight.double().numpy()
+    s = np.zeros(block.num_dst)
+    np.add.at(s, dst, w)
+    np.testing.assert_allclose(adj.val.numpy(), w / (s[dst] + c), rtol=1e-6)
+    np.testing.assert_allclose(adj.self_val.numpy(), c / (s + c), rtol=1e-6)
+    for reduce, loop in (("sum", 1.0), ("mean", -1.0)):
+        with pytest.raises(ValueError, match="self_loop"):
+            spmm.block_csr(block, reduce, torch.float32, torch.device("cpu"), self_loop=loop)

@@ -177,3 +177,92 @@ def test_layout_is_planned_only_on_a_gpu_without_layout_options(easy):
     assert same is on_disk and not plan["planned"]
     same, plan = apply_layout_plan(ds, cfg, cuda, world_size=2, free_bytes=80 * GiB)
     assert same is cfg and not plan["planned"]
+
+
+def test_plan_layout_budget_arithmetic():
+    """The plan's numbers as the module docstring states them: reserve ``max(1 GiB, free / 4)``;
+    everything fits only with the sampler's scratch (16 bytes per node and worker) counted; the
+    CSR on the GPU only within a quarter of the budget, the hot rows then filling what the CSR
+    and the scratch leave; UVA gives the budget less the scratch to rows; hot rows never exceed
+    the rows there are."""
+    mib = 2**20
+    n, row = 2**20 - 1, 8192
+    scratch = 16 * (n + 1)  # 16 MiB
+    feats = (n + 1) * row  # 8 GiB: never fits
+    free = 8 * GiB  # reserve 2 GiB, budget 6 GiB
+    csr = GiB - scratch  # CSR + scratch: 1 GiB, within 6 / 4 GiB
+    p = plan_layout(feats, row, csr, n, free_bytes=free)
+    assert (p["reserve_bytes"], p["budget_bytes"]) == (2 * GiB, 6 * GiB)
+    assert (p["sampler_device"], p["graph_in"]) == ("cuda", "gpu")
+    assert p["hot_rows"] == 5 * GiB // row and p["gpu_cache_fraction"] == 5 / 8
+    assert (p["gpu_feature_bytes"], p["gpu_csr_bytes"]) == (5 * GiB, csr)
+    four = plan_layout(feats, row, csr, n, free_bytes=free, workers=4)  # scratch x 4
+    assert four["hot_rows"] == (6 * GiB - csr - 4 * scratch) // row
+    # CSR + scratch between a quarter and a half of the budget: UVA, the budget less the scratch
+    uva = plan_layout(feats, row, 2 * GiB, n, free_bytes=free)
+    assert (uva["sampler_device"], uva["graph_in"], uva["gpu_csr_bytes"]) == ("cuda", "host", 0)
+    assert uva["hot_rows"] == (6 * GiB - scratch) // row
+    # features + CSR fit, but not with the scratch: the hot-rows case
+    tight = plan_layout(5 * GiB, row, GiB - 8 * mib, n, free_bytes=free)
+    assert tight["graph_in"] == "gpu" and tight["hot_rows"] < 5 * GiB // row
+    assert tight["hot_rows"] == (6 * GiB - (GiB - 8 * mib) - scratch) // row
+    assert plan_layout(5 * GiB, row, GiB - 32 * mib, n, free_bytes=free)["gpu_cache_fraction"] == 1
+    # the CPU sampler (scratch over a quarter of the budget): hot rows clamped to the rows
+    big_n = 2**24
+    cpu = plan_layout(4 * big_n, 4, 0, big_n, free_bytes=GiB + 256 * mib)
+    assert cpu["sampler_device"] == "cpu" and cpu["budget_bytes"] == 256 * mib
+    assert cpu["hot_rows"] == big_n and cpu["gpu_cache_fraction"] == 1.0
+    assert plan_layout(0, 0, 0, 10, free_bytes=80 * GiB)["reserve_bytes"] == 20 * GiB
+
+
+def test_a_batch_of_unlabelled_seeds_only_steps_with_loss_0():
+    """A train split may hold unlabelled nodes (label -1; the format asks for one labelled
+    node), so a batch may have no labelled seed: its loss is 0 with zero gradients (PyTorch's
+    mean over no target is NaN, which stopped training as a diverging loss); with labelled seeds
+    it is their mean, as ``F.cross_entropy``'s, bit for bit."""
+    from gnnio.sampling.base import Block, MiniBatch
+    from gnnio.train.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("sage", 4, 8, 3, num_layers=1, dropout=0.0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    block = Block(torch.tensor([[1, 2, 3], [0, 0, 1]]), num_src=4, num_dst=2)
+    x = torch.randn(4, 4)
+    before = [p.detach().clone() for p in net.parameters()]
+    batch = MiniBatch(torch.arange(2), torch.arange(4), [block], x=x, labels=torch.tensor([-1, -1]))
+    _, loss = train_step(net, opt, batch)
+    assert loss.item() == 0.0
+    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters()))
+    y = torch.tensor([2, -1])
+    want = torch.nn.functional.cross_entropy(net(x, [block]), y, ignore_index=-1)
+    batch = MiniBatch(torch.arange(2), torch.arange(4), [block], x=x, labels=y)
+    assert torch.equal(train_step(net, opt, batch)[1], want.detach())
+
+
+def test_the_optimizer_is_adam_with_the_configured_rate_and_decay():
+    """``make_optimizer``: Adam over every trainable parameter (GIN's learnable ``eps`` too)
+    with ``--lr`` and ``--weight-decay`` (L2 added to the gradient: with a zero gradient the
+    decay alone moves each parameter by about ``lr`` at Adam's first step), as torch's
+    per-parameter loop computes it."""
+    from gnnio.train.build import make_optimizer
+    from gnnio.train.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("gin", 4, 8, 3, num_layers=1)
+    start = [p.detach().clone() for p in net.parameters()]
+    opt = make_optimizer(net, _cfg(lr=0.01, weight_decay=0.1))
+    assert isinstance(opt, torch.optim.Adam)
+    assert (opt.defaults["lr"], opt.defaults["weight_decay"]) == (0.01, 0.1)
+    assert [p for g in opt.param_groups for p in g["params"]] == list(net.parameters())
+    assert any(n.endswith("eps") for n, _ in net.named_parameters())
+    ref = [p.clone().requires_grad_() for p in start]
+    ref_opt = torch.optim.Adam(ref, lr=0.01, weight_decay=0.1, foreach=False)
+    for p in [*net.parameters(), *ref]:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    ref_opt.step()
+    for p, q, s0 in zip(net.parameters(), ref, start):
+        torch.testing.assert_close(p.detach(), q.detach())
+        nonzero = s0 != 0
+        torch.testing.assert_close((s0 - p.detach())[nonzero].abs(),
+                                   torch.full_like(s0[nonzero], 0.01), rtol=1e-3, atol=1e-6)  # fmt: skip
