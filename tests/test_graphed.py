@@ -85,6 +85,26 @@ def test_the_padded_step_trains_as_the_eager_step(small, kw):
     assert b.blocks[-1].num_dst < rows[-1] and b.blocks[0].num_edges < edges[0]
 
 
+def test_a_padded_batch_of_unlabelled_seeds_only_steps_with_loss_0(small):
+    """As ``train_step``: a batch whose seeds are all unlabelled (a train split may hold some)
+    gets loss 0 and leaves the parameters as they were (SGD), where the mean over no labelled
+    seed was NaN and stopped the run as diverging; the next labelled batch trains as before."""
+    cfg = _cfg()
+    parts, batches = _batches(small, cfg, 4)
+    net = parts.net
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    step = GraphedStep("cpu", warmup=2, capture=False)
+    for b in batches[:3]:
+        step(net, opt, b)
+    b = batches[3]
+    b.labels = torch.full_like(b.labels, -1)
+    before = [p.detach().clone() for p in net.parameters()]
+    _, loss = step(net, opt, b)
+    assert step.report()["graphed"] == 2  # (the padded step, not the eager one)
+    assert loss.item() == 0.0
+    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
+
+
 @pytest.mark.parametrize(
     "kw",
     [{"model": "sage"}, {"model": "gin"}, {"model": "gcn"}, {"model": "gat"},

@@ -168,7 +168,9 @@ class GraphedStep:
     def _body(self, net, opt):
         logits = net(self.x, self.blocks)
         y = self.labels
-        loss = F.cross_entropy(logits, y, ignore_index=-1)
+        # as train_step: the mean over the labelled seeds, 0 (not 0 / 0) for a batch without one
+        labelled = (y >= 0).sum().clamp_min(1)
+        loss = F.cross_entropy(logits, y, ignore_index=-1, reduction="sum") / labelled
         loss.backward()
         opt.step()
         # the loop's per-batch sums (gnnio.train.loop: loss x seeds, correct predictions), here
