@@ -103,6 +103,14 @@ def test_a_padded_batch_of_unlabelled_seeds_only_steps_with_loss_0(small):
     assert step.report()["graphed"] == 2  # (the padded step, not the eager one)
     assert loss.item() == 0.0
     assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
+    # the loop's sums from the graph: loss x labelled seeds, correct, labelled seeds (the
+    # epoch's denominators, gnnio.train.loop), here none labelled; and a labelled batch's
+    assert [float(v) for v in step.sums()] == [0.0, 0.0, 0.0]
+    b = batches[2]
+    b.labels[::2] = -1
+    _, loss = step(net, opt, b)
+    total, _, lab = step.sums()
+    assert int(lab) == int((b.labels >= 0).sum()) and float(total) == float(loss) * int(lab)
 
 
 @pytest.mark.parametrize(

@@ -98,3 +98,49 @@ def test_every_tier_of_the_store_is_in_each_epochs_record(tiny, fraction, empty)
         tiers = s["history"][0][key]
         assert set(tiers) == {"gpu", "host"} and tiers[empty] == 0 and sum(tiers.values()) > 0
         assert s[key] == tiers
+
+
+def test_the_epochs_loss_and_accuracy_are_over_its_labelled_seeds(tmp_path):
+    """A train split may hold unlabelled nodes (label -1): the epoch's ``loss`` is the mean over
+    the labelled seeds (each batch's mean weighted by its labelled count) and ``train_acc`` their
+    share predicted right; unlabelled seeds were counted in both denominators before, which
+    pulled the accuracy down by their share. ``seeds`` still counts every seed."""
+    import numpy as np
+    import torch
+
+    import gnnio
+    from gnnio.graph import DatasetWriter, edges_to_csr
+    from gnnio.train.build import build_training, train_step
+    from gnnio.train.loop import _train_epoch
+
+    rng = np.random.default_rng(3)
+    n = 48
+    indptr, indices = edges_to_csr(rng.integers(0, n, 200), rng.integers(0, n, 200), n)
+    labels = rng.integers(0, 3, n).astype(np.int64)
+    labels[: n // 2 : 2] = -1  # every other node of the first half unlabelled
+    path = tmp_path / "half"
+    with DatasetWriter(path, name="half") as w:
+        w.save_array("indptr", indptr)
+        w.save_array("indices", indices)
+        w.save_array("features", rng.standard_normal((n, 4)).astype(np.float32))
+        w.save_array("labels", labels)
+        w.save_array("train_idx", np.arange(0, n // 2, dtype=np.int64))
+        w.save_array("valid_idx", np.arange(n // 2, 3 * n // 4, dtype=np.int64))
+        w.save_array("test_idx", np.arange(3 * n // 4, n, dtype=np.int64))
+        w.meta["num_classes"] = 3
+    cfg = _cfg(epochs=1, batch_size=5)
+    parts = build_training(gnnio.load(path), cfg, LocalRun(), torch.device("cpu"))
+    seen = []
+
+    def recording(net, opt, batch, timer=None):
+        logits, loss = train_step(net, opt, batch, timer)
+        y = batch.labels
+        seen.append((float(loss), int((y >= 0).sum()), int((logits.argmax(1) == y).sum())))
+        return logits, loss
+
+    rec = _train_epoch(parts.net, parts.opt, parts.train_loader, parts.store, 0, cfg,
+                       torch.device("cpu"), step=recording)  # fmt: skip
+    lab = sum(k for _, k, _ in seen)
+    assert rec["seeds"] == n // 2 and 0 < lab < n // 2
+    assert rec["loss"] == pytest.approx(sum(v * k for v, k, _ in seen) / lab, rel=1e-12)
+    assert rec["train_acc"] == sum(c for _, _, c in seen) / lab

@@ -132,7 +132,6 @@ class GraphedStep:
         rows, edges = c["rows"], c["edges"]
         self.x = torch.zeros((rows[0], *c["feat"]), dtype=c["dtype"], device=dev)
         self.labels = torch.full((rows[-1],), -1, dtype=torch.int64, device=dev)
-        self._seeds = torch.zeros((), dtype=torch.float64, device=dev)  # the batch's seeds
         self.blocks, self._pad = [], []
         for k, e in enumerate(edges):
             nd = rows[k + 1]
@@ -152,7 +151,6 @@ class GraphedStep:
         b = int(batch.labels.shape[0])
         self.labels[:b].copy_(batch.labels)
         self.labels[b:].fill_(-1)
-        self._seeds.fill_(b)  # (a scalar argument: nothing copied from the host, no wait)
         for blk, sb, pad in zip(batch.blocks, self.blocks, self._pad, strict=True):
             e, n = blk.num_edges, blk.num_dst
             sb.edge_index[:, :e].copy_(blk.edge_index)
@@ -176,7 +174,9 @@ class GraphedStep:
         # the loop's per-batch sums (gnnio.train.loop: loss x seeds, correct predictions), here
         # inside the graph instead of ~7 operations per batch on the host
         with torch.no_grad():
-            sums = (loss.double() * self._seeds, ((logits.argmax(dim=1) == y) & (y >= 0)).sum())
+            lab = y >= 0
+            # (loss x labelled seeds: the sum over them; the padding's labels are -1)
+            sums = (loss.double() * lab.sum(), ((logits.argmax(dim=1) == y) & lab).sum(), lab.sum())
         return logits, loss, sums
 
     def _capture(self, net, opt) -> None:
@@ -206,9 +206,9 @@ class GraphedStep:
         return out
 
     def sums(self):
-        """``(loss x seeds, correct)`` of the batch just trained, as 0-d device tensors, when it
-        ran padded (computed inside the graph; overwritten by the next replay: add, do not
-        keep), else None (the caller computes them from the logits)."""
+        """``(loss x labelled seeds, correct, labelled seeds)`` of the batch just trained, as 0-d
+        device tensors, when it ran padded (computed inside the graph; overwritten by the next
+        replay: add, do not keep), else None (the caller computes them from the logits)."""
         return self._sums
 
     def __call__(self, net, opt, batch, timer=None):

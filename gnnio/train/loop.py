@@ -406,12 +406,17 @@ def _train_epoch(
     before = store.counters.snapshot()
     # rows/bytes per tier of the batches trained on; device parts summed there, read at the end
     counted: BatchCount | None = BatchCount()
-    loss_sum = correct = None  # summed on the batches' device, read once after the pass
+    # summed on the batches' device, read once after the pass; ``labelled``: the seeds with a
+    # label (a train split may hold unlabelled nodes), the loss's and accuracy's denominator
+    loss_sum = correct = labelled = None
     seen = batches = 0
     wait = 0.0
     if partial is not None:
         loss_sum = torch.tensor(partial["loss_sum"], dtype=torch.float64, device=device)
         correct = torch.tensor(partial["correct"], dtype=torch.int64, device=device)
+        # (a checkpoint written before the count: every seed counted, as it was then)
+        labelled = torch.tensor(partial.get("labelled", partial["seen"]), dtype=torch.int64,
+                                device=device)  # fmt: skip
         seen, batches, wait = partial["seen"], start, partial["wait"]
         counted = None if partial["counted"] is None else BatchCount(partial["counted"])
     timer = ComputeTimer(device)
@@ -432,12 +437,15 @@ def _train_epoch(
             b = int(y.shape[0])
             sums = step.sums() if hasattr(step, "sums") else None  # (--cuda-graph: in the graph)
             if sums is None:
-                batch_loss = loss.double() * b
-                batch_correct = ((logits.argmax(dim=1) == y) & (y >= 0)).sum()
+                lab = y >= 0
+                batch_labelled = lab.sum()
+                batch_loss = loss.double() * batch_labelled  # (the mean over them, x their count)
+                batch_correct = ((logits.argmax(dim=1) == y) & lab).sum()
             else:  # static outputs of the graph: the next replay overwrites them, so add only
-                batch_loss, batch_correct = sums
+                batch_loss, batch_correct, batch_labelled = sums
             loss_sum = batch_loss.clone() if loss_sum is None else loss_sum + batch_loss
             correct = batch_correct.clone() if correct is None else correct + batch_correct
+            labelled = batch_labelled.clone() if labelled is None else labelled + batch_labelled
             seen += b
             batches += 1
             c = batch.meta.get("counted") if counted is not None else None
@@ -451,6 +459,7 @@ def _train_epoch(
             if on_batch and batches % every == 0 and batches < (num_batches or batches + 1):
                 on_batch(epoch, batches, {
                     "loss_sum": float(loss_sum), "correct": int(correct), "seen": seen,
+                    "labelled": int(labelled),
                     "wait": wait, "counted": None if counted is None else counted.resolve(),
                     "store_mark": batch.meta.get("store_mark")})  # fmt: skip
             pb.update(1)
@@ -475,10 +484,12 @@ def _train_epoch(
         else _counter_diff(store.counters.snapshot(), before)
     )
     breakdown = {**stages, "compute": compute, "wait": wait}
+    n_lab = 0 if labelled is None else int(labelled)
     return {
         "epoch": epoch,
-        "loss": float(loss_sum) / seen if seen else 0.0,
-        "train_acc": int(correct) / seen if seen else 0.0,
+        # over the labelled seeds (all of them in most datasets)
+        "loss": float(loss_sum) / n_lab if n_lab else 0.0,
+        "train_acc": int(correct) / n_lab if n_lab else 0.0,
         "batches": batches,
         "seeds": seen,
         "epoch_time_s": epoch_time,
