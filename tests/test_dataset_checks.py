@@ -127,3 +127,46 @@ def test_array_file_symlinked_outside_the_dataset_is_refused(tmp_path):
     (ds_dir / "labels.npy").symlink_to(outside)
     with pytest.raises(DatasetError, match="outside the dataset directory"):
         gnnio.load(ds_dir)
+
+
+def edit_meta(ds_dir, fn):
+    meta = json.loads((ds_dir / META_FILE).read_text())
+    fn(meta)
+    (ds_dir / META_FILE).write_text(json.dumps(meta))
+
+
+def test_feat_dim_in_meta_must_match_the_features(tmp_path):
+    ds_dir = write_tiny_dataset(tmp_path / "ds", feat_dim=4)
+    edit_meta(ds_dir, lambda m: m.update(feat_dim=5))
+    with pytest.raises(DatasetError, match="does not match meta.json feat_dim=5"):
+        gnnio.load(ds_dir)
+
+
+def test_int64_indices_of_a_small_graph_are_refused_even_if_meta_agrees(tmp_path):
+    ds_dir = write_tiny_dataset(tmp_path / "ds")
+    ix = np.load(ds_dir / "indices.npy").astype(np.int64)
+    np.save(ds_dir / "indices.npy", ix)
+    f = ds_dir / "indices.npy"
+    edit_meta(ds_dir, lambda m: m["arrays"]["indices"].update(dtype="int64", sha256=sha256_file(f)))
+    with pytest.raises(DatasetError, match="indices.npy: must be int32"):
+        gnnio.load(ds_dir)
+
+
+def test_an_extra_array_whose_dtype_differs_from_meta_is_refused(tmp_path):
+    with DatasetWriter(tmp_path / "d", name="t") as w:
+        w.save_array("indptr", np.zeros(3, np.int64))
+        w.save_array("indices", np.zeros(0, np.int32))
+        w.save_array("features", np.zeros((2, 1), np.float32))
+        w.save_array("weights", np.ones(2, np.float32))  # no check of its own but meta's
+    f = tmp_path / "d" / "weights.npy"
+    np.save(f, np.ones(2, np.float64))
+    edit_meta(tmp_path / "d", lambda m: m["arrays"]["weights"].update(sha256=sha256_file(f)))
+    with pytest.raises(DatasetError, match="weights.npy: dtype float64 does not match meta.json"):
+        gnnio.load(tmp_path / "d")
+
+
+def test_the_temporary_directory_of_an_interrupted_write_does_not_open(tmp_path):
+    # a writer killed after its meta.json and before the rename leaves a complete-looking copy
+    tmp = write_tiny_dataset(tmp_path / ".ds.tmp-123-0badcafe")
+    with pytest.raises(DatasetError, match="temporary directory of an interrupted write"):
+        gnnio.load(tmp)
