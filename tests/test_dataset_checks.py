@@ -6,6 +6,7 @@ on a split emptied by hand."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -170,3 +171,32 @@ def test_the_temporary_directory_of_an_interrupted_write_does_not_open(tmp_path)
     tmp = write_tiny_dataset(tmp_path / ".ds.tmp-123-0badcafe")
     with pytest.raises(DatasetError, match="temporary directory of an interrupted write"):
         gnnio.load(tmp)
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda m: m.update(num_classes=True), "num_classes must be an integer >= 0, got True"),
+        (lambda m: m.update(format_version=True), "format_version must be the integer 1"),
+        (lambda m: m["arrays"]["labels"].update(file=".."), "file '..' is not a file name"),
+        (lambda m: m["arrays"]["labels"].update(file="."), "file '.' is not a file name"),
+        (lambda m: m["arrays"]["labels"].update(file="x\\labels.npy"), "is not a file name"),
+    ],
+)
+def test_meta_booleans_and_odd_file_names_are_refused(tmp_path, edit, needle):
+    ds_dir = write_tiny_dataset(tmp_path / "ds")
+    edit_meta(ds_dir, edit)
+    with pytest.raises(DatasetError, match=re.escape(needle)):
+        gnnio.load(ds_dir)
+
+
+def test_an_output_that_appears_during_the_write_is_not_replaced(tmp_path):
+    out = tmp_path / "d"
+    with pytest.raises(DatasetError, match="appeared while it was written"):
+        with DatasetWriter(out, name="t") as w:
+            w.save_array("indptr", np.zeros(3, np.int64))
+            w.save_array("indices", np.zeros(0, np.int32))
+            w.save_array("features", np.zeros((2, 1), np.float32))
+            out.mkdir()  # someone else's directory, made while this writer worked
+            (out / "theirs.txt").write_text("keep")
+    assert (out / "theirs.txt").read_text() == "keep" and not (out / META_FILE).exists()
