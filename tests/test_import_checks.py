@@ -14,6 +14,7 @@ from gnnio.importers._common import (
     labels_to_int64,
     parse_csv_block,
 )
+from gnnio.importers.npy import prepare_npy
 
 
 def test_labels_just_past_the_dense_floor_are_bounded():
@@ -35,3 +36,31 @@ def test_csv_block_with_the_wrong_column_count_is_refused():
     with pytest.raises(DatasetError, match="expected 2 comma-separated columns, found 3"):
         parse_csv_block(block, np.int64, 2, "edge.csv", first_line=4)
     assert parse_csv_block(block, np.int64, 3, "edge.csv").tolist() == [[0, 1, 7], [2, 3, 7]]
+
+
+def npy_inputs():
+    """3 nodes, edges 0->1, 1->2, labels for all."""
+    return np.zeros((3, 2), np.float32), np.array([[0, 1], [1, 2]]), np.array([0, 1, 1])
+
+
+def test_npy_split_mask_of_the_wrong_length_is_refused(tmp_path):
+    feats, edges, lab = npy_inputs()
+    with pytest.raises(
+        DatasetError, match=r"train_idx \(array\): a bool mask must have shape \[3\]"
+    ):
+        prepare_npy(feats, tmp_path / "d", edges=edges, labels=lab,
+                    train_idx=np.array([True, False]), progress=False)  # fmt: skip
+
+
+def test_npy_repeated_split_ids_name_the_input(tmp_path):
+    feats, edges, lab = npy_inputs()
+    with pytest.raises(DatasetError, match=r"^test_idx \(array\): contains repeated node ids"):
+        prepare_npy(feats, tmp_path / "d", edges=edges, labels=lab, train_idx=np.array([0]),
+                    test_idx=np.array([2, 2]), progress=False)  # fmt: skip
+
+
+def test_npy_indptr_that_ends_before_the_indices_is_refused(tmp_path):
+    feats = np.zeros((2, 1), np.float32)
+    with pytest.raises(DatasetError, match=r"indptr \(array\): ends at 1 but indices"):
+        prepare_npy(feats, tmp_path / "d", indptr=np.array([0, 1, 1]),
+                    indices=np.array([1, 0]), progress=False)  # fmt: skip
