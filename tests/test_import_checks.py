@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gnnio.errors import DatasetError
+from gnnio.errors import DatasetError, UsageError
 from gnnio.importers._common import (
     DENSE_FLOOR,
     check_dense_ids,
@@ -15,6 +15,9 @@ from gnnio.importers._common import (
     parse_csv_block,
 )
 from gnnio.importers.npy import prepare_npy
+from gnnio.importers.planetoid import prepare_planetoid
+
+from .test_importers import gap_layout, write_planetoid
 
 
 def test_labels_just_past_the_dense_floor_are_bounded():
@@ -64,3 +67,24 @@ def test_npy_indptr_that_ends_before_the_indices_is_refused(tmp_path):
     with pytest.raises(DatasetError, match=r"indptr \(array\): ends at 1 but indices"):
         prepare_npy(feats, tmp_path / "d", indptr=np.array([0, 1, 1]),
                     indices=np.array([1, 0]), progress=False)  # fmt: skip
+
+
+def test_npy_indptr_that_decreases_by_one_is_refused(tmp_path):
+    feats = np.zeros((3, 1), np.float32)
+    with pytest.raises(DatasetError, match=r"indptr \(array\): decreases at position 2"):
+        prepare_npy(feats, tmp_path / "d", indptr=np.array([0, 2, 1, 3]),
+                    indices=np.array([1, 0, 2]), progress=False)  # fmt: skip
+
+
+def test_npy_negative_num_nodes_is_a_usage_error(tmp_path):
+    feats, edges, _ = npy_inputs()
+    with pytest.raises(UsageError, match="--num-nodes -1: must be >= 0"):
+        prepare_npy(feats, tmp_path / "d", edges=edges, num_nodes=-1, progress=False)
+
+
+def test_planetoid_test_node_on_the_last_allx_row_is_refused(tmp_path):
+    parts, _, _ = gap_layout()  # 5 allx rows: ids 0..4
+    parts["test.index"] = [8, 4, 7]
+    write_planetoid(tmp_path, "g", parts)
+    with pytest.raises(DatasetError, match=r"test node 4 overlaps the allx rows \[0, 5\)"):
+        prepare_planetoid("g", tmp_path, tmp_path / "out", progress=False)
