@@ -4,9 +4,12 @@ each against a value worked out by hand."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+import gnnio
 from gnnio.errors import DatasetError, UsageError
 from gnnio.importers._common import (
     DENSE_FLOOR,
@@ -14,6 +17,7 @@ from gnnio.importers._common import (
     labels_to_int64,
     parse_csv_block,
 )
+from gnnio.importers.facebook import prepare_facebook
 from gnnio.importers.npy import prepare_npy
 from gnnio.importers.planetoid import prepare_planetoid
 
@@ -88,3 +92,36 @@ def test_planetoid_test_node_on_the_last_allx_row_is_refused(tmp_path):
     write_planetoid(tmp_path, "g", parts)
     with pytest.raises(DatasetError, match=r"test node 4 overlaps the allx rows \[0, 5\)"):
         prepare_planetoid("g", tmp_path, tmp_path / "out", progress=False)
+
+
+def test_planetoid_repeated_test_ids_name_the_test_index(tmp_path):
+    parts, _, _ = gap_layout()
+    parts["test.index"] = [8, 5, 8]
+    write_planetoid(tmp_path, "g", parts)
+    with pytest.raises(DatasetError, match=r"ind\.g\.test\.index: contains repeated node ids"):
+        prepare_planetoid("g", tmp_path, tmp_path / "out", progress=False)
+
+
+def write_facebook(root, ids, types):
+    """A tiny Facebook Page-Page layout: target rows in the order given, edges 0-1 and 1-2."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = "".join(f'{i},{100 + i},"page, {i}",{t}\n' for i, t in zip(ids, types))
+    (root / "facebook_target.csv").write_text("id,facebook_id,page_name,page_type\n" + rows)
+    (root / "facebook_edges.csv").write_text("id_1,id_2\n0,1\n1,2\n")
+    (root / "facebook.json").write_text(json.dumps({str(i): [i % 2] for i in ids}))
+    return root
+
+
+def test_facebook_labels_follow_the_id_column_not_the_row_order(tmp_path):
+    root = write_facebook(tmp_path / "fb", [2, 0, 1], ["tvshow", "company", "politician"])
+    ds = gnnio.load(prepare_facebook(root, tmp_path / "out", split=(1.0, 0.0), progress=False))
+    # classes in sorted name order: company 0, politician 1, tvshow 2
+    assert ds.labels.tolist() == [0, 1, 2]
+    assert ds.meta["class_names"] == ["company", "politician", "tvshow"]
+
+
+@pytest.mark.parametrize("ids", [[0, 2, 3], [0, 1, 1]])
+def test_facebook_ids_must_number_the_rows(tmp_path, ids):
+    root = write_facebook(tmp_path / "fb", ids, ["a", "b", "a"])
+    with pytest.raises(DatasetError, match=r"ids must be 0\.\.2, each exactly once"):
+        prepare_facebook(root, tmp_path / "out", progress=False)
