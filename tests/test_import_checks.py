@@ -19,9 +19,10 @@ from gnnio.importers._common import (
 )
 from gnnio.importers.facebook import prepare_facebook
 from gnnio.importers.npy import prepare_npy
+from gnnio.importers.ogb import prepare_ogb
 from gnnio.importers.planetoid import prepare_planetoid
 
-from .test_importers import gap_layout, write_planetoid
+from .test_importers import gap_layout, write_gz, write_planetoid, write_tiny_ogb
 
 
 def test_labels_just_past_the_dense_floor_are_bounded():
@@ -125,3 +126,14 @@ def test_facebook_ids_must_number_the_rows(tmp_path, ids):
     root = write_facebook(tmp_path / "fb", ids, ["a", "b", "a"])
     with pytest.raises(DatasetError, match=r"ids must be 0\.\.2, each exactly once"):
         prepare_facebook(root, tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize(
+    "ids,needle",
+    [([0, 7], r"node id 7 is out of range \[0, 7\)"), ([0, 1, 0], "contains repeated node ids")],
+)
+def test_ogb_split_errors_name_the_split_file(tmp_path, ids, needle):
+    folder = write_tiny_ogb(tmp_path / "ogbn_tiny")  # 7 nodes
+    write_gz(folder / "split" / "time" / "train.csv.gz", "".join(f"{i}\n" for i in ids))
+    with pytest.raises(DatasetError, match=r"train\.csv\.gz: " + needle):
+        prepare_ogb(folder, tmp_path / "out", progress=False)
