@@ -22,7 +22,7 @@ from gnnio.importers.npy import prepare_npy
 from gnnio.importers.ogb import prepare_ogb
 from gnnio.importers.planetoid import prepare_planetoid
 
-from .test_importers import gap_layout, write_gz, write_planetoid, write_tiny_ogb
+from .test_importers import check_tiny_ogb, gap_layout, write_gz, write_planetoid, write_tiny_ogb
 
 
 def test_labels_just_past_the_dense_floor_are_bounded():
@@ -137,3 +137,11 @@ def test_ogb_split_errors_name_the_split_file(tmp_path, ids, needle):
     write_gz(folder / "split" / "time" / "train.csv.gz", "".join(f"{i}\n" for i in ids))
     with pytest.raises(DatasetError, match=r"train\.csv\.gz: " + needle):
         prepare_ogb(folder, tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("symmetrize", [False, True])
+def test_ogb_in_ram_keeps_one_way_edges_unless_symmetrized(tmp_path, symmetrize):
+    # the CLI runs OGB within its default budget; this is the in-RAM path (memory_budget None)
+    folder = write_tiny_ogb(tmp_path / "ogbn_tiny")
+    out = prepare_ogb(folder, tmp_path / "out", symmetrize=symmetrize, progress=False)
+    check_tiny_ogb(gnnio.load(out), symmetric=symmetrize)
