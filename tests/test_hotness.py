@@ -107,6 +107,14 @@ def test_wrpr_with_every_node_labeled_is_rpr():
     np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
+def test_wrpr_weighs_a_repeated_training_node_once():
+    # Algorithm 1's weight is N / |train| over distinct nodes: [2, 2] is the train set {2}
+    g = hand_graph()
+    once = hotness.weighted_reverse_pagerank(g, np.array([2]), iterations=1, damping=0.5)
+    twice = hotness.weighted_reverse_pagerank(g, np.array([2, 2]), iterations=1, damping=0.5)
+    np.testing.assert_array_equal(twice, once)
+
+
 def test_reverse_pagerank_tol_stops_early_and_converges():
     rng = np.random.default_rng(4)
     g = CSRGraph.from_edges(rng.integers(0, 40, 200), rng.integers(0, 40, 200), 40)

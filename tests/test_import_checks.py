@@ -145,3 +145,10 @@ def test_ogb_in_ram_keeps_one_way_edges_unless_symmetrized(tmp_path, symmetrize)
     folder = write_tiny_ogb(tmp_path / "ogbn_tiny")
     out = prepare_ogb(folder, tmp_path / "out", symmetrize=symmetrize, progress=False)
     check_tiny_ogb(gnnio.load(out), symmetric=symmetrize)
+
+
+def test_ogb_multi_label_csv_is_refused_with_its_reason(tmp_path):
+    folder = write_tiny_ogb(tmp_path / "ogbn_tiny")
+    write_gz(folder / "raw" / "node-label.csv.gz", "1,0\n" * 7)
+    with pytest.raises(DatasetError, match="several label columns"):
+        prepare_ogb(folder, tmp_path / "out", progress=False)
