@@ -122,6 +122,15 @@ def test_reverse_pagerank_tol_stops_early_and_converges():
     np.testing.assert_allclose(r_conv, hotness.reverse_pagerank(g, iterations=500), atol=1e-12)
 
 
+def test_reverse_pagerank_tol_stops_after_the_first_small_change():
+    # the L1 change of one update is at most 2 here: tol 10 stops after the first
+    g = hand_graph()
+    np.testing.assert_array_equal(
+        hotness.reverse_pagerank(g, iterations=50, tol=10.0),
+        hotness.reverse_pagerank(g, iterations=1),
+    )
+
+
 def test_sj_plain_by_hand():
     # train = {2}, L = 2, h_l = h_{l-1} + M^T h_{l-1} (M^T x)[u] = sum_{u->v} x[v]:
     #   h0 = [0, 0, 1, 0]
@@ -160,6 +169,15 @@ def test_sj_fanout_by_hand():
     all_nb = hotness.sj_estimate(hand_graph(), np.array([2]), fanouts=(-1, -1))
     # e1 = [1, 1, 0, 1]; e2 = M^T e1 = [1 (0->1), 0, 1 (2->0), 0]; sum with e0 = [2, 1, 2, 1]
     np.testing.assert_allclose(all_nb, [2, 1, 2, 1])
+
+
+def test_sj_fanout_caps_the_take_probability_at_one():
+    # fanouts (2, 2): take = min(1, 2 / indeg) = [1, 1, 2/3, 0] (2/1 capped at 1 on rows 0 and 1)
+    #   e1 = M^T [0, 0, 2/3, 0] = [2/3, 2/3, 0, 2/3]
+    #   e2 = M^T (e1 * take) = M^T [2/3, 2/3, 0, 0] = [2/3 (0->1), 0, 2/3 (2->0), 0]
+    #   sum with e0 = [4/3, 2/3, 5/3, 2/3]
+    got = hotness.sj_estimate(hand_graph(), np.array([2]), fanouts=(2, 2))
+    np.testing.assert_allclose(got, as_float([F(4, 3), F(2, 3), F(5, 3), F(2, 3)]), rtol=1e-12)
 
 
 def test_propagate_matches_dense():
