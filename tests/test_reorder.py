@@ -79,6 +79,13 @@ def test_order_by_score_matches_paper_example():
         reorder.order_by_score(np.array([1.0, np.nan]))
 
 
+def test_order_by_score_breaks_many_ties_by_ascending_id():
+    # past the small sizes where any sort happens to be stable: 3 distinct scores over 5000 nodes
+    s = np.random.default_rng(0).integers(0, 3, 5000).astype(np.float64)
+    want = np.lexsort((np.arange(s.size), -s))  # by descending score, then ascending id
+    np.testing.assert_array_equal(reorder.order_by_score(s), want)
+
+
 def test_bad_permutations_are_rejected():
     g = CSRGraph.from_edges(np.array([0, 1]), np.array([1, 2]), 3)
     with pytest.raises(UsageError, match="not a permutation"):
