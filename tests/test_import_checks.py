@@ -152,3 +152,15 @@ def test_ogb_multi_label_csv_is_refused_with_its_reason(tmp_path):
     write_gz(folder / "raw" / "node-label.csv.gz", "1,0\n" * 7)
     with pytest.raises(DatasetError, match="several label columns"):
         prepare_ogb(folder, tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("budget", [None, 256 << 20])
+def test_ogb_binary_features_that_are_not_numbers_are_one_line(tmp_path, budget):
+    # a node_feat of strings used to end in numpy's ValueError (a traceback from the CLI)
+    raw = tmp_path / "ogbn_x" / "raw"
+    raw.mkdir(parents=True)
+    np.savez(raw / "data.npz", num_nodes_list=np.array([3]), edge_index=np.array([[0, 1], [1, 2]]),
+             node_feat=np.array([["a", "b"], ["c", "d"], ["e", "f"]]))  # fmt: skip
+    with pytest.raises(DatasetError, match=r"node_feat\]: expected a C-ordered 2-D numeric array"):
+        prepare_ogb(tmp_path / "ogbn_x", tmp_path / "out", progress=False, memory_budget=budget)
+    assert not (tmp_path / "out").exists()
