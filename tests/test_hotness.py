@@ -240,6 +240,14 @@ def test_scores_need_training_nodes():
         hotness.reverse_pagerank(g, damping=1.5)
 
 
+def test_presample_refuses_zero_epochs_and_batches():
+    g, train = hand_graph(), np.array([2])
+    with pytest.raises(UsageError, match="epochs: must be >= 1, got 0"):
+        hotness.presample_counts(g, train, fanouts=(2,), epochs=0, progress=False)
+    with pytest.raises(UsageError, match="batch_size: must be >= 1, got 0"):
+        hotness.presample_counts(g, train, fanouts=(2,), batch_size=0, progress=False)
+
+
 def test_captured_shares_by_hand():
     from gnnio.bench.hotness import captured_shares
 
