@@ -187,6 +187,19 @@ def test_sampling_the_reordered_graph_gives_the_same_neighbourhoods(tmp_path):
     assert (np.diff(r.graph.out_degrees()) <= 0).all()
 
 
+def test_reorder_keeps_nonfinite_features_the_source_accepted(tmp_path):
+    feats = np.ones((3, 2), np.float32)
+    feats[1, 0] = np.nan  # accepted at prepare time with --allow-nonfinite
+    with DatasetWriter(tmp_path / "d", name="d", allow_nonfinite=True) as w:
+        w.save_array("indptr", np.array([0, 0, 1, 1], np.int64))
+        w.save_array("indices", np.array([0], np.int32))
+        w.save_array("features", feats)
+    ds = load(tmp_path / "d")
+    out = reorder.reorder_dataset(ds, np.array([1, 0, 2]), tmp_path / "r", progress=False)
+    r = load(out)
+    assert r.meta["nonfinite_features"] == 1 and np.isnan(r.features[0, 0])
+
+
 def test_reorder_in_place(tmp_path):
     src = write_tiny_dataset(tmp_path / "a", num_nodes=25, num_edges=100)
     before = load(src)
