@@ -38,3 +38,12 @@ def test_reorder_iterations_reach_the_score_named(tmp_path, monkeypatch, by):
     assert main([*argv, "--iterations", "3", "--memory-budget", "none"]) == 0
     assert seen[f"{by}_iterations"] == 3
     assert ("rpr_iterations" if by == "wrpr" else "wrpr_iterations") not in seen
+
+
+def test_prepare_refuses_a_zero_reorder_batch_size_before_importing(tmp_path, capsys):
+    out = tmp_path / "ds"
+    argv = ["prepare", "synthetic", "--num-nodes", "64", "--feat-dim", "4", "--out", str(out)]
+    assert main([*argv, "--reorder", "presample", "--reorder-batch-size", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--reorder-batch-size: must be >= 1, got 0" in err, err
+    assert not out.exists() and not list(tmp_path.iterdir())
