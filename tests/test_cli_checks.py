@@ -4,10 +4,12 @@ by mutation testing): zero counts and an empty strategy list refused in one line
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gnnio.cli import reorder as cli_reorder
 from gnnio.cli.main import main
+from gnnio.graph import DatasetWriter
 
 
 @pytest.mark.parametrize(
@@ -47,3 +49,24 @@ def test_prepare_refuses_a_zero_reorder_batch_size_before_importing(tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--reorder-batch-size: must be >= 1, got 0" in err, err
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_prepare_refuses_an_unknown_reorder_score_before_importing(tmp_path, capsys):
+    out = tmp_path / "ds"
+    argv = ["prepare", "synthetic", "--num-nodes", "64", "--feat-dim", "4", "--out", str(out)]
+    assert main([*argv, "--reorder", "pagerank", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--reorder: score 'pagerank' is unknown" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_info_verify_refuses_infinite_features(tmp_path, capsys):
+    feats = np.ones((2, 1), np.float32)
+    feats[1, 0] = np.inf  # no NaN: the infinity alone must fail the check
+    with DatasetWriter(tmp_path / "d", name="d", allow_nonfinite=True) as w:
+        w.save_array("indptr", np.zeros(3, np.int64))
+        w.save_array("indices", np.zeros(0, np.int32))
+        w.save_array("features", feats)
+    assert main(["info", str(tmp_path / "d"), "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "0 NaN and 1 Inf values" in err, err

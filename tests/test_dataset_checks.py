@@ -200,3 +200,12 @@ def test_an_output_that_appears_during_the_write_is_not_replaced(tmp_path):
             out.mkdir()  # someone else's directory, made while this writer worked
             (out / "theirs.txt").write_text("keep")
     assert (out / "theirs.txt").read_text() == "keep" and not (out / META_FILE).exists()
+
+
+def test_overwrite_never_replaces_a_directory_that_is_not_a_dataset(tmp_path):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(DatasetError, match="not a gnnio dataset; --overwrite replaces only"):
+        write(out, [0, 0], [], np.zeros((1, 1), np.float32), overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
