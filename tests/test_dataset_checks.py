@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -209,3 +210,18 @@ def test_overwrite_never_replaces_a_directory_that_is_not_a_dataset(tmp_path):
     with pytest.raises(DatasetError, match="not a gnnio dataset; --overwrite replaces only"):
         write(out, [0, 0], [], np.zeros((1, 1), np.float32), overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_stale_cleanup_keeps_the_dataset_moved_aside_while_the_target_is_missing(tmp_path):
+    from gnnio.graph import output_dir
+
+    p = subprocess.Popen(["true"])
+    p.wait()  # a pid no process has any more: its temporaries are stale
+    out = tmp_path / "d"
+    old = write_tiny_dataset(tmp_path / f".d.old-{p.pid}-0badcafe")  # the only copy of `out`
+    tmp = tmp_path / f".d.tmp-{p.pid}-0badcafe"
+    tmp.mkdir()
+    assert output_dir.remove_stale(out) == [tmp]
+    assert (old / META_FILE).is_file()
+    out.mkdir()  # with the target back, the moved-aside copy is stale too
+    assert output_dir.remove_stale(out) == [old]
