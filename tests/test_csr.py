@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gnnio
 from gnnio.graph import CSRGraph, DatasetWriter, edges_to_csr
+from gnnio.graph.csr import index_dtype
 
 
 @st.composite
@@ -85,6 +87,18 @@ def test_induced_subgraph(data, draw):
     pos = {int(v): i for i, v in enumerate(kept)}
     want = {(pos[s], pos[d]) for s, d in edge_set(g) if s in pos and d in pos}
     assert edge_set(sub) == want
+
+
+def test_induced_subgraph_refuses_repeated_nodes():
+    g = CSRGraph.from_edges(np.array([0, 1]), np.array([1, 2]), 3)
+    with pytest.raises(ValueError, match="duplicates"):
+        g.induced_subgraph(np.array([1, 0, 1]))
+
+
+def test_index_dtype_switches_to_int64_at_2_pow_31_nodes():
+    # the documented contract (csr module docstring), which validation holds datasets to
+    assert index_dtype(2**31 - 1) == np.int32
+    assert index_dtype(2**31) == np.int64
 
 
 @settings(

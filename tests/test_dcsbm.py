@@ -297,3 +297,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys, extra, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gnnio: error: ") and needle in err[0], err
     assert not (tmp_path / "y").exists()
+
+
+def test_class_ids_carry_no_community_size_order():
+    # the largest community's class is a random id per seed, not always class 0
+    majority = set()
+    for seed in range(6):
+        _, _, labels, comms, _ = generate_dcsbm_graph(400, 8, 4, seed, DCSBM(communities=8))
+        majority.add(int(np.bincount(labels[comms == 0], minlength=4).argmax()))
+    assert len(majority) > 1

@@ -107,11 +107,28 @@ def test_wrpr_with_every_node_labeled_is_rpr():
     np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
+def test_wrpr_weighs_a_repeated_training_node_once():
+    # Algorithm 1's weight is N / |train| over distinct nodes: [2, 2] is the train set {2}
+    g = hand_graph()
+    once = hotness.weighted_reverse_pagerank(g, np.array([2]), iterations=1, damping=0.5)
+    twice = hotness.weighted_reverse_pagerank(g, np.array([2, 2]), iterations=1, damping=0.5)
+    np.testing.assert_array_equal(twice, once)
+
+
 def test_reverse_pagerank_tol_stops_early_and_converges():
     rng = np.random.default_rng(4)
     g = CSRGraph.from_edges(rng.integers(0, 40, 200), rng.integers(0, 40, 200), 40)
     r_conv = hotness.reverse_pagerank(g, iterations=500, tol=1e-13)
     np.testing.assert_allclose(r_conv, hotness.reverse_pagerank(g, iterations=500), atol=1e-12)
+
+
+def test_reverse_pagerank_tol_stops_after_the_first_small_change():
+    # the L1 change of one update is at most 2 here: tol 10 stops after the first
+    g = hand_graph()
+    np.testing.assert_array_equal(
+        hotness.reverse_pagerank(g, iterations=50, tol=10.0),
+        hotness.reverse_pagerank(g, iterations=1),
+    )
 
 
 def test_sj_plain_by_hand():
@@ -152,6 +169,15 @@ def test_sj_fanout_by_hand():
     all_nb = hotness.sj_estimate(hand_graph(), np.array([2]), fanouts=(-1, -1))
     # e1 = [1, 1, 0, 1]; e2 = M^T e1 = [1 (0->1), 0, 1 (2->0), 0]; sum with e0 = [2, 1, 2, 1]
     np.testing.assert_allclose(all_nb, [2, 1, 2, 1])
+
+
+def test_sj_fanout_caps_the_take_probability_at_one():
+    # fanouts (2, 2): take = min(1, 2 / indeg) = [1, 1, 2/3, 0] (2/1 capped at 1 on rows 0 and 1)
+    #   e1 = M^T [0, 0, 2/3, 0] = [2/3, 2/3, 0, 2/3]
+    #   e2 = M^T (e1 * take) = M^T [2/3, 2/3, 0, 0] = [2/3 (0->1), 0, 2/3 (2->0), 0]
+    #   sum with e0 = [4/3, 2/3, 5/3, 2/3]
+    got = hotness.sj_estimate(hand_graph(), np.array([2]), fanouts=(2, 2))
+    np.testing.assert_allclose(got, as_float([F(4, 3), F(2, 3), F(5, 3), F(2, 3)]), rtol=1e-12)
 
 
 def test_propagate_matches_dense():
@@ -212,6 +238,14 @@ def test_scores_need_training_nodes():
         hotness.sj_estimate(g, np.array([7]))
     with pytest.raises(UsageError, match="damping"):
         hotness.reverse_pagerank(g, damping=1.5)
+
+
+def test_presample_refuses_zero_epochs_and_batches():
+    g, train = hand_graph(), np.array([2])
+    with pytest.raises(UsageError, match="epochs: must be >= 1, got 0"):
+        hotness.presample_counts(g, train, fanouts=(2,), epochs=0, progress=False)
+    with pytest.raises(UsageError, match="batch_size: must be >= 1, got 0"):
+        hotness.presample_counts(g, train, fanouts=(2,), batch_size=0, progress=False)
 
 
 def test_captured_shares_by_hand():

@@ -162,6 +162,26 @@ def test_build_csr_equals_edges_to_graph(tmp_path, monkeypatch, symmetrize, buck
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("later", ["more", "fewer"])
+def test_build_csr_refuses_edges_that_change_between_passes(tmp_path, later):
+    """The counting pass sizes each bucket; a later pass with more edges (the bucket overflows)
+    or fewer ones (part of it never written) must fail, never write a wrong CSR."""
+    passes = []
+
+    def edges():
+        passes.append(None)
+        src, dst = np.array([0, 1, 2, 2]), np.array([1, 2, 0, 1])
+        if len(passes) > 1:  # the passes after the counting one
+            k = 5 if later == "more" else 3
+            src, dst = np.resize(src, k), np.resize(dst, k)
+        return [(src, dst)]
+
+    with pytest.raises(RuntimeError, match="changed between two passes"):
+        with DatasetWriter(tmp_path / "g", name="g") as w:
+            chunked.build_csr(w, edges, 3, 1 << 20)
+    assert not (tmp_path / "g").exists()
+
+
 # --------------------------------------------------------------------------- npy
 
 

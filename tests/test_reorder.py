@@ -79,6 +79,13 @@ def test_order_by_score_matches_paper_example():
         reorder.order_by_score(np.array([1.0, np.nan]))
 
 
+def test_order_by_score_breaks_many_ties_by_ascending_id():
+    # past the small sizes where any sort happens to be stable: 3 distinct scores over 5000 nodes
+    s = np.random.default_rng(0).integers(0, 3, 5000).astype(np.float64)
+    want = np.lexsort((np.arange(s.size), -s))  # by descending score, then ascending id
+    np.testing.assert_array_equal(reorder.order_by_score(s), want)
+
+
 def test_bad_permutations_are_rejected():
     g = CSRGraph.from_edges(np.array([0, 1]), np.array([1, 2]), 3)
     with pytest.raises(UsageError, match="not a permutation"):
@@ -178,6 +185,19 @@ def test_sampling_the_reordered_graph_gives_the_same_neighbourhoods(tmp_path):
     assert {(int(new2old[u]), int(new2old[v])) for u, v in global_edges(b)} == global_edges(a)
     # and the hottest node (highest paper out-degree) now has id 0, degrees non-increasing
     assert (np.diff(r.graph.out_degrees()) <= 0).all()
+
+
+def test_reorder_keeps_nonfinite_features_the_source_accepted(tmp_path):
+    feats = np.ones((3, 2), np.float32)
+    feats[1, 0] = np.nan  # accepted at prepare time with --allow-nonfinite
+    with DatasetWriter(tmp_path / "d", name="d", allow_nonfinite=True) as w:
+        w.save_array("indptr", np.array([0, 0, 1, 1], np.int64))
+        w.save_array("indices", np.array([0], np.int32))
+        w.save_array("features", feats)
+    ds = load(tmp_path / "d")
+    out = reorder.reorder_dataset(ds, np.array([1, 0, 2]), tmp_path / "r", progress=False)
+    r = load(out)
+    assert r.meta["nonfinite_features"] == 1 and np.isnan(r.features[0, 0])
 
 
 def test_reorder_in_place(tmp_path):

@@ -278,3 +278,24 @@ def test_cli_prepare_synthetic(tmp_path, capsys):
     assert main(["prepare", "synthetic", "--num-nodes", "1", "--out", str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [err[0]] and err[0].startswith("gnnio: error: --num-nodes")
+
+
+def test_splits_at_tiny_sizes_take_the_rounding_excess_from_train():
+    from gnnio.importers.synthetic import _splits
+
+    # round(0.5 * 3) = 2 twice is one node too many: train gives it up, valid keeps its 2
+    tr, va, te = _splits(3, (0.5, 0.5, 0.0), seed=0)
+    assert (tr.size, va.size, te.size) == (1, 2, 0)
+    assert np.union1d(tr, va).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("f,c", [(8, 3), (5, 5)])
+def test_centroids_are_the_qr_basis_with_a_positive_diagonal(f, c):
+    # the unique orthonormal basis of the draw, whatever sign convention LAPACK's QR uses:
+    # centroid c . g[:, c] = sqrt(2) * R[c, c] > 0
+    from gnnio.importers.synthetic import _centroids
+
+    g = np.random.default_rng(4).standard_normal((f, c))
+    cent = _centroids(np.random.default_rng(4), c, f)
+    np.testing.assert_allclose(cent @ cent.T, 2 * np.eye(c), atol=1e-12)
+    assert (np.einsum("cf,fc->c", cent, g) > 0).all()
