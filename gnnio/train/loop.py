@@ -414,9 +414,8 @@ def _train_epoch(
     if partial is not None:
         loss_sum = torch.tensor(partial["loss_sum"], dtype=torch.float64, device=device)
         correct = torch.tensor(partial["correct"], dtype=torch.int64, device=device)
-        # (a checkpoint written before the count: every seed counted, as it was then)
-        labelled = torch.tensor(partial.get("labelled", partial["seen"]), dtype=torch.int64,
-                                device=device)  # fmt: skip
+        lab0 = partial.get("labelled", partial["seen"])  # (older checkpoints: all seeds, as then)
+        labelled = torch.tensor(lab0, dtype=torch.int64, device=device)
         seen, batches, wait = partial["seen"], start, partial["wait"]
         counted = None if partial["counted"] is None else BatchCount(partial["counted"])
     timer = ComputeTimer(device)
