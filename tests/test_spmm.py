@@ -233,18 +233,25 @@ def test_the_torch_paths_weighted_mean_sums_rows_without_atomics_or_syncs(monkey
     np.testing.assert_allclose(adj.val.numpy(), block.edge_weight.numpy() / sums[rows], rtol=1e-6)
 
 
-def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
-    """The product's threads do not survive a fork; the child makes new ones (it would wait
-    forever on the parent's executor). Numba's kernel on NumPy arrays only: no OpenMP region in
-    the child (libgomp's threads do not survive a fork either)."""
-    rng = np.random.default_rng(3)
-    nd, ns, e, f = 300, 500, 4000, 16
-    ptr = np.searchsorted(np.sort(rng.integers(0, nd, e)), np.arange(nd + 1)).astype(np.int64)
+def _csr_and_product(seed, nd, ns, e, f, rows_with_edges):
+    """A random ``[nd, ns]`` CSR of ``e`` entries in rows below ``rows_with_edges``, an ``x``
+    and ``A @ x`` by the serial kernel: ``(ptr, col, val, x, want)``."""
+    rng = np.random.default_rng(seed)
+    dst = np.sort(rng.integers(0, rows_with_edges, e))
+    ptr = np.searchsorted(dst, np.arange(nd + 1)).astype(np.int64)
     col = rng.integers(0, ns, e).astype(np.int64)
     val = rng.uniform(0.1, 2.0, e).astype(np.float32)
     x = rng.standard_normal((ns, f)).astype(np.float32)
     want = np.zeros((nd, f), np.float32)
     spmm._spmm(ptr, col, val, x, want, 0, nd)
+    return ptr, col, val, x, want
+
+
+def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
+    """The product's threads do not survive a fork; the child makes new ones (it would wait
+    forever on the parent's executor). Numba's kernel on NumPy arrays only: no OpenMP region in
+    the child (libgomp's threads do not survive a fork either)."""
+    ptr, col, val, x, want = _csr_and_product(3, 300, 500, 4000, 16, rows_with_edges=300)
     monkeypatch.setattr(spmm, "_SERIAL_WORK", 0)
     prev = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -268,15 +275,9 @@ def test_threaded_product_writes_the_rows_after_the_last_edge(monkeypatch, threa
     """The row ranges split the edges evenly, so trailing rows without edges fall after the last
     edge's cut; the last range still runs to the last row and writes its zeros (the output is
     ``empty``: left unwritten, a row would keep whatever the memory held -- NaN here)."""
-    rng = np.random.default_rng(5)
-    nd, ns, e, f = 40, 50, 300, 4
-    dst = np.sort(rng.integers(0, nd - 10, e))  # the last 10 rows have no edges
-    ptr = np.searchsorted(dst, np.arange(nd + 1)).astype(np.int64)
-    col = rng.integers(0, ns, e).astype(np.int64)
-    val = rng.uniform(0.1, 2.0, e).astype(np.float32)
-    x = rng.standard_normal((ns, f)).astype(np.float32)
-    want = np.zeros((nd, f), np.float32)
-    spmm._spmm(ptr, col, val, x, want, 0, nd)
+    nd, f = 40, 4
+    # the last 10 rows have no edges
+    ptr, col, val, x, want = _csr_and_product(5, nd, 50, 300, f, rows_with_edges=nd - 10)
     monkeypatch.setattr(spmm, "_SERIAL_WORK", 0)
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
