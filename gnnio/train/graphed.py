@@ -44,11 +44,10 @@ import math
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from ..sampling.base import Block
 from ..utils.capture import CAPTURE_LOCK, capture, capture_stream
-from .step import train_step
+from .step import seed_loss, train_step
 
 __all__ = ["CUDA_GRAPH_MODES", "GraphedStep", "graph_mode", "graph_report"]
 
@@ -166,10 +165,7 @@ class GraphedStep:
     def _body(self, net, opt):
         logits = net(self.x, self.blocks)
         y = self.labels
-        lab = y >= 0  # (the padding's labels are -1)
-        n = lab.sum()
-        # as train_step: the mean over the labelled seeds, 0 (not 0 / 0) for a batch without one
-        loss = F.cross_entropy(logits, y, ignore_index=-1, reduction="sum") / n.clamp_min(1)
+        loss, lab, n = seed_loss(logits, y)  # (as train_step's; the padding is labelled -1)
         loss.backward()
         opt.step()
         # the loop's per-batch sums (gnnio.train.loop: loss x labelled seeds, correct

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-__all__ = ["train_step"]
+__all__ = ["seed_loss", "train_step"]
+
+
+def seed_loss(logits, y):
+    """``(loss, labelled, count)``: cross-entropy over the seeds labelled ``>= 0`` (``labelled``
+    their mask, ``count`` its sum), the sum over them by their count -- PyTorch's mean bit for bit
+    (its sum, then one division), and 0 / 1 rather than 0 / 0 for a batch of unlabelled seeds only
+    (a train split may hold unlabelled nodes; padded rows of a graphed step are labelled -1)."""
+    lab = y >= 0
+    n = lab.sum()
+    return F.cross_entropy(logits, y, ignore_index=-1, reduction="sum") / n.clamp_min(1), lab, n
 
 
 def train_step(net, opt, batch, timer=None):
@@ -18,11 +28,7 @@ def train_step(net, opt, batch, timer=None):
     if timer is not None:
         timer.start()
     logits = net(batch.x, batch.blocks)
-    y = batch.labels
-    # the sum over the labelled seeds by their count: PyTorch's mean bit for bit (its sum, then
-    # one division), and 0 / 1 rather than 0 / 0 for a batch of unlabelled seeds only
-    labelled = (y >= 0).sum().clamp_min(1)
-    loss = F.cross_entropy(logits, y, ignore_index=-1, reduction="sum") / labelled
+    loss = seed_loss(logits, batch.labels)[0]
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
