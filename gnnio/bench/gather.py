@@ -12,13 +12,15 @@ of the memory available -- far larger than the cache; every page touched beforeh
 DRAM, not the zero page; its first row on a 2 MiB boundary, the best case: no row straddles a
 cache line and huge pages cover it from the start) into a reused, pre-faulted buffer, with the
 same number of rows per call and calls per pass as the measured gather, on the same number of
-threads. Three
-implementations run and the fastest one is the ceiling: ATen's ``index_select(out=)``, and two
-numba kernels written here (uint64 words, not the store's byte-view kernel), one plain, one with
-software prefetch of the rows 8 ahead (the best technique we know; the store's kernel uses it
-too). Random rows of a power-law batch partly hit in cache (hot rows repeat across batches), so a
+threads. Five
+implementations run and the fastest one is the ceiling: ATen's ``index_select(out=)`` (a
+``memcpy`` per row), and four numba kernels written here: two copy a row as uint64 words
+(numba's slice copy), two with a ``memcpy`` call per row (the store's kernel copies rows this
+way); of each pair one is plain, one prefetches the rows 8 ahead. Random rows of a power-law batch partly hit in cache (hot rows repeat across batches), so a
 real gather may beat the ceiling.
-Gather and ceiling passes are interleaved so both see the same machine load, and every pass
+Gather and ceiling passes are interleaved so both see the same machine load, in an order that
+rotates from round to round (the same gather measured up to 9 % slower in one fixed slot than
+in another), and every pass
 (warm-up and timed, gather and ceiling alike) starts after a sequential read of ``--evict-mib``
 MiB (default: twice the last-level cache) that evicts what the pass before left in the cache:
 otherwise a ceiling pass reads rows its predecessor (the same ids) left in the cache while the
@@ -142,6 +144,7 @@ try:
     from numba import njit, prange
 
     from ..features._gather import prefetch_row
+    from ..utils.row_copy import copy_row
 
     @njit(parallel=True, nogil=True, cache=True)
     def _copy_rows_u64(src, ids, out):  # pragma: no cover - compiled
@@ -164,6 +167,21 @@ try:
                     for off in range(0, 512, 64):
                         prefetch_row(src, r, off)
                 out[i, :] = src[ids[i], :]
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _memcpy_rows(src, ids, out, chunks, ahead):  # pragma: no cover - compiled
+        # a memcpy call per row (glibc's, vectorised for this CPU); prefetch as above if ahead > 0
+        n = ids.shape[0]
+        nbytes = src.shape[1] * 8
+        for c in prange(chunks):
+            lo = c * n // chunks
+            hi = (c + 1) * n // chunks
+            for i in range(lo, hi):
+                if ahead > 0 and i + ahead < hi:
+                    r = ids[i + ahead]
+                    for off in range(0, 512, 64):
+                        prefetch_row(src, r, off)
+                copy_row(out, i, src, ids[i], nbytes)
 
 except ImportError:  # pragma: no cover
     numba = None
@@ -228,8 +246,15 @@ def make_ceiling(rows_per_call: list[int], gib: float, seed: int, progress: bool
             for i in ids:
                 _copy_rows_u64_prefetch(src, i, out, chunks, 8)
 
+        def memcpy_pass(ahead):
+            chunks = 4 * numba.get_num_threads()
+            for i in ids:
+                _memcpy_rows(src, i, out, chunks, ahead)
+
         impls["numba_u64_rows"] = numba_pass
         impls["numba_u64_rows_prefetch"] = numba_prefetch_pass
+        impls["numba_memcpy_rows"] = lambda: memcpy_pass(0)
+        impls["numba_memcpy_rows_prefetch"] = lambda: memcpy_pass(8)
     return impls, sum(rows_per_call) * CEILING_ROW_BYTES
 
 
@@ -286,10 +311,11 @@ def run(args) -> dict:
             evict()
             fn()
     with bar(args.passes, "timed passes", "pass", enabled=not args.no_progress) as pb:
-        for _ in range(args.passes):  # interleaved, so all see the same machine load
-            for k, fn in fns.items():
+        keys = list(fns)
+        for p in range(args.passes):  # interleaved, so all see the same machine load
+            for k in keys[p % len(keys) :] + keys[: p % len(keys)]:  # each takes each slot
                 evict()  # each pass starts with the cache holding none of its rows
-                times[k] += time_passes(fn, warmup=0, passes=1)
+                times[k] += time_passes(fns[k], warmup=0, passes=1)
             pb.update(1)
     t_gather = median(times["gather"])
     ceil = {k: ceiling_bytes / median(times[k]) / 1e9 for k in ceilings}

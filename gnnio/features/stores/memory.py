@@ -116,7 +116,7 @@ class InMemoryFeatureStore(FeatureStore):
         for ids outside ``[0, num_rows)``, TypeError for non-integer ids."""
         if self.device.type != "cpu":
             return self._gather_device(ids, out)
-        idx = as_index_array(ids, self.num_rows)
+        idx = as_index_array(ids, self.num_rows, check=False)  # (gather_rows checks)
         n = int(idx.shape[0])
         if out is None:
             dst = torch.empty((n, self.dim), dtype=self.dtype)

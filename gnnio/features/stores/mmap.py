@@ -93,7 +93,7 @@ class MmapFeatureStore(FeatureStore):
         """Rows ``ids`` (global ids; int32/int64; repeats allowed) as a ``[len(ids), dim]`` CPU
         tensor, written into ``out[:len(ids)]`` when given. Reads only the pages of those rows.
         Raises IndexError for ids outside ``[0, num_rows)``, TypeError for non-integer ids."""
-        idx = as_index_array(ids, self.num_rows)
+        idx = as_index_array(ids, self.num_rows, check=False)  # (gather_rows checks)
         n = int(idx.shape[0])
         if out is None:
             dst = torch.empty((n, self.dim), dtype=self.dtype)
