@@ -144,3 +144,26 @@ def test_the_epochs_loss_and_accuracy_are_over_its_labelled_seeds(tmp_path):
     assert rec["seeds"] == n // 2 and 0 < lab < n // 2
     assert rec["loss"] == pytest.approx(sum(v * k for v, k, _ in seen) / lab, rel=1e-12)
     assert rec["train_acc"] == sum(c for _, _, c in seen) / lab
+
+
+@pytest.mark.parametrize("labelled", [None, 5])
+def test_a_resumed_epoch_keeps_its_checkpoints_denominator(tiny, labelled):
+    """A mid-epoch checkpoint carries the labelled seeds counted so far; one written before that
+    count existed resumes with its old denominator, all the seeds seen (as its sums were)."""
+    import torch
+
+    import gnnio
+    from gnnio.train.build import build_training
+    from gnnio.train.loop import _train_epoch
+
+    cfg = _cfg(epochs=1)
+    parts = build_training(gnnio.load(tiny), cfg, LocalRun(), torch.device("cpu"))
+    nb = parts.train_loader.order.num_batches
+    partial = {"loss_sum": 10.0, "correct": 3, "seen": 8, "wait": 0.0, "counted": None}
+    if labelled is not None:
+        partial["labelled"] = labelled
+    rec = _train_epoch(parts.net, parts.opt, parts.train_loader, parts.store, 0, cfg,
+                       torch.device("cpu"), start=nb, partial=partial)  # fmt: skip
+    den = 8 if labelled is None else labelled
+    assert rec["batches"] == nb and rec["seeds"] == 8
+    assert rec["loss"] == 10.0 / den and rec["train_acc"] == 3 / den
