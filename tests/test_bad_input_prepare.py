@@ -384,6 +384,7 @@ def test_stale_temporaries_removed_with_one_line(tmp_path, caplog):
     assert left == {name for name, stale in made.items() if not stale}
     (msg,) = [r.getMessage() for r in caplog.records]
     assert "removed 3 stale temporary directories" in msg and "\n" not in msg
+    assert msg.endswith(" KiB)") and float(msg.rsplit("; ", 1)[1][:-5]) >= 24  # 3 x 8 KiB freed
     assert main([*SYN, "--out", str(out), "--overwrite"]) == 0  # now s exists: .old- goes too
     assert f".s.old-{gone}-11111111" not in hidden(tmp_path)
 
