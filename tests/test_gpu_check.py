@@ -239,3 +239,82 @@ def test_gpu_session_installs_the_carried_wheels_and_records_the_machine(tmp_pat
     r = subprocess.run(["bash", script, "abc123"], capture_output=True, text=True, timeout=60,
                        env=env)  # fmt: skip
     assert r.returncode == 2 and "usage: OUT=DIR" in r.stderr
+
+
+def test_each_goal_reads_its_own_figure_and_is_met_at_its_threshold():
+    """Every goal from its own key (each figure a distinct value, so a goal reading a neighbour's
+    key reads the wrong one), and a figure equal to the threshold meets it, either direction."""
+    from gnnio.bench.gpu_check_report import AT_MOST, GOALS
+
+    steps = {
+        "bandwidth": {"bandwidth": {"ratio": {"zero_copy/h2d_copy": 1.01,
+                                              "gpu_resident/d2d_copy": 1.02}}},
+        "sampling": {"gpu_over_cpu": 1.03, "uva_over_cpu": 1.04, "graphed_over_cpu": 1.05},
+        "epochs": {"speedup_10pct": 1.06},
+        "cache": {"manage_ms_median": {"lru": 1.07 * 2, "lookahead": 2.0}},
+        "step": {"train_step_ms": 1.08, "cuda_graph": {"step_ms": 1.09}, "fell_back": False},
+        "epoch_default": {"epoch_s": 1.10, "cuda_graph": {"epoch_s": 1.11}},
+        "feature_bound": {"tiering_speedup_10pct": 1.12, "tiering_speedup_10pct_graphed": 1.13},
+        "nccl": {"nccl_modes_failed": 3},
+    }  # fmt: skip
+    want = {"uva_gather": 1.01, "gpu_tier_gather": 1.02, "gpu_sampling": 1.03,
+            "uva_sampling": 1.04, "gpu_sampling_cuda_graph": 1.05, "tiering_speedup": 1.06,
+            "lookahead_overhead": 1.07, "train_step_ms": 1.08, "train_step_ms_cuda_graph": 1.09,
+            "epoch_s": 1.10, "epoch_s_cuda_graph": 1.11, "tiering_speedup_feature_bound": 1.12,
+            "tiering_speedup_feature_bound_cuda_graph": 1.13, "kernel_fallbacks": 0,
+            "nccl_modes_failed": 3}  # fmt: skip
+    g = gpu_check.goals(steps)
+    assert {k: v["value"] for k, v in g.items()} == pytest.approx(want)
+    for name, _what, thr in GOALS:  # at the threshold: met
+        direction = "<=" if name in AT_MOST else ">="
+        assert g[name]["direction"] == direction and g[name]["goal"] == thr
+        got = gpu_check.goals(_steps_with(steps, name, thr))[name]
+        assert got["value"] == pytest.approx(thr) and got["met"] is True, name
+
+
+def _steps_with(steps: dict, name: str, value: float) -> dict:
+    """``steps`` (deep-copied) with the figure behind goal ``name`` set to ``value``."""
+    import copy
+
+    s = copy.deepcopy(steps)
+    where = {
+        "uva_gather": ("bandwidth", "bandwidth", "ratio", "zero_copy/h2d_copy"),
+        "gpu_tier_gather": ("bandwidth", "bandwidth", "ratio", "gpu_resident/d2d_copy"),
+        "gpu_sampling": ("sampling", "gpu_over_cpu"),
+        "uva_sampling": ("sampling", "uva_over_cpu"),
+        "gpu_sampling_cuda_graph": ("sampling", "graphed_over_cpu"),
+        "tiering_speedup": ("epochs", "speedup_10pct"),
+        "train_step_ms": ("step", "train_step_ms"),
+        "train_step_ms_cuda_graph": ("step", "cuda_graph", "step_ms"),
+        "epoch_s": ("epoch_default", "epoch_s"),
+        "epoch_s_cuda_graph": ("epoch_default", "cuda_graph", "epoch_s"),
+        "tiering_speedup_feature_bound": ("feature_bound", "tiering_speedup_10pct"),
+        "tiering_speedup_feature_bound_cuda_graph": ("feature_bound",
+                                                     "tiering_speedup_10pct_graphed"),
+        "nccl_modes_failed": ("nccl", "nccl_modes_failed"),
+    }  # fmt: skip
+    if name == "lookahead_overhead":
+        s["cache"]["manage_ms_median"] = {"lru": value * 2.0, "lookahead": 2.0}
+    elif name == "kernel_fallbacks":
+        assert value == 0  # (none in these steps: the value is 0 already)
+    else:
+        d = s
+        *path, last = where[name]
+        for k in path:
+            d = d[k]
+        d[last] = value
+    return s
+
+
+def test_a_step_that_fell_back_is_marked_failed_in_the_report(tmp_path):
+    """Issue 24 item 7: gpu-check marks a step whose Triton kernel fell back as failed; a level
+    of a step that is not a dict (a step that failed differently) reads as not measured."""
+    report = {"elapsed_s": 1.0, "goals": gpu_check.goals({}), "steps": {
+        "env": {"device": "cuda"}, "step": {"ms_per_batch": 2.0, "fell_back": True},
+        "cache": {"skipped": "--skip", "fell_back": False}}}  # fmt: skip
+    gpu_check.write_markdown(report, tmp_path / "r.md")
+    md = (tmp_path / "r.md").read_text()
+    assert "| step | **failed: a Triton kernel fell back** (2.00 ms per batch;" in md
+    assert "| cache | --skip |" in md
+    g = gpu_check.goals({"step": {"train_step_ms": 2.0, "cuda_graph": "failed"}})
+    assert g["train_step_ms_cuda_graph"]["value"] is None and g["train_step_ms"]["met"] is True
