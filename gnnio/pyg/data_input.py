@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,7 @@ def cached_dataset(data, cache_dir=None) -> tuple[Path, bool]:
                 load(out)
                 return out, False
             except DatasetError:
-                pass  # a damaged entry: converted again below
+                _discard(out)  # a damaged entry (its meta.json too): converted again below
         from torch_geometric.data import Data
 
         if served_from_x(x):  # rows read from data.x itself: only the graph is converted
@@ -146,6 +147,21 @@ def cached_dataset(data, cache_dir=None) -> tuple[Path, bool]:
         return out, True
     finally:
         os.close(fd)  # (closing releases the lock)
+
+
+def _discard(entry: Path) -> None:
+    """Remove a damaged cache entry (the caller holds its lock): renamed aside first, so no
+    half-removed entry is left under its name."""
+    aside = entry.with_name(f".{entry.name}.damaged-{os.getpid()}")
+    if aside.is_symlink() or aside.is_file():
+        aside.unlink()
+    elif aside.exists():
+        shutil.rmtree(aside)
+    os.replace(entry, aside)
+    if aside.is_symlink() or not aside.is_dir():
+        aside.unlink()
+    else:
+        shutil.rmtree(aside)
 
 
 class _PygRows(FeatureStore):

@@ -1,0 +1,98 @@
+"""NodeLoader's smaller rules (mutation pass): a resumed epoch is the tail of the full one with any
+number of workers; the note a stage's exception carries; the stall message's choice of stage; the
+hidden fraction's arithmetic."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gnnio.features import InMemoryFeatureStore
+from gnnio.pipeline.loader import LoaderStats
+from gnnio.pipeline.stages import EpochRun
+
+from .test_loader import FlakySampler, check_batch, data, make_loader  # noqa: F401 - a fixture
+
+
+def test_hidden_fraction_hand_examples():
+    st = LoaderStats(sample_s=1.0, gather_s=0.5, transfer_s=0.5, wait_s=0.5)
+    assert st.stage_sum_s == 2.0 and st.hidden_fraction == 0.75
+    assert LoaderStats(sample_s=1.0, wait_s=3.0).hidden_fraction == 0.0  # clipped at 0
+    assert LoaderStats(wait_s=1.0).hidden_fraction == 1.0  # no loading work
+    assert LoaderStats(gather_s=1.0).as_dict()["hidden_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_a_resumed_epoch_is_the_tail_of_the_full_one(data, num_workers):  # noqa: F811
+    """Batch ``i`` is sampled with key ``(epoch, i)`` whatever ``start`` is; with several workers
+    the gather takes batch ``start + j`` from worker ``j % num_workers``'s queue, as that worker
+    sampled it."""
+    graph, feats, labels, train = data
+    loader = make_loader(data, batch_size=40, num_workers=num_workers)
+    full = [(mb.seeds.clone(), mb.input_nodes.clone()) for mb in loader.epoch(3)]
+    for start in (1, 2, len(full) - 1):
+        got = []
+        for mb in loader.epoch(3, start=start):
+            check_batch(mb, feats, labels)
+            got.append((mb.seeds.clone(), mb.input_nodes.clone()))
+        assert len(got) == len(full) - start and loader.stats.complete
+        for (s, n), (fs, fn) in zip(got, full[start:]):
+            assert torch.equal(s, fs) and torch.equal(n, fn)
+        assert loader.stats.num_batches == len(got)
+
+
+def test_start_at_the_end_is_an_empty_epoch_and_past_it_an_error(data):  # noqa: F811
+    loader = make_loader(data, batch_size=40)
+    assert list(loader.epoch(0, start=len(loader))) == [] and loader.stats.complete
+    for bad in (-1, len(loader) + 1):
+        with pytest.raises(ValueError, match="start"):
+            loader.epoch(0, start=bad)
+
+
+def test_a_stage_exception_says_where_it_was_raised(data):  # noqa: F811
+    graph, feats, labels, train = data
+    sampler = FlakySampler(graph, [4, 3], seed=1, fail_at=2)
+    loader = make_loader(data, sampler=sampler, num_workers=2)
+    with pytest.raises(KeyError) as err:
+        for _ in loader.epoch(4):
+            pass
+    notes = getattr(err.value, "__notes__", [])
+    assert notes == [
+        "(raised in the gnnio loader's sample (worker 0) stage: sampler.sample for batch 2 "
+        "of epoch 4)"
+    ]
+
+    class Broken(InMemoryFeatureStore):
+        def gather(self, ids, out=None):
+            raise OSError("disk on fire")
+
+    with pytest.raises(OSError) as err:
+        next(iter(make_loader(data, store=Broken(feats)).epoch(1, start=3)))
+    assert err.value.__notes__ == [
+        "(raised in the gnnio loader's gather stage: store.gather for batch 3 of epoch 1)"
+    ]
+
+
+def _run(busy, threads=()):
+    return SimpleNamespace(busy=busy, epoch=7, threads=list(threads))
+
+
+def test_the_stall_message_names_the_stage_busy_longest():
+    now = time.monotonic()
+    run = _run({"sample (worker 1)": ("sampler.sample", 9, now - 5.0),
+                "gather": ("store.gather", 4, now - 60.0)})  # fmt: skip
+    msg = EpochRun.stalled(run, 61.0)
+    assert msg.startswith("no batch from the loader for 61 s (--stall-timeout), epoch 7: ")
+    assert msg.endswith("the gather stage has been in store.gather for batch 4 for 60 s")
+    done = threading.Thread(target=lambda: None, name="gnnio-sample-0")
+    done.start()
+    done.join()
+    alive = SimpleNamespace(name="gnnio-gather", is_alive=lambda: True)
+    assert EpochRun.stalled(_run({}, [done, alive]), 3.0).endswith(
+        "epoch 7: no stage is busy (ended: gnnio-sample-0)"
+    )
+    assert EpochRun.stalled(_run({}, [alive]), 3.0).endswith("epoch 7: no stage is busy")
