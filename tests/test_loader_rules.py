@@ -18,7 +18,7 @@ from gnnio.pipeline.stages import EpochRun
 from .test_loader import FlakySampler, check_batch, data, make_loader  # noqa: F401 - a fixture
 
 
-def test_hidden_fraction_hand_examples():
+def test_hidden_fraction_by_hand():
     st = LoaderStats(sample_s=1.0, gather_s=0.5, transfer_s=0.5, wait_s=0.5)
     assert st.stage_sum_s == 2.0 and st.hidden_fraction == 0.75
     assert LoaderStats(sample_s=1.0, wait_s=3.0).hidden_fraction == 0.0  # clipped at 0
@@ -32,7 +32,8 @@ def test_a_resumed_epoch_is_the_tail_of_the_full_one(data, num_workers):  # noqa
     the gather takes batch ``start + j`` from worker ``j % num_workers``'s queue, as that worker
     sampled it."""
     graph, feats, labels, train = data
-    loader = make_loader(data, batch_size=40, num_workers=num_workers)
+    # (a batch taken from the wrong worker's queue waits forever: the stall timeout ends it)
+    loader = make_loader(data, batch_size=40, num_workers=num_workers, stall_timeout=30)
     full = [(mb.seeds.clone(), mb.input_nodes.clone()) for mb in loader.epoch(3)]
     for start in (1, 2, len(full) - 1):
         got = []

@@ -174,3 +174,22 @@ def test_disjoint_batches_are_the_per_seed_samples_laid_out_hop_by_hop():
     for k in range(2):
         got = fresh.sample(seeds)
         assert torch.equal(got.input_nodes, DisjointSampler(base).sample(seeds, k).input_nodes)
+
+
+def test_feature_store_edges_of_its_contract():
+    from gnnio.features import InMemoryFeatureStore
+    from gnnio.pyg import GnnioFeatureStore
+
+    store = InMemoryFeatureStore(np.arange(8, dtype=np.float32).reshape(4, 2))
+    fs = GnnioFeatureStore(store, y=torch.arange(4))
+    assert fs.gnnio_stores() == {(None, "x"): store}
+    t = torch.tensor([[1.0], [2.0], [3.0]])
+    with pytest.raises(ValueError, match="3 rows but 2 index ids"):
+        fs.put_tensor(t, group_name=None, attr_name="z", index=torch.tensor([0, 1]))
+    fs.put_tensor(t, group_name=None, attr_name="z", index=torch.tensor([7, 2, 5]))
+    for missing in ([9], [0], [6]):  # past the last id, before the first, between two
+        with pytest.raises(KeyError, match="no row"):
+            fs[None, "z", torch.tensor(missing)]
+    assert fs.remove_tensor(None, "z", None) is True
+    assert fs.remove_tensor(None, "z", None) is False
+    assert fs.get_tensor_size(None, "z") is None
