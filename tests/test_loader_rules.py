@@ -97,3 +97,29 @@ def test_the_stall_message_names_the_stage_busy_longest():
         "epoch 7: no stage is busy (ended: gnnio-sample-0)"
     )
     assert EpochRun.stalled(_run({}, [alive]), 3.0).endswith("epoch 7: no stage is busy")
+
+
+def test_a_carried_batch_that_differs_is_not_taken(data):  # noqa: F811
+    """A sampler that takes ``epoch_seed`` but ignores it draws the next epoch's batches anew:
+    the batches announced at the end of the previous epoch differ, and each batch keeps its own
+    input nodes (not the carried ones, which belong to another draw)."""
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.sampling import UniformSampler
+
+    graph, feats, labels, train = data
+
+    class KeyIgnored(UniformSampler):
+        calls = 0
+
+        def sample(self, seeds, epoch_seed=None):
+            self.calls += 1
+            mb = super().sample(seeds, epoch_seed=self.calls)
+            mb.meta["drawn"] = mb.input_nodes.clone()
+            return mb
+
+    cache = FeatureCache(InMemoryFeatureStore(feats), 100, "lookahead", lookahead=3)
+    loader = make_loader(data, batch_size=40, store=cache, sampler=KeyIgnored(graph, [4, 3]))
+    for epoch in range(2):
+        for mb in loader.epoch(epoch):
+            assert torch.equal(mb.input_nodes, mb.meta["drawn"])
+            check_batch(mb, feats, labels)
