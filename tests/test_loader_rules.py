@@ -123,3 +123,23 @@ def test_a_carried_batch_that_differs_is_not_taken(data):  # noqa: F811
         for mb in loader.epoch(epoch):
             assert torch.equal(mb.input_nodes, mb.meta["drawn"])
             check_batch(mb, feats, labels)
+
+
+def test_each_batch_carries_the_store_mark_after_its_gather(data):  # noqa: F811
+    """A store with a ``mark()`` (state a mid-epoch checkpoint rewinds to) has it taken right
+    after each batch's gather, and the batch carries it."""
+    graph, feats, labels, train = data
+
+    class Marked(InMemoryFeatureStore):
+        gathers = 0
+
+        def gather(self, ids, out=None):
+            self.gathers += 1
+            return super().gather(ids, out=out)
+
+        def mark(self):
+            return self.gathers
+
+    loader = make_loader(data, batch_size=40, store=Marked(feats))
+    marks = [mb.meta["store_mark"] for mb in loader.epoch(0)]
+    assert marks == list(range(1, len(loader) + 1))

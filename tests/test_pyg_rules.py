@@ -193,3 +193,25 @@ def test_feature_store_edges_of_its_contract():
     assert fs.remove_tensor(None, "z", None) is True
     assert fs.remove_tensor(None, "z", None) is False
     assert fs.get_tensor_size(None, "z") is None
+
+
+@pytest.mark.parametrize("feat_dtype", ["bfloat16", "int8"])
+def test_a_gnnio_store_pair_of_a_compressed_dataset_gives_get_tensors_rows(
+    cache,  # noqa: F811
+    tmp_path,
+    feat_dtype,
+):
+    """The pair's own gnnio store is read directly (its tiers count the rows), and its rows come
+    decoded as ``feature_store.get_tensor`` gives them (were the int16 bits / int8 codes)."""
+    import gnnio
+    from gnnio.graph.feature_dtype import writing_as
+    from gnnio.pyg import GnnioFeatureStore, GnnioGraphStore
+
+    with writing_as(feat_dtype):
+        ds = gnnio.load(from_pyg(make_data(n=40, e=200, f=6), tmp_path / "d", progress=False))
+    fs = GnnioFeatureStore.from_dataset(ds)
+    ld = NeighborLoader((fs, GnnioGraphStore(ds)), [-1], batch_size=8)
+    assert ld.store is fs.gnnio_stores()[(None, "x")]
+    for b in ld:
+        want = fs[None, "x", b.n_id]
+        assert b.x.dtype == want.dtype and torch.equal(b.x, want)
