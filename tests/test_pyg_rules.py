@@ -215,3 +215,12 @@ def test_a_gnnio_store_pair_of_a_compressed_dataset_gives_get_tensors_rows(
     for b in ld:
         want = fs[None, "x", b.n_id]
         assert b.x.dtype == want.dtype and torch.equal(b.x, want)
+
+
+def test_csr_positions_of_present_repeated_and_absent_edges():
+    from gnnio.pyg.batch import csr_positions
+
+    # in-neighbour rows: 0 <- [1, 2, 1], 1 <- [], 2 <- [0]
+    graph = CSRGraph(np.array([0, 3, 3, 4]), np.array([1, 2, 1, 0]))
+    got = csr_positions(graph, np.array([2, 1, 0, 0, 2]), np.array([0, 0, 2, 1, 2]))
+    assert got.tolist() == [1, 0, 3, -1, -1]  # a repeated edge: its first position
