@@ -143,3 +143,27 @@ def test_each_batch_carries_the_store_mark_after_its_gather(data):  # noqa: F811
     loader = make_loader(data, batch_size=40, store=Marked(feats))
     marks = [mb.meta["store_mark"] for mb in loader.epoch(0)]
     assert marks == list(range(1, len(loader) + 1))
+
+
+def test_a_sampler_without_keys_feeds_a_lookahead_store(data):  # noqa: F811
+    """``sample(seeds)`` only: the next epoch's first batches cannot be sampled ahead (they would
+    be other draws), so none are; every batch is announced within its own epoch."""
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.sampling import UniformSampler
+
+    graph, feats, labels, train = data
+
+    class Unkeyed:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def sample(self, seeds):
+            return self.inner.sample(seeds)
+
+    cache = FeatureCache(InMemoryFeatureStore(feats), 100, "lookahead", lookahead=3)
+    sampler = Unkeyed(UniformSampler(graph, [4, 3], seed=1))
+    loader = make_loader(data, batch_size=40, store=cache, sampler=sampler)
+    for epoch in range(2):
+        for mb in loader.epoch(epoch):
+            check_batch(mb, feats, labels)
+        assert loader.stats.complete and loader.stats.num_batches == len(loader)
