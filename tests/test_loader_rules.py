@@ -49,6 +49,7 @@ def test_a_resumed_epoch_is_the_tail_of_the_full_one(data, num_workers):  # noqa
 def test_start_at_the_end_is_an_empty_epoch_and_past_it_an_error(data):  # noqa: F811
     loader = make_loader(data, batch_size=40)
     assert list(loader.epoch(0, start=len(loader))) == [] and loader.stats.complete
+    assert loader.stats.timed_by_events is False  # no streams: timed by the wall clock
     for bad in (-1, len(loader) + 1):
         with pytest.raises(ValueError, match="start"):
             loader.epoch(0, start=bad)
