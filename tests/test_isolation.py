@@ -165,3 +165,55 @@ def test_isolation_auto_changes_times_only(tmp_path):
         s = train(path, cfg)
         runs[iso] = (s["loss_history"], s["test_acc"], s["best_valid_acc"])
     assert runs["auto"] == runs["off"]
+
+
+def test_fit_better_than_linear_is_linear_through_the_origin():
+    """Times falling faster than ``1/c`` give ``d < 0`` in the free fit: the fit is then
+    ``d = 0`` and ``a`` the least squares through the origin (hand example)."""
+    f = fit_stage({1: 1.0, 2: 0.45, 4: 0.2})
+    assert f.d == 0.0
+    assert f.a == pytest.approx((1.0 + 0.5 * 0.45 + 0.25 * 0.2) / (1.0 + 0.25 + 0.0625))
+    with pytest.raises(ValueError, match="gave -0.1"):
+        profile_stages({"s": lambda c: -0.1}, [1])
+
+
+def test_solve_where_nothing_needs_a_second_thread():
+    """One stage on one core; stages that do not scale on enough cores (one thread each);
+    fewer cores than stages under a larger GPU stage (the GPU's time is the bottleneck, and no
+    thread is wasted); cores < 1 count as one."""
+    one = solve({"s": StageFit(0.5, 0.0)}, 1)
+    assert one.threads == {"s": 1} and one.bottleneck_s == pytest.approx(0.5)
+    flat = solve({"s": StageFit(0.0, 0.2), "g": StageFit(0.0, 0.2)}, 4)
+    assert flat.threads == {"s": 1, "g": 1} and not flat.shared
+    fits = {"s": StageFit(0.2, 0.0), "g": StageFit(0.0, 0.1), "c": StageFit(0.2, 0.0)}
+    gpu = solve(fits, 2, fixed={"gpu": 5.0})
+    assert gpu.shared and gpu.bottleneck_s == pytest.approx(5.0)
+    assert gpu.threads == {"s": 1, "g": 1, "c": 1}
+    assert solve({"s": StageFit(0.5, 0.0)}, 0).cores == 1
+
+
+def test_pin_applies_and_records_only_a_planned_stage(monkeypatch):
+    import os
+    import threading
+
+    from gnnio.pipeline import affinity
+
+    calls = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append((pid, list(cpus))))
+    affinity.activate({"gather": [3, 4]})
+    try:
+        assert affinity.pin_current_thread("sample") is False and calls == []
+        assert affinity.pin_current_thread("gather") is True and calls == [(0, [3, 4])]
+        assert affinity.pinned() == {threading.current_thread().name: ("gather", (3, 4))}
+    finally:
+        affinity.deactivate()
+    assert affinity.pinned() == {} and affinity.pin_current_thread("gather") is False
+    assert calls == [(0, [3, 4])]
+
+
+def test_core_sets_give_every_stage_a_core_in_order():
+    from gnnio.pipeline.affinity import core_sets
+
+    got = core_sets({"io": 2, "gather": 1, "sample": 0}, [4, 5, 6, 7])
+    assert got == {"sample": [4], "gather": [5], "io": [6, 7]}
+    assert core_sets({"io": 3, "sample": 2}, [4, 5, 6, 7]) is None

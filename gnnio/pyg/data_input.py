@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ class Source:
         device: the device of ``data.x`` (where batches go by default).
         dataset: the gnnio dataset behind the loader, when there is one.
         converted: True if this call wrote the cache entry (False: found or not a ``Data``).
+        codec: the codec ``store``'s rows are decoded with per batch (bfloat16 bits, int8
+            codes), None = served as they are.
     """
 
     graph: CSRGraph
@@ -79,6 +82,7 @@ class Source:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dataset: Any = None
     converted: bool = False
+    codec: Any = None
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -135,7 +139,7 @@ def cached_dataset(data, cache_dir=None) -> tuple[Path, bool]:
                 load(out)
                 return out, False
             except DatasetError:
-                pass  # a damaged entry: converted again below
+                _discard(out)  # a damaged entry (its meta.json too): converted again below
         from torch_geometric.data import Data
 
         if served_from_x(x):  # rows read from data.x itself: only the graph is converted
@@ -146,6 +150,21 @@ def cached_dataset(data, cache_dir=None) -> tuple[Path, bool]:
         return out, True
     finally:
         os.close(fd)  # (closing releases the lock)
+
+
+def _discard(entry: Path) -> None:
+    """Remove a damaged cache entry (the caller holds its lock): renamed aside first, so no
+    half-removed entry is left under its name."""
+    aside = entry.with_name(f".{entry.name}.damaged-{os.getpid()}")
+    if aside.is_symlink() or aside.is_file():
+        aside.unlink()
+    elif aside.exists():
+        shutil.rmtree(aside)
+    os.replace(entry, aside)
+    if aside.is_symlink() or not aside.is_dir():
+        aside.unlink()
+    else:
+        shutil.rmtree(aside)
 
 
 class _PygRows(FeatureStore):
@@ -180,13 +199,14 @@ def _from_stores(pair, store_kind) -> Source:
         )
     row, colptr, perm = gs.csc()
     graph = CSRGraph(np.asarray(colptr.cpu(), dtype=np.int64), np.asarray(row.cpu()))
-    store = None
+    store = codec = None
     if isinstance(fs, GnnioFeatureStore) and isinstance(fs._items.get((None, "x")), _Store):
-        store = fs._items[(None, "x")].store
+        # read as get_tensor reads it: a compressed dataset's rows decoded (its codec)
+        store, codec = fs._items[(None, "x")].store, fs._items[(None, "x")].codec
     elif any(a.attr_name == "x" for a in fs.get_all_tensor_attrs()):
         store = _PygRows(fs, "x")
     dev = store.device if store is not None else torch.device("cpu")
-    return Source(graph=graph, store=store, data=pair, edge_ids=perm, device=dev)
+    return Source(graph=graph, store=store, data=pair, edge_ids=perm, device=dev, codec=codec)
 
 
 def resolve_data(data, store_kind: str = "memory", cache_dir=None, threads=None) -> Source:

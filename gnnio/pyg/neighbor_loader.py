@@ -180,7 +180,9 @@ class NeighborLoader:
         self.device = src.device if device is None else _device(device)
         self.store = src.store
         #: the codec of compressed rows from ``src.store`` (decoded per batch), else None
-        self._codec = None if src.dataset is None else compressed(src.dataset.feature_codec)
+        self._codec = src.codec
+        if src.dataset is not None:
+            self._codec = compressed(src.dataset.feature_codec)
         self.transform = transform
         self.filter_per_worker = filter_per_worker
         self.reuse_buffers = bool(reuse_buffers)
