@@ -30,7 +30,7 @@ SAMPLING = ["bench", "sampling", "--batches", "2", "--batch-size", "4", "--passe
             "--warmup", "0", "--threads", "1", "--fanouts", "3,2"]  # fmt: skip
 
 
-def test_bench_sampling_seed_and_defaults_reach_the_sampler(tiny, capsys):
+def test_bench_sampling_seed_and_defaults_reach_the_sampler(tiny, capsys, monkeypatch):
     """``--seed`` changes the sampled batches (their checksum); ``--sampler ladies`` without
     ``--layer-size`` samples 8192 per layer, as the help says; ``--locality-scale`` without
     ``--gpu-cache-fraction`` takes B as the top 0.1 of the nodes."""
@@ -40,6 +40,29 @@ def test_bench_sampling_seed_and_defaults_reach_the_sampler(tiny, capsys):
     a = _bench_json(argv, capsys)
     b = _bench_json([*argv, "--seed", "1"], capsys)
     assert a["checksum"] != b["checksum"]
+    # the seed of both the seed order and the sampler; --threads: torch's pool too
+    import torch
+
+    import gnnio.bench.sampling as bsm
+
+    seen, before = {}, torch.get_num_threads()
+    want = 1 if before != 1 else 2
+
+    def spy(name, real):
+        def f(*a, **k):
+            seen[name] = a
+            return real(*a, **k)
+
+        return f
+
+    for name in ("fixed_batches", "make_sampler"):
+        monkeypatch.setattr(bsm, name, spy(name, getattr(bsm, name)))
+    try:
+        _bench_json([*argv, "--seed", "3", "--threads", str(want)], capsys)
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert (seen["fixed_batches"][3], seen["make_sampler"][4], threads) == (3, 3, want)
     assert _bench_json([*argv, "--sampler", "ladies"], capsys)["layer_size"] == 8192
     las = _bench_json([*argv, "--locality-scale", "2"], capsys)
     assert las["hot_rows"] == hot_rows_for_fraction(0.1, 40)
@@ -224,3 +247,43 @@ def test_plan_save_binds_the_placement_to_its_dataset(tiny, tmp_path, capsys):
     ds = gnnio.load(tiny)
     params = load_placement(f).params
     assert (params["dataset"], params["dataset_fingerprint"]) == (ds.name, ds.fingerprint)
+
+
+def test_a_bench_is_left_out_only_when_its_own_module_is_missing(monkeypatch):
+    """A benchmark module not in this build is left out of ``gnnio bench``; one whose import
+    fails on a missing dependency fails the command (it does not vanish from the list)."""
+    import importlib
+
+    real = importlib.import_module
+
+    def missing(what):
+        def imp(name, *a):
+            if name == "gnnio.bench.gather":
+                raise ModuleNotFoundError(f"No module named '{what}'", name=what)
+            return real(name, *a)
+
+        return imp
+
+    monkeypatch.setattr(importlib, "import_module", missing("gnnio.bench.gather"))
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    kinds = next(a for a in sub.choices["bench"]._actions if a.dest == "bench").choices
+    assert "gather" not in kinds and "sampling" in kinds
+    monkeypatch.setattr(importlib, "import_module", missing("some_dependency"))
+    with pytest.raises(ModuleNotFoundError, match="some_dependency"):
+        build_parser()
+
+
+@pytest.mark.parametrize("n,want", [(50, 3), (3, 3), (2, 2)])
+def test_first_batches_counts_what_it_yields(n, want):
+    """``bench loader``'s order (the first ``--batches`` of each epoch) says as many batches as it
+    yields (``len`` of the loader over it): never more than the epoch has."""
+    import torch
+
+    from gnnio.bench.loader import FirstBatches
+    from gnnio.ordering import RandomOrder
+
+    order = RandomOrder(torch.arange(10), 4, seed=0)
+    first = FirstBatches(order, n)
+    got = list(first.batches(0))
+    assert first.num_batches == len(got) == want
+    assert all(torch.equal(a, b) for a, b in zip(got, order.batches(0)))
