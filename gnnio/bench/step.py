@@ -426,10 +426,10 @@ def run(args) -> dict:
     refuse_ignored(args, 1)  # (an option without effect: one line, as gnnio train says it)
     refuse_epoch_options(args)
     cfg = config_from_args(args, 1)
-    progress = not args.quiet
-    cfg.progress = False
+    progress, cfg.progress = not args.quiet, False  # (this run's bars, not train's)
     device = check_device(cfg.device)
     cfg.validate(1)
+    cfg.validate_dist(1)  # --partition, --topology, ...: several ranks' options, refused
     clock = Phases()  # (``phases_s``: where a run's wall time goes besides its timed batches)
     ds = default_dataset(progress=progress) if args.dir is None else load(args.dir, args.verify)
     if args.dir is None and args.verify:  # --verify: every sha256, as gnnio train checks them

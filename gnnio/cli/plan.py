@@ -72,7 +72,7 @@ def register(sub) -> None:
         "--score",
         default="sj",
         help="access-probability estimate (a gnnio.preprocess.hotness score: sj, sj_fanout, presample, "
-        "degree, rpr, wrpr)",
+        "degree (= out_degree), in_degree, rpr, wrpr)",
     )
     p.add_argument(
         "--alpha",
@@ -144,6 +144,15 @@ def run(args) -> int:
             f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
             f"choose from {', '.join(STRATEGIES)}"
         )
+    if args.local_seeds and not set(strategies) & set(PARTITION_STRATEGIES):
+        raise UsageError(  # (it keeps a partitioning's training seeds local: nothing else reads it)
+            f"--local-seeds: has no effect without a partitioning strategy in --strategies "
+            f"({', '.join(PARTITION_STRATEGIES)})"
+        )
+    from ..preprocess.hotness import SCORES
+
+    if args.score not in SCORES:  # before the dataset is opened, naming the option
+        raise UsageError(f"--score: unknown score '{args.score}' (choose from {', '.join(SCORES)})")
     if args.trace_epochs < 1:
         raise UsageError(f"--trace-epochs: must be >= 1, got {args.trace_epochs}")
     if args.batch_size < 1:

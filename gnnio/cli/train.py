@@ -159,7 +159,7 @@ def add_train_arguments(p) -> None:
         "--score",
         default="wrpr",
         help="hotness score ranking rows for --gpu-cache-fraction and --cache-policy static: "
-        "degree, rpr, wrpr, sj, sj_fanout, presample, in_degree",
+        "degree (= out_degree), in_degree, rpr, wrpr, sj, sj_fanout, presample",
     )
     g.add_argument(
         "--placement",
