@@ -157,13 +157,14 @@ def _numba_gather(src_b: np.ndarray, ids: np.ndarray, out_b: np.ndarray) -> None
     checked in the same pass (IndexError after the copy: rows of ``out`` are then unspecified);
     the plain word-view kernel, after a separate range check, where that kernel cannot compile."""
     global _prefetch_ok
-    src_w, out_w = word_views(src_b, out_b)
     if _prefetch_ok is not False:
         try:
             pf_lines = (min(src_b.shape[1], PREFETCH_MAX_BYTES) + 63) // 64
             chunks = 4 * numba.get_num_threads()
+            # (byte views: memcpy's count is in bytes, so no word view is needed, and one kernel
+            # per line count compiles instead of one per word width)
             bad = _gather_rows_prefetch(
-                src_w, ids, out_w, chunks, pf_lines, _last_line_offset(src_b)
+                src_b, ids, out_b, chunks, pf_lines, _last_line_offset(src_b)
             )
             _prefetch_ok = True
         except Exception as e:  # an LLVM without the intrinsic: keep the plain kernel
@@ -176,6 +177,7 @@ def _numba_gather(src_b: np.ndarray, ids: np.ndarray, out_b: np.ndarray) -> None
                 check_range(ids, src_b.shape[0])  # raises, naming the id
             return
     check_range(ids, src_b.shape[0])
+    src_w, out_w = word_views(src_b, out_b)
     _gather_bytes(src_w, ids, out_w)
 
 
