@@ -18,8 +18,9 @@ implementations run and the fastest one is the ceiling: ATen's ``index_select(ou
 (numba's slice copy), two with a ``memcpy`` call per row (the store's kernel copies rows this
 way); of each pair one is plain, one prefetches the rows 8 ahead. Random rows of a power-law batch partly hit in cache (hot rows repeat across batches), so a
 real gather may beat the ceiling.
-Gather and ceiling passes are interleaved so both see the same machine load, in an order that
-rotates from round to round (the same gather measured up to 9 % slower in one fixed slot than
+Gather and ceiling passes are interleaved so both see the same machine load, each round in a
+fresh order drawn from ``--seed`` (with a fixed order, or one rotated from round to round, which
+keeps each pass's neighbours, the same gather call measured up to 10 % slower in one place than
 in another), and every pass
 (warm-up and timed, gather and ceiling alike) starts after a sequential read of ``--evict-mib``
 MiB (default: twice the last-level cache) that evicts what the pass before left in the cache:
@@ -66,7 +67,12 @@ def add_arguments(p) -> None:
     p.add_argument("--evict-mib", type=float, default=None,
                    help="MiB read before every pass to evict the cache (default: 2x the "
                         "last-level cache, at most a quarter of the memory available; 0: none)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="seed of the seed order and the sampler")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the seed order, the sampler and the order of the passes",
+    )
     p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
     )
@@ -312,8 +318,9 @@ def run(args) -> dict:
             fn()
     with bar(args.passes, "timed passes", "pass", enabled=not args.no_progress) as pb:
         keys = list(fns)
-        for p in range(args.passes):  # interleaved, so all see the same machine load
-            for k in keys[p % len(keys) :] + keys[: p % len(keys)]:  # each takes each slot
+        rng = np.random.default_rng(args.seed)
+        for _ in range(args.passes):  # interleaved, so all see the same machine load
+            for k in rng.permutation(keys):  # a fresh order each round: no fixed slot or neighbour
                 evict()  # each pass starts with the cache holding none of its rows
                 times[k] += time_passes(fns[k], warmup=0, passes=1)
             pb.update(1)
