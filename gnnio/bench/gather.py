@@ -12,12 +12,12 @@ of the memory available -- far larger than the cache; every page touched beforeh
 DRAM, not the zero page; its first row on a 2 MiB boundary, the best case: no row straddles a
 cache line and huge pages cover it from the start) into a reused, pre-faulted buffer, with the
 same number of rows per call and calls per pass as the measured gather, on the same number of
-threads. Five
-implementations run and the fastest one is the ceiling: ATen's ``index_select(out=)`` (a
-``memcpy`` per row), and four numba kernels written here: two copy a row as uint64 words
-(numba's slice copy), two with a ``memcpy`` call per row (the store's kernel copies rows this
-way); of each pair one is plain, one prefetches the rows 8 ahead. Random rows of a power-law batch partly hit in cache (hot rows repeat across batches), so a
-real gather may beat the ceiling.
+threads. Five implementations run and the fastest one is the ceiling: ATen's
+``index_select(out=)`` (a ``memcpy`` per row), and four numba kernels written here: two copy a
+row as uint64 words (numba's slice copy), two with a ``memcpy`` call per row (the store's kernel
+copies rows this way); of each pair one is plain, one prefetches the rows 8 ahead. Random rows of
+a power-law batch partly hit in cache (hot rows repeat across batches), so a real gather may beat
+the ceiling.
 Gather and ceiling passes are interleaved so both see the same machine load, each round in a
 fresh order drawn from ``--seed`` (with a fixed order, or one rotated from round to round, which
 keeps each pass's neighbours, the same gather call measured up to 10 % slower in one place than
