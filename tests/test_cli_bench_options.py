@@ -171,6 +171,38 @@ def test_bench_step_refuses_several_processes(tmp_path, capsys):
     assert err.count("\n") == 1 and "bench step: one process" in err, err
 
 
+STEP = ["--device", "cpu", "--fanouts", "3", "--batch-size", "8", "--hidden", "4", "--batches", "1",
+        "--warmup", "0"]  # fmt: skip
+
+
+def _step(tiny, extra, capsys) -> dict:
+    return _bench_json(["bench", "step", str(tiny), *STEP, *extra], capsys)
+
+
+def test_bench_step_warmup_default_is_three_and_recorded(tiny, capsys, monkeypatch):
+    """Without ``--warmup`` each pass starts after 3 untimed batches (the documented default,
+    the one docs/benchmarks.md's runs name), and the result says how many (``warmup``)."""
+    import gnnio.bench.step as bs
+
+    seen = []
+
+    def spy(name):
+        real = getattr(bs, name)
+
+        def f(parts, device, warmup, k, progress):
+            seen.append((name, warmup))
+            return real(parts, device, warmup, k, progress)
+
+        return f
+
+    for name in ("pipelined", "sequential"):
+        monkeypatch.setattr(bs, name, spy(name))
+    argv = ["bench", "step", str(tiny), *STEP[:-2]]  # (STEP without its --warmup 0)
+    assert _bench_json(argv, capsys)["warmup"] == 3
+    assert seen == [("pipelined", 3), ("sequential", 3)]
+    assert _bench_json([*argv, "--warmup", "1"], capsys)["warmup"] == 1
+
+
 def test_plan_passes_its_options_to_the_planner(tiny, monkeypatch, tmp_path):
     """Every ``gnnio plan`` option reaches :func:`make_plan`: the strategies, fanouts, batch
     size, score, alpha, replicate, seed, trace epochs, local seeds, the pagraph limit, the

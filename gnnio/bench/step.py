@@ -2,7 +2,7 @@
 
 It builds the run exactly as ``gnnio train`` does (same options: store, tiers, caches, sampler,
 model, optimizer; :func:`gnnio.train.build.build_training`) and measures three passes over the
-training order, after ``--warmup`` untimed batches:
+training order, after ``--warmup`` untimed batches (``warmup`` in the result):
 
 1. **pipelined** (``ms_per_batch``): the real training loop, the loader's stages in their
    background threads and the step (:func:`gnnio.train.build.train_step`, or with ``--cuda-graph``
@@ -478,6 +478,7 @@ def run(args) -> dict:
         "batch_size": cfg.batch_size,
         "fanouts": list(cfg.fanouts),
         "batches": args.batches,
+        "warmup": args.warmup,  # (--cuda-graph: pass 1 also leaves its capture untimed)
         "ms_per_batch": pipe["ms_per_batch"],
         "step_ms": pipe["step_ms"],
         **seq,
