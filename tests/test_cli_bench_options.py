@@ -179,6 +179,96 @@ def _step(tiny, extra, capsys) -> dict:
     return _bench_json(["bench", "step", str(tiny), *STEP, *extra], capsys)
 
 
+def test_bench_step_isolation_auto_is_applied_and_recorded(tiny, capsys, monkeypatch):
+    """``--isolation auto`` profiles the stages and times the loop under the threads it gives
+    them (the result's ``isolation``: the allocation, as in gnnio train's summary); ``off``, the
+    default: null, every stage at its default threads."""
+    import torch
+
+    import gnnio.bench.step as bs
+
+    seen, real = [], bs.pipelined
+
+    def spy(parts, device, warmup, k, progress):
+        seen.append((getattr(parts.sampler, "num_threads", None), torch.get_num_threads()))
+        return real(parts, device, warmup, k, progress)
+
+    monkeypatch.setattr(bs, "pipelined", spy)
+    threads = torch.get_num_threads()
+    r = _step(tiny, ["--isolation", "auto"], capsys)
+    iso = r["isolation"]
+    assert iso is not None and set(iso["threads"]) == {"sample", "gather", "compute"}, iso
+    assert all(isinstance(v, int) and v >= 1 for v in iso["threads"].values()), iso
+    if seen[0][0] is not None:  # timed under the allocation, not beside it
+        assert seen[0] == (iso["threads"]["sample"], iso["threads"]["compute"])
+    assert torch.get_num_threads() == threads  # put back after the run
+    for extra in ([], ["--isolation", "off"]):
+        assert _step(tiny, extra, capsys)["isolation"] is None
+
+
+def test_bench_step_heap_option_is_applied_and_recorded(tiny, capsys, monkeypatch):
+    """``--heap system`` leaves glibc's malloc as it is where ``auto`` would keep freed memory
+    (the CPU, features in memory), ``--heap keep`` keeps it where ``auto`` would not (features
+    on disk); the result's ``heap`` says which held while the step was timed."""
+    from gnnio.utils import heap
+
+    calls = []
+    monkeypatch.setattr(heap, "keep_heap", lambda: calls.append("keep") or "kept")
+    for extra, want in ((["--heap", "system"], "system"),
+                        (["--heap", "keep", "--features-on", "disk"], "kept")):  # fmt: skip
+        calls.clear()
+        assert _step(tiny, extra, capsys)["heap"] == want, extra
+        assert calls == (["keep"] if want == "kept" else []), extra
+
+
+INVALID = [
+    ("--model gcn --edge-weight-norm sum", "--edge-weight-norm sum: applies to --model sage, not gcn"),
+    ("--lr 0", "--lr: must be in (0, 1e9], got 0.0"),
+    ("--weight-decay -1", "--weight-decay: must be in [0, 1e9], got -1.0"),
+    ("--stall-timeout 0", "--stall-timeout: must be > 0 seconds, got 0.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra,words", INVALID, ids=[i[0] for i in INVALID])
+def test_bench_step_refuses_what_train_refuses_in_one_line(extra, words, tiny, capsys):
+    """``gnnio bench step`` checks its configuration as ``gnnio train`` does
+    (``TrainConfig.validate``): one line, nothing timed. Without the check the first two were
+    timed under a configuration train refuses, the last two ended in a traceback."""
+    argv = ["bench", "step", str(tiny), *STEP, *extra.split(), "--quiet", "--json"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and words in err, err
+
+
+def test_bench_step_verify_without_dir_checks_every_byte_of_the_built_in_dataset(
+    tmp_path, monkeypatch, capsys
+):
+    """``bench step --verify`` without DIR recomputes every sha256 of the built-in dataset (the
+    help: 'recompute every array's sha256'), as it does for a DIR given: a byte flipped outside
+    the blocks an open samples is found with it and not without."""
+    from gnnio.graph.integrity import SAMPLE_BLOCK
+    from gnnio.train import defaults
+
+    monkeypatch.setenv("GNNIO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(defaults, "DEFAULT_DATASET", {"num_nodes": 2048, "avg_degree": 4,
+                        "feat_dim": 128, "num_classes": 3, "seed": 0})  # fmt: skip
+    f = defaults.default_dataset(progress=False).path / "features.npy"
+    size = f.stat().st_size
+    gap = SAMPLE_BLOCK + ((size - SAMPLE_BLOCK) // 7 - SAMPLE_BLOCK) // 2  # between blocks 0 and 1
+    assert SAMPLE_BLOCK < gap < (size - SAMPLE_BLOCK) // 7
+    with open(f, "r+b") as fh:
+        fh.seek(gap)
+        b = fh.read(1)
+        fh.seek(gap)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    argv = ["bench", "step", "--fanouts", "2,2", "--batch-size", "16", "--hidden", "8",
+            "--batches", "1", "--warmup", "0", "--device", "cpu", "--quiet"]  # fmt: skip
+    assert main([*argv, "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "features.npy" in err and "sha256" in err, err
+    assert main(argv) == 0  # (the sampled check does not see the byte: only --verify does)
+
+
 def test_bench_step_warmup_default_is_three_and_recorded(tiny, capsys, monkeypatch):
     """Without ``--warmup`` each pass starts after 3 untimed batches (the documented default,
     the one docs/benchmarks.md's runs name), and the result says how many (``warmup``)."""
