@@ -18,6 +18,7 @@ from .._gather import (
     row_bytes_view,
     tensor_view,
 )
+from .._host_gather import HostRowGather
 from ..base import DeviceRows, FeatureStore, ids_vouched
 
 __all__ = ["InMemoryFeatureStore"]
@@ -98,6 +99,11 @@ class InMemoryFeatureStore(FeatureStore):
         self.tier = "host" if self.device.type == "cpu" else "gpu"
         # uint8 [N, row_bytes] view for the byte-copy kernel (shares memory with self._t)
         self._bytes = row_bytes_view(t) if self.device.type == "cpu" else None
+        self._fast = (
+            HostRowGather(self._bytes, self.dim, self.dtype, kernel, num_threads)
+            if self.device.type == "cpu"
+            else None
+        )
 
     def __repr__(self) -> str:
         return (
@@ -116,6 +122,10 @@ class InMemoryFeatureStore(FeatureStore):
         for ids outside ``[0, num_rows)``, TypeError for non-integer ids."""
         if self.device.type != "cpu":
             return self._gather_device(ids, out)
+        dst = self._fast(ids, out)  # the loader's call: an int tensor and a reused buffer
+        if dst is not None:
+            self.counters.add(self.tier, ids.shape[0], self.row_bytes)
+            return dst
         idx = as_index_array(ids, self.num_rows, check=False)  # (gather_rows checks)
         n = int(idx.shape[0])
         if out is None:

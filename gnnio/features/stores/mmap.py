@@ -11,6 +11,7 @@ import torch
 
 from ...errors import DatasetError
 from .._gather import KERNELS, as_index_array, check_out, gather_rows
+from .._host_gather import HostRowGather
 from ..base import FeatureStore
 
 __all__ = ["MmapFeatureStore"]
@@ -82,6 +83,8 @@ class MmapFeatureStore(FeatureStore):
         self.device = torch.device("cpu")
         self.num_threads = num_threads
         self.kernel = kernel
+        rows_b = self._src.view(np.uint8).reshape(self.num_rows, self.row_bytes)
+        self._fast = HostRowGather(rows_b, self.dim, self.dtype, kernel, num_threads)
 
     def __repr__(self) -> str:
         where = f", path={str(self.path)!r}" if self.path else ""
@@ -93,6 +96,10 @@ class MmapFeatureStore(FeatureStore):
         """Rows ``ids`` (global ids; int32/int64; repeats allowed) as a ``[len(ids), dim]`` CPU
         tensor, written into ``out[:len(ids)]`` when given. Reads only the pages of those rows.
         Raises IndexError for ids outside ``[0, num_rows)``, TypeError for non-integer ids."""
+        dst = self._fast(ids, out)  # the loader's call: an int tensor and a reused buffer
+        if dst is not None:
+            self.counters.add(self.tier, ids.shape[0], self.row_bytes)
+            return dst
         idx = as_index_array(ids, self.num_rows, check=False)  # (gather_rows checks)
         n = int(idx.shape[0])
         if out is None:

@@ -1,0 +1,141 @@
+"""The CPU stores' lean call of the row gather (gnnio/features/_host_gather.py): the loader's call
+(a 1-D int CPU tensor of ids and a reused ``out=`` buffer) skips the general path's steps, gives
+the same rows, counts and errors, and follows a buffer that changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio.features import InMemoryFeatureStore, MmapFeatureStore
+from gnnio.features import _gather as G
+from gnnio.features.stores import memory as memory_mod
+from gnnio.features.stores import mmap as mmap_mod
+
+pytestmark = pytest.mark.skipif(not G.HAVE_NUMBA, reason="the lean path runs the numba kernel")
+
+N, D = 3000, 37
+
+
+def _rows(dtype=np.float32):
+    return np.random.default_rng(0).standard_normal((N, D)).astype(dtype)
+
+
+def _stores(tmp_path, x):
+    np.save(tmp_path / "x.npy", x)
+    return [
+        (InMemoryFeatureStore(x, num_threads=2), memory_mod),
+        (MmapFeatureStore(tmp_path / "x.npy", num_threads=2), mmap_mod),
+    ]
+
+
+def _no_general_path(monkeypatch, module):
+    """Make the general path fail loudly, so a call that still works took the lean one."""
+
+    def boom(*a, **k):
+        raise AssertionError("took the general path")
+
+    monkeypatch.setattr(module, "gather_rows", boom)
+    monkeypatch.setattr(module, "as_index_array", boom)
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+def test_the_loaders_call_takes_the_lean_path_and_gives_the_same_rows(
+    tmp_path, monkeypatch, id_dtype
+):
+    x = _rows()
+    rng = np.random.default_rng(1)
+    for store, module in _stores(tmp_path, x):
+        out = torch.full((2500, D), -1.0)
+        store.gather(torch.arange(3, dtype=id_dtype), out=out)  # first call: the kernel compiles
+        with monkeypatch.context() as m:
+            _no_general_path(m, module)
+            for n in (2500, 17, 1, 999):  # batches of changing size into the one buffer
+                ids = torch.from_numpy(rng.integers(0, N, n)).to(id_dtype)
+                ids[: n // 3] = ids[0]  # repeats
+                got = store.gather(ids, out=out)
+                assert got.data_ptr() == out.data_ptr() and got.shape == (n, D)
+                assert torch.equal(got, torch.from_numpy(x)[ids.long()])
+        assert store.counters.snapshot()["rows"][store.tier] == 3 + 2500 + 17 + 1 + 999
+
+
+def test_other_calls_take_the_general_path(tmp_path):
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    out = torch.empty(100, D)
+    store.gather(torch.arange(3), out=out)
+    f = store._fast
+    want = torch.from_numpy(x)[torch.tensor([5, 6, 7])]
+    assert f(torch.tensor([5, 6, 7]), None) is None  # no buffer: a fresh tensor is made
+    assert f([5, 6, 7], out) is None  # not a tensor
+    assert f(np.array([5, 6, 7]), out) is None
+    assert f(torch.tensor([5, 6, 7], dtype=torch.int16), out) is None
+    assert f(torch.tensor([[5, 6, 7]]), out) is None  # 2-D: the general path refuses it
+    assert f(torch.arange(20)[::2], out) is None  # not contiguous
+    assert f(torch.empty(0, dtype=torch.int64), out) is None
+    assert f(torch.arange(101), out) is None  # the buffer is too small
+    assert f(torch.arange(3), out[:, :5].contiguous()) is None  # not this store's rows
+    assert f(torch.arange(3), out.double()) is None
+    assert f(torch.arange(3), out.t()) is None  # (square only by chance: not contiguous)
+    torch_store = InMemoryFeatureStore(x, num_threads=2, kernel="torch")
+    assert not torch_store._fast.enabled
+    for s in (store, torch_store):  # and every one of them still gives the rows
+        assert torch.equal(s.gather([5, 6, 7], out=out), want)
+        assert torch.equal(s.gather(torch.tensor([5, 6, 7])), want)
+        assert torch.equal(s.gather(torch.arange(20)[5:8:1].clone(), out=out), want)
+
+
+def test_a_new_or_changed_buffer_is_checked_again(tmp_path):
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    ids = torch.tensor([4, 2, 2999, 0])
+    want = torch.from_numpy(x)[ids]
+    a, b = torch.zeros(10, D), torch.zeros(10, D)
+    for out in (a, b, a, b):  # two buffers in turn (two loaders' rings)
+        out.zero_()
+        assert torch.equal(store.gather(ids, out=out), want)
+        assert out[4:].abs().sum() == 0
+    a.set_(torch.zeros(10, D))  # the same tensor object now on other storage
+    got = store.gather(ids, out=a)
+    assert got.data_ptr() == a.data_ptr() and torch.equal(got, want)
+    a.resize_(3, D)  # shrunk in place: 4 rows no longer fit
+    with pytest.raises(ValueError, match=r"need \[>= 4, 37\]"):
+        store.gather(ids, out=a)
+
+
+def test_errors_and_counts_are_those_of_the_general_path(tmp_path):
+    x = _rows()
+    for store, _ in _stores(tmp_path, x):
+        out = torch.zeros(50, D)
+        store.gather(torch.arange(3), out=out)
+        before = store.counters.snapshot()["rows"][store.tier]
+        for bad in (N, -1, 10**9):
+            with pytest.raises(IndexError, match=rf"feature id {bad} out of range \[0, {N}\)"):
+                store.gather(torch.tensor([1, bad, 2]), out=out)
+        with pytest.raises(ValueError, match=r"need \[>= 51, 37\]"):
+            store.gather(torch.arange(51), out=out)
+        with pytest.raises(ValueError, match="dtype torch.float64"):
+            store.gather(torch.arange(5), out=out.double())
+        assert store.counters.snapshot()["rows"][store.tier] == before  # failed calls: not counted
+
+
+def test_the_stores_threads_are_set_on_the_calling_thread(monkeypatch):
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=1)
+    out = torch.zeros(50, D)
+    store.gather(torch.arange(3), out=out)
+    asked = []
+    monkeypatch.setattr(G.numba, "set_num_threads", lambda n: asked.append(n))
+    store.gather(torch.arange(5), out=out)
+    assert asked == [1]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int8, np.float64])
+def test_other_row_sizes(dtype):
+    x = (np.random.default_rng(2).standard_normal((500, 13)) * 20).astype(dtype)
+    store = InMemoryFeatureStore(x, num_threads=2)
+    out = torch.empty(300, 13, dtype=torch.from_numpy(x[:0]).dtype)
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, 500, 300))
+    for _ in range(2):
+        assert torch.equal(store.gather(ids, out=out), torch.from_numpy(x)[ids])
