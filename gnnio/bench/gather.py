@@ -44,6 +44,7 @@ from ..errors import UsageError
 from ..features._gather import host_empty, host_rows
 from ..utils.progress import bar
 from ..utils.rss import available_ram
+from ..utils.torch_threads import set_torch_threads
 from ._timing import median, time_passes
 
 HELP = "feature-gather bandwidth (GB/s) of a store vs. a random 512-byte-row memory ceiling"
@@ -89,7 +90,7 @@ def check_common(args) -> None:
 
 def set_threads(n: int) -> None:
     """Threads for this bench (asked for by --threads): torch's pool and numba's, this thread."""
-    torch.set_num_threads(n)
+    set_torch_threads(n)  # (numba's pool first: its start would reset torch's count)
     try:
         import numba
 

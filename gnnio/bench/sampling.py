@@ -41,6 +41,7 @@ import torch
 
 from ..errors import UsageError
 from ..utils.progress import bar
+from ..utils.torch_threads import set_torch_threads
 from ._timing import median, time_passes
 
 HELP = "sampled edges/s, ms/batch and input nodes/batch of a neighbour sampler"
@@ -268,7 +269,7 @@ def run(args) -> dict:
     if seeds.size == 0:
         raise UsageError(f"{args.dataset}: the dataset has no nodes to sample from")
     batches = fixed_batches(seeds, args.batch_size, args.batches, args.seed)
-    torch.set_num_threads(args.threads)  # asked for by --threads (process-wide, this command only)
+    set_torch_threads(args.threads)  # asked for by --threads (process-wide, this command only)
     kind = getattr(args, "sampler", "uniform")
     layer_size = getattr(args, "layer_size", None) or 8192
     graph_in = getattr(args, "graph_in", None) or "gpu"

@@ -416,9 +416,11 @@ def run(args) -> dict:
     from ..train.defaults import default_dataset
     from ..train.gpu_plan import apply_layout_plan
     from ..train.graphed import graph_report
+    from ..train.isolate import isolate, restore
     from ..train.loop import LocalRun
     from ..utils.heap import apply_heap
     from ..utils.phases import Phases
+    from ..utils.torch_threads import set_torch_threads
     from ..utils.triton_kernels import kernels_report, reset_kernel_record
 
     if args.nproc > 1:
@@ -436,7 +438,7 @@ def run(args) -> dict:
         ds = load(ds.path, verify=True)
     clock.mark("load")
     if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+        set_torch_threads(cfg.threads)
     reset_kernel_record()
     heap = apply_heap(cfg.heap, device.type, cfg.store)  # as gnnio train sets it
     build_cfg, plan = apply_layout_plan(ds, cfg, device)  # as gnnio train plans it
@@ -444,8 +446,6 @@ def run(args) -> dict:
     clock.mark("build")
     iso = undo = None
     if cfg.isolation == "auto":  # as gnnio train applies it (threads and core sets per stage)
-        from ..train.isolate import isolate
-
         iso, undo = isolate(parts.sampler, parts.store, parts.model, parts.order, parts.labels,
                             device)  # fmt: skip
         clock.mark("isolate")
@@ -460,8 +460,6 @@ def run(args) -> dict:
         clock.mark("gpu_passes", when=gpu_passes)
     finally:
         if undo is not None:
-            from ..train.isolate import restore
-
             restore(undo, parts.sampler, parts.store)
         for ld in [parts.train_loader, *parts.eval_loaders.values()]:
             close = getattr(ld, "close", None)

@@ -79,9 +79,11 @@ class HostRowGather:
         out_b = self._out_view(out)
         if out_b is None or n > out_b.shape[0]:
             return None
-        if self._threads is not None:
+        if self._threads is not None:  # (per thread in numba: set at every call)
             G.numba.set_num_threads(self._threads)
-        chunks = 4 * G.numba.get_num_threads()
+            chunks = 4 * self._threads
+        else:
+            chunks = 4 * G.numba.get_num_threads()
         bad = G._gather_rows_prefetch(
             self._src_b, idx, out_b, chunks, self._pf_lines, self._last_off
         )

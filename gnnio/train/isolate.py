@@ -36,6 +36,7 @@ from ..pipeline.affinity import (
     pin_current_thread,
 )
 from ..pipeline.isolation import Allocation, profile_stages, solve, thread_candidates
+from ..utils.torch_threads import set_torch_threads
 
 __all__ = ["isolate", "restore"]
 
@@ -114,7 +115,7 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
             torch.cuda.current_stream(device).synchronize()  # profiling only, before training
 
     def compute(c: int) -> float:
-        torch.set_num_threads(int(c))
+        set_torch_threads(int(c))
         return _timed(step, n)
 
     stages = {"sample": sample}
@@ -133,7 +134,7 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
             fits = profile_stages(stages, thread_candidates(cores))
         finally:
             base.counters.reset()  # the run's counters must not count profiling reads
-            torch.set_num_threads(undo["torch_threads"])
+            set_torch_threads(undo["torch_threads"])
     alloc = solve(fits, cores, fixed)
     apply(alloc, sampler, targets)
     return alloc, undo
@@ -148,7 +149,7 @@ def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | N
     for t in targets:
         t.num_threads = th.get("gather", t.num_threads)
     if "compute" in th:
-        torch.set_num_threads(th["compute"])
+        set_torch_threads(th["compute"])
     plan = core_sets({**th, "compute": th.get("compute", 1)}, available_cores())
     activate(plan)
     pin_current_thread("compute")
@@ -162,7 +163,7 @@ def restore(undo: dict[str, Any], sampler, store) -> None:
     deactivate()
     if undo.get("affinity") is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, undo["affinity"])
-    torch.set_num_threads(undo["torch_threads"])
+    set_torch_threads(undo["torch_threads"])
     if undo["sampler"] is not None:
         _set_sampler_threads(sampler, undo["sampler"])
     for t, c in zip(gather_targets(store), undo["gather"]):
