@@ -99,10 +99,10 @@ def launch_ranks(args, cfg, dataset) -> int:
         from ..preprocess.partition import load_partition
 
         load_partition(cfg.partition, ds, args.nproc)
-    from ..train.checkpoint import check_fresh_dir, check_world_size
+    from ..train.checkpoint import check_fresh_dir, check_resume_dir
 
-    if cfg.resume is not None:  # checkpoints of another world size: refuse before starting
-        check_world_size(cfg.resume, args.nproc)
+    if cfg.resume is not None:  # none there, or another world size's: refuse before starting
+        check_resume_dir(cfg.resume, args.nproc)
     check_fresh_dir(cfg.checkpoint_dir, cfg.resume)  # another run's checkpoints: likewise
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:

@@ -78,6 +78,7 @@ __all__ = [
     "check_world_size",
     "checkpoint_files",
     "check_fresh_dir",
+    "check_resume_dir",
     "held_checkpoints",
     "load_resume",
     "make_state",
@@ -317,6 +318,31 @@ def check_world_size(directory: str | os.PathLike, world_size: int) -> None:
         )
 
 
+def _resume_dir(directory: str | os.PathLike) -> Path:
+    """``directory`` as a Path; one line when it is not a directory."""
+    d = Path(directory)
+    if not d.is_dir():
+        what = "not a directory" if d.exists() else "no such checkpoint directory"
+        raise UsageError(f"--resume {d}: {what}")
+    return d
+
+
+def check_resume_dir(directory: str | os.PathLike, world_size: int) -> None:
+    """One line, from the file names alone, when ``world_size`` ranks sharing ``directory`` (a
+    ``--nproc N`` run, before it starts them) cannot resume from it: not a directory, checkpoints
+    of another world size (:func:`check_world_size`), or no position that every rank holds. What
+    the files hold is checked by each rank (:func:`load_resume`)."""
+    d = _resume_dir(directory)
+    check_world_size(d, world_size)
+    held = [{(e, b) for e, b, _ in checkpoint_files(d, r, world_size)} for r in range(world_size)]
+    if not set.intersection(*held):
+        if any(held) and world_size > 1:
+            raise UsageError(
+                f"--resume {d}: no checkpoint position that all {world_size} ranks hold"
+            )
+        raise UsageError(f"--resume {d}: no complete checkpoint in it")
+
+
 def _gather(run, obj) -> list:
     return run.all_gather_object(obj) if run is not None else [obj]
 
@@ -328,10 +354,7 @@ def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size
     is skipped with a warning naming it. With several ranks ``run`` (its
     ``all_gather_object``) lets the ranks agree on the position: every rank calls this. One-line
     :class:`~gnnio.errors.UsageError` when there is none."""
-    d = Path(directory)
-    if not d.is_dir():
-        what = "not a directory" if d.exists() else "no such checkpoint directory"
-        raise UsageError(f"--resume {d}: {what}")
+    d = _resume_dir(directory)
     check_world_size(d, world_size)
     files = {(e, b): p for e, b, p in checkpoint_files(d, rank, world_size)}
     held = _gather(run, sorted(files))
