@@ -51,13 +51,15 @@ def test_the_loaders_call_takes_the_lean_path_and_gives_the_same_rows(
         store.gather(torch.arange(3, dtype=id_dtype), out=out)  # first call: the kernel compiles
         with monkeypatch.context() as m:
             _no_general_path(m, module)
-            for n in (2500, 17, 1, 999):  # batches of changing size into the one buffer
+            for n, view in ((2500, False), (17, False), (1, True), (999, True), (2500, True)):
                 ids = torch.from_numpy(rng.integers(0, N, n)).to(id_dtype)
                 ids[: n // 3] = ids[0]  # repeats
-                got = store.gather(ids, out=out)
+                dst = out[:n] if view else out  # the loader passes its slot's first n rows
+                got = store.gather(ids, out=dst)
                 assert got.data_ptr() == out.data_ptr() and got.shape == (n, D)
                 assert torch.equal(got, torch.from_numpy(x)[ids.long()])
-        assert store.counters.snapshot()["rows"][store.tier] == 3 + 2500 + 17 + 1 + 999
+        assert store.counters.snapshot()["rows"][store.tier] == 3 + 2500 + 17 + 1 + 999 + 2500
+        assert len(store._fast._views) == 1  # the slot's views share its entry
 
 
 def test_other_calls_take_the_general_path(tmp_path):
@@ -66,6 +68,7 @@ def test_other_calls_take_the_general_path(tmp_path):
     out = torch.empty(100, D)
     store.gather(torch.arange(3), out=out)
     f = store._fast
+    out = torch.empty(100, D)
     want = torch.from_numpy(x)[torch.tensor([5, 6, 7])]
     assert f(torch.tensor([5, 6, 7]), None) is None  # no buffer: a fresh tensor is made
     assert f([5, 6, 7], out) is None  # not a tensor
@@ -139,3 +142,28 @@ def test_other_row_sizes(dtype):
     ids = torch.from_numpy(np.random.default_rng(3).integers(0, 500, 300))
     for _ in range(2):
         assert torch.equal(store.gather(ids, out=out), torch.from_numpy(x)[ids])
+
+
+def test_views_and_buffers_let_go():
+    import gc
+
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    ids = torch.tensor([4, 2, 2999, 0])
+    want = torch.from_numpy(x)[ids]
+    big = torch.zeros(10, D)
+    store.gather(ids, out=big)
+    big.zero_()
+    assert torch.equal(store.gather(ids, out=big[2:6]), want)  # a view not at its base's start
+    assert big[:2].abs().sum() == 0 and big[6:].abs().sum() == 0
+    del big
+    store.gather(torch.arange(3), out=torch.empty(5, D))
+    gc.collect()
+    assert store._fast._views == {}  # those buffers are gone: their entries too
+    slot = torch.empty(50, D)
+    for n in (40, 7, 50):
+        store.gather(torch.arange(n), out=slot[:n])
+    assert [v[0] for v in store._fast._views.values()] == [50]  # the whole slot, once
+    del slot
+    gc.collect()
+    assert store._fast._views == {}

@@ -3,9 +3,10 @@
 :meth:`InMemoryFeatureStore.gather` and :meth:`MmapFeatureStore.gather` are called once per
 mini-batch with a 1-D int64 (or int32) CPU tensor of ids and the loader's reused ``out=`` buffer.
 For that call :class:`HostRowGather` goes straight to the prefetching kernel of
-:mod:`gnnio.features._gather`: the ``out`` buffer is checked once and its byte view kept (until
-its storage, shape, strides, dtype or device change), the kernel's per-source constants are
-computed once, and the ids' range is checked inside the copy's pass as before. Any other call
+:mod:`gnnio.features._gather`: a buffer is checked once and its byte view kept while the buffer
+lives (the loader passes ``slot[:n]``: the slot is what is kept, so batches of any size up to it
+hit), the kernel's per-source constants are computed once, and the ids' range is checked inside
+the copy's pass as before. Any other call
 (no ``out``, ids that are not such a tensor, a buffer too small, ``kernel="torch"``, a kernel
 that has not compiled yet or cannot) takes the general path, which raises the errors.
 
@@ -18,6 +19,8 @@ ceiling loop calls its kernel back to back (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 
@@ -26,6 +29,7 @@ from . import _gather as G
 __all__ = ["HostRowGather"]
 
 _INT_DTYPES = (torch.int64, torch.int32)
+_MAX_VIEWS = 16  # buffers kept checked at once (the loader's ring has prefetch + 2)
 
 
 class HostRowGather:
@@ -55,10 +59,10 @@ class HostRowGather:
         self._threads = None
         if num_threads is not None and G.HAVE_NUMBA:
             self._threads = max(1, min(int(num_threads), G.numba.config.NUMBA_NUM_THREADS))
-        # ((data_ptr, shape, strides, dtype, device), [rows, row_bytes] uint8 view) of the last
-        # checked buffer: one tuple, replaced whole, so that threads never pair a key and a view
-        # of two buffers
-        self._out: tuple | None = None
+        # (data_ptr, strides, dtype, device) of a checked buffer -> (its rows, its [rows, row_bytes]
+        # uint8 view); the loader passes ``slot[:n]``, so a buffer is cached as its base tensor's
+        # rows, and an entry lives while that base tensor does (weakref.finalize)
+        self._views: dict[tuple, tuple[int, np.ndarray]] = {}
 
     def __call__(self, ids, out: torch.Tensor | None) -> torch.Tensor | None:
         if (
@@ -76,8 +80,8 @@ class HostRowGather:
         n = idx.shape[0]
         if n == 0:
             return None
-        out_b = self._out_view(out)
-        if out_b is None or n > out_b.shape[0]:
+        out_b = self._out_view(out, n)
+        if out_b is None:
             return None
         if self._threads is not None:  # (per thread in numba: set at every call)
             G.numba.set_num_threads(self._threads)
@@ -92,24 +96,43 @@ class HostRowGather:
         G.kernel_ran("host_rows", "numba")
         return out[:n]
 
-    def _out_view(self, out) -> np.ndarray | None:
-        """The checked byte view of ``out`` (kept while ``out`` keeps its storage and layout),
-        or None where ``out`` is not a whole contiguous CPU buffer of this store's rows."""
+    def _out_view(self, out, n: int) -> np.ndarray | None:
+        """A byte view of at least ``n`` rows starting where ``out`` starts, or None where
+        ``out`` is not a contiguous 2-D CPU buffer of this store's rows with ``n`` rows or more.
+        On a hit (same address, strides, dtype and device as a buffer checked before, and
+        ``n`` within both) only the shape is read: those strides with this row width mean
+        contiguous, and the entry's storage is alive, so nothing else can sit at that address."""
         if type(out) is not torch.Tensor:
             return None
-        key = (out.data_ptr(), out.shape, out.stride(), out.dtype, out.device)
-        cur = self._out
-        if cur is not None and cur[0] == key:
-            return cur[1]
-        if (
-            out.dim() != 2
-            or out.shape[1] != self.dim
-            or out.dtype != self.dtype
-            or out.device.type != "cpu"
-            or not out.is_contiguous()
-            or out.numel() == 0
-        ):
+        shape = out.shape
+        if len(shape) != 2 or shape[1] != self.dim or n > shape[0]:
             return None
-        view = G.row_bytes_view(out)
-        self._out = (key, view)
+        key = (out.data_ptr(), out.stride(), out.dtype, out.device)
+        hit = self._views.get(key)
+        if hit is not None and n <= hit[0]:
+            return hit[1]
+        if out.dtype != self.dtype or out.device.type != "cpu" or not out.is_contiguous():
+            return None
+        base = out._base  # (the loader's ``slot[:n]``: cache the whole slot)
+        if not (
+            type(base) is torch.Tensor
+            and base.data_ptr() == key[0]
+            and base.dim() == 2
+            and base.shape[1] == self.dim
+            and base.dtype == self.dtype
+            and base.is_contiguous()
+        ):
+            base = out
+        view = G.row_bytes_view(base)
+        if len(self._views) >= _MAX_VIEWS:
+            self._views.clear()
+        self._views[key] = entry = (int(base.shape[0]), view)
+        weakref.finalize(base, _forget, weakref.ref(self), key, entry)
         return view
+
+
+def _forget(ref, key, entry) -> None:
+    """Drop a cached view once its base tensor is gone (unless a newer entry took the key)."""
+    self = ref()
+    if self is not None and self._views.get(key) is entry:
+        self._views.pop(key, None)
