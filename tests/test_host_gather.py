@@ -67,7 +67,11 @@ def test_other_calls_take_the_general_path(tmp_path):
     store = InMemoryFeatureStore(x, num_threads=2)
     out = torch.empty(100, D)
     store.gather(torch.arange(3), out=out)
-    f = store._fast
+    fast = store._fast
+
+    def f(ids, out):
+        return fast(ids, out, store.kernel, store.num_threads)
+
     out = torch.empty(100, D)
     want = torch.from_numpy(x)[torch.tensor([5, 6, 7])]
     assert f(torch.tensor([5, 6, 7]), None) is None  # no buffer: a fresh tensor is made
@@ -82,7 +86,7 @@ def test_other_calls_take_the_general_path(tmp_path):
     assert f(torch.arange(3), out.double()) is None
     assert f(torch.arange(3), out.t()) is None  # (square only by chance: not contiguous)
     torch_store = InMemoryFeatureStore(x, num_threads=2, kernel="torch")
-    assert not torch_store._fast.enabled
+    assert torch_store._fast(torch.arange(3), out, "torch", 2) is None
     for s in (store, torch_store):  # and every one of them still gives the rows
         assert torch.equal(s.gather([5, 6, 7], out=out), want)
         assert torch.equal(s.gather(torch.tensor([5, 6, 7])), want)
@@ -167,3 +171,28 @@ def test_views_and_buffers_let_go():
     del slot
     gc.collect()
     assert store._fast._views == {}
+
+
+def test_threads_and_kernel_set_after_the_store_is_built_reach_the_call(monkeypatch):
+    """``--isolation auto`` sets a store's gather threads after it is built (train/isolate.py):
+    the lean call uses them, as the general path does."""
+    store = InMemoryFeatureStore(_rows(), num_threads=2)
+    out = torch.zeros(50, D)
+    store.gather(torch.arange(3), out=out)
+    asked = []
+    real = G.numba.set_num_threads
+    monkeypatch.setattr(G.numba, "set_num_threads", lambda n: (asked.append(n), real(n)))
+    store.num_threads = 1
+    store.gather(torch.arange(5), out=out)
+    assert asked == [1]
+    store.kernel = "torch"  # (nothing reassigns it today: the lean path still follows it)
+    assert store._fast(torch.arange(5), out, store.kernel, store.num_threads) is None
+
+
+def test_a_store_on_cpu_0_takes_a_cpu_buffer_on_both_paths():
+    x = _rows()
+    store = InMemoryFeatureStore(x, device="cpu:0", num_threads=2)
+    out = torch.zeros(10, D)
+    want = torch.from_numpy(x)[[5, 6]]
+    assert torch.equal(store.gather(torch.tensor([5, 6]), out=out), want)  # a tensor: lean
+    assert torch.equal(store.gather([5, 6], out=out), want)  # a list: the general path

@@ -64,3 +64,30 @@ def test_an_isolation_allocation_keeps_its_compute_threads(tmp_path):
     deactivate()
     """
     assert _run(textwrap.dedent(body) + KERNEL + "print(torch.get_num_threads())", tmp_path) == "1"
+
+
+def test_a_threading_layer_that_cannot_load_still_sets_torchs_threads(monkeypatch):
+    import warnings
+
+    import numba
+    import torch
+
+    import gnnio.utils.torch_threads as tt
+
+    def broken():
+        raise ValueError("No threading layer could be loaded.")
+
+    monkeypatch.setattr(numba, "get_num_threads", broken)
+    monkeypatch.setattr(tt, "_warned", False)
+    before = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            tt.set_torch_threads(1)
+            tt.set_torch_threads(1)
+        assert torch.get_num_threads() == 1
+        assert [str(x.message) for x in w] == [
+            "gnnio: numba's thread pool did not start (No threading layer could be loaded.)"
+        ]
+    finally:
+        torch.set_num_threads(before)

@@ -33,7 +33,7 @@ _MAX_VIEWS = 16  # buffers kept checked at once (the loader's ring has prefetch 
 
 
 class HostRowGather:
-    """``rows = HostRowGather(src_b, dim, dtype, kernel, num_threads)(ids, out)``:
+    """``rows = HostRowGather(src_b, dim, dtype)(ids, out, kernel, num_threads)``:
     ``out[:len(ids)]`` with rows ``src[ids]`` written, or None when the call is not the common
     one (then nothing was read or written, and the caller takes
     :func:`~gnnio.features._gather.gather_rows`' path). Safe to call from several threads.
@@ -41,32 +41,32 @@ class HostRowGather:
     Args:
         src_b: the store's rows as a ``[N, row_bytes]`` uint8 view (in RAM or a memmap).
         dim, dtype: the store's row width and torch dtype (what ``out`` must have).
-        kernel: the store's gather kernel; only "auto" and "numba" take this path.
-        num_threads: the store's kernel threads (set on the calling thread at each call, as
-            ``gather_rows`` does), or None to keep numba's setting.
+
+    Each call takes the store's ``kernel`` (only "auto" and "numba" take this path) and
+    ``num_threads`` as they are then (``--isolation auto`` sets a store's threads after it is
+    built): the threads are set on the calling thread at each call, as ``gather_rows`` does;
+    None keeps numba's setting.
     """
 
-    def __init__(
-        self, src_b: np.ndarray, dim: int, dtype: torch.dtype, kernel: str, num_threads: int | None
-    ) -> None:
-        self.enabled = G.HAVE_NUMBA and kernel in ("auto", "numba") and src_b.size > 0
+    def __init__(self, src_b: np.ndarray, dim: int, dtype: torch.dtype) -> None:
+        self.enabled = G.HAVE_NUMBA and src_b.size > 0
         self.num_rows = int(src_b.shape[0])
         self.dim, self.dtype = int(dim), dtype
         self._src_b = src_b
         if self.enabled:
             self._pf_lines = (min(self._src_b.shape[1], G.PREFETCH_MAX_BYTES) + 63) // 64
             self._last_off = G._last_line_offset(self._src_b)
-        self._threads = None
-        if num_threads is not None and G.HAVE_NUMBA:
-            self._threads = max(1, min(int(num_threads), G.numba.config.NUMBA_NUM_THREADS))
         # (data_ptr, strides, dtype, device) of a checked buffer -> (its rows, its [rows, row_bytes]
         # uint8 view); the loader passes ``slot[:n]``, so a buffer is cached as its base tensor's
         # rows, and an entry lives while that base tensor does (weakref.finalize)
         self._views: dict[tuple, tuple[int, np.ndarray]] = {}
 
-    def __call__(self, ids, out: torch.Tensor | None) -> torch.Tensor | None:
+    def __call__(
+        self, ids, out: torch.Tensor | None, kernel: str, num_threads: int | None
+    ) -> torch.Tensor | None:
         if (
             not self.enabled
+            or (kernel != "auto" and kernel != "numba")
             or G._prefetch_ok is not True  # (the first call compiles, or falls back, there)
             or out is None
             or type(ids) is not torch.Tensor
@@ -83,9 +83,10 @@ class HostRowGather:
         out_b = self._out_view(out, n)
         if out_b is None:
             return None
-        if self._threads is not None:  # (per thread in numba: set at every call)
-            G.numba.set_num_threads(self._threads)
-            chunks = 4 * self._threads
+        if num_threads is not None:  # (per thread in numba: set at every call)
+            nt = max(1, min(int(num_threads), G.numba.config.NUMBA_NUM_THREADS))
+            G.numba.set_num_threads(nt)
+            chunks = 4 * nt
         else:
             chunks = 4 * G.numba.get_num_threads()
         bad = G._gather_rows_prefetch(

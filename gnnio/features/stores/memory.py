@@ -100,9 +100,7 @@ class InMemoryFeatureStore(FeatureStore):
         # uint8 [N, row_bytes] view for the byte-copy kernel (shares memory with self._t)
         self._bytes = row_bytes_view(t) if self.device.type == "cpu" else None
         self._fast = (
-            HostRowGather(self._bytes, self.dim, self.dtype, kernel, num_threads)
-            if self.device.type == "cpu"
-            else None
+            HostRowGather(self._bytes, self.dim, self.dtype) if self.device.type == "cpu" else None
         )
 
     def __repr__(self) -> str:
@@ -122,7 +120,8 @@ class InMemoryFeatureStore(FeatureStore):
         for ids outside ``[0, num_rows)``, TypeError for non-integer ids."""
         if self.device.type != "cpu":
             return self._gather_device(ids, out)
-        dst = self._fast(ids, out)  # the loader's call: an int tensor and a reused buffer
+        # the loader's call (an int tensor and a reused buffer), straight to the kernel
+        dst = self._fast(ids, out, self.kernel, self.num_threads)
         if dst is not None:
             self.counters.add(self.tier, ids.shape[0], self.row_bytes)
             return dst

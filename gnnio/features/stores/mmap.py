@@ -84,7 +84,7 @@ class MmapFeatureStore(FeatureStore):
         self.num_threads = num_threads
         self.kernel = kernel
         rows_b = self._src.view(np.uint8).reshape(self.num_rows, self.row_bytes)
-        self._fast = HostRowGather(rows_b, self.dim, self.dtype, kernel, num_threads)
+        self._fast = HostRowGather(rows_b, self.dim, self.dtype)
 
     def __repr__(self) -> str:
         where = f", path={str(self.path)!r}" if self.path else ""
@@ -96,7 +96,8 @@ class MmapFeatureStore(FeatureStore):
         """Rows ``ids`` (global ids; int32/int64; repeats allowed) as a ``[len(ids), dim]`` CPU
         tensor, written into ``out[:len(ids)]`` when given. Reads only the pages of those rows.
         Raises IndexError for ids outside ``[0, num_rows)``, TypeError for non-integer ids."""
-        dst = self._fast(ids, out)  # the loader's call: an int tensor and a reused buffer
+        # the loader's call (an int tensor and a reused buffer), straight to the kernel
+        dst = self._fast(ids, out, self.kernel, self.num_threads)
         if dst is not None:
             self.counters.add(self.tier, ids.shape[0], self.row_bytes)
             return dst
