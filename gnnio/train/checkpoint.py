@@ -63,6 +63,7 @@ from .checkpoint_checks import (
     check_fresh_dir,
     check_regular,
     check_within,
+    check_world_size,
     held_checkpoints,
     malformed,
 )
@@ -287,35 +288,6 @@ class ResumeState:
     @property
     def history(self) -> list[dict[str, Any]]:
         return json.loads(self.raw["history"])
-
-
-def _world_sizes(d: Path) -> set[int]:
-    """World sizes of the checkpoints in ``d`` (1 for a single process's)."""
-    out = set()
-    for p in d.iterdir():
-        m = _NAME.match(p.name)
-        if m is not None:
-            out.add(int(m.group(4)) if m.group(4) is not None else 1)
-    return out
-
-
-def check_world_size(directory: str | os.PathLike, world_size: int) -> None:
-    """One line when the checkpoints in ``directory`` were written by another number of ranks
-    (none of this world size there); nothing when it holds none at all (:func:`load_resume`
-    says that)."""
-    d = Path(directory)
-    if not d.is_dir():
-        return
-    sizes = _world_sizes(d)
-    if sizes and world_size not in sizes:
-        other = max(sizes)
-        who = "one process" if other == 1 else f"{other} ranks"
-        now = "one process" if world_size == 1 else f"{world_size} ranks"
-        raise UsageError(
-            f"--resume {d}: the checkpoints there were written by {who}, this run has {now}; "
-            f"resume with --nproc {other} (another world size is not supported: each rank's "
-            "checkpoint holds its own shard of the run)"
-        )
 
 
 def _resume_dir(directory: str | os.PathLike) -> Path:

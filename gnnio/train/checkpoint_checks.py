@@ -38,6 +38,7 @@ __all__ = [
     "check_regular",
     "check_unclaimed",
     "check_within",
+    "check_world_size",
     "held_checkpoints",
     "malformed",
 ]
@@ -186,3 +187,30 @@ def check_fresh_dir(checkpoint_dir, resume=None, run=None) -> None:
     mine = held_checkpoints(checkpoint_dir)
     held = sorted(set().union(*(run.all_gather_object(mine) if run is not None else [mine])))
     check_unclaimed(Path(checkpoint_dir), held, resume)
+
+
+def _world_sizes(d: Path) -> set[int]:
+    """World sizes of the checkpoints in ``d`` (1 for a single process's)."""
+    out = set()
+    for p in d.iterdir():
+        m = NAME.match(p.name)
+        if m is not None:
+            out.add(int(m.group(4)) if m.group(4) is not None else 1)
+    return out
+
+
+def check_world_size(directory: str | os.PathLike, world_size: int) -> None:
+    """One line when the checkpoints in ``directory`` were written by another number of ranks
+    (none of this world size there); nothing when it holds none at all (:func:`load_resume`
+    says that)."""
+    d = Path(directory)  # (a directory: the callers check that first)
+    sizes = _world_sizes(d)
+    if sizes and world_size not in sizes:
+        other = max(sizes)
+        who = "one process" if other == 1 else f"{other} ranks"
+        now = "one process" if world_size == 1 else f"{world_size} ranks"
+        raise UsageError(
+            f"--resume {d}: the checkpoints there were written by {who}, this run has {now}; "
+            f"resume with --nproc {other} (another world size is not supported: each rank's "
+            "checkpoint holds its own shard of the run)"
+        )
