@@ -42,6 +42,21 @@ def write_tiny_dataset(
     return out
 
 
+def flip_unsampled_byte(f: Path) -> None:
+    """Flip one byte of ``f`` between the first two blocks that opening a dataset samples
+    (``gnnio.graph.integrity.SAMPLE_BLOCK``): only a full ``--verify`` finds it."""
+    from gnnio.graph.integrity import SAMPLE_BLOCK
+
+    size = f.stat().st_size
+    gap = SAMPLE_BLOCK + ((size - SAMPLE_BLOCK) // 7 - SAMPLE_BLOCK) // 2  # between blocks 0 and 1
+    assert SAMPLE_BLOCK < gap < (size - SAMPLE_BLOCK) // 7
+    with open(f, "r+b") as fh:
+        fh.seek(gap)
+        b = fh.read(1)
+        fh.seek(gap)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
 def random_graph(n: int, m: int, seed: int) -> CSRGraph:
     """``n`` nodes, ``m`` uniformly random directed edges (repeats and self-loops possible)."""
     rng = np.random.default_rng(seed)

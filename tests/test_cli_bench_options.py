@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gnnio.cli.main import build_parser, main
-from tests.helpers import write_tiny_dataset
+from tests.helpers import flip_unsampled_byte, write_tiny_dataset
 
 
 class Stop(Exception):
@@ -246,21 +246,13 @@ def test_bench_step_verify_without_dir_checks_every_byte_of_the_built_in_dataset
     """``bench step --verify`` without DIR recomputes every sha256 of the built-in dataset (the
     help: 'recompute every array's sha256'), as it does for a DIR given: a byte flipped outside
     the blocks an open samples is found with it and not without."""
-    from gnnio.graph.integrity import SAMPLE_BLOCK
     from gnnio.train import defaults
 
     monkeypatch.setenv("GNNIO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(defaults, "DEFAULT_DATASET", {"num_nodes": 2048, "avg_degree": 4,
                         "feat_dim": 128, "num_classes": 3, "seed": 0})  # fmt: skip
     f = defaults.default_dataset(progress=False).path / "features.npy"
-    size = f.stat().st_size
-    gap = SAMPLE_BLOCK + ((size - SAMPLE_BLOCK) // 7 - SAMPLE_BLOCK) // 2  # between blocks 0 and 1
-    assert SAMPLE_BLOCK < gap < (size - SAMPLE_BLOCK) // 7
-    with open(f, "r+b") as fh:
-        fh.seek(gap)
-        b = fh.read(1)
-        fh.seek(gap)
-        fh.write(bytes([b[0] ^ 0xFF]))
+    flip_unsampled_byte(f)
     argv = ["bench", "step", "--fanouts", "2,2", "--batch-size", "16", "--hidden", "8",
             "--batches", "1", "--warmup", "0", "--device", "cpu", "--quiet"]  # fmt: skip
     assert main([*argv, "--verify"]) == 2

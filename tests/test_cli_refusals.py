@@ -131,19 +131,11 @@ def test_bench_step_refuses_what_only_epochs_read(extra, tmp_path, capsys):
 def test_bench_step_verify_checks_every_byte(tmp_path, capsys):
     """``bench step --verify`` recomputes every sha256, as ``gnnio train --verify`` does: a byte
     flipped outside the blocks an open samples is found with it and not without."""
-    from gnnio.graph.integrity import SAMPLE_BLOCK
-    from tests.helpers import write_tiny_dataset
+    from tests.helpers import flip_unsampled_byte, write_tiny_dataset
 
     ds = write_tiny_dataset(tmp_path / "d", num_nodes=2048, num_edges=8000, feat_dim=128)
     f = ds / "features.npy"
-    size = f.stat().st_size
-    gap = SAMPLE_BLOCK + ((size - SAMPLE_BLOCK) // 7 - SAMPLE_BLOCK) // 2  # between blocks 0 and 1
-    assert SAMPLE_BLOCK < gap < (size - SAMPLE_BLOCK) // 7
-    with open(f, "r+b") as fh:
-        fh.seek(gap)
-        b = fh.read(1)
-        fh.seek(gap)
-        fh.write(bytes([b[0] ^ 0xFF]))
+    flip_unsampled_byte(f)
     argv = ["bench", "step", str(ds), "--fanouts", "2,2", "--batch-size", "16", "--hidden", "8",
             "--batches", "1", "--warmup", "0", "--device", "cpu", "--quiet"]  # fmt: skip
     assert main([*argv, "--verify"]) == 2
