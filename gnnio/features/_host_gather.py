@@ -102,7 +102,8 @@ class HostRowGather:
         ``out`` is not a contiguous 2-D CPU buffer of this store's rows with ``n`` rows or more.
         On a hit (same address, strides, dtype and device as a buffer checked before, and
         ``n`` within both) only the shape is read: those strides with this row width mean
-        contiguous, and the entry's storage is alive, so nothing else can sit at that address."""
+        contiguous, so ``out``'s first ``n`` rows are the ``n`` rows at that address, which is
+        all the kernel writes through the view, whichever tensor the entry was made from."""
         if type(out) is not torch.Tensor:
             return None
         shape = out.shape
