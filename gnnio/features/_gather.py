@@ -60,8 +60,10 @@ __all__ = [
     "gather_rows",
     "host_empty",
     "host_rows",
+    "prefetch_lines",
     "row_bytes_view",
     "scatter_masked",
+    "set_numba_threads",
     "tensor_view",
     "word_views",
 ]
@@ -71,6 +73,22 @@ KERNELS = ("auto", "numba", "torch")
 #: rows ahead of the copy whose cache lines are prefetched, and the most bytes prefetched per row
 PREFETCH_ROWS = 8
 PREFETCH_MAX_BYTES = 1024
+
+
+def prefetch_lines(row_bytes: int) -> int:
+    """Cache lines of each row the kernel prefetches ahead: its first ``PREFETCH_MAX_BYTES``."""
+    return (min(row_bytes, PREFETCH_MAX_BYTES) + 63) // 64
+
+
+def set_numba_threads(num_threads: int | None) -> int:
+    """numba's threads on the calling thread set to ``num_threads`` (clamped to
+    ``[1, NUMBA_NUM_THREADS]``; None: left as they are); returns the count in effect."""
+    if num_threads is None:
+        return numba.get_num_threads()
+    nt = max(1, min(int(num_threads), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(nt)
+    return nt
+
 
 if HAVE_NUMBA:
     from ..utils.prefetch import prefetch_row
@@ -145,7 +163,7 @@ if HAVE_NUMBA:
     def _gather_bytes_prefetch(src, ids, out, chunks) -> int:
         """:func:`_gather_rows_prefetch` prefetching the first ``PREFETCH_MAX_BYTES`` of each row
         ahead from its start only (the byte-view kernel before word views and ``last_off``)."""
-        pf_lines = (min(src.shape[1], PREFETCH_MAX_BYTES) + 63) // 64
+        pf_lines = prefetch_lines(src.shape[1])
         return _gather_rows_prefetch(src, ids, out, chunks, pf_lines, -1)
 
 
@@ -159,7 +177,7 @@ def _numba_gather(src_b: np.ndarray, ids: np.ndarray, out_b: np.ndarray) -> None
     global _prefetch_ok
     if _prefetch_ok is not False:
         try:
-            pf_lines = (min(src_b.shape[1], PREFETCH_MAX_BYTES) + 63) // 64
+            pf_lines = prefetch_lines(src_b.shape[1])
             chunks = 4 * numba.get_num_threads()
             # (byte views: memcpy's count is in bytes, so no word view is needed, and one kernel
             # per line count compiles instead of one per word width)
@@ -459,7 +477,7 @@ def gather_rows(
         if not HAVE_NUMBA:
             raise RuntimeError("kernel='numba' asked for, but numba is not installed")
         if num_threads is not None:
-            numba.set_num_threads(max(1, min(int(num_threads), numba.config.NUMBA_NUM_THREADS)))
+            set_numba_threads(num_threads)
         _numba_gather(_as_bytes_2d(src), ids, row_bytes_view(out))
         kernel_ran("host_rows", "numba")
         return

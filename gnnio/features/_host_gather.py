@@ -54,7 +54,7 @@ class HostRowGather:
         self.dim, self.dtype = int(dim), dtype
         self._src_b = src_b
         if self.enabled:
-            self._pf_lines = (min(self._src_b.shape[1], G.PREFETCH_MAX_BYTES) + 63) // 64
+            self._pf_lines = G.prefetch_lines(self._src_b.shape[1])
             self._last_off = G._last_line_offset(self._src_b)
         # (data_ptr, strides, dtype, device) of a checked buffer -> (its rows, its [rows, row_bytes]
         # uint8 view); the loader passes ``slot[:n]``, so a buffer is cached as its base tensor's
@@ -83,12 +83,7 @@ class HostRowGather:
         out_b = self._out_view(out, n)
         if out_b is None:
             return None
-        if num_threads is not None:  # (per thread in numba: set at every call)
-            nt = max(1, min(int(num_threads), G.numba.config.NUMBA_NUM_THREADS))
-            G.numba.set_num_threads(nt)
-            chunks = 4 * nt
-        else:
-            chunks = 4 * G.numba.get_num_threads()
+        chunks = 4 * G.set_numba_threads(num_threads)  # (per thread in numba: set every call)
         bad = G._gather_rows_prefetch(
             self._src_b, idx, out_b, chunks, self._pf_lines, self._last_off
         )
