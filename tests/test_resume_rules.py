@@ -83,7 +83,7 @@ def test_a_foreign_file_under_a_checkpoint_name(copy, capsys, content):
     ds, c, newest = copy
     torch.save(content, c / "ckpt-e000003-b000000000.pt")
     assert _resume(ds, c) == 2
-    one_line_error(capsys, "not a gnnio training checkpoint")
+    one_line_error(capsys, "ckpt-e000003-b000000000.pt is not a gnnio training checkpoint")
 
 
 def _tamper(path, edit) -> None:

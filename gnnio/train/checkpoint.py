@@ -342,7 +342,7 @@ def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size
             warnings.warn(f"--resume: skipping {p} ({type(e).__name__})", stacklevel=2)
         if not all(_gather(run, raw is not None)):
             continue  # some rank cannot read its file of this position
-        if not isinstance(raw, dict):
+        if not isinstance(raw, dict) or raw.get("format") != _TAG:  # (a list, a bare state_dict)
             raise UsageError(f"--resume {d}: {p.name} is not a gnnio training checkpoint")
         if raw.get("format_version") == FORMAT_VERSION:  # another version: check_binding says
             check_contents(raw, p, d, pos)  # the contents, not the name, give the position
