@@ -1,0 +1,99 @@
+"""Reordering rules the mutation pass found unguarded: relabel_csr's argument checks, the bounded
+relabel's memory behaviour (an input larger than the chunk is never mapped; a chunk of the run
+path counts 24 bytes per row) and the edge source's empty-graph bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gnnio.errors import UsageError
+from gnnio.graph import CSRGraph
+from gnnio.preprocess import reorder
+from gnnio.preprocess import reorder_bounded as rb
+from gnnio.preprocess.chunked import EdgeArrays
+
+
+def small_graph() -> CSRGraph:
+    return CSRGraph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
+
+
+@pytest.mark.parametrize("impl", reorder.IMPLS)
+def test_relabel_csr_refuses_indptr_that_does_not_end_at_the_edge_count(impl):
+    """An indptr whose last entry is not len(indices) is a UsageError, not a wrong or torn CSR."""
+    g = small_graph()
+    indptr = np.asarray(g.indptr).copy()
+    indptr[-1] += 1  # claims 4 edges, indices holds 3
+    with pytest.raises(UsageError, match="indptr: ends at 4 but indices has 3"):
+        reorder.relabel_csr(indptr, g.indices, np.array([2, 0, 1]), impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["numba", "numpy"])
+def test_relabel_csr_refuses_an_out_array_of_the_wrong_dtype(impl):
+    """``out`` must have the index dtype of N (int32 here): an int64 buffer is refused."""
+    g = small_graph()
+    out = np.empty(g.num_edges, dtype=np.int64)
+    with pytest.raises(UsageError, match="out: need shape"):
+        reorder.relabel_csr(g.indptr, g.indices, np.array([2, 0, 1]), impl=impl, out=out)
+
+
+def test_bounded_relabel_does_not_map_an_input_larger_than_the_chunk(tmp_path, monkeypatch):
+    """When the mapped ``indices`` does not fit the chunk it is read with preadv, never mapped:
+    with the final release made a no-op, none of its pages are resident afterwards."""
+    from gnnio.utils.rss import rss_bytes
+
+    n, m = 1 << 12, 1 << 21  # 8 MiB of int32 edges
+    indptr = np.linspace(0, m, n + 1).astype(np.int64)
+    np.save(tmp_path / "i.npy", (np.arange(m, dtype=np.int64) % n).astype(np.int32))
+    ind = np.load(tmp_path / "i.npy", mmap_mode="c")
+    perm = np.random.default_rng(0).permutation(n)
+    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", np.int32, (m,))
+    monkeypatch.setattr(rb, "release", lambda arr: None)
+    # warm up the kernels (loading them costs resident memory) on a small input of the same types
+    rb.relabel_csr_bounded(indptr[:65], ind[: m // 64], perm[perm < 64], out[: m // 64], 1 << 20)
+    base = rss_bytes()
+    got_ptr = rb.relabel_csr_bounded(indptr, ind, perm, out, 2 << 20)
+    grown = rss_bytes() - base
+    assert grown < (4 << 20), grown
+    old2new = reorder.invert_permutation(perm)
+    for i in (0, n // 2, n - 1):  # new row i is old row perm[i], ids mapped
+        o = perm[i]
+        row = out[got_ptr[i] : got_ptr[i + 1]]
+        np.testing.assert_array_equal(row, old2new[ind[indptr[o] : indptr[o + 1]]])
+
+
+def test_bounded_relabel_run_chunks_count_24_bytes_per_row(tmp_path, monkeypatch):
+    """On the preadv path a chunk's output edges plus 24 bytes per row stay within the chunk
+    (a one-row chunk excepted): many short rows do not pile into one chunk."""
+    n = 20_000
+    g = CSRGraph.from_edges(np.arange(n), (np.arange(n) + 1) % n, n)  # one edge per row
+    np.save(tmp_path / "i.npy", np.asarray(g.indices))
+    ind = np.load(tmp_path / "i.npy", mmap_mode="c")
+    perm = np.random.default_rng(1).permutation(n)
+    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", ind.dtype, ind.shape)
+    seen = []
+    real = rb.row_chunks
+
+    def spy(cost, limit):
+        for a, b in real(cost, limit):
+            seen.append((a, b))
+            yield a, b
+
+    monkeypatch.setattr(rb, "row_chunks", spy)
+    chunk = 200_000  # below the input + MIN_CHUNK: the preadv path
+    ptr = rb.relabel_csr_bounded(g.indptr, ind, perm, out, chunk)
+    assert seen[0][0] == 0 and seen[-1][1] == n and len(seen) > 1
+    for a, b in seen:
+        held = (int(ptr[b]) - int(ptr[a])) * out.dtype.itemsize + 24 * (b - a)
+        assert b - a == 1 or held <= chunk, (a, b, held)
+    want_ptr, want_ind = reorder.relabel_csr(g.indptr, g.indices, perm)
+    np.testing.assert_array_equal(ptr, want_ptr)
+    np.testing.assert_array_equal(np.asarray(out), want_ind)
+
+
+def test_edge_arrays_without_edges_bound_no_id():
+    """``min_max`` of an edge list with no edges is ``(0, -1)``: no id, so N = 0 passes
+    ``lo < 0 or hi >= N``."""
+    e = np.empty(0, dtype=np.int64)
+    assert EdgeArrays(e, e).min_max() == (0, -1)
+    assert EdgeArrays(e, indptr=np.zeros(1, dtype=np.int64)).min_max() == (0, -1)
