@@ -97,3 +97,22 @@ def test_edge_arrays_without_edges_bound_no_id():
     e = np.empty(0, dtype=np.int64)
     assert EdgeArrays(e, e).min_max() == (0, -1)
     assert EdgeArrays(e, indptr=np.zeros(1, dtype=np.int64)).min_max() == (0, -1)
+
+
+@pytest.mark.parametrize("impl", reorder.IMPLS)
+def test_relabel_csr_refuses_a_float_permutation(impl):
+    """A float ``new2old`` is refused, not truncated: [0.0, 1.5, 2.9] would pass as [0, 1, 2]."""
+    g = small_graph()
+    with pytest.raises(UsageError, match="new2old: need a 1-D integer array, got float64"):
+        reorder.relabel_csr(g.indptr, g.indices, np.array([0.0, 1.5, 2.9]), impl=impl)
+
+
+def test_reorder_dataset_refuses_a_float_permutation(tmp_path):
+    """``reorder_dataset`` refuses a float ``new2old`` before writing anything."""
+    from gnnio.graph import load
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "a", num_nodes=4, num_edges=6))
+    with pytest.raises(UsageError, match="new2old: need a 1-D integer array"):
+        reorder.reorder_dataset(ds, np.array([3.0, 0.5, 1.0, 2.0]), tmp_path / "b", progress=False)
+    assert not (tmp_path / "b").exists()

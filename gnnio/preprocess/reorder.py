@@ -69,12 +69,19 @@ _COMPUTED_META = {
 }
 
 
-def invert_permutation(perm: np.ndarray, what: str = "new2old") -> np.ndarray:
-    """The inverse of a permutation of ``[0, N)`` (int64), or a one-line UsageError naming ``what``
-    if ``perm`` is not one."""
+def _integer_ids(perm, what: str = "new2old") -> np.ndarray:
+    """``perm`` as an array after checking it is 1-D and of an integer dtype (a float "permutation"
+    would otherwise be truncated to ids when cast to int64), or a one-line UsageError."""
     p = np.asarray(perm)
     if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
         raise UsageError(f"{what}: need a 1-D integer array, got {p.dtype} {list(p.shape)}")
+    return p
+
+
+def invert_permutation(perm: np.ndarray, what: str = "new2old") -> np.ndarray:
+    """The inverse of a permutation of ``[0, N)`` (int64), or a one-line UsageError naming ``what``
+    if ``perm`` is not one."""
+    p = _integer_ids(perm, what)
     n = p.shape[0]
     p = p.astype(np.int64, copy=False)
     if n:
@@ -144,7 +151,7 @@ def relabel_csr_reference(
     """
     indptr = np.asarray(indptr, dtype=np.int64)
     indices = np.asarray(indices)
-    new2old = np.asarray(perm, dtype=np.int64)
+    new2old = np.asarray(_integer_ids(perm), dtype=np.int64)
     n = indptr.shape[0] - 1
     old2new = invert_permutation(new2old)
     nd = np.zeros(n + 1, dtype=np.int64)
@@ -189,7 +196,7 @@ def relabel_csr(
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     indices = np.asarray(indices)
     n = indptr.shape[0] - 1
-    new2old = np.ascontiguousarray(perm, dtype=np.int64)
+    new2old = np.ascontiguousarray(_integer_ids(perm), dtype=np.int64)
     if new2old.shape != (n,):
         raise UsageError(f"new2old: need length num_nodes = {n}, got {list(new2old.shape)}")
     if int(indptr[-1]) != indices.shape[0]:
@@ -275,7 +282,7 @@ def reorder_dataset(
         ``out`` as a Path.
     """
     n = ds.num_nodes
-    new2old = np.ascontiguousarray(new2old, dtype=np.int64)
+    new2old = np.ascontiguousarray(_integer_ids(new2old), dtype=np.int64)
     if new2old.shape != (n,):
         raise UsageError(f"new2old: need length num_nodes = {n}, got {list(new2old.shape)}")
     chunk = None
