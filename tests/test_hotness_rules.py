@@ -170,3 +170,41 @@ def test_chunked_out_degree_drops_the_pages_it_read(tmp_path):
     grown = rss_bytes() - base
     np.testing.assert_array_equal(got, np.full(n, m // n))
     assert grown < (8 << 20), grown
+
+
+def test_a_dataset_without_a_train_split_is_named_in_the_refusal(tmp_path):
+    """A score over training nodes on a dataset with no train split names the dataset."""
+    from gnnio.errors import DatasetError
+    from gnnio.graph import DatasetWriter
+
+    g = hand_graph()
+    with DatasetWriter(tmp_path / "nosplit", name="x") as w:
+        w.save_array("indptr", g.indptr)
+        w.save_array("indices", g.indices)
+        w.save_array("features", np.zeros((4, 2), np.float32))
+    ds = load(tmp_path / "nosplit")
+    for name in hotness.TRAIN_SCORES:
+        with pytest.raises(DatasetError, match="nosplit: has no train split"):
+            hotness.compute_score(name, ds, fanouts=(2,), progress=False)
+
+
+def test_a_budgeted_score_leaves_no_page_of_the_csr_mapped(tmp_path):
+    """Within a memory budget, the pages of indptr a score read (in_degree reads it whole) are
+    dropped before compute_score returns."""
+    from types import SimpleNamespace
+
+    from gnnio.preprocess.budget import MIN_CHUNK
+    from gnnio.utils.rss import rss_by_kind
+
+    n = 1 << 21  # 16 MiB of indptr
+    np.save(tmp_path / "indptr.npy", np.concatenate([np.zeros(n, np.int64), [1]]))
+    np.save(tmp_path / "indices.npy", np.zeros(1, np.int32))
+    g = CSRGraph(*(np.load(tmp_path / f"{k}.npy", mmap_mode="c") for k in ("indptr", "indices")))
+    if "file" not in rss_by_kind():
+        pytest.skip("no per-kind RSS on this system")
+    budget = hotness.score_fixed_bytes("in_degree", g) + MIN_CHUNK
+    base = rss_by_kind()["file"]
+    got = hotness.compute_score("in_degree", SimpleNamespace(graph=g), memory_budget=budget)
+    grown = rss_by_kind()["file"] - base
+    assert got[-1] == 1 and got.sum() == 1
+    assert grown < (8 << 20), grown

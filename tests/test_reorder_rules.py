@@ -116,3 +116,21 @@ def test_reorder_dataset_refuses_a_float_permutation(tmp_path):
     with pytest.raises(UsageError, match="new2old: need a 1-D integer array"):
         reorder.reorder_dataset(ds, np.array([3.0, 0.5, 1.0, 2.0]), tmp_path / "b", progress=False)
     assert not (tmp_path / "b").exists()
+
+
+def test_reorder_path_refuses_a_small_budget_before_the_score_pass(tmp_path, monkeypatch):
+    """A budget the reorder cannot work in is refused before the (long) score pass starts."""
+    from gnnio.preprocess import hotness
+    from tests.helpers import write_tiny_dataset
+
+    src = write_tiny_dataset(tmp_path / "a", num_nodes=50, num_edges=200)
+
+    def no_score(*a, **k):
+        raise AssertionError("the score pass ran")
+
+    monkeypatch.setattr(hotness, "compute_score", no_score)
+    budget = rb.fixed_bytes(50) + rb.MIN_CHUNK - 1  # enough for any score, not for the reorder
+    with pytest.raises(UsageError, match="cannot reorder 50 nodes"):
+        reorder.reorder_path(src, "degree", out=tmp_path / "b", progress=False,
+                             memory_budget=budget)  # fmt: skip
+    assert not (tmp_path / "b").exists()
