@@ -58,9 +58,7 @@ def add_arguments(p) -> None:
     from ..utils.argtypes import int_range
 
     add_train_arguments(p)
-    for a in p._actions:  # (unlike gnnio train, this command also sets torch's threads)
-        if "--threads" in a.option_strings:
-            a.help += "; here torch's threads too (this command only; train leaves them)"
+    p._option_string_actions["--threads"].help += "; here torch's threads too (train leaves them)"
     p.add_argument("--batches", type=int_range(1), default=20, help="timed batches per pass")
     p.add_argument(
         "--warmup", type=int_range(0), default=3, help="untimed batches before each pass"
