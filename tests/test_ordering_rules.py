@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnio.graph.csr import CSRGraph
-from gnnio.ordering import RandomOrder
+from gnnio.ordering import RandomOrder, SeedOrder
 from gnnio.ordering.po import (
     BFSRegions,
     ProximityOrder,
@@ -211,3 +211,52 @@ def test_shuffling_error_partial_batches_and_global_distribution():
     assert shuffling_error(np.array([0, 0, 0, 1, 1, 1]), 4, world_size=2) == pytest.approx(0.5)
     # q = (2/6, 4/6) over all six; the one full batch [0 1 0 1] has TV 1/6
     assert shuffling_error(np.array([0, 1, 0, 1, 1, 1]), 4) == pytest.approx(1 / 6)
+
+
+class Identity(SeedOrder):
+    def epoch_order(self, epoch):
+        return self.seeds.copy()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    labels=st.lists(st.integers(-1, 3), min_size=1, max_size=40),
+    world=st.integers(1, 4),
+    bs=st.integers(1, 9),
+)
+def test_shuffling_error_reads_the_batches_seedorder_makes(labels, world, bs):
+    """The shuffling error averages the label TV over exactly the batches SeedOrder gives every
+    rank: the full ones, or a rank's partial batch when it has no full one."""
+    lab = np.array(labels)
+    if not (lab >= 0).any():
+        return
+    c = int(lab.max()) + 1
+    q = np.bincount(lab[lab >= 0], minlength=c) / (lab >= 0).sum()
+    tvs = []
+    for r in range(world):
+        got = [
+            b.numpy()
+            for b in Identity(np.arange(lab.size), bs, rank=r, world_size=world).batches(0)
+        ]
+        full = [b for b in got if b.size == bs] or [b for b in got if b.size]
+        for b in full:
+            x = lab[b][lab[b] >= 0]
+            if x.size:
+                tvs.append(0.5 * np.abs(np.bincount(x, minlength=c) / x.size - q).sum())
+    want = float(np.mean(tvs)) if tvs else 0.0
+    assert shuffling_error(lab, bs, world_size=world) == pytest.approx(want)
+
+
+def test_the_order_measures_its_error_over_all_ranks_shards():
+    """``world_size`` enters ProximityOrder's shuffling error: 2 ranks of 5 seeds and batch 4
+    read positions 0-3 and 5-8, one rank would read 0-3 and 4-7."""
+    g, lab = cliques(5, 2)
+    differ = 0
+    for seed in range(10):
+        po = ProximityOrder(g, np.arange(10), lab, 4, seed=seed, num_sequences=1, world_size=2)
+        order = lab[po.epoch_order(0)]
+        assert po.shuffling_error(0) == pytest.approx(shuffling_error(order, 4, world_size=2))
+        differ += shuffling_error(order, 4, world_size=2) != pytest.approx(
+            shuffling_error(order, 4)
+        )
+    assert differ > 0

@@ -14,6 +14,7 @@ from gnnio.graph import load
 from gnnio.graph.csr import CSRGraph
 from gnnio.preprocess.partition import partition_dataset
 from gnnio.preprocess.partition.bfs_block import (
+    _assign,
     _block_graph,
     _coarsen,
     _reach,
@@ -133,6 +134,16 @@ def test_documented_defaults_and_the_block_target():
         assert facts["levels"] >= 1 and facts["coarsened_blocks"] <= target
 
 
+def test_weighted_assignment_follows_edge_counts_the_paper_counts_blocks():
+    """Block 3 touches block 1 (part 1) by one edge and block 2 (part 2) by five, with equal
+    penalties: the paper's block count ties (lowest part wins), ``weighted`` takes part 2.
+    Block 0 fills part 0 (C = 41 / 3), so blocks 1 and 2 fall back to the emptiest parts."""
+    adj = sym(4, [0, 0, 1, 2], [1, 2, 3, 3], [1, 1, 1, 5])
+    sizes, train = np.array([30.0, 5, 5, 1]), np.zeros(4)
+    assert _assign(adj, sizes, train, 3, hops=1).tolist() == [0, 1, 2, 1]
+    assert _assign(adj, sizes, train, 3, hops=1, weighted=True).tolist() == [0, 1, 2, 2]
+
+
 # ---- refinement (--refine) -------------------------------------------------------------------
 
 
@@ -160,11 +171,11 @@ def test_refine_fills_a_part_up_to_its_cap_and_no_further():
 
 def test_refine_respects_the_training_node_cap():
     """Training node 3 has both neighbours in part 1, but part 1 already holds its share of
-    training nodes (|T| / k = 1), so it stays."""
+    training nodes (|T| / k = 3 / 2: at most one), so it stays."""
     g = undirected(6, [(0, 1), (1, 2), (0, 2), (3, 4), (3, 5)])
     for seed in range(4):
         parts, facts = refine_parts(
-            g, np.array([0, 0, 0, 0, 1, 1]), 2, np.array([3, 4]), 3, seed=seed, eps=0.0
+            g, np.array([0, 0, 0, 0, 1, 1]), 2, np.array([0, 3, 4]), 3, seed=seed, eps=0.0
         )
         assert parts.tolist() == [0, 0, 0, 0, 1, 1] and facts["refine_moves"] == [0]
 
