@@ -74,3 +74,24 @@ def test_a_shard_with_a_decreasing_row_pointer_is_refused(pdir):
     np.save(pdir / "part1" / "indptr.npy", ip)
     with pytest.raises(UsageError, match="not a CSR row pointer"):
         load_partition(pdir)
+
+
+def test_a_replicated_node_n_is_refused(pdir):
+    np.save(pdir / "replicated.npy", np.array([40], dtype=np.int64))
+    meta = json.loads((pdir / "meta.json").read_text())
+    rep = np.load(pdir / "replicated.npy")
+    meta["sha256"]["replicated"] = hashlib.sha256(rep.view(np.uint8)).hexdigest()
+    (pdir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UsageError, match=r"replicated.npy has ids outside \[0, 40\)"):
+        load_partition(pdir)
+
+
+def test_a_shard_row_pointer_starting_past_zero_is_refused(pdir):
+    """Row pointer shifted by one with one extra leading index: it still ends at the length of
+    indices and never decreases, only its first entry (1, not 0) is wrong."""
+    ip = np.load(pdir / "part0" / "indptr.npy")
+    idx = np.load(pdir / "part0" / "indices.npy")
+    np.save(pdir / "part0" / "indptr.npy", ip + 1)
+    np.save(pdir / "part0" / "indices.npy", np.r_[idx[:1], idx])
+    with pytest.raises(UsageError, match="not a CSR row pointer"):
+        load_partition(pdir)

@@ -14,10 +14,11 @@
    block graph until at most ``max_blocks`` blocks remain (the paper names no stopping rule; on a
    power-law graph the capped BFS leaves most low-degree nodes as singleton blocks, 94 % of the
    blocks of the 2^21 R-MAT graph, so one level is far from enough).
-3. **Assignment** (§3.3.2). Blocks in descending size each go to the part ``i`` maximizing
+3. **Assignment** (§3.3.2). Blocks, in BFS order over the block graph from the largest block
+   (:func:`_visit_order`), each go to the part ``i`` maximizing
    ``(sum_{h=1..j} |P(i) ∩ Γ^h(B)|) · (1 − |T(i)| / C_T) · (1 − |P(i)| / C)``, with ``Γ^h(B)`` the
-   blocks at most ``h`` hops from ``B`` in the coarsened block graph, counted as blocks as the
-   paper words it ("the set of j-hop neighbor blocks"), ``T(i)`` training nodes and ``P(i)``
+   blocks exactly ``h`` hops from ``B`` in the coarsened block graph (so every block within ``j``
+   hops counts once, :func:`_reach`), counted as blocks as the paper words it ("the set of j-hop neighbor blocks"), ``T(i)`` training nodes and ``P(i)``
    nodes already in part ``i``, ``C_T = |T| / k``, ``C = |V| / k``. Two readings where the paper
    is silent: each penalty term is clamped at 0 (a part over both capacities would otherwise get a
    positive product of two negative terms and swallow the rest of the graph), and when every score
