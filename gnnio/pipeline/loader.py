@@ -18,6 +18,9 @@ costs most of the gather bandwidth. ``prefetch + 2`` slots suffice: one held by 
 ``batch.x`` stays valid until the consumer asks for the next batch (or the iterator closes) —
 copy it (or pass ``reuse_buffers=False``) to keep it longer. On a GPU, slots are pinned host
 memory that only stages the copy: ``batch.x`` is a fresh device tensor and may be kept freely.
+A slot holds up to 1.25x the largest batch seen, never more than the store's rows (unless a
+batch repeats ids). Loaders whose epochs never overlap can share one ring (:class:`BufferRing`:
+``gnnio train``'s training, valid and test loaders): the memory of one ring, not one per loader.
 A store that itself returns rows on the GPU (a CUDA tiered store or cache) gets no ring: it
 allocates each batch's rows on its device, on the loader's side stream.
 
@@ -62,7 +65,7 @@ from ..utils.devices import resolve_device
 from ..utils.streams import batch_tensors, streams_for
 from .stages import END, POLL_S, EpochRun, StageFailure
 
-__all__ = ["LoaderStall", "LoaderStats", "NodeLoader"]
+__all__ = ["BufferRing", "LoaderStall", "LoaderStats", "NodeLoader"]
 
 
 class LoaderStall(GnnioError):
@@ -146,6 +149,8 @@ class NodeLoader:
             delivered in order).
         reuse_buffers: gather into a ring of ``prefetch + 2`` preallocated buffers (see module
             docstring: on the CPU ``batch.x`` is valid until the next batch is requested).
+        ring: a :class:`BufferRing` whose slots this loader shares with loaders that run at
+            other times (None: a ring of its own).
         streams: the stream operations (:mod:`gnnio.utils.streams`); None = CUDA streams when
             the device, the store or the sampler is on a GPU, none otherwise. Tests pass a
             :class:`~gnnio.utils.streams.RecordingStreams` to check the ordering on the CPU
@@ -172,6 +177,7 @@ class NodeLoader:
         reuse_buffers: bool = True,
         streams=None,
         stall_timeout: float | None = None,
+        ring: BufferRing | None = None,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
@@ -210,8 +216,13 @@ class NodeLoader:
         self._pinned = self.device.type == "cuda" and store.device.type == "cpu"
         self._staged = st is not None and store.device.type == "cpu"
         self._use_ring = self.reuse_buffers and store.device.type == "cpu"
-        self._slots: list[torch.Tensor | None] = [None] * (self.prefetch + 2)
-        self._slot_events: list = [None] * (self.prefetch + 2)
+        self._ring = ring if self._use_ring else None
+        if self._ring is not None:  # (slots shared with loaders that run at other times)
+            ring.join(self, (store.dim, store.dtype, self._pinned))
+            self._slots, self._slot_events = ring.slots, ring.events
+        else:
+            self._slots: list[torch.Tensor | None] = [None] * (self.prefetch + 2)
+            self._slot_events: list = [None] * (self.prefetch + 2)
         self._side = st.new_stream("gather") if st is not None else None
         self._sample_streams = (
             [st.new_stream(f"sample{k}") for k in range(self.num_workers)] if st else []
@@ -236,6 +247,8 @@ class NodeLoader:
         ``start`` on (a resumed run: batch ``i`` is the same whatever ``start`` is, its sampling
         keyed by ``(epoch, i)``)."""
         self.close()
+        if self._ring is not None:
+            self._ring.claim(self)  # (before anything starts: it may refuse)
         st = self._streams
         if st is not None:
             # work queued on the caller's stream before this epoch (e.g. a store filling its GPU
@@ -261,7 +274,10 @@ class NodeLoader:
         this, and only for a slot it took from the free list."""
         buf = self._slots[k]
         if buf is None or buf.shape[0] < n:
-            cap = max(1, int(n * 1.25))  # headroom: batch sizes vary a little
+            # headroom: batch sizes vary a little; no more rows than the store has, unless
+            # this batch repeats ids
+            cap = max(1, int(n * 1.25))
+            cap = max(n, min(cap, int(getattr(self.store, "num_rows", 0) or cap)))
             if self._pinned:  # page-locked for the async copy (page-aligned by the allocator)
                 buf = torch.empty((cap, self.store.dim), dtype=self.store.dtype, pin_memory=True)
             else:  # as the gather bench's ceiling: first row on a 2 MiB boundary, pre-faulted
@@ -276,6 +292,45 @@ class NodeLoader:
             lab = self.labels.to(seeds.device)
             self._labels_on[seeds.device] = lab
         return lab[seeds]
+
+
+class BufferRing:
+    """The gather buffers ("slots") of :class:`NodeLoader` s whose epochs never overlap, shared:
+    pass it as ``ring=`` to each (``gnnio train``: the training loader and the evaluation
+    loaders). Starting an epoch while another loader of the ring is in one raises ValueError
+    (that epoch's ``batch.x`` is a slot the new one would overwrite): finish or close it first.
+    Every loader of a ring has ``prefetch + 2 == slots`` and a store with the same row width and
+    dtype, and delivers to the same kind of device (a loader whose store is on the GPU has no
+    slots and ignores its ring)."""
+
+    def __init__(self, slots: int) -> None:
+        if slots < 3:
+            raise ValueError(f"a ring needs >= 3 slots (prefetch + 2), got {slots}")
+        self.slots: list[torch.Tensor | None] = [None] * int(slots)
+        self.events: list = [None] * int(slots)  # (the last copy out of each slot, on a GPU)
+        self._kind: tuple | None = None  # (dim, dtype, pinned) of its loaders
+        self._user: weakref.ref | None = None  # the loader whose epoch ran last
+
+    def join(self, loader: NodeLoader, kind: tuple) -> None:
+        if len(self.slots) != loader.prefetch + 2:
+            raise ValueError(
+                f"ring of {len(self.slots)} slots for a loader with prefetch {loader.prefetch} "
+                f"(needs prefetch + 2 = {len(self.slots)})"
+            )
+        if self._kind is not None and self._kind != kind:
+            raise ValueError(f"ring of rows {self._kind} shared with a loader of rows {kind}")
+        self._kind = kind
+
+    def claim(self, loader: NodeLoader) -> None:
+        """Make ``loader`` the ring's user; ValueError while another loader's epoch runs."""
+        prev = self._user() if self._user is not None else None
+        it = prev._active() if prev is not None and prev._active is not None else None
+        if prev is not loader and it is not None and it._run is not None:
+            raise ValueError(
+                "this loader shares its buffer ring with a loader whose epoch is still running "
+                "(its batch.x would be overwritten): finish or close that epoch first"
+            )
+        self._user = weakref.ref(loader)
 
 
 def _is_label_map(labels) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..pipeline.loader import BufferRing
 from .config import TrainConfig
 from .evaluate import make_node_loader
 from .models import build_model
@@ -56,6 +57,9 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
     sampler, adaptive = run.build_sampler(ds, cfg, fanouts, setup)
     labels = run.build_labels(ds, cfg)  # [N], or a rank's seeds' (SeedLabels)
     order = run.build_order(ds, cfg, ds.train_idx, labels, cfg.batch_size, cfg.seed)
+    # one ring of gather buffers for the training and the evaluation loaders (they run in turn:
+    # the loop closes an epoch before evaluating), not three rings' memory (pinned on a GPU)
+    ring = BufferRing(cfg.prefetch + 2)
     train_loader = make_node_loader(
         sampler,
         store,
@@ -67,15 +71,19 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         cfg.prefetch,
         order=order,
         stall_timeout=cfg.stall_timeout,
+        ring=ring,
     )
     eval_loaders = {}
     if cfg.eval == "sampled":
         eval_sampler = run.build_eval_sampler(ds, cfg, fanouts)
+        ev = setup.eval_store
+        if (ev.dim, ev.dtype) != (store.dim, store.dtype):  # (rows of another shape: own ring)
+            ring = BufferRing(cfg.prefetch + 2)
         for name, idx in (("valid", ds.valid_idx), ("test", ds.test_idx)):
             eval_loaders[name] = make_node_loader(
                 eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
                 cfg.prefetch, order=run.eval_order(idx, eval_bs, cfg.seed),
-                stall_timeout=cfg.stall_timeout,
+                stall_timeout=cfg.stall_timeout, ring=ring,
             )  # fmt: skip
 
     model = build_model(

@@ -24,11 +24,13 @@ __all__ = [
 
 def make_node_loader(
     sampler, store, seeds, labels, batch_size, seed, device, prefetch=2, order=None,
-    stall_timeout=None,
+    stall_timeout=None, ring=None,
 ):  # fmt: skip
     """A :class:`gnnio.pipeline.loader.NodeLoader` over ``seeds`` (global ids) in ``order`` (a
     :class:`~gnnio.ordering.shuffle.SeedOrder`; None = a seeded random order of ``seeds``);
-    ``stall_timeout``: seconds without a batch before the run ends naming the stuck stage."""
+    ``stall_timeout``: seconds without a batch before the run ends naming the stuck stage;
+    ``ring``: a :class:`~gnnio.pipeline.loader.BufferRing` shared with loaders run at other
+    times."""
     from ..ordering import RandomOrder
     from ..pipeline.loader import NodeLoader
 
@@ -37,7 +39,7 @@ def make_node_loader(
             torch.from_numpy(np.asarray(seeds, dtype=np.int64)), batch_size, seed=seed
         )
     return NodeLoader(sampler, store, order, labels=labels, device=device, prefetch=prefetch,
-                      stall_timeout=stall_timeout)  # fmt: skip
+                      stall_timeout=stall_timeout, ring=ring)  # fmt: skip
 
 
 def evaluate_sampled(model: BlockGNN, loader, epoch: int = 0, progress: str | None = None) -> float:
