@@ -20,23 +20,12 @@ from gnnio.ordering.po import (
     shuffling_error,
 )
 
+from .test_ordering_po import cliques
+
 
 def edgeless(n: int) -> CSRGraph:
     e = np.zeros(0, dtype=np.int64)
     return CSRGraph.from_edges(e, e, n)
-
-
-def cliques(num: int, size: int) -> tuple[CSRGraph, np.ndarray]:
-    """``num`` disjoint directed cliques of ``size`` nodes; label = clique index."""
-    src, dst = [], []
-    for c in range(num):
-        nodes = np.arange(c * size, (c + 1) * size)
-        s, d = np.meshgrid(nodes, nodes)
-        keep = s != d
-        src.append(s[keep])
-        dst.append(d[keep])
-    g = CSRGraph.from_edges(np.concatenate(src), np.concatenate(dst), num * size)
-    return g, np.repeat(np.arange(num), size)
 
 
 # ---- arguments -------------------------------------------------------------------------------
