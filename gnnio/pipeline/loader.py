@@ -301,7 +301,9 @@ class BufferRing:
     (that epoch's ``batch.x`` is a slot the new one would overwrite): finish or close it first.
     Every loader of a ring has ``prefetch + 2 == slots`` and a store with the same row width and
     dtype, and delivers to the same kind of device (a loader whose store is on the GPU has no
-    slots and ignores its ring)."""
+    slots and ignores its ring). A store that keeps the rows it returned for its next call
+    (``CrossBatchReuse(keep="reference")``) would read them back overwritten by another loader:
+    give it ``keep="copy"`` or a ring of its own."""
 
     def __init__(self, slots: int) -> None:
         if slots < 3:
