@@ -78,7 +78,8 @@ class ProximityOrder(SeedOrder):
         graph: the training graph (:class:`~gnnio.graph.csr.CSRGraph`, in-neighbour CSR).
         seeds: ``[n]`` training seeds (distinct global ids).
         labels: int labels, either ``[num_nodes]`` by global id or ``[n]`` aligned with ``seeds``
-            (``-1`` = unlabeled, ignored); used only to choose the number of sequences.
+            (``-1`` = unlabeled, ignored); used only to choose the number of sequences. When
+            every node is a seed (``n == num_nodes``) they are read by global id.
         batch_size: seeds per batch.
         seed: seed of everything random (BFS roots, per-epoch dealing, shifts and offsets).
         num_sequences: k; None = the smallest k meeting ``bound`` (``errors`` keeps the estimates).
