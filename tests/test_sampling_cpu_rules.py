@@ -124,3 +124,16 @@ def test_a_pruned_window_taken_whole_wraps_inside_the_row():
         mb = s.sample(torch.tensor([0]), epoch_seed=ep)
         row = mb.input_nodes[mb.blocks[0].edge_index[0]].tolist()
         assert len(row) == 4 and len(set(row)) == 4 and set(row) <= set(range(1, 11))
+
+
+def test_eq8_caps_the_non_members_when_a_small_scale_overflows_them():
+    """For ``s < 1`` with ``k / (a s + n - a) > 1`` the non-members are capped at 1 and the
+    members share the rest: ``q_in = (k - (n - a)) / a``."""
+    from gnnio.sampling.locality import inclusion_probabilities
+
+    # n = 10, a = 8 members, k = 5, s = 0.01: c = 5 / 2.08 > 1, so q_out = 1, q_in = 3 / 8
+    assert inclusion_probabilities(10, 8, 5, 0.01) == pytest.approx((0.375, 1.0))
+    for n, a, k, s in [(6, 5, 3, 0.1), (12, 9, 7, 0.5), (20, 19, 4, 0.001)]:
+        q_in, q_out = inclusion_probabilities(n, a, k, s)
+        assert 0.0 <= q_in <= 1.0 and 0.0 <= q_out <= 1.0
+        assert a * q_in + (n - a) * q_out == pytest.approx(k)
