@@ -137,3 +137,33 @@ def test_eq8_caps_the_non_members_when_a_small_scale_overflows_them():
         q_in, q_out = inclusion_probabilities(n, a, k, s)
         assert 0.0 <= q_in <= 1.0 and 0.0 <= q_out <= 1.0
         assert a * q_in + (n - a) * q_out == pytest.approx(k)
+
+
+def test_poisson_rows_that_disagree_with_their_count_are_refused_not_read():
+    """LABOR-0's sample kernel refuses ``offs`` counted under another call key (a row that keeps
+    more or fewer neighbours than counted) with a ValueError, instead of writing into the next
+    row's slots or relabelling unwritten ones (which read memory at random)."""
+    from gnnio.sampling import _labor_kernels as LK
+
+    rng = np.random.default_rng(3)
+    n, d, fanout = 64, 40, 8
+    indptr = np.arange(0, (n + 1) * d, d, dtype=np.int64)
+    indices = rng.integers(0, n, size=n * d).astype(np.int64)
+    nodes = np.arange(n, dtype=np.int64)
+
+    def run(count_key, sample_key):
+        rows = np.empty((2, n), dtype=np.int64)
+        offs = np.empty(n + 1, dtype=np.int64)
+        e = LK.count_part(indptr, indices, nodes, 0, n, fanout, np.uint64(count_key), True,
+                          rows, offs)  # fmt: skip
+        src = np.full(e + 64, -5, dtype=np.int64)
+        loc = np.full(n, -1, dtype=np.int64)
+        new = np.empty(e + 64, dtype=np.int64)
+        seen = np.zeros(1, dtype=np.uint8)
+        return LK.sample_part(indices, n, rows, offs, fanout, np.uint64(sample_key), True, src,
+                              loc, 0, seen, True, 0, new)  # fmt: skip
+
+    assert run(11, 11) > 0  # (the same key: sampled and relabelled)
+    for other in (12, 13, 14):
+        with pytest.raises(ValueError, match="count_part"):
+            run(11, other)

@@ -38,6 +38,10 @@ __all__ = ["vertex_rank", "count_part", "sample_part"]
 
 _PF_ROWS = 8  # rows ahead whose first neighbours are prefetched
 _INV_2_53 = 1.0 / 9007199254740992.0
+_MISMATCH = (
+    "LABOR-0 (poisson): a row kept another number of neighbours than count_part counted (offs "
+    "from another call key or another graph)"
+)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -93,7 +97,8 @@ def sample_part(
     them (:func:`~gnnio.sampling._kernels.relabel_part`; same outputs and return value as
     :func:`gnnio.sampling._kernels.sample_part`). Fixed design: each row's neighbours with the
     ``k`` smallest ``r_t``, in increasing ``r_t``; ``poisson``: those with ``r_t < k / d``, in CSR
-    order."""
+    order, and ValueError where a row's count differs from ``offs`` (offs not from
+    :func:`count_part` with the same ``rkey`` and rows)."""
     kmax = max(fanout, 1)
     keys = np.empty(kmax, dtype=np.uint64)
     vals = np.empty(kmax, dtype=np.int64)
@@ -115,8 +120,12 @@ def sample_part(
             for q in range(start, start + d):
                 t = indices[q]
                 if _below(vertex_rank(rkey, t), p):
+                    if j == o + k:  # (never with count_part's own offs; else a clear error, not
+                        raise ValueError(_MISMATCH)  # a write into the next row's slots)
                     src[j] = t
                     j += 1
+            if j != o + k:  # (and not relabel's read of unwritten slots: a segfault)
+                raise ValueError(_MISMATCH)
         else:  # the k smallest ranks: insertion into a sorted list of k (ties: earlier stays)
             m = 0
             for q in range(start, start + d):
