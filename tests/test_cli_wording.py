@@ -104,3 +104,24 @@ def test_a_default_as_shown_is_accepted_and_a_bad_list_named_once(paths, capsys)
         err = capsys.readouterr().err
         assert f"argument {opt}: expected comma-separated integers" in err, err
         assert err.count("fanouts:") == 1, err  # not "argument --fanouts: --fanouts: ..."
+
+
+def test_version_answers_without_loading_torch_and_as_argparse_does():
+    """``gnnio --version`` prints argparse's line at once, without importing torch or numba (the
+    parser's build imports both: seconds), and the parser still knows the same version."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gnnio.cli.main import main; rc = main(['--version']); "
+        "print(rc, 'torch' in sys.modules, 'numba' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    from gnnio import __version__
+
+    assert out.stdout.splitlines() == [f"gnnio {__version__}", "0 False False"]
+    from gnnio.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--version"])

@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    if (list(argv) if argv is not None else sys.argv[1:]) == ["--version"]:
+        print(f"gnnio {__version__}")  # (at once: argparse's would first import torch and numba)
+        return 0
     try:
         parser = _build_parser_interruptible()
         from ..utils.interrupts import defer_sigint_while_compiling
