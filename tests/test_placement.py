@@ -410,6 +410,42 @@ def test_plan_cli_table_and_pagraph_cap(tiny, capsys):
     assert "alg1" in text and "skipped" in text and "best: alg1" in text
 
 
+def test_plan_table_costs_in_a_unit_that_shows_them(tiny, capsys):
+    """A small graph's modeled costs (microseconds) print in a unit where they are not all
+    0.0000, and each row's figures are the JSON's seconds in that unit."""
+    argv = [str(tiny.path), "--topology", "2+2", "--buffer", "0.1", "--fanouts", "4,3"]
+    argv += ["--batch-size", "16", "--quiet", "--strategies", "alg1,naive,rule1"]
+    assert _plan_cli([*argv, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["strategies"]
+    assert _plan_cli(argv) == 0
+    text = capsys.readouterr().out
+    top = max(v["max_cost_s"] for v in res.values())
+    assert 0 < top < 1e-4  # (the tiny graph: else this test checks another unit)
+    assert "modeled microseconds per epoch" in text and "max cost us" in text
+    for name, v in res.items():
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"{name} "))
+        cost, predicted = map(float, row.split()[1:3])
+        assert cost == pytest.approx(v["max_cost_s"] * 1e6, abs=1e-4)
+        assert predicted == pytest.approx(v["predicted_max_cost_s"] * 1e6, abs=1e-4)
+    best = min(res, key=lambda k: res[k]["max_cost_s"])
+    ratio = res["naive"]["max_cost_s"] / res[best]["max_cost_s"]
+    if ratio < 1.005:  # (a tie is not "1.00x less")
+        assert f"best: {best} (the same modeled loading time as naive, to 0.5 %)" in text
+    else:
+        assert f"best: {best} ({ratio:.2f}x less modeled loading time than naive)" in text
+    from gnnio.cli.plan import cost_unit, versus
+
+    assert versus(2.0, 2.009, "naive") == " (the same modeled loading time as naive, to 0.5 %)"
+    assert versus(2.0, 2.011, "metis") == " (1.01x less modeled loading time than metis)"
+    assert versus(0.0, 1.0, "naive") == ""
+
+    assert cost_unit([0.5, 0.1]) == ("seconds", "s", 1.0)
+    assert cost_unit([0.0999, 0.0]) == ("milliseconds", "ms", 1e3)
+    assert cost_unit([1e-4]) == ("milliseconds", "ms", 1e3)
+    assert cost_unit([0.99e-4]) == ("microseconds", "us", 1e6)
+    assert cost_unit([]) == ("seconds", "s", 1.0)
+
+
 @pytest.mark.parametrize(
     "argv, match",
     [

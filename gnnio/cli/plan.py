@@ -200,10 +200,37 @@ def run(args) -> int:
     return 0
 
 
+def cost_unit(seconds) -> tuple[str, str, float]:
+    """``(word, unit, factor)`` for the table's modeled costs: seconds, unless the largest is
+    below 0.1 s (a small graph), then milliseconds, or below 0.1 ms microseconds, so that four
+    decimals never show every strategy as 0.0000."""
+    top = max(seconds, default=0.0)
+    if top >= 0.1 or top <= 0:
+        return "seconds", "s", 1.0
+    if top >= 1e-4:
+        return "milliseconds", "ms", 1e3
+    return "microseconds", "us", 1e6
+
+
+def versus(ours: float, theirs: float, other: str) -> str:
+    """The best line's comparison with the best partitioning strategy ``other``: how many times
+    less modeled loading time, or that it is the same (to 0.5 %; "1.00x less" would say a gain
+    that is not there); nothing when the best one's cost is 0."""
+    if ours <= 0:
+        return ""
+    if theirs / ours < 1.005:
+        return f" (the same modeled loading time as {other}, to 0.5 %)"
+    return f" ({theirs / ours:.2f}x less modeled loading time than {other})"
+
+
 def format_table(result: PlanResult) -> str:
     """The human-readable report of ``gnnio plan``."""
     t = result.topology
     tr = result.trace.to_dict()
+    word, unit, scale = cost_unit(
+        [c.max_s for o in result.outcomes.values() if o.skipped is None
+         for c in (o.trace_cost, o.predicted_cost) if c is not None]
+    )  # fmt: skip
     lines = [
         f"dataset   {result.dataset}: {result.num_nodes:,} nodes, {result.row_bytes} bytes/row",
         f"machine   {t.describe()}",
@@ -215,9 +242,10 @@ def format_table(result: PlanResult) -> str:
         f"{tr['mean_rows_per_batch']:,.0f} rows/batch, sampled in {tr['sample_s']:.1f} s",
         f"p         score '{result.score}' computed in {result.prob_s:.2f} s",
         "",
-        "modeled seconds per epoch of the slowest GPU (Eq. 3 on the sampled epoch; 'predicted' on p)",
-        f"{'strategy':12s} {'max cost s':>11s} {'predicted s':>12s} {'local':>7s} {'peer':>7s} "
-        f"{'host':>7s} {'prep s':>8s} {'rows on GPUs':>13s}",
+        f"modeled {word} per epoch of the slowest GPU (Eq. 3 on the sampled epoch; 'predicted' on "
+        "p)",
+        f"{'strategy':12s} {'max cost ' + unit:>11s} {'predicted ' + unit:>12s} {'local':>7s} "
+        f"{'peer':>7s} {'host':>7s} {'prep s':>8s} {'rows on GPUs':>13s}",
     ]
     best = result.best
     for name, o in result.outcomes.items():
@@ -228,7 +256,7 @@ def format_table(result: PlanResult) -> str:
         mark = "  <- best" if name == best else ""
         seeds = " (local seeds)" if d["seeds_mode"] == "parts" else ""
         lines.append(
-            f"{name:12s} {d['max_cost_s']:11.4f} {d['predicted_max_cost_s']:12.4f} "
+            f"{name:12s} {d['max_cost_s'] * scale:11.4f} {d['predicted_max_cost_s'] * scale:12.4f} "
             f"{d['local']:7.1%} {d['peer']:7.1%} {d['host']:7.1%} {d['prep_s']:8.3f} "
             f"{d['distinct_rows']:13,d}{seeds}{mark}"
         )
@@ -239,7 +267,6 @@ def format_table(result: PlanResult) -> str:
         if parts and best not in PARTITION_STRATEGIES:
             bp = min(parts, key=lambda k: f[k].trace_cost.max_s)
             ours, theirs = f[best].trace_cost.max_s, f[bp].trace_cost.max_s
-            if ours > 0:
-                msg += f" ({theirs / ours:.2f}x less modeled loading time than {bp})"
+            msg += versus(ours, theirs, bp)
         lines += ["", msg]
     return "\n".join(lines)
