@@ -285,3 +285,35 @@ def test_big_misaligned_arrays_are_realigned_small_ones_shared():
     assert InMemoryFeatureStore(t).host_tensor().data_ptr() % 64 == 0
     small = _byte_rows(16, 512, 16).view(np.int32)  # 8 KiB: shared as it is
     assert InMemoryFeatureStore(small).host_tensor().data_ptr() == small.ctypes.data
+
+
+@pytest.mark.parametrize("kernel", ["numba", "torch"])
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((3, 4), torch.float32), ((0, 4), torch.float32), ((5, 3), torch.float32),
+     ((5, 4), torch.float64), ((20,), torch.float32)],
+)  # fmt: skip
+def test_an_out_buffer_that_cannot_take_the_rows_is_refused_before_a_write(kernel, shape, dtype):
+    """``gather_rows`` refuses an ``out`` with fewer rows than ids or another row width with a
+    ValueError and writes nothing (the kernel would copy past a smaller buffer; the process
+    aborted), on both kernels; a buffer with more rows is fine."""
+    src = np.arange(40, dtype=np.float32).reshape(10, 4)
+    ids = np.array([9, 0, 4, 4, 7], dtype=np.int64)
+    out = torch.full(shape, -1, dtype=dtype)
+    with pytest.raises(ValueError, match="cannot take 5 rows of 16 bytes"):
+        G.gather_rows(src, ids, out, kernel=kernel)
+    assert bool((out == -1).all())
+    big = torch.full((7, 4), -1.0)
+    G.gather_rows(src, ids, big[:5], kernel=kernel)
+    assert torch.equal(big[:5], torch.from_numpy(src[ids]))
+
+
+def test_a_row_source_read_into_a_short_buffer_is_an_error_not_an_abort():
+    """A tier's row source reading into a too-small buffer raises ValueError (it aborted the
+    process with a write past the buffer)."""
+    from gnnio.features.tiers.row_source import RowSource
+
+    feats = torch.arange(40, dtype=torch.float32).reshape(10, 4)
+    out = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="cannot take 3 rows"):
+        RowSource(feats).read(np.array([1, 2, 3], dtype=np.int64), out)

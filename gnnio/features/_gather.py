@@ -461,7 +461,8 @@ def gather_rows(
             the rows touched).
         ids: 1-D int32/int64 ids (see :func:`as_index_array`; the range is checked here:
             IndexError for an id outside ``[0, N)``, after which ``out``'s rows are unspecified).
-        out: destination, same dtype as ``src``; written in place.
+        out: destination, same dtype as ``src``; written in place (ValueError, nothing
+            written, when it has fewer rows than ``ids`` or another row width).
         kernel: "auto" (numba if available), "numba" or "torch".
         num_threads: threads for the numba kernel (numba's setting is per calling thread, so this
             only affects the calling thread); None keeps numba's current setting.
@@ -469,6 +470,13 @@ def gather_rows(
     """
     if kernel not in KERNELS:
         raise ValueError(f"unknown gather kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    src_rb = src.shape[1] * src.itemsize
+    if out.dim() != 2 or out.shape[0] < ids.shape[0] or out.shape[1] * out.element_size() != src_rb:
+        # (the kernel copies ``len(ids)`` rows of ``src``'s width: past a smaller buffer)
+        raise ValueError(
+            f"out of shape {tuple(out.shape)} ({out.dtype}) cannot take {ids.shape[0]} rows of "
+            f"{src_rb} bytes"
+        )
     if ids.shape[0] == 0 or out.numel() == 0:  # no rows, or zero-width rows: nothing to copy
         check_range(ids, src.shape[0])
         return
