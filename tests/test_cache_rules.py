@@ -156,14 +156,16 @@ def test_reset_window_forgets_the_unserved_batches(path, announce_dropped):
 
 
 class _SlowStore(InMemoryFeatureStore):
-    """Rows after a 50 ms wait: data movement a cache must book as copy time."""
+    """Rows after a wait of ``wait`` seconds: data movement a cache must book as copy time."""
+
+    wait = 0.0
 
     def gather(self, ids, out=None):
-        time.sleep(0.05)
+        time.sleep(self.wait)
         return super().gather(ids, out)
 
     def gather_into(self, ids, out, mask):
-        time.sleep(0.05)
+        time.sleep(self.wait)
         return super().gather_into(ids, out, mask)
 
 
@@ -178,6 +180,7 @@ def test_the_backing_gather_is_booked_as_copy_time(policy, sync_free):
     c = FeatureCache(store, 4, policy, hot_ids=np.arange(20), sync_free=sync_free, lookahead=1)
     c.gather(torch.tensor([10, 11, 12]))  # (a first batch: any kernel compiled is not timed)
     c.reset_stats()
+    store.wait = 0.2  # (a margin a loaded 2-core machine's pauses in a 3-id manage stay under)
     c.gather(torch.tensor([13, 14, 15]))  # misses in every policy (the static part: 0..3)
     st = c.stats.as_dict()
-    assert st["copy_s"] >= 0.05 > st["manage_s"]
+    assert st["copy_s"] >= 0.2 > st["manage_s"]
