@@ -246,47 +246,28 @@ def test_recode_to_int8_in_chunks_uses_the_whole_columns_range(tmp_path):
 # ---- format ------------------------------------------------------------------------------------
 
 
-def _write(out, labels, train, **meta):
-    from gnnio.graph import DatasetWriter, edges_to_csr
+@pytest.mark.parametrize("extra", [1, -1])
+def test_features_must_have_one_row_per_node_even_if_meta_agrees(tmp_path, extra):
+    """A features file with a row more or fewer than num_nodes is refused at open, even when its
+    meta.json entry (shape, sha256) was updated to match."""
+    from gnnio.graph.integrity import sample_sha256, sha256_file
 
-    n = len(labels)
-    indptr, indices = edges_to_csr(np.arange(n), (np.arange(n) + 1) % n, n)
-    with DatasetWriter(out, name="t", overwrite=True) as w:
-        w.save_array("indptr", indptr)
-        w.save_array("indices", indices)
-        w.save_array("features", np.ones((n, 2), np.float32))
-        w.save_array("labels", np.asarray(labels, np.int64))
-        w.save_array("train_idx", np.asarray(train, np.int64))
-        w.meta.update(meta)
-    return out
+    ds = write_tiny_dataset(tmp_path / "ds")
+    f = ds / "features.npy"
+    x = np.load(f)
+    x = np.concatenate([x, x[:1]]) if extra > 0 else x[:-1]
+    np.save(f, x)
 
+    def fix(m):
+        m["arrays"]["features"].update(
+            shape=list(x.shape), sha256=sha256_file(f), sample_sha256=sample_sha256(f)
+        )
 
-def test_a_train_split_labeled_only_with_class_zero_is_trainable(tmp_path):
-    """Class 0 is a label: a train split whose labeled nodes are all of class 0 is accepted, one
-    whose nodes are all unlabeled (-1) is refused."""
-    ds = gnnio.load(_write(tmp_path / "a", [0, -1, 1, 0], [0, 1, 3]))
-    assert ds.num_classes == 2
-    with pytest.raises(DatasetError, match="no labeled training node"):
-        _write(tmp_path / "b", [0, -1, 1, -1], [1, 3])
-
-
-def test_num_classes_two_above_the_largest_label_is_refused(tmp_path):
-    """num_classes must be the largest label + 1: one class too many is refused as well."""
-    ds = _write(tmp_path / "a", [0, 1, 1, 0], [0, 1], num_classes=2)
-    _edit_meta(ds, lambda m: m.update(num_classes=3))
-    with pytest.raises(DatasetError, match="num_classes is 3 but the largest label is 1"):
+    _edit_meta(ds, fix)
+    with pytest.raises(
+        DatasetError, match=r"features.npy: must be float32 \(float32\) of shape \[12, F\]"
+    ):
         gnnio.load(ds)
-
-
-@pytest.mark.parametrize("where", [0, 3, 9])
-def test_min_max_in_chunks(where):
-    """The chunked min and max of the indices find the extremes in any chunk."""
-    from gnnio.graph.format import _min_max
-
-    a = np.full(10, 5, dtype=np.int32)
-    a[where], a[9 - where] = -3, 40
-    assert _min_max(a, False, chunk=4) == (-3, 40)
-    assert _min_max(a, False, chunk=1) == (-3, 40)
 
 
 # ---- argparse range types ----------------------------------------------------------------------
