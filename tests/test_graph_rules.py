@@ -135,6 +135,19 @@ def test_infinities_count_as_non_finite_features(dtype):
     assert count_nonfinite(x, chunk_bytes=1) == 3  # one row at a time
 
 
+@pytest.mark.parametrize("chunk", [8, 1 << 20])
+def test_one_pass_count_ignores_bytes_after_the_array(tmp_path, chunk):
+    """sha256_and_nonfinite hashes bytes appended after the array but does not count them as
+    values: a NaN's bits appended to a file with one NaN still count one."""
+    from gnnio.graph.integrity import sha256_and_nonfinite, sha256_file
+
+    f = tmp_path / "x.npy"
+    np.save(f, np.array([[1.0, np.nan], [2.0, 3.0]], dtype=np.float32))
+    with open(f, "ab") as fh:
+        fh.write(np.full(4, np.nan, dtype=np.float32).tobytes())
+    assert sha256_and_nonfinite(f, "float32", chunk=chunk) == (sha256_file(f), 1)
+
+
 # ---- feature dtypes ----------------------------------------------------------------------------
 
 
