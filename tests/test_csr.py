@@ -120,3 +120,17 @@ def test_dataset_write_read_roundtrip(tmp_path_factory, data, dtype):
     assert np.array_equal(ds.features, feats) and ds.features.dtype == dtype
     ip, ix = ds.graph.to_torch()
     assert ip.tolist() == indptr.tolist() and ix.tolist() == indices.tolist()
+
+
+@pytest.mark.parametrize(
+    "src, dst, msg",
+    [([0, 5], [1, 2], r"src\[1\] = 5 "), ([0, 1], [-1, 2], r"dst\[0\] = -1 "),
+     ([0, 1], [1, 4], r"dst\[1\] = 4 ")],
+)  # fmt: skip
+def test_edges_to_csr_refuses_an_id_outside_the_nodes(src, dst, msg):
+    """An edge end outside ``[0, num_nodes)`` is refused, naming it (``src = N`` became an edge
+    of the next destination row, silently)."""
+    with pytest.raises(ValueError, match=msg + r"is not a node id in \[0, 4\)"):
+        edges_to_csr(np.array(src), np.array(dst), 4)
+    indptr, indices = edges_to_csr(np.array([3, 0]), np.array([0, 3]), 4)  # (the edges: fine)
+    assert indptr.tolist() == [0, 1, 1, 1, 2] and indices.tolist() == [3, 0]

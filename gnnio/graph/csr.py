@@ -27,12 +27,16 @@ def edges_to_csr(
     """CSR of in-neighbours from directed edges ``src[i] -> dst[i]``.
 
     Neighbour lists come out sorted by source id. With ``dedup`` repeated edges are dropped.
-    Returns ``(indptr int64 [N+1], indices [E'])``.
+    An id outside ``[0, num_nodes)`` is refused (ValueError naming the first). Returns ``(indptr int64 [N+1], indices [E'])``.
     """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     if src.shape != dst.shape:
         raise ValueError(f"src and dst differ in length: {src.shape} vs {dst.shape}")
+    for name, a in (("src", src), ("dst", dst)):  # (else an edge lands silently in another row)
+        if a.size and (a.min() < 0 or a.max() >= num_nodes):
+            i = int(np.flatnonzero((a < 0) | (a >= num_nodes))[0])
+            raise ValueError(f"{name}[{i}] = {int(a[i])} is not a node id in [0, {num_nodes})")
     key = dst * np.int64(num_nodes) + src
     key = np.unique(key) if dedup else np.sort(key, kind="stable")
     rows = key // num_nodes
