@@ -291,3 +291,30 @@ def test_layers_pass_gradcheck_in_float64(monkeypatch, impl, name, weighted):
             return functional_call(layer, dict(zip(names, ps)), (x, block))
 
         assert torch.autograd.gradcheck(fn, (x, *params), fast_mode=True)
+
+
+def test_row_feature_norm_divides_by_the_sum_of_absolute_values():
+    """``feature_norm="row"`` divides each row by its L1 norm (absolute values: a row with
+    negative entries too), keeping signs, and leaves an all-zero row at 0."""
+    from gnnio.train.models import build_model
+
+    model = build_model("sage", 3, 4, 2, num_layers=1, feature_norm="row")
+    x = torch.tensor([[1.0, -3.0, 0.0], [-2.0, -2.0, 4.0], [0.0, 0.0, 0.0]])
+    want = torch.tensor([[0.25, -0.75, 0.0], [-0.25, -0.25, 0.5], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(model.normalize_input(x), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropout_of_an_input_without_gradient_scales_in_its_dtype(dtype):
+    """The mask-free pass (an input needing no gradient, above the size threshold) gives
+    ``F.dropout``'s values bit for bit in float64 too: the kept values scaled by ``1 / (1 - p)``
+    rounded in the input's dtype (p = 0.15: 1 / 0.85 differs between float32 and float64)."""
+    from gnnio.train.dropout import dropout
+
+    x = torch.randn(70, 90, generator=torch.Generator().manual_seed(2)).to(dtype)
+    outs = []
+    for fn in (F.dropout, dropout):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(9)
+            outs.append((fn(x, p=0.15, training=True), torch.default_generator.get_state()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
