@@ -394,7 +394,13 @@ def _with_self_loop(ptr, src, dst, w, c, shape, impl, dtype) -> BlockCSR:
 
 def first_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     """``x[:n]``, or ``x`` itself when it has ``n`` rows: a full-length slice would still cost a
-    backward that allocates and copies all of ``x``."""
+    backward that allocates and copies all of ``x``.
+
+    Raises ``ValueError`` where ``x`` has fewer than ``n`` rows (a block whose sources are not
+    the previous layer's rows): ``x[:n]`` would be shorter, and the numba kernels, which do not
+    check their indices, would read memory past its end."""
+    if x.shape[0] < n:
+        raise ValueError(f"x has {x.shape[0]} rows, fewer than the block's {n} sources")
     return x if x.shape[0] == n else x[:n]
 
 
