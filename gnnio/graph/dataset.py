@@ -133,7 +133,7 @@ def load(path: str | os.PathLike, verify: bool = False, quick: bool = True) -> D
     return Dataset(
         path=path,
         meta=meta,
-        graph=CSRGraph(arrays["indptr"], arrays["indices"]),
+        graph=CSRGraph._trusted(arrays["indptr"], arrays["indices"]),  # (validate_arrays)
         features=arrays["features"],
         labels=arrays.get("labels"),
         train_idx=arrays.get("train_idx"),

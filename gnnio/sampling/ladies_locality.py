@@ -69,7 +69,7 @@ class LocalityLadiesSampler(LadiesSampler):
         self.scale = scale
         hot = _as_hot_ids(hot_ids, self.num_nodes)
         self.q_sets = las_sets(
-            CSRGraph(self.indptr, self.indices), hot, self.num_layers, size=q_size
+            CSRGraph._trusted(self.indptr, self.indices), hot, self.num_layers, size=q_size
         )
         self._masks = []
         for qs in self.q_sets:

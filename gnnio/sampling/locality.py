@@ -310,7 +310,7 @@ class LocalitySampler(ThreadedCPUSampler):
         self.q_sets: list[np.ndarray] | None = None
         self._q: list[tuple[np.ndarray, np.ndarray] | None] = [None] * L  # by layer l - 1
         if hot_ids is not None:
-            g = CSRGraph(self.indptr, self.indices)
+            g = CSRGraph._trusted(self.indptr, self.indices)
             self.q_sets = las_sets(g, hot_ids, L, size=q_size)
             for layer, qs in enumerate(self.q_sets):
                 if qs.size:

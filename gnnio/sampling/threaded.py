@@ -17,6 +17,7 @@ import numba
 import numpy as np
 import torch
 
+from ..graph.csr import CSRGraph, check_csr
 from .base import Sampler
 
 __all__ = [
@@ -137,12 +138,19 @@ class ThreadedCPUSampler(Sampler):
 
     def _init_csr(self, graph) -> None:
         indptr, indices = graph.indptr, graph.indices
+        # a CSRGraph checked its NumPy or CPU arrays when built; CUDA tensors and other objects
+        # with indptr/indices are checked here, once (the kernels trust every index)
+        checked = isinstance(graph, CSRGraph) and not (
+            isinstance(indptr, torch.Tensor) and indptr.device.type != "cpu"
+        )
         if isinstance(indptr, torch.Tensor):
             indptr, indices = indptr.cpu().numpy(), indices.cpu().numpy()
         self.indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
         self.indices = np.ascontiguousarray(np.asarray(indices))
         if not np.issubdtype(self.indices.dtype, np.integer):
             raise ValueError(f"graph.indices: need integer ids, got dtype {self.indices.dtype}")
+        if not checked:
+            check_csr(self.indptr, self.indices)
         self.num_nodes = int(self.indptr.shape[0]) - 1
         self._loc_dtype = np.int32 if self.num_nodes < 2**31 - 1 else np.int64
 

@@ -153,7 +153,7 @@ class UniformSampler(ThreadedCPUSampler):
         if isinstance(indptr, torch.Tensor):
             ip, ix = indptr, indices
         else:  # zero-copy views (CSRGraph.to_torch copies only read-only arrays)
-            ip, ix = CSRGraph(np.asarray(indptr), np.asarray(indices)).to_torch()
+            ip, ix = CSRGraph._trusted(np.asarray(indptr), np.asarray(indices)).to_torch()
         if graph_in == "host" and ip.device.type == "cpu":
             from .gpu import pinned_csr
 

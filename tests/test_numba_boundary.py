@@ -1,0 +1,72 @@
+"""Arrays that disagree with each other are refused at the public boundary, not handed to a numba
+kernel that reads or writes past them (each case segfaulted before its check; the call runs in
+a forked child so that an unchecked one fails the test instead of killing pytest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio.graph import CSRGraph
+from tests.helpers import in_forked_child
+
+
+def _refused(fn, exc, match: str) -> None:
+    """``fn()`` raises ``exc`` matching ``match``; checked in a forked child (a crash: None)."""
+    import re
+
+    def child() -> bool:
+        try:
+            fn()
+        except exc as e:
+            return re.search(match, str(e)) is not None
+        return False
+
+    got = in_forked_child(child, timeout=120)
+    assert got is True, f"expected {exc.__name__}({match!r}); the child answered {got}"
+
+
+_BAD_CSR = {  # (indptr, indices, the message)
+    "ends past indices": ([0, 2, 4_000_000], [1, 0], "must run from 0 to len"),
+    "index out of range": ([0, 1, 2], [1, 10**9], "node id 1000000000 is out of range"),
+    "decreasing": ([0, 5_000_000, 2], [0, 1], "decreases at position 2"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_CSR))
+def test_a_csr_graph_of_inconsistent_arrays_is_refused_before_a_sampler_runs(case):
+    """CSRGraph(indptr, indices) checks its arrays (a sampler's kernel read past them and
+    segfaulted); the same arrays as CPU tensors too, and a duck-typed graph at the sampler."""
+    from gnnio.sampling import UniformSampler
+
+    ip, ix, match = _BAD_CSR[case]
+    ip, ix = np.array(ip, dtype=np.int64), np.array(ix, dtype=np.int32)
+
+    def sample() -> None:
+        UniformSampler(CSRGraph(ip, ix), [-1, -1]).sample(torch.tensor([0, 1]))
+
+    _refused(sample, ValueError, "graph.(indptr|indices): " + match)
+    with pytest.raises(ValueError, match=match):
+        CSRGraph(torch.from_numpy(ip), torch.from_numpy(ix))
+
+    class Duck:  # (anything with indptr/indices: the sampler checks it)
+        indptr, indices = ip, ix
+
+    _refused(lambda: UniformSampler(Duck(), [2]), ValueError, match)
+
+
+def test_a_good_csr_graph_passes_and_a_loaded_one_is_not_rescanned(tmp_path, monkeypatch):
+    """Valid arrays pass the check; load's and from_edges' graphs skip it (checked already)."""
+    import gnnio.graph.csr as csr
+    from gnnio.graph import load
+    from tests.helpers import write_tiny_dataset
+
+    ds = write_tiny_dataset(tmp_path / "d")
+    called = []
+    real = csr.check_csr
+    monkeypatch.setattr(csr, "check_csr", lambda *a, **k: called.append(1) or real(*a, **k))
+    g = CSRGraph(np.array([0, 1, 2], dtype=np.int64), np.array([1, 0], dtype=np.int32))
+    assert g.num_edges == 2 and called == [1]
+    CSRGraph.from_edges(np.array([0]), np.array([1]), 2)
+    assert load(ds).graph.num_nodes == 12 and called == [1]
