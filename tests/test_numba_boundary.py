@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from gnnio.errors import UsageError
 from gnnio.graph import CSRGraph
 from tests.helpers import in_forked_child
 
@@ -70,3 +71,14 @@ def test_a_good_csr_graph_passes_and_a_loaded_one_is_not_rescanned(tmp_path, mon
     assert g.num_edges == 2 and called == [1]
     CSRGraph.from_edges(np.array([0]), np.array([1]), 2)
     assert load(ds).graph.num_nodes == 12 and called == [1]
+
+
+def test_relabel_csr_refuses_inconsistent_arrays():
+    """relabel_csr checks indices' range and indptr's order (its kernels wrote past ``out``)."""
+    from gnnio.preprocess.reorder import relabel_csr
+
+    for ip, ix, match in _BAD_CSR.values():
+        if ip[-1] != len(ix):  # (refused before: "ends at ... but indices has")
+            continue
+        ip, ix = np.array(ip, dtype=np.int64), np.array(ix, dtype=np.int32)
+        _refused(lambda ip=ip, ix=ix: relabel_csr(ip, ix, np.array([1, 0])), UsageError, match)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..graph import output_dir
-from ..graph.csr import index_dtype
+from ..graph.csr import check_csr, index_dtype
 from ..graph.dataset import Dataset, load
 from ..graph.feature_dtype import SCALE, ZERO_POINT
 from ..graph.format import SPLITS, DatasetWriter
@@ -203,6 +203,10 @@ def relabel_csr(
         raise UsageError(
             f"indptr: ends at {int(indptr[-1])} but indices has {indices.shape[0]} entries"
         )
+    try:  # (the kernels read and write at every index unchecked; one pass over each array)
+        check_csr(indptr, indices, what="")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if impl == "reference":
         indptr2, indices2 = relabel_csr_reference(indptr, indices, new2old)
         if out is not None:
