@@ -340,10 +340,19 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device,
             dst, order = torch.sort(dst, stable=True)  # on a GPU always: a check would sync
             src = src[order]
             w = None if w is None else w[order]
+        if device.type == "cpu" and dst.numel():  # sorted: two reads (NumPy's: no torch op);
+            lo, hi = int(dst.numpy()[0]), int(dst.numpy()[-1])  # the conversion below writes
+            if lo < 0 or hi >= nd:  # past its output at such an id, a heap corruption
+                bad = lo if lo < 0 else hi
+                raise ValueError(
+                    f"block.edge_index[1]: destination {bad} is out of range [0, {nd})"
+                )
         ptr = torch._convert_indices_from_coo_to_csr(dst, nd)
     else:  # edges ptr[i]:ptr[i+1] go into i: dst is ptr's expansion, in edge order
         ptr = ptr.to(device=device, dtype=torch.int64)
     e = int(src.shape[0])
+    if impl == "numba":  # (CPU tensors: no sync) the kernels trust every index
+        _check_block(ptr, src, w, nd, ns)
     if self_loop:
         return _with_self_loop(ptr, src, dst, w, float(self_loop), (nd, ns), impl, dtype)
     if impl == "numba":
@@ -366,6 +375,24 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device,
             sums = torch.segment_reduce(val[:, None], "sum", offsets=ptr, unsafe=True)[:, 0]
             val = val / sums.clamp_min(1e-30)[dst]
     return BlockCSR(ptr, src, val, (nd, ns), impl, row=dst)
+
+
+def _check_block(ptr, src, w, nd: int, ns: int) -> None:
+    """ValueError naming the block's field whose ids or sizes disagree (the numba kernels read
+    and, in the transpose, write at those ids unchecked): one min/max pass over the sources, one
+    pass over the pointer; on NumPy views of the CPU tensors (no torch op, so no counted sync)."""
+    p, s, e = ptr.numpy(), src.numpy(), int(src.shape[0])
+    if p.shape != (nd + 1,) or p[0] != 0 or p[-1] != e:
+        got = f"{p.shape} from {int(p[0])} to {int(p[-1])}" if p.size else "none"
+        raise ValueError(f"block.ptr: need num_dst + 1 = {nd + 1} entries from 0 to the {e} "
+                         f"edges, got {got}")  # fmt: skip
+    if nd and bool((p[1:] < p[:-1]).any()):
+        raise ValueError("block.ptr: decreases")
+    if e and (s.min() < 0 or s.max() >= ns):
+        bad = int(s.min()) if s.min() < 0 else int(s.max())
+        raise ValueError(f"block.edge_index[0]: source {bad} is out of range [0, {ns})")
+    if w is not None and tuple(w.shape) != (e,):
+        raise ValueError(f"block.edge_weight: need shape ({e},), got {tuple(w.shape)}")
 
 
 def _with_self_loop(ptr, src, dst, w, c, shape, impl, dtype) -> BlockCSR:
