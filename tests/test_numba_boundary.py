@@ -113,3 +113,18 @@ def test_a_block_whose_ids_or_sizes_disagree_is_refused_before_the_numba_spmm(
         layer(torch.randn(3, 4, requires_grad=True), block).sum().backward()
 
     _refused(run, ValueError, match)
+
+
+def test_to_pyg_data_refuses_a_graph_the_batch_was_not_sampled_from():
+    """``to_pyg_data(mb, graph=...)`` with a smaller graph than the batch's raises ValueError (the
+    edge-position kernel read ``indptr`` past its end: a segfault)."""
+    from gnnio.pyg import to_pyg_data
+    from gnnio.sampling import UniformSampler
+
+    n = 200_000
+    src = np.arange(n)
+    big = CSRGraph.from_edges(src, (src + 1) % n, n)
+    small = CSRGraph.from_edges(np.array([0]), np.array([1]), 2)
+    mb = UniformSampler(big, [2]).sample(torch.tensor([n - 1, n // 2]))
+    _refused(lambda: to_pyg_data(mb, graph=small), ValueError, "not in this graph's")
+    assert to_pyg_data(mb, graph=big).e_id.shape[0] == mb.blocks[0].num_edges

@@ -56,9 +56,15 @@ def csr_positions(graph, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     get the first one's position."""
     indptr = np.ascontiguousarray(np.asarray(graph.indptr), dtype=np.int64)
     indices = np.asarray(graph.indices)
-    return _positions(
-        indptr, indices, np.ascontiguousarray(src, np.int64), np.ascontiguousarray(dst, np.int64)
-    )
+    dst = np.ascontiguousarray(dst, np.int64)
+    n = indptr.shape[0] - 1
+    if dst.size and (dst.min() < 0 or dst.max() >= n):  # (the kernel reads indptr[dst] unchecked)
+        bad = int(dst.min()) if dst.min() < 0 else int(dst.max())
+        raise ValueError(
+            f"graph: node id {bad} of the batch is not in this graph's [0, {n}) (pass the graph "
+            "the batch was sampled from)"
+        )
+    return _positions(indptr, indices, np.ascontiguousarray(src, np.int64), dst)
 
 
 def hop_layout(mb: MiniBatch) -> tuple[torch.Tensor, torch.Tensor | None, list[int], list[int]]:
