@@ -128,3 +128,17 @@ def test_to_pyg_data_refuses_a_graph_the_batch_was_not_sampled_from():
     mb = UniformSampler(big, [2]).sample(torch.tensor([n - 1, n // 2]))
     _refused(lambda: to_pyg_data(mb, graph=small), ValueError, "not in this graph's")
     assert to_pyg_data(mb, graph=big).e_id.shape[0] == mb.blocks[0].num_edges
+
+
+def test_propagate_refuses_an_out_buffer_of_another_shape():
+    """``graph_scores.propagate(..., out=)`` refuses an ``out`` that is not float64 ``[N]`` (the
+    kernel added into ``out[u]`` for every node ``u``: a heap corruption, the process aborted)."""
+    from gnnio.preprocess.graph_scores import propagate
+
+    n = 1 << 16
+    src = np.arange(n)
+    g = CSRGraph.from_edges(src, (src * 7 + 1) % n, n)
+    for out in (np.empty(1), np.empty(n, dtype=np.float32)):
+        _refused(lambda out=out: propagate(g, np.ones(n), out=out), ValueError, "out must be")
+    out = np.full(n, 5.0)
+    assert propagate(g, np.ones(n), out=out) is out and out.sum() == n

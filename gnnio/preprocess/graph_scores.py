@@ -105,6 +105,10 @@ def propagate(
         raise ValueError(f"propagate: x must have shape ({n},), got {x.shape}")
     if out is None:
         out = np.empty(n, dtype=np.float64)
+    elif not isinstance(out, np.ndarray) or out.shape != (n,) or out.dtype != np.float64:
+        # (the kernel adds into out[u] for every node id u unchecked: past a shorter buffer)
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ValueError(f"propagate: out must be a float64 array of shape ({n},), got {got}")
     out[:] = 0.0
     indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
     if chunk_bytes is None:
