@@ -73,6 +73,29 @@ def test_a_good_csr_graph_passes_and_a_loaded_one_is_not_rescanned(tmp_path, mon
     assert load(ds).graph.num_nodes == 12 and called == [1]
 
 
+@pytest.mark.parametrize("mode", ["r", "c", "r+"])
+def test_a_memory_mapped_csr_is_checked_chunk_by_chunk(tmp_path, monkeypatch, mode):
+    """Memory-mapped arrays are checked in chunks (the pages dropped after each; a copy-on-write
+    map read through a read-only map of its file): a decrease or a bad id in a later chunk is
+    found at its position. (That no pages stay: test_scores_bounded's RSS test.)"""
+    import gnnio.graph._csr_check as cc
+
+    monkeypatch.setattr(cc, "_CHUNK", 4)
+    ip = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], dtype=np.int64)
+    np.save(tmp_path / "ip.npy", ip)
+    np.save(tmp_path / "ix.npy", np.arange(10, dtype=np.int32))
+    g = CSRGraph(*(np.load(tmp_path / f"{k}.npy", mmap_mode=mode) for k in ("ip", "ix")))
+    assert g.num_edges == 10
+    bad = ip.copy()
+    bad[6] = 4  # (a decrease at 6: in the second chunk)
+    np.save(tmp_path / "bad.npy", bad)
+    np.save(tmp_path / "ix2.npy", np.array([0] * 9 + [10], dtype=np.int32))
+    with pytest.raises(ValueError, match="graph.indptr: decreases at position 6"):
+        CSRGraph(np.load(tmp_path / "bad.npy", mmap_mode=mode), np.load(tmp_path / "ix.npy"))
+    with pytest.raises(ValueError, match="node id 10 is out of range"):
+        CSRGraph(np.load(tmp_path / "ip.npy"), np.load(tmp_path / "ix2.npy", mmap_mode=mode)[:])
+
+
 def test_relabel_csr_refuses_inconsistent_arrays():
     """relabel_csr checks indices' range and indptr's order (its kernels wrote past ``out``)."""
     from gnnio.preprocess.reorder import relabel_csr

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._csr_check import check_csr
+
 __all__ = ["CSRGraph", "index_dtype", "edges_to_csr", "check_csr"]
 
 
@@ -47,29 +49,6 @@ def edges_to_csr(
     return indptr, indices
 
 
-def check_csr(indptr: np.ndarray, indices: np.ndarray, what: str = "graph.") -> None:
-    """Raise ValueError (one line naming the array) unless ``indptr``/``indices`` are a CSR:
-    1-D integer arrays, ``indptr`` from 0 to ``len(indices)`` without decreasing, every index in
-    ``[0, len(indptr) - 1)``. The numba kernels that walk a graph trust these (an index or a row
-    end out of range reads past the arrays). Costs one vectorised pass over each array. ``what``
-    prefixes the array names in the message."""
-    for name, a in (("indptr", indptr), ("indices", indices)):
-        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"{what}{name}: need a 1-D integer array, got {a.dtype} {a.shape}")
-    if indptr.shape[0] < 1 or indptr[0] != 0 or indptr[-1] != indices.shape[0]:
-        raise ValueError(
-            f"{what}indptr: must run from 0 to len(indices) = {indices.shape[0]}, got "
-            + (f"{int(indptr[0])} .. {int(indptr[-1])}" if indptr.shape[0] else "an empty array")
-        )
-    if indptr.shape[0] > 1 and (np.diff(indptr) < 0).any():
-        i = int(np.flatnonzero(np.diff(indptr) < 0)[0]) + 1
-        raise ValueError(f"{what}indptr: decreases at position {i}")
-    n = indptr.shape[0] - 1
-    if indices.shape[0] and (indices.min() < 0 or indices.max() >= n):
-        bad = int(indices.min()) if indices.min() < 0 else int(indices.max())
-        raise ValueError(f"{what}indices: node id {bad} is out of range [0, {n})")
-
-
 @dataclass
 class CSRGraph:
     """A directed graph as a CSR of in-neighbours (see module docstring for the id conventions).
@@ -87,7 +66,7 @@ class CSRGraph:
             if ip.device.type != "cpu" or ix.device.type != "cpu":
                 return  # (no host sync here: a CPU sampler checks its copy, _init_csr)
             ip, ix = ip.numpy(), ix.numpy()
-        check_csr(np.asarray(ip), np.asarray(ix))
+        check_csr(np.asanyarray(ip), np.asanyarray(ix))  # (asany: keeps a np.memmap)
 
     @classmethod
     def _trusted(cls, indptr, indices) -> CSRGraph:
