@@ -113,26 +113,29 @@ def test_relabel_csr_refuses_inconsistent_arrays():
      ("dst", r"block.edge_index\[1\]: destination 7 is out of range \[0, 2\)"),
      ("ptr", "block.ptr: need num_dst"),
      ("ptr_order", "block.ptr: decreases"),
-     ("weight", r"block.edge_weight: need shape \(2,\)")],
+     ("weight", r"block.edge_weight: need shape \(2,\)"),
+     ("nd>ns", "block: num_dst = 200000 exceeds num_src = 3")],
 )  # fmt: skip
 def test_a_block_whose_ids_or_sizes_disagree_is_refused_before_the_numba_spmm(
     monkeypatch, case, match
 ):
     """A layer on the numba path refuses a block with a source id >= num_src, a destination id
-    >= num_dst, a ``ptr`` that does not fit its edges or an edge weight of another length (the
-    SpMM read, and its transpose wrote, past its arrays: a segfault)."""
+    >= num_dst, a ``ptr`` that does not fit its edges, an edge weight of another length or more
+    destinations than sources (the SpMM read, and its transpose wrote, past its arrays; GAT's
+    logits read past the sources' terms: segfaults)."""
     from gnnio.sampling.base import Block
     from gnnio.train.models import build_model
 
     monkeypatch.setenv("GNNIO_SPMM", "")
     ei = {"src": [[0, 10**8], [0, 1]], "dst": [[0, 1], [0, 7]]}.get(case, [[0, 1], [0, 1]])
     ptr = {"ptr": [0, 1, 10**7], "ptr_order": [0, 2, 1, 2]}.get(case)
-    nd = 3 if case == "ptr_order" else 2
+    nd = {"ptr_order": 3, "nd>ns": 200_000}.get(case, 2)
     w = torch.ones(5) if case == "weight" else None
     block = Block(torch.tensor(ei), 3, nd, w, None if ptr is None else torch.tensor(ptr))
 
-    def run() -> None:
-        layer = build_model("sage", 4, 4, 2, num_layers=1).layers[0]
+    def run() -> None:  # (GAT: reads num_dst rows of the sources' attention terms)
+        name = "gat" if case == "nd>ns" else "sage"
+        layer = build_model(name, 4, 4, 2, num_layers=1, heads=2).layers[0]
         layer(torch.randn(3, 4, requires_grad=True), block).sum().backward()
 
     _refused(run, ValueError, match)

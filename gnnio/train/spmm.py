@@ -381,6 +381,8 @@ def _check_block(ptr, src, w, nd: int, ns: int) -> None:
     """ValueError naming the block's field whose ids or sizes disagree (the numba kernels read
     and, in the transpose, write at those ids unchecked): one min/max pass over the sources, one
     pass over the pointer; on NumPy views of the CPU tensors (no torch op, so no counted sync)."""
+    if nd > ns:  # (a block's destinations are its first sources: GAT reads nd rows of them)
+        raise ValueError(f"block: num_dst = {nd} exceeds num_src = {ns}")
     p, s, e = ptr.numpy(), src.numpy(), int(src.shape[0])
     if p.shape != (nd + 1,) or p[0] != 0 or p[-1] != e:
         got = f"{p.shape} from {int(p[0])} to {int(p[-1])}" if p.size else "none"
