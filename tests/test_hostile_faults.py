@@ -69,7 +69,7 @@ def test_ctrl_c_during_nproc_2_is_one_line(tiny, tmp_path):
     assert "death signal" not in err and "leaked semaphore" not in err, err[-3000:]
 
 
-def test_sigint_during_a_numba_compile_waits_for_its_end():
+def test_sigint_during_a_numba_compile_waits_for_its_end(monkeypatch):
     """A SIGINT that lands inside numba's compiler (here: sent from the compile event itself) is
     raised once the kernel is complete, not in the middle (which left numba's and LLVM's state
     half built: a segfault at the next call of ``partition --method bfs-block``)."""
@@ -77,9 +77,23 @@ def test_sigint_during_a_numba_compile_waits_for_its_end():
     from numba import njit
     from numba.core import event
 
+    from gnnio.utils import interrupts
     from gnnio.utils.interrupts import defer_sigint_while_compiling
 
+    # the deferral installs itself over Python's own handler only (a SIGINT that a shell's
+    # background job ignores stays ignored): start from that handler whatever this process
+    # inherited, and without an earlier test's install
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(interrupts, "_installed", None)
+    try:
+        _compile_interrupted(defer_sigint_while_compiling, njit, event, np)
+    finally:
+        signal.signal(signal.SIGINT, prev)
+
+
+def _compile_interrupted(defer_sigint_while_compiling, njit, event, np):
     defer_sigint_while_compiling()
+    assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # (installed)
 
     @njit(cache=False)
     def kernel(a):
