@@ -111,6 +111,20 @@ def test_a_mapping_that_is_not_row_major_is_refused(tmp_path):
             MmapFeatureStore(bad)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_a_memmap_is_read_into_ram_to_its_last_row(tmp_path, rows):
+    """The in-memory store reads every row of a memmap, the last one (and a one-row file)
+    included, into a 64-byte-aligned buffer of its own."""
+    x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) + 1
+    np.save(tmp_path / "m.npy", x)
+    mm = np.load(tmp_path / "m.npy", mmap_mode="r")
+    store = InMemoryFeatureStore(mm)
+    t = store.host_tensor()
+    assert t.data_ptr() != mm.ctypes.data and t.data_ptr() % 64 == 0
+    assert torch.equal(t, torch.from_numpy(x))
+    assert torch.equal(store.gather([rows - 1]), torch.from_numpy(x[rows - 1 :]))
+
+
 # ---- the lean call of the CPU stores (HostRowGather) -------------------------------------------
 
 D = 7
