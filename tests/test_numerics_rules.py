@@ -10,18 +10,13 @@ import torch.nn.functional as F
 
 from gnnio.sampling.base import Block, dst_ptr
 from gnnio.train import spmm
+from tests.test_spmm import _random_block
 
 CPU = torch.device("cpu")
 
 
 def _block(rng, nd, ns, e, weighted=True, sort=False, ptr=False):
-    dst = rng.integers(0, nd, e)
-    if sort:
-        dst = np.sort(dst, kind="stable")
-    src = rng.integers(0, ns, e)
-    ei = torch.from_numpy(np.stack([src, dst]).astype(np.int64))
-    w = torch.from_numpy(rng.uniform(0.1, 3.0, e).astype(np.float32)) if weighted else None
-    return Block(ei, ns, nd, w, dst_ptr(ei, nd) if ptr else None)
+    return _random_block(rng, nd, ns, e, weighted, sorted_dst=sort, with_ptr=ptr)
 
 
 def _sorted_copy(block):
