@@ -117,6 +117,8 @@ def test_a_failed_gather_leaves_no_stale_state():
         r.gather(np.arange(5, 20))
     got = r.gather(np.arange(5, 20))
     assert torch.equal(got, torch.from_numpy(feats[5:20]))
+    # the batch after the failure has no predecessor: left out of eta1, nothing counted reused
+    assert r.stats["eta1_batches"] == 0 and r.stats["reused"] == 0
 
 
 def test_tracker_memory_is_flat():
