@@ -29,7 +29,8 @@ def edges_to_csr(
     """CSR of in-neighbours from directed edges ``src[i] -> dst[i]``.
 
     Neighbour lists come out sorted by source id. With ``dedup`` repeated edges are dropped.
-    An id outside ``[0, num_nodes)`` is refused (ValueError naming the first). Returns ``(indptr int64 [N+1], indices [E'])``.
+    An id outside ``[0, num_nodes)`` is refused (ValueError naming the first).
+    Returns ``(indptr int64 [N+1], indices [E'])``.
     """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
