@@ -117,16 +117,20 @@ _BLOCK_CASES = dict(
 )  # fmt: skip
 
 
+@pytest.mark.parametrize("spmm", ["", "torch"])
 @pytest.mark.parametrize("case", list(_BLOCK_CASES))
-def test_a_block_whose_ids_or_sizes_disagree_is_refused_before_the_numba_spmm(monkeypatch, case):
+def test_a_block_whose_ids_or_sizes_disagree_is_refused_before_the_numba_spmm(
+    monkeypatch, case, spmm
+):
     """A layer on the numba path refuses a block with a source id >= num_src, a destination id
     >= num_dst, a ``ptr`` that does not fit its edges, an edge weight of another length or more
     destinations than sources (the SpMM read, and its transpose wrote, past its arrays; GAT's
-    logits read past the sources' terms: segfaults)."""
+    logits read past the sources' terms: segfaults); on the CPU's torch path too (its
+    ``segment_reduce(unsafe=True)`` trusts ``ptr``)."""
     from gnnio.sampling.base import Block
     from gnnio.train.models import build_model
 
-    monkeypatch.setenv("GNNIO_SPMM", "")
+    monkeypatch.setenv("GNNIO_SPMM", spmm)
     ei = {"src": [[0, 10**8], [0, 1]], "dst": [[0, 1], [0, 7]]}.get(case, [[0, 1], [0, 1]])
     ptr = {"ptr": [0, 1, 10**7], "ptr_order": [0, 2, 1, 2]}.get(case)
     nd = {"ptr_order": 3, "nd>ns": 200_000}.get(case, 2)

@@ -351,8 +351,8 @@ def block_csr(block, reduce: str, dtype: torch.dtype, device: torch.device,
     else:  # edges ptr[i]:ptr[i+1] go into i: dst is ptr's expansion, in edge order
         ptr = ptr.to(device=device, dtype=torch.int64)
     e = int(src.shape[0])
-    if impl == "numba":  # (CPU tensors: no sync) the kernels trust every index
-        _check_block(ptr, src, w, nd, ns)
+    if device.type == "cpu":  # (no sync) the numba kernels trust every index, and so does
+        _check_block(ptr, src, w, nd, ns)  # the torch path's segment_reduce(unsafe=True)
     if self_loop:
         return _with_self_loop(ptr, src, dst, w, float(self_loop), (nd, ns), impl, dtype)
     if impl == "numba":
