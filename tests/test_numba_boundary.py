@@ -73,6 +73,20 @@ def test_a_good_csr_graph_passes_and_a_loaded_one_is_not_rescanned(tmp_path, mon
     assert load(ds).graph.num_nodes == 12 and called == [1]
 
 
+def test_a_csr_graphs_arrays_cannot_be_reassigned_past_its_check():
+    """A built graph's arrays cannot be swapped for unchecked ones (a sampler's kernel read an
+    index past ``indptr``'s nodes: a segfault); ``dataclasses.replace`` builds a checked graph."""
+    import dataclasses
+
+    g = CSRGraph(np.array([0, 1, 2], dtype=np.int64), np.array([1, 0], dtype=np.int32))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        g.indices = np.array([1, 10**8], dtype=np.int32)
+    with pytest.raises(ValueError, match="out of range"):
+        dataclasses.replace(g, indices=np.array([1, 10**8], dtype=np.int32))
+    assert g.indices.tolist() == [1, 0]
+    assert CSRGraph._trusted(g.indptr, g.indices).num_edges == 2
+
+
 @pytest.mark.parametrize("mode", ["r", "c", "r+"])
 def test_a_memory_mapped_csr_is_checked_chunk_by_chunk(tmp_path, monkeypatch, mode):
     """Memory-mapped arrays are checked in chunks (the pages dropped after each; a copy-on-write

@@ -50,13 +50,15 @@ def edges_to_csr(
     return indptr, indices
 
 
-@dataclass
+@dataclass(frozen=True)
 class CSRGraph:
     """A directed graph as a CSR of in-neighbours (see module docstring for the id conventions).
 
     Built from arrays, it checks them (:func:`check_csr`: ValueError; one pass over each) unless
     they are CUDA tensors (checked where a CPU sampler copies them); :func:`gnnio.load` and
-    :meth:`from_edges` build it from arrays already checked."""
+    :meth:`from_edges` build it from arrays already checked. Frozen: its arrays cannot be
+    reassigned past that check (``dataclasses.replace`` builds a checked new one); the samplers'
+    numba kernels trust them."""
 
     indptr: np.ndarray
     indices: np.ndarray
@@ -73,7 +75,8 @@ class CSRGraph:
     def _trusted(cls, indptr, indices) -> CSRGraph:
         """A graph of arrays gnnio has already checked (a loaded dataset, edges_to_csr's)."""
         g = cls.__new__(cls)
-        g.indptr, g.indices = indptr, indices
+        object.__setattr__(g, "indptr", indptr)
+        object.__setattr__(g, "indices", indices)
         return g
 
     @property
