@@ -38,8 +38,11 @@ _BAD_CSR = {  # (indptr, indices, the message)
 @pytest.mark.parametrize("case", list(_BAD_CSR))
 def test_a_csr_graph_of_inconsistent_arrays_is_refused_before_a_sampler_runs(case):
     """CSRGraph(indptr, indices) checks its arrays (a sampler's kernel read past them and
-    segfaulted); the same arrays as CPU tensors too, and a duck-typed graph at the sampler."""
+    segfaulted); the same arrays as CPU tensors too, and a duck-typed graph at the sampler,
+    ``las_sets`` and ``propagate``."""
+    from gnnio.preprocess.graph_scores import propagate
     from gnnio.sampling import UniformSampler
+    from gnnio.sampling.locality import las_sets
 
     ip, ix, match = _BAD_CSR[case]
     ip, ix = np.array(ip, dtype=np.int64), np.array(ix, dtype=np.int32)
@@ -51,10 +54,13 @@ def test_a_csr_graph_of_inconsistent_arrays_is_refused_before_a_sampler_runs(cas
     with pytest.raises(ValueError, match=match):
         CSRGraph(torch.from_numpy(ip), torch.from_numpy(ix))
 
-    class Duck:  # (anything with indptr/indices: the sampler checks it)
-        indptr, indices = ip, ix
+    class Duck:  # (anything with indptr/indices: the sampler checks it, as las_sets and
+        indptr, indices = ip, ix  # propagate do: their kernels read and add at every index)
+        num_nodes = ip.shape[0] - 1
 
     _refused(lambda: UniformSampler(Duck(), [2]), ValueError, match)
+    _refused(lambda: las_sets(Duck(), [0], 2), ValueError, match)
+    _refused(lambda: propagate(Duck(), np.ones(Duck.num_nodes)), ValueError, match)
 
 
 def test_a_good_csr_graph_passes_and_a_loaded_one_is_not_rescanned(tmp_path, monkeypatch):

@@ -15,12 +15,20 @@ import torch
 
 from ._csr_check import check_csr
 
-__all__ = ["CSRGraph", "index_dtype", "edges_to_csr", "check_csr"]
+__all__ = ["CSRGraph", "index_dtype", "edges_to_csr", "check_csr", "check_graph"]
 
 
 def index_dtype(num_nodes: int) -> np.dtype:
     """The dtype of ``indices`` for a graph of ``num_nodes`` nodes."""
     return np.dtype(np.int32) if num_nodes < 2**31 else np.dtype(np.int64)
+
+
+def check_graph(graph) -> None:
+    """ValueError unless ``graph``'s host arrays are a CSR (:func:`check_csr`), for a function
+    whose numba kernel walks them: a :class:`CSRGraph` was checked when built (and is frozen),
+    so only other objects with ``indptr``/``indices`` cost the pass."""
+    if not isinstance(graph, CSRGraph):
+        check_csr(np.asanyarray(graph.indptr), np.asanyarray(graph.indices))
 
 
 def edges_to_csr(

@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import DatasetError, UsageError
-from ..graph.csr import CSRGraph
+from ..graph.csr import CSRGraph, check_graph
 from ..utils.pages import drop_pages
 from ..utils.progress import bar
 from .budget import edge_ranges, row_ranges
@@ -99,7 +99,8 @@ def propagate(
     Returns:
         float64 ``[N]`` indexed by global id. One pass over the edges, O(N + E).
     """
-    n = graph.num_nodes
+    check_graph(graph)  # (the kernel adds at every index unchecked)
+    n = int(np.shape(graph.indptr)[0]) - 1
     x = np.ascontiguousarray(x, dtype=np.float64)
     if x.shape != (n,):
         raise ValueError(f"propagate: x must have shape ({n},), got {x.shape}")

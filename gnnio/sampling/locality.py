@@ -100,7 +100,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..graph.csr import CSRGraph
+from ..graph.csr import CSRGraph, check_graph
 from . import _las_kernels as K
 from .base import Block, MiniBatch
 from .threaded import ThreadedCPUSampler, check_seeds, hop_key
@@ -217,6 +217,7 @@ def las_sets(
     int64 global-id arrays. ``v`` is rescaled to max 1 only if it exceeds 1e100 (the ranking is
     unchanged; path counts could overflow on deep, dense graphs).
     """
+    check_graph(graph)  # (the row-sum kernel trusts every index)
     indptr = np.ascontiguousarray(np.asarray(graph.indptr), dtype=np.int64)
     indices = np.asarray(graph.indices)
     n = int(indptr.shape[0]) - 1
