@@ -44,6 +44,7 @@ import torch
 
 from ..errors import UsageError
 from ..utils.progress import bar
+from ..utils.warnings_at import warn
 
 HELP = "feature-cache hit ratio / overhead per policy, size and seed order; eta1 per batch size"
 DESCRIPTION = (
@@ -209,9 +210,7 @@ def _static_hot(ds, args) -> tuple[np.ndarray, str]:
             progress=not args.no_progress,
         )
     except Exception as e:  # noqa: BLE001 - report and fall back, as documented
-        warnings.warn(
-            f"bench cache: score {name!r} failed ({e}); static cache uses 'degree'", stacklevel=2
-        )
+        warn(f"bench cache: score {name!r} failed ({e}); static cache uses 'degree'")
         name = "degree (fallback)"
         score = np.asarray(ds.graph.out_degrees(), dtype=np.float64)
     order = np.lexsort((np.arange(score.shape[0]), -np.asarray(score)))  # hottest first, ties by id

@@ -168,7 +168,9 @@ def _one_line_warnings(python_format):
     adds a path and a line of gnnio's source that say nothing to a user); others unchanged."""
 
     def format_warning(message, category, filename, lineno, line=None):
-        if os.path.abspath(filename).startswith(_PACKAGE):
+        # (gnnio.utils.warnings_at.warn marks its warnings: they point at the user's line)
+        mine = getattr(message, "gnnio_warning", False) is True
+        if mine or os.path.abspath(filename).startswith(_PACKAGE):
             return f"gnnio: warning: {' '.join(str(message).split())}\n"
         return python_format(message, category, filename, lineno, line)
 

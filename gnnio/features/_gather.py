@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
+from ..utils.warnings_at import warn
 
 try:  # numba is a hard dependency, but keep the pure-torch path usable and tested
     import numba
@@ -189,7 +190,7 @@ def _numba_gather(src_b: np.ndarray, ids: np.ndarray, out_b: np.ndarray) -> None
             if _prefetch_ok:  # it worked before, so this is a real error
                 raise
             _prefetch_ok = False
-            warnings.warn(f"gnnio: prefetching gather kernel unavailable ({e})", stacklevel=3)
+            warn(f"gnnio: prefetching gather kernel unavailable ({e})")
         else:
             if bad:
                 check_range(ids, src_b.shape[0])  # raises, naming the id

@@ -31,7 +31,6 @@ import importlib
 import importlib.util
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from ..graph.csr import index_dtype
 from ..graph.feature_dtype import requested
 from ..graph.format import DatasetWriter
 from ..utils.progress import bar
+from ..utils.warnings_at import warn
 from ._common import (
     add_nonfinite_argument,
     labels_to_int64,
@@ -264,7 +264,7 @@ def from_pyg(
     # half precision stays as it is: float16, bfloat16 (its bits as int16, gnnio.graph.feature_dtype)
     feat_dtype = {torch.float16: np.float16, torch.bfloat16: np.int16}.get(x.dtype, np.float32)
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) and requested() is None:
-        warnings.warn(_cast_note(x.dtype), stacklevel=2)
+        warn(_cast_note(x.dtype))
     if x.dtype == torch.bfloat16:
         x = x.view(torch.int16)
     out = Path(out)

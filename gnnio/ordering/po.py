@@ -47,12 +47,11 @@ Code: steps 1 and 2 are :mod:`gnnio.ordering.bfs`, the shuffling error and the p
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ..graph.csr import CSRGraph
 from ..utils.progress import bar
+from ..utils.warnings_at import warn
 from .bfs import BFSRegions, bfs_regions, combine_regions, transpose_csr
 from .quality import paper_bound, shuffling_error
 from .shuffle import SeedOrder
@@ -219,10 +218,9 @@ class ProximityOrder(SeedOrder):
                 if self.errors[k] <= b:
                     return k
         self.bound_met = False
-        warnings.warn(
+        warn(
             f"ProximityOrder: no k <= {top} sequences reaches shuffling error {b:.3g} "
-            f"(best {min(self.errors.values()):.3g}); using k = {top}",
-            stacklevel=3,
+            f"(best {min(self.errors.values()):.3g}); using k = {top}"
         )
         return top
 

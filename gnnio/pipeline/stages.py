@@ -10,13 +10,13 @@ import contextlib
 import queue
 import threading
 import time
-import warnings
 
 import torch
 
 from ..features.base import ids_in_range
 from ..sampling.base import MiniBatch
 from ..utils.streams import batch_tensors
+from ..utils.warnings_at import warn
 from .affinity import pin_current_thread
 
 __all__ = ["END", "POLL_S", "EpochRun", "StageFailure", "Stopped"]
@@ -327,4 +327,4 @@ class EpochRun:
             if t is not me:
                 t.join(timeout=join_s)
                 if t.is_alive() and join_s >= JOIN_S:  # stuck in a call that does not return
-                    warnings.warn(f"gnnio loader: thread {t.name} did not stop", stacklevel=2)
+                    warn(f"gnnio loader: thread {t.name} did not stop")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from ..graph.dataset import Dataset, load
 from ..graph.feature_dtype import SCALE, ZERO_POINT
 from ..graph.format import SPLITS, DatasetWriter
 from ..utils.progress import bar
+from ..utils.warnings_at import warn
 from ._relabel_kernels import _move_rows, _new_degrees
 
 __all__ = [
@@ -348,10 +348,9 @@ def reorder_dataset(
             if arr.ndim >= 1 and arr.shape[0] == n:
                 w.save_array(key, np.asarray(arr)[new2old])
             else:
-                warnings.warn(
+                warn(
                     f"{ds.path}: extra array '{key}' is not per-node data; "
-                    "it is not copied to the reordered dataset",
-                    stacklevel=2,
+                    "it is not copied to the reordered dataset"
                 )
     return out
 

@@ -7,9 +7,9 @@ naming the argument. :data:`ARGUMENTS` is the table docs/pyg.md shows; the tests
 from __future__ import annotations
 
 import os
-import warnings
 
 from ..errors import UsageError
+from ..utils.warnings_at import warn
 
 __all__ = ["ARGUMENTS", "LoaderOptions", "check_refused", "loader_options"]
 
@@ -142,9 +142,8 @@ def loader_options(kwargs: dict) -> LoaderOptions:
         if kw[name] != _DATALOADER_DEFAULTS[name]:
             notes.append(f"{name}: {ARGUMENTS[name][1]}")
     if notes:
-        warnings.warn(
+        warn(
             "gnnio.pyg.NeighborLoader runs its workers as threads of gnnio's pipeline: "
-            + "; ".join(notes),
-            stacklevel=3,
+            + "; ".join(notes)
         )
     return o

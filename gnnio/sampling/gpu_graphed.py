@@ -42,12 +42,12 @@ shows it faster.
 from __future__ import annotations
 
 import threading
-import warnings
 
 import torch
 
 from ..utils.capture import capture as capture_graph
 from ..utils.triton_kernels import kernel_ran, triton_available
+from ..utils.warnings_at import warn
 from .gpu_bounded import buffers, finish, launch, plan
 from .gpu_hop import _s64
 from .threaded import hop_key
@@ -127,10 +127,10 @@ def not_replayed(sampler, what: str, b: int) -> None:
     if b == 0 or getattr(sampler, "_not_replayed_said", False):
         return
     sampler._not_replayed_said = True
-    warnings.warn(f"--cuda-graph: {what}'s batches on {sampler.device} are not replayed as CUDA "
-                  "graphs (a fanout of -1, a hop past MAX_EDGE_SLOTS edges, or a Triton kernel "
-                  "the batch needs cannot run); they launch eagerly (the same batches)",
-                  RuntimeWarning, stacklevel=3)  # fmt: skip
+    warn(f"--cuda-graph: {what}'s batches on {sampler.device} are not replayed as CUDA "
+         "graphs (a fanout of -1, a hop past MAX_EDGE_SLOTS edges, or a Triton kernel "
+         "the batch needs cannot run); they launch eagerly (the same batches)",
+         RuntimeWarning)  # fmt: skip
 
 
 def _upload(st: GraphState, seeds: torch.Tensor, keys: list, extra=()) -> None:
@@ -157,8 +157,8 @@ def _note(what: str, err: str | None = None, name: str = "uniform") -> None:
             first = _STATS["failed"] is None
             _STATS["failed"] = err
             if first:
-                warnings.warn(f"--cuda-graph: capturing the sampler failed, sampling eagerly "
-                              f"({err})", RuntimeWarning, stacklevel=3)  # fmt: skip
+                warn(f"--cuda-graph: capturing the sampler failed, sampling eagerly "
+                     f"({err})", RuntimeWarning)  # fmt: skip
         else:
             _STATS[what] += 1
             per = _STATS["by_sampler"].setdefault(name, {"captured": 0, "replayed": 0,

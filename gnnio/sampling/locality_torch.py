@@ -43,13 +43,13 @@ warning per sampler says why and the eager path samples.
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
 from ..utils import triton_kernels
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
+from ..utils.warnings_at import warn
 from .base import MiniBatch, dst_ptr
 from .gpu_bounded import _hop as uniform_hop
 from .gpu_bounded import sample_bounded
@@ -188,9 +188,9 @@ class TorchLocalitySampler(TorchPrunedSampler):
         if why in self._said or (why == "no_triton" and "las_hop" in triton_kernels._FAILED):
             return
         self._said.add(why)
-        warnings.warn(f"locality-aware sampling on {self.device}: {_WHY[why]}; those batches "
-                      "are sampled by the CPU kernels and copied to the device (the same "
-                      "batches, the CPU's cost)", RuntimeWarning, stacklevel=4)  # fmt: skip
+        warn(f"locality-aware sampling on {self.device}: {_WHY[why]}; those batches "
+             "are sampled by the CPU kernels and copied to the device (the same "
+             "batches, the CPU's cost)", RuntimeWarning)  # fmt: skip
 
     def _on_cpu(self, seeds, key: int, s: float) -> MiniBatch:
         """The CPU kernels' batch, on this device."""

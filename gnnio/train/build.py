@@ -9,13 +9,13 @@ all parameters, CPU and CUDA) where available (:func:`make_optimizer`).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..pipeline.loader import BufferRing
+from ..utils.warnings_at import warn
 from .config import TrainConfig
 from .evaluate import make_node_loader
 from .models import build_model
@@ -117,8 +117,8 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
             kind = getattr(cfg, "sampler", "uniform")
             hint = "" if kind == "ladies" else " (a GPU sampler's are: --sampler-device cuda)"
             kind = "locality-aware" if las else kind
-            warnings.warn(f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches "
-                          f"are not replayed as CUDA graphs{hint}", RuntimeWarning, stacklevel=2)  # fmt: skip
+            warn(f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches "
+                 f"are not replayed as CUDA graphs{hint}", RuntimeWarning)  # fmt: skip
     return parts
 
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ import torch
 
 from ..errors import UsageError
 from ..utils.outputs import remove_stale_files, write_atomic
+from ..utils.warnings_at import warn
 from .checkpoint_checks import NAME as _NAME
 from .checkpoint_checks import (
     check_contents,
@@ -339,7 +339,7 @@ def load_resume(directory: str | os.PathLike, ds, cfg, rank: int = 0, world_size
         try:
             raw = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # a damaged file: try the one before
-            warnings.warn(f"--resume: skipping {p} ({type(e).__name__})", stacklevel=2)
+            warn(f"--resume: skipping {p} ({type(e).__name__})")
         if not all(_gather(run, raw is not None)):
             continue  # some rank cannot read its file of this position
         if not isinstance(raw, dict) or raw.get("format") != _TAG:  # (a list, a bare state_dict)

@@ -41,12 +41,12 @@ shows it faster.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
 from ..sampling.base import Block
 from ..utils.capture import CAPTURE_LOCK, capture, capture_stream
+from ..utils.warnings_at import warn
 from .step import seed_loss, train_step
 
 __all__ = ["CUDA_GRAPH_MODES", "GraphedStep", "graph_mode", "graph_report"]
@@ -77,9 +77,9 @@ class GraphedStep:
     def __init__(self, device, warmup: int = 3, margin: float = 1.15, capture: bool | None = None):
         self.device = torch.device(device)
         if capture is None and self.device.type != "cuda":
-            warnings.warn(f"--cuda-graph: no CUDA device ({self.device}): the padded step runs "
-                          "eagerly (slower than the plain step; a check of the padding only)",
-                          RuntimeWarning, stacklevel=2)  # fmt: skip
+            warn(f"--cuda-graph: no CUDA device ({self.device}): the padded step runs "
+                 "eagerly (slower than the plain step; a check of the padding only)",
+                 RuntimeWarning)  # fmt: skip
         self.capture = self.device.type == "cuda" if capture is None else bool(capture)
         self.warmup = max(1, int(warmup))
         self.margin = float(margin)
@@ -239,8 +239,8 @@ class GraphedStep:
                         self._capture(net, opt)
                 except Exception as e:  # noqa: BLE001 - one warning, then the eager step
                     self.failed = f"{type(e).__name__}: {e}"[:300]
-                    warnings.warn(f"--cuda-graph: capture failed, training eagerly ({self.failed})",
-                                  RuntimeWarning, stacklevel=2)  # fmt: skip
+                    warn(f"--cuda-graph: capture failed, training eagerly ({self.failed})",
+                         RuntimeWarning)  # fmt: skip
                     opt.zero_grad(set_to_none=True)
                     self.eager += 1
                     out = train_step(net, opt, batch)

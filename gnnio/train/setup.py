@@ -28,7 +28,6 @@ or a static cache's rows. A dynamic cache's content changes every batch, so it d
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..utils.warnings_at import warn
 
 __all__ = [
     "StoreSetup",
@@ -164,12 +164,11 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
             if torch.cuda.device_count() >= pl.num_devices:
                 devices = [torch.device("cuda", i) for i in range(pl.num_devices)]
             else:  # said plainly, not silently: the summary also lists it under simulated_parts
-                warnings.warn(
+                warn(
                     f"--placement {cfg.placement}: made for {pl.num_devices} GPUs, this machine "
                     f"has {torch.cuda.device_count()}; its GPUs are simulated in host memory "
                     "(rows counted 'local'/'peer' are host reads)",
                     UserWarning,
-                    stacklevel=2,
                 )
         store = MultiDeviceFeatureStore(ds.features, pl, reader=cfg.reader, devices=devices)
         tiers = ("local", "peer", "host")

@@ -21,9 +21,9 @@ gnnio itself starts its ranks with ``spawn`` and its tools with ``exec``.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
+
+from .warnings_at import warn
 
 __all__ = ["set_torch_threads", "start_numba_threads"]
 
@@ -44,7 +44,7 @@ def start_numba_threads() -> None:
     except Exception as e:  # noqa: BLE001 - e.g. "No threading layer could be loaded"
         if not _warned:
             _warned = True
-            warnings.warn(f"gnnio: numba's thread pool did not start ({e})", stacklevel=3)
+            warn(f"gnnio: numba's thread pool did not start ({e})")
 
 
 def set_torch_threads(n: int) -> None:

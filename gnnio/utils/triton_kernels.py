@@ -16,11 +16,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import warnings
 
 import torch
 
 from .capture import capturing
+from .warnings_at import warn
 
 __all__ = [
     "kernel_config",
@@ -59,11 +59,7 @@ def kernel_failed(kernel: str, error: BaseException, what: str) -> None:
     if kernel in _FAILED:
         return
     _FAILED[kernel] = f"{type(error).__name__}: {error}"
-    warnings.warn(
-        f"the Triton kernel {kernel!r} failed ({_FAILED[kernel][:200]}); {what}",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    warn(f"the Triton kernel {kernel!r} failed ({_FAILED[kernel][:200]}); {what}", RuntimeWarning)
 
 
 def kernel_ran(kernel: str, impl: str) -> None:

@@ -32,8 +32,6 @@ The same routed read runs on simulated devices when a stream layer is given (``s
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
@@ -41,6 +39,7 @@ from ...placement import Placement
 from ...placement.topology import Topology
 from ...utils.devices import resolve_device
 from ...utils.streams import CudaStreams
+from ...utils.warnings_at import warn
 from .._gather import as_index_array, gather_rows, output_rows, tensor_view
 from ..base import FeatureStore, TierCounters
 from ..batch_ops import ids_on
@@ -254,10 +253,9 @@ class MultiDeviceFeatureStore(FeatureStore):
                     if pin is not None:
                         pin.release()
                     pin = None
-                    warnings.warn(
+                    warn(
                         f"MultiDeviceFeatureStore: host rows gathered on the CPU and copied ({e})",
                         RuntimeWarning,
-                        stacklevel=3,
                     )
             peers = {
                 k: st.new_stream(f"peer{k}") for k in range(len(self._s.shards)) if k != self.reader

@@ -52,7 +52,6 @@ routing and lives with the placement code, which can reuse :class:`SimulatedDevi
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +63,7 @@ from ...preprocess.reorder import order_by_score
 from ...utils.counts import top_count
 from ...utils.devices import resolve_device
 from ...utils.progress import bar
+from ...utils.warnings_at import warn
 from .._gather import as_index_array, check_out, copy_rows, copy_tiered
 from ..base import DeviceRows, FeatureStore, ids_vouched
 from . import uva
@@ -192,14 +192,13 @@ class TieredFeatureStore(FeatureStore):
         if gpu_budget_bytes is not None and _tier_bytes(h, rb, table_bytes) > gpu_budget_bytes:
             room = gpu_budget_bytes - table_bytes
             h = 0 if room < 0 else (h if rb == 0 else min(h, room // rb))
-            warnings.warn(
+            warn(
                 f"TieredFeatureStore: gpu_budget_bytes={gpu_budget_bytes} "
                 f"({uva.format_bytes(gpu_budget_bytes)}) holds {h} of the {self.requested_hot} "
                 f"requested hot rows ({rb} B/row"
                 + (f", plus a {uva.format_bytes(table_bytes)} lookup table" if table_bytes else "")
                 + f"); hot rows clamped to {h}",
                 TieringWarning,
-                stacklevel=2,
             )
         self.num_hot = int(h)
         self.clamped_by_budget = self.num_hot < self.requested_hot

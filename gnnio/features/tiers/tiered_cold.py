@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ...utils.warnings_at import warn
 from .._gather import copy_rows
 from . import uva
 from .row_source import RowSource
@@ -103,11 +103,10 @@ class ColdPath:
                 raise uva.PinError(
                     f"{msg}; pass cold_mode='auto' or 'cpu_gather' to gather cold rows on the CPU"
                 ) from e
-            warnings.warn(
+            warn(
                 f"TieredFeatureStore: {msg}; falling back to cold_mode='cpu_gather' "
                 "(CPU gather + copy)",
                 TieringWarning,
-                stacklevel=3,
             )
             log.warning("zero-copy cold tier unavailable, using CPU gather + copy: %s", msg)
             self.mode_used = "cpu_gather"
