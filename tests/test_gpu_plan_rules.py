@@ -180,3 +180,20 @@ def test_modeled_load_time_is_the_docstring_formula(ds):
     cold = 1.0 - plan["gpu_cache_fraction"]
     want = (rows[0] + rows[1]) / 2 * math.ceil(seeds.size / b) * cold * row_bytes / DEFAULT_HOST_BW
     assert plan["modeled_load_s"] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("free", [80 * GiB, GiB + 10**6])
+def test_ladies_is_planned_with_the_cpu_sampler_and_the_whole_budget_for_rows(
+    ds, free, monkeypatch
+):
+    """LADIES has no GPU sampler: the plan says the CPU sampler (a config train accepts), puts
+    no CSR on the GPU and gives the whole budget to rows."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (--device cuda's check)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = _cfg(device="cuda", sampler="ladies")
+    new, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=free)
+    assert (plan["sampler_device"], plan["gpu_csr_bytes"]) == ("cpu", 0)
+    new.validate()
+    assert (new.sampler_device, new.graph_in) == ("cpu", "auto")
+    row = ds.features.dtype.itemsize * ds.features.shape[1]
+    assert plan["hot_rows"] == min(ds.num_nodes, plan["budget_bytes"] // row)
