@@ -18,6 +18,9 @@ memory, in this order:
 4. Else UVA sampling (the CSR pinned in host memory, read by the GPU sampler zero-copy) and the
    whole budget for hot rows; if even the scratch does not fit, the CPU sampler.
 
+A sampler with no GPU implementation (``--sampler ladies``) samples on the CPU whatever the
+memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.
+
 The plan is in the summary under ``plan``: tier sizes, sampler device, the reason, and
 ``modeled_load_s``: the host-to-GPU seconds per epoch *modeled* for the cold rows at the PCIe
 bandwidth of gnnio's default topology (12 GB/s), with rows per batch measured on two sampled
@@ -61,18 +64,24 @@ def plan_layout(
     num_nodes: int,
     free_bytes: int,
     workers: int = 1,
+    gpu_sampler: bool = True,
 ) -> dict:
     """The layout of the module docstring for these sizes (bytes) and ``free_bytes`` of GPU
     memory. Returns ``gpu_cache_fraction`` (0..1), ``sampler_device`` (``cuda``/``cpu``),
     ``graph_in`` (``gpu``/``host``), ``budget_bytes``, ``hot_rows``, ``gpu_feature_bytes``,
-    ``gpu_csr_bytes`` and ``reason``."""
+    ``gpu_csr_bytes`` and ``reason``. ``gpu_sampler=False``: the sampler has no GPU
+    implementation (LADIES): the CPU sampler, neither CSR nor scratch on the GPU, the whole
+    budget for rows."""
     reserve = max(GiB, free_bytes // 4)
     budget = max(0, free_bytes - reserve)
     scratch = SCRATCH_BYTES_PER_NODE * (num_nodes + 1) * max(1, workers)
     rows = feat_bytes // row_bytes if row_bytes else num_nodes
     plan = {"free_gpu_bytes": int(free_bytes), "reserve_bytes": int(reserve)}
     plan["budget_bytes"] = int(budget)
-    if feat_bytes + csr_bytes + scratch <= budget:
+    if not gpu_sampler:
+        hot, sampler, graph_in = budget // max(row_bytes, 1), "cpu", "gpu"
+        reason = "the sampler has no GPU implementation: the CPU sampler, the budget for rows"
+    elif feat_bytes + csr_bytes + scratch <= budget:
         hot, sampler, graph_in = rows, "cuda", "gpu"
         reason = "features, topology and sampler scratch all fit in the GPU budget"
     elif csr_bytes + scratch <= budget // 4:
@@ -133,7 +142,9 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     row_bytes = int(np.dtype(feats.dtype).itemsize * (feats.shape[1] if feats.ndim > 1 else 1))
     feat_bytes = row_bytes * int(feats.shape[0])
     csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
-    plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes))
+    gpu_sampler = getattr(cfg, "sampler", "uniform") in ("uniform", "labor")  # (not LADIES)
+    plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
+                       gpu_sampler=gpu_sampler)  # fmt: skip
     plan["planned"] = True
     plan["modeled_load_s"] = _modeled_load_s(ds, cfg, plan, row_bytes)
     new = dataclasses.replace(

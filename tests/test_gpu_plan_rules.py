@@ -1,0 +1,199 @@
+"""The GPU user's defaults (issue 24 item 4, :mod:`gnnio.train.gpu_plan`) held to the rules the
+module docstring states: each tier's threshold taken at the exact byte (fits at the budget, not
+one byte past it), every layout option a user can give keeps the plan off, the planned config
+is one ``gnnio train`` accepts, the hottest rows fill the GPU tier, and the modeled load time
+is the docstring's formula."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio.importers.synthetic import prepare_synthetic
+from gnnio.placement.topology import DEFAULT_HOST_BW
+from gnnio.train import TrainConfig
+from gnnio.train.gpu_plan import (
+    SCRATCH_BYTES_PER_NODE,
+    apply_layout_plan,
+    plan_layout,
+    resolve_device,
+)
+
+GiB = 2**30
+FREE = 8 * GiB  # reserve max(1 GiB, free / 4) = 2 GiB: the budget is 6 GiB
+BUDGET = 6 * GiB
+ROW = 4096
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    import gnnio
+
+    out = tmp_path_factory.mktemp("data") / "plan"
+    prepare_synthetic(out, num_nodes=1500, avg_degree=8, feat_dim=16, num_classes=4, seed=0,
+                      split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
+    return gnnio.load(out)
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(fanouts=(5, 5), batch_size=128, epochs=1, hidden=16, progress=False)
+    base.update(kw)
+    return TrainConfig(seed=0, **base)
+
+
+def test_everything_fits_at_exactly_the_budget_and_not_one_byte_past_it():
+    """Features + CSR + scratch equal to the budget all go on the GPU; one byte more does not."""
+    n = 2**20 - 1
+    scratch = SCRATCH_BYTES_PER_NODE * (n + 1)  # 16 MiB
+    feats = 4 * GiB
+    csr = BUDGET - feats - scratch
+    at = plan_layout(feats, ROW, csr, n, free_bytes=FREE)
+    assert at["budget_bytes"] == BUDGET
+    assert (at["gpu_cache_fraction"], at["sampler_device"], at["graph_in"]) == (1.0, "cuda", "gpu")
+    assert at["gpu_feature_bytes"] + at["gpu_csr_bytes"] + scratch == BUDGET
+    past = plan_layout(feats, ROW, csr + 1, n, free_bytes=FREE)  # the CSR over a quarter: UVA
+    assert (past["graph_in"], past["gpu_csr_bytes"]) == ("host", 0)
+
+
+def test_the_csr_goes_on_the_gpu_at_exactly_a_quarter_of_the_budget():
+    """CSR + scratch equal to a quarter of the budget stay on the GPU; one byte more is UVA."""
+    n = 2**20 - 1
+    scratch = SCRATCH_BYTES_PER_NODE * (n + 1)
+    feats = 8 * GiB  # never fits
+    csr = BUDGET // 4 - scratch
+    at = plan_layout(feats, ROW, csr, n, free_bytes=FREE)
+    assert (at["sampler_device"], at["graph_in"], at["gpu_csr_bytes"]) == ("cuda", "gpu", csr)
+    assert at["hot_rows"] == (BUDGET - csr - scratch) // ROW  # the rest of the budget: rows
+    past = plan_layout(feats, ROW, csr + 1, n, free_bytes=FREE)
+    assert (past["sampler_device"], past["graph_in"], past["gpu_csr_bytes"]) == ("cuda", "host", 0)
+    assert past["hot_rows"] == (BUDGET - scratch) // ROW
+
+
+def test_uva_sampling_at_exactly_a_quarter_of_the_budget_of_scratch_then_the_cpu_sampler():
+    """Scratch equal to a quarter of the budget still samples on the GPU (UVA); one node more
+    (16 bytes of scratch) gives the CPU sampler and the whole budget to rows."""
+    n = BUDGET // 4 // SCRATCH_BYTES_PER_NODE - 1  # scratch = 1.5 GiB exactly
+    feats, csr = 64 * GiB, 4 * GiB  # neither fits
+    at = plan_layout(feats, ROW, csr, n, free_bytes=FREE)
+    assert (at["sampler_device"], at["graph_in"]) == ("cuda", "host")
+    assert at["hot_rows"] == (BUDGET - BUDGET // 4) // ROW
+    past = plan_layout(feats, ROW, csr, n + 1, free_bytes=FREE)
+    assert past["sampler_device"] == "cpu" and past["hot_rows"] == BUDGET // ROW
+
+
+def test_the_hot_rows_never_pass_the_budget():
+    """Whatever the case, the GPU bytes planned (rows, CSR, scratch) stay within the budget."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 2**24))
+        row = int(rng.choice([4, 64, 512, 4096]))
+        feats, csr = n * row, int(rng.integers(0, 2**33))
+        free = int(rng.integers(0, 2**35))
+        p = plan_layout(feats, row, csr, n, free_bytes=free)
+        scratch = SCRATCH_BYTES_PER_NODE * (n + 1) if p["sampler_device"] == "cuda" else 0
+        assert 0 <= p["hot_rows"] <= n
+        if p["hot_rows"]:
+            assert p["gpu_feature_bytes"] + p["gpu_csr_bytes"] + scratch <= p["budget_bytes"]
+        assert p["reserve_bytes"] == max(GiB, free // 4)
+
+
+def test_auto_picks_cuda_with_exactly_one_gpu_per_rank(monkeypatch):
+    """``--device auto`` is CUDA when the GPUs equal the local ranks (one GPU, one rank)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == "cuda"
+    assert resolve_device("auto", ranks=2) == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto", ranks=2) == "cuda"
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"gpu_cache_fraction": 0.5},
+        {"placement": "placement.json"},
+        {"cache_policy": "lru"},
+        {"cache_policy": "static"},
+        {"sampler_device": "cpu"},
+        {"sampler_device": "cuda", "graph_in": "host"},
+        {"store": "disk"},
+    ],
+)
+def test_every_layout_option_keeps_the_plan_off(ds, opts):
+    """Each layout option of the module docstring, given alone, leaves the config as it is."""
+    cfg = _cfg(**opts)
+    same, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=80 * GiB)
+    assert same is cfg and plan["planned"] is False
+
+
+@pytest.mark.parametrize("free", [80 * GiB, GiB + 10**6, GiB + 1, 0])
+def test_the_planned_config_is_one_train_accepts(ds, free, monkeypatch):
+    """Every plan (all on the GPU, UVA, the CPU sampler) gives a config that validates."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (--device cuda's check)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    new, plan = apply_layout_plan(ds, _cfg(device="cuda"), torch.device("cuda"), free_bytes=free)
+    assert plan["planned"]
+    new.validate()
+    assert new.sampler_device == plan["sampler_device"]
+    if plan["sampler_device"] == "cpu":
+        assert new.graph_in == "auto"
+
+
+def test_the_planned_hot_rows_are_the_hottest_ones(ds):
+    """The tier built from the plan holds exactly ``hot_rows`` rows, those of highest score."""
+    from gnnio.train.setup import build_store, hot_score
+
+    scratch = SCRATCH_BYTES_PER_NODE * (ds.num_nodes + 1)
+    cfg = _cfg(device="cuda")
+    new, plan = apply_layout_plan(
+        ds, cfg, torch.device("cuda"), free_bytes=GiB + 4 * scratch + 1000
+    )
+    assert 0 < plan["hot_rows"] < ds.num_nodes
+    score = hot_score(ds, new, progress=False)
+    store = build_store(ds, new, torch.device("cpu"), score).store
+    hot = np.sort(np.asarray(store._hot_ids, dtype=np.int64))
+    assert hot.size == plan["hot_rows"]
+    want = np.lexsort((np.arange(score.size), -score))[: plan["hot_rows"]]  # ties: lower id
+    np.testing.assert_array_equal(hot, np.sort(want))
+
+
+def test_modeled_load_time_is_the_docstring_formula(ds):
+    """Mean input rows of the first two batches x batches (rounded up) x the cold share x the
+    row's bytes / the default PCIe bandwidth."""
+    from gnnio.sampling import UniformSampler
+
+    scratch = SCRATCH_BYTES_PER_NODE * (ds.num_nodes + 1)
+    cfg = _cfg(device="cuda")
+    _, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=GiB + 4 * scratch + 1000)
+    seeds = np.asarray(ds.train_idx, dtype=np.int64)
+    b = cfg.batch_size
+    assert seeds.size % b  # a last, partial batch: counted
+    s = UniformSampler(ds.graph, list(cfg.fanouts), seed=cfg.seed)
+    rows = [s.sample(torch.from_numpy(seeds[i * b : (i + 1) * b])).input_nodes.numel()
+            for i in range(2)]  # fmt: skip
+    assert rows[0] != rows[1]  # (so that one batch alone would not do)
+    feats = ds.features
+    row_bytes = feats.dtype.itemsize * feats.shape[1]
+    cold = 1.0 - plan["gpu_cache_fraction"]
+    want = (rows[0] + rows[1]) / 2 * math.ceil(seeds.size / b) * cold * row_bytes / DEFAULT_HOST_BW
+    assert plan["modeled_load_s"] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("free", [80 * GiB, GiB + 10**6])
+def test_ladies_is_planned_with_the_cpu_sampler_and_the_whole_budget_for_rows(
+    ds, free, monkeypatch
+):
+    """LADIES has no GPU sampler: the plan says the CPU sampler (a config train accepts), puts
+    no CSR on the GPU and gives the whole budget to rows."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (--device cuda's check)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = _cfg(device="cuda", sampler="ladies")
+    new, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=free)
+    assert (plan["sampler_device"], plan["gpu_csr_bytes"]) == ("cpu", 0)
+    new.validate()
+    assert (new.sampler_device, new.graph_in) == ("cpu", "auto")
+    row = ds.features.dtype.itemsize * ds.features.shape[1]
+    assert plan["hot_rows"] == min(ds.num_nodes, plan["budget_bytes"] // row)
