@@ -149,9 +149,11 @@ assert bool((loc == -1).all()) and bool((first == SENT).all()), "the scratch at 
 # bad seeds: one given twice (its first copy at index 0), one past the last node, one negative
 loc, first = scratch()
 nodes, meta = torch.full((9,), -9), torch.zeros(3 + 3 * L, dtype=torch.int64)
-seeds_triton(torch.tensor([7, 8, 7, N, -1]), loc, nodes, torch.zeros(5).long(), meta, ip, N, f0)
+k0 = torch.full((5,), -9)
+seeds_triton(torch.tensor([7, 8, 7, N, -1]), loc, nodes, k0, meta, ip, N, f0)
 assert int(meta[0]) > 0 and int(meta[1]) == 2 and int(meta[2]) == 5, meta
 assert nodes[:5].tolist() == [7, 8, 7, 0, 0] and int(loc[N]) == -1
+assert k0.tolist() == [min(deg(v), f0) for v in (7, 8, 7, 0, 0)]  # (bad seeds: node 0's)
 print("ok")
 """
 
