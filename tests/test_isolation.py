@@ -217,3 +217,60 @@ def test_core_sets_give_every_stage_a_core_in_order():
     got = core_sets({"io": 2, "gather": 1, "sample": 0}, [4, 5, 6, 7])
     assert got == {"sample": [4], "gather": [5], "io": [6, 7]}
     assert core_sets({"io": 3, "sample": 2}, [4, 5, 6, 7]) is None
+
+
+def test_isolate_applies_the_gather_threads_below_a_wrapper_and_leaves_no_profiled_reads(
+    tmp_path, monkeypatch
+):
+    """``isolate`` gives the chosen gather threads to the store under a wrapper without a thread
+    knob (the ``backing`` chain walked), its sampler and torch theirs, and the profiling reads
+    leave the store's counters at zero (the run's traffic figures must not count them)."""
+    import numpy as np
+
+    import gnnio
+    from gnnio.features.base import FeatureStore
+    from gnnio.features.stores.memory import InMemoryFeatureStore
+    from gnnio.ordering.shuffle import RandomOrder
+    from gnnio.sampling import UniformSampler
+    from gnnio.train import isolate as iso_mod
+    from gnnio.train.models import build_model
+    from tests.helpers import write_tiny_dataset
+
+    class Wrapper(FeatureStore):  # (a cache or reuse layer: no num_threads of its own)
+        def __init__(self, backing):
+            super().__init__()
+            self.backing = backing
+            self.num_rows, self.dim, self.dtype = backing.num_rows, backing.dim, backing.dtype
+
+        def gather(self, ids, out=None):
+            return self.backing.gather(ids, out)
+
+    cores = list(range(8))
+    monkeypatch.setattr(iso_mod, "available_cores", lambda: cores)
+    monkeypatch.setattr(iso_mod, "activate", lambda plan: None)  # (no real pinning here)
+    monkeypatch.setattr(iso_mod, "pin_current_thread", lambda stage: None)
+    real_solve = iso_mod.solve
+
+    def solve(fits, n, fixed):
+        alloc = real_solve(fits, n, fixed)
+        alloc.threads = {"sample": 2, "gather": 3, "compute": 1}  # distinct, to see each applied
+        return alloc
+
+    monkeypatch.setattr(iso_mod, "solve", solve)
+    ds = gnnio.load(write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200, feat_dim=8))
+    inner = InMemoryFeatureStore(np.asarray(ds.features), num_threads=1)
+    sampler = UniformSampler(ds.graph, [3, 2], num_threads=1)
+    model = build_model("sage", 8, 8, int(np.asarray(ds.labels).max()) + 1, 2)
+    order = RandomOrder(ds.train_idx, 16, seed=0)
+    threads = torch.get_num_threads()
+    try:
+        alloc, undo = iso_mod.isolate(
+            sampler, Wrapper(inner), model, order, torch.as_tensor(ds.labels), torch.device("cpu")
+        )
+        assert alloc.threads["gather"] == 3 and inner.num_threads == 3
+        assert sampler.num_threads == 2 and torch.get_num_threads() == 1
+        assert inner.counters.rows == {} or sum(inner.counters.rows.values()) == 0
+        assert undo["gather"] == [1] and undo["sampler"] == 1
+    finally:
+        torch.set_num_threads(threads)
+        sampler.close()
