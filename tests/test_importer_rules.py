@@ -1,5 +1,6 @@
 """Importer rules found untested by a mutation-testing pass: edge direction of a ``[2, E]``
-edge list, float labels below zero, complex features, OGB label count."""
+edge list, float labels below zero, complex features, OGB label count,
+Facebook edge symmetrization."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import pytest
 
 import gnnio
 from gnnio.errors import DatasetError
-from gnnio.importers._common import labels_to_int64
+from gnnio.importers._common import labels_to_int64, load_npy
+from gnnio.importers.facebook import prepare_facebook
 from gnnio.importers.npy import prepare_npy
 from gnnio.importers.ogb import prepare_ogb
 
+from .test_import_checks import write_facebook
 from .test_importers import write_gz, write_tiny_ogb
 
 
@@ -56,3 +59,18 @@ def test_ogb_label_count_must_match_the_node_count(tmp_path, rows):
     with pytest.raises(DatasetError, match=rf"node-label\.csv\.gz: {rows} labels for 7 nodes"):
         prepare_ogb(folder, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_facebook_edges_are_symmetrized_without_self_loops(tmp_path):
+    """Facebook's undirected edge rows become both directions, and a self-loop row is dropped."""
+    root = write_facebook(tmp_path / "fb", [0, 1, 2], ["company", "tvshow", "company"])
+    (root / "facebook_edges.csv").write_text("id_1,id_2\n0,1\n1,2\n2,2\n")
+    g = gnnio.load(prepare_facebook(root, tmp_path / "o", split=(1.0, 0.0), progress=False)).graph
+    assert g.indptr.tolist() == [0, 1, 3, 4]
+    assert g.indices.tolist() == [1, 0, 2, 1]
+
+
+def test_a_directory_given_as_an_input_file_says_so(tmp_path):
+    """A folder passed as ``--features`` is "not a regular file", not an unreadable .npy."""
+    with pytest.raises(DatasetError, match=r"^--features .*: not a regular file$"):
+        load_npy(tmp_path, "--features")
