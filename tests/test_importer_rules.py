@@ -74,3 +74,12 @@ def test_a_directory_given_as_an_input_file_says_so(tmp_path):
     """A folder passed as ``--features`` is "not a regular file", not an unreadable .npy."""
     with pytest.raises(DatasetError, match=r"^--features .*: not a regular file$"):
         load_npy(tmp_path, "--features")
+
+
+def test_facebook_edge_to_node_n_is_out_of_range(tmp_path):
+    """An edge naming node id N (one past the last target row) is refused, naming the edge file."""
+    root = write_facebook(tmp_path / "fb", [0, 1, 2], ["company", "tvshow", "company"])
+    (root / "facebook_edges.csv").write_text("id_1,id_2\n0,1\n1,3\n")
+    with pytest.raises(DatasetError, match=r"facebook_edges\.csv: node id 3 is out of range"):
+        prepare_facebook(root, tmp_path / "o", progress=False)
+    assert not (tmp_path / "o").exists()
