@@ -99,3 +99,26 @@ def test_restore_puts_back_every_thread_setting(setup, monkeypatch):
     iso_mod.restore(undo, sampler, cache)
     assert (sampler.num_threads, cache.num_threads, inner.num_threads) == (1, 1, 1)
     assert torch.get_num_threads() == 3 and set_aff == [list(range(8))]
+
+
+def test_the_gather_threads_reach_a_store_below_a_wrapper_without_a_knob(setup):
+    """A wrapper without ``num_threads`` (a reuse layer) does not hide the store below it: the
+    ``backing`` chain is walked, each stage gets its threads, and the profiling reads leave the
+    store's counters at zero (the run's traffic figures must not count them)."""
+    ds, inner, sampler, model, order = setup
+
+    class Wrapper(FeatureStore):
+        def __init__(self, backing):
+            super().__init__()
+            self.backing = backing
+            self.num_rows, self.dim, self.dtype = backing.num_rows, backing.dim, backing.dtype
+
+        def gather(self, ids, out=None):
+            return self.backing.gather(ids, out)
+
+    alloc, undo = iso_mod.isolate(sampler, Wrapper(inner), model, order,
+                                  torch.as_tensor(ds.labels), torch.device("cpu"))  # fmt: skip
+    assert alloc.threads["gather"] == 3 and inner.num_threads == 3
+    assert sampler.num_threads == 2 and torch.get_num_threads() == 2
+    assert sum(inner.counters.rows.values()) == 0
+    assert undo["gather"] == [1] and undo["sampler"] == 1
