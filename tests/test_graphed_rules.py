@@ -54,10 +54,10 @@ def test_capacities_keep_a_padding_row_past_the_input_and_nest(margin):
     assert all(v % ROUND == 0 for v in rows + edges)
 
 
-def _tight(step, b, extra_last):
+def _tight(step, b, extra_last, extra_edges=0):
     rows = [b.blocks[0].num_src] + [blk.num_dst for blk in b.blocks]
     step.caps = {"rows": [rows[0]] + [r + 1 for r in rows[1:-1]] + [rows[-1] + extra_last],
-                 "edges": [blk.num_edges for blk in b.blocks], "weighted": (False, False),
+                 "edges": [blk.num_edges + extra_edges for blk in b.blocks], "weighted": (False, False),
                  "feat": tuple(b.x.shape[1:]), "dtype": b.x.dtype}  # fmt: skip
     assert step.caps["rows"] == sorted(step.caps["rows"], reverse=True)
     step._alloc()
@@ -93,3 +93,44 @@ def test_a_batch_without_room_for_the_padding_row_runs_eagerly(parts_and_batch):
     _tight(step, b, extra_last=0)
     step(net, opt, b)
     assert (step.graphed, step.eager) == (0, 2)
+
+
+@pytest.fixture(scope="module")
+def gat_parts_and_batch(tmp_path_factory):
+    path = write_tiny_dataset(tmp_path_factory.mktemp("d") / "t", num_nodes=120, num_edges=600)
+    cfg = TrainConfig(model="gat", fanouts=(3, 2), batch_size=8, epochs=1, hidden=8, lr=0.01,
+                      dropout=0.0, progress=False, seed=0)  # fmt: skip
+    parts = build_training(gnnio.load(path), cfg, LocalRun(), torch.device("cpu"))
+    it = iter(parts.train_loader.epoch(0))
+    batches = [next(it), next(it)]
+    it.close()
+    for b in batches:
+        b.x = b.x.clone()
+    return parts, batches
+
+
+@pytest.mark.parametrize("impl", ["numba", "torch"])
+@pytest.mark.parametrize("which", ["sage", "gat"])
+def test_padding_edges_leave_the_real_rows_gradients_alone(which, impl, parts_and_batch,
+                                                          gat_parts_and_batch, monkeypatch):  # fmt: skip
+    """With one padding row per level (the tightest fit), the padding edges' destination is that
+    last row in ``edge_index[1]`` as in the pointer: the torch aggregation (the GPU's) reads the
+    destinations in its backward (GAT's edge gradients, the transpose), so padding edges aimed at
+    the last real row would send gradients back to a real source. The parameters after the padded
+    step match the eager step's (the loss alone is computed before the backward and cannot show
+    it)."""
+    monkeypatch.setenv("GNNIO_SPMM", "" if impl == "numba" else "torch")
+    parts, (b0, b) = parts_and_batch if which == "sage" else gat_parts_and_batch
+    net = copy.deepcopy(parts.net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    net2 = copy.deepcopy(net)
+    opt2 = torch.optim.SGD(net2.parameters(), lr=0.5)
+    step = GraphedStep("cpu", warmup=1, capture=False)
+    step(net, opt, b0)
+    train_step(net2, opt2, b0)
+    _tight(step, b, extra_last=1, extra_edges=5)  # padding edges, and one padding row per level
+    step(net, opt, b)
+    train_step(net2, opt2, b)
+    assert (step.graphed, step.eager) == (1, 1)
+    for (name, p), p2 in zip(net.named_parameters(), net2.parameters(), strict=True):
+        torch.testing.assert_close(p, p2, rtol=1e-4, atol=1e-6, msg=name)
