@@ -19,11 +19,11 @@ from gnnio.train.loop import LocalRun
 from .helpers import write_tiny_dataset
 
 
-@pytest.fixture(scope="module")
-def parts_and_batch(tmp_path_factory):
+def _parts_and_batches(tmp_path_factory, model: str):
+    """The training parts of a tiny graph and its first two batches (copied out of the ring)."""
     path = write_tiny_dataset(tmp_path_factory.mktemp("d") / "t", num_nodes=120, num_edges=600)
-    cfg = TrainConfig(fanouts=(3, 2), batch_size=8, epochs=1, hidden=8, lr=0.01, dropout=0.0,
-                      progress=False, seed=0)  # fmt: skip
+    cfg = TrainConfig(model=model, fanouts=(3, 2), batch_size=8, epochs=1, hidden=8, lr=0.01,
+                      dropout=0.0, progress=False, seed=0)  # fmt: skip
     parts = build_training(gnnio.load(path), cfg, LocalRun(), torch.device("cpu"))
     it = iter(parts.train_loader.epoch(0))
     batches = [next(it), next(it)]
@@ -31,6 +31,11 @@ def parts_and_batch(tmp_path_factory):
     for b in batches:
         b.x = b.x.clone()
     return parts, batches
+
+
+@pytest.fixture(scope="module")
+def parts_and_batch(tmp_path_factory):
+    return _parts_and_batches(tmp_path_factory, "sage")
 
 
 def _shape(rows, edges):
@@ -63,25 +68,6 @@ def _tight(step, b, extra_last, extra_edges=0):
     step._alloc()
 
 
-def test_a_batch_that_fills_the_input_and_edge_buffers_runs_padded(parts_and_batch):
-    """Input rows equal to their capacity and edges equal to theirs fit (no padding row is needed
-    there): the batch runs padded and trains as the eager step does."""
-    parts, (b0, b) = parts_and_batch
-    net = copy.deepcopy(parts.net)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    net2 = copy.deepcopy(net)
-    opt2 = torch.optim.SGD(net2.parameters(), lr=0.1)
-    step = GraphedStep("cpu", warmup=1, capture=False)
-    step(net, opt, b0)
-    train_step(net2, opt2, b0)
-    _tight(step, b, extra_last=1)
-    lg, loss = step(net, opt, b)
-    lg2, loss2 = train_step(net2, opt2, b)
-    assert (step.graphed, step.eager) == (1, 1)
-    assert loss.item() == pytest.approx(loss2.item(), rel=1e-5, abs=1e-6)
-    torch.testing.assert_close(lg, lg2, rtol=1e-4, atol=1e-5)
-
-
 def test_a_batch_without_room_for_the_padding_row_runs_eagerly(parts_and_batch):
     """Seeds equal to the last level's capacity leave no row for the padding edges (they would
     land on a real seed): the batch runs the eager step."""
@@ -97,28 +83,22 @@ def test_a_batch_without_room_for_the_padding_row_runs_eagerly(parts_and_batch):
 
 @pytest.fixture(scope="module")
 def gat_parts_and_batch(tmp_path_factory):
-    path = write_tiny_dataset(tmp_path_factory.mktemp("d") / "t", num_nodes=120, num_edges=600)
-    cfg = TrainConfig(model="gat", fanouts=(3, 2), batch_size=8, epochs=1, hidden=8, lr=0.01,
-                      dropout=0.0, progress=False, seed=0)  # fmt: skip
-    parts = build_training(gnnio.load(path), cfg, LocalRun(), torch.device("cpu"))
-    it = iter(parts.train_loader.epoch(0))
-    batches = [next(it), next(it)]
-    it.close()
-    for b in batches:
-        b.x = b.x.clone()
-    return parts, batches
+    return _parts_and_batches(tmp_path_factory, "gat")
 
 
+@pytest.mark.parametrize("extra_edges", [0, 5])
 @pytest.mark.parametrize("impl", ["numba", "torch"])
 @pytest.mark.parametrize("which", ["sage", "gat"])
-def test_padding_edges_leave_the_real_rows_gradients_alone(which, impl, parts_and_batch,
-                                                          gat_parts_and_batch, monkeypatch):  # fmt: skip
-    """With one padding row per level (the tightest fit), the padding edges' destination is that
-    last row in ``edge_index[1]`` as in the pointer: the torch aggregation (the GPU's) reads the
-    destinations in its backward (GAT's edge gradients, the transpose), so padding edges aimed at
-    the last real row would send gradients back to a real source. The parameters after the padded
-    step match the eager step's (the loss alone is computed before the backward and cannot show
-    it)."""
+def test_a_tightest_fit_batch_runs_padded_and_trains_as_the_eager_step(
+    which, impl, extra_edges, parts_and_batch, gat_parts_and_batch, monkeypatch
+):
+    """Input rows and edge slots equal to their capacities fit (no padding row is needed there),
+    with one padding row on every later level: the batch runs padded and trains as the eager step
+    does -- loss, logits and the parameters after the step. With padding edges
+    (``extra_edges``), their destination must be that last row in ``edge_index[1]`` as in the
+    pointer: the torch aggregation (the GPU's) reads the destinations in its backward (GAT's edge
+    gradients, the transpose), so padding edges aimed at the last real row send gradients to a
+    real source, which only the parameters show (the loss is computed before the backward)."""
     monkeypatch.setenv("GNNIO_SPMM", "" if impl == "numba" else "torch")
     parts, (b0, b) = parts_and_batch if which == "sage" else gat_parts_and_batch
     net = copy.deepcopy(parts.net)
@@ -128,9 +108,11 @@ def test_padding_edges_leave_the_real_rows_gradients_alone(which, impl, parts_an
     step = GraphedStep("cpu", warmup=1, capture=False)
     step(net, opt, b0)
     train_step(net2, opt2, b0)
-    _tight(step, b, extra_last=1, extra_edges=5)  # padding edges, and one padding row per level
-    step(net, opt, b)
-    train_step(net2, opt2, b)
+    _tight(step, b, extra_last=1, extra_edges=extra_edges)
+    lg, loss = step(net, opt, b)
+    lg2, loss2 = train_step(net2, opt2, b)
     assert (step.graphed, step.eager) == (1, 1)
+    assert loss.item() == pytest.approx(loss2.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(lg, lg2, rtol=1e-4, atol=1e-5)
     for (name, p), p2 in zip(net.named_parameters(), net2.parameters(), strict=True):
         torch.testing.assert_close(p, p2, rtol=1e-4, atol=1e-6, msg=name)
