@@ -226,6 +226,23 @@ def test_cli_train_writes_summary(easy, tmp_path, capsys):
     assert SUMMARY_KEYS <= set(s) and s["epochs"] == 2
     out = capsys.readouterr().out
     assert "test acc" in out and "gather" in out
+    assert "simulated" not in out  # (nothing but the device, which its line names)
+
+
+@pytest.mark.parametrize(
+    ("argv", "part"),
+    [(["--gpu-cache-fraction", "0.1"], "tiering: the GPU tier is held in CPU memory"),
+     (["--cache-policy", "fifo"], "cache: held in host memory")],
+)  # fmt: skip
+def test_cli_train_says_which_gpu_structure_was_simulated(easy, capsys, argv, part):
+    """Without a GPU, a GPU tier or cache lives in host memory: the text summary says so on a
+    ``simulated:`` line (as the JSON's ``simulated_parts``), not only the summary file."""
+    from gnnio.cli.main import main
+
+    argv = ["train", str(easy), "--epochs", "1", "--fanouts", "4,4", "--hidden", "8", *argv]
+    assert main([*argv, "--device", "cpu", "--quiet"]) == 0
+    sim = [x for x in capsys.readouterr().out.splitlines() if x.startswith("simulated: ")]
+    assert len(sim) == 1 and part in sim[0], sim
 
 
 def test_cli_bad_fanouts(easy, capsys):

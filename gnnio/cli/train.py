@@ -445,6 +445,9 @@ def run(args) -> int:
         " (loader stages run in background threads and overlap)",
         f"features gathered in training: {tiers or 'none'}",
     ]
+    sim = [p for p in s.get("simulated_parts", ()) if not p.startswith("device:")]
+    if sim:  # (the device line says cpu already) a GPU-side structure held in host memory
+        lines.append("simulated: " + "; ".join(sim))
     if s.get("disk"):  # --features-on disk
         from ..train.setup_disk import disk_line
 
