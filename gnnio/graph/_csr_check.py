@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -21,11 +22,11 @@ def _chunks(a: np.ndarray) -> Iterator[np.ndarray]:
     mapping of its file of our own, so it is checked as its file holds it."""
     src, m = a, None
     if isinstance(a, np.memmap) and a.filename is not None and a.flags.c_contiguous:
-        base = a
+        base: Any = a
         while base is not None and m is None:  # (the mapping behind a view of a memmap)
             m = base if isinstance(base, mmap.mmap) else getattr(base, "_mmap", None)
             base = getattr(base, "base", None)
-    if isinstance(m, mmap.mmap) and a.mode == "c":
+    if isinstance(m, mmap.mmap) and isinstance(a, np.memmap) and a.mode == "c" and a.filename:
         start = a.offset - a.offset % mmap.ALLOCATIONGRANULARITY  # where np.memmap maps from
         at = start + a.ctypes.data - np.frombuffer(m, dtype=np.uint8).ctypes.data
         src = np.memmap(a.filename, dtype=a.dtype, mode="r", offset=at, shape=a.shape)

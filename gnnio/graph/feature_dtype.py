@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 #: every ``feat_dtype`` a dataset may have, and the NumPy dtype its features file holds
-_STORAGE = {
+_STORAGE: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(np.int16),
@@ -308,6 +308,7 @@ def recode_features(
         if key in arrays:
             os.remove(tmp / arrays.pop(key))
     if target == "int8":
+        assert scale is not None and zp is not None  # (computed above for int8)
         for key, val in ((SCALE, scale), (ZERO_POINT, zp)):
             np.save(tmp / f"{key}.npy", val, allow_pickle=False)
             arrays[key] = f"{key}.npy"

@@ -420,8 +420,8 @@ def validate_arrays(
     if e:
         lo, hi = _min_max(indices, drop)  # ``drop``: the writer's own files, pages not kept
         if lo < 0 or hi >= n:
-            bad = lo if lo < 0 else hi
-            raise DatasetError(f"{fname('indices')}: node id {bad} is out of range [0, {n})")
+            odd = lo if lo < 0 else hi
+            raise DatasetError(f"{fname('indices')}: node id {odd} is out of range [0, {n})")
     # labels
     c = int(meta["num_classes"])
     if "labels" in arrays:
@@ -433,9 +433,9 @@ def validate_arrays(
         if n:
             lo, hi = int(lab.min()), int(lab.max())
             if lo < -1 or hi >= c:
-                bad = lo if lo < -1 else hi
+                odd = lo if lo < -1 else hi
                 raise DatasetError(
-                    f"{fname('labels')}: label {bad} is out of range [-1, {c}) (num_classes={c})"
+                    f"{fname('labels')}: label {odd} is out of range [-1, {c}) (num_classes={c})"
                 )
             if 0 <= hi < c - 1:  # the top classes never occur: a c-way model for fewer classes
                 raise DatasetError(
@@ -454,8 +454,8 @@ def validate_arrays(
             continue
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= n:
-            bad = lo if lo < 0 else hi
-            raise DatasetError(f"{fname(key)}: node id {bad} is out of range [0, {n})")
+            odd = lo if lo < 0 else hi
+            raise DatasetError(f"{fname(key)}: node id {odd} is out of range [0, {n})")
         if np.unique(idx).shape[0] != idx.shape[0]:
             raise DatasetError(f"{fname(key)}: contains repeated node ids")
         clash = idx[seen[idx]]

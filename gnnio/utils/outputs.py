@@ -97,7 +97,8 @@ class _RecordingFile:
     failed write (no space, ``ulimit -f``) as a RuntimeError that no longer names the cause."""
 
     def __init__(self, f: IO[bytes]):
-        self._f, self.error = f, None
+        self._f = f
+        self.error: OSError | None = None
 
     def write(self, b) -> int:
         try:
@@ -110,7 +111,9 @@ class _RecordingFile:
         return getattr(self._f, name)
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None], option: str) -> None:
+def write_atomic(
+    path: str | os.PathLike, write: Callable[[IO[bytes]], object], option: str
+) -> None:
     """Write ``path`` through ``write(binary file)`` atomically (module docstring); an OS error
     (no space, no permission) is one line naming ``option`` and leaves no temporary file."""
     p = check_output_path(path, option)

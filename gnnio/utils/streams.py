@@ -33,7 +33,7 @@ import itertools
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -136,7 +136,7 @@ def _key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _tracked(t: torch.Tensor | None) -> bool:
+def _tracked(t: torch.Tensor | None) -> TypeGuard[torch.Tensor]:
     return t is not None and t.numel() > 0  # empty tensors share address 0: nothing to order
 
 

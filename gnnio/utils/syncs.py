@@ -154,7 +154,7 @@ class CudaSyncLog:
     def __init__(self) -> None:
         self.sites: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._cm = None
+        self._cm: warnings.catch_warnings | None = None
 
     @property
     def count(self) -> int:
@@ -170,14 +170,14 @@ class CudaSyncLog:
             self.sites[f"{who} {where}:{lineno}"] += 1
 
     def __enter__(self) -> CudaSyncLog:
-        self._cm = warnings.catch_warnings()
-        self._cm.__enter__()
+        self._cm = cm = warnings.catch_warnings()
+        cm.__enter__()
         warnings.simplefilter("always")
         warnings.showwarning = self._show
         try:
             torch.cuda.set_sync_debug_mode("warn")
         except BaseException:
-            self._cm.__exit__(None, None, None)
+            cm.__exit__(None, None, None)
             raise
         return self
 
@@ -185,7 +185,8 @@ class CudaSyncLog:
         try:
             torch.cuda.set_sync_debug_mode(0)
         finally:
-            self._cm.__exit__(*exc)
+            if self._cm is not None:
+                self._cm.__exit__(*exc)
 
 
 def _short(filename: str) -> str:

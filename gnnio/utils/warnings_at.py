@@ -19,6 +19,7 @@ import os
 import sys
 import sysconfig
 import warnings
+from types import FrameType
 
 import torch
 
@@ -46,8 +47,9 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     standard library (see module docstring); at the calling gnnio line where there is none (a
     background thread, ``python -m gnnio``)."""
     w = category(message)
-    w.gnnio_warning = True
-    level, f = 2, sys._getframe(1)  # (stacklevel 2: warn's caller)
+    w.gnnio_warning = True  # type: ignore[attr-defined]  # the CLI's mark, read with getattr
+    level = 2  # (stacklevel 2: warn's caller)
+    f: FrameType | None = sys._getframe(1)
     while f is not None and _skipped(f.f_code.co_filename):
         f, level = f.f_back, level + 1
     warnings.warn(w, stacklevel=2 if f is None else level)
