@@ -120,6 +120,17 @@ def test_user_module_exception_is_one_line(tmp_path, capsys, where):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_module_file_python_cannot_import_is_named_as_such(tmp_path, capsys):
+    """A ``--module`` file with a suffix no importer reads (``.txt``) has no import spec: one line
+    saying so (it was ``AttributeError: 'NoneType' object has no attribute 'loader'``)."""
+    mod = tmp_path / "graph.txt"
+    mod.write_text("build = 1\n")
+    argv = ["prepare", "pyg", "--module", str(mod), "--attr", "build", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "--module", "not a Python module file (name it .py)")
+    assert not (tmp_path / "o").exists()
+
+
 def test_valid_topology_still_plans(tiny, tmp_path, capsys):
     (tmp_path / "t.json").write_text(json.dumps({"groups": "2", "host_bw": "12 GB/s"}))
     argv = ["plan", str(tiny), "--topology", str(tmp_path / "t.json"), "--buffer", "0.1"]

@@ -280,7 +280,7 @@ def prepare_npy(
     feat_dtype = feature_dtype_for(feats.dtype)
     row_bytes = feats.shape[1] * feat_dtype.itemsize
     num_input_edges = int(topo.num_edges if bounded else topo[0].shape[0])
-    if bounded:
+    if memory_budget is not None:  # (bounded)
         held = n * 16 + (lab.nbytes if lab is not None else 0)  # indptr input, labels, splits
         held += sum(int(ids.nbytes) for ids in splits.values())
         chunk = _feature_chunk(int(memory_budget), row_bytes)
@@ -293,7 +293,8 @@ def prepare_npy(
         isize = index_dtype(n).itemsize
         graph_bytes = 8 * (n + 1) + 2 * keys * isize  # indices and their part file, at most
     else:
-        indptr_out, indices_out = edges_to_graph(*topo, n, symmetrize=symmetrize)
+        src, dst = topo
+        indptr_out, indices_out = edges_to_graph(src, dst, n, symmetrize=symmetrize)
         graph_bytes = int(indptr_out.nbytes + indices_out.nbytes)
         del topo
     source = {

@@ -28,7 +28,7 @@ import shutil
 import zlib
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import numpy as np
 
@@ -160,7 +160,7 @@ def _need_csv(path_gz: Path) -> Path:
 
 
 def _open(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    return cast(IO[bytes], gzip.open(path, "rb")) if path.suffix == ".gz" else open(path, "rb")
 
 
 def _blocks(path: Path):

@@ -108,6 +108,8 @@ def load_object(module: str, attr: str) -> Any:
             added = str(path.resolve().parent)
             sys.path.insert(0, added)
             spec = importlib.util.spec_from_file_location(f"_gnnio_user_{path.stem}", path)
+            if spec is None or spec.loader is None:  # (a suffix no importer reads: .txt)
+                raise UsageError(f"--module {module}: not a Python module file (name it .py)")
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
         else:

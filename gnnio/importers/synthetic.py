@@ -49,6 +49,7 @@ import dataclasses
 import math
 import os
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -280,7 +281,7 @@ def prepare_synthetic(
     (:mod:`gnnio.importers._synthetic_bounded`), the same files bit for bit; a budget too small
     for the graph is a one-line UsageError before anything is written. None: all in RAM.
     """
-    split = tuple(split)
+    split = cast(tuple[float, float, float], tuple(split))
     check_args(
         num_nodes,
         avg_degree,

@@ -332,7 +332,7 @@ def save_placement(
         arrays[f"buffer_{i}"] = b
     if placement.parts is not None:
         arrays["parts"] = np.asarray(placement.parts, dtype=np.int16)
-    write_atomic(path, lambda f: np.savez(f, **arrays), option)
+    write_atomic(path, lambda f: np.savez(f, **arrays), option)  # type: ignore[arg-type]  # numpy's stub types savez's 2nd parameter
     return path
 
 

@@ -264,7 +264,7 @@ def parse_bandwidth(value: Any, what: str = "bandwidth") -> float:
         text = str(value).strip().removesuffix("/s")
         m = _QTY_RE.match(text)
         unit = m.group(2) if m else None
-        if not m or unit.lower() not in _UNITS:
+        if not m or unit is None or unit.lower() not in _UNITS:
             raise UsageError(f"{what}: cannot read {value!r} as a bandwidth (e.g. 12GB/s, 100Gb/s)")
         bits = unit.endswith("b")  # "Gb/s" = gigabits per second; "GB/s" = gigabytes
         v = float(m.group(1)) * _UNITS[unit.lower()] / (8 if bits else 1)

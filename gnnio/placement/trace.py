@@ -129,7 +129,7 @@ def sample_trace(
     t0 = time.perf_counter()
     if seed_parts is None:
         mode = "global"
-        jobs = [(None, train)]
+        jobs: list[tuple[int | None, np.ndarray]] = [(None, train)]
     else:
         mode = "parts"
         sp = np.asarray(seed_parts)[train]

@@ -19,6 +19,7 @@ too (:func:`bind` records one for placements built in Python).
 from __future__ import annotations
 
 import json
+import os
 import re
 import zipfile
 import zlib
@@ -47,7 +48,7 @@ def _ints(z, key: str, path: Path, ndim: int) -> np.ndarray:
     return a
 
 
-def read_fields(path: str | Path) -> dict[str, Any]:
+def read_fields(path: str | os.PathLike) -> dict[str, Any]:
     """The fields of the :class:`~gnnio.placement.Placement` stored in ``path`` (its constructor's
     keyword arguments), every one checked (module docstring); one-line
     :class:`~gnnio.errors.UsageError` otherwise."""

@@ -129,13 +129,14 @@ class EdgeArrays:
 
     def min_max(self) -> tuple[int, int]:
         """The smallest and largest node id of the edges, one pass (``(0, -1)`` without edges)."""
-        lo, hi = None, None
+        lo: int | None = None
+        hi: int | None = None
         for s, d in self:
             if s.size:
                 m0, m1 = int(min(s.min(), d.min())), int(max(s.max(), d.max()))
                 lo = m0 if lo is None else min(lo, m0)
                 hi = m1 if hi is None else max(hi, m1)
-        return (0, -1) if lo is None else (lo, hi)
+        return (0, -1) if lo is None or hi is None else (lo, hi)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -267,7 +268,7 @@ def write_to(f, data, path) -> None:
     """``f.write(data)`` (an array's bytes or bytes) with ``path`` named in the OSError of a failed
     write (a full disk, a file size limit), which the dataset writer turns into one line."""
     try:
-        f.write(memoryview(np.ascontiguousarray(data)) if isinstance(data, np.ndarray) else data)
+        f.write(memoryview(np.ascontiguousarray(data)) if isinstance(data, np.ndarray) else data)  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
     except OSError as e:
         raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 

@@ -200,7 +200,7 @@ def _rpr_iterate(
             delta = float(np.abs(nxt - r).sum()) if tol is not None else None
             r, nxt = nxt, r
             pb.update(1)
-            if delta is not None and delta < tol:
+            if delta is not None and tol is not None and delta < tol:
                 break
     return r
 

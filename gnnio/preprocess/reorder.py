@@ -394,7 +394,7 @@ def reorder_path(
     t1 = time.perf_counter()
     new2old = order_by_score(score)
     del score
-    target = Path(path) if in_place else Path(out)
+    target = Path(path) if in_place or out is None else Path(out)
     if memory_budget is not None:  # the score pass's pages, before the bounded reorder
         from .reorder_bounded import release
 

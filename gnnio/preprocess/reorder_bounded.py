@@ -105,7 +105,7 @@ def relabel_csr_bounded(indptr, indices, new2old, out, chunk_bytes: int) -> np.n
     else:
         limit = chunk_bytes - in_bytes if path is not None else chunk_bytes
     threads = numba.get_num_threads()
-    fd = os.open(path, os.O_RDONLY) if runs else -1
+    fd = os.open(path, os.O_RDONLY) if runs and path is not None else -1
     try:
         for a, b in row_chunks(cost, limit):
             e0, e1 = int(indptr2[a]), int(indptr2[b])
@@ -143,7 +143,7 @@ def _read_runs(fd, offset, dtype, block, indptr, old, a, lookup, indptr2, out) -
         j = max(pos + 1, int(np.searchsorted(ends, start + block, side="right")))
         end = int(ends[j - 1])
         run = buf if end - start <= block else np.empty(end - start, dtype=dtype)
-        raw = memoryview(run.view(np.uint8))
+        raw = memoryview(run.view(np.uint8))  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
         _pread_rows(fd, raw, offset + start * item, (end - start) * item)
         _move_run(run, start, indptr, rows[pos:j], a + order[pos:j], lookup, indptr2, out)
         pos = j
@@ -171,7 +171,7 @@ def copy_feature_rows_bounded(src, dst, new2old, chunk_bytes: int, progress: boo
     block = max(1, min(_READ_BYTES, chunk_bytes // 8) // row_bytes)
     rows = max(1, (chunk_bytes - 2 * block * (row_bytes + 8)) // (row_bytes + 16))
     buf = np.empty((block, *src.shape[1:]), dtype=src.dtype)
-    raw = memoryview(buf.reshape(-1).view(np.uint8))
+    raw = memoryview(buf.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
     offset = int(src.offset)
     nsrc = src.shape[0]
     fd = os.open(path, os.O_RDONLY)

@@ -258,7 +258,7 @@ def bfs_block_parts(
     block, nb = bfs_blocks(graph, ns, cap, rng)
     label = block
     adj = _block_graph(graph, label, nb)
-    sizes = np.bincount(label, minlength=nb).astype(np.float64)
+    sizes: np.ndarray = np.bincount(label, minlength=nb).astype(np.float64)
     levels = 0
     target = int(max_blocks or 128 * nparts)
     while sizes.shape[0] > target:  # multi-level coarsening down to `target` blocks

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import UsageError
+from ...errors import DatasetError, UsageError
 from ...graph import output_dir
 from ...graph.csr import CSRGraph
 
@@ -131,7 +131,7 @@ def _check_shard(pdir: Path, k: int, parts: np.ndarray, rep: np.ndarray, n: int)
 
 
 def _sha(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8)).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8)).hexdigest()  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
 
 
 def save_partition(
@@ -163,7 +163,7 @@ def save_partition(
             _write_partition(part, graph, out, tmp, chunk_bytes)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            err = output_dir.write_error(out, e)
+            err: DatasetError | UsageError | None = output_dir.write_error(out, e)
             if err is None and e.errno is None:  # np.save's short write: no room, ulimit -f
                 err = UsageError(
                     f"{out}: no room to write it ({e}); the partial output was removed"
