@@ -98,7 +98,8 @@ class Check:
         paths by their last part, and wall time with the start-up: ``calls``)."""
         cmd = [sys.executable, "-m", "gnnio", *argv]
         limit = max(5.0, min(limit_s, self.left_s()))
-        call = {"argv": " ".join(Path(a).name if a.startswith("/") else a for a in argv)}
+        shown = " ".join(Path(a).name if a.startswith("/") else a for a in argv)
+        call: dict[str, Any] = {"argv": shown}
         t = time.monotonic()
         self.report.setdefault("calls", []).append(call)
         try:
@@ -199,9 +200,7 @@ def step_gpu_tests(c: Check) -> dict[str, Any]:
 
 def _text(b: bytes | str | None) -> str:
     """A TimeoutExpired's captured output (bytes, even with ``text=True``) as text."""
-    if b is None:
-        return ""
-    return b if isinstance(b, str) else b.decode(errors="replace")
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 def step_cpu_vs_cuda(c: Check) -> dict[str, Any]:
@@ -213,8 +212,8 @@ def step_cpu_vs_cuda(c: Check) -> dict[str, Any]:
         prepare_synthetic(path, num_nodes=1 << 14, avg_degree=8, feat_dim=32, num_classes=4,
                           seed=0, progress=False)  # fmt: skip
     # in this process, so a loader stage that hangs must end the step, not the whole check
-    kw = dict(fanouts=(5, 5), batch_size=256, epochs=2, hidden=32, dropout=0.0, progress=False,
-              gpu_cache_fraction=0.1, stall_timeout=STALL_S)  # fmt: skip
+    kw: dict[str, Any] = dict(fanouts=(5, 5), batch_size=256, epochs=2, hidden=32, dropout=0.0,
+                              progress=False, gpu_cache_fraction=0.1, stall_timeout=STALL_S)  # fmt: skip
     runs = {d: train(path, TrainConfig(device=d, **kw)) for d in ("cpu", c.device)}
     a, b = runs["cpu"], runs[c.device]
     rel = max(
@@ -276,7 +275,8 @@ def step_sampling(c: Check) -> dict[str, Any]:
     common = ["bench", "sampling", str(c.data), "--batches", str(c.args.batches), "--passes", "3",
               "--no-progress", "--json"]  # fmt: skip
     threads = str(os.cpu_count() or 1)
-    out = {"cpu": part(lambda: c.gnnio(*common, "--device", "cpu", "--threads", threads))}
+    out: dict[str, Any] = {}
+    out["cpu"] = part(lambda: c.gnnio(*common, "--device", "cpu", "--threads", threads))
     if c.device == "cuda":
         out["cuda"] = part(lambda: c.gnnio(*common, "--device", "cuda"))
         out["gpu_over_cpu"] = _over(out["cuda"], out["cpu"], "edges_per_s")
@@ -427,7 +427,7 @@ def save(c: Check, complete: bool = False) -> None:
         for name in REPORT_FILES:
             if (c.out / name).is_file():
                 data = (c.out / name).read_bytes()
-                write_atomic(Path(dest) / name, lambda f, d=data: f.write(d), "--report-dir")
+                write_atomic(Path(dest) / name, lambda f, d=data: f.write(d), "--report-dir")  # type: ignore[misc]  # a default-bound lambda
 
 
 def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
