@@ -402,3 +402,26 @@ def test_first_batches_counts_what_it_yields(n, want):
     got = list(first.batches(0))
     assert first.num_batches == len(got) == want
     assert all(torch.equal(a, b) for a, b in zip(got, order.batches(0)))
+
+
+@pytest.mark.parametrize("cmd", [["bench", "placement", "--dataset"], ["plan"]])
+def test_placement_on_a_dataset_without_a_train_split_is_one_line(cmd, tmp_path, capsys):
+    """``bench placement --dataset D --score degree`` (a score that reads no training nodes) on a
+    dataset without a train split: one line, as ``plan`` says it (it was a TypeError traceback
+    from the access trace; found by the type check)."""
+    import numpy as np
+
+    from gnnio.graph import DatasetWriter
+    from gnnio.graph.csr import edges_to_csr
+
+    indptr, indices = edges_to_csr(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
+    with DatasetWriter(tmp_path / "nosplit", name="x") as w:
+        w.save_array("indptr", indptr)
+        w.save_array("indices", indices)
+        w.save_array("features", np.zeros((3, 2), np.float32))
+    extra = ["--topology", "2"] if cmd == ["plan"] else ["--no-progress"]
+    assert main([*cmd, str(tmp_path / "nosplit"), "--score", "degree", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith(
+        "has no training nodes; placement needs them to model reads"
+    )

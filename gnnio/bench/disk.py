@@ -388,7 +388,8 @@ def run(args) -> dict:
         for size, policy in todo:
             pb.set_postfix_str(f"{policy}@{size:g}")
             disk.reset_stats()
-            store, replay = disk, None
+            store: DiskFeatureStore | FeatureCache = disk
+            replay = None
             if size > 0:
                 cap = hot_rows_for_fraction(size, ds.num_nodes)
                 store = FeatureCache(disk, cap, policy, hot_ids=hot if policy in ("static",

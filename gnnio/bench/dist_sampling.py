@@ -176,6 +176,7 @@ def _rank_body(opts: dict) -> dict | None:
             raise UsageError("bench dist-sampling: no training seeds to sample (empty split)")
         k = len(batches) - 1
         avg_degree = ds.num_edges / max(ds.num_nodes, 1)
+        ref: UniformSampler | PrunedUniformSampler
         if o.prune is None:
             ref = UniformSampler(ds.graph, fanouts, seed=o.seed, num_threads=1)
         else:

@@ -94,7 +94,7 @@ def set_threads(n: int) -> None:
     try:
         import numba
 
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # set by numba.config at import
     except ImportError:  # pragma: no cover
         pass
 
@@ -191,7 +191,7 @@ try:
                 copy_row(out, i, src, ids[i], nbytes)
 
 except ImportError:  # pragma: no cover
-    numba = None
+    numba = None  # type: ignore[assignment]  # (no numba: the numba kernels are not offered)
 
 
 def llc_bytes() -> int:
@@ -327,7 +327,7 @@ def run(args) -> dict:
             pb.update(1)
     t_gather = median(times["gather"])
     ceil = {k: ceiling_bytes / median(times[k]) / 1e9 for k in ceilings}
-    best = max(ceil, key=ceil.get)
+    best = max(ceil, key=lambda k: ceil[k])
     gbps = useful / t_gather / 1e9
     return {
         "dataset": str(ds.path),

@@ -121,6 +121,7 @@ def _mode(ctx, ds, part, pdir: str, device: str, prune) -> dict[str, Any]:
     avg = ds.num_edges / ds.num_nodes
     s = ShardedSampler(part, pdir, ctx, FANOUTS, seed=1, mode="shared", prune=prune,
                        avg_degree=avg, shard_device=device)  # fmt: skip
+    ref: UniformSampler | PrunedUniformSampler
     if prune is None:
         ref = UniformSampler(ds.graph, FANOUTS, seed=1, num_threads=1)
     else:

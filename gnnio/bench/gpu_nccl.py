@@ -155,6 +155,7 @@ def _sample(ctx, ds, pdir: Path, mode: str, prune) -> None:
     part = load_partition(pdir, ds, 1)
     avg = ds.num_edges / ds.num_nodes
     s = ShardedSampler(part, pdir, ctx, [4, 3], seed=1, mode=mode, prune=prune, avg_degree=avg)
+    ref: UniformSampler | PrunedUniformSampler
     if prune is None:
         ref = UniformSampler(ds.graph, [4, 3], seed=1, num_threads=1)
     else:
@@ -169,7 +170,7 @@ def _train(ctx, ds, pdir: Path, work: Path, device: str, **kw) -> None:
     from ..distributed.train import DistRun
     from ..train import TrainConfig, train
 
-    cfg = TrainConfig(fanouts=[4, 3], batch_size=64, hidden=8, device=device, partition=str(pdir),
+    cfg = TrainConfig(fanouts=(4, 3), batch_size=64, hidden=8, device=device, partition=str(pdir),
                       progress=False, **kw)  # fmt: skip
     # world size 1 on the distributed path: the option checks of a run of two ranks
     cfg.validate_dist = lambda w: TrainConfig.validate_dist(cfg, max(w, 2))  # type: ignore

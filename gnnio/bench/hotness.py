@@ -123,7 +123,7 @@ def _plot(path: str, curves: dict[str, tuple[np.ndarray, np.ndarray]], title: st
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name, (x, y) in curves.items():
-        style = {"color": "black", "linestyle": "--"} if name == "oracle" else {}
+        style: dict[str, Any] = {"color": "black", "linestyle": "--"} if name == "oracle" else {}
         ax.plot(100 * x, 100 * y, label=name, linewidth=1.4, **style)
     ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1, label="random")
     ax.set_xlabel("nodes ranked by score (% of all nodes)")

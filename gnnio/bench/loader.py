@@ -138,8 +138,9 @@ def run(args) -> dict:
     with pb:
         times = time_passes(loader_pass, warmup=args.warmup, passes=args.passes, sync=sync)
     stats = stats[args.warmup :]
-    nb = loader.stats.num_batches
-    seeds = loader.stats.num_seeds
+    last = loader.stats
+    assert last is not None  # (set by the passes above)
+    nb, seeds = last.num_batches, last.num_seeds
 
     # the same batches, one stage after the other in this thread (no pipeline), for comparison
     seed_batches = list(order.batches(0))

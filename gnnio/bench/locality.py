@@ -164,6 +164,7 @@ def run(args) -> dict:
 
     t0 = time.perf_counter()
     try:
+        sampler: LocalityLadiesSampler | LocalitySampler
         if kind == "ladies":
             sampler = LocalityLadiesSampler(
                 ds.graph, [layer_size] * len(fanouts), hot_ids=hot, seed=args.seed,

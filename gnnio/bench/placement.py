@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import DatasetError, UsageError
 from ..placement import PlacementRequest, hottest_order, place
 from ..placement.topology import load_topology
 from ..utils.argtypes import positive_float
@@ -148,6 +148,9 @@ def run_grid(args) -> dict[str, Any]:
     from ..sampling import parse_fanouts
 
     ds = load(args.dataset)
+    train = ds.train_idx
+    if train is None or train.size == 0:  # (as make_plan refuses it; a score need not read it)
+        raise DatasetError(f"{ds.path}: has no training nodes; placement needs them to model reads")
     try:
         fanouts = parse_fanouts(args.fanouts)
     except ValueError as e:
@@ -166,7 +169,7 @@ def run_grid(args) -> dict[str, Any]:
     slots = math.lcm(*[t.num_gpus for t in topos])
     trace = sample_trace(
         ds.graph,
-        ds.train_idx,
+        train,
         fanouts,
         args.batch_size,
         slots,

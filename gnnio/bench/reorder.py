@@ -62,13 +62,13 @@ def run(args) -> dict[str, Any]:
     perm = order_by_score(g.out_degrees().astype(np.float64))
     old_threads = numba.get_num_threads()
     if args.threads is not None:
-        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # set by numba.config at import
     try:
         results: dict[str, dict[str, float]] = {}
         for impl in impls:
             # the reference is slow (one Python step per row): one warm-up at most
             times = time_passes(
-                lambda impl=impl: relabel_csr(g.indptr, g.indices, perm, impl=impl),
+                lambda impl=impl: relabel_csr(g.indptr, g.indices, perm, impl=impl),  # type: ignore[misc]  # default-bound lambda
                 warmup=min(args.warmup, 1) if impl == "reference" else args.warmup,
                 passes=args.passes,
             )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -207,7 +208,7 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
         UniformSampler,
     )
 
-    gpu = {"graph_in": graph_in} if torch.device(device).type == "cuda" else {}
+    gpu: dict[str, Any] = {"graph_in": graph_in} if torch.device(device).type == "cuda" else {}
     if cuda_graph:
         gpu["cuda_graph"] = True
     if kind == "labor":

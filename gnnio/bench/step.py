@@ -38,6 +38,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections import Counter
+from typing import Any
 
 import torch
 
@@ -134,7 +135,8 @@ def _batches(loader, start_epoch: int):
 
 def _seed_batches(order, n: int, start_epoch: int):
     """``n`` (epoch, index, seeds) of the seed order, epoch after epoch."""
-    out, epoch = [], start_epoch
+    out: list[tuple[int, int, Any]] = []
+    epoch = start_epoch
     while len(out) < n:
         for i, s in enumerate(order.batches(epoch)):
             out.append((epoch, i, s))
@@ -200,7 +202,7 @@ def _sequential(parts, device, warmup: int, k: int, progress: bool, count: bool)
     sampler, store, net, opt = parts.sampler, parts.store, parts.net, parts.opt
     keyed = "epoch_seed" in inspect.signature(sampler.sample).parameters
     seeds = _seed_batches(parts.order, warmup + k, 1)
-    clock_box = [None]
+    clock_box: list[_Clock | None] = [None]
     undo = _relabel_hook(sampler, clock_box)
     buf = None
     syncs: Counter[str] = Counter()
@@ -209,7 +211,7 @@ def _sequential(parts, device, warmup: int, k: int, progress: bool, count: bool)
     wall = 0.0
     sizes = {"input_nodes": 0, "edges": 0}
     flops = membytes = 0.0
-    total = Counter()
+    total: Counter[str] = Counter()
     # a lookahead cache serves only the batches announced to it, in order (the loader announces
     # them from its gather thread): forget the window the pipelined pass left, announce each
     # batch just before its gather (a window of one batch)

@@ -183,7 +183,7 @@ def host_traffic_experiment(
     batches = epochs * nb
     rb = stores[0][2].row_bytes
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     host_at_zero: dict[str, float] = {}
     for i, (name, f, st) in enumerate(stores):
         host_b = st.counters.bytes.get("host", 0) / epochs

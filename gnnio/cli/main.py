@@ -46,7 +46,7 @@ class OneLineParser(argparse.ArgumentParser):
         while True:
             subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
             name = getattr(ns, subs[0].dest, None) if subs else None
-            if name not in (subs[0].choices if subs else ()):
+            if name is None or name not in (subs[0].choices if subs else ()):
                 return parser
             parser = subs[0].choices[name]
 
@@ -102,7 +102,9 @@ def dir_before_optional_values(argv: list[str]) -> list[str]:
     for the value of an option whose value is optional (``gnnio train --cuda-graph DIR``). ``DIR``
     goes before the whole run of such options without a value (``--cuda-graph --prune-threshold
     DIR``), else the first of them would take it."""
-    out, i, run = [], 0, None  # run: where in out a run of those options without a value starts
+    out: list[str] = []
+    i = 0
+    run: int | None = None  # run: where in out a run of those options without a value starts
     while i < len(argv):
         a, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else None
         is_value = _OPTIONAL_VALUE.get(a)
@@ -254,7 +256,7 @@ def rank_main(argv: list[str]) -> int:
             raise SystemExit(rc)
         return rc
 
-    return run()
+    return int(run() or 0)  # (record's wrapper is typed to return None too)
 
 
 if __name__ == "__main__":

@@ -186,6 +186,7 @@ def run(args) -> int:
     )
     if args.save and result.best is not None:
         best = result.outcomes[result.best].placement
+        assert best is not None  # (the best is a feasible outcome: it has its placement)
         best.params.update(dataset=ds.name, dataset_fingerprint=ds.fingerprint)
         save_placement(best, args.save, "--save")
     if args.json:
@@ -265,8 +266,8 @@ def format_table(result: PlanResult) -> str:
         parts = [k for k in f if k in PARTITION_STRATEGIES]
         msg = f"best: {best}"
         if parts and best not in PARTITION_STRATEGIES:
-            bp = min(parts, key=lambda k: f[k].trace_cost.max_s)
-            ours, theirs = f[best].trace_cost.max_s, f[bp].trace_cost.max_s
+            bp = min(parts, key=lambda k: f[k].cost.max_s)
+            ours, theirs = f[best].cost.max_s, f[bp].cost.max_s
             msg += versus(ours, theirs, bp)
         lines += ["", msg]
     return "\n".join(lines)

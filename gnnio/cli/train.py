@@ -419,9 +419,9 @@ def run(args) -> int:
     else:
         dataset = args.dir
     if args.verify and world <= 1:  # every byte against its sha256, before any rank starts
-        from ..graph.dataset import load
+        from ..graph.dataset import Dataset, load
 
-        dataset = load(getattr(dataset, "path", dataset), verify=True)
+        dataset = load(dataset.path if isinstance(dataset, Dataset) else dataset, verify=True)
     if world <= 1 and args.nproc > 1:
         return launch_ranks(args, cfg, dataset)
     if world > 1:

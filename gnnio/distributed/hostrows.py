@@ -101,7 +101,7 @@ class PreadRows:
             return out[:0]
         if self.num_threads is not None:
             numba.set_num_threads(
-                max(1, min(int(self.num_threads), numba.config.NUMBA_NUM_THREADS))
+                max(1, min(int(self.num_threads), numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # set by numba.config at import
             )
         rows = out.view(torch.uint8).numpy().reshape(out.shape[0], self.row_bytes)
         at_np = np.arange(n, dtype=np.int64) if at is None else at.numpy()

@@ -86,7 +86,7 @@ def set_numba_threads(num_threads: int | None) -> int:
     ``[1, NUMBA_NUM_THREADS]``; None: left as they are); returns the count in effect."""
     if num_threads is None:
         return numba.get_num_threads()
-    nt = max(1, min(int(num_threads), numba.config.NUMBA_NUM_THREADS))
+    nt = max(1, min(int(num_threads), numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # set by numba.config at import
     numba.set_num_threads(nt)
     return nt
 

@@ -48,12 +48,6 @@ DEFAULT_STRATEGIES = ("alg1", "rule1", "interleaved", "mod", "naive", "random", 
 PARTITION_STRATEGIES = ("naive", "random", "metis", "pagraph")
 
 
-def _cost(o: StrategyOutcome) -> CostReport:
-    """A feasible outcome's trace cost (set whenever it was not skipped)."""
-    assert o.trace_cost is not None
-    return o.trace_cost
-
-
 @dataclass
 class StrategyOutcome:
     """One strategy's placement and modeled costs (or why it was skipped)."""
@@ -64,6 +58,12 @@ class StrategyOutcome:
     predicted_cost: CostReport | None = None
     seeds_mode: str = "global"
     skipped: str | None = None
+
+    @property
+    def cost(self) -> CostReport:
+        """The trace cost of a feasible outcome (set whenever it was not skipped)."""
+        assert self.trace_cost is not None, f"{self.name}: skipped, no cost"
+        return self.trace_cost
 
     def to_dict(self) -> dict[str, Any]:
         assert self.placement is not None and self.trace_cost is not None
@@ -108,7 +108,7 @@ class PlanResult:
     @property
     def best(self) -> str | None:
         f = self.feasible
-        return min(f, key=lambda k: (_cost(f[k]).max_s, k)) if f else None
+        return min(f, key=lambda k: (f[k].cost.max_s, k)) if f else None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Block", "MiniBatch", "Sampler", "dst_ptr"]
 
@@ -120,5 +124,5 @@ class Sampler(ABC):
     """Turns seed ids into a :class:`MiniBatch` (topology only; no features)."""
 
     @abstractmethod
-    def sample(self, seeds: torch.Tensor) -> MiniBatch:
-        """Sample the multi-hop neighbourhood of ``seeds`` (int64 global ids)."""
+    def sample(self, seeds: torch.Tensor | np.ndarray) -> MiniBatch:
+        """Sample the multi-hop neighbourhood of ``seeds`` (int64 global ids, tensor or array)."""

@@ -163,7 +163,7 @@ class LaborSampler(UniformSampler):
         )  # fmt: skip
         return e, int(cnt)
 
-    def sample(self, seeds: torch.Tensor, epoch_seed: int | None = None) -> MiniBatch:
+    def sample(self, seeds: torch.Tensor | np.ndarray, epoch_seed: int | None = None) -> MiniBatch:
         """Sample the ``len(fanouts)``-hop LABOR neighbourhood of ``seeds``.
 
         Returns a :class:`MiniBatch` as :meth:`UniformSampler.sample` does, with float32

@@ -128,7 +128,7 @@ class ThreadedCPUSampler(Sampler):
         if num_threads is not None and int(num_threads) < 1:
             raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
         if num_threads is None:
-            num_threads = min(8, int(numba.config.NUMBA_NUM_THREADS))
+            num_threads = min(8, int(numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # set by numba.config at import
         self.num_threads = int(num_threads)
         self._seed = int(seed)
         self._calls = 0

@@ -164,7 +164,7 @@ class UniformSampler(ThreadedCPUSampler):
     def device(self) -> torch.device:
         return self._torch.device if self._torch is not None else torch.device("cpu")
 
-    def sample(self, seeds: torch.Tensor, epoch_seed: int | None = None) -> MiniBatch:
+    def sample(self, seeds: torch.Tensor | np.ndarray, epoch_seed: int | None = None) -> MiniBatch:
         """Sample the ``len(fanouts)``-hop neighbourhood of ``seeds``.
 
         Args:
