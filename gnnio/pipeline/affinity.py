@@ -37,11 +37,12 @@ def available_cores() -> list[int]:
 def core_sets(threads: dict[str, int], cores: list[int]) -> dict[str, list[int]] | None:
     """Disjoint contiguous blocks of ``cores``, ``threads[stage]`` cores each, in the order
     ``sample``, ``gather``, ``compute`` (then any other stage); None when they do not fit."""
-    order = [s for s in ("sample", "gather", "compute") if s in threads]
+    order: list[str] = [s for s in ("sample", "gather", "compute") if s in threads]
     order += [s for s in threads if s not in order]
     if sum(max(1, int(threads[s])) for s in order) > len(cores):
         return None
-    out, at = {}, 0
+    out: dict[str, list[int]] = {}
+    at = 0
     for s in order:
         n = max(1, int(threads[s]))
         out[s] = list(cores[at : at + n])

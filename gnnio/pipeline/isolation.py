@@ -161,8 +161,9 @@ def solve(
         top = cores - len(names) + 1  # the most one stage can get with one thread for each other
         values = sorted({max(floor, fits[s].seconds(c)) for s in names for c in range(1, top + 1)})
         for target in values:
-            combo = tuple(_fewest(fits[s], target, top) for s in names)
-            if all(c is not None for c in combo) and sum(combo) <= cores:
+            picks = [_fewest(fits[s], target, top) for s in names]
+            combo = tuple(c for c in picks if c is not None)
+            if len(combo) == len(names) and sum(combo) <= cores:
                 worst = max(floor, *(fits[s].seconds(c) for s, c in zip(names, combo)))
                 best = (worst, sum(combo), combo)
                 break

@@ -53,6 +53,7 @@ import queue
 import time
 import weakref
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -185,10 +186,9 @@ class NodeLoader:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.sampler = sampler
         try:
-            params = inspect.signature(sampler.sample).parameters
+            self._keyed = "epoch_seed" in inspect.signature(sampler.sample).parameters
         except (TypeError, ValueError):  # builtins without a signature
-            params = {}
-        self._keyed = "epoch_seed" in params
+            self._keyed = False
         self.store = store
         self.order = order
         self.device = resolve_device(device)
@@ -200,7 +200,7 @@ class NodeLoader:
         self.prefetch = int(prefetch)
         self.num_workers = int(num_workers)
         self.reuse_buffers = bool(reuse_buffers)
-        self.labels = labels
+        self.labels: Any = labels  # (None, a tensor or a label map; see _labels_for)
         if labels is not None and not _is_label_map(labels):
             self.labels = torch.as_tensor(np.asarray(labels)).long()
         self.stats: LoaderStats | None = None
@@ -217,12 +217,14 @@ class NodeLoader:
         self._staged = st is not None and store.device.type == "cpu"
         self._use_ring = self.reuse_buffers and store.device.type == "cpu"
         self._ring = ring if self._use_ring else None
+        self._slots: list[torch.Tensor | None]
+        self._slot_events: list
         if self._ring is not None:  # (slots shared with loaders that run at other times)
-            ring.join(self, (store.dim, store.dtype, self._pinned))
-            self._slots, self._slot_events = ring.slots, ring.events
+            self._ring.join(self, (store.dim, store.dtype, self._pinned))
+            self._slots, self._slot_events = self._ring.slots, self._ring.events
         else:
-            self._slots: list[torch.Tensor | None] = [None] * (self.prefetch + 2)
-            self._slot_events: list = [None] * (self.prefetch + 2)
+            self._slots = [None] * (self.prefetch + 2)
+            self._slot_events = [None] * (self.prefetch + 2)
         self._side = st.new_stream("gather") if st is not None else None
         self._sample_streams = (
             [st.new_stream(f"sample{k}") for k in range(self.num_workers)] if st else []

@@ -100,7 +100,7 @@ class EpochRun:
         self.start = int(start)
         self.stop = threading.Event()
         w, p = loader.num_workers, loader.prefetch
-        self.sampled = [queue.Queue(maxsize=p) for _ in range(w)]
+        self.sampled: list[queue.Queue] = [queue.Queue(maxsize=p) for _ in range(w)]
         self.out: queue.Queue = queue.Queue(maxsize=p)
         self.free: queue.Queue = queue.Queue()
         for k in range(len(loader._slots)):
@@ -212,7 +212,8 @@ class EpochRun:
                         nxt += 1
                     if nexts is not None and nxt == len(self.batches):
                         nexts.top_up(i + k - (len(self.batches) - 1))
-                    self.put(self.out, self._gather_one(*ahead.popleft(), i))
+                    mb, sampled = ahead.popleft()
+                    self.put(self.out, self._gather_one(mb, sampled, i))
             if nexts is not None:
                 ld._carried = (self.epoch + 1, nexts.ids)
             self.put(self.out, END)
@@ -248,7 +249,7 @@ class EpochRun:
         with ids_in_range():  # the sampler's ids: no range check read back from a GPU
             mb.x = ld.store.gather(ids, out=buf)
         del self.busy["gather"]
-        if before is not None:
+        if counters is not None and before is not None:
             # this batch's rows and bytes per tier: the consumer adds up the batches it trained
             # on, not those gathered ahead (so a checkpoint taken mid-epoch counts exactly those)
             mb.meta["counted"] = counters.since(before)  # device parts resolved by the consumer

@@ -81,8 +81,8 @@ def hop_layout(mb: MiniBatch) -> tuple[torch.Tensor, torch.Tensor | None, list[i
     else:
         hops = list(reversed(blocks))
         edge_index = torch.cat([b.edge_index for b in hops], dim=1)
-        weights = [b.edge_weight for b in hops]
-        weight = None if any(w is None for w in weights) else torch.cat(weights)
+        weights = [b.edge_weight for b in hops if b.edge_weight is not None]
+        weight = torch.cat(weights) if len(weights) == len(hops) else None
         num_edges = [b.num_edges for b in hops]
     return edge_index, weight, num_nodes, num_edges
 

@@ -26,7 +26,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ CACHE_VERSION = 1
 KEPT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def served_from_x(x) -> bool:
+def served_from_x(x) -> TypeGuard[torch.Tensor]:
     """Whether ``x`` (a ``Data``'s) is served from the tensor itself rather than from the
     converted dataset: a 2-D real tensor of a dtype gnnio's format would change."""
     return (
@@ -87,7 +87,7 @@ class Source:
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
     t = t.detach().cpu().contiguous()
-    return memoryview(t.view(torch.uint8).numpy().reshape(-1)) if t.numel() else memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy().reshape(-1)) if t.numel() else memoryview(b"")  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
 
 
 def content_hash(x: torch.Tensor, edge_index: torch.Tensor) -> str:
@@ -199,10 +199,12 @@ def _from_stores(pair, store_kind) -> Source:
         )
     row, colptr, perm = gs.csc()
     graph = CSRGraph(np.asarray(colptr.cpu(), dtype=np.int64), np.asarray(row.cpu()))
-    store = codec = None
-    if isinstance(fs, GnnioFeatureStore) and isinstance(fs._items.get((None, "x")), _Store):
+    store: Any = None
+    codec = None
+    item = fs._items.get((None, "x")) if isinstance(fs, GnnioFeatureStore) else None
+    if isinstance(item, _Store):
         # read as get_tensor reads it: a compressed dataset's rows decoded (its codec)
-        store, codec = fs._items[(None, "x")].store, fs._items[(None, "x")].codec
+        store, codec = item.store, item.codec
     elif any(a.attr_name == "x" for a in fs.get_all_tensor_attrs()):
         store = _PygRows(fs, "x")
     dev = store.device if store is not None else torch.device("cpu")
@@ -230,7 +232,7 @@ def resolve_data(data, store_kind: str = "memory", cache_dir=None, threads=None)
         if served_from_x(x):  # float64, int64, ...: PyG's rows, in x's own dtype
             from ..features.stores.memory import InMemoryFeatureStore
 
-            store = InMemoryFeatureStore(x.detach().cpu(), num_threads=threads)
+            store: FeatureStore = InMemoryFeatureStore(x.detach().cpu(), num_threads=threads)
         else:
             store = open_store(ds, store_kind, num_threads=threads, progress=False)
         edge_ids = None

@@ -25,6 +25,7 @@ Differences from ``NeighborLoader`` a user may notice:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -177,7 +178,7 @@ class PyGLoader:
         if order is None:
             seeds, self._by_id = resolve_input_nodes(ds, input_nodes)
             cls = RandomOrder if shuffle else InOrder
-            kw = {"seed": seed} if shuffle else {}
+            kw: dict[str, Any] = {"seed": seed} if shuffle else {}
             order = cls(seeds, batch_size, drop_last=drop_last, **kw)
         else:
             if input_nodes is not None or shuffle or drop_last:

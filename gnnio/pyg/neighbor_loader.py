@@ -36,6 +36,7 @@ tensor; every other node attribute (``y``, masks, an added ``n_id``) is indexed 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import torch
@@ -172,6 +173,7 @@ class NeighborLoader:
         self.num_neighbors = base.fanouts
         self.sampler = DisjointSampler(base) if disjoint else base
         self.disjoint, self.replace = bool(disjoint), bool(replace)
+        self.order: RandomOrder | InOrder
         if opts.shuffle:
             self.order = RandomOrder(seeds, opts.batch_size, seed=0, drop_last=opts.drop_last)
         else:
@@ -218,7 +220,7 @@ class NeighborLoader:
     # ---- epochs --------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Data]:
-        gen = self.generator
+        gen = cast(torch.Generator | None, self.generator)
         key = int(torch.randint(0, 2**31 - 1, (1,), generator=gen).item())
         return self.epoch(key)
 
