@@ -47,7 +47,7 @@ try:  # numba is a hard dependency, but keep the pure-torch path usable and test
 
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised only without numba
-    numba = None
+    numba = None  # type: ignore[assignment]  # (no numba: the torch paths)
     HAVE_NUMBA = False
 
 __all__ = [

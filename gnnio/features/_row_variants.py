@@ -162,7 +162,7 @@ class RowTuner:
             times = {n: p if isinstance(p, str) else p.seconds() for n, p in pending.items()}
             del self._pending[key]
             timed = {n: t for n, t in times.items() if not isinstance(t, str)}
-            best = min(timed, key=timed.get) if timed else DEFAULT.name
+            best = min(timed, key=lambda n: timed[n]) if timed else DEFAULT.name
             self.chosen[key] = next((c for c in candidates if c.name == best), DEFAULT)
             self.timings[key] = times
             kernel_config("rows", key, best)

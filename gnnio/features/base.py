@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ class TierCounters:
         # tier -> [cumulative device count, value booked, row bytes]
         self._dev: dict[str, list] = {}
         self._lock = threading.RLock()  # the loader's thread adds and marks while others read
-        self._events: dict[int, object] = {}  # CUDA stream -> event after its last device add
+        self._events: dict[int, Any] = {}  # CUDA stream -> event after its last device add
 
     def __repr__(self) -> str:
         return f"TierCounters(rows={dict(self._rows)}, pending={sorted(self._dev)})"

@@ -286,6 +286,7 @@ class FeatureCache(FeatureStore):
                 return
             fused = self.policy.announce_ids(idx)  # CPU kernels: dedup in the same pass
             if fused is None:
+                assert self._dedup is not None  # (a dynamic policy: announce_ids is its own)
                 uniq, inv = self._dedup(idx)
                 self.policy.announce(uniq)
             else:
@@ -381,7 +382,10 @@ class FeatureCache(FeatureStore):
     def _gather_dynamic(self, idx: torch.Tensor, dst: torch.Tensor, dedup=None) -> None:
         timer = _Timer(self.device, self.timing, self.stats.laps)
         pol = self.policy
-        uniq, inv = self._dedup(idx) if dedup is None else dedup
+        if dedup is None:
+            assert self._dedup is not None  # (made for every dynamic policy)
+            dedup = self._dedup(idx)
+        uniq, inv = dedup
         u = int(uniq.numel())
         if isinstance(pol, LookaheadPolicy):
             pol.begin_batch(uniq)
@@ -423,6 +427,7 @@ class FeatureCache(FeatureStore):
         slots_w, pos_w, evicted = pol.admit(miss_ids, miss_ticks)
         manage += timer.lap("manage")
         if slots_w.numel():
+            assert fetched is not None  # (rows admitted: some missed, m > 0)
             if slots_w.numel() == m and self.device.type != "cpu":
                 self.buffer.index_copy_(0, slots_w, fetched)
             else:

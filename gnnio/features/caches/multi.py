@@ -260,6 +260,7 @@ class ShardedFeatureCache(FeatureStore):
                     slots_w, pos_w, evicted = sh.policy.admit(keys, kt, check_present=True)
                     manage += t.lap("manage")
                     src = part.index_select(0, pos_w.to(part.device))
+                    assert fetched is not None  # (a shard's misses: some rows were fetched)
                     move_rows(fetched, src, sh.buffer, slots_w)
                     copy += t.lap("copy")
                 ins += int(slots_w.numel())

@@ -276,6 +276,7 @@ def gather_lookahead(cache, idx: torch.Tensor, dst: torch.Tensor, timer, pre=Non
     else:
         m = (valid & (slots < 0)).sum()
     if vslot is not None:
+        assert rows_u is not None  # (served or fetched above)
         if not scatter_masked(rows_u, torch.where(vslot < cap, vslot, -1), cache.buffer):
             cache._buffer_ext.index_copy_(0, vslot, rows_u)  # the others: the sentinel row
     copy += timer.lap("copy")

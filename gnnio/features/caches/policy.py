@@ -11,6 +11,8 @@ the slots is the cache's (:class:`~gnnio.features.caches.cache.FeatureCache`, or
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -324,7 +326,9 @@ def make_policy(
             raise ValueError("a static cache needs hot_ids (the ids to keep, hottest first)")
         hot = np.asarray(hot_keys, dtype=np.int64)[: int(min(capacity, num_keys))]
         return StaticPolicy(hot, num_keys, device)
-    cls = {"fifo": FIFOPolicy, "lru": LRUPolicy, "lfu": LFUPolicy}.get(policy)
+    kinds: dict[str, Callable[[int, int, Any], CachePolicy]] = {
+        "fifo": FIFOPolicy, "lru": LRUPolicy, "lfu": LFUPolicy}  # fmt: skip
+    cls = kinds.get(policy)
     if cls is None:
         raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
     return cls(capacity, num_keys, device)

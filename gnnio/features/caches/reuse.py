@@ -195,6 +195,7 @@ class CrossBatchReuse(FeatureStore):
         )
         prev = self._prev_rows
         if reuse.numel():
+            assert prev is not None  # (rows reused: a predecessor's rows are kept)
             if prev.untyped_storage().data_ptr() == rows_u.untyped_storage().data_ptr():
                 prev = prev.index_select(0, src)  # writing into the buffer being read: copy first
                 src = torch.arange(prev.shape[0], device=self.device)

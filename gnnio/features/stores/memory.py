@@ -100,7 +100,7 @@ class InMemoryFeatureStore(FeatureStore):
         # uint8 [N, row_bytes] view for the byte-copy kernel (shares memory with self._t)
         self._bytes = row_bytes_view(t) if self.device.type == "cpu" else None
         self._fast = (
-            HostRowGather(self._bytes, self.dim, self.dtype) if self.device.type == "cpu" else None
+            HostRowGather(self._bytes, self.dim, self.dtype) if self._bytes is not None else None
         )
 
     def __repr__(self) -> str:
@@ -118,7 +118,7 @@ class InMemoryFeatureStore(FeatureStore):
         """Rows ``ids`` (global ids; int32/int64; repeats allowed) as ``[len(ids), dim]`` on
         ``self.device``, written into ``out[:len(ids)]`` when ``out`` is given. Raises IndexError
         for ids outside ``[0, num_rows)``, TypeError for non-integer ids."""
-        if self.device.type != "cpu":
+        if self._fast is None or self._bytes is None:  # (on a GPU)
             return self._gather_device(ids, out)
         # the loader's call (an int tensor and a reused buffer), straight to the kernel
         dst = self._fast(ids, out, self.kernel, self.num_threads)

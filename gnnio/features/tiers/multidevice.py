@@ -122,7 +122,8 @@ class MultiDeviceFeatureStore(FeatureStore):
         self._s = _shared
         self.topology = topology
         self.reader = int(reader)
-        self.simulated = all(d.type == "cpu" for d in _shared.devices)
+        # (not ``simulated``: the class method of that name builds such a store)
+        self.simulated_devices = all(d.type == "cpu" for d in _shared.devices)
         self.device = _shared.devices[self.reader]
         self.num_rows = int(_shared.host.shape[0])
         self.dim = int(_shared.host.shape[1])
@@ -187,7 +188,7 @@ class MultiDeviceFeatureStore(FeatureStore):
         )  # fmt: skip
 
     def __repr__(self) -> str:
-        kind = "simulated" if self.simulated else "real"
+        kind = "simulated" if self.simulated_devices else "real"
         return (
             f"MultiDeviceFeatureStore(num_rows={self.num_rows}, dim={self.dim}, dtype={self.dtype}, "
             f"reader={self.reader}, devices={len(self._s.devices)} {kind}, "

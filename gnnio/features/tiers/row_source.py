@@ -95,6 +95,7 @@ class RowSource:
                 self._host_bytes = row_bytes_view(self.host)
             gather_rows(self._host_bytes, ids, out[: ids.shape[0]], src_tensor=self.host)
         else:
+            assert self._np is not None  # (the one source left: a mapped array)
             gather_rows(self._np, ids, out[: ids.shape[0]])
 
     def read_range(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:

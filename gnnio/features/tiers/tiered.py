@@ -278,7 +278,9 @@ class TieredFeatureStore(FeatureStore):
             )
         if self.simulated:
             name = f"sim:{dev}" if dev.type == "cuda" else "sim:cuda:0"
-            self.sim_device = sim_dev if sim_dev is not None else SimulatedDevice(name)
+            self.sim_device: SimulatedDevice | None = (
+                sim_dev if sim_dev is not None else SimulatedDevice(name)
+            )
             self.gpu_name = self.sim_device.name
             self.device = torch.device("cpu")
         else:
@@ -341,6 +343,7 @@ class TieredFeatureStore(FeatureStore):
         """Each id's slot in the GPU tier, -1 for a cold id (on ``self.device``; num_hot > 0)."""
         if self.mode == "prefix":
             return torch.where(ids < self.num_hot, ids, -1)
+        assert self._table is not None, "the store is closed"
         return self._table[ids]
 
     def _split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -370,7 +373,7 @@ class TieredFeatureStore(FeatureStore):
             self._cold.gather(res, None, ids_d)
             self._count(0, n)
         elif h == self.num_rows:
-            slots = ids_d if self.mode == "prefix" else self._table[ids_d]
+            slots = ids_d if self.mode == "prefix" else self._slots(ids_d)
             copy_rows(self._hot, slots, res)
             self._count(n, 0)
         elif not self._fused(ids_d, res):  # else one kernel, counted on the device (no host sync)

@@ -55,6 +55,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from typing import Any
 
 import torch
 
@@ -221,7 +222,7 @@ class _Registration:
         self.ptr, self.nbytes = ptr, nbytes
         self.chunks = chunks if chunks is not None else (ptr,)
         self.refs = 1
-        self.uses: dict[int, object] = {}  # stream id -> event after its last queued read
+        self.uses: dict[int, Any] = {}  # stream id -> event after its last queued read
 
     @property
     def end(self) -> int:
