@@ -184,7 +184,8 @@ def test_cache_never_skips_the_collective(policy):
     feats = torch.randn(n, dim)
     topo = load_topology("2")
     pl = place("mod", PlacementRequest(probs=np.ones(n), topology=topo, buffer_rows=40))
-    ctx = SimpleNamespace(rank=0, world_size=2, device=torch.device("cpu"), topology=topo)
+    ctx = SimpleNamespace(rank=0, world_size=2, device=torch.device("cpu"), topology=topo,
+                          topo=topo)  # fmt: skip
     hot = np.arange(n) if policy == "static" else None  # static: every row cached
     cache = FeatureCache(InMemoryFeatureStore(feats), n, policy, hot_ids=hot, tier="cache")
     store = ShardedFeatureStore(cache, pl, ctx, reuse=False)

@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from types import FrameType
 
 import torch
 
@@ -138,17 +139,17 @@ class CommCheck:
         with self._lock:
             self.calls[(fn, gname, me.name)] += 1
             self.threads_by_group[gname].add(me.name)
-            others = {i: n for i, n in self._active[gname].items() if i != me.ident}
+            others = {i: n for i, n in self._active[gname].items() if i != _ident(me)}
             if others:
                 self.violations.append(
                     f"threads: {fn} on group {gname} from thread {me.name} while thread(s) "
                     f"{sorted(others.values())} have a collective on it in flight"
                 )
-            self._active[gname][me.ident] = me.name
+            self._active[gname][_ident(me)] = me.name
 
     def _exit(self, gname: str, me: threading.Thread) -> None:
         with self._lock:
-            self._active[gname].pop(me.ident, None)
+            self._active[gname].pop(_ident(me), None)
 
     def _check_tensors(self, fn: str, gname: str, args, kwargs) -> None:
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -187,10 +188,16 @@ class CommCheck:
         return path
 
 
+def _ident(t: threading.Thread) -> int:
+    """A started thread's id (``ident`` is None only before ``start``)."""
+    assert t.ident is not None
+    return t.ident
+
+
 def _call_site() -> str:
     """The innermost frame outside this module, the context and torch."""
     here = Path(__file__).resolve().parent
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         p = Path(f.f_code.co_filename)
         skip = (p.parent == here and p.name in ("commcheck.py", "context.py")) or (

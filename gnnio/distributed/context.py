@@ -48,10 +48,14 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..placement.topology import Topology
 
 __all__ = ["GROUPS", "DistContext", "env_world_size", "init", "infer_topology_spec"]
 
@@ -106,10 +110,16 @@ class DistContext:
     simulated: bool
     timeout_s: float
     groups: dict = field(default_factory=dict)
-    topology: object = None
+    topology: Topology | None = None
     topology_spec: str = ""
     inferred_topology: bool = True
     _extra: dict = field(default_factory=dict)
+
+    @property
+    def topo(self) -> Topology:
+        """:attr:`topology`, which :func:`init_distributed` sets on every rank."""
+        assert self.topology is not None, "a DistContext without its topology"
+        return self.topology
 
     @property
     def is_main(self) -> bool:
@@ -278,7 +288,7 @@ def init(
         ) from None
     # one group per thread that issues collectives, created in the same order on every rank
     groups = {name: dist.new_group(backend=backend, timeout=td) for name in GROUPS}
-    machines = [None] * world
+    machines: list[Any] = [None] * world
     dist.all_gather_object(machines, node, group=groups["control"])
     machine_of = [int(m) for m in machines]
     inferred = topology is None

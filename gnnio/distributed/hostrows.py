@@ -84,7 +84,7 @@ class PreadRows:
         self.row_bytes = int(arr.strides[0])
         self.offset = int(arr.offset)
         self.num_threads = num_threads
-        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)
@@ -105,6 +105,7 @@ class PreadRows:
             )
         rows = out.view(torch.uint8).numpy().reshape(out.shape[0], self.row_bytes)
         at_np = np.arange(n, dtype=np.int64) if at is None else at.numpy()
+        assert self._fd is not None  # (closed only when collected)
         pread_into(self._fd, self.path, ids.numpy(), rows, at_np, self.offset)
         st = self.store
         st.counters.add(st.tier, n, st.row_bytes)

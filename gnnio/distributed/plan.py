@@ -88,7 +88,7 @@ def get_placement(ds, cfg, ctx: DistContext):
             )
             req = PlacementRequest(
                 probs=probs,
-                topology=ctx.topology,
+                topology=ctx.topo,
                 buffer_rows=top_count(cfg.buffer, n),
                 graph=ds.graph,
                 train_idx=np.asarray(ds.train_idx, dtype=np.int64),

@@ -49,6 +49,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -185,7 +186,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         if shard_device is not None and mode != "shared":
             raise ValueError(f"shard device: only with sampling mode shared, not {mode}")
         self._init_threads(fanouts, seed, 1)
-        self.prune = None if prune is None else tuple(float(x) for x in prune)
+        self.prune = None if prune is None else cast(tuple[float, float], tuple(map(float, prune)))
         self.thresholds: list[int] | None = None
         if self.prune is not None:
             if avg_degree is None:
@@ -200,7 +201,11 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         self.rank = ctx.rank
         # the evaluation sampler reads the training sampler's shard (one copy of its index)
         same = share_with is not None and share_with.rank == ctx.rank
-        self.own = share_with.own if same else _Shard(pdir, ctx.rank, self.num_nodes)
+        self.own: _Shard = (
+            share_with.own
+            if share_with is not None and same
+            else _Shard(pdir, ctx.rank, self.num_nodes)
+        )
         # shared mode: the shards of the other ranks of this machine, read from the owner's
         # memory (/dev/shm on the CPU, CUDA IPC on GPUs: gnnio.distributed.shm)
         self.peer_shards: dict[int, _Shard] = {}
@@ -319,6 +324,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         for r, c, _, d in pieces:
             cnt[r] = c
             if deg_all is not None:
+                assert d is not None  # (pruned requests return their degrees)
                 deg_all[r] = d
         offs = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(cnt, out=offs[1:])

@@ -102,7 +102,7 @@ class ShardedFeatureStore(FeatureStore):
         self.dtype = host_store.dtype
         self.device = ctx.device
         self.reuse = bool(reuse)
-        peers = bool(placement.peer_reads) and bool(ctx.topology.peers_cheaper)
+        peers = bool(placement.peer_reads) and bool(ctx.topo.peers_cheaper)
         self._peers = peers
         lk = placement.lookup(self.rank, peers=peers)
         # Song & Jiang's per-node lookup (where each row is read from) is the one structure sized
@@ -185,6 +185,7 @@ class ShardedFeatureStore(FeatureStore):
             p = torch.searchsorted(self._prev_ids, uniq).clamp_(max=self._prev_ids.numel() - 1)
             hit = need & (self._prev_ids[p] == uniq)
             hsel = hit.nonzero().squeeze(1)
+            assert self._prev_rows is not None  # (kept with _prev_ids)
             move_rows(self._prev_rows, p[hsel].to(self.device), rows_u, hsel.to(self.device))
             self.counters.add("reuse", int(hsel.numel()), rb)
             need &= ~hit
@@ -263,15 +264,16 @@ class ShardedFeatureStore(FeatureStore):
             "control_bytes": int(control),
             "trace": None if trace is None else torch.from_numpy(trace),
             "prev_ids": None if prev is None else prev.clone(),
-            "host": host.state_dict() if callable(getattr(host, "state_dict", None)) else {},
+            "host": save() if callable(save := getattr(host, "state_dict", None)) else {},
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Undo :meth:`state_dict`; the previous batch's rows are read again from host memory
         (the bottom store, uncounted: the same bytes the run held when it was saved)."""
         host = self.host_store
-        if state.get("host") and callable(getattr(host, "load_state_dict", None)):
-            host.load_state_dict(state["host"])
+        load = getattr(host, "load_state_dict", None)
+        if state.get("host") and callable(load):
+            load(state["host"])
         with self._state_lock:
             self.num_gathers = int(state["num_gathers"])
             self.control_bytes = int(state["control_bytes"])
@@ -344,7 +346,7 @@ class ShardedFeatureStore(FeatureStore):
         if self.trace is None:
             raise RuntimeError("record_trace=False: no trace to model")
         n = self.placement.num_devices
-        if self._peers == bool(self.ctx.topology.peers_cheaper):
+        if self._peers == bool(self.ctx.topo.peers_cheaper):
             # the model's lookup is this store's: its reads by source, a chunk of nodes at a
             # time (the model would build a second lookup and float64 and int64 copies of N)
             by_src = np.zeros(n + 1, dtype=np.float64)
@@ -354,7 +356,7 @@ class ShardedFeatureStore(FeatureStore):
                 by_src += np.bincount(src, weights=self.trace[a : a + (1 << 20)], minlength=n + 1)
         else:  # this rank's row of the cost model only (no dense [world, N] array)
             rep = placement_cost(
-                self.placement, self.ctx.topology, self.trace, self.row_bytes, devices=[self.rank]
+                self.placement, self.ctx.topo, self.trace, self.row_bytes, devices=[self.rank]
             )
             by_src = rep.devices[0].rows_by_source  # [1 + n]: host, then device k
         local, host = float(by_src[self.rank + 1]), float(by_src[0])
@@ -375,7 +377,7 @@ class ShardedFeatureStore(FeatureStore):
         """Modeled read seconds (Eq. 3 with the topology's bandwidths; network rows at
         ``network_bw``) for ``rows`` (default: :meth:`modeled_rows`)."""
         r = self.modeled_rows() if rows is None else rows
-        t, rb = self.ctx.topology, self.row_bytes
+        t, rb = self.ctx.topo, self.row_bytes
         return (
             r.get("peer", 0.0) * rb / t.peer_bw
             + r.get("host", 0.0) * rb / t.host_bw

@@ -36,7 +36,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -54,6 +54,10 @@ from .ddp import GradCounter, counting_allreduce, param_digest
 from .hostrows import PreadFeatureStore, pread_rows_of
 from .plan import LocalSeedsOrder, check_placement_file, get_placement, proximity_order
 from .store import LINKS, ShardedFeatureStore, fault_from_env
+
+if TYPE_CHECKING:
+    from ..placement import Placement
+    from ..preprocess.partition import Partition
 
 __all__ = [
     "DistRun",
@@ -80,12 +84,14 @@ class DistRun(LocalRun):
         self.world_size = ctx.world_size
         self.is_main = ctx.is_main
         self.grad = GradCounter(ctx.world_size, ctx)
-        self.placement = None
+        self.placement: Placement | None = None
         self._last = {"collective_s": 0.0, "grad_bytes": 0, "grad_s": 0.0}
         self._model: torch.nn.Module | None = None
-        self.partition = None  # a gnnio partition (topology shards), when training with one
+        self.partition: Partition | None = (
+            None  # a gnnio partition (topology shards), when training with one
+        )
         self.samplers: list = []
-        self._graph: tuple | None = None  # (N, E, dirs) for GNNIO_MEM_CHECK
+        self._graph: tuple[int, int, list] | None = None  # (N, E, dirs) for GNNIO_MEM_CHECK
         self._censuses: list[str] = []
 
     # -- building -------------------------------------------------------------------------
@@ -121,7 +127,7 @@ class DistRun(LocalRun):
                 for a in (ds.graph.indptr, ds.graph.indices):  # read once, at set-up: the
                     drop_pages(a)  # pages leave this rank's mapping (as in plan.py)
                 # the same lookup as the store's: rows this rank reads from its shard or a peer's
-                peers = bool(pl.peer_reads) and ctx.topology.peers_cheaper
+                peers = bool(pl.peer_reads) and ctx.topo.peers_cheaper
                 held = np.asarray(pl.lookup(ctx.rank, peers=peers).dev_num) >= 0
                 hot = np.argsort(-score, kind="stable")
                 hot = hot[~held[hot]]  # rows the rank reads from host memory only
@@ -371,7 +377,8 @@ class DistRun(LocalRun):
         self._censuses.append(when)
         if os.environ.get(ENV) and self._graph is not None:
             keep = [store.dev_num, store.buf_pos, store.trace, *self._node_arrays(store)]
-            write_census(when, self.rank, *self._graph[:2], keep, self._graph[2])
+            n, e, dirs = self._graph
+            write_census(when, self.rank, n, e, keep, dirs)
 
     def _node_arrays(self, store) -> list:
         """Arrays sized by the whole graph a rank keeps besides the store's lookup and trace
@@ -436,7 +443,7 @@ class DistRun(LocalRun):
             per = [r["sampling"] for r in ranks]
             summary["partitioned_sampling"] = {
                 "partition": str(cfg_partition(self)),
-                "method": self.partition.method,
+                "method": self.partition.method if self.partition is not None else None,
                 "mode": self.samplers[0].mode,
                 "bytes_by_link": {
                     **{
@@ -475,7 +482,7 @@ class DistRun(LocalRun):
             topology_inferred=ctx.inferred_topology,
             backend=ctx.backend,
             simulated_devices=ctx.simulated,
-            placement=self.placement.strategy,
+            placement=self.placement.strategy if self.placement is not None else None,
             bytes_by_link=both,
             feature_bytes_by_link=feat_t,
             gradient_bytes_by_link=grad_t,
