@@ -142,7 +142,13 @@ for h, (E, ecnt, rows, cap, claimed) in enumerate(
                                         for r in range(rows)]
         assert bool((kbig[rows:] == 77).all()), h
 assert after >= cap + 5, (after, cap)  # (the last hop's cap was passed)
-reset_triton(big, N, loc, first, meta[2 + L : 3 + L])
+# the end's reset as a captured batch runs it: ``n`` the node buffer's bound (the cap, as
+# gpu_graphed passes rows[-1]; the buffer holds nothing past it, so a larger n would read unset
+# slots and write loc and first at those ids), the count on the device. A count below the bound
+# resets that many nodes only; then the batch's own count (past the cap) resets all of them.
+reset_triton(big, cap, loc, first, torch.tensor([3]))
+assert bool((loc[big[:3]] == -1).all()) and bool((loc[big[3:cap]] >= 0).all()), "count < n"
+reset_triton(big, cap, loc, first, meta[2 + L : 3 + L])
 first[want[cap:]] = SENT  # (the nodes past the cap: the batch's error path clears them)
 assert bool((loc == -1).all()) and bool((first == SENT).all()), "the scratch at rest"
 
