@@ -35,6 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -145,7 +146,7 @@ class TorchUniformSampler:
         self.fanouts = [int(f) for f in fanouts]
         self.num_nodes = int(self.indptr.shape[0]) - 1
         self._lock = threading.Lock()
-        self._scratch: list[tuple[torch.Tensor, torch.Tensor, object, dict]] = []
+        self._scratch: list[tuple[torch.Tensor, torch.Tensor, Any, dict]] = []
         self.phase_hook = None  # see the module docstring (gnnio bench step's relabel timer)
         self.cuda_graph = bool(cuda_graph)
         self.thresholds = [0] * len(self.fanouts)  # HyDRA's pruning per hop (.pruned_torch)

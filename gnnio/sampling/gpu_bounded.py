@@ -181,7 +181,8 @@ class _Buffers:
         self.row = [z(e) for e in edges]
         self.uses = 0  # batches sampled with this set (which set a full scratch drops)
         self._own = [self.meta, self.nodes, *self.cum, src, flag, rank, *self.local, *self.row]
-        self._edges, self._w = edges, None
+        self._edges = edges
+        self._w: list[torch.Tensor] | None = None
         self.graph: dict = {}  # :mod:`.gpu_graphed`'s state for this set, per kind of hop
 
     def weights(self) -> list:

@@ -137,15 +137,15 @@ def _upload(st: GraphState, seeds: torch.Tensor, keys: list, extra=()) -> None:
     """The batch's seeds, hop keys (ints) and ``extra`` floats into ``st.inp``: one queued copy
     from pinned memory."""
     L = len(keys) + len(extra)
-    keys = torch.tensor([_s64(k) for k in keys], dtype=torch.int64)
+    kt = torch.tensor([_s64(k) for k in keys], dtype=torch.int64)
     if len(extra):  # (float64 bits as int64: one buffer, one copy)
-        keys = torch.cat([keys, torch.tensor(extra, dtype=torch.float64).view(torch.int64)])
+        kt = torch.cat([kt, torch.tensor(extra, dtype=torch.float64).view(torch.int64)])
     if seeds.device == st.inp.device:
         st.seeds.copy_(seeds)
-        host = keys
+        host = kt
         dst = st.inp.narrow(0, int(seeds.shape[0]), L)
     else:
-        host, dst = torch.cat([seeds.to(torch.int64), keys]), st.inp
+        host, dst = torch.cat([seeds.to(torch.int64), kt]), st.inp
     if dst.is_cuda:  # pinned: queued, not waited for (torch keeps the page until it is read)
         host = host.pin_memory()
     dst.copy_(host, non_blocking=True)

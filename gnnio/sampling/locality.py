@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -104,6 +105,10 @@ from ..graph.csr import CSRGraph, check_graph
 from . import _las_kernels as K
 from .base import Block, MiniBatch
 from .threaded import ThreadedCPUSampler, check_seeds, hop_key
+
+if TYPE_CHECKING:
+    from .locality_torch import TorchLocalitySampler
+    from .pruned_torch import TorchPrunedSampler
 
 __all__ = [
     "LocalitySampler",
@@ -183,7 +188,7 @@ def _prune_pair(prune) -> tuple[float, float] | None:
     None no pruning."""
     if prune is None or prune is False:
         return None
-    return (1.0, 1.0) if prune is True else tuple(float(x) for x in prune)
+    return (1.0, 1.0) if prune is True else cast(tuple[float, float], tuple(map(float, prune)))
 
 
 def _as_hot_ids(hot_ids, num_nodes: int) -> np.ndarray:
@@ -295,7 +300,7 @@ class LocalitySampler(ThreadedCPUSampler):
         graph_in: str = "gpu",
         cuda_graph: bool = False,
     ):
-        self._torch = None
+        self._torch: TorchLocalitySampler | TorchPrunedSampler | None = None
         self._init_threads(fanouts, seed, num_threads)
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights: choose from {', '.join(WEIGHT_MODES)}, got {weights!r}")
@@ -324,7 +329,7 @@ class LocalitySampler(ThreadedCPUSampler):
         TorchLocalitySampler`, the CSR placed as the uniform sampler places it)."""
         from .uniform import UniformSampler
 
-        topo = UniformSampler._device_topology(self, graph, device, graph_in)
+        topo = UniformSampler._device_topology(self, graph, device, graph_in)  # type: ignore[arg-type]  # borrowed: sets graph_in and _pins on this sampler too
         if topo is None:
             return
         from .locality_torch import TorchLocalitySampler
@@ -399,8 +404,8 @@ class LocalitySampler(ThreadedCPUSampler):
             ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
         """
         key = self._next_key(epoch_seed)
-        if self._torch is not None:
-            return self._torch.sample(seeds, key, self._scale)
+        if self._torch is not None:  # (PrunedUniformSampler, whose is not LAS, overrides sample)
+            return cast("TorchLocalitySampler", self._torch).sample(seeds, key, self._scale)
         return self._sample_key(seeds, key, self._scale)
 
     def _sample_key(self, seeds, key: int, s: float) -> MiniBatch:

@@ -105,7 +105,7 @@ class TorchLocalitySampler(TorchPrunedSampler):
         self._tls = threading.local()  # this thread's eager batch: the scale's constants
         self._said: set[str] = set()  # the reasons for CPU batches warned about (_say)
 
-    def sample(self, seeds, key: int, scale: float = 1.0) -> MiniBatch:  # type: ignore[override]
+    def sample(self, seeds, key: int, scale: float = 1.0) -> MiniBatch:
         """The batch around ``seeds`` with call key ``key`` and LAS scale ``scale``."""
         s = float(scale)
         if s == 1.0 or all(q is None for q in self._q):
@@ -124,24 +124,24 @@ class TorchLocalitySampler(TorchPrunedSampler):
             from .gpu_graphed import not_replayed, sample_graphed
 
             try:
-                mb = sample_graphed(self, seeds, key, hop=las_hop,
-                                    extra=las_const_values(s), weighted=weighted)  # fmt: skip
+                replayed = sample_graphed(self, seeds, key, hop=las_hop,
+                                          extra=las_const_values(s), weighted=weighted)  # fmt: skip
             except _KernelFailed:
                 return self._on_cpu(seeds, key, s)
-            if mb is not None:
-                return self._weigh_las(mb, s)
+            if replayed is not None:
+                return self._weigh_las(replayed, s)
             not_replayed(self, "the locality-aware sampler", int(seeds.numel()))
         if s not in self._consts:
             self._consts[s] = las_consts(s, self.device)
         self._tls.consts = self._consts[s]
         seeds = self._device_seeds(seeds)
         try:
-            mb = sample_bounded(self, seeds, key, hop=las_hop, weighted=weighted)  # one host sync
+            bounded = sample_bounded(self, seeds, key, hop=las_hop, weighted=weighted)  # one sync
         except _KernelFailed:  # (its scratch is dropped, not pooled: the pool makes another)
             return self._on_cpu(seeds, key, s)
-        if mb is None:  # a fanout of -1, huge bounds, a rejected fast torch draw
+        if bounded is None:  # a fanout of -1, huge bounds, a rejected fast torch draw
             return self._sample_las_synced(seeds, key, s)
-        return self._weigh_las(mb, s)
+        return self._weigh_las(bounded, s)
 
     def _sample_las_synced(self, seeds: torch.Tensor, key: int, s: float) -> MiniBatch:
         """The batch the bounded form cannot hold (a fanout of -1, bounds past
@@ -235,7 +235,7 @@ def las_hop(sampler: TorchLocalitySampler, buf, h: int, n_rows: int, hk, loc, fi
     if e == 0:  # nothing to draw (fanout 0, no rows or no edges)
         return buf.src[h], buf.row[h], False
     if isinstance(hk, torch.Tensor):  # a graph's launch: the scale as its buffer holds it
-        consts = buf.graph[las_hop.graph_name].extra
+        consts = buf.graph[las_hop.graph_name].extra  # type: ignore[attr-defined]  # a function attribute gpu_graphed reads
     else:
         consts = sampler._tls.consts
     _las_launch(sampler, buf.nodes, n_rows, buf.count[h], buf.cum[h], hk, h, consts,
@@ -248,6 +248,7 @@ def _las_launch(sampler: TorchLocalitySampler, nodes, rows: int, count, row_off,
     """Hop ``h``'s LAS kernel (:func:`._triton_las.sample_las_triton`); where it fails, one
     warning and :class:`_KernelFailed` (the batch goes to the CPU kernels)."""
     q = sampler._q[h]
+    assert q is not None  # (a LAS hop: its layer's set)
     try:
         from ._triton_las import sample_las_triton
 
@@ -266,5 +267,5 @@ def _las_kernels(sampler: TorchLocalitySampler) -> tuple:
     return ("las_hop", "sample_hop") if None in sampler._q else ("las_hop",)
 
 
-las_hop.triton_kernel = _las_kernels
-las_hop.graph_name = "locality"  # (gpu_graphed: its graphs and report entry)
+las_hop.triton_kernel = _las_kernels  # type: ignore[attr-defined]  # a function attribute gpu_graphed reads
+las_hop.graph_name = "locality"  # type: ignore[attr-defined]  # a function attribute gpu_graphed reads

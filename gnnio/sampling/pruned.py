@@ -42,7 +42,7 @@ class PrunedUniformSampler(LocalitySampler):
         from .uniform import UniformSampler
 
         self._torch = None  # the CSR placed as the uniform sampler places it (same options)
-        topo = UniformSampler._device_topology(self, graph, device, graph_in)
+        topo = UniformSampler._device_topology(self, graph, device, graph_in)  # type: ignore[arg-type]  # borrowed: sets graph_in and _pins on this sampler too
         if topo is None:
             super().__init__(
                 graph, fanouts, None, 1.0, seed=seed, num_threads=num_threads, prune=prune,

@@ -137,7 +137,9 @@ class UniformSampler(ThreadedCPUSampler):
             return
         self._init_csr(graph)
 
-    def _device_topology(self, graph: CSRGraph, device, graph_in: str):
+    def _device_topology(
+        self, graph: CSRGraph, device, graph_in: str
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(indptr, indices)`` as tensors on the sampling device for a GPU sampler (for
         ``graph_in="host"`` CUDA views of the pinned host CSR, kept alive in ``self._pins``),
         or None to sample on the CPU. Sets ``graph_in`` and ``_pins``."""
@@ -243,6 +245,7 @@ class UniformSampler(ThreadedCPUSampler):
             hop_edges.append(hop.edges)
             pending = hop
         last = pending  # (there is always at least one hop)
+        assert last is not None
         self._run_split(last.write, [(p,) for p in range(last.nparts)])
         # (if anything above raised, ``ws`` is simply dropped instead of going back to the pool)
         ws.end(int(nodes.shape[0]))
