@@ -18,7 +18,7 @@ from ..pipeline.loader import BufferRing
 from ..utils.warnings_at import warn
 from .config import TrainConfig
 from .evaluate import make_node_loader
-from .models import build_model
+from .models import BlockGNN, build_model
 from .step import train_step
 
 __all__ = ["TrainingParts", "build_training", "make_optimizer", "train_step"]
@@ -36,7 +36,7 @@ class TrainingParts:
     labels: Any  # [N] int64 tensor, or a rank's SeedLabels (labels[seeds] alike)
     train_loader: Any
     eval_loaders: dict
-    model: torch.nn.Module
+    model: BlockGNN
     net: torch.nn.Module
     opt: torch.optim.Optimizer
     eval_batch_size: int
@@ -127,7 +127,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
     on the CPU and on CUDA) where this torch has it, else its multi-tensor ``foreach`` form.
     Both compute Adam's update as the per-parameter loop does, up to float rounding."""
     params = [p for p in model.parameters() if p.requires_grad]
-    kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+    kw: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
     try:
         return torch.optim.Adam(params, fused=True, **kw)
     except (RuntimeError, TypeError, ValueError):  # a device or build without the fused kernel

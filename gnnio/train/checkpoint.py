@@ -114,7 +114,7 @@ FREE_KEYS = frozenset(
 def checkpoint_files(directory: str | os.PathLike, rank: int = 0, world_size: int = 1):
     """``[(epoch, batch, path)]`` of this rank's checkpoints in ``directory``, oldest first."""
     d = Path(directory)
-    out = []
+    out: list[tuple[int, int, Path]] = []
     if not d.is_dir():
         return out
     for p in d.iterdir():

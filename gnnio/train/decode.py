@@ -28,6 +28,10 @@ class FeatureDecoder(nn.Module):
     whatever the codec (a caller that decoded them itself).
     """
 
+    # int8: buffers registered in __init__ (declared for the type checker only)
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
     def __init__(self, codec: FeatureCodec | None = None) -> None:
         super().__init__()
         codec = codec or FeatureCodec()

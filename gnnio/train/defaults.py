@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from ..errors import DatasetError
 from ..graph.dataset import Dataset, load
@@ -36,7 +37,7 @@ __all__ = [
 DEFAULT_DATASET_VERSION = 1
 
 #: arguments of prepare_synthetic for the default dataset
-DEFAULT_DATASET = {
+DEFAULT_DATASET: dict[str, Any] = {
     "num_nodes": 30_000,
     "avg_degree": 10,
     "feat_dim": 64,

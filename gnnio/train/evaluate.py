@@ -74,7 +74,7 @@ def evaluate_sampled_counts(
     finally:
         pb.close()
         model.train(was)
-    if correct is None:
+    if correct is None or total is None:  # (both set by the first batch)
         return 0, 0
     return int(correct), int(total)
 

@@ -185,7 +185,7 @@ def _by_rows(kernel, ptr: np.ndarray, work: int, *args) -> None:
     cuts = np.searchsorted(ptr, np.linspace(0, ptr[-1], k + 1)).clip(0, rows)
     cuts[0], cuts[-1] = 0, rows
     pool = _POOL.get(k)
-    futs = [pool.submit(kernel, ptr, *args, int(a), int(b))
+    futs = [pool.submit(kernel, ptr, *args, int(a), int(b))  # type: ignore[call-arg]  # *args
             for a, b in zip(cuts[:-1], cuts[1:]) if b > a]  # fmt: skip
     for f in futs:
         f.result()

@@ -31,6 +31,7 @@ often than cold ones.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,7 +77,7 @@ def plan_layout(
     budget = max(0, free_bytes - reserve)
     scratch = SCRATCH_BYTES_PER_NODE * (num_nodes + 1) * max(1, workers)
     rows = feat_bytes // row_bytes if row_bytes else num_nodes
-    plan = {"free_gpu_bytes": int(free_bytes), "reserve_bytes": int(reserve)}
+    plan: dict[str, Any] = {"free_gpu_bytes": int(free_bytes), "reserve_bytes": int(reserve)}
     plan["budget_bytes"] = int(budget)
     if not gpu_sampler:
         hot, sampler, graph_in = budget // max(row_bytes, 1), "cpu", "gpu"

@@ -41,6 +41,7 @@ shows it faster.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
@@ -87,7 +88,7 @@ class GraphedStep:
         self.graphed = self.eager = 0
         self.failed: str | None = None
         self._seen: list[tuple] = []
-        self._graph = None
+        self._graph: torch.cuda.CUDAGraph | None = None
         self._sums = None
         self._warm = False  # the first padded batch ran on the capture stream
 
@@ -106,6 +107,7 @@ class GraphedStep:
     def _fits(self, shape) -> bool:
         rows, edges, weighted, feat, dtype, grouped = shape
         c = self.caps
+        assert c is not None  # step() sizes the buffers (_size) before it asks
         return (
             grouped
             and (weighted, feat, dtype) == (c["weighted"], c["feat"], c["dtype"])
@@ -128,6 +130,7 @@ class GraphedStep:
 
     def _alloc(self) -> None:
         c, dev = self.caps, self.device
+        assert c is not None  # (_size set it)
         rows, edges = c["rows"], c["edges"]
         self.x = torch.zeros((rows[0], *c["feat"]), dtype=c["dtype"], device=dev)
         self.labels = torch.full((rows[-1],), -1, dtype=torch.int64, device=dev)
@@ -154,8 +157,9 @@ class GraphedStep:
             e, n = blk.num_edges, blk.num_dst
             sb.edge_index[:, :e].copy_(blk.edge_index)
             sb.edge_index[:, e:].copy_(pad[:, e:])
-            sb.ptr[: n + 1].copy_(blk.ptr)
-            sb.ptr[n + 1 : sb.num_dst].fill_(e)  # empty padding rows; the last one takes the rest
+            sp = cast(torch.Tensor, sb.ptr)  # _alloc gives every static block a ptr
+            sp[: n + 1].copy_(blk.ptr)
+            sp[n + 1 : sb.num_dst].fill_(e)  # empty padding rows; the last one takes the rest
             if sb.edge_weight is not None:
                 sb.edge_weight[:e].copy_(blk.edge_weight)
                 sb.edge_weight[e:].fill_(0)

@@ -44,7 +44,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -260,7 +260,9 @@ def train(
     on_batch = save_mid_epoch if ckdir is not None and cfg.checkpoint_every else None
     try:
         for epoch in range(prog.epoch, 0 if prog.stopped else cfg.epochs):
-            resume_at = (prog.batch, prog.partial) if epoch == prog.epoch else (0, None)
+            resume_at: tuple[int, dict[str, Any] | None] = (
+                (prog.batch, prog.partial) if epoch == prog.epoch else (0, None)
+            )
             mark = disk_mark(setup) if setup.disk is not None else None
             rec = _train_epoch(net, opt, train_loader, store, epoch, cfg, device, *resume_at,
                                on_batch=on_batch, step=parts.step)  # fmt: skip
@@ -285,7 +287,11 @@ def train(
                 accs = evaluate_full(
                     model,
                     ds,
-                    {"valid": ds.valid_idx, "test": ds.test_idx},
+                    # (train() checked both splits at its start)
+                    {
+                        "valid": cast(np.ndarray, ds.valid_idx),
+                        "test": cast(np.ndarray, ds.test_idx),
+                    },
                     eval_bs,
                     device,
                     cfg.progress,
@@ -448,7 +454,7 @@ def _train_epoch(
             seen += b
             batches += 1
             c = batch.meta.get("counted") if counted is not None else None
-            if c is None:
+            if c is None or counted is None:  # (c is None when counted is)
                 counted = None  # a loader that does not count per batch: the epoch's diff below
             else:
                 counted.add(c)
@@ -487,8 +493,9 @@ def _train_epoch(
     return {
         "epoch": epoch,
         # over the labelled seeds (all of them in most datasets)
-        "loss": float(loss_sum) / n_lab if n_lab else 0.0,
-        "train_acc": int(correct) / n_lab if n_lab else 0.0,
+        # (n_lab > 0: the sums were set with labelled)
+        "loss": float(cast(torch.Tensor, loss_sum)) / n_lab if n_lab else 0.0,
+        "train_acc": int(cast(torch.Tensor, correct)) / n_lab if n_lab else 0.0,
         "batches": batches,
         "seeds": seen,
         "epoch_time_s": epoch_time,

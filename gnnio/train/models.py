@@ -54,6 +54,7 @@ CPU by :func:`gnnio.train.dropout.dropout` (``F.dropout``'s result and random st
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -158,11 +159,11 @@ class GCNLayer(nn.Module):
             # (x's dtype: under autocast h is in the lower precision, the product is not)
             adj = block_csr(block, "mean", x.dtype, h.device, self_loop=1.0)
             agg, hd = block_matmul_root(h, adj)
-            out = agg + adj.self_val[:, None] * hd
+            out = agg + cast(torch.Tensor, adj.self_val)[:, None] * hd  # self_loop: set
         else:
             adj = block_csr(block, "mean", x.dtype, x.device, self_loop=1.0)
             agg, xd = block_matmul_root(x, adj)
-            out = self.conv.lin(agg + adj.self_val[:, None] * xd)
+            out = self.conv.lin(agg + cast(torch.Tensor, adj.self_val)[:, None] * xd)
         return out if self.conv.bias is None else out + self.conv.bias
 
 

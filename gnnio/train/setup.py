@@ -29,7 +29,7 @@ or a static cache's rows. A dynamic cache's content changes every batch, so it d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -228,6 +228,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         if cfg.cache_policy == "static":
             eval_store = store
         if cfg.cache_policy == "static" and gpu_ids is None:
+            assert hot is not None  # a static cache: hot set above
             gpu_ids = np.sort(np.asarray(hot[: store.capacity], dtype=np.int64))
         info.update(
             cache={
@@ -280,7 +281,12 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     )
     from .graphed import graph_mode
 
-    prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
+    # (cfg.validate: two values)
+    prune = (
+        cast(tuple[float, float], tuple(float(v) for v in cfg.prune_threshold))
+        if cfg.prune_threshold
+        else None
+    )
     if prune is not None:  # a window under one neighbour: one line, not the sampler's ValueError
         n = ds.graph.num_nodes
         try:
@@ -325,6 +331,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     if scale == "auto":
         adaptive = AdaptiveScale(maxs=cfg.locality_max_scale)
         scale = adaptive.s
+    sampler: LocalityLadiesSampler | LocalitySampler
     if kind == "ladies":
         sampler = LocalityLadiesSampler(
             ds.graph,

@@ -159,6 +159,7 @@ def stage_seconds(stats) -> dict[str, float]:
     :class:`gnnio.pipeline.loader.LoaderStats`, or a plain dict keyed by stage name)."""
     out = {}
     for k in ("sample", "gather", "transfer"):
+        v: Any
         if stats is None:
             v = 0.0
         elif isinstance(stats, dict):

@@ -24,7 +24,7 @@ class ComputeTimer:
         self.device = device
         self._pairs: list = []
         self._t0 = 0.0
-        self._start = None
+        self._start: torch.cuda.Event | None = None
         self._wall = 0.0
 
     def start(self) -> None:
