@@ -32,6 +32,8 @@ The same routed read runs on simulated devices when a stream layer is given (``s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -97,7 +99,7 @@ class MultiDeviceFeatureStore(FeatureStore):
         features,
         placement: Placement,
         reader: int = 0,
-        devices: list[str | torch.device] | None = None,
+        devices: Sequence[str | torch.device] | None = None,
         topology: Topology | None = None,
         _shared: _Shared | None = None,
         streams=None,
