@@ -128,6 +128,27 @@ def test_bench_step_figures_recount_from_its_own_timed_batches(tiny, monkeypatch
     assert r["ms_per_batch_over_floor"] == pytest.approx(r["ms_per_batch"] / r["floor_ms"])
 
 
+class GATLayer(torch.nn.Module):
+    """Named as gnnio's: ``batch_work`` counts its linear on the source rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+
+def test_step_batch_work_by_hand():
+    """FLOPs: 2 * rows * in * out per linear, x3 (forward + backward), on the destination rows
+    (a GAT layer: the source rows); bytes: the gathered rows read and written, and each layer's
+    edge + destination rows of float32 at its input width, forward and backward."""
+    model = SimpleNamespace(layers=[GATLayer(), torch.nn.Linear(3, 2)])
+    blocks = [SimpleNamespace(num_src=10, num_dst=5, num_edges=20),
+              SimpleNamespace(num_src=5, num_dst=2, num_edges=6)]  # fmt: skip
+    mb = SimpleNamespace(input_nodes=torch.zeros(10), blocks=blocks)
+    flops, nbytes = bstep.batch_work(model, mb, row_bytes=16)
+    assert flops == 3 * 2.0 * (10 * 4 * 3 + 2 * 3 * 2)
+    assert nbytes == 2.0 * 10 * 16 + 2 * 4.0 * ((20 + 5) * 4 + (6 + 2) * 3)
+
+
 # ---- bench loader / bench sampling: the median pass, warm-up untimed ------------------------------
 
 
@@ -264,3 +285,25 @@ def test_disk_versus_divides_by_optimal_and_by_the_best_other_policy():
     assert v["disk_bytes_over_optimal"]["0.1"] == pytest.approx(
         {"static": 6.0, "sieve": 4.0, "lookahead": 2.0, "optimal": 1.0}
     )
+
+
+def test_bench_sampling_refuses_a_negative_warmup_and_closes_its_sampler(tiny, monkeypatch):
+    from gnnio.bench import sampling as bsm
+    from gnnio.errors import UsageError
+
+    p = argparse.ArgumentParser()
+    bsm.add_arguments(p)
+    with pytest.raises(UsageError, match="--warmup must be >= 0, got -1"):  # (run's own check)
+        bsm.run(p.parse_args([str(tiny), "--warmup", "-1", "--no-progress"]))
+    closed, real = [], bsm.make_sampler
+
+    def make(*a, **kw):
+        s = real(*a, **kw)
+        close = s.close
+        s.close = lambda: (closed.append(1), close())
+        return s
+
+    monkeypatch.setattr(bsm, "make_sampler", make)
+    argv = ["bench", "sampling", str(tiny), "--batches", "1", "--batch-size", "4", "--passes", "1",
+            "--warmup", "0", "--fanouts", "2", "--quiet", "--json"]  # fmt: skip
+    assert main(argv) == 0 and closed == [1]
