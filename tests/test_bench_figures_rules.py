@@ -307,3 +307,14 @@ def test_bench_sampling_refuses_a_negative_warmup_and_closes_its_sampler(tiny, m
     argv = ["bench", "sampling", str(tiny), "--batches", "1", "--batch-size", "4", "--passes", "1",
             "--warmup", "0", "--fanouts", "2", "--quiet", "--json"]  # fmt: skip
     assert main(argv) == 0 and closed == [1]
+
+
+@pytest.mark.parametrize("extra", [["--buffer", "1.5"], ["--buffer", "0"], ["--num-nodes", "0"]])
+def test_bench_placement_refuses_a_buffer_outside_0_1_and_no_nodes(extra):
+    from gnnio.bench import placement as bp
+    from gnnio.errors import UsageError
+
+    p = argparse.ArgumentParser()
+    bp.add_arguments(p)
+    with pytest.raises(UsageError, match=extra[0]):
+        bp.run(p.parse_args(["--num-nodes", "100", "--passes", "1", "--no-progress", *extra]))
