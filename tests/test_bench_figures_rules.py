@@ -318,3 +318,25 @@ def test_bench_placement_refuses_a_buffer_outside_0_1_and_no_nodes(extra):
     bp.add_arguments(p)
     with pytest.raises(UsageError, match=extra[0]):
         bp.run(p.parse_args(["--num-nodes", "100", "--passes", "1", "--no-progress", *extra]))
+
+
+def test_bench_placement_grid_table_by_hand():
+    """``bench placement --dataset``'s printed table from hand-made rows: costs in ms, the
+    best (smallest) partitioning's cost over alg1's, a skipped strategy as n/a, and the shares
+    in percent."""
+    from gnnio.bench.placement import grid_markdown
+
+    def row(strategy, cost, local=0.5, peer=0.25, host=0.25, **kw):
+        return {"topology": "2+2", "buffer": 0.1, "strategy": strategy, "max_cost_s": cost,
+                "local": local, "peer": peer, "host": host, "prep_s": 0.5, **kw}  # fmt: skip
+
+    out = {"dataset": "d", "num_nodes": 100, "row_bytes": 512, "score": "sj", "prob_s": 0.1,
+           "trace": {"epochs": 1, "batch_size": 8, "fanouts": [2]}, "grid_alpha": "auto",
+           "local_seeds": False,
+           "rows": [row("alg1", 0.002), row("naive", 0.008), row("metis", 0.004),
+                    row("random", 0.002, skipped="no room")]}  # fmt: skip
+    table = grid_markdown(out).splitlines()
+    cost = next(x for x in table if x.startswith("| 2+2 | 0.1N |"))
+    assert cost == "| 2+2 | 0.1N | 2 | 8 | 4 | n/a | 2.00x |"  # metis' 4 ms over alg1's 2
+    shares = [x for x in table if x.startswith("| 2+2 | 0.1N |")][1]
+    assert shares == "| 2+2 | 0.1N | 50/25/25 | 50/25/25 | 50/25/25 | n/a |"
