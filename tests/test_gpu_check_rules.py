@@ -122,6 +122,15 @@ def test_train_step_ms_is_forward_backward_and_optimizer(tmp_path):
     assert "no capture" in r["cuda_graph"]["error"]  # the eager figures stand
 
 
+def test_a_step_run_without_a_breakdown_is_not_measured_and_not_met(tmp_path):
+    """`bench step` that exits 0 without its JSON line (``c.gnnio`` returns ``{}``) used to give
+    ``train_step_ms`` 0.0, and the goal (<= 3 ms) reported met."""
+    r = gpu_check_epoch.step_train_step(FakeCheck(tmp_path, lambda argv: {}))
+    assert r["train_step_ms"] is None
+    g = goals({"step": r})["train_step_ms"]
+    assert g["value"] is None and g["met"] is None
+
+
 def test_epoch_s_is_the_warm_epoch_and_a_fallback_marks_the_step(tmp_path):
     def epoch(t):
         return {"epoch_time_s": t, "breakdown_s": {}, "bytes_by_tier": {"host": 1}}
