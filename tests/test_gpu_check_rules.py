@@ -279,6 +279,8 @@ def test_npz_edges_in_either_order_and_their_checks(tmp_path):
     short = _member_bytes(ei)[:-8]  # a member that holds fewer bytes than its header says
     with pytest.raises(DatasetError, match=r"edge_index\]: truncated \(72 of 80 bytes\)"):
         ogbs.spill_npz_edges(_npz(tmp_path / "c.npz", edge_index=short), 4, tmp_path / "u.bin")
+    with pytest.raises(DatasetError, match=r"e\.npz: has no array 'edge_index'"):
+        ogbs.spill_npz_edges(_npz(tmp_path / "e.npz", edges=ei), 4, tmp_path / "w.bin")
     (tmp_path / "d.npz").mkdir()  # an archive that cannot be opened: one line
     with pytest.raises(DatasetError, match=r"d\.npz: cannot read 'edge_index'"):
         ogbs.spill_npz_edges(tmp_path / "d.npz", 4, tmp_path / "v.bin")
