@@ -63,6 +63,22 @@ def test_a_ratio_with_one_side_missing_is_not_measured():
     assert g["value"] is None and g["met"] is None
 
 
+def test_a_ratio_over_an_unmeasured_zero_is_not_measured():
+    """A figure of 0 below a ratio (a run that measured nothing) gives no ratio: it was divided
+    by max(x, 1e-9), a ratio of about 1e9 that met every ">=" goal."""
+    assert gpu_check._over({"edges_per_s": 5.0}, {"edges_per_s": 0.0}, "edges_per_s") is None
+    g = goals(
+        {
+            "sampling": {
+                "gpu_over_cpu": gpu_check._over(
+                    {"edges_per_s": 5.0}, {"edges_per_s": 0}, "edges_per_s"
+                )
+            }
+        }
+    )
+    assert g["gpu_sampling"]["met"] is None
+
+
 def test_report_md_says_no_for_a_goal_not_met(tmp_path):
     steps = {"step": {"train_step_ms": 9.0}, "epoch_default": {"epoch_s": 0.5}}
     nccl = {"modes": {"a": {}, "b": {}, "c": {}}, "nccl_modes_failed": 1, "failed": ["b"]}

@@ -268,7 +268,7 @@ def part(fn) -> dict[str, Any]:
 
 
 def _over(a: dict, b: dict, key: str) -> float | None:
-    return a[key] / max(b[key], 1e-9) if key in a and key in b else None
+    return a[key] / b[key] if key in a and key in b and b[key] > 0 else None  # (0: unmeasured)
 
 
 def step_sampling(c: Check) -> dict[str, Any]:
