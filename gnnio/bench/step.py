@@ -38,7 +38,6 @@ from __future__ import annotations
 import inspect
 import time
 from collections import Counter
-from typing import Any
 
 import torch
 
@@ -133,10 +132,9 @@ def _batches(loader, start_epoch: int):
         epoch += 1
 
 
-def _seed_batches(order, n: int, start_epoch: int):
-    """``n`` (epoch, index, seeds) of the seed order, epoch after epoch."""
-    out: list[tuple[int, int, Any]] = []
-    epoch = start_epoch
+def _seed_batches(order, n: int, epoch: int) -> list[tuple]:
+    """``n`` (epoch, index, seeds) of the seed order, epoch after epoch from ``epoch``."""
+    out: list[tuple] = []
     while len(out) < n:
         for i, s in enumerate(order.batches(epoch)):
             out.append((epoch, i, s))

@@ -36,13 +36,15 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import UsageError
 from ..ordering import RandomOrder
+from ..placement import Placement
+from ..preprocess.partition import Partition
 from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
@@ -54,10 +56,6 @@ from .ddp import GradCounter, counting_allreduce, param_digest
 from .hostrows import PreadFeatureStore, pread_rows_of
 from .plan import LocalSeedsOrder, check_placement_file, get_placement, proximity_order
 from .store import LINKS, ShardedFeatureStore, fault_from_env
-
-if TYPE_CHECKING:
-    from ..placement import Placement
-    from ..preprocess.partition import Partition
 
 __all__ = [
     "DistRun",
@@ -87,9 +85,7 @@ class DistRun(LocalRun):
         self.placement: Placement | None = None
         self._last = {"collective_s": 0.0, "grad_bytes": 0, "grad_s": 0.0}
         self._model: torch.nn.Module | None = None
-        self.partition: Partition | None = (
-            None  # a gnnio partition (topology shards), when training with one
-        )
+        self.partition: Partition | None = None  # topology shards, when training with one
         self.samplers: list = []
         self._graph: tuple[int, int, list] | None = None  # (N, E, dirs) for GNNIO_MEM_CHECK
         self._censuses: list[str] = []
@@ -377,8 +373,7 @@ class DistRun(LocalRun):
         self._censuses.append(when)
         if os.environ.get(ENV) and self._graph is not None:
             keep = [store.dev_num, store.buf_pos, store.trace, *self._node_arrays(store)]
-            n, e, dirs = self._graph
-            write_census(when, self.rank, n, e, keep, dirs)
+            write_census(when, self.rank, self._graph[0], self._graph[1], keep, self._graph[2])
 
     def _node_arrays(self, store) -> list:
         """Arrays sized by the whole graph a rank keeps besides the store's lookup and trace
@@ -440,16 +435,13 @@ class DistRun(LocalRun):
         self._census("finish", store)
         ranks = ctx.all_gather_object(mine)
         if self.samplers:
-            per = [r["sampling"] for r in ranks]
+            per, links = [r["sampling"] for r in ranks], ("local", "peer", "network")
             summary["partitioned_sampling"] = {
                 "partition": str(cfg_partition(self)),
                 "method": self.partition.method if self.partition is not None else None,
                 "mode": self.samplers[0].mode,
                 "bytes_by_link": {
-                    **{
-                        t: sum(p["bytes_by_link"][t] for p in per)
-                        for t in ("local", "peer", "network")
-                    },
+                    **{t: sum(p["bytes_by_link"][t] for p in per) for t in links},
                     "per_rank": [p["bytes_by_link"] for p in per],
                 },
                 "requests_per_batch": float(np.mean([p["requests_per_batch"] for p in per])),

@@ -260,11 +260,9 @@ def train(
     on_batch = save_mid_epoch if ckdir is not None and cfg.checkpoint_every else None
     try:
         for epoch in range(prog.epoch, 0 if prog.stopped else cfg.epochs):
-            resume_at: tuple[int, dict[str, Any] | None] = (
-                (prog.batch, prog.partial) if epoch == prog.epoch else (0, None)
-            )
+            b0, part0 = (prog.batch, prog.partial) if epoch == prog.epoch else (0, None)
             mark = disk_mark(setup) if setup.disk is not None else None
-            rec = _train_epoch(net, opt, train_loader, store, epoch, cfg, device, *resume_at,
+            rec = _train_epoch(net, opt, train_loader, store, epoch, cfg, device, b0, part0,
                                on_batch=on_batch, step=parts.step)  # fmt: skip
             if mark is not None:  # --features-on disk: what the pass read (setup_disk)
                 disk_epoch(setup, mark, rec)
@@ -284,18 +282,9 @@ def train(
             if cfg.eval == "sampled":
                 accs = run.evaluate(model, eval_loaders, epoch, cfg.progress and run.is_main)
             else:
-                accs = evaluate_full(
-                    model,
-                    ds,
-                    # (train() checked both splits at its start)
-                    {
-                        "valid": cast(np.ndarray, ds.valid_idx),
-                        "test": cast(np.ndarray, ds.test_idx),
-                    },
-                    eval_bs,
-                    device,
-                    cfg.progress,
-                )
+                splits = {"valid": ds.valid_idx, "test": ds.test_idx}  # (train() checked both)
+                accs = evaluate_full(model, ds, cast(dict[str, np.ndarray], splits), eval_bs,
+                                     device, cfg.progress)  # fmt: skip
             rec["eval_s"] = time.perf_counter() - t0
             rec["valid_acc"], rec["test_acc"] = accs["valid"], accs["test"]
 
@@ -493,7 +482,6 @@ def _train_epoch(
     return {
         "epoch": epoch,
         # over the labelled seeds (all of them in most datasets)
-        # (n_lab > 0: the sums were set with labelled)
         "loss": float(cast(torch.Tensor, loss_sum)) / n_lab if n_lab else 0.0,
         "train_acc": int(cast(torch.Tensor, correct)) / n_lab if n_lab else 0.0,
         "batches": batches,

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from typing import cast
 
 import numpy as np
 import torch
@@ -286,8 +287,7 @@ class FeatureCache(FeatureStore):
                 return
             fused = self.policy.announce_ids(idx)  # CPU kernels: dedup in the same pass
             if fused is None:
-                assert self._dedup is not None  # (a dynamic policy: announce_ids is its own)
-                uniq, inv = self._dedup(idx)
+                uniq, inv = cast(FirstOccurrence, self._dedup)(idx)  # (a dynamic policy's)
                 self.policy.announce(uniq)
             else:
                 uniq, inv = fused
@@ -382,10 +382,7 @@ class FeatureCache(FeatureStore):
     def _gather_dynamic(self, idx: torch.Tensor, dst: torch.Tensor, dedup=None) -> None:
         timer = _Timer(self.device, self.timing, self.stats.laps)
         pol = self.policy
-        if dedup is None:
-            assert self._dedup is not None  # (made for every dynamic policy)
-            dedup = self._dedup(idx)
-        uniq, inv = dedup
+        uniq, inv = cast(FirstOccurrence, self._dedup)(idx) if dedup is None else dedup
         u = int(uniq.numel())
         if isinstance(pol, LookaheadPolicy):
             pol.begin_batch(uniq)
@@ -416,8 +413,7 @@ class FeatureCache(FeatureStore):
 
         move_rows(self.buffer, hit_slots, dst, hit_rows)
         m = int(miss_ids.numel())
-        below = None
-        fetched = None
+        below = fetched = None
         if m:
             fetched, below = self._fetch(miss_ids)
             src = torch.arange(m, device=self.device) if miss_src is None else miss_src
@@ -426,12 +422,11 @@ class FeatureCache(FeatureStore):
 
         slots_w, pos_w, evicted = pol.admit(miss_ids, miss_ticks)
         manage += timer.lap("manage")
-        if slots_w.numel():
-            assert fetched is not None  # (rows admitted: some missed, m > 0)
+        if slots_w.numel():  # (rows admitted: some missed, m > 0, fetched is set)
             if slots_w.numel() == m and self.device.type != "cpu":
-                self.buffer.index_copy_(0, slots_w, fetched)
+                self.buffer.index_copy_(0, slots_w, cast(torch.Tensor, fetched))
             else:
-                move_rows(fetched, pos_w, self.buffer, slots_w)
+                move_rows(cast(torch.Tensor, fetched), pos_w, self.buffer, slots_w)
         copy += timer.lap("copy")
 
         n, h = int(idx.numel()), int(hit_u.numel())

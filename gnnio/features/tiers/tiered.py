@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -278,10 +278,9 @@ class TieredFeatureStore(FeatureStore):
             )
         if self.simulated:
             name = f"sim:{dev}" if dev.type == "cuda" else "sim:cuda:0"
-            self.sim_device: SimulatedDevice | None = (
-                sim_dev if sim_dev is not None else SimulatedDevice(name)
-            )
-            self.gpu_name = self.sim_device.name
+            sim = sim_dev if sim_dev is not None else SimulatedDevice(name)
+            self.sim_device: SimulatedDevice | None = sim
+            self.gpu_name = sim.name
             self.device = torch.device("cpu")
         else:
             self.sim_device = None
@@ -343,8 +342,7 @@ class TieredFeatureStore(FeatureStore):
         """Each id's slot in the GPU tier, -1 for a cold id (on ``self.device``; num_hot > 0)."""
         if self.mode == "prefix":
             return torch.where(ids < self.num_hot, ids, -1)
-        assert self._table is not None, "the store is closed"
-        return self._table[ids]
+        return cast(torch.Tensor, self._table)[ids]  # (a lookup store's, until close())
 
     def _split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(hot_pos, hot_slots, cold_pos)``: positions in ``ids`` of hot ids, their slots in the
