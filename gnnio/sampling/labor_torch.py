@@ -220,6 +220,7 @@ def labor_hop(sampler, buf, h: int, n_rows: int, rkey, loc, first):
     return out[0], out[1], False
 
 
+# what gpu_graphed checks before it captures this hop, and its graphs' and report entry's name
 labor_hop.triton_kernel = "labor_hop"  # type: ignore[attr-defined]  # a function attribute gpu_graphed reads
 labor_hop.graph_name = "labor"  # type: ignore[attr-defined]  # a function attribute gpu_graphed reads
 

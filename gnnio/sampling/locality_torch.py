@@ -267,5 +267,6 @@ def _las_kernels(sampler: TorchLocalitySampler) -> tuple:
     return ("las_hop", "sample_hop") if None in sampler._q else ("las_hop",)
 
 
+# (gpu_graphed: the kernels it checks before it captures this hop; its graphs and report entry)
 las_hop.triton_kernel = _las_kernels  # type: ignore[attr-defined]  # a function attribute gpu_graphed reads
 las_hop.graph_name = "locality"  # type: ignore[attr-defined]  # a function attribute gpu_graphed reads
