@@ -13,12 +13,17 @@ bandwidth idle, or while the consumer trains.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from ..utils.progress import bar
 from ._timing import median, time_passes
 from .gather import check_common, make_order, parse_fanouts_arg, seed_ids, set_threads
+
+if TYPE_CHECKING:
+    from ..pipeline.loader import LoaderStats
 
 HELP = "mini-batches per second through the pipelined loader (sample + gather, overlapped)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
@@ -125,13 +130,14 @@ def run(args) -> dict:
         sampler, store, order, labels=labels, device=device, prefetch=args.prefetch,
         num_workers=args.workers,
     )  # fmt: skip
-    stats = []
+    stats: list[LoaderStats] = []
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     pb = bar(args.warmup + args.passes, "loader passes", "pass", enabled=not args.no_progress)
 
     def loader_pass():
         for _ in loader.epoch(0):
             pass
+        assert loader.stats is not None  # (an epoch's end sets it)
         stats.append(loader.stats)
         pb.update(1)
 

@@ -269,7 +269,8 @@ class DistRun(LocalRun):
 
         self.partition_dir = cfg.partition
         part = self._load_partition(ds, cfg)
-        prune = tuple(float(v) for v in cfg.prune_threshold) if cfg.prune_threshold else None
+        pt = cfg.prune_threshold
+        prune = (float(pt[0]), float(pt[1])) if pt else None
         s = ShardedSampler(
             part, cfg.partition, self.ctx, fanouts, cfg.seed, cfg.sampling_mode, prune=prune,
             avg_degree=ds.num_edges / max(ds.num_nodes, 1),

@@ -284,6 +284,7 @@ class LocalitySampler(ThreadedCPUSampler):
     """
 
     _thread_prefix = "gnnio-las"
+    _pins: list  # (set by the borrowed UniformSampler._device_topology)
 
     def __init__(
         self,

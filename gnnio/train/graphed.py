@@ -259,6 +259,7 @@ class GraphedStep:
                     timer.stop()
                 return logits[:b].detach(), loss.detach()
             else:
+                assert self._graph is not None  # (captured above, or at an earlier batch)
                 with CAPTURE_LOCK:  # its dropout draws: never beside a capture (utils.capture)
                     self._graph.replay()
                 logits, loss, self._sums = self._out

@@ -8,6 +8,9 @@ check), even past the end of the array. Importing this module needs numba.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -44,7 +47,7 @@ def _codegen(with_offset: bool):
 
 
 @intrinsic
-def prefetch(typingctx, arr, i):
+def _prefetch(typingctx, arr, i):
     """``__builtin_prefetch(&arr[i])`` for a 1-D array: a hint that never faults (no bounds check).
 
     The sampler's inner loops read big arrays (``indptr``, ``indices``, the ``[num_nodes]`` id
@@ -58,7 +61,12 @@ def prefetch(typingctx, arr, i):
 
 
 @intrinsic
-def prefetch_row(typingctx, arr, row, offset):
+def _prefetch_row(typingctx, arr, row, offset):
     """``__builtin_prefetch(&arr[row, 0] + offset)`` (read, keep in all cache levels) for a
     2-D array; a hint only: it never faults, even past the end of the array."""
     return types.void(arr, row, offset), _codegen(True)
+
+
+# the names kernels call, typed as they call them (numba's ``intrinsic`` adds the typing context)
+prefetch = cast("Callable[[Any, Any], None]", _prefetch)
+prefetch_row = cast("Callable[[Any, Any, Any], None]", _prefetch_row)
