@@ -138,9 +138,8 @@ class MultiDeviceFeatureStore(FeatureStore):
         if streams is None and self.device.type == "cuda":
             streams = CudaStreams(self.device)
         self._streams = streams
-        self._routes: tuple | None = (
-            None  # lookups on the reader's device, peer streams, the host view
-        )
+        # lookups on the reader's device, peer streams, the host view
+        self._routes: tuple | None = None
 
     @classmethod
     def simulated(
