@@ -54,6 +54,18 @@ def test_prune_true_is_alpha_beta_one_and_false_is_off():
     assert PrunedUniformSampler(g, [5, 2], prune=False).thresholds == [0, 0]
 
 
+@pytest.mark.parametrize("bad", [0.5, 2, "ab", (1.0,), (1.0, 2.0, 3.0), (1.0, "x")])
+@pytest.mark.parametrize("cls", [LocalitySampler, PrunedUniformSampler])
+def test_a_prune_that_is_not_a_pair_is_one_clear_error(cls, bad):
+    """``prune`` is ``(alpha, beta)``, True, False or None: anything else is a ValueError naming
+    the expected form and the value given (a bare number was "'float' object is not
+    iterable", a string "could not convert string to float: 'a'")."""
+    g = _graph(3, [(0, 1), (1, 2), (2, 0)])
+    with pytest.raises(ValueError, match=r"prune: expected \(alpha, beta\)") as err:
+        cls(g, [2], prune=bad)
+    assert repr(bad) in str(err.value)
+
+
 def test_avg_degree_is_edges_over_nodes():
     """Eq. 4's average degree is |E| / |V| of the graph (here 4 / 2 = 2, so 3 * 2 = 6)."""
     g = _graph(2, [(0, 1), (1, 0), (0, 0), (1, 1)])

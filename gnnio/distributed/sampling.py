@@ -49,7 +49,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
@@ -57,7 +56,7 @@ import torch
 from ..sampling import _kernels
 from ..sampling import _las_kernels as _las
 from ..sampling.base import Block, MiniBatch, Sampler
-from ..sampling.locality import prune_thresholds
+from ..sampling.locality import prune_pair, prune_thresholds
 from ..sampling.threaded import ThreadedCPUSampler, _hop_key, check_seeds
 from ..utils.triton_kernels import kernel_ran
 from .context import DistContext
@@ -186,7 +185,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         if shard_device is not None and mode != "shared":
             raise ValueError(f"shard device: only with sampling mode shared, not {mode}")
         self._init_threads(fanouts, seed, 1)
-        self.prune = None if prune is None else cast(tuple[float, float], tuple(map(float, prune)))
+        self.prune = prune_pair(prune)
         self.thresholds: list[int] | None = None
         if self.prune is not None:
             if avg_degree is None:
@@ -228,7 +227,6 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
                 self.peer_shards[k] = _Shard(pdir, k, self.num_nodes, arrays=mapped.get(k))
         self.stats = {"requests": 0, "batches": 0, "seconds": 0.0, "collective_s": 0.0}
         self.bytes_by_link: dict[str, int] = defaultdict(int)
-        self.requests_per_hop: list[int] = [0] * len(self.fanouts)
 
     @property
     def device(self) -> torch.device:
@@ -313,7 +311,6 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
                     pieces.append((sel, c, f, None if theta is None else deg))
                     ask[owner == k] = False
             self.stats["requests"] += int((~ask).sum())
-            self.requests_per_hop[h] += int((~ask).sum())
         need = remote[ask]
         if self.mode == "dsp" or self.ctx.num_machines > 1:
             pieces.append(
@@ -369,7 +366,6 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             if sc[k]:
                 self.bytes_by_link[ctx.link_to(k)] += 8 * ((1 + per) * sc[k] + in_f[k])
         self.stats["requests"] += int(ids.size)
-        self.requests_per_hop[h] += int(ids.size)
         self.stats["collective_s"] += time.perf_counter() - t0
         return where, got_c.numpy(), got_f.numpy(), None if per == 1 else got[:, 1].numpy()
 

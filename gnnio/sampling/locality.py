@@ -114,6 +114,7 @@ __all__ = [
     "LocalitySampler",
     "las_sets",
     "prune_thresholds",
+    "prune_pair",
     "inclusion_probabilities",
     "WEIGHT_MODES",
 ]
@@ -183,12 +184,18 @@ def prune_thresholds(
     return out
 
 
-def _prune_pair(prune) -> tuple[float, float] | None:
+def prune_pair(prune) -> tuple[float, float] | None:
     """A sampler's ``prune`` argument as ``(alpha, beta)``: ``True`` is ``(1, 1)``, ``False`` or
     None no pruning."""
     if prune is None or prune is False:
         return None
-    return (1.0, 1.0) if prune is True else cast(tuple[float, float], tuple(map(float, prune)))
+    if prune is True:
+        return (1.0, 1.0)
+    try:
+        alpha, beta = (float(x) for x in prune)
+    except (TypeError, ValueError):  # not a pair of numbers (a bare number, a string, ...)
+        raise ValueError(f"prune: expected (alpha, beta), True or None, got {prune!r}") from None
+    return alpha, beta
 
 
 def _as_hot_ids(hot_ids, num_nodes: int) -> np.ndarray:
@@ -310,7 +317,7 @@ class LocalitySampler(ThreadedCPUSampler):
         self._init_csr(graph)
         num_edges = int(self.indptr[-1]) if self.num_nodes >= 0 else 0
         self.avg_degree = num_edges / self.num_nodes if self.num_nodes > 0 else 0.0
-        self.prune = _prune_pair(prune)
+        self.prune = prune_pair(prune)
         self.thresholds = prune_thresholds(self.avg_degree, self.fanouts, self.prune)
         self.scale = scale
         L = len(self.fanouts)

@@ -11,7 +11,7 @@ import torch
 
 from ..graph.csr import CSRGraph
 from .base import MiniBatch
-from .locality import WEIGHT_MODES, LocalitySampler, _prune_pair, prune_thresholds
+from .locality import WEIGHT_MODES, LocalitySampler, prune_pair, prune_thresholds
 
 __all__ = ["PrunedUniformSampler"]
 
@@ -58,7 +58,7 @@ class PrunedUniformSampler(LocalitySampler):
         ip = topo[0]
         self.num_nodes = int(ip.shape[0]) - 1
         self.avg_degree = int(ip[-1]) / self.num_nodes if self.num_nodes > 0 else 0.0
-        self.prune = _prune_pair(prune)
+        self.prune = prune_pair(prune)
         self.thresholds = prune_thresholds(self.avg_degree, self.fanouts, self.prune)
         self._torch = TorchPrunedSampler(*topo, self.fanouts, self.thresholds, weights,
                                          cuda_graph=cuda_graph)  # fmt: skip
