@@ -103,7 +103,10 @@ def check_out_dir(out: str | os.PathLike, overwrite: bool) -> Path:
         if not out.is_dir() or out.is_symlink():
             raise DatasetError(f"{out}: exists and is not a directory; not replacing it")
         if not overwrite:
-            raise DatasetError(f"{out}: already exists (pass --overwrite to replace it)")
+            raise DatasetError(
+                f"{out}: already exists (pass --overwrite, or overwrite=True in Python, to "
+                "replace it)"
+            )
         if not _is_dataset(out) and any(out.iterdir()):
             raise DatasetError(
                 f"{out}: is a directory that is not a gnnio dataset; --overwrite replaces only a "

@@ -152,7 +152,9 @@ def save_partition(
         if ds is not None:
             raise UsageError(f"{out}: is or lies in the dataset directory {ds}; write it elsewhere")
     if out.exists() and not overwrite:
-        raise UsageError(f"{out}: exists (pass --overwrite to replace it)")
+        raise UsageError(
+            f"{out}: exists (pass --overwrite, or overwrite=True in Python, to replace it)"
+        )
     if out.exists() and not _is_partition(out):
         raise UsageError(f"{out}: exists and is not a gnnio partition; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
