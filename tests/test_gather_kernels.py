@@ -317,3 +317,26 @@ def test_a_row_source_read_into_a_short_buffer_is_an_error_not_an_abort():
     out = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="cannot take 3 rows"):
         RowSource(feats).read(np.array([1, 2, 3], dtype=np.int64), out)
+
+
+def test_a_read_only_view_swaps_the_warning_filters_once_per_process(monkeypatch):
+    """``tensor_view`` silences torch's once-per-process non-writable warning on the first
+    read-only array only: later calls (and every writable array) never enter
+    ``warnings.catch_warnings``, which swaps process-wide state that a loader thread's block
+    could restore under another thread's (gnnio.utils.syncs.CudaSyncLog's count)."""
+    ro = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ro.setflags(write=False)
+    entered = []
+    real = G.warnings.catch_warnings
+
+    def spy(*a, **k):
+        entered.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(G, "_RO_SILENCED", False, raising=False)
+    monkeypatch.setattr(G.warnings, "catch_warnings", spy)
+    assert torch.equal(G.tensor_view(np.ones((2, 2))), torch.ones(2, 2, dtype=torch.float64))
+    assert entered == []  # a writable array: no warning to silence
+    for _ in range(3):
+        assert torch.equal(G.tensor_view(ro), torch.from_numpy(ro.copy()))
+    assert entered == [1]  # the first read-only one only

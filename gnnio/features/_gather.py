@@ -262,12 +262,26 @@ def _as_bytes_2d(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint8).reshape(a.shape[0], a.shape[1] * a.itemsize)
 
 
+_RO_SILENCED = False  # torch's non-writable warning caught once (tensor_view)
+
+
 def tensor_view(a: np.ndarray) -> torch.Tensor:
     """A torch view of a NumPy array without copying, also when it is read-only (a memmap opened
-    with mode "r"): the gather only reads it, so torch's non-writable warning does not apply."""
+    with mode "r"): the gather only reads it, so torch's non-writable warning does not apply.
+
+    torch gives that warning once per process, so only the first read-only array is viewed
+    inside ``warnings.catch_warnings``: that block swaps the process-wide warning filters, which
+    from the loader's threads could undo another thread's block (a gather thread's exit restoring
+    filters under gnnio.utils.syncs.CudaSyncLog's count, or the reverse), and costs host time per
+    batch."""
+    global _RO_SILENCED
+    if _RO_SILENCED or a.flags.writeable:
+        return torch.from_numpy(a)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(a)
+        t = torch.from_numpy(a)
+    _RO_SILENCED = True
+    return t
 
 
 def row_bytes_view(t: torch.Tensor) -> np.ndarray:
