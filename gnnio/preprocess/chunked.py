@@ -268,7 +268,7 @@ def write_to(f, data, path) -> None:
     """``f.write(data)`` (an array's bytes or bytes) with ``path`` named in the OSError of a failed
     write (a full disk, a file size limit), which the dataset writer turns into one line."""
     try:
-        f.write(memoryview(np.ascontiguousarray(data)) if isinstance(data, np.ndarray) else data)  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
+        f.write(np.ascontiguousarray(data).data if isinstance(data, np.ndarray) else data)
     except OSError as e:
         raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 

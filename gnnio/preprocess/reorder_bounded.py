@@ -143,7 +143,7 @@ def _read_runs(fd, offset, dtype, block, indptr, old, a, lookup, indptr2, out) -
         j = max(pos + 1, int(np.searchsorted(ends, start + block, side="right")))
         end = int(ends[j - 1])
         run = buf if end - start <= block else np.empty(end - start, dtype=dtype)
-        raw = memoryview(run.view(np.uint8))  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
+        raw = run.view(np.uint8).data
         _pread_rows(fd, raw, offset + start * item, (end - start) * item)
         _move_run(run, start, indptr, rows[pos:j], a + order[pos:j], lookup, indptr2, out)
         pos = j
@@ -171,7 +171,7 @@ def copy_feature_rows_bounded(src, dst, new2old, chunk_bytes: int, progress: boo
     block = max(1, min(_READ_BYTES, chunk_bytes // 8) // row_bytes)
     rows = max(1, (chunk_bytes - 2 * block * (row_bytes + 8)) // (row_bytes + 16))
     buf = np.empty((block, *src.shape[1:]), dtype=src.dtype)
-    raw = memoryview(buf.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
+    raw = buf.reshape(-1).view(np.uint8).data
     offset = int(src.offset)
     nsrc = src.shape[0]
     fd = os.open(path, os.O_RDONLY)

@@ -87,7 +87,7 @@ class Source:
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
     t = t.detach().cpu().contiguous()
-    return memoryview(t.view(torch.uint8).numpy().reshape(-1)) if t.numel() else memoryview(b"")  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
+    return t.view(torch.uint8).numpy().reshape(-1).data if t.numel() else memoryview(b"")
 
 
 def content_hash(x: torch.Tensor, edge_index: torch.Tensor) -> str:

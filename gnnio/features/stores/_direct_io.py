@@ -279,7 +279,7 @@ class PageReader:
 
     def _read_runs(self, plan: PagePlan, buf: np.ndarray, a: int, b: int) -> int:
         """Runs ``[a, b)`` of ``plan`` into ``buf``; returns the bytes read."""
-        mv = memoryview(buf)  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
+        mv = buf.data  # (the array's buffer as a memoryview)
         fd, size, total, bs = self.fd, self.file_size, 0, plan.block
         pages, rs, rl = plan.pages, plan.run_start, plan.run_len
         for r in range(a, b):

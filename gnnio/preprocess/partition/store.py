@@ -131,7 +131,7 @@ def _check_shard(pdir: Path, k: int, parts: np.ndarray, rep: np.ndarray, n: int)
 
 
 def _sha(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8)).hexdigest()  # type: ignore[arg-type]  # ndarray has the buffer protocol (numpy types it for 3.12+ only)
+    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).data).hexdigest()
 
 
 def save_partition(
