@@ -38,7 +38,8 @@ def plain(text: str) -> str:
 def register(sub) -> None:
     p = sub.add_parser(
         "bench",
-        help="benchmark sampling, feature gather and the loader on a dataset",
+        help="benchmark a part on a dataset: sampling, gather, loader, tiers, caches, disk, the "
+        "training step, ... (gnnio bench --help lists them)",
         description="Benchmarks report the median of several timed passes after a warm-up, "
         "next to a ceiling measured in the same run where one applies.",
     )
