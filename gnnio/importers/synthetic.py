@@ -117,7 +117,7 @@ def generate_graph(
         num_classes: ``C`` balanced classes.
         seed: non-negative integer; same arguments and seed give identical arrays.
         homophily: target share of edges whose two endpoints share a class (values below ``1/C``
-            give the random baseline ``1/C``).
+            are reached too: no rewiring, then the trim drops same-class pairs).
         rmat: quadrant probabilities ``(a, b, c, d)``.
         rmat_noise: half-width of the per-level noise on the quadrant probabilities.
         backbone_degree: pairs per node drawn before the R-MAT pairs (0 = plain noisy R-MAT).
