@@ -2,7 +2,8 @@
 recounted from the same run: per-batch denominators, warm-up left untimed, the fastest repetition
 as a device's rate, ``floor_ms`` from the batch's own FLOPs and bytes. A mutation pass over
 gnnio/bench/{step,loader,sampling,placement,disk,tier_bandwidth}.py found each of these rules
-unguarded (tests/test_bench_arithmetic_rules.py does the same for the other benches)."""
+unguarded (tests/test_bench_arithmetic_rules.py does the same for the other benches); the second
+pass over ``bench disk`` and ``tier_bandwidth`` is in tests/test_bench_disk_rules.py."""
 
 from __future__ import annotations
 

@@ -271,4 +271,7 @@ def _layout(features, dtype, shape) -> tuple[str, int, tuple[int, ...], np.dtype
             return str(path), f.tell(), tuple(shp), dt
     if dtype is None or shape is None:
         raise DatasetError(f"{path}: not a .npy file; give dtype= and shape= to read a raw file")
-    return str(path), 0, tuple(int(s) for s in shape), np.dtype(dtype)
+    shp = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shp):  # not NumPy's -1 ("the rest"): a store of -1 rows read nothing
+        raise ValueError(f"{path}: shape {shp}: sizes must be >= 0")
+    return str(path), 0, shp, np.dtype(dtype)
