@@ -18,13 +18,8 @@ implementations sit behind it:
   kernel (when the prefetching one cannot compile) still copies through the widest word view
   that the row size and both base addresses allow (:func:`word_views`).
 
-  Why the store's gather trailed the ``gnnio bench gather`` ceiling (81% in one measurement): the
-  ceiling copies uint64 words, the store copied through a uint8 view, which measured 1-13% slower
-  on the same rows and ids in interleaved runs on the shared 2-core machine; the rest was the
-  per-call id check and the real batches' id pattern (a few percent, noisy). Separately, both
-  sides' buffers started 16 bytes past a cache line (NumPy's large allocations do), so every
-  512-byte row spanned 9 lines: :func:`host_empty` allocates feature buffers on a 2 MiB boundary,
-  which measured 5-12% faster on its own.
+  Feature buffers start on a 2 MiB boundary (:func:`host_empty`; NumPy's start 16 bytes past a
+  line, so a 512-byte row spanned 9 lines: 5-12% slower).
 * **torch**: ``torch.index_select(src, 0, ids, out=out)``, the reference/fallback path (used when
   numba is missing, on CUDA tensors, and in tests so the fallback stays tested).
 
@@ -266,14 +261,9 @@ _RO_SILENCED = False  # torch's non-writable warning caught once (tensor_view)
 
 
 def tensor_view(a: np.ndarray) -> torch.Tensor:
-    """A torch view of a NumPy array without copying, also when it is read-only (a memmap opened
-    with mode "r"): the gather only reads it, so torch's non-writable warning does not apply.
-
-    torch gives that warning once per process, so only the first read-only array is viewed
-    inside ``warnings.catch_warnings``: that block swaps the process-wide warning filters, which
-    from the loader's threads could undo another thread's block (a gather thread's exit restoring
-    filters under gnnio.utils.syncs.CudaSyncLog's count, or the reverse), and costs host time per
-    batch."""
+    """A torch view of a NumPy array, also a read-only one (a memmap opened with mode "r"; the
+    gather only reads it). torch's non-writable warning comes once per process, so only the first
+    is made inside ``catch_warnings``, whose swap of global filters races across threads."""
     global _RO_SILENCED
     if _RO_SILENCED or a.flags.writeable:
         return torch.from_numpy(a)
