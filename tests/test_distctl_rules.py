@@ -477,3 +477,5 @@ def test_pread_rows_refuse_a_negative_position(tmp_path):
     assert rows[:, 0].tolist() == [8.0, 0.0, 28.0]
     with pytest.raises(IndexError, match="outside the 3 rows"):  # not the last row, silently
         reader.gather(torch.tensor([5]), rows, at=torch.tensor([-1]))
+    with pytest.raises(ValueError, match="1 positions for 2 ids"):  # the kernel reads at[1]
+        reader.gather(torch.tensor([5, 6]), rows, at=torch.tensor([0]))

@@ -56,6 +56,8 @@ def pread_into(fd: int, path: str, ids, rows: np.ndarray, at: np.ndarray, offset
     ``path``."""
     row_bytes = int(rows.shape[1])
     ids_np = np.ascontiguousarray(ids, dtype=np.int64)
+    if at.shape != ids_np.shape:  # (the kernel reads at[i] for every id, unchecked)
+        raise ValueError(f"at: {at.shape[0]} positions for {ids_np.shape[0]} ids")
     if at.size and (int(at.min()) < 0 or int(at.max()) >= rows.shape[0]):
         raise IndexError(f"at: positions outside the {rows.shape[0]} rows of out")
     got = np.empty(ids_np.shape[0], dtype=np.int64)
