@@ -147,3 +147,23 @@ def test_a_negative_pagerank_iteration_count_is_refused():
     with pytest.raises(UsageError, match="iterations: must be >= 0, got -1"):
         reverse_pagerank(g, iterations=-1, progress=False)
     assert reverse_pagerank(g, iterations=0, progress=False).tolist() == [0.25] * 4
+
+
+
+@pytest.mark.parametrize("n, k", [(5, 3), (4, 0)])
+def test_community_sizes_refuse_communities_that_cannot_fit(n, k):
+    """Every community holds >= 2 nodes: more than N / 2 of them is a ValueError, not an endless
+    loop (the public entries check it first; this guards the internal call). Run in a forked
+    child, so the loop fails the test instead of hanging it."""
+    from gnnio.importers._dcsbm import community_sizes
+    from tests.helpers import in_forked_child
+
+    def refused() -> bool:
+        try:
+            community_sizes(n, k, 2.5, 10.0)
+        except ValueError as e:
+            return "do not fit" in str(e)
+        return False
+
+    assert in_forked_child(refused, timeout=20) is True
+    assert community_sizes(6, 3, 2.5, 10.0).tolist() == [2, 2, 2]

@@ -130,6 +130,8 @@ def community_sizes(num_nodes: int, communities: int, exponent: float, ratio: fl
     """``K`` community sizes (int64, descending, each ``>= 2``, summing to ``N``): the power-law
     quantiles ``(k + 1/2) / K`` scaled to ``N``, rounded by largest remainder."""
     n, k = int(num_nodes), int(communities)
+    if k < 1 or 2 * k > n:  # (the loop below would never end; DcsbmOptions.check says it first)
+        raise ValueError(f"communities: {k} communities of >= 2 nodes do not fit in {n} nodes")
     q = (np.arange(k, dtype=np.float64) + 0.5) / k
     share = _power_quantiles(q, exponent, ratio)[::-1]
     exact = share / share.sum() * n
