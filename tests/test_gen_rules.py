@@ -149,7 +149,6 @@ def test_a_negative_pagerank_iteration_count_is_refused():
     assert reverse_pagerank(g, iterations=0, progress=False).tolist() == [0.25] * 4
 
 
-
 @pytest.mark.parametrize("n, k", [(5, 3), (4, 0)])
 def test_community_sizes_refuse_communities_that_cannot_fit(n, k):
     """Every community holds >= 2 nodes: more than N / 2 of them is a ValueError, not an endless
