@@ -75,6 +75,19 @@ def test_a_log_resumed_with_earlier_lines_keeps_them_and_the_file_until_the_firs
     assert p.read_text() == '{"epoch": 0}\n{"epoch": 1}\n{"epoch": 2}\n'
 
 
+def test_a_folder_that_cannot_be_listed_has_no_stale_temporaries(tmp_path, monkeypatch):
+    """Cleaning up after killed writers never fails the write itself."""
+    from pathlib import Path
+
+    from gnnio.utils.outputs import remove_stale_files
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "iterdir", refuse)
+    assert remove_stale_files(tmp_path, ".s.json") == []
+
+
 # ---- interrupts ---------------------------------------------------------------------------------
 
 
@@ -152,6 +165,29 @@ def test_a_lazy_pool_grows_to_the_threads_asked_for():
         ex.shutdown()
 
 
+# ---- affinity -----------------------------------------------------------------------------------
+
+
+def test_available_cores_are_the_processs_own_in_order(monkeypatch):
+    from gnnio.pipeline import affinity
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 3, 5})
+    assert affinity.available_cores() == [3, 5, 7]
+
+
+def test_a_stage_of_zero_threads_still_takes_a_core_in_the_fit():
+    """Every stage gets at least one core, so the check of the fit counts it too: otherwise the
+    last stage got fewer cores than it asked for."""
+    from gnnio.pipeline.affinity import core_sets
+
+    assert core_sets({"sample": 0, "gather": 2, "compute": 2}, [0, 1, 2, 3]) is None
+    assert core_sets({"sample": 0, "gather": 2, "compute": 1}, [0, 1, 2, 3]) == {
+        "sample": [0],
+        "gather": [1, 2],
+        "compute": [3],
+    }
+
+
 # ---- streams ------------------------------------------------------------------------------------
 
 
@@ -175,6 +211,26 @@ def test_an_event_marks_the_work_queued_before_it_only():
             rs.check_read(b, what="b")
         rs.wait(main, rs.record(side))
         rs.check_read(b)
+
+
+def test_the_host_may_overwrite_a_staging_buffer_only_after_the_copy_reading_it():
+    """A sync on an event recorded before the copy does not cover it; one recorded after does."""
+    from gnnio.sampling.base import MiniBatch
+    from gnnio.utils.streams import RecordingStreams, StreamOrderError
+
+    rs = RecordingStreams()
+    side = rs.new_stream("side")
+    staging = torch.ones(2, 3)
+    mb = MiniBatch(seeds=torch.arange(2), input_nodes=torch.arange(2), blocks=[], x=staging)
+    with rs.use(side):
+        before = rs.record()
+        rs.to_device(mb, torch.device("cpu"))
+        after = rs.record()
+    rs.synchronize(before)
+    with pytest.raises(StreamOrderError, match="overwrites the slot that a copy queued on side"):
+        rs.check_host_write(staging, what="the slot")
+    rs.synchronize(after)
+    rs.check_host_write(staging, what="the slot")
 
 
 def test_streams_are_cuda_streams_only_for_a_cuda_device():
