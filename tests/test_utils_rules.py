@@ -1,9 +1,12 @@
 """Rules of gnnio's small utilities found by a mutation pass over gnnio/utils (outputs, interrupts,
 thread_pool, streams, syncs) and gnnio/pipeline/affinity: an output path is refused up front with
-the reason that applies (a directory, a parent that is a file), a killed writer's temporaries are
-removed but a symlink named like one is not, the Ctrl-C deferral raises exactly once at the end of
-the outermost compile of the main thread only, a pool grows to the threads asked for, the fake
-streams keep CUDA's ordering rules, and the op counter counts every operation."""
+the reason that applies (a directory, a parent that is a file), written complete and fsync-ed
+before the rename, a killed writer's temporaries are removed but a symlink named like one is not;
+the Ctrl-C deferral raises exactly once at the end of the outermost compile of the main thread
+only and leaves an ignored SIGINT ignored; a pool grows to the threads asked for; a stage of zero
+threads still counts as a core; the fake streams keep CUDA's ordering rules (an event covers the
+work before it, a copy is the copying stream's, the host waits for the copy reading a buffer); the
+op counter counts every operation and the host-device copies and scalars that sync."""
 
 from __future__ import annotations
 
@@ -233,6 +236,23 @@ def test_the_host_may_overwrite_a_staging_buffer_only_after_the_copy_reading_it(
     rs.check_host_write(staging, what="the slot")
 
 
+def test_a_copy_is_ready_for_the_copying_stream_only():
+    """``to_device``'s copy is written on the copying stream: another stream waits for it."""
+    from gnnio.sampling.base import MiniBatch
+    from gnnio.utils.streams import RecordingStreams, StreamOrderError
+
+    rs = RecordingStreams()
+    side = rs.new_stream("side")
+    mb = MiniBatch(seeds=torch.arange(2), input_nodes=torch.arange(2), blocks=[], x=torch.ones(2))
+    with rs.use(side):
+        moved = rs.to_device(mb, torch.device("cpu"))
+        rs.check_read(moved.x)
+    with pytest.raises(StreamOrderError, match="default reads x written on side#0"):
+        rs.check_read(moved.x, what="x")
+    rs.wait(rs.default, rs.record(side))
+    rs.check_read(moved.x, what="x")
+
+
 def test_streams_are_cuda_streams_only_for_a_cuda_device():
     from gnnio.utils.streams import CudaStreams, streams_for
 
@@ -254,6 +274,34 @@ def test_the_op_counter_counts_every_operation_and_names_the_syncs():
         torch.nonzero(u)
         torch.nonzero(u)
     assert c.ops == 4 and c.syncs == 2 and c.sync_ops == {"aten.nonzero": 2}
+
+
+def test_a_copy_between_host_and_device_syncs_unless_non_blocking():
+    """Decided from the devices alone, so checked here without a GPU."""
+    from types import SimpleNamespace
+
+    from gnnio.utils.syncs import _is_sync
+
+    aten, host = torch.ops.aten, torch.ones(2)
+    cuda = torch.device("cuda", 0)
+    assert _is_sync(aten._to_copy.default, (host,), {"device": cuda})
+    assert not _is_sync(aten._to_copy.default, (host,), {"device": cuda, "non_blocking": True})
+    assert not _is_sync(aten._to_copy.default, (host,), {"device": torch.device("cpu")})
+    on_gpu = SimpleNamespace(device=cuda)  # a copy_ destination on the device
+    assert _is_sync(aten.copy_.default, (on_gpu, host), {})
+    assert not _is_sync(aten.copy_.default, (on_gpu, host, True), {})
+
+
+def test_only_the_python_scalar_itself_counts_as_a_host_value():
+    """``t[i] = v`` of a tensor ``v`` made before (on the device, on CUDA) is no sync, also
+    after a ``t[5] = -1`` that did sync."""
+    from gnnio.utils.syncs import OpCounter
+
+    t, i, v = torch.zeros(10, dtype=torch.int64), torch.tensor([1, 2]), torch.tensor(7)
+    with OpCounter() as c:
+        t[5] = -1
+        t[i] = v
+    assert c.syncs == 1, c.sync_ops
 
 
 def test_sync_sites_name_gnnio_files_from_the_package_and_others_by_name():
