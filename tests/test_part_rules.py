@@ -1,0 +1,69 @@
+"""Rules of the partitioners, the partition quality report and locality-aware LADIES that a
+mutation pass (branch mut-part) found unguarded: the training balance counts a part that holds no
+training node; METIS ignores self loops and one part needs no pymetis; the seeds' hop of
+LocalityLadiesSampler favours its layer's set Q'_L, not B."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from gnnio.graph import CSRGraph
+from gnnio.preprocess.partition.methods import metis_parts
+from gnnio.preprocess.partition.quality import partition_quality
+from gnnio.sampling.ladies_locality import LocalityLadiesSampler
+
+from .helpers import random_graph
+from .test_ladies import figure_2a_graph
+
+
+def _chain() -> CSRGraph:
+    """2 -> 0, 3 -> 2 (the graph of test_partition_rules.test_quality_report_by_hand)."""
+    return CSRGraph.from_edges(np.array([2, 3]), np.array([0, 2]), 4)
+
+
+def test_train_balance_counts_a_part_without_training_nodes():
+    """All training nodes in part 0 of 2: max / mean = 1 / 0.5 = 2 (the empty part counts)."""
+    parts = np.array([0, 0, 1, 1], dtype=np.int16)
+    none = np.zeros(0, dtype=np.int64)
+    q = partition_quality(_chain(), parts, none, np.array([0]), fanouts=(1, 1))
+    assert q["train_per_part"] == [1, 0] and q["train_balance"] == 2.0
+
+
+def test_metis_ignores_self_loops():
+    """METIS partitions the symmetrized graph without self loops: adding a loop on every node
+    changes nothing (kept, they weigh the nodes and shift METIS's balance)."""
+    g = random_graph(300, 2000, seed=1)
+    dst = np.repeat(np.arange(300), np.diff(np.asarray(g.indptr)))
+    loops = CSRGraph.from_edges(
+        np.concatenate([np.asarray(g.indices), np.arange(300)]),
+        np.concatenate([dst, np.arange(300)]),
+        300,
+    )
+    assert np.array_equal(metis_parts(loops, 4), metis_parts(g, 4))
+
+
+def test_metis_with_one_part_needs_no_pymetis(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # (import pymetis raises ImportError)
+    assert metis_parts(random_graph(20, 50, seed=0), 1).tolist() == [0] * 20
+
+
+def test_the_seeds_hop_favours_the_layer_set_not_b():
+    """Figure 2a, B = {1, 2, 3, 4}, Q'_2 = {1, 2, 3}: a hop from row 2 (candidates 1, 3, 4, 5 with
+    equal LADIES weights, K = 1) at s = 2 favours Q'_2 (the seeds' hop is layer 2), not B: pi =
+    (2, 2, 1, 1) / 6, so every drawn candidate's edge weight is 1 / pi = 3, 3, 6, 6."""
+    g = figure_2a_graph()
+    s = LocalityLadiesSampler(g, [1, 1], hot_ids=[1, 2, 3, 4], scale=2.0, q_size=3, seed=1)
+    want = {1: 3.0, 3: 3.0, 4: 6.0, 5: 6.0}
+    seen = set()
+    for e in range(12):
+        mb = s.sample([2], epoch_seed=e)
+        blk = mb.blocks[-1]
+        src = mb.input_nodes.numpy()[blk.edge_index[0].numpy()]
+        for j, w in zip(src.tolist(), blk.edge_weight.numpy().tolist()):
+            if j != 2:
+                assert w == pytest.approx(want[j]), (j, w)
+                seen.add(j)
+    assert seen & {1, 3} and seen & {4, 5}
