@@ -5,6 +5,7 @@ LocalityLadiesSampler favours its layer's set Q'_L, not B."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -67,3 +68,22 @@ def test_the_seeds_hop_favours_the_layer_set_not_b():
                 assert w == pytest.approx(want[j]), (j, w)
                 seen.add(j)
     assert seen & {1, 3} and seen & {4, 5}
+
+
+def test_bounded_relabel_by_runs_closes_its_file(tmp_path):
+    """The run path (a mapped input larger than the chunk) opens the indices file for preadv and
+    closes it again: no descriptor is left behind per call."""
+    from gnnio.preprocess import reorder_bounded as rb
+    from gnnio.preprocess.reorder import relabel_csr
+
+    g = random_graph(200, 1500, seed=2)
+    perm = np.random.default_rng(0).permutation(200).astype(np.int64)
+    want_ptr, want_ind = relabel_csr(g.indptr, g.indices, perm)
+    np.save(tmp_path / "i.npy", np.asarray(g.indices))
+    ind = np.load(tmp_path / "i.npy", mmap_mode="c")
+    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", want_ind.dtype, want_ind.shape)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        rb.relabel_csr_bounded(g.indptr, ind, perm, out, 1)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert np.array_equal(np.asarray(out), want_ind)
