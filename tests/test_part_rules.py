@@ -87,3 +87,30 @@ def test_bounded_relabel_by_runs_closes_its_file(tmp_path):
         rb.relabel_csr_bounded(g.indptr, ind, perm, out, 1)
     assert len(os.listdir("/proc/self/fd")) == before
     assert np.array_equal(np.asarray(out), want_ind)
+
+
+def test_bounded_relabel_counts_a_resident_input_against_the_chunk(tmp_path, monkeypatch):
+    """A mapped ``indices`` that fits the chunk is read in place and stays resident, so the output
+    edges of a chunk get only what it leaves: ``chunk - (input + 2 fault windows)``."""
+    from gnnio.preprocess import reorder_bounded as rb
+    from gnnio.preprocess.budget import FAULT, MIN_CHUNK
+
+    n, m = 1 << 12, 1 << 20  # 4 MiB of int32 edges
+    indptr = np.linspace(0, m, n + 1).astype(np.int64)
+    np.save(tmp_path / "i.npy", (np.arange(m, dtype=np.int64) % n).astype(np.int32))
+    ind = np.load(tmp_path / "i.npy", mmap_mode="c")
+    perm = np.random.default_rng(0).permutation(n)
+    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", np.int32, (m,))
+    seen = []
+    real = rb.row_chunks
+
+    def spy(cost, limit):
+        for a, b in real(cost, limit):
+            seen.append((a, b))
+            yield a, b
+
+    monkeypatch.setattr(rb, "row_chunks", spy)
+    left = MIN_CHUNK  # the resident path, with 1 MiB left for the output
+    ptr = rb.relabel_csr_bounded(indptr, ind, perm, out, 4 * m + 2 * FAULT + left)
+    assert len(seen) >= 4 and seen[-1][1] == n
+    assert all(4 * (int(ptr[b]) - int(ptr[a])) <= left for a, b in seen)
