@@ -1,7 +1,9 @@
-"""Rules of the partitioners, the partition quality report and locality-aware LADIES that a
-mutation pass (branch mut-part) found unguarded: the training balance counts a part that holds no
-training node; METIS ignores self loops and one part needs no pymetis; the seeds' hop of
-LocalityLadiesSampler favours its layer's set Q'_L, not B."""
+"""Rules of the partitioners, the partition quality report, the bounded reorder, locality-aware
+LADIES and the LABOR-0 kernel that a mutation pass (branch mut-part) found unguarded: the training
+balance counts a part that holds no training node; METIS ignores self loops and one part needs no
+pymetis; the bounded relabel closes its file and counts a resident input against the chunk; the
+seeds' hop of LocalityLadiesSampler favours its layer's set Q'_L, not B; LABOR-0 (poisson) refuses
+a row that keeps fewer or more neighbours than counted, before writing past its slots."""
 
 from __future__ import annotations
 
@@ -114,3 +116,38 @@ def test_bounded_relabel_counts_a_resident_input_against_the_chunk(tmp_path, mon
     ptr = rb.relabel_csr_bounded(indptr, ind, perm, out, 4 * m + 2 * FAULT + left)
     assert len(seen) >= 4 and seen[-1][1] == n
     assert all(4 * (int(ptr[b]) - int(ptr[a])) <= left for a, b in seen)
+
+
+def _labor_poisson_row(count_key: int, sample_key: int):
+    """One row of 40 distinct neighbours, fanout 8, LABOR-0 poisson: offs counted under
+    ``count_key``, sampled under ``sample_key`` into ``src`` padded with -5 past the count."""
+    from gnnio.sampling import _labor_kernels as LK
+
+    d, fanout = 40, 8
+    indptr = np.array([0, d], dtype=np.int64)
+    indices = np.arange(1, d + 1, dtype=np.int64)
+    rows = np.empty((2, 1), dtype=np.int64)
+    offs = np.empty(2, dtype=np.int64)
+    nodes = np.zeros(1, dtype=np.int64)
+    e = LK.count_part(indptr, indices, nodes, 0, 1, fanout, np.uint64(count_key), True, rows, offs)
+    src = np.full(e + d, -5, dtype=np.int64)
+    args = (indices, 1, rows, offs, fanout, np.uint64(sample_key), True, src,
+            np.full(d + 1, -1, dtype=np.int64), 0, np.zeros(1, dtype=np.uint8), True, 0,
+            np.empty(e + d, dtype=np.int64))  # fmt: skip
+    return e, src, lambda: LK.sample_part(*args)
+
+
+def test_labor_poisson_refuses_a_row_that_keeps_fewer_or_more_than_counted():
+    """A row keeping fewer neighbours than counted is refused (not relabelled with unwritten
+    slots); one keeping more is refused before it writes past its own slots."""
+    counts = {k: _labor_poisson_row(k, k)[0] for k in range(40)}
+    lo = min(counts, key=counts.get)
+    hi = max(counts, key=counts.get)
+    assert counts[lo] < counts[hi]
+    _, _, fewer = _labor_poisson_row(hi, lo)  # counted under hi, keeps fewer under lo
+    with pytest.raises(ValueError, match="count_part"):
+        fewer()
+    e, src, more = _labor_poisson_row(lo, hi)
+    with pytest.raises(ValueError, match="count_part"):
+        more()
+    assert (src[e:] == -5).all()  # nothing written past the row's counted slots
