@@ -18,7 +18,7 @@ from gnnio.preprocess.partition.methods import metis_parts
 from gnnio.preprocess.partition.quality import partition_quality
 from gnnio.sampling.ladies_locality import LocalityLadiesSampler
 
-from .helpers import random_graph
+from .helpers import in_forked_child, random_graph
 from .test_ladies import figure_2a_graph
 
 
@@ -151,3 +151,24 @@ def test_labor_poisson_refuses_a_row_that_keeps_fewer_or_more_than_counted():
     with pytest.raises(ValueError, match="count_part"):
         more()
     assert (src[e:] == -5).all()  # nothing written past the row's counted slots
+
+
+def test_feature_read_past_the_end_of_the_file_is_an_error_not_a_hang(tmp_path):
+    """``preadv`` at EOF returns 0: the bounded feature copy's reader raises (a truncated features
+    file), instead of asking again forever (run in a forked child, 20 s)."""
+    from gnnio.preprocess import reorder_bounded as rb
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"\1" * 100)
+
+    def short_read() -> bool:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            rb._pread_rows(fd, memoryview(bytearray(64)), 80, 64)  # 20 bytes left
+        except OSError as e:
+            return "short read" in str(e)
+        finally:
+            os.close(fd)
+        return False
+
+    assert in_forked_child(short_read, timeout=20) is True
