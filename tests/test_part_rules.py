@@ -1,7 +1,8 @@
 """Rules of the partitioners, the partition quality report, the bounded reorder, locality-aware
 LADIES and the LABOR-0 kernel that a mutation pass (branch mut-part) found unguarded: the training
 balance counts a part that holds no training node; METIS ignores self loops and one part needs no
-pymetis; the bounded relabel closes its file and counts a resident input against the chunk; the
+pymetis; the bounded relabel closes its file and counts a resident input against the chunk, and a
+short read of the features raises instead of hanging; the
 seeds' hop of LocalityLadiesSampler favours its layer's set Q'_L, not B; LABOR-0 (poisson) refuses
 a row that keeps fewer or more neighbours than counted, before writing past its slots."""
 
