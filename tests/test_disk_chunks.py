@@ -11,6 +11,19 @@ from gnnio.features.stores import _direct_io as dio
 from gnnio.features.stores.disk import DiskFeatureStore
 
 
+def spy_plan_pages(monkeypatch) -> list[int]:
+    """The blocks of every plan a reader is given (one plan per chunk of rows)."""
+    sizes: list[int] = []
+    read = dio.PageReader.read
+
+    def spy(self, plan):
+        sizes.append(int(plan.pages.size))
+        return read(self, plan)
+
+    monkeypatch.setattr(dio.PageReader, "read", spy)
+    return sizes
+
+
 @pytest.mark.parametrize("block", [512, 4096])
 @pytest.mark.parametrize("dim", [1300, 700, 96])
 def test_chunked_batches_are_exact_and_within_the_buffer(tmp_path, monkeypatch, block, dim):
@@ -20,14 +33,7 @@ def test_chunked_batches_are_exact_and_within_the_buffer(tmp_path, monkeypatch, 
     np.save(path, feats)
     limit_bytes = 6 * 4096
     disk = DiskFeatureStore(path, direct=False, block_size=block, max_buffer_bytes=limit_bytes)
-    sizes: list[int] = []
-    read = dio.PageReader.read
-
-    def spy(self, plan):
-        sizes.append(int(plan.pages.size))
-        return read(self, plan)
-
-    monkeypatch.setattr(dio.PageReader, "read", spy)
+    sizes = spy_plan_pages(monkeypatch)
     ids = rng.integers(0, 400, 300)
     ids = np.concatenate([ids, ids[::3]])  # repeats, also across chunks
     got = disk.gather(ids)

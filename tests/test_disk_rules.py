@@ -20,6 +20,8 @@ import pytest
 
 from gnnio.errors import DatasetError
 from gnnio.features.stores.disk import DiskFeatureStore
+from tests.test_disk_chunks import spy_plan_pages
+from tests.test_disk_store import refuse_o_direct_reads
 
 
 def _npy(tmp_path, rows: int = 1000, dim: int = 8):
@@ -115,21 +117,6 @@ def test_disk_refuses_ranks_and_placement(ranks, placement, match):
 # ---- the open survivors of the first pass, and its continuation -----------------------------
 
 
-def _spy_chunks(monkeypatch) -> list[int]:
-    """The blocks of every plan a reader is given (one plan per chunk of rows)."""
-    from gnnio.features.stores import _direct_io as dio
-
-    sizes: list[int] = []
-    read = dio.PageReader.read
-
-    def spy(self, plan):
-        sizes.append(int(plan.pages.size))
-        return read(self, plan)
-
-    monkeypatch.setattr(dio.PageReader, "read", spy)
-    return sizes
-
-
 def test_rows_of_exactly_one_block_are_counted_exactly_for_the_buffer(tmp_path, monkeypatch):
     """512-byte rows after the 128-byte .npy header, in 512-byte blocks: rows 0-9 touch blocks
     0-10. A buffer of 11 blocks reads them in one chunk, each block once; one of 10 blocks cuts
@@ -137,7 +124,7 @@ def test_rows_of_exactly_one_block_are_counted_exactly_for_the_buffer(tmp_path, 
     path = tmp_path / "f.npy"
     feats = np.arange(40 * 128, dtype=np.float32).reshape(40, 128)
     np.save(path, feats)
-    sizes = _spy_chunks(monkeypatch)
+    sizes = spy_plan_pages(monkeypatch)
     fits = DiskFeatureStore(path, direct=False, block_size=512, max_buffer_bytes=11 * 512)
     assert fits.gather(np.arange(10)).numpy().tobytes() == feats[:10].tobytes()
     assert sizes == [11] and fits.stats.pages_read == 11
@@ -345,21 +332,13 @@ def test_reset_stats_keeps_the_block_size(tmp_path):
 def test_a_fallback_to_buffered_reads_closes_the_direct_descriptor(tmp_path, monkeypatch):
     """A read refusing O_DIRECT reopens the file buffered; the first descriptor is closed (one
     open file per store, none after ``close``)."""
-    from gnnio.features.stores import _direct_io as dio
 
     path = _npy(tmp_path)
     fds = len(os.listdir("/proc/self/fd"))
     s = DiskFeatureStore(path)
     if not s.direct:
         pytest.skip("this filesystem refuses O_DIRECT")
-    real = os.preadv
-
-    def refuse_direct(fd, bufs, off):
-        if s._reader.direct:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real(fd, bufs, off)
-
-    monkeypatch.setattr(dio.os, "preadv", refuse_direct)
+    refuse_o_direct_reads(monkeypatch, s)
     assert s.gather([3]).shape == (1, 8) and not s.direct
     assert len(os.listdir("/proc/self/fd")) == fds + 1
     s.close()

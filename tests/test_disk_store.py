@@ -23,6 +23,19 @@ from tests.helpers import write_tiny_dataset
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def refuse_o_direct_reads(monkeypatch, s: DiskFeatureStore) -> None:
+    """``preadv`` fails with EINVAL while ``s``'s reader uses O_DIRECT (a filesystem that takes
+    the flag at open and refuses it at read), then reads as usual."""
+    real = os.preadv
+
+    def refuse_direct(fd, bufs, off):
+        if s._reader.direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(dio.os, "preadv", refuse_direct)
+
+
 def _pages_of(offset: int, ids: np.ndarray, rb: int, block: int = 4096) -> set[int]:
     """Every block (4 KiB page by default) the rows ``ids`` touch, one row at a time (the
     reference)."""
@@ -240,14 +253,7 @@ def test_no_o_direct_at_read_falls_back_with_one_line(tmp_path, monkeypatch, cap
     path = tmp_path / "f.npy"
     np.save(path, feats)
     s = DiskFeatureStore(path)
-    real = os.preadv
-
-    def refuse_direct(fd, bufs, off):
-        if s._reader.direct:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real(fd, bufs, off)
-
-    monkeypatch.setattr(dio.os, "preadv", refuse_direct)
+    refuse_o_direct_reads(monkeypatch, s)
     ids = np.arange(0, 1000, 7)
     with caplog.at_level(logging.WARNING, logger="gnnio.features.stores.disk"):
         got = s.gather(ids)

@@ -21,6 +21,7 @@ from gnnio.sampling.ladies_locality import LocalityLadiesSampler
 
 from .helpers import in_forked_child, random_graph
 from .test_ladies import figure_2a_graph
+from .test_reorder_rules import spy_row_chunks
 
 
 def _chain() -> CSRGraph:
@@ -104,15 +105,7 @@ def test_bounded_relabel_counts_a_resident_input_against_the_chunk(tmp_path, mon
     ind = np.load(tmp_path / "i.npy", mmap_mode="c")
     perm = np.random.default_rng(0).permutation(n)
     out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", np.int32, (m,))
-    seen = []
-    real = rb.row_chunks
-
-    def spy(cost, limit):
-        for a, b in real(cost, limit):
-            seen.append((a, b))
-            yield a, b
-
-    monkeypatch.setattr(rb, "row_chunks", spy)
+    seen = spy_row_chunks(monkeypatch)
     left = MIN_CHUNK  # the resident path, with 1 MiB left for the output
     ptr = rb.relabel_csr_bounded(indptr, ind, perm, out, 4 * m + 2 * FAULT + left)
     assert len(seen) >= 4 and seen[-1][1] == n

@@ -18,6 +18,20 @@ def small_graph() -> CSRGraph:
     return CSRGraph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
 
 
+def spy_row_chunks(monkeypatch) -> list[tuple[int, int]]:
+    """The ``(first, stop)`` row chunks the bounded relabel walks, as it walks them."""
+    seen: list[tuple[int, int]] = []
+    real = rb.row_chunks
+
+    def spy(cost, limit):
+        for a, b in real(cost, limit):
+            seen.append((a, b))
+            yield a, b
+
+    monkeypatch.setattr(rb, "row_chunks", spy)
+    return seen
+
+
 @pytest.mark.parametrize("impl", reorder.IMPLS)
 def test_relabel_csr_refuses_indptr_that_does_not_end_at_the_edge_count(impl):
     """An indptr whose last entry is not len(indices) is a UsageError, not a wrong or torn CSR."""
@@ -71,15 +85,7 @@ def test_bounded_relabel_run_chunks_count_24_bytes_per_row(tmp_path, monkeypatch
     ind = np.load(tmp_path / "i.npy", mmap_mode="c")
     perm = np.random.default_rng(1).permutation(n)
     out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", ind.dtype, ind.shape)
-    seen = []
-    real = rb.row_chunks
-
-    def spy(cost, limit):
-        for a, b in real(cost, limit):
-            seen.append((a, b))
-            yield a, b
-
-    monkeypatch.setattr(rb, "row_chunks", spy)
+    seen = spy_row_chunks(monkeypatch)
     chunk = 200_000  # below the input + MIN_CHUNK: the preadv path
     ptr = rb.relabel_csr_bounded(g.indptr, ind, perm, out, chunk)
     assert seen[0][0] == 0 and seen[-1][1] == n and len(seen) > 1
