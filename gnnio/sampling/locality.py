@@ -159,14 +159,13 @@ def prune_thresholds(
 ) -> list[int]:
     """HyDRA Eq. 4 per hop: ``ceil(alpha * avg_degree + beta * fanout)``; 0 = no pruning (also
     for hops with fanout -1 or 0, which draw all or nothing). ``prune`` = ``(alpha, beta)`` or
-    None. A threshold is capped at :data:`MAX_THRESHOLD` (2^31 - 1: longer than any row a
-    sampler meets in practice, so such a hop prunes nothing; the kernels take it as 32 bits)."""
-    if prune is None:
+    None (or as :func:`prune_pair` takes it). A threshold is capped at :data:`MAX_THRESHOLD`
+    (2^31 - 1: longer than any row a sampler meets in practice, so such a hop prunes nothing; the
+    kernels take it as 32 bits)."""
+    pair = prune_pair(prune)
+    if pair is None:
         return [0] * len(fanouts)
-    try:
-        alpha, beta = (float(x) for x in prune)
-    except (TypeError, ValueError):
-        raise ValueError(f"prune: expected (alpha, beta), got {prune!r}") from None
+    alpha, beta = pair
     if not (math.isfinite(alpha) and math.isfinite(beta)) or alpha < 0 or beta < 0:
         raise ValueError(f"prune: alpha and beta must be finite and >= 0, got {prune!r}")
     out = []
