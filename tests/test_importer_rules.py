@@ -83,3 +83,31 @@ def test_facebook_edge_to_node_n_is_out_of_range(tmp_path):
     with pytest.raises(DatasetError, match=r"facebook_edges\.csv: node id 3 is out of range"):
         prepare_facebook(root, tmp_path / "o", progress=False)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("source", ["facebook", "npy"])
+def test_prepare_into_an_existing_dataset_refuses_before_reading_any_input(
+    source, tmp_path, monkeypatch, capsys
+):
+    """`gnnio prepare` without --overwrite into an existing dataset is one line before the
+    importer reads anything (a multi-GB OGB import read its input first, then refused)."""
+    from gnnio.cli.main import main
+    from gnnio.importers import facebook, npy
+    from tests.pyg_common import random_data
+
+    out = tmp_path / "out"
+    gnnio.from_pyg(random_data(), out, progress=False)
+    read = []
+    mod = facebook if source == "facebook" else npy
+    name = "prepare_facebook" if source == "facebook" else "prepare_npy"
+    monkeypatch.setattr(mod, name, lambda *a, **k: read.append(1))
+    argv = (
+        ["prepare", "facebook", "--root", str(tmp_path)]
+        if source == "facebook"
+        else ["prepare", "npy", "--indptr", "a.npy", "--indices", "b.npy", "--features", "c.npy",
+              "--labels", "d.npy", "--train-idx", "e.npy", "--valid-idx", "f.npy",
+              "--test-idx", "g.npy"]  # fmt: skip
+    )
+    assert main([*argv, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists" in err and read == []

@@ -168,6 +168,7 @@ def run(args) -> int:
     resolve_budget(args)
     with writing_as(args.feature_dtype):  # --feature-dtype: every writer recodes the rows
         if reorder is None:
+            output_dir.check_out_dir(Path(args.out), args.overwrite)  # before reading any input
             out = args.importer.run(args)
         else:
             out = _import_and_reorder(args)
