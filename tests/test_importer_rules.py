@@ -104,9 +104,24 @@ def test_prepare_into_an_existing_dataset_refuses_before_reading_any_input(
     argv = (
         ["prepare", "facebook", "--root", str(tmp_path)]
         if source == "facebook"
-        else ["prepare", "npy", "--indptr", "a.npy", "--indices", "b.npy", "--features", "c.npy",
-              "--labels", "d.npy", "--train-idx", "e.npy", "--valid-idx", "f.npy",
-              "--test-idx", "g.npy"]  # fmt: skip
+        else [
+            "prepare",
+            "npy",
+            "--indptr",
+            "a.npy",
+            "--indices",
+            "b.npy",
+            "--features",
+            "c.npy",
+            "--labels",
+            "d.npy",
+            "--train-idx",
+            "e.npy",
+            "--valid-idx",
+            "f.npy",
+            "--test-idx",
+            "g.npy",
+        ]  # fmt: skip
     )
     assert main([*argv, "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err
