@@ -101,13 +101,10 @@ def test_trim_bounded_draws_as_the_in_memory_trim_into_the_protected_pairs():
     (tier 2, same-class or not) are dropped too: the bounded codes keep their class bit."""
     from gnnio.importers import _synthetic_bounded as sb
     from gnnio.importers._synthetic_graph import _trim
+    from tests.test_prepare_bounded import random_pair_keys
 
-    rng = np.random.default_rng(0)
     n = 400
-    u, v = rng.integers(0, n, 1500), rng.integers(0, n, 1500)
-    keys = np.unique(np.minimum(u, v) * n + np.maximum(u, v))
-    keys = keys[keys // n != keys % n]
-    cls = rng.integers(0, 2, n).astype(np.int16)
+    keys, cls = random_pair_keys(n, 1500, 2)
     target = keys.size // 8
     r1, r2 = np.random.default_rng(7), np.random.default_rng(7)
     want, dropped = _trim(r1, keys.copy(), cls, n, target, target // 2)

@@ -21,7 +21,7 @@ from gnnio.sampling.ladies_locality import LocalityLadiesSampler
 
 from .helpers import in_forked_child, random_graph
 from .test_ladies import figure_2a_graph
-from .test_reorder_rules import spy_row_chunks
+from .test_reorder_rules import mapped_relabel_input, spy_row_chunks
 
 
 def _chain() -> CSRGraph:
@@ -100,11 +100,7 @@ def test_bounded_relabel_counts_a_resident_input_against_the_chunk(tmp_path, mon
     from gnnio.preprocess.budget import FAULT, MIN_CHUNK
 
     n, m = 1 << 12, 1 << 20  # 4 MiB of int32 edges
-    indptr = np.linspace(0, m, n + 1).astype(np.int64)
-    np.save(tmp_path / "i.npy", (np.arange(m, dtype=np.int64) % n).astype(np.int32))
-    ind = np.load(tmp_path / "i.npy", mmap_mode="c")
-    perm = np.random.default_rng(0).permutation(n)
-    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", np.int32, (m,))
+    indptr, ind, perm, out = mapped_relabel_input(tmp_path, n, m)
     seen = spy_row_chunks(monkeypatch)
     left = MIN_CHUNK  # the resident path, with 1 MiB left for the output
     ptr = rb.relabel_csr_bounded(indptr, ind, perm, out, 4 * m + 2 * FAULT + left)

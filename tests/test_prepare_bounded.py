@@ -100,13 +100,19 @@ def test_a_named_budget_bounds_the_reorder_too(tmp_path, monkeypatch):
     _same_dataset(tmp_path / "a", tmp_path / "c")
 
 
-def test_trim_bounded_draws_as_the_in_memory_trim():
+def random_pair_keys(n: int, draws: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct undirected pairs of ``n`` nodes as sorted keys ``min * n + max`` (no self
+    pairs) from ``draws`` random draws, and a random class of ``classes`` per node (seed 0)."""
     rng = np.random.default_rng(0)
-    n = 400
-    u, v = rng.integers(0, n, 6000), rng.integers(0, n, 6000)
+    u, v = rng.integers(0, n, draws), rng.integers(0, n, draws)
     keys = np.unique(np.minimum(u, v) * n + np.maximum(u, v))
     keys = keys[keys // n != keys % n]
-    cls = rng.integers(0, 3, n).astype(np.int16)
+    return keys, rng.integers(0, classes, n).astype(np.int16)
+
+
+def test_trim_bounded_draws_as_the_in_memory_trim():
+    n = 400
+    keys, cls = random_pair_keys(n, 6000, 3)
     target = keys.size - 900
     r1, r2 = np.random.default_rng(7), np.random.default_rng(7)
     want, dropped = _trim(r1, keys.copy(), cls, n, target, int(0.6 * target))

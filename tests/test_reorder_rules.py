@@ -18,6 +18,17 @@ def small_graph() -> CSRGraph:
     return CSRGraph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
 
 
+def mapped_relabel_input(tmp_path, n: int, m: int):
+    """``(indptr, indices, perm, out)`` for the bounded relabel: ``n`` rows of ``m / n`` int32
+    edges, ``indices`` a copy-on-write mapping of an .npy file, ``out`` a writable .npy mapping."""
+    indptr = np.linspace(0, m, n + 1).astype(np.int64)
+    np.save(tmp_path / "i.npy", (np.arange(m, dtype=np.int64) % n).astype(np.int32))
+    ind = np.load(tmp_path / "i.npy", mmap_mode="c")
+    perm = np.random.default_rng(0).permutation(n)
+    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", np.int32, (m,))
+    return indptr, ind, perm, out
+
+
 def spy_row_chunks(monkeypatch) -> list[tuple[int, int]]:
     """The ``(first, stop)`` row chunks the bounded relabel walks, as it walks them."""
     seen: list[tuple[int, int]] = []
@@ -57,11 +68,7 @@ def test_bounded_relabel_does_not_map_an_input_larger_than_the_chunk(tmp_path, m
     from gnnio.utils.rss import rss_bytes
 
     n, m = 1 << 12, 1 << 21  # 8 MiB of int32 edges
-    indptr = np.linspace(0, m, n + 1).astype(np.int64)
-    np.save(tmp_path / "i.npy", (np.arange(m, dtype=np.int64) % n).astype(np.int32))
-    ind = np.load(tmp_path / "i.npy", mmap_mode="c")
-    perm = np.random.default_rng(0).permutation(n)
-    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", np.int32, (m,))
+    indptr, ind, perm, out = mapped_relabel_input(tmp_path, n, m)
     monkeypatch.setattr(rb, "release", lambda arr: None)
     # warm up the kernels (loading them costs resident memory) on a small input of the same types
     rb.relabel_csr_bounded(indptr[:65], ind[: m // 64], perm[perm < 64], out[: m // 64], 1 << 20)
