@@ -7,9 +7,11 @@ from math import comb
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from gnnio.graph import DatasetWriter, edges_to_csr
 from gnnio.graph.csr import CSRGraph
+from gnnio.train.checkpoint import checkpoint_files
 
 
 def write_tiny_dataset(
@@ -265,3 +267,26 @@ def op_names():
             return func(*args, **(kwargs or {}))
 
     return OpNames()
+
+
+# ---- what two training runs must share (checkpoint and resume) -------------------------------
+
+#: per-epoch fields that are wall-clock measurements (they differ between any two runs)
+TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s", "rss_mb"}
+
+
+def final_params(ckdir) -> dict[str, torch.Tensor]:
+    *_, path = checkpoint_files(ckdir)[-1]
+    return torch.load(path, weights_only=True)["model"]
+
+
+def same_params(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def results(summary: dict) -> dict:
+    """What must be identical between runs: everything but the wall-clock times."""
+    hist = [{k: v for k, v in h.items() if k not in TIMED} for h in summary["history"]]
+    keep = ("loss_history", "test_acc", "best_valid_acc", "best_epoch", "epochs",
+            "bytes_by_tier", "rows_by_tier", "stopped_early")  # fmt: skip
+    return {"history": hist, **{k: summary[k] for k in keep}}

@@ -21,9 +21,7 @@ from gnnio.graph import DatasetWriter, edges_to_csr
 from gnnio.importers.synthetic import prepare_synthetic
 from gnnio.train import TrainConfig, train
 from gnnio.train.checkpoint import FORMAT_VERSION, CheckpointDir, checkpoint_files
-
-#: per-epoch fields that are wall-clock measurements (they differ between any two runs)
-TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s", "rss_mb"}
+from tests.helpers import final_params, results, same_params
 
 
 @pytest.fixture(scope="module")
@@ -40,23 +38,6 @@ def cfg(**kw) -> TrainConfig:
     base = dict(fanouts=(5, 5), batch_size=64, epochs=3, hidden=16, lr=0.01, progress=False)
     base.update(kw)
     return TrainConfig(**base)
-
-
-def final_params(ckdir) -> dict[str, torch.Tensor]:
-    *_, path = checkpoint_files(ckdir)[-1]
-    return torch.load(path, weights_only=True)["model"]
-
-
-def same_params(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def results(summary: dict) -> dict:
-    """What must be identical between runs: everything but the wall-clock times."""
-    hist = [{k: v for k, v in h.items() if k not in TIMED} for h in summary["history"]]
-    keep = ("loss_history", "test_acc", "best_valid_acc", "best_epoch", "epochs",
-            "bytes_by_tier", "rows_by_tier", "stopped_early")  # fmt: skip
-    return {"history": hist, **{k: summary[k] for k in keep}}
 
 
 @pytest.mark.parametrize("cache", ["none", "lru"])
