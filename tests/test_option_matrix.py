@@ -1,18 +1,19 @@
 """Training across the options, two by two against a baseline:
 
 - **where rows live does not change what is learnt**: every option of the data path (the store,
-  threads, loader depth, heap, isolation, Data Tiering's GPU tier and its budget, BGL's caches,
-  HyDRA's cross-batch reuse) gives the baseline's ``loss_history``, test
-  accuracy and rows per epoch bit for bit on the CPU -- a cache or tier that returned one wrong
-  row, or a loader that reordered batches, changes the losses;
+  threads, loader depth, heap, isolation, Data Tiering's GPU tier and its budget, BGL's caches)
+  gives the baseline's ``loss_history``, test accuracy and rows per epoch bit for bit on the
+  CPU -- a cache or tier that returned one wrong row, or a loader that reordered batches,
+  changes the losses;
 - **a resumed run ends as the uninterrupted one** for every option that keeps state across
   batches (the seed order, the samplers' random streams, the caches, the locality scale,
-  pruning, reuse): killed after a mid-epoch checkpoint (or, for the caches that run ahead of
+  pruning): killed after a mid-epoch checkpoint (or, for the caches that run ahead of
   training within an epoch and so checkpoint at epoch ends only, after an epoch) and resumed,
   the run has the same history, losses, accuracies, bytes per tier and parameters.
 
 ``test_checkpoint.py`` holds the resume machinery's own tests; ``test_train_disk.py`` the disk
-tier's resume and its losses against memory."""
+tier's resume and its losses against memory; ``test_dist_invariance.py`` the same across ranks
+(where HyDRA's cross-batch reuse acts)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,6 @@ DATA_PATH = {
     "lookahead": {"cache_policy": "lookahead", "cache_size": 0.05, "lookahead": 3},
     "two-level": {"cache_policy": "fifo", "cache_size": 0.02, "cpu_cache_size": 0.1},
     "tier+fifo": {"gpu_cache_fraction": 0.1, "cache_policy": "fifo", "cache_size": 0.05},
-    "no-reuse": {"reuse": False},
 }
 
 
@@ -87,7 +87,6 @@ STATEFUL = {
     "ladies": ({"sampler": "ladies", "layer_size": 64}, 4),
     "locality-8": ({"gpu_cache_fraction": 0.1, "locality_scale": 8.0}, 4),
     "prune": ({"prune_threshold": (1.0, 1.0)}, 4),
-    "reuse-off": ({"reuse": False}, 4),
     "static": ({"cache_policy": "static", "cache_size": 0.1}, 4),
     "tier": ({"gpu_cache_fraction": 0.1}, 4),
     "gat": ({"model": "gat"}, 4),
