@@ -1,6 +1,7 @@
 """``gnnio train`` under random combinations of its options (hypothesis, derandomized): every
-combination either trains, with finite losses and a summary, or is refused with exactly one
-``gnnio: error:`` line and exit 2 -- never a traceback, a hang or another exit status.
+combination either trains, with finite losses and a strictly valid JSON summary (no NaN), or is
+refused with exactly one ``gnnio: error:`` line and exit 2 -- never a traceback, a hang or
+another exit status.
 
 An option is drawn with the option it needs most of the time (``--cache-size`` with a cache
 policy, ``--host-cache-size`` with the disk tier, ...), so that most draws train and the
@@ -90,6 +91,10 @@ def option_sets(draw) -> dict[str, str]:
     return chosen
 
 
+def _refuse(constant: str):
+    raise ValueError(f"the summary holds {constant}, which strict JSON has not")
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return write_tiny_dataset(tmp_path_factory.mktemp("fz") / "tiny", num_nodes=120,
@@ -116,7 +121,7 @@ def test_every_combination_trains_or_is_refused_in_one_line(tiny, tmp_path, opts
     errors = [x for x in lines if x.startswith("gnnio: error:")]
     if rc == 0:
         assert not errors, errors
-        s = json.loads(summary.read_text())
+        s = json.loads(summary.read_text(), parse_constant=_refuse)  # strict JSON: no NaN
         assert len(s["loss_history"]) >= 1 and all(map(math.isfinite, s["loss_history"]))
     else:
         assert rc == 2 and len(errors) == 1, (rc, lines)
