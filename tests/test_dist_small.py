@@ -2,7 +2,8 @@
 gradients over the ranks and counts their bytes (the gloo training tests check that every rank
 ends with the same parameters, which a summing hook keeps too); partition-local seeds refuse a
 partition too small for the batches every rank takes; the launcher's one line names the rank
-that caused a failure, never one that only lost its peer."""
+that caused a failure, never one that only lost its peer; a split smaller than the ranks is
+refused before they start."""
 
 from __future__ import annotations
 
@@ -120,3 +121,49 @@ def test_local_seeds_take_the_batch_count_of_the_largest_part():
     assert n0 == n1 == 3 and len(b0) == len(b1) == 3
     assert max(len(b) for b in b0 + b1) <= 4
     assert sorted(sum(b0, [])) == list(range(10)) and sorted(sum(b1, [])) == [10, 11, 12]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "argv", "words"),
+    [
+        ((6, 1, 4), [], "the valid split has 1 node, fewer than the 2 ranks"),
+        ((6, 4, 3), ["--nproc", "4"], "the test split has 3 nodes, fewer than the 4 ranks"),
+        ((1, 4, 4), [], "the training split has 1 node, fewer than the 2 ranks"),
+        ((5, 4, 4), ["--batch-size", "1"], "--batch-size 1: the training split's 5 nodes"),
+        ((6, 3, 4), ["--eval-batch-size", "1"], "--eval-batch-size 1: the valid split's 3"),
+    ],
+)
+def test_a_split_smaller_than_the_ranks_is_refused_before_they_start(
+    tmp_path, capsys, monkeypatch, sizes, argv, words
+):
+    """Each rank needs a batch of every split it walks: the launcher refuses in one line naming
+    the split (not a rank's error naming the default --eval-batch-size), and starts no rank; a
+    rank started by torchrun refuses the same before it builds anything."""
+    from gnnio.cli.main import main
+    from gnnio.distributed import launch as launch_mod
+    from gnnio.errors import UsageError
+    from gnnio.graph import DatasetWriter, edges_to_csr
+    from gnnio.train import TrainConfig, train
+
+    n_tr, n_va, n_te = sizes
+    n = n_tr + n_va + n_te
+    indptr, indices = edges_to_csr(np.arange(n), (np.arange(n) + 1) % n, n)
+    with DatasetWriter(tmp_path / "d", name="d") as w:
+        w.save_array("indptr", indptr)
+        w.save_array("indices", indices)
+        w.save_array("features", np.ones((n, 2), dtype=np.float32))
+        w.save_array("labels", (np.arange(n) % 2).astype(np.int64))
+        w.save_array("train_idx", np.arange(n_tr))
+        w.save_array("valid_idx", np.arange(n_tr, n_tr + n_va))
+        w.save_array("test_idx", np.arange(n_tr + n_va, n))
+        w.meta["num_classes"] = 2
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("a rank started"))
+    assert main(["train", str(tmp_path / "d"), "--nproc", "2", "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gnnio: error: ") and "\n" not in err and words in err, err
+    ranks = int(argv[argv.index("--nproc") + 1]) if "--nproc" in argv else 2
+    bs = {k: int(argv[argv.index(o) + 1]) for k, o in (("batch_size", "--batch-size"),
+          ("eval_batch_size", "--eval-batch-size")) if o in argv}  # fmt: skip
+    with pytest.raises(UsageError, match=words.replace("-", r"\-")):  # only the world size given
+        train(tmp_path / "d", TrainConfig(epochs=1, progress=False, **bs),
+              run=SimpleNamespace(world_size=ranks))  # fmt: skip

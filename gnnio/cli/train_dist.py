@@ -89,6 +89,9 @@ def launch_ranks(args, cfg, dataset) -> int:
     from ..graph.dataset import Dataset, load
 
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)  # fail here, not N times
+    from ..train.config_dist import check_split_sizes
+
+    check_split_sizes(ds, cfg, args.nproc)  # a split smaller than the ranks: refuse now
     if cfg.placement is not None:  # a file for another dataset or device count: refuse now
         from ..distributed.train import check_placement_file
         from ..placement import load_placement

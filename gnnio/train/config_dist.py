@@ -14,6 +14,7 @@ __all__ = [
     "DIST_STRATEGIES",
     "MAX_RANKS_PER_CORE",
     "PARTITION_STRATEGIES",
+    "check_split_sizes",
     "validate_dist",
 ]
 
@@ -96,3 +97,30 @@ def validate_dist(cfg, world_size: int) -> None:
             f"--local-seeds: placement '{strategy}' has no partition; use "
             f"--placement-strategy {'|'.join(PARTITION_STRATEGIES)}"
         )
+
+
+def check_split_sizes(ds, cfg, world_size: int) -> None:
+    """Every rank walks the same number of batches of each split (equal batches, so that DDP's
+    collectives pair up): a split of fewer nodes than ranks, or batches of one seed that do not
+    divide among the ranks, cannot. Refused in one line naming the split and its size -- by the
+    launcher before any rank starts, and by each rank (torchrun) -- instead of a rank's error
+    naming the batch size. ``--local-seeds`` trains each rank on its own part (checked there)."""
+    if world_size <= 1:
+        return
+    eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
+    splits = [("valid", ds.valid_idx, eval_bs, "--eval-batch-size"),
+              ("test", ds.test_idx, eval_bs, "--eval-batch-size")]  # fmt: skip
+    if not cfg.local_seeds:
+        splits.insert(0, ("training", ds.train_idx, cfg.batch_size, "--batch-size"))
+    for name, idx, bs, opt in splits:
+        n = 0 if idx is None else int(idx.size)
+        if 0 < n < world_size:
+            raise UsageError(
+                f"the {name} split has {n} node{'s' if n > 1 else ''}, fewer than the "
+                f"{world_size} ranks: each rank needs a batch of it (at most {n} ranks)"
+            )
+        if bs == 1 and n % world_size:
+            raise UsageError(
+                f"{opt} 1: the {name} split's {n} nodes do not divide among the {world_size} "
+                "ranks (each rank needs the same number of batches); use a larger batch size"
+            )

@@ -60,6 +60,7 @@ from ..utils.triton_kernels import kernels_report, reset_kernel_record
 from .build import build_training, train_step
 from .checkpoint import make_state, open_checkpoints, resume_progress, stateful_stores
 from .config import TrainConfig, check_device
+from .config_dist import check_split_sizes
 from .evaluate import evaluate_full, evaluate_sampled
 from .gpu_plan import apply_layout_plan
 from .graphed import graph_report
@@ -196,6 +197,7 @@ def train(
             raise DatasetError(
                 f"{ds.path}: has no {name} split; train needs one (prepare npy --{name}-idx F)"
             )
+    check_split_sizes(ds, cfg, run.world_size)  # (several ranks: each needs a batch of each)
     num_classes = ds.num_classes
     if num_classes < 2:
         raise DatasetError(f"{ds.path}: needs at least 2 classes to train, has {num_classes}")
