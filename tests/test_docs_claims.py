@@ -199,3 +199,13 @@ def test_every_gnnio_variable_the_docs_name_is_read():
     named = {v for d in DOCS for v in re.findall(r"\bGNNIO_[A-Z_]*[A-Z]\b", _text(d))}
     assert len(named) >= 5
     assert sorted(v for v in named if f'"{v}"' not in code and f"{v}=" not in code) == []
+
+
+def test_the_pyg_argument_table_is_the_loaders():
+    """docs/pyg.md's table of NeighborLoader's arguments says what ``gnnio.pyg.arguments`` does
+    with each one, row for row (the module calls itself the table the docs show)."""
+    from gnnio.pyg.arguments import ARGUMENTS
+
+    row = r"^\| `(\w+)` \| (implemented|mapped|refused) \| (.*) \|$"
+    rows = {m[0]: (m[1], m[2]) for m in re.findall(row, _text("docs/pyg.md"), re.M)}
+    assert rows == ARGUMENTS
