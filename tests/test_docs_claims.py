@@ -3,15 +3,19 @@
 every default they state next to an option is the parser's (its value, its flag-alone value, or
 the default its ``--help`` states where the parser's is None), every ``gnnio/...`` path and
 ``gnnio.x.y`` name in backticks exists, every test they cite exists, and every ``GNNIO_*``
-variable they name is read by the code. tests/test_docs_commands.py parses the docs' command
+variable they name is read by the code, docs/pyg.md's argument table is the loader's, and the
+summary keys README.md names are written by a small run (three in-process trainings). tests/test_docs_commands.py parses the docs' command
 lines and tests/test_docs_python.py runs their code blocks; this file covers the rest of the text.
 docs/benchmarks.md is left out: it records runs as they were on the day."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -209,3 +213,66 @@ def test_the_pyg_argument_table_is_the_loaders():
     row = r"^\| `(\w+)` \| (implemented|mapped|refused) \| (.*) \|$"
     rows = {m[0]: (m[1], m[2]) for m in re.findall(row, _text("docs/pyg.md"), re.M)}
     assert rows == ARGUMENTS
+
+
+#: (run, dotted summary key) for every summary key README.md names; each key must be named there
+SUMMARY_KEYS = [
+    ("plain", "plan"),
+    ("plain", "kernels"),
+    ("plain", "bytes_by_tier"),
+    ("plain", "simulated"),
+    ("plain", "simulated_parts"),
+    ("plain", "hidden_fraction"),
+    ("plain", "loss_history"),
+    ("plain", "rss_mb_per_epoch"),
+    ("plain", "history.rss_mb"),
+    ("plain", "heap"),
+    ("graphed", "cuda_graph.sampler.by_sampler"),
+    ("graphed", "isolation"),
+    ("graphed", "isolation_profile.cores_by_stage"),
+    ("disk", "disk"),
+    ("disk", "disk_read_bytes"),
+    ("disk", "bytes_by_tier.disk"),
+    ("disk", "bytes_by_tier.host_cache"),
+]
+RUNS = {
+    "plain": [],
+    "graphed": ["--cuda-graph", "sampler", "--isolation", "auto"],
+    "disk": ["--features-on", "disk", "--host-cache-size", "0.1"],
+}
+
+
+@pytest.fixture(scope="module")
+def summaries(tmp_path_factory):
+    from gnnio.cli.main import main
+
+    from .helpers import write_tiny_dataset
+
+    tmp = tmp_path_factory.mktemp("claims")
+    ds = write_tiny_dataset(tmp / "ds", num_nodes=60, num_edges=240)
+    out = {}
+    for name, extra in RUNS.items():
+        path = tmp / f"{name}.json"
+        argv = ["train", str(ds), "--epochs", "1", "--batch-size", "8", "--fanouts", "3,2"]
+        with _quiet():
+            assert main([*argv, *extra, "--summary", str(path), "--quiet"]) == 0
+        out[name] = json.loads(path.read_text())
+    return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    with warnings.catch_warnings():  # (the CPU's --cuda-graph and --isolation warnings)
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.mark.parametrize(("run", "key"), SUMMARY_KEYS)
+def test_the_summary_keys_the_readme_names_are_written(summaries, run, key):
+    readme = _text("README.md")
+    assert f"`{key}`" in readme or f"`{key.split('.')[-1]}`" in readme
+    value = summaries[run]
+    for part in key.split("."):
+        value = value[-1] if isinstance(value, list) else value
+        assert part in value, f"{key}: no {part!r} in the summary of the {run} run"
+        value = value[part]
