@@ -2,10 +2,10 @@
 ``--option`` they name exists (in gnnio's parser, or in the named tool or script that takes it),
 every default they state next to an option is the parser's (its value, its flag-alone value, or
 the default its ``--help`` states where the parser's is None), every ``gnnio/...`` path and
-``gnnio.x.y`` name in backticks exists, every test they cite exists, and every ``GNNIO_*``
-variable they name is read by the code, docs/pyg.md's argument table is the loader's, and the
-summary keys README.md names are written by a small run (three in-process trainings). tests/test_docs_commands.py parses the docs' command
-lines and tests/test_docs_python.py runs their code blocks; this file covers the rest of the text.
+``gnnio.x.y`` name in backticks exists, every test they cite exists, every ``GNNIO_*`` variable
+they name is read by the code, docs/pyg.md's argument table is the loader's, and the summary keys
+README.md names are written by a small run (three in-process trainings). The docs' command lines
+are parsed by tests/test_docs_commands.py and their code blocks run by tests/test_docs_python.py.
 docs/benchmarks.md is left out: it records runs as they were on the day."""
 
 from __future__ import annotations
