@@ -218,3 +218,21 @@ def test_bench_sampling_refuses_what_its_sampler_or_device_ignores(extra, line, 
     assert err.count("\n") == 1 and line in err, err
     assert main([*base, "--sampler", "ladies", "--layer-size", "16"]) == 0
     assert '"layer_size": 16' in capsys.readouterr().out
+
+
+def test_bench_locality_refuses_a_layer_size_its_node_wise_sampler_ignores(tmp_path, capsys):
+    """``bench locality --layer-size`` is LADIES' (README: an option that would have no effect is
+    one line): with the default node-wise sampler it was taken and ignored; with ``--sampler
+    ladies`` it is the layer size, 8192 when not given."""
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200)
+    base = ["bench", "locality", str(d), "--fanouts", "3,3", "--batch-size", "16", "--batches",
+            "1", "--scales", "1,2", "--no-progress", "--json"]  # fmt: skip
+    assert main([*base, "--layer-size", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--layer-size: has no effect without --sampler ladies" in err
+    assert main([*base, "--sampler", "ladies", "--layer-size", "16"]) == 0
+    assert '"layer_size": 16' in capsys.readouterr().out
+    assert main([*base, "--sampler", "ladies"]) == 0
+    assert '"layer_size": 8192' in capsys.readouterr().out
