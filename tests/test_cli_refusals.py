@@ -236,3 +236,28 @@ def test_bench_locality_refuses_a_layer_size_its_node_wise_sampler_ignores(tmp_p
     assert '"layer_size": 16' in capsys.readouterr().out
     assert main([*base, "--sampler", "ladies"]) == 0
     assert '"layer_size": 8192' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra,line",
+    [
+        ("--method random --base metis", "--base: has no effect without --method hdr"),
+        ("--method metis --hops 3", "--hops: has no effect without bfs-block"),
+        ("--method hdr --hops 3", "--hops: has no effect without bfs-block"),
+    ],
+)
+def test_partition_refuses_what_its_method_ignores(extra, line, tmp_path, capsys):
+    """``--base`` is hdr's and ``--hops`` bfs-block's (as the method or hdr's base): with another
+    method they were taken and ignored; one line now, and taken where the method reads them."""
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200)
+    base = ["partition", str(d), "--parts", "2", "--fanouts", "3,3", "--batch-size", "16",
+            "--quiet"]  # fmt: skip
+    assert main([*base, *extra.split(), "--out", str(tmp_path / "p0")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err, err
+    assert not (tmp_path / "p0").exists()
+    ok = ["--method hdr --base bfs-block --hops 3", "--method bfs-block --hops 1", "--method hdr"]
+    for i, taken in enumerate(ok, 1):
+        assert main([*base, *taken.split(), "--out", str(tmp_path / f"p{i}")]) == 0
