@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gnnio.cli.main import build_parser, main
@@ -261,3 +263,29 @@ def test_partition_refuses_what_its_method_ignores(extra, line, tmp_path, capsys
     ok = ["--method hdr --base bfs-block --hops 3", "--method bfs-block --hops 1", "--method hdr"]
     for i, taken in enumerate(ok, 1):
         assert main([*base, *taken.split(), "--out", str(tmp_path / f"p{i}")]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra,line",
+    [
+        ("--strategies mod,random --alpha 0.5", "--alpha: has no effect without alg1"),
+        ("--strategies alg1 --replicate 0.2", "--replicate: has no effect without interleaved"),
+        ("--strategies alg1 --pagraph-max-nodes 5", "--pagraph-max-nodes: has no effect without"),
+    ],
+)
+def test_plan_refuses_what_no_strategy_given_reads(extra, line, tmp_path, capsys):
+    """``--alpha`` is alg1's, ``--replicate`` interleaved's, ``--pagraph-max-nodes`` pagraph's:
+    without their strategy they were taken and ignored; one line now, taken with it."""
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200)
+    base = ["plan", str(d), "--topology", "2", "--fanouts", "3,3", "--batch-size", "16", "--json"]
+    assert main([*base, *extra.split()]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err, err
+    taken = (
+        "--strategies alg1,interleaved,pagraph --alpha 0.5 --replicate 0.2 --pagraph-max-nodes 5"
+    )
+    assert main([*base, *taken.split()]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "pagraph" in out["skipped"]  # (200 nodes: above the cap of 5)
