@@ -300,7 +300,7 @@ def test_plan_passes_its_options_to_the_planner(tiny, monkeypatch, tmp_path):
     monkeypatch.setattr(ch, "resolve_budget", lambda *a: budgets.append(a) or real_budget(*a))
     monkeypatch.setattr(cp, "make_plan", spy)
     argv = ["plan", str(tiny), "--topology", "2", "--buffer", "0.25", "--fanouts", "3,2",
-            "--batch-size", "8", "--strategies", "mod,random", "--score", "degree", "--alpha",
+            "--batch-size", "8", "--strategies", "alg1,interleaved,pagraph,random", "--score", "degree", "--alpha",
             "0.5", "--replicate", "0.2", "--host-bw", "7GB/s", "--peer-bw", "9GB/s",
             "--local-seeds", "--pagraph-max-nodes", "5", "--trace-epochs", "2", "--seed", "3",
             "--json"]  # fmt: skip
@@ -309,7 +309,9 @@ def test_plan_passes_its_options_to_the_planner(tiny, monkeypatch, tmp_path):
     topo, bsize, kw = e.value.args
     assert bsize == 10  # 0.25 of 40 nodes
     assert (topo.host_bw, topo.peer_bw) == (7e9, 9e9)
-    assert kw["strategies"] == ["mod", "random"] and list(kw["fanouts"]) == [3, 2]
+    assert kw["strategies"] == ["alg1", "interleaved", "pagraph", "random"] and list(
+        kw["fanouts"]
+    ) == [3, 2]
     want = {"batch_size": 8, "score": "degree", "alpha": 0.5, "replicate": 0.2, "seed": 3,
             "trace_epochs": 2, "local_seeds": True, "pagraph_max_nodes": 5, "progress": False}  # fmt: skip
     assert {k: kw[k] for k in want} == want

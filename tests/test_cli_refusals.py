@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gnnio.cli.main import build_parser, main
@@ -218,3 +220,72 @@ def test_bench_sampling_refuses_what_its_sampler_or_device_ignores(extra, line, 
     assert err.count("\n") == 1 and line in err, err
     assert main([*base, "--sampler", "ladies", "--layer-size", "16"]) == 0
     assert '"layer_size": 16' in capsys.readouterr().out
+
+
+def test_bench_locality_refuses_a_layer_size_its_node_wise_sampler_ignores(tmp_path, capsys):
+    """``bench locality --layer-size`` is LADIES' (README: an option that would have no effect is
+    one line): with the default node-wise sampler it was taken and ignored; with ``--sampler
+    ladies`` it is the layer size, 8192 when not given."""
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200)
+    base = ["bench", "locality", str(d), "--fanouts", "3,3", "--batch-size", "16", "--batches",
+            "1", "--scales", "1,2", "--no-progress", "--json"]  # fmt: skip
+    assert main([*base, "--layer-size", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--layer-size: has no effect without --sampler ladies" in err
+    assert main([*base, "--sampler", "ladies", "--layer-size", "16"]) == 0
+    assert '"layer_size": 16' in capsys.readouterr().out
+    assert main([*base, "--sampler", "ladies"]) == 0
+    assert '"layer_size": 8192' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra,line",
+    [
+        ("--method random --base metis", "--base: has no effect without --method hdr"),
+        ("--method metis --hops 3", "--hops: has no effect without bfs-block"),
+        ("--method hdr --hops 3", "--hops: has no effect without bfs-block"),
+    ],
+)
+def test_partition_refuses_what_its_method_ignores(extra, line, tmp_path, capsys):
+    """``--base`` is hdr's and ``--hops`` bfs-block's (as the method or hdr's base): with another
+    method they were taken and ignored; one line now, and taken where the method reads them."""
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200)
+    base = ["partition", str(d), "--parts", "2", "--fanouts", "3,3", "--batch-size", "16",
+            "--quiet"]  # fmt: skip
+    assert main([*base, *extra.split(), "--out", str(tmp_path / "p0")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err, err
+    assert not (tmp_path / "p0").exists()
+    ok = ["--method hdr --base bfs-block --hops 3", "--method bfs-block --hops 1", "--method hdr"]
+    for i, taken in enumerate(ok, 1):
+        assert main([*base, *taken.split(), "--out", str(tmp_path / f"p{i}")]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra,line",
+    [
+        ("--strategies mod,random --alpha 0.5", "--alpha: has no effect without alg1"),
+        ("--strategies alg1 --replicate 0.2", "--replicate: has no effect without interleaved"),
+        ("--strategies alg1 --pagraph-max-nodes 5", "--pagraph-max-nodes: has no effect without"),
+    ],
+)
+def test_plan_refuses_what_no_strategy_given_reads(extra, line, tmp_path, capsys):
+    """``--alpha`` is alg1's, ``--replicate`` interleaved's, ``--pagraph-max-nodes`` pagraph's:
+    without their strategy they were taken and ignored; one line now, taken with it."""
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200)
+    base = ["plan", str(d), "--topology", "2", "--fanouts", "3,3", "--batch-size", "16", "--json"]
+    assert main([*base, *extra.split()]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err, err
+    taken = (
+        "--strategies alg1,interleaved,pagraph --alpha 0.5 --replicate 0.2 --pagraph-max-nodes 5"
+    )
+    assert main([*base, *taken.split()]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "pagraph" in out["skipped"]  # (200 nodes: above the cap of 5)

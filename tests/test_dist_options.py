@@ -270,3 +270,28 @@ def test_plan_file_with_static_cache_and_auto_scale(syn, tmp_path):
     assert s["rows_by_tier"]["cache"] > 0
     assert s["sampling"]["loading_share_kind"] == "modeled"
     assert len(s["sampling"]["scale_per_epoch"]) == 2
+
+
+@pytest.mark.parametrize("timeout_s", [0.5, 1.5, 7])
+def test_a_fractional_dist_timeout_reaches_the_rendezvous_as_whole_seconds(timeout_s, monkeypatch):
+    """``--dist-timeout 0.5`` is accepted (any s > 0), and the launcher's rendezvous takes whole
+    seconds: 0.5 truncated to 0 made torch refuse the zero timeout with a traceback. The timeout
+    is rounded up, and torch's own check accepts what the launcher hands it."""
+    import math
+    from datetime import timedelta
+
+    import torch.distributed.launcher.api as api
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
+
+    from gnnio.distributed.launch import launch
+
+    seen = {}
+
+    def fake_elastic_launch(config, entrypoint):
+        seen.update(config.rdzv_configs)
+        return lambda argv: {0: 0, 1: 0}
+
+    monkeypatch.setattr(api, "elastic_launch", fake_elastic_launch)
+    assert launch(2, print, [], timeout_s=timeout_s) == {0: 0, 1: 0}
+    assert seen["timeout"] == seen["join_timeout"] == math.ceil(timeout_s)
+    RendezvousTimeout(join=timedelta(seconds=seen["join_timeout"]))  # raises on a zero timeout

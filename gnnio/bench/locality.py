@@ -54,8 +54,8 @@ def add_arguments(p) -> None:
     p.add_argument("--fanouts", default="15,10,5", help="neighbours per hop, hop 1 first")
     p.add_argument("--sampler", default="uniform", choices=["uniform", "ladies"],
                    help="node-wise LAS (uniform) or layer-wise locality-aware LADIES")  # fmt: skip
-    p.add_argument("--layer-size", type=int, default=8192, metavar="K",
-                   help="LADIES: nodes per layer (Song & Jiang: 8192)")  # fmt: skip
+    p.add_argument("--layer-size", type=int, default=None, metavar="K",
+                   help="--sampler ladies: nodes per layer (default: 8192, Song & Jiang's)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch")
     p.add_argument("--batches", type=int, default=None,
                    help="sample only the first N batches of the epoch (default: all)")  # fmt: skip
@@ -143,7 +143,10 @@ def run(args) -> dict:
         ) from None
     prune = _prune(args.prune)
     kind = getattr(args, "sampler", "uniform")
-    layer_size = int(getattr(args, "layer_size", 8192))
+    given = getattr(args, "layer_size", None)
+    if given is not None and kind != "ladies":  # (would be ignored: the node-wise sampler's)
+        raise UsageError("--layer-size: has no effect without --sampler ladies")
+    layer_size = 8192 if given is None else int(given)
     if kind == "ladies" and prune is not None:
         raise UsageError("--prune: works with --sampler uniform, not ladies")
     if layer_size < 1:

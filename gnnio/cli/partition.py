@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import UsageError
-from . import HelpFormatter
+from . import HelpFormatter, refuse_without_effect
 
 
 def register(sub) -> None:
@@ -35,9 +35,10 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--base",
-        default="greedy",
+        default=None,
         choices=list(BASES),
-        help="hdr: how non-replicated nodes are assigned (greedy = HyDRA Algorithm 1)",
+        help="--method hdr: how non-replicated nodes are assigned (default: greedy, HyDRA "
+        "Algorithm 1)",
     )
     p.add_argument(
         "--replicate",
@@ -46,7 +47,13 @@ def register(sub) -> None:
         metavar="P_R",
         help="fraction of nodes (top by degree) whose neighbour lists every part stores",
     )
-    p.add_argument("--hops", type=int, default=2, metavar="J", help="bfs-block: j-hop term")
+    p.add_argument(
+        "--hops",
+        type=int,
+        default=None,
+        metavar="J",
+        help="bfs-block (--method, or --base of hdr): the j-hop term (default: 2, the paper's)",
+    )
     p.add_argument(
         "--refine",
         type=int,
@@ -97,6 +104,14 @@ def run(args) -> int:
     from ..preprocess.chunked import resolve_budget
     from ..preprocess.partition.bounded import IN_MEMORY, check_budget
 
+    # an option the method would ignore is one line (README: "an option that would have no
+    # effect with the others given"), then the defaults
+    refuse_without_effect([
+        ("--base", args.base, args.method == "hdr", "--method hdr"),
+        ("--hops", args.hops, "bfs-block" in (args.method, args.base), "bfs-block (--method or --base)"),
+    ])  # fmt: skip
+    args.base = "greedy" if args.base is None else args.base
+    args.hops = 2 if args.hops is None else args.hops
     which = args.base if args.method == "hdr" else args.method
     budget = resolve_budget(args.memory_budget, which not in IN_MEMORY and not args.refine)
     ds = load(args.dir)

@@ -26,7 +26,7 @@ from ..placement.planner import (
 from ..placement.topology import PRESETS, load_topology
 from ..train.config_dist import DEFAULT_BUFFER
 from ..utils.outputs import check_output_path
-from . import HelpFormatter
+from . import HelpFormatter, refuse_without_effect
 
 __all__ = ["register", "run", "format_table"]
 
@@ -76,16 +76,18 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--alpha",
-        default="paper",
-        help="Algorithm 1's threshold: a number in [0, 1], 'paper' (Song & Jiang's tuned values: "
-        "0 on all-connected GPUs, 0.2 on several NVLink groups) or 'eq7' (C_gpu/C_cpu = "
-        "host_bw/peer_bw; needs a calibrated score such as presample)",
+        default=None,
+        help="Algorithm 1's threshold (alg1 in --strategies): a number in [0, 1], 'paper' (Song & "
+        "Jiang's tuned values: 0 on all-connected GPUs, 0.2 on several NVLink groups) or 'eq7' "
+        "(C_gpu/C_cpu = host_bw/peer_bw; needs a calibrated score such as presample) (default: "
+        "paper)",
     )
     p.add_argument(
         "--replicate",
         type=float,
-        default=0.0,
-        help="interleaved: fraction of each buffer holding replicated hottest rows",
+        default=None,
+        help="interleaved (in --strategies): fraction of each buffer holding replicated hottest "
+        "rows (default: 0)",
     )
     p.add_argument("--host-bw", default=None, help="override host->GPU bandwidth (e.g. 12GB/s)")
     p.add_argument("--peer-bw", default=None, help="override GPU<->GPU bandwidth (e.g. 150GB/s)")
@@ -98,8 +100,9 @@ def register(sub) -> None:
     p.add_argument(
         "--pagraph-max-nodes",
         type=int,
-        default=200_000,
-        help="skip pagraph on larger graphs (its partitioning is quadratic)",
+        default=None,
+        help="pagraph (in --strategies): skip it on larger graphs (its partitioning is "
+        "quadratic) (default: 200000)",
     )
     p.add_argument(
         "--trace-epochs",
@@ -149,6 +152,16 @@ def run(args) -> int:
             f"--local-seeds: has no effect without a partitioning strategy in --strategies "
             f"({', '.join(PARTITION_STRATEGIES)})"
         )
+    # an option no strategy given reads is one line (README: options without effect), then
+    # the defaults
+    refuse_without_effect([
+        ("--alpha", args.alpha, "alg1" in strategies, "alg1 in --strategies"),
+        ("--replicate", args.replicate, "interleaved" in strategies, "interleaved in --strategies"),
+        ("--pagraph-max-nodes", args.pagraph_max_nodes, "pagraph" in strategies, "pagraph in --strategies"),
+    ])  # fmt: skip
+    alpha = "paper" if args.alpha is None else args.alpha
+    replicate = 0.0 if args.replicate is None else args.replicate
+    pagraph_max_nodes = 200_000 if args.pagraph_max_nodes is None else args.pagraph_max_nodes
     from ..preprocess.hotness import SCORES
 
     if args.score not in SCORES:  # before the dataset is opened, naming the option
@@ -175,12 +188,12 @@ def run(args) -> int:
         fanouts=fanouts,
         batch_size=args.batch_size,
         score=args.score,
-        alpha=resolve_alpha(args.alpha, topo),
-        replicate=args.replicate,
+        alpha=resolve_alpha(alpha, topo),
+        replicate=replicate,
         seed=args.seed,
         trace_epochs=args.trace_epochs,
         local_seeds=args.local_seeds,
-        pagraph_max_nodes=args.pagraph_max_nodes,
+        pagraph_max_nodes=pagraph_max_nodes,
         progress=not args.quiet and not args.json,
         memory_budget=budget,
     )

@@ -16,6 +16,7 @@ which sees ``WORLD_SIZE`` set) through :func:`gnnio.cli.main.rank_main`, passed 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import signal
@@ -124,7 +125,9 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
     quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
     if quiet not in sys.warnoptions:
         sys.warnoptions.append(quiet)
-    timeout = int(timeout_s) if timeout_s else 120
+    # the rendezvous takes whole seconds (it reads them with int()): round a fraction up, so
+    # --dist-timeout 0.5 waits one second instead of a zero timeout torch refuses
+    timeout = math.ceil(timeout_s) if timeout_s else 120
     # the agent's per-run directory (the ranks' error files): torch's default is a new
     # torchelastic_* directory in the temporary directory per run, never removed
     log_dir = tempfile.mkdtemp(prefix="gnnio-ranks-")
