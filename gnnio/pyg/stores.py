@@ -39,7 +39,8 @@ __all__ = ["GnnioFeatureStore", "GnnioGraphStore"]
 
 def _as_ids(index: Any, n: int) -> torch.Tensor | None:
     """A TensorAttr index as int64 ids; None = every row. Slices, lists, arrays, int or bool
-    tensors; ids outside ``[0, n)`` (after PyG's slice rules) raise IndexError."""
+    tensors; ids outside ``[0, n)`` (after PyG's slice rules) raise IndexError, as torch's
+    indexing does for a bool mask that is not ``[n]``; float ids raise TypeError (never rounded)."""
     if index is None:
         return None
     if isinstance(index, slice):
@@ -53,9 +54,22 @@ def _as_ids(index: Any, n: int) -> torch.Tensor | None:
         index = torch.from_numpy(index)
     elif not isinstance(index, torch.Tensor):
         index = torch.as_tensor(index)
-    if index.dtype == torch.bool:
+    if index.dtype == torch.bool:  # (as torch indexes: a mask covers every row)
+        if index.shape != (n,):
+            raise IndexError(f"index: a bool mask needs shape [{n}], got {list(index.shape)}")
         return index.nonzero().view(-1)
-    return index.to(torch.int64).view(-1)
+    if index.numel() and (index.is_floating_point() or index.is_complex()):
+        raise TypeError(f"index: need integer node ids or a bool mask, got dtype {index.dtype}")
+    if index.dim() > 1:
+        raise ValueError(f"index: need 1-D node ids, got shape {list(index.shape)}")
+    return index.to(torch.int64).reshape(-1)
+
+
+def _is_scalar(index: Any) -> bool:
+    """An int (or 0-d) index: one row, returned without its leading dimension, as ``x[i]``."""
+    if isinstance(index, (torch.Tensor, np.ndarray)):
+        return index.ndim == 0
+    return isinstance(index, (int, np.integer))
 
 
 class _Tensor:
@@ -167,7 +181,8 @@ class GnnioFeatureStore(FeatureStore):
         item = self._items.get(self._key(attr))
         if item is None:
             raise KeyError(f"Could not find tensor for '{attr}'")
-        return item.rows(_as_ids(attr.index, item.size[0]))
+        rows = item.rows(_as_ids(attr.index, item.size[0]))
+        return rows[0] if _is_scalar(attr.index) else rows
 
     def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor | None]:
         return [self._get_tensor(a) for a in attrs]
@@ -180,6 +195,8 @@ class GnnioFeatureStore(FeatureStore):
         if item is None:
             return None
         ids = _as_ids(attr.index, item.size[0])
+        if _is_scalar(attr.index):
+            return item.size[1:]
         return item.size if ids is None else (int(ids.numel()), *item.size[1:])
 
     def get_all_tensor_attrs(self) -> list[TensorAttr]:

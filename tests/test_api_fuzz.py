@@ -1,0 +1,67 @@
+"""The public Python API under odd but plausible arguments (ids as floats, bools, scalars, 2-D;
+empty inputs): a result equal to a plain reference (torch / NumPy indexing, the edge list), or one
+exception naming the argument -- never a silently rounded id or an error from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnnio.features import InMemoryFeatureStore
+from gnnio.pyg import GnnioFeatureStore
+
+N, F = 9, 3
+X = torch.arange(N * F, dtype=torch.float32).view(N, F)
+
+
+def _stores() -> dict[str, GnnioFeatureStore]:
+    over_store = GnnioFeatureStore(InMemoryFeatureStore(X))
+    over_tensor = GnnioFeatureStore()
+    over_tensor.put_tensor(X.clone(), group_name=None, attr_name="x", index=None)
+    return {"gnnio store": over_store, "tensor": over_tensor}
+
+
+def _index(kind: str, ids: list[int]):
+    return {
+        "list": ids,
+        "int64": torch.tensor(ids, dtype=torch.int64),
+        "int32": torch.tensor(ids, dtype=torch.int32),
+        "float": torch.tensor(ids, dtype=torch.float32) + 0.5,
+        "mask": torch.tensor([i in ids for i in range(N)]),
+        "short mask": torch.ones(N - 2, dtype=torch.bool),
+        "long mask": torch.ones(N + 1, dtype=torch.bool),
+        "int": ids[0],
+        "0-d": torch.tensor(ids[0]),
+        "2-D": torch.tensor(ids[:2] * 2).view(2, 2),
+        "slice": slice(ids[0], None, 2),
+    }[kind]
+
+
+KINDS = ["list", "int64", "int32", "float", "mask", "short mask", "long mask", "int", "0-d", "2-D"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(
+    kind=st.sampled_from([*KINDS, "slice"]),
+    ids=st.lists(st.integers(0, N - 1), min_size=2, max_size=6),
+    which=st.sampled_from(["gnnio store", "tensor"]),
+)
+def test_feature_store_index_as_torch_indexes(kind, ids, which):
+    """``get_tensor(index=...)`` gives ``x[index]`` where torch's indexing is defined on the
+    feature rows; a float index (torch refuses it: never rounded to a row), a bool mask of
+    another length than N (torch refuses it: never a mask of the first rows) and a 2-D index are
+    one error naming ``index``."""
+    index = _index(kind, ids)
+    fs = _stores()[which]
+    if kind in ("float", "short mask", "long mask", "2-D"):
+        with pytest.raises((TypeError, IndexError, ValueError), match="index"):
+            fs.get_tensor(group_name=None, attr_name="x", index=index)
+        return
+    got = fs.get_tensor(group_name=None, attr_name="x", index=index)
+    want = X[index]
+    assert got.shape == want.shape and torch.equal(got, want)
+    size = fs.get_tensor_size(group_name=None, attr_name="x", index=index)
+    assert tuple(size) == tuple(want.shape)
