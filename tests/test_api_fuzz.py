@@ -5,12 +5,14 @@ exception naming the argument -- never a silently rounded id or an error from de
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnio.features import InMemoryFeatureStore
+from gnnio.ordering import RandomOrder
 from gnnio.pyg import GnnioFeatureStore
 
 N, F = 9, 3
@@ -65,3 +67,13 @@ def test_feature_store_index_as_torch_indexes(kind, ids, which):
     assert got.shape == want.shape and torch.equal(got, want)
     size = fs.get_tensor_size(group_name=None, attr_name="x", index=index)
     assert tuple(size) == tuple(want.shape)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_equal_batches_over_no_seeds_is_no_batch(world_size):
+    """No seeds (an empty split) with ``equal_batches`` yields no batch, as without it; it raised
+    torch's ``tensor_split`` RuntimeError."""
+    for rank in range(world_size):
+        order = RandomOrder(np.zeros(0, np.int64), 4, rank=rank, world_size=world_size,
+                            equal_batches=True)  # fmt: skip
+        assert order.num_batches == 0 and list(order.batches(0)) == []

@@ -123,8 +123,9 @@ class SeedOrder(ABC):
         """This rank's batches for ``epoch`` as int64 tensors of global ids."""
         share = torch.from_numpy(np.ascontiguousarray(self.shard(epoch)))
         b = self.batch_size
-        if self.equal_batches:
-            yield from torch.tensor_split(share, self.num_batches)
+        if self.equal_batches:  # (no seeds: no batch, as without equal_batches)
+            if self.num_batches:
+                yield from torch.tensor_split(share, self.num_batches)
             return
         for i in range(self.num_batches):
             yield share[i * b : (i + 1) * b]
