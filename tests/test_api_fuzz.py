@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gnnio import CSRGraph
 from gnnio.features import InMemoryFeatureStore
 from gnnio.ordering import RandomOrder
 from gnnio.pyg import GnnioFeatureStore
@@ -77,3 +78,34 @@ def test_equal_batches_over_no_seeds_is_no_batch(world_size):
         order = RandomOrder(np.zeros(0, np.int64), 4, rank=rank, world_size=world_size,
                             equal_batches=True)  # fmt: skip
         assert order.num_batches == 0 and list(order.batches(0)) == []
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    src=st.lists(st.integers(0, 5), min_size=1, max_size=8),
+    data=st.data(),
+    form=st.sampled_from(["list", "int32", "tensor", "float", "bool"]),
+)
+def test_from_edges_keeps_every_edge_or_names_the_ids(src, data, form):
+    """``CSRGraph.from_edges`` holds exactly the distinct edges given, or refuses ids that are not
+    integers: float ids were truncated (0.5 -> 0) and bool masks read as ids 0/1."""
+    dst = data.draw(st.lists(st.integers(0, 5), min_size=len(src), max_size=len(src)))
+    s, d = np.array(src), np.array(dst)
+    conv = {"list": lambda a: a.tolist(), "int32": lambda a: a.astype(np.int32),
+            "tensor": torch.from_numpy, "float": lambda a: a + 0.5,
+            "bool": lambda a: a > 2}[form]  # fmt: skip
+    if form in ("float", "bool"):
+        with pytest.raises(TypeError, match="src: need integer node ids"):
+            CSRGraph.from_edges(conv(s), conv(d), 6)
+        return
+    g = CSRGraph.from_edges(conv(s), conv(d), 6)
+    got_src, got_dst = g.edges()
+    assert sorted(zip(got_src.tolist(), got_dst.tolist())) == sorted(set(zip(src, dst)))
+
+
+@pytest.mark.parametrize(("num_nodes", "error"), [(-1, ValueError), (2.5, TypeError)])
+def test_from_edges_names_a_bad_node_count(num_nodes, error):
+    """A negative or fractional ``num_nodes`` is one error naming it (it was NumPy's
+    "'minlength' must not be negative" / a casting rule)."""
+    with pytest.raises(error, match="num_nodes"):
+        CSRGraph.from_edges([], [], num_nodes)
