@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnio import CSRGraph
-from gnnio.features import InMemoryFeatureStore
+from gnnio.features import FeatureCache, InMemoryFeatureStore, TieredFeatureStore
 from gnnio.ordering import RandomOrder
 from gnnio.pyg import GnnioFeatureStore
 
@@ -109,3 +109,14 @@ def test_from_edges_names_a_bad_node_count(num_nodes, error):
     "'minlength' must not be negative" / a casting rule)."""
     with pytest.raises(error, match="num_nodes"):
         CSRGraph.from_edges([], [], num_nodes)
+
+
+@pytest.mark.parametrize("size", [float("nan"), float("inf")])
+def test_cache_sizes_that_are_no_count_are_named(size):
+    """A NaN or infinite cache size or hot-row count is one ValueError naming it (it was
+    ``int()``'s "cannot convert float NaN" / an OverflowError)."""
+    store = InMemoryFeatureStore(X)
+    with pytest.raises(ValueError, match="cache size must be >= 0 and finite"):
+        FeatureCache(store, size)
+    with pytest.raises(ValueError, match="hot must be a non-negative integer"):
+        TieredFeatureStore(store, hot=size, simulate=True)
