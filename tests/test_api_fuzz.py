@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnio import CSRGraph
-from gnnio.features import FeatureCache, InMemoryFeatureStore, TieredFeatureStore
+from gnnio.features import (
+    FeatureCache,
+    InMemoryFeatureStore,
+    ShardedFeatureCache,
+    TieredFeatureStore,
+)
 from gnnio.ordering import RandomOrder
 from gnnio.pyg import GnnioFeatureStore
 
@@ -120,3 +125,21 @@ def test_cache_sizes_that_are_no_count_are_named(size):
         FeatureCache(store, size)
     with pytest.raises(ValueError, match="hot must be a non-negative integer"):
         TieredFeatureStore(store, hot=size, simulate=True)
+
+
+@pytest.mark.parametrize("policy", ["static", "lookahead"])
+@pytest.mark.parametrize(
+    ("hot_ids", "error"),
+    [
+        ([0.5, 2.0], TypeError),
+        (np.ones(N, dtype=bool), TypeError),
+        (np.array([[1, 2]]), ValueError),
+    ],
+)
+def test_cache_hot_ids_are_ids_or_named(policy, hot_ids, error):
+    """A cache's ``hot_ids`` are integer ids: float ids were truncated (0.5 cached row 0), a bool
+    mask read as ids 0/1 ("keys contain duplicates"), a 2-D array flattened."""
+    with pytest.raises(error, match="hot_ids"):
+        FeatureCache(InMemoryFeatureStore(X), 4, policy=policy, hot_ids=hot_ids)
+    with pytest.raises(error, match="hot_ids"):
+        ShardedFeatureCache(InMemoryFeatureStore(X), 2, 4, policy="static", hot_ids=hot_ids)
