@@ -20,6 +20,7 @@ from gnnio.features import (
 )
 from gnnio.ordering import RandomOrder
 from gnnio.pyg import GnnioFeatureStore
+from gnnio.sampling import FrontierSampler, LaborSampler, LadiesSampler, UniformSampler
 
 N, F = 9, 3
 X = torch.arange(N * F, dtype=torch.float32).view(N, F)
@@ -143,3 +144,13 @@ def test_cache_hot_ids_are_ids_or_named(policy, hot_ids, error):
         FeatureCache(InMemoryFeatureStore(X), 4, policy=policy, hot_ids=hot_ids)
     with pytest.raises(error, match="hot_ids"):
         ShardedFeatureCache(InMemoryFeatureStore(X), 2, 4, policy="static", hot_ids=hot_ids)
+
+
+@pytest.mark.parametrize("fanouts", [[1.5], ["3"], "2,3", 5, None])
+@pytest.mark.parametrize("sampler", [UniformSampler, FrontierSampler, LaborSampler, LadiesSampler])
+def test_fanouts_are_integers_or_named(sampler, fanouts):
+    """Fanouts (layer sizes) are a list of integers: 1.5 was truncated to 1, "3" read as 3, and a
+    string or a bare int ended in Python's "invalid literal" / "not iterable"."""
+    g = CSRGraph.from_edges(np.arange(N), (np.arange(N) + 1) % N, N)
+    with pytest.raises(TypeError, match="fanouts|layer_sizes"):
+        sampler(g, fanouts)

@@ -57,7 +57,7 @@ from ..graph.csr import CSRGraph
 from . import _ladies_kernels as LK
 from . import _las_kernels
 from .base import Block, MiniBatch
-from .threaded import ThreadedCPUSampler, check_seeds, hop_key
+from .threaded import ThreadedCPUSampler, check_seeds, hop_key, int_list
 
 __all__ = ["LadiesSampler", "check_layer_sizes", "layer_probabilities"]
 
@@ -67,7 +67,7 @@ _DOMAIN_LADIES = 0x1AD1_E500_0000_0001
 
 def check_layer_sizes(layer_sizes: Sequence[int]) -> list[int]:
     """Validate per-hop layer sizes (each ``>= 1``; at least one hop)."""
-    out = [int(k) for k in layer_sizes]
+    out = int_list(layer_sizes, "layer_sizes")
     if not out:
         raise ValueError("layer_sizes: need at least one hop, got an empty list")
     if any(k < 1 for k in out):
