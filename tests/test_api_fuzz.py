@@ -154,3 +154,20 @@ def test_fanouts_are_integers_or_named(sampler, fanouts):
     g = CSRGraph.from_edges(np.arange(N), (np.arange(N) + 1) % N, N)
     with pytest.raises(TypeError, match="fanouts|layer_sizes"):
         sampler(g, fanouts)
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:x", object()])
+def test_an_unknown_device_is_named(device):
+    """A device torch cannot parse is one ValueError naming ``device`` (torch's RuntimeError
+    listing its device types before)."""
+    with pytest.raises(ValueError, match="device: unknown device"):
+        InMemoryFeatureStore(X, device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", 0])
+def test_a_cuda_store_without_cuda_is_named(device):
+    """A store asked to live on a GPU where torch has none is one ValueError naming the device
+    (torch's "Torch not compiled with CUDA enabled" AssertionError before)."""
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        InMemoryFeatureStore(X, device=device)
