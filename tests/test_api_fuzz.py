@@ -20,7 +20,13 @@ from gnnio.features import (
 )
 from gnnio.ordering import RandomOrder
 from gnnio.pyg import GnnioFeatureStore
-from gnnio.sampling import FrontierSampler, LaborSampler, LadiesSampler, UniformSampler
+from gnnio.sampling import (
+    FrontierSampler,
+    LaborSampler,
+    LadiesSampler,
+    UniformSampler,
+    layer_probabilities,
+)
 
 N, F = 9, 3
 X = torch.arange(N * F, dtype=torch.float32).view(N, F)
@@ -171,3 +177,17 @@ def test_a_cuda_store_without_cuda_is_named(device):
     (torch's "Torch not compiled with CUDA enabled" AssertionError before)."""
     with pytest.raises(ValueError, match="CUDA is not available"):
         InMemoryFeatureStore(X, device=device)
+
+
+def test_layer_probabilities_refuses_a_negative_budget_and_bad_q_ids():
+    """``layer_probabilities`` with a negative ``layer_size`` returned negative inclusion
+    probabilities (or divided by zero); ``q_ids`` out of range wrapped (-1 marked the last node)
+    or failed in NumPy, and float ids were truncated. Each is now a ValueError naming it."""
+    g = CSRGraph.from_edges(np.arange(N), (np.arange(N) + 1) % N, N)
+    cand, pi = layer_probabilities(g, [0, 3], 1)
+    assert pi.sum() == pytest.approx(1.0) and (pi >= 0).all() and len(cand) == 2
+    with pytest.raises(ValueError, match="layer_size"):
+        layer_probabilities(g, [0, 3], -1)
+    for q_ids in ([-1], [N], [0.5], [[1]]):
+        with pytest.raises(ValueError, match="q_ids"):
+            layer_probabilities(g, [0, 3], 1, scale=2.0, q_ids=q_ids)

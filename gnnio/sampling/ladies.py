@@ -86,6 +86,8 @@ def layer_probabilities(
     indices = np.asarray(graph.indices)
     n = int(indptr.shape[0]) - 1
     rows = check_seeds(rows, n)
+    if int(layer_size) < 0:  # (the budget solver would return negative probabilities)
+        raise ValueError(f"layer_size: must be >= 0, got {layer_size}")
     loc = np.full(n, -1, dtype=np.int64)
     loc[rows] = np.arange(rows.shape[0])
     cand = np.full(n, -1, dtype=np.int64)
@@ -94,7 +96,10 @@ def layer_probabilities(
     p = np.empty(total, dtype=np.float64)
     qmask = np.zeros(n if q_ids is not None else 1, dtype=np.uint8)
     if q_ids is not None:
-        qmask[np.asarray(q_ids, dtype=np.int64)] = 1
+        q = np.asarray(q_ids)
+        if q.ndim != 1 or (q.size and (q.dtype.kind not in "iu" or q.min() < 0 or q.max() >= n)):
+            raise ValueError(f"q_ids: need 1-D integer node ids in [0, {n})")
+        qmask[q.astype(np.int64)] = 1
     nc = int(
         LK.layer_candidates(
             indptr, indices, rows, loc, cand, qmask, q_ids is not None, float(scale), cand_ids, p
