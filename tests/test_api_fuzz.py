@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnnio import CSRGraph
+from gnnio import CSRGraph, DatasetWriter
 from gnnio.features import (
     FeatureCache,
     InMemoryFeatureStore,
@@ -191,3 +191,14 @@ def test_layer_probabilities_refuses_a_negative_budget_and_bad_q_ids():
     for q_ids in ([-1], [N], [0.5], [[1]]):
         with pytest.raises(ValueError, match="q_ids"):
             layer_probabilities(g, [0, 3], 1, scale=2.0, q_ids=q_ids)
+
+
+@pytest.mark.parametrize("key", ["../escaped", "sub/dir", ".hidden", ""])
+def test_dataset_writer_writes_only_inside_its_directory(tmp_path, key):
+    """An array name with a path in it is one ValueError, and no file is left anywhere: "../x"
+    wrote ``x.npy`` beside the dataset (then a "symlink outside the dataset" error), an absolute
+    name wrote wherever it pointed, "sub/dir" ended in FileNotFoundError."""
+    with pytest.raises(ValueError, match="array name"):
+        with DatasetWriter(tmp_path / "out", name="x") as w:
+            w.save_array(key, np.zeros(3))
+    assert list(tmp_path.iterdir()) == []
