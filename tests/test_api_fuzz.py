@@ -82,6 +82,18 @@ def test_feature_store_index_as_torch_indexes(kind, ids, which):
     assert tuple(size) == tuple(want.shape)
 
 
+def test_a_tensor_put_with_a_node_mask_is_read_by_node():
+    """A tensor put with ``index`` = a mask over the graph's nodes holds those nodes' rows, read
+    back by node id or by such a mask (its length is the node count, not the tensor's rows)."""
+    fs = GnnioFeatureStore()
+    nodes = torch.tensor([False, True, False, True, True])
+    fs.put_tensor(X[:3].clone(), group_name=None, attr_name="z", index=nodes)
+    assert torch.equal(fs.get_tensor(group_name=None, attr_name="z", index=[3]), X[1:2])
+    some = torch.tensor([False, False, False, True, True])
+    assert torch.equal(fs.get_tensor(group_name=None, attr_name="z", index=some), X[1:3])
+    assert tuple(fs.get_tensor_size(group_name=None, attr_name="z", index=some)) == (2, F)
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_equal_batches_over_no_seeds_is_no_batch(world_size):
     """No seeds (an empty split) with ``equal_batches`` yields no batch, as without it; it raised
