@@ -18,7 +18,7 @@ from gnnio.features import (
     ShardedFeatureCache,
     TieredFeatureStore,
 )
-from gnnio.ordering import RandomOrder
+from gnnio.ordering import ProximityOrder, RandomOrder
 from gnnio.pyg import GnnioFeatureStore
 from gnnio.sampling import (
     FrontierSampler,
@@ -214,3 +214,14 @@ def test_dataset_writer_writes_only_inside_its_directory(tmp_path, key):
         with DatasetWriter(tmp_path / "out", name="x") as w:
             w.save_array(key, np.zeros(3))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("batch_size", [2.5, "3"])
+def test_a_seed_order_batch_size_is_an_integer(batch_size):
+    """A seed order's batch size is an integer: 2.5 made batches of 2 and "3" batches of 3;
+    now one TypeError naming batch_size (for every order: the check is the base class's)."""
+    g = CSRGraph.from_edges(np.arange(N), (np.arange(N) + 1) % N, N)
+    with pytest.raises(TypeError, match="batch_size"):
+        RandomOrder(np.arange(N), batch_size)
+    with pytest.raises(TypeError, match="batch_size"):
+        ProximityOrder(g, np.arange(N), np.zeros(N, np.int64), batch_size)

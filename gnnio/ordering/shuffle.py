@@ -17,6 +17,7 @@ epoch and every rank takes the same number of steps.
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
@@ -54,7 +55,11 @@ class SeedOrder(ABC):
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(arr.shape)}")
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"seeds: need integer node ids, got dtype {arr.dtype}")
-        if int(batch_size) < 1:
+        try:  # (a float is never truncated, a string never read as a number)
+            batch_size = operator.index(batch_size)
+        except TypeError:
+            raise TypeError(f"batch_size: need an integer, got {batch_size!r}") from None
+        if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         if int(world_size) < 1:
             raise ValueError(f"world_size: must be >= 1, got {world_size}")
