@@ -19,6 +19,7 @@ from gnnio.features import (
     TieredFeatureStore,
 )
 from gnnio.ordering import ProximityOrder, RandomOrder
+from gnnio.placement import hottest_order
 from gnnio.pyg import GnnioFeatureStore
 from gnnio.sampling import (
     FrontierSampler,
@@ -225,3 +226,28 @@ def test_a_seed_order_batch_size_is_an_integer(batch_size):
         RandomOrder(np.arange(N), batch_size)
     with pytest.raises(TypeError, match="batch_size"):
         ProximityOrder(g, np.arange(N), np.zeros(N, np.int64), batch_size)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    probs=st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_hottest_order_among_is_ranked_or_refused(probs, data):
+    """``hottest_order(probs, among=...)`` ranks exactly the ids given (hottest first, ties by
+    id), or refuses what is not distinct ids in range: -1 came back as a ranked "node", a bool
+    mask was ranked as ids 0/1, float ids were truncated."""
+    n = len(probs)
+    p = np.array(probs)
+    among = data.draw(st.lists(st.integers(-1, n), max_size=n + 1))
+    form = data.draw(st.sampled_from(["ids", "mask", "float"]))
+    arg = {"ids": np.array(among, np.int64), "mask": np.arange(n) % 2 == 0,
+           "float": np.array(among, np.float64) + 0.5}[form]  # fmt: skip
+    ok = form == "ids" and len(set(among)) == len(among) and all(0 <= i < n for i in among)
+    if not ok and arg.size:
+        with pytest.raises(ValueError, match="among"):
+            hottest_order(p, among=arg)
+        return
+    got = hottest_order(p, among=arg)
+    want = sorted(among, key=lambda i: (-p[i], i))
+    assert got.tolist() == want
