@@ -15,11 +15,12 @@ from gnnio import CSRGraph, DatasetWriter
 from gnnio.features import (
     FeatureCache,
     InMemoryFeatureStore,
+    MultiDeviceFeatureStore,
     ShardedFeatureCache,
     TieredFeatureStore,
 )
 from gnnio.ordering import ProximityOrder, RandomOrder
-from gnnio.placement import hottest_order
+from gnnio.placement import Placement, hottest_order
 from gnnio.pyg import GnnioFeatureStore
 from gnnio.sampling import (
     FrontierSampler,
@@ -251,3 +252,14 @@ def test_hottest_order_among_is_ranked_or_refused(probs, data):
     got = hottest_order(p, among=arg)
     want = sorted(among, key=lambda i: (-p[i], i))
     assert got.tolist() == want
+
+
+@pytest.mark.parametrize(
+    "buffer", [[-1, 2], [N], [1, 1], [0.5], [[1, 2]], np.array([True, False])]
+)  # fmt: skip
+def test_a_hand_made_placement_is_checked(buffer):
+    """A placement made by hand is checked before its shards are filled: an id out of range was
+    torch's "index out of range in self", a float id was truncated and a bool mask read as ids
+    0/1 (a wrong shard, though every row still came from the host copy)."""
+    with pytest.raises(ValueError, match="placement 'hand': buffer 0"):
+        MultiDeviceFeatureStore(X, Placement("hand", N, ((0,),), [buffer]))

@@ -117,6 +117,12 @@ class Placement:
 
     def __post_init__(self) -> None:
         self.groups = tuple(tuple(int(d) for d in g) for g in self.groups)
+        for i, b in enumerate(self.buffers):  # (a float id is never truncated, a mask not read)
+            a = np.asarray(b)
+            if a.size and a.dtype.kind not in "iu":
+                raise ValueError(
+                    f"placement {self.strategy!r}: buffer {i} holds {a.dtype}, not ids"
+                )
         self.buffers = [np.ascontiguousarray(b, dtype=np.int64) for b in self.buffers]
         n_dev = sum(len(g) for g in self.groups)
         if len(self.buffers) != n_dev:
