@@ -8,6 +8,7 @@ NumPy (possibly memory-mapped); ``to_torch`` gives zero-copy torch views.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,11 +38,17 @@ def edges_to_csr(
     """CSR of in-neighbours from directed edges ``src[i] -> dst[i]``.
 
     Neighbour lists come out sorted by source id. With ``dedup`` repeated edges are dropped.
-    An id outside ``[0, num_nodes)`` is refused (ValueError naming the first).
+    An id outside ``[0, num_nodes)`` is refused (ValueError naming the first), as are ids that
+    are not integers (TypeError: a float id is never rounded, a bool mask is not a list of ids).
     Returns ``(indptr int64 [N+1], indices [E'])``.
     """
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
+    src, dst = _edge_ids(src, "src"), _edge_ids(dst, "dst")
+    try:
+        num_nodes = operator.index(num_nodes)
+    except TypeError:
+        raise TypeError(f"num_nodes: need an integer, got {num_nodes!r}") from None
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes: must be >= 0, got {num_nodes}")
     if src.shape != dst.shape:
         raise ValueError(f"src and dst differ in length: {src.shape} vs {dst.shape}")
     for name, a in (("src", src), ("dst", dst)):  # (else an edge lands silently in another row)
@@ -56,6 +63,17 @@ def edges_to_csr(
     np.cumsum(counts, out=indptr[1:])
     indices = (key - rows * num_nodes).astype(index_dtype(num_nodes))
     return indptr, indices
+
+
+def _edge_ids(ids, name: str) -> np.ndarray:
+    """``ids`` as an int64 array; TypeError for float, bool or other non-integer ids (an empty
+    list, which NumPy reads as float64, is no ids)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    a = np.asarray(ids)
+    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
+        raise TypeError(f"{name}: need integer node ids, got dtype {a.dtype}")
+    return a.astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,11 @@ class DatasetWriter:
         return self
 
     def path(self, key: str) -> Path:
+        """Where array ``key`` is written: ``key`` is a plain file name (no separator, no leading
+        dot), so nothing lands outside the dataset's directory."""
         assert self.tmp is not None, "use DatasetWriter as a context manager"
+        if not isinstance(key, str) or not key or key[0] == "." or any(c in key for c in "/\\\0"):
+            raise ValueError(f"array name: need a plain file name, got {key!r}")
         return self.tmp / f"{key}.npy"
 
     def create_array(self, key: str, shape: tuple[int, ...], dtype: Any) -> np.memmap:

@@ -17,6 +17,7 @@ epoch and every rank takes the same number of steps.
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
@@ -54,7 +55,11 @@ class SeedOrder(ABC):
             raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(arr.shape)}")
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"seeds: need integer node ids, got dtype {arr.dtype}")
-        if int(batch_size) < 1:
+        try:  # (a float is never truncated, a string never read as a number)
+            batch_size = operator.index(batch_size)
+        except TypeError:
+            raise TypeError(f"batch_size: need an integer, got {batch_size!r}") from None
+        if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         if int(world_size) < 1:
             raise ValueError(f"world_size: must be >= 1, got {world_size}")
@@ -123,8 +128,9 @@ class SeedOrder(ABC):
         """This rank's batches for ``epoch`` as int64 tensors of global ids."""
         share = torch.from_numpy(np.ascontiguousarray(self.shard(epoch)))
         b = self.batch_size
-        if self.equal_batches:
-            yield from torch.tensor_split(share, self.num_batches)
+        if self.equal_batches:  # (no seeds: no batch, as without equal_batches)
+            if self.num_batches:
+                yield from torch.tensor_split(share, self.num_batches)
             return
         for i in range(self.num_batches):
             yield share[i * b : (i + 1) * b]

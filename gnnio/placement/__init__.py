@@ -117,6 +117,12 @@ class Placement:
 
     def __post_init__(self) -> None:
         self.groups = tuple(tuple(int(d) for d in g) for g in self.groups)
+        for i, b in enumerate(self.buffers):  # (a float id is never truncated, a mask not read)
+            a = np.asarray(b)
+            if a.size and a.dtype.kind not in "iu":
+                raise ValueError(
+                    f"placement {self.strategy!r}: buffer {i} holds {a.dtype}, not ids"
+                )
         self.buffers = [np.ascontiguousarray(b, dtype=np.int64) for b in self.buffers]
         n_dev = sum(len(g) for g in self.groups)
         if len(self.buffers) != n_dev:
@@ -256,12 +262,19 @@ def hottest_order(
         k: return only the first ``k`` of the order (O(N + k log k) with a partial sort instead
             of O(N log N)); None = all.
         among: optional int64 ids to rank (a subset of the nodes, e.g. one partition); None = all.
+            ValueError unless they are distinct 1-D integer ids in ``[0, N)`` (a bool mask is not
+            a list of ids; -1 would rank the last node under an id no node has).
     """
     p = np.asarray(probs, dtype=np.float64)
     if among is None:
         ids, vals = np.arange(p.shape[0], dtype=np.int64), p
     else:
-        ids = np.sort(np.asarray(among, dtype=np.int64))  # ascending ids: ties resolve by id
+        a = np.asarray(among)
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+            raise ValueError(f"among: need 1-D integer node ids, got {a.dtype} {list(a.shape)}")
+        ids = np.sort(a.astype(np.int64))  # ascending ids: ties resolve by id
+        if ids.size and (ids[0] < 0 or ids[-1] >= p.shape[0] or (np.diff(ids) == 0).any()):
+            raise ValueError(f"among: need distinct node ids in [0, {p.shape[0]})")
         vals = p[ids]
     m = ids.shape[0]
     k = m if k is None else max(0, min(int(k), m))

@@ -37,9 +37,12 @@ from .loader import _user_rows, compressed
 __all__ = ["GnnioFeatureStore", "GnnioGraphStore"]
 
 
-def _as_ids(index: Any, n: int) -> torch.Tensor | None:
+def _as_ids(index: Any, n: int, rows: bool = True) -> torch.Tensor | None:
     """A TensorAttr index as int64 ids; None = every row. Slices, lists, arrays, int or bool
-    tensors; ids outside ``[0, n)`` (after PyG's slice rules) raise IndexError."""
+    tensors; ids outside ``[0, n)`` (after PyG's slice rules) raise IndexError, as torch's
+    indexing does for a bool mask that is not ``[n]`` (``rows``: the index selects rows of an
+    ``n``-row tensor; else, at ``put_tensor``, it names the nodes of the rows, a mask over all the
+    graph's nodes); float ids raise TypeError (never rounded)."""
     if index is None:
         return None
     if isinstance(index, slice):
@@ -53,9 +56,28 @@ def _as_ids(index: Any, n: int) -> torch.Tensor | None:
         index = torch.from_numpy(index)
     elif not isinstance(index, torch.Tensor):
         index = torch.as_tensor(index)
-    if index.dtype == torch.bool:
+    if index.dtype == torch.bool:  # (as torch indexes: a mask covers every row)
+        if index.dim() != 1 or (rows and index.shape[0] != n):
+            raise IndexError(f"index: a bool mask needs shape [{n}], got {list(index.shape)}")
         return index.nonzero().view(-1)
-    return index.to(torch.int64).view(-1)
+    if index.numel() and (index.is_floating_point() or index.is_complex()):
+        raise TypeError(f"index: need integer node ids or a bool mask, got dtype {index.dtype}")
+    if index.dim() > 1:
+        raise ValueError(f"index: need 1-D node ids, got shape {list(index.shape)}")
+    return index.to(torch.int64).reshape(-1)
+
+
+def _is_scalar(index: Any) -> bool:
+    """An int (or 0-d) index: one row, returned without its leading dimension, as ``x[i]``."""
+    if isinstance(index, (torch.Tensor, np.ndarray)):
+        return index.ndim == 0
+    return isinstance(index, (int, np.integer))
+
+
+def _by_position(item: Any) -> bool:
+    """Row ``i`` of ``item`` is node ``i`` (a gnnio store, a tensor put without ``index``): a
+    bool mask then covers exactly its rows."""
+    return isinstance(item, _Store) or item.ids is None
 
 
 class _Tensor:
@@ -157,7 +179,7 @@ class GnnioFeatureStore(FeatureStore):
     def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
         if isinstance(tensor, np.ndarray):
             tensor = torch.from_numpy(tensor)
-        ids = _as_ids(attr.index, int(tensor.shape[0]))
+        ids = _as_ids(attr.index, int(tensor.shape[0]), rows=False)
         if ids is not None and ids.numel() != tensor.shape[0]:
             raise ValueError(f"put_tensor: {tensor.shape[0]} rows but {ids.numel()} index ids")
         self._items[self._key(attr)] = _Tensor(tensor, ids)
@@ -167,7 +189,8 @@ class GnnioFeatureStore(FeatureStore):
         item = self._items.get(self._key(attr))
         if item is None:
             raise KeyError(f"Could not find tensor for '{attr}'")
-        return item.rows(_as_ids(attr.index, item.size[0]))
+        rows = item.rows(_as_ids(attr.index, item.size[0], _by_position(item)))
+        return rows[0] if _is_scalar(attr.index) else rows
 
     def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor | None]:
         return [self._get_tensor(a) for a in attrs]
@@ -179,7 +202,9 @@ class GnnioFeatureStore(FeatureStore):
         item = self._items.get(self._key(attr))
         if item is None:
             return None
-        ids = _as_ids(attr.index, item.size[0])
+        ids = _as_ids(attr.index, item.size[0], _by_position(item))
+        if _is_scalar(attr.index):
+            return item.size[1:]
         return item.size if ids is None else (int(ids.numel()), *item.size[1:])
 
     def get_all_tensor_attrs(self) -> list[TensorAttr]:

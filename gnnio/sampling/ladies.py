@@ -57,7 +57,7 @@ from ..graph.csr import CSRGraph
 from . import _ladies_kernels as LK
 from . import _las_kernels
 from .base import Block, MiniBatch
-from .threaded import ThreadedCPUSampler, check_seeds, hop_key
+from .threaded import ThreadedCPUSampler, check_seeds, hop_key, int_list
 
 __all__ = ["LadiesSampler", "check_layer_sizes", "layer_probabilities"]
 
@@ -67,7 +67,7 @@ _DOMAIN_LADIES = 0x1AD1_E500_0000_0001
 
 def check_layer_sizes(layer_sizes: Sequence[int]) -> list[int]:
     """Validate per-hop layer sizes (each ``>= 1``; at least one hop)."""
-    out = [int(k) for k in layer_sizes]
+    out = int_list(layer_sizes, "layer_sizes")
     if not out:
         raise ValueError("layer_sizes: need at least one hop, got an empty list")
     if any(k < 1 for k in out):
@@ -86,6 +86,8 @@ def layer_probabilities(
     indices = np.asarray(graph.indices)
     n = int(indptr.shape[0]) - 1
     rows = check_seeds(rows, n)
+    if int(layer_size) < 0:  # (the budget solver would return negative probabilities)
+        raise ValueError(f"layer_size: must be >= 0, got {layer_size}")
     loc = np.full(n, -1, dtype=np.int64)
     loc[rows] = np.arange(rows.shape[0])
     cand = np.full(n, -1, dtype=np.int64)
@@ -94,7 +96,10 @@ def layer_probabilities(
     p = np.empty(total, dtype=np.float64)
     qmask = np.zeros(n if q_ids is not None else 1, dtype=np.uint8)
     if q_ids is not None:
-        qmask[np.asarray(q_ids, dtype=np.int64)] = 1
+        q = np.asarray(q_ids)
+        if q.ndim != 1 or (q.size and (q.dtype.kind not in "iu" or q.min() < 0 or q.max() >= n)):
+            raise ValueError(f"q_ids: need 1-D integer node ids in [0, {n})")
+        qmask[q.astype(np.int64)] = 1
     nc = int(
         LK.layer_candidates(
             indptr, indices, rows, loc, cand, qmask, q_ids is not None, float(scale), cand_ids, p

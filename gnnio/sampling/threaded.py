@@ -8,6 +8,7 @@ hop per thread.
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections.abc import Sequence
@@ -74,9 +75,20 @@ def parse_fanouts(text: str) -> list[int]:
     return check_fanouts(fanouts)
 
 
+def int_list(values, name: str) -> list[int]:
+    """``values`` (a list, tuple, array or tensor of integers) as a list of ints; TypeError naming
+    ``name`` for anything else (a float is never truncated, a string never read digit by digit)."""
+    try:
+        if isinstance(values, (str, bytes)):
+            raise TypeError
+        return [operator.index(v) for v in values]
+    except TypeError:
+        raise TypeError(f"{name}: need a list of integers, one per hop, got {values!r}") from None
+
+
 def check_fanouts(fanouts: Sequence[int]) -> list[int]:
     """Validate fanouts (each ``>= 0`` or ``-1`` for all neighbours; at least one hop)."""
-    out = [int(f) for f in fanouts]
+    out = int_list(fanouts, "fanouts")
     if not out:
         raise ValueError("fanouts: need at least one hop, got an empty list")
     bad = [f for f in out if f < -1]

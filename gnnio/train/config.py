@@ -257,7 +257,7 @@ class TrainConfig:
 
         try:
             check_fanouts(self.fanouts)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise UsageError(f"--{e}") from None
         for name in ("batch_size", "epochs", "hidden", "heads", "prefetch"):
             if int(getattr(self, name)) < 1:

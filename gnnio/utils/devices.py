@@ -18,10 +18,14 @@ def resolve_device(device: str | torch.device | int | None) -> torch.device:
     """The device tensors made on ``device`` report: ``"cuda"`` becomes ``cuda:<current device>``
     when CUDA is available (it stays ``cuda`` without CUDA: nothing can be allocated there anyway,
     and the caller's availability check names the problem); ``None`` is the CPU; an int is a CUDA
-    device index; everything else is ``torch.device(device)`` unchanged."""
+    device index; everything else is ``torch.device(device)`` unchanged (ValueError naming
+    ``device`` where torch cannot parse it)."""
     if device is None:
         return torch.device("cpu")
-    dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    try:
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: unknown device {device!r} (use cpu, cuda or cuda:N)") from None
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev

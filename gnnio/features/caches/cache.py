@@ -102,9 +102,9 @@ def capacity_rows(size: float | int, num_rows: int) -> int:
     """Cache capacity in rows: ``size`` < 1 (a float) is a fraction of ``num_rows``, converted by
     :func:`gnnio.utils.counts.top_count` (nearest count, halves up, at least 1 for a positive
     fraction), otherwise a row count; the result is clipped to ``[0, num_rows]``."""
+    if isinstance(size, float) and not 0.0 <= size < float("inf"):  # (NaN too)
+        raise ValueError(f"cache size must be >= 0 and finite, got {size}")
     if isinstance(size, float) and size < 1.0:
-        if size < 0:
-            raise ValueError(f"cache size must be >= 0, got {size}")
         from ...utils.counts import top_count
 
         rows = top_count(size, num_rows)

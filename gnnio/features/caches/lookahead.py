@@ -58,7 +58,7 @@ import torch
 
 from . import _lookahead_kernels as _K
 from .policy import POLICIES as BASE_POLICIES
-from .policy import CachePolicy, make_policy
+from .policy import CachePolicy, hot_key_array, make_policy
 
 __all__ = ["LOOKAHEAD_POLICIES", "POLICIES", "LookaheadPolicy", "make_any_policy"]
 
@@ -468,6 +468,7 @@ def make_any_policy(
 ) -> CachePolicy:
     """:func:`~gnnio.features.caches.policy.make_policy`, plus ``lookahead`` (window
     ``lookahead``) and ``optimal`` (unbounded window: the caller announces the whole trace)."""
+    hot_keys = None if hot_keys is None else hot_key_array(hot_keys)
     if policy == "lookahead":
         return LookaheadPolicy(
             capacity, num_keys, device, int(lookahead or 0), hot_keys, static_capacity

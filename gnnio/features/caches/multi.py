@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import torch
 
 from ...utils.devices import resolve_device
@@ -40,7 +39,7 @@ from ..accounting import CacheStats, _Timer
 from ..base import FeatureStore, TierCounters
 from ..batch_ops import FirstOccurrence, ids_on, move_rows
 from .cache import FeatureCache, capacity_rows
-from .policy import make_policy
+from .policy import hot_key_array, make_policy
 
 __all__ = ["ShardedFeatureCache"]
 
@@ -54,7 +53,7 @@ class _Shard:
         nkeys = (num_rows - k + num_shards - 1) // num_shards
         hot = None
         if hot_ids is not None:
-            h = np.asarray(hot_ids, dtype=np.int64)
+            h = hot_key_array(hot_ids)
             hot = h[h % num_shards == k] // num_shards
         self.policy = make_policy(policy, capacity, nkeys, device, hot_keys=hot)
         self.buffer = torch.empty((self.policy.capacity, dim), dtype=dtype, device=device)

@@ -316,6 +316,19 @@ def _smallest(values: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(values, k, largest=False, sorted=False).indices
 
 
+def hot_key_array(hot_ids) -> np.ndarray:
+    """``hot_ids`` (ids, hottest first) as a 1-D int64 array: TypeError for float or bool ids
+    (never rounded; a bool mask is not a list of ids), ValueError for a 2-D array."""
+    if isinstance(hot_ids, torch.Tensor):
+        hot_ids = hot_ids.detach().cpu().numpy()
+    a = np.asarray(hot_ids)
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"hot_ids: need integer node ids, hottest first, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"hot_ids: need a 1-D array of node ids, got shape {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
 def make_policy(
     policy: str, capacity: int, num_keys: int, device="cpu", hot_keys=None
 ) -> CachePolicy:
@@ -324,7 +337,7 @@ def make_policy(
     if policy == "static":
         if hot_keys is None:
             raise ValueError("a static cache needs hot_ids (the ids to keep, hottest first)")
-        hot = np.asarray(hot_keys, dtype=np.int64)[: int(min(capacity, num_keys))]
+        hot = hot_key_array(hot_keys)[: int(min(capacity, num_keys))]
         return StaticPolicy(hot, num_keys, device)
     kinds: dict[str, Callable[[int, int, Any], CachePolicy]] = {
         "fifo": FIFOPolicy, "lru": LRUPolicy, "lfu": LFUPolicy}  # fmt: skip

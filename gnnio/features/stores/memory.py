@@ -63,6 +63,8 @@ class InMemoryFeatureStore(FeatureStore):
                 f"unknown gather kernel {kernel!r}; choose one of {', '.join(KERNELS)}"
             )
         self.device = resolve_device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device} asked for but CUDA is not available; use 'cpu'")
         if not isinstance(features, torch.Tensor):
             arr = features if isinstance(features, np.memmap) else np.asarray(features)
             if arr.ndim != 2:

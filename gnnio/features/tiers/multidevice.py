@@ -120,6 +120,7 @@ class MultiDeviceFeatureStore(FeatureStore):
             )
             if len(devs) != n_dev:
                 raise ValueError(f"devices: need {n_dev} devices, got {len(devs)}")
+            placement.check()  # (ids in range, no repeat: the shards are filled by them)
             _shared = _Shared(features, placement, devs)
         self._s = _shared
         self.topology = topology

@@ -173,7 +173,7 @@ class TieredFeatureStore(FeatureStore):
         n = self.num_rows
         if hot is not None:
             self.mode = "prefix"
-            if int(hot) != hot or hot < 0:
+            if not 0 <= float(hot) < float("inf") or int(hot) != hot:  # (NaN too)
                 raise ValueError(f"hot must be a non-negative integer, got {hot!r}")
             self.requested_hot = min(int(hot), n)
             wanted = None
