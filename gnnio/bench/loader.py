@@ -106,6 +106,9 @@ def run(args) -> dict:
     check_common(args)
     if args.prefetch < 1 or args.workers < 1:
         raise UsageError("--prefetch and --workers must be >= 1")
+    for name, v in (("--prefetch", args.prefetch), ("--workers", args.workers)):
+        if v > 4096:  # (a slot / a thread each: 1e20 was an OverflowError traceback)
+            raise UsageError(f"{name}: must be at most 4096, got {v}")
     from ..train import check_device
 
     device = check_device(args.device)  # as gnnio train's --device: auto = cuda when present

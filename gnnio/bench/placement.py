@@ -80,6 +80,12 @@ def add_arguments(p) -> None:
 def run(args) -> dict[str, Any]:
     if getattr(args, "dataset", None):
         return run_grid(args)
+    from ..cli import refuse_without_effect
+
+    refuse_without_effect([  # the grid's options that only the grid reads (no default given)
+        ("--markdown", args.markdown, False, "--dataset (the grid writes the tables)"),
+        ("--local-seeds", args.local_seeds or None, False, "--dataset (the grid's baselines)"),
+    ])  # fmt: skip
     if args.num_nodes < 1:
         raise UsageError(f"--num-nodes: must be >= 1, got {args.num_nodes}")
     if not 0 < args.buffer <= 1:
@@ -88,6 +94,8 @@ def run(args) -> dict[str, Any]:
     bad = [s for s in names if s not in GRAPHLESS]
     if bad:
         raise UsageError(f"--strategies: {', '.join(bad)} not graph-free; choose from {GRAPHLESS}")
+    if not names:
+        raise UsageError(f"--strategies: give at least one of {', '.join(GRAPHLESS)}")
     topo = load_topology(args.topology)
     n = int(args.num_nodes)
     probs = np.random.default_rng(args.seed).pareto(args.skew, n)
@@ -147,6 +155,7 @@ def run_grid(args) -> dict[str, Any]:
     from ..preprocess.hotness import compute_score
     from ..sampling import parse_fanouts
 
+    specs, buffers, strategies = _check_grid(args)
     ds = load(args.dataset)
     train = ds.train_idx
     if train is None or train.size == 0:  # (as make_plan refuses it; a score need not read it)
@@ -155,13 +164,7 @@ def run_grid(args) -> dict[str, Any]:
         fanouts = parse_fanouts(args.fanouts)
     except ValueError as e:
         raise UsageError(f"--fanouts: {e}") from None
-    specs = [t.strip() for t in args.topologies.split(",") if t.strip()]
     topos = [load_topology(t) for t in specs]
-    try:
-        buffers = [float(b) for b in args.buffers.split(",") if b.strip()]
-    except ValueError:
-        raise UsageError(f"--buffers: comma-separated fractions, got {args.buffers!r}") from None
-    strategies = [s.strip() for s in args.grid_strategies.split(",") if s.strip()]
     warm_up_kernels()
     t0 = time.perf_counter()
     probs = compute_score(args.score, ds, fanouts=fanouts, batch_size=args.batch_size)
@@ -175,6 +178,7 @@ def run_grid(args) -> dict[str, Any]:
         slots,
         seed=args.seed,
         epochs=args.trace_epochs,
+        progress=not args.no_progress,
     )
     cache: dict = {}
     tcache: dict = {}
@@ -219,10 +223,43 @@ def run_grid(args) -> dict[str, Any]:
         "rows": rows,
     }
     if args.markdown:
-        from pathlib import Path
+        from ..utils.outputs import write_atomic
 
-        Path(args.markdown).write_text(grid_markdown(out))
+        text = grid_markdown(out).encode()
+        write_atomic(args.markdown, lambda f: f.write(text), "--markdown")
     return out
+
+
+def _check_grid(args) -> tuple[list[str], list[float], list[str]]:
+    """The grid's lists (topology specs, buffer fractions, strategies), each non-empty, and its
+    counts, checked before the dataset is read: one ``gnnio: error:`` line for a bad value."""
+    from ..placement import STRATEGIES
+    from ..utils.outputs import check_output_path
+
+    for name in ("batch_size", "trace_epochs"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    specs = [t.strip() for t in args.topologies.split(",") if t.strip()]
+    try:
+        buffers = [float(b) for b in args.buffers.split(",") if b.strip()]
+    except ValueError:
+        raise UsageError(f"--buffers: comma-separated fractions, got {args.buffers!r}") from None
+    for b in buffers:
+        if not 0 < b <= 1:  # (as --buffer; nan fails too)
+            raise UsageError(f"--buffers: each a fraction in (0, 1], got {b}")
+    strategies = [s.strip() for s in args.grid_strategies.split(",") if s.strip()]
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise UsageError(
+                f"--grid-strategies: unknown '{s}' (choose from {', '.join(STRATEGIES)})"
+            )
+    for option, got in (("--topologies", specs), ("--buffers", buffers),
+                        ("--grid-strategies", strategies)):  # fmt: skip
+        if not got:
+            raise UsageError(f"{option}: give at least one")
+    if args.markdown:
+        check_output_path(args.markdown, "--markdown")
+    return specs, buffers, strategies
 
 
 def grid_markdown(out: dict[str, Any]) -> str:
