@@ -97,6 +97,10 @@ OPTS = {
 REFUSED = [
     ("placement", "--strategies ,", "--strategies: give at least one of"),
     ("placement", "--markdown MD", "--markdown: has no effect without --dataset"),
+    ("placement", "--topologies 2", "--topologies: has no effect without --dataset"),
+    ("placement", "--grid-alpha eq7", "--grid-alpha: has no effect without --dataset"),
+    ("grid", "--buffer 0.2", "--buffer: has no effect with --dataset"),
+    ("grid", "--num-nodes 5", "--num-nodes: has no effect with --dataset"),
     ("grid", "--batch-size 0", "--batch-size must be >= 1, got 0"),
     ("grid", "--trace-epochs 0", "--trace-epochs must be >= 1, got 0"),
     ("grid", "--buffers nan", "--buffers: each a fraction in (0, 1], got nan"),
@@ -200,3 +204,13 @@ def test_each_kind_runs_on_its_short_options(kind, tiny, tmp_path):
     rc, out, lines = _run(kind, [], tiny, tmp_path)
     assert rc == 0, lines
     _check(rc, out, lines, tiny, tmp_path)
+
+
+def test_placement_knows_each_modes_options_by_their_parser_defaults():
+    """``bench placement`` tells a given option from its default by ``TIMING_ONLY`` and
+    ``GRID_ONLY``: they must be the parser's defaults, or an option left alone reads as given."""
+    from gnnio.bench.placement import GRID_ONLY, TIMING_ONLY, _given
+    from gnnio.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "placement"])
+    assert _given(args, TIMING_ONLY) == [] and _given(args, GRID_ONLY) == []

@@ -40,8 +40,28 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1].strip()
 GRAPHLESS = ("alg1", "rule1", "interleaved", "mod", "naive", "random")
 
 
+#: what each mode alone reads, with its default: given to the other mode it would do nothing
+TIMING_ONLY = {"--num-nodes": 10_000_000, "--topology": "4", "--buffer": 0.1, "--alpha": None,
+               "--skew": 1.2, "--strategies": ",".join(GRAPHLESS), "--passes": 3}  # fmt: skip
+GRID_ONLY = {"--topologies": "2,2+2,4,8", "--buffers": "0.1,0.2,0.25",
+             "--grid-strategies": "alg1,rule1,interleaved,mod,naive,random,metis,pagraph",
+             "--fanouts": "15,10,5", "--batch-size": 1024, "--trace-epochs": 1, "--score": "sj",
+             "--grid-alpha": "paper", "--local-seeds": False, "--pagraph-max-nodes": 200_000,
+             "--markdown": None}  # fmt: skip
+
+
+def _given(args, options: dict[str, Any]) -> list[str]:
+    """The options of ``options`` whose value is not their default (given on the command line)."""
+    return [o for o, d in options.items() if getattr(args, o[2:].replace("-", "_")) != d]
+
+
 def add_arguments(p) -> None:
-    p.add_argument("--num-nodes", type=int, default=10_000_000, help="length of the score vector")
+    p.add_argument(
+        "--num-nodes",
+        type=int,
+        default=TIMING_ONLY["--num-nodes"],
+        help="length of the score vector",
+    )
     p.add_argument("--topology", default="4", help="GPU groups, preset or topology file")
     p.add_argument("--buffer", type=float, default=0.1, help="rows per GPU as a fraction of N")
     p.add_argument("--alpha", type=float, default=None, help="Algorithm 1's alpha (default: Eq. 7)")
@@ -79,13 +99,16 @@ def add_arguments(p) -> None:
 
 def run(args) -> dict[str, Any]:
     if getattr(args, "dataset", None):
+        given = _given(args, TIMING_ONLY)
+        if given:  # the timing run's options: the grid has its own (--topologies, --buffers, ...)
+            raise UsageError(
+                f"{given[0]}: has no effect with --dataset (the grid takes --topologies, "
+                "--buffers, --grid-strategies, --grid-alpha)"
+            )
         return run_grid(args)
-    from ..cli import refuse_without_effect
-
-    refuse_without_effect([  # the grid's options that only the grid reads (no default given)
-        ("--markdown", args.markdown, False, "--dataset (the grid writes the tables)"),
-        ("--local-seeds", args.local_seeds or None, False, "--dataset (the grid's baselines)"),
-    ])  # fmt: skip
+    given = _given(args, GRID_ONLY)
+    if given:  # the grid's options, which only the grid reads
+        raise UsageError(f"{given[0]}: has no effect without --dataset (an option of the grid)")
     if args.num_nodes < 1:
         raise UsageError(f"--num-nodes: must be >= 1, got {args.num_nodes}")
     if not 0 < args.buffer <= 1:
