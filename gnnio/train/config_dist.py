@@ -117,7 +117,7 @@ def check_split_sizes(ds, cfg, world_size: int) -> None:
         if 0 < n < world_size:
             raise UsageError(
                 f"the {name} split has {n} node{'s' if n > 1 else ''}, fewer than the "
-                f"{world_size} ranks: each rank needs a batch of it (at most {n} ranks)"
+                f"{world_size} ranks: each rank needs a batch of it (at most {n} rank{'s' if n > 1 else ''})"
             )
         if bs == 1 and n % world_size:
             raise UsageError(
