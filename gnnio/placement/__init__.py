@@ -269,12 +269,11 @@ def hottest_order(
     if among is None:
         ids, vals = np.arange(p.shape[0], dtype=np.int64), p
     else:
-        a = np.asarray(among)
-        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-            raise ValueError(f"among: need 1-D integer node ids, got {a.dtype} {list(a.shape)}")
-        ids = np.sort(a.astype(np.int64))  # ascending ids: ties resolve by id
-        if ids.size and (ids[0] < 0 or ids[-1] >= p.shape[0] or (np.diff(ids) == 0).any()):
-            raise ValueError(f"among: need distinct node ids in [0, {p.shape[0]})")
+        from ..sampling.threaded import check_seeds
+
+        ids = np.sort(check_seeds(among, p.shape[0], "among"))  # ascending: ties resolve by id
+        if (np.diff(ids) == 0).any():
+            raise ValueError("among: need distinct node ids")
         vals = p[ids]
     m = ids.shape[0]
     k = m if k is None else max(0, min(int(k), m))

@@ -96,10 +96,7 @@ def layer_probabilities(
     p = np.empty(total, dtype=np.float64)
     qmask = np.zeros(n if q_ids is not None else 1, dtype=np.uint8)
     if q_ids is not None:
-        q = np.asarray(q_ids)
-        if q.ndim != 1 or (q.size and (q.dtype.kind not in "iu" or q.min() < 0 or q.max() >= n)):
-            raise ValueError(f"q_ids: need 1-D integer node ids in [0, {n})")
-        qmask[q.astype(np.int64)] = 1
+        qmask[check_seeds(q_ids, n, "q_ids")] = 1
     nc = int(
         LK.layer_candidates(
             indptr, indices, rows, loc, cand, qmask, q_ids is not None, float(scale), cand_ids, p

@@ -100,17 +100,18 @@ def check_fanouts(fanouts: Sequence[int]) -> list[int]:
     return out
 
 
-def check_seeds(seeds, num_nodes: int) -> np.ndarray:
-    """Seeds as a contiguous int64 NumPy array (global ids), with a one-line error if invalid."""
+def check_seeds(seeds, num_nodes: int, name: str = "seeds") -> np.ndarray:
+    """Seeds (or other node ids, called ``name`` in the error) as a contiguous int64 NumPy array
+    (global ids), with a one-line error if invalid."""
     if isinstance(seeds, torch.Tensor):
         if seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
-            raise ValueError(f"seeds: need an integer tensor, got dtype {seeds.dtype}")
+            raise ValueError(f"{name}: need an integer tensor, got dtype {seeds.dtype}")
         seeds = seeds.detach().cpu().numpy()
     arr = np.asarray(seeds)
     if arr.ndim != 1:
-        raise ValueError(f"seeds: need a 1-D array of node ids, got shape {tuple(arr.shape)}")
+        raise ValueError(f"{name}: need a 1-D array of node ids, got shape {tuple(arr.shape)}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"seeds: need integer node ids, got dtype {arr.dtype}")
+        raise ValueError(f"{name}: need integer node ids, got dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr, dtype=np.int64)
     if not arr.flags.writeable:  # e.g. a slice of a read-only memmap; torch wants writeable
         arr = arr.copy()
@@ -118,7 +119,7 @@ def check_seeds(seeds, num_nodes: int) -> np.ndarray:
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi >= num_nodes:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"seeds: node id {bad} out of range [0, {num_nodes})")
+            raise ValueError(f"{name}: node id {bad} out of range [0, {num_nodes})")
     return arr
 
 
