@@ -24,7 +24,19 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-__all__ = ["SeedOrder", "RandomOrder"]
+__all__ = ["SeedOrder", "RandomOrder", "equal_batches_shortfall"]
+
+
+def equal_batches_shortfall(num_seeds: int, batch_size: int, world_size: int) -> str | None:
+    """Why ``num_seeds`` seeds cannot be dealt to ``world_size`` ranks in equal batch counts:
+    ``"fewer"`` (some but fewer seeds than ranks: a rank would get none), ``"indivisible"``
+    (batches of one and a count the ranks do not divide: shares of c and c - 1 seeds in c
+    batches would give a rank an empty batch), or None when they can be."""
+    if 0 < num_seeds < world_size:
+        return "fewer"
+    if batch_size == 1 and num_seeds % world_size:
+        return "indivisible"
+    return None
 
 
 class SeedOrder(ABC):
@@ -75,13 +87,15 @@ class SeedOrder(ABC):
         self.equal_batches = bool(equal_batches)
         if self.equal_batches and self.drop_last:
             raise ValueError("equal_batches and drop_last exclude each other")
-        if self.equal_batches and 0 < self.num_seeds < self.world_size:
+        short = self.equal_batches and equal_batches_shortfall(
+            self.num_seeds, self.batch_size, self.world_size
+        )
+        if short == "fewer":
             raise ValueError(
                 f"equal_batches: {self.num_seeds} seeds cannot give each of {self.world_size} "
                 "ranks a batch"
             )
-        if self.equal_batches and self.batch_size == 1 and self.num_seeds % self.world_size:
-            # shares of c and c - 1 seeds in c batches of one: a rank would get an empty batch
+        if short == "indivisible":
             raise ValueError(
                 f"equal_batches: batch size 1 needs a seed count divisible by the {world_size} "
                 f"ranks, got {self.num_seeds}"

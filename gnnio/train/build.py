@@ -50,7 +50,7 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
     builds them (``gnnio bench step`` builds the same through this)."""
     torch.manual_seed(cfg.seed)
     fanouts = [int(f) for f in cfg.fanouts]
-    eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
+    eval_bs = cfg.eval_bs
 
     setup = run.build_store(ds, cfg, device)
     store = setup.store

@@ -244,6 +244,11 @@ class TrainConfig:
     def num_layers(self) -> int:
         return len(self.fanouts)
 
+    @property
+    def eval_bs(self) -> int:
+        """Seeds per evaluation batch: ``eval_batch_size``, else ``max(batch_size, 4096)``."""
+        return self.eval_batch_size or max(self.batch_size, 4096)
+
     def validate(self, world_size: int = 1) -> None:
         """Raise :class:`~gnnio.errors.UsageError` (one line, naming the option) on a bad value.
 

@@ -107,19 +107,21 @@ def check_split_sizes(ds, cfg, world_size: int) -> None:
     naming the batch size. ``--local-seeds`` trains each rank on its own part (checked there)."""
     if world_size <= 1:
         return
-    eval_bs = cfg.eval_batch_size or max(cfg.batch_size, 4096)
-    splits = [("valid", ds.valid_idx, eval_bs, "--eval-batch-size"),
-              ("test", ds.test_idx, eval_bs, "--eval-batch-size")]  # fmt: skip
+    from ..ordering.shuffle import equal_batches_shortfall
+
+    splits = [("valid", ds.valid_idx, cfg.eval_bs, "--eval-batch-size"),
+              ("test", ds.test_idx, cfg.eval_bs, "--eval-batch-size")]  # fmt: skip
     if not cfg.local_seeds:
         splits.insert(0, ("training", ds.train_idx, cfg.batch_size, "--batch-size"))
     for name, idx, bs, opt in splits:
         n = 0 if idx is None else int(idx.size)
-        if 0 < n < world_size:
+        short = equal_batches_shortfall(n, bs, world_size)
+        if short == "fewer":
             raise UsageError(
                 f"the {name} split has {n} node{'s' if n > 1 else ''}, fewer than the "
                 f"{world_size} ranks: each rank needs a batch of it (at most {n} rank{'s' if n > 1 else ''})"
             )
-        if bs == 1 and n % world_size:
+        if short == "indivisible":
             raise UsageError(
                 f"{opt} 1: the {name} split's {n} nodes do not divide among the {world_size} "
                 "ranks (each rank needs the same number of batches); use a larger batch size"
