@@ -56,45 +56,38 @@ def _given(args, options: dict[str, Any]) -> list[str]:
 
 
 def add_arguments(p) -> None:
-    p.add_argument(
-        "--num-nodes",
-        type=int,
-        default=TIMING_ONLY["--num-nodes"],
-        help="length of the score vector",
-    )
-    p.add_argument("--topology", default="4", help="GPU groups, preset or topology file")
-    p.add_argument("--buffer", type=float, default=0.1, help="rows per GPU as a fraction of N")
-    p.add_argument("--alpha", type=float, default=None, help="Algorithm 1's alpha (default: Eq. 7)")
-    p.add_argument("--skew", type=positive_float, default=1.2, help="Pareto shape of the scores")
-    p.add_argument(
-        "--strategies", default=",".join(GRAPHLESS), help="comma-separated graph-free strategies"
-    )
-    p.add_argument("--passes", type=int, default=3, help="timed passes (median reported)")
+    def timing(flag, **kw):  # (the defaults live in TIMING_ONLY / GRID_ONLY, read by run())
+        p.add_argument(flag, default=TIMING_ONLY[flag], **kw)
+
+    timing("--num-nodes", type=int, help="length of the score vector")
+    timing("--topology", help="GPU groups, preset or topology file")
+    timing("--buffer", type=float, help="rows per GPU as a fraction of N")
+    timing("--alpha", type=float, help="Algorithm 1's alpha (default: Eq. 7)")
+    timing("--skew", type=positive_float, help="Pareto shape of the scores")
+    timing("--strategies", help="comma-separated graph-free strategies")
+    timing("--passes", type=int, help="timed passes (median reported)")
     p.add_argument("--seed", type=int, default=0, help="seed of the score vector / the trace")
     p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
     )
     g = p.add_argument_group("evaluation grid on a dataset (--dataset)")
+
+    def grid(flag, **kw):
+        g.add_argument(flag, default=GRID_ONLY[flag], **kw)
+
     g.add_argument("--dataset", default=None, metavar="DIR", help="run the grid on this dataset")
-    g.add_argument("--topologies", default="2,2+2,4,8", help="comma-separated GPU group specs")
-    g.add_argument("--buffers", default="0.1,0.2,0.25", help="comma-separated fractions of N")
-    g.add_argument(
-        "--grid-strategies",
-        default="alg1,rule1,interleaved,mod,naive,random,metis,pagraph",
-        help="strategies of the grid",
-    )
-    g.add_argument("--fanouts", default="15,10,5", help="sampler fanouts, hop 1 first")
-    g.add_argument("--batch-size", type=int, default=1024, help="seeds per mini-batch per GPU")
-    g.add_argument("--trace-epochs", type=int, default=1, help="epochs counted in the trace")
-    g.add_argument("--score", default="sj", help="access-probability estimate (hotness score)")
-    g.add_argument(
-        "--grid-alpha",
-        default="paper",
-        help="Algorithm 1's alpha: 'paper' (0 all-connected, 0.2 pairs), 'eq7' or a number",
-    )
-    g.add_argument("--local-seeds", action="store_true", help="partition-local seeds for baselines")
-    g.add_argument("--pagraph-max-nodes", type=int, default=200_000, help="pagraph size cap")
-    g.add_argument("--markdown", default=None, metavar="FILE", help="write the tables to FILE")
+    grid("--topologies", help="comma-separated GPU group specs")
+    grid("--buffers", help="comma-separated fractions of N")
+    grid("--grid-strategies", help="strategies of the grid")
+    grid("--fanouts", help="sampler fanouts, hop 1 first")
+    grid("--batch-size", type=int, help="seeds per mini-batch per GPU")
+    grid("--trace-epochs", type=int, help="epochs counted in the trace")
+    grid("--score", help="access-probability estimate (hotness score)")
+    grid("--grid-alpha", help="Algorithm 1's alpha: 'paper' (0 all-connected, 0.2 pairs), 'eq7' "
+         "or a number")  # fmt: skip
+    grid("--local-seeds", action="store_true", help="partition-local seeds for baselines")
+    grid("--pagraph-max-nodes", type=int, help="pagraph size cap")
+    grid("--markdown", metavar="FILE", help="write the tables to FILE")
 
 
 def run(args) -> dict[str, Any]:
