@@ -95,6 +95,8 @@ OPTS = {
 
 #: combinations that ended in a traceback or did nothing without a word (module docstring)
 REFUSED = [
+    ("reorder", "--impls ,", "--impls: give at least one (choose from numba, numpy"),
+    ("reorder", "--impls x", "--impls: unknown 'x' (choose from"),
     ("placement", "--strategies ,", "--strategies: give at least one of"),
     ("placement", "--markdown MD", "--markdown: has no effect without --dataset"),
     ("placement", "--topologies 2", "--topologies: has no effect without --dataset"),
@@ -106,9 +108,11 @@ REFUSED = [
     ("grid", "--buffers nan", "--buffers: each a fraction in (0, 1], got nan"),
     ("grid", "--buffers 0.1,-0.1", "--buffers: each a fraction in (0, 1], got -0.1"),
     ("grid", "--grid-strategies ,", "--grid-strategies: give at least one"),
+    ("grid", "--grid-alpha inf", "--grid-alpha: must be in [0, 1], got inf"),
     ("grid", "--markdown BAD", "is a file, not a directory"),
     ("grid", "--markdown TMP", "is a directory; give a file path"),
     ("hotness", "--plot DS", "inside the dataset directory"),
+    ("hotness", "--plot curves.xyz", "curves.xyz: name the image format by the file's suffix"),
     ("tiers", "--plot BAD", "is a file, not a directory"),
     ("cache", "--plot TMP", "is a directory; give a file path"),
     ("loader", "--prefetch 99999999999999999999", "--prefetch: must be at most 4096"),

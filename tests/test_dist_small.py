@@ -167,3 +167,30 @@ def test_a_split_smaller_than_the_ranks_is_refused_before_they_start(
     with pytest.raises(UsageError, match=words.replace("-", r"\-")):  # only the world size given
         train(tmp_path / "d", TrainConfig(epochs=1, progress=False, **bs),
               run=SimpleNamespace(world_size=ranks))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("topology", "words"),
+    [
+        ("bogus", "--topology: 'bogus' is not a preset"),
+        ("2+2", "--topology 2+2: describes 4 devices but the run has 2 ranks"),
+        ("missing.toml", "--topology missing.toml: topology file not found"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "bench dist"])
+def test_a_topology_that_is_not_this_run_is_refused_before_the_ranks_start(
+    tmp_path, capsys, monkeypatch, command, topology, words
+):
+    """``--topology`` is checked by the launcher (once, naming the option once), not by every
+    rank after it started."""
+    from gnnio.cli.main import main
+    from gnnio.distributed import launch as launch_mod
+    from tests.helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "d")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("a rank started"))
+    argv = [*command.split(), str(d), "--nproc", "2", "--topology", topology, "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gnnio: error: {words}") and "\n" not in err, err

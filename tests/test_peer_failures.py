@@ -72,9 +72,10 @@ def test_default_budget_is_a_share_of_host_ram(runtime, monkeypatch):
     assert uva.pin_limit()[0] == int(10 * 2**20 * uva.PIN_RAM_SHARE)
     with pytest.raises(uva.PinError, match=r"cannot pin 16.00 MiB .* limit 9.00 MiB \(90% of host"):
         uva.pin_host_tensor(torch.zeros(16 * 2**20, dtype=torch.uint8))
-    monkeypatch.setenv("GNNIO_PIN_LIMIT", "lots")
-    with pytest.raises(uva.PinError, match="GNNIO_PIN_LIMIT: not a size"):
-        uva.pin_limit()
+    for bad in ("lots", "1e400", "2e18", "8 GB"):  # (GB: decimal units are not taken here)
+        monkeypatch.setenv("GNNIO_PIN_LIMIT", bad)
+        with pytest.raises(uva.PinError, match="GNNIO_PIN_LIMIT: not a size"):
+            uva.pin_limit()
 
 
 def test_registration_in_bounded_chunks_that_roll_back(runtime, monkeypatch):

@@ -93,6 +93,9 @@ def test_pin_limit_allows_exactly_the_limit():
         ("8G", 8 * 2**30),
         ("512 mib", 512 * 2**20),
         ("4096", 4096),
+        ("1e9", 10**9),
+        ("1.5E3k", 1536000),
+        (".5 GiB", 2**29),
     ],
 )
 def test_pin_limit_env_sizes_and_units(monkeypatch, env, expected):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gnnio.errors import UsageError
-from gnnio.utils.outputs import check_output_path, write_atomic
+from gnnio.utils.outputs import check_figure_path, check_output_path, save_figure, write_atomic
 from tests.helpers import write_tiny_dataset
 from tests.test_bad_input_prepare import dead_pid
 
@@ -32,6 +32,36 @@ def test_an_output_path_that_is_a_directory_or_below_a_file_is_refused_up_front(
     (tmp_path / "f").write_text("x")
     with pytest.raises(UsageError, match="--log .*f is a file, not a directory"):
         check_output_path(tmp_path / "f" / "sub" / "log.json", "--log")
+
+
+def test_a_figure_is_written_to_exactly_its_path_in_the_format_its_suffix_names(tmp_path):
+    """matplotlib would write ``plot`` as ``plot.png`` and raise on ``.xyz`` after the run; a
+    figure's path is checked up front, written under its own name, and a failed write is one
+    line naming the option (no temporary left)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for bad in ("plot", "plot.xyz"):
+        with pytest.raises(UsageError, match=rf"^--plot .*{bad}: name the image format by"):
+            check_figure_path(tmp_path / bad)
+    fig = plt.figure()
+    try:
+        save_figure(fig, tmp_path / "f.svg")
+        real = fig.savefig
+
+        def full_disk(f, **kw):
+            real(f, **kw)
+            raise OSError(28, "No space left on device")
+
+        fig.savefig = full_disk
+        with pytest.raises(UsageError, match=r"^--out .*f\.png: cannot write it \(No space"):
+            save_figure(fig, tmp_path / "sub" / "f.png", "--out", dpi=10)
+    finally:
+        plt.close(fig)
+    assert (tmp_path / "f.svg").read_text().startswith("<?xml")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["f.svg", "sub"]
 
 
 def test_a_relative_path_inside_a_dataset_is_refused_without_a_symlink_named(tmp_path, monkeypatch):

@@ -386,5 +386,7 @@ def plot(result: dict, path: str) -> None:
         f"gnnio bench cache {name} (b={result['batch_size']}, fanouts={result['fanouts']})"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ..utils.outputs import save_figure
+
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

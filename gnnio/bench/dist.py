@@ -107,6 +107,10 @@ def run(args) -> dict:
 
     cores = os.cpu_count() or 1
     opts["threads"] = args.threads or max(1, cores // args.nproc)
+    if args.topology is not None:  # refuse a bad --topology before the ranks start
+        from ..distributed.context import check_topology
+
+        check_topology(args.topology, [0] * args.nproc)
     results = launch(args.nproc, rank_main, opts, timeout_s=args.dist_timeout)
     return results[0]
 

@@ -13,7 +13,6 @@ epochs), otherwise it would be the oracle.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,8 +133,9 @@ def _plot(path: str, curves: dict[str, tuple[np.ndarray, np.ndarray]], title: st
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    from ..utils.outputs import save_figure
+
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -181,6 +181,7 @@ def run_grid(args) -> dict[str, Any]:
     except ValueError as e:
         raise UsageError(f"--fanouts: {e}") from None
     topos = [load_topology(t) for t in specs]
+    alphas = [resolve_alpha(args.grid_alpha, t, "--grid-alpha") for t in topos]  # refuse now
     warm_up_kernels()
     t0 = time.perf_counter()
     probs = compute_score(args.score, ds, fanouts=fanouts, batch_size=args.batch_size)
@@ -199,7 +200,7 @@ def run_grid(args) -> dict[str, Any]:
     cache: dict = {}
     tcache: dict = {}
     rows = []
-    for topo in topos:
+    for topo, alpha in zip(topos, alphas, strict=True):
         for b in buffers:
             res = make_plan(
                 ds,
@@ -209,7 +210,7 @@ def run_grid(args) -> dict[str, Any]:
                 fanouts=fanouts,
                 batch_size=args.batch_size,
                 score=args.score,
-                alpha=resolve_alpha(args.grid_alpha, topo),
+                alpha=alpha,
                 seed=args.seed,
                 local_seeds=args.local_seeds,
                 pagraph_max_nodes=args.pagraph_max_nodes,

@@ -14,6 +14,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from ..errors import UsageError
 from ..graph.csr import CSRGraph
 from ..preprocess.reorder import IMPLS, order_by_score, relabel_csr
 from ._timing import median, time_passes
@@ -57,7 +58,13 @@ def _graph(args) -> tuple[CSRGraph, str]:
 
 
 def run(args) -> dict[str, Any]:
-    impls = [s.strip() for s in str(args.impls).split(",") if s.strip()]
+    impls = list(dict.fromkeys(s.strip() for s in str(args.impls).split(",") if s.strip()))
+    bad = [s for s in impls if s not in IMPLS]
+    if bad or not impls:  # before the graph is built (the default one takes seconds)
+        raise UsageError(
+            f"--impls: {'unknown ' + repr(bad[0]) if bad else 'give at least one'} "
+            f"(choose from {', '.join(IMPLS)})"
+        )
     g, name = _graph(args)
     perm = order_by_score(g.out_degrees().astype(np.float64))
     old_threads = numba.get_num_threads()

@@ -334,8 +334,9 @@ def plot_traffic(results: Sequence[Mapping[str, Any]], path: str | os.PathLike) 
     axes[0][0].set_ylabel("host->GPU bytes per epoch (% of 0 % hot)")
     axes[0][-1].legend(loc="lower left", fontsize=8)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    from ..utils.outputs import save_figure
+
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -65,10 +65,10 @@ def register(sub) -> None:
 def _run(args) -> int:
     import json
 
-    from ..utils.outputs import check_output_path
+    from ..utils.outputs import check_figure_path
 
     if getattr(args, "plot", None):  # hotness, tiers, cache: one line now, not a traceback after
-        check_output_path(args.plot, "--plot")  # the run (a directory, inside the dataset, ...)
+        check_figure_path(args.plot, "--plot")  # the run (a directory, inside the dataset, ...)
     result = args.bench_module.run(args)
     if args.json:
         print(json.dumps(result))

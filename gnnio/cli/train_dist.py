@@ -92,6 +92,10 @@ def launch_ranks(args, cfg, dataset) -> int:
     from ..train.config_dist import check_split_sizes
 
     check_split_sizes(ds, cfg, args.nproc)  # a split smaller than the ranks: refuse now
+    if cfg.topology is not None:  # a bad --topology or one of another size: likewise
+        from ..distributed.context import check_topology
+
+        check_topology(cfg.topology, [0] * args.nproc)
     if cfg.placement is not None:  # a file for another dataset or device count: refuse now
         from ..distributed.train import check_placement_file
         from ..placement import load_placement

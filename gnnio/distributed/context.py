@@ -239,6 +239,36 @@ class DistContext:
         )
 
 
+def check_topology(spec: str, machine_of: list[int]) -> Any:
+    """The :class:`~gnnio.placement.topology.Topology` that ``--topology spec`` names, checked
+    against the run: one device per rank, no NVLink group across machines (``machine_of[r]``
+    is rank r's machine). The launcher calls it before any rank starts (all ranks on machine 0),
+    each rank again in :func:`init`."""
+    from ..placement.topology import load_topology
+
+    world = len(machine_of)
+    try:
+        topo = load_topology(spec)
+    except UsageError as e:
+        msg = str(e)  # load_topology's errors name --topology or the file already
+        if not msg.startswith("--topology"):
+            msg = f"--topology {msg}" if msg.startswith(spec) else f"--topology {spec}: {msg}"
+        raise UsageError(msg) from None
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"--topology {spec}: {e}") from None
+    if topo.num_gpus != world:
+        raise UsageError(
+            f"--topology {spec}: describes {topo.num_gpus} devices but the run has {world} ranks"
+        )
+    for g in topo.groups:
+        if len({machine_of[d] for d in g}) > 1:
+            raise UsageError(
+                f"--topology {spec}: NVLink group {list(g)} spans several machines "
+                f"(ranks per machine: {machine_of})"
+            )
+    return topo
+
+
 def init(
     timeout_s: float | None = None,
     device: str = "cpu",
@@ -253,8 +283,6 @@ def init(
         topology: NVLink groups as ``gnnio plan`` takes them, or None (inferred).
     """
     import torch.distributed as dist
-
-    from ..placement.topology import load_topology
 
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if var not in os.environ:
@@ -293,20 +321,7 @@ def init(
     machine_of = [int(m) for m in machines]
     inferred = topology is None
     spec = infer_topology_spec(machine_of) if inferred else str(topology)
-    try:
-        topo = load_topology(spec)
-    except Exception as e:  # noqa: BLE001
-        raise UsageError(f"--topology {spec}: {e}") from None
-    if topo.num_gpus != world:
-        raise UsageError(
-            f"--topology {spec}: describes {topo.num_gpus} devices but the run has {world} ranks"
-        )
-    for g in topo.groups:
-        if len({machine_of[d] for d in g}) > 1:
-            raise UsageError(
-                f"--topology {spec}: NVLink group {list(g)} spans several machines "
-                f"(ranks per machine: {machine_of})"
-            )
+    topo = check_topology(spec, machine_of)
     ctx = DistContext(
         rank=rank,
         world_size=world,

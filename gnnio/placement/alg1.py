@@ -44,9 +44,10 @@ def paper_alpha(topology) -> float:
     return 0.2 if len(topology.groups) > 1 else 0.0
 
 
-def resolve_alpha(spec, topology) -> float | None:
+def resolve_alpha(spec, topology, option: str = "--alpha") -> float | None:
     """``"paper"`` -> :func:`paper_alpha`; ``"eq7"`` / None -> None (= C_gpu / C_cpu, Eq. 7, taken
-    by :func:`place_alg1`); a number in [0, 1] -> itself. Raises UsageError otherwise."""
+    by :func:`place_alg1`); a number in [0, 1] -> itself. Raises UsageError naming ``option``
+    otherwise."""
     from ..errors import UsageError
 
     if spec is None or spec == "eq7":
@@ -56,9 +57,9 @@ def resolve_alpha(spec, topology) -> float | None:
     try:
         a = float(spec)
     except (TypeError, ValueError):
-        raise UsageError(f"--alpha: 'paper', 'eq7' or a number in [0, 1], got {spec!r}") from None
+        raise UsageError(f"{option}: 'paper', 'eq7' or a number in [0, 1], got {spec!r}") from None
     if not 0.0 <= a <= 1.0:
-        raise UsageError(f"--alpha: must be in [0, 1], got {spec}")
+        raise UsageError(f"{option}: must be in [0, 1], got {spec}")
     return a
 
 

@@ -23,9 +23,11 @@ from ..errors import UsageError
 
 __all__ = [
     "AtomicLog",
+    "check_figure_path",
     "check_output_path",
     "dataset_dir_of",
     "remove_stale_files",
+    "save_figure",
     "write_atomic",
 ]
 
@@ -67,6 +69,34 @@ def check_output_path(path: str | os.PathLike, option: str) -> Path:
                 f"{option} {p}: inside the dataset directory {ds}{via}; write it elsewhere"
             )
     return p
+
+
+def _figure_format(p: Path, option: str) -> str:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    ext = p.suffix[1:].lower()
+    if ext not in kinds:
+        raise UsageError(
+            f"{option} {p}: name the image format by the file's suffix "
+            f"({', '.join('.' + k for k in sorted(kinds))})"
+        )
+    return ext
+
+
+def check_figure_path(path: str | os.PathLike, option: str = "--plot") -> Path:
+    """:func:`check_output_path`, and the suffix names a format matplotlib writes (the format
+    is taken from it; matplotlib itself would append ``.png`` to a name without one)."""
+    p = check_output_path(path, option)
+    _figure_format(p, option)
+    return p
+
+
+def save_figure(fig, path: str | os.PathLike, option: str = "--plot", **kwargs) -> None:
+    """``fig.savefig`` into exactly ``path`` (in the format its suffix names), atomically
+    (:func:`write_atomic`): an OS error is one line naming ``option``."""
+    fmt = _figure_format(Path(path), option)
+    write_atomic(path, lambda f: fig.savefig(f, format=fmt, **kwargs), option)
 
 
 def remove_stale_files(directory: str | os.PathLike, prefix: str) -> list[Path]:

@@ -161,10 +161,15 @@ def pin_limit() -> tuple[int | None, str]:
 
     env = os.environ.get("GNNIO_PIN_LIMIT")
     if env:
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", env)
-        if m is None or m.group(2).lower() not in _UNITS:
-            raise PinError(f"GNNIO_PIN_LIMIT: not a size in bytes (e.g. 8GiB): {env!r}")
-        return int(float(m.group(1)) * _UNITS[m.group(2).lower()]), "GNNIO_PIN_LIMIT"
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", env)
+        size = (
+            float(m.group(1)) * _UNITS[m.group(2).lower()]
+            if m and m.group(2).lower() in _UNITS
+            else -1
+        )
+        if not 0 <= size <= 2**60:  # (1e400 reads as infinity)
+            raise PinError(f"GNNIO_PIN_LIMIT: not a size in bytes (e.g. 8GiB, 1e9): {env!r}")
+        return int(size), "GNNIO_PIN_LIMIT"
     total = _meminfo().get("MemTotal")
     if total is None:
         return None, "host RAM size unknown"
