@@ -11,8 +11,9 @@ fifo, lru, lfu, or lookahead without a GPU tier); there is no second cache above
 What an epoch reports (``rec["disk"]``, summed in the summary's ``disk``): the pages and bytes
 the store read (``bytes_read``: the device bytes gnnio counted), the kernel's count of bytes this
 process read from storage over the same training pass (``disk_read_bytes``, the ``read_bytes`` of
-``/proc/self/io``: every thread, also the loader's), and ``read_amplification``. Evaluation reads
-are outside both. ``bytes_by_tier`` gets ``disk`` -- the device bytes read, whole blocks (512 B or 4 KiB),
+``/proc/self/io``: every thread, also the loader's, and every file: a first epoch can include
+reads that are not rows, such as numba's cached kernels or modules imported lazily, when they were
+not in the page cache), and ``read_amplification``. Evaluation reads are outside both. ``bytes_by_tier`` gets ``disk`` -- the device bytes read, whole blocks (512 B or 4 KiB),
 the same count as ``bytes_read``, so the kernel's ``disk_read_bytes`` can be held against it;
 ``rows_by_tier["disk"]`` counts the rows -- and ``host_cache``; under a GPU tier its ``host``
 entry (rows from below the GPU) is replaced by the two it consists of.
@@ -175,7 +176,8 @@ def disk_summary(history: list[dict[str, Any]], setup) -> dict[str, Any]:
             "block_bytes": int(setup.disk.block_size),
             "bytes_read_per_epoch": [int(r["bytes_read"]) for r in recs],
             "scope": "training passes (evaluation excluded); bytes_read counted by the store, "
-            "disk_read_bytes by the kernel (/proc/self/io read_bytes)",
+            "disk_read_bytes by the kernel (/proc/self/io read_bytes: every file this process "
+            "read from storage, e.g. also numba's cached kernels in a first epoch)",
         },
         "disk_read_bytes": io,
     }
