@@ -30,6 +30,16 @@ def comma_list(p, text: str, choices, option: str, what: str) -> list[str]:
     return items
 
 
+def _cast(cast, text: str, prog: str, key: str):
+    """``cast(text)``; a value it refuses exits with one line naming ``prog`` and ``--key``."""
+    try:
+        return cast(text)
+    except ValueError:
+        raise SystemExit(
+            f"{prog}: error: --{key.replace('_', '-')}: not a number: '{text}'"
+        ) from None
+
+
 def per_dataset(text: str | None, key: str, presets: dict, prog: str, cast=int) -> dict[str, int]:
     """``"N"`` (all datasets) or ``"cora=N,facebook=M"`` -> {dataset: value}; the preset of each
     dataset in ``presets`` (dataset -> {key: value}) otherwise. Bad input exits with one line
@@ -45,13 +55,17 @@ def per_dataset(text: str | None, key: str, presets: dict, prog: str, cast=int) 
         if "=" in part:
             name, val = part.split("=", 1)
             if name not in datasets:
-                raise SystemExit(f"{prog}: error: --{key}: unknown dataset '{name}'")
-            out[name] = cast(val)
+                raise SystemExit(
+                    f"{prog}: error: --{key.replace('_', '-')}: unknown dataset '{name}'"
+                )
+            out[name] = _cast(cast, val, prog, key)
         else:
-            out = {d: cast(part) for d in datasets}
+            out = {d: _cast(cast, part, prog, key) for d in datasets}
     for d, v in out.items():
         if v < 1:
-            raise SystemExit(f"{prog}: error: --{key}: must be >= 1, got {v} for {d}")
+            raise SystemExit(
+                f"{prog}: error: --{key.replace('_', '-')}: must be >= 1, got {v} for {d}"
+            )
     return out
 
 

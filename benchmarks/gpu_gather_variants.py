@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 
 import torch
 
@@ -38,6 +39,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=200_000)
     p.add_argument("--passes", type=int, default=20)
     a = p.parse_args()
+    if not torch.cuda.is_available():  # one line, not torch's traceback from the first tensor
+        sys.exit(f"{p.prog}: error: needs a CUDA device (GPU only); this torch sees none")
     dev = torch.device("cuda")
     x = torch.randn(a.rows, a.dim, device=dev)
     idx = torch.randint(0, a.rows, (a.batch,), device=dev)

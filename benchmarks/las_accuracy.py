@@ -163,6 +163,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         for t in parts:
             if ":" in t:
                 key, _, val = t.partition("=")
+                if not val.strip().isdigit():
+                    p.error(f"--seeds: '{t}': DATASET:VARIANT=N takes a whole number N")
                 a.seed_override[tuple(key.split(":", 1))] = int(val)
         a.seeds = ",".join(t for t in parts if ":" not in t)
     a.seeds = per_dataset(a.seeds, "seeds", PRESETS, "las_accuracy")
