@@ -6,6 +6,9 @@ the CPU the sync-free path runs its torch fallback, so its CPU time is not the p
     python benchmarks/cache_syncs.py --interpret  # as a GPU runs it (Triton's interpreter)
     python benchmarks/cache_syncs.py --interpret --by-op   # which ops, from which line
 
+``--rows``, ``--dim`` and ``--batch`` shrink the store and the batches for a quick check of the
+script (syncs and launches per batch stay the same, ops per batch about; hit ratios and times not).
+
 ``--interpret`` re-runs itself under ``TRITON_INTERPRET=1`` so the Triton branches run on CPU
 tensors as they would on a GPU, with the cache over a tiered store of 0 % hot rows (the misses
 read zero-copy, as ``gnnio train --cache-policy`` builds it on a GPU); Triton launches are counted
@@ -89,7 +92,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interpret", action="store_true", help="the Triton branches, interpreted")
     ap.add_argument("--by-op", action="store_true", help="ops per name and line (sync-free)")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="rows in the store (default 2^18; 2^16 with --interpret)",
+    )
+    ap.add_argument(
+        "--dim",
+        type=int,
+        default=None,
+        help="float32 values per row (default 128; 32 with --interpret)",
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="ids per batch (default 100,000; 10,000 with --interpret)",
+    )
     a = ap.parse_args()
+    for name in ("rows", "dim", "batch"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(a, name)}")
     if a.interpret and os.environ.get("TRITON_INTERPRET") != "1":
         env = {**os.environ, "TRITON_INTERPRET": "1"}
         sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
@@ -97,6 +121,7 @@ def main() -> None:
         _count_launches()
     # the interpreter is slow: smaller rows and batches there (counts per batch do not change)
     n, dim, bs = (1 << 16, 32, 10_000) if a.interpret else (1 << 18, 128, 100_000)
+    n, dim, bs = a.rows or n, a.dim or dim, a.batch or bs
     feats = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
     rng = np.random.default_rng(1)
     k = 4  # the lookahead cache's window
