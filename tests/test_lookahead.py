@@ -476,3 +476,11 @@ def test_ids_changed_in_place_after_announce_are_caught_on_the_cpu():
     (a reused buffer, say) were served with the rows of the ids announced. Now they are
     compared with a copy made at announce() and refused, as on a GPU."""
     _refuses_a_batch_changed_after_announce()
+
+
+def test_unknown_policy_names_every_policy_the_cache_takes():
+    """FeatureCache takes lookahead, optimal, sieve and s3fifo too: its refusal names them."""
+    store = InMemoryFeatureStore(np.zeros((8, 2), np.float32))
+    with pytest.raises(ValueError, match="unknown cache policy 'foo'") as e:
+        FeatureCache(store, 4, "foo")
+    assert all(p in str(e.value) for p in ("lookahead", "optimal", "sieve", "s3fifo"))

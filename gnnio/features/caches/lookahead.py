@@ -468,6 +468,8 @@ def make_any_policy(
 ) -> CachePolicy:
     """:func:`~gnnio.features.caches.policy.make_policy`, plus ``lookahead`` (window
     ``lookahead``) and ``optimal`` (unbounded window: the caller announces the whole trace)."""
+    if policy not in POLICIES:  # all of them named, not make_policy's four
+        raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
     hot_keys = None if hot_keys is None else hot_key_array(hot_keys)
     if policy == "lookahead":
         return LookaheadPolicy(
