@@ -59,6 +59,13 @@ def per_epoch(s: dict, key: str = "bytes_by_tier") -> dict:
     return {t: v / max(s["epochs"], 1) for t, v in s[key].items()}
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number >= 1 (else argparse's one-line error)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"need a whole number >= 1, got '{text}'")
+    return int(text)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="feature_dtype_accuracy", description=__doc__.split("\n")[0])
     p.add_argument("--datasets", default="cora,facebook,synthetic")
@@ -67,8 +74,8 @@ def main() -> int:
         default=",".join(DTYPES),
         help="without float32: accuracies only, no differences or byte ratios",
     )
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--epochs", default=None, help="override every preset's epochs")
+    p.add_argument("--seeds", type=_positive, default=3)
+    p.add_argument("--epochs", type=_positive, default=None, help="override every preset's epochs")
     p.add_argument("--root", default="/tmp/i25c/data", help="where the datasets are prepared")
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument("--out-json", default=None)
@@ -86,7 +93,7 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     runs, table, traffic = [], [], []
     for name in datasets:
-        epochs = int(a.epochs) if a.epochs else PRESETS[name]["epochs"]
+        epochs = a.epochs or PRESETS[name]["epochs"]
         acc: dict[str, list[float]] = {}
         bytes_ep: dict[str, dict] = {}
         for dt in dtypes:

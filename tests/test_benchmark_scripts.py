@@ -225,3 +225,16 @@ def test_per_dataset_refuses_a_non_number_in_one_line(monkeypatch, text):
     with pytest.raises(SystemExit) as e:
         per_dataset(text, "batch_size", {"cora": {"batch_size": 16}}, "las_accuracy")
     assert str(e.value.code).startswith("las_accuracy: error: --batch-size: not a number")
+
+
+@pytest.mark.parametrize("bad", [["--epochs", "abc"], ["--epochs", "0"], ["--seeds", "0"]])
+def test_feature_dtype_accuracy_refuses_in_one_line(monkeypatch, capsys, tmp_path, bad):
+    """Before any dataset is prepared, not a traceback from int() or the first training run."""
+    monkeypatch.setattr(sys, "argv", ["feature_dtype_accuracy.py", "--root", str(tmp_path), *bad])
+    monkeypatch.syspath_prepend(str(BENCH))
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(BENCH / "feature_dtype_accuracy.py"), run_name="__main__")
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"feature_dtype_accuracy: error: argument {bad[0]}: need a whole")
+    assert not any(tmp_path.iterdir())
