@@ -4,9 +4,10 @@ quotes their figures, and a user reproducing one runs the script with the comman
 Each script runs in this process (``runpy``, as ``python benchmarks/NAME.py ...`` would run it;
 one interpreter start for all) on a 400-node synthetic graph with the fewest batches, epochs and
 seeds its options allow, and must exit 0 and print what it promises (``cache_syncs.py
---interpret`` in a process of its own). Left out, too slow for this file:
-``pyg_examples/compare.py`` (ten epochs of four example scripts, twice each) and the real steps of
-``larger_than_ram.sh`` (its ``gnnio`` calls are checked against the CLI's parser instead).
+--interpret`` in a process of its own). Too slow for this file, and stubbed: the example runs of
+``pyg_examples/compare.py`` (ten epochs each, a process each; tests/test_pyg_neighbor_loader.py
+runs them shortened) and the steps of ``larger_than_ram.sh`` (its ``gnnio`` calls are checked
+against the CLI's parser instead).
 ``gpu_gather_variants.py`` is GPU only: without CUDA it must refuse in one line.
 """
 
@@ -238,3 +239,43 @@ def test_feature_dtype_accuracy_refuses_in_one_line(monkeypatch, capsys, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"feature_dtype_accuracy: error: argument {bad[0]}: need a whole")
     assert not any(tmp_path.iterdir())
+
+
+def _compare(monkeypatch):
+    """benchmarks/pyg_examples/compare.py as a module, its example runs stubbed (each is ten
+    epochs in a process of its own; tests/test_pyg_neighbor_loader.py runs them for real)."""
+    pytest.importorskip("torch_geometric")
+    monkeypatch.syspath_prepend(str(BENCH / "pyg_examples"))
+    import compare
+
+    def run_one(script, args, loader, work, root):
+        acc = {"pyg": 0.5, "gnnio": 0.52}[loader]
+        return {"script": script.name, "loader": loader, "edits_beyond_import": 0, "rc": 0,
+                "test_acc": acc, "args": args}  # fmt: skip
+
+    monkeypatch.setattr(compare, "run_one", run_one)
+    return compare
+
+
+@pytest.mark.skipif(not Path("/work/shared/datasets/cora").is_dir(), reason="no Cora")
+def test_pyg_compare_summary_and_kept_batches(monkeypatch, capsys):
+    compare = _compare(monkeypatch)
+    assert compare.main(["--scripts", "reddit_sage.py", "--repeats", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(out["scripts"]) == ["reddit_sage.py"]
+    row = out["scripts"]["reddit_sage.py"]
+    assert row["pyg"]["runs"] == row["gnnio"]["runs"] == 2 and row["gnnio_minus_pyg_points"] == 2.0
+    kept = out["kept_batches"]  # Cora's 2708 nodes in batches of 64; the copies are the rows
+    assert kept["NeighborLoader"] == kept["PyGLoader"] == {"batches": 43, "differ": 0}
+
+
+@pytest.mark.parametrize("bad", [["--scripts", "reddit_sage"], ["--repeats", "0"]])
+def test_pyg_compare_refuses_before_running(monkeypatch, capsys, bad):
+    """A misspelt --scripts ran nothing and reported an empty "scripts"; --repeats 0 crashed in
+    max() after the work."""
+    compare = _compare(monkeypatch)
+    monkeypatch.setattr(compare, "planetoid_root", lambda *a: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        compare.main(bad)
+    assert e.value.code == 2
+    assert f": error: {bad[0]}: " in capsys.readouterr().err.splitlines()[-1]

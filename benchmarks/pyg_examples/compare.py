@@ -120,11 +120,18 @@ def main(argv=None) -> int:
     p.add_argument("--scripts", default="", help="comma-separated subset of script names")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    names = [name for name, _ in SCRIPTS]
+    unknown = [s for s in a.scripts.split(",") if s.strip() and s.strip() not in names]
+    if unknown:  # else a typo ran no script and reported an empty "scripts"
+        p.error(f"--scripts: unknown script '{unknown[0]}' (choose from {', '.join(names)})")
+    if a.repeats < 1:
+        p.error(f"--repeats: must be >= 1, got {a.repeats}")
     with tempfile.TemporaryDirectory(prefix="pyg-examples-") as tmp:
         work = Path(tmp)
         root = planetoid_root(a.raw, a.name, work)
         runs = []
-        chosen = [s for s in SCRIPTS if not a.scripts or s[0] in a.scripts.split(",")]
+        picked = {s.strip() for s in a.scripts.split(",") if s.strip()}
+        chosen = [s for s in SCRIPTS if not picked or s[0] in picked]
         for rep in range(a.repeats):
             for name, args in chosen:
                 args = [x.replace("{repeat}", str(a.first_seed + rep)) for x in args]
