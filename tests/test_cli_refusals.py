@@ -289,3 +289,13 @@ def test_plan_refuses_what_no_strategy_given_reads(extra, line, tmp_path, capsys
     assert main([*base, *taken.split()]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "pagraph" in out["skipped"]  # (200 nodes: above the cap of 5)
+
+
+def test_bench_locality_refuses_a_negative_q_size_first_naming_it(tmp_path, capsys):
+    """``--q-size -1`` was refused only after the dataset was read and B's score computed, as
+    ``las_sets: size must be >= 0``, not naming the option; now before any work (a missing
+    dataset is not reached), in one line naming ``--q-size``."""
+    base = ["bench", "locality", str(tmp_path / "missing"), "--no-progress"]
+    assert main([*base, "--q-size", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--q-size must be >= 0, got -1" in err, err

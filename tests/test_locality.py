@@ -263,10 +263,10 @@ def test_no_hot_set_or_all_hot_is_plain_uniform():
 def dense_las_sets(graph: CSRGraph, hot: np.ndarray, layers: int, size: int) -> list[np.ndarray]:
     n = graph.num_nodes
     indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
-    M = np.zeros((n, n), dtype=np.int64)  # M[v, u] = 1 for u -> v
+    M = np.eye(n, dtype=np.int64)  # M[v, u] = 1 for u -> v, and the paper's self-loops
     for v in range(n):
         for u in indices[indptr[v] : indptr[v + 1]]:
-            M[v, u] += 1
+            M[v, u] += int(u != v)
     v = np.zeros(n, dtype=np.int64)
     v[hot] = 1
     out = [np.sort(hot)]
@@ -291,12 +291,13 @@ def test_las_sets_match_dense_reference(seed):
 
 
 def test_las_sets_paper_example_shape():
-    """A path 0-1-2-3 (both directions), B = {3}: Q'_2 = {2}, Q'_3 = {1, 3} (2 paths 3->2->3)."""
+    """A path 0-1-2-3 (both directions), B = {3}, self-loops in A: v_2 = [0, 0, 1, 1] gives
+    Q'_2 = {2, 3}; v_3 = [0, 1, 2, 2] gives Q'_3 = {2, 3}, and {1, 2, 3} with room for three."""
     src = np.array([0, 1, 1, 2, 2, 3])
     dst = np.array([1, 0, 2, 1, 3, 2])
     g = CSRGraph.from_edges(src, dst, 4)
-    q = las_sets(g, [3], 3, size=2)
-    assert [x.tolist() for x in q] == [[3], [2], [1, 3]]
+    assert [x.tolist() for x in las_sets(g, [3], 3, size=2)] == [[3], [2, 3], [2, 3]]
+    assert [x.tolist() for x in las_sets(g, [3], 3, size=3)] == [[3], [2, 3], [1, 2, 3]]
 
 
 def test_hops_use_their_layer_sets_and_weights_are_one_over_pi():

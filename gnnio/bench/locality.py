@@ -133,6 +133,8 @@ def run(args) -> dict:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.batches is not None and args.batches < 1:
         raise UsageError(f"--batches must be >= 1, got {args.batches}")
+    if args.q_size is not None and args.q_size < 0:
+        raise UsageError(f"--q-size must be >= 0, got {args.q_size}")
     try:
         n_hot_frac = float(args.gpu_cache_fraction)
         if not 0 <= n_hot_frac <= 1:

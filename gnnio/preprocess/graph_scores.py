@@ -332,10 +332,12 @@ def sj_estimate(
         h_l = h_{l-1} + M^T h_{l-1}        (l = 1..L)
         p   = h_L / N_t
 
-    ``h_L[u]`` counts the *walks* of at most L edges from ``u`` to training nodes, the SpMV form of
-    the paper's count; it equals the number of distinct training nodes within L hops when the
-    L-hop neighbourhood is a tree and is larger otherwise (on the paper's 6-node example,
-    ``f = [4, 6, 6, 6, 5, 5]`` becomes ``[6, 14, 16, 12, 7, 7]``, with the same ranking).
+    ``h_L = (I + M^T)^L 1_T``: ``h_L[u]`` counts the *lazy walks* of L steps (each step an edge or
+    a stay) from ``u`` to training nodes, i.e. the walks of ``k <= L`` edges each ``C(L, k)``
+    times -- the SpMV form of the paper's count. It is at least the number of distinct training
+    nodes within L hops (each has a walk of at most L edges) and in general larger, even on a
+    tree (an edge ``u -> t``, L = 2: 2 lazy walks for 1 node); on the paper's 6-node example ``f = [4, 6, 6, 6, 5, 5]`` becomes ``[6, 14, 16, 12, 7, 7]``, with the
+    same ranking.
 
     With ``fanouts`` (uniform node-wise sampling, ``fanouts[0]`` = hop 1, as in
     :class:`gnnio.sampling.UniformSampler`) every edge ``u -> v`` at hop ``l`` is weighted by the

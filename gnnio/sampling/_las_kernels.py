@@ -422,12 +422,16 @@ def reset_nodes(nodes, loc):
 
 @njit(cache=True, nogil=True)
 def row_sums(indptr, indices, x, out):
-    """``out[v] = sum of x[u]`` over the in-neighbours ``u`` of ``v`` (CSR row sums, ``M x``)."""
+    """``out[v] = x[v] + sum of x[u]`` over the in-neighbours ``u != v`` of ``v``: the CSR row sums
+    with every node's self-loop, ``(M + I) x`` (a self-loop the CSR stores counts once). Song &
+    Jiang's ``A`` carries it (§4's ``v_2 = v_1 A`` on Figure 2a), as a layer reads its own rows."""
     n = indptr.shape[0] - 1
     for v in range(n):
-        acc = 0.0
+        acc = x[v]
         for e in range(indptr[v], indptr[v + 1]):
-            acc += x[indices[e]]
+            u = indices[e]
+            if u != v:
+                acc += x[u]
         out[v] = acc
 
 

@@ -19,8 +19,8 @@ members by ``s`` and solves the budget again, which also covers the case Eq. 8 l
 estimate stays unbiased (the paper's ``E[sum xi_j w_ij x_j / q_j] = sum w_ij x_j``).
 
 **Sets and layers** as :class:`~gnnio.sampling.locality.LocalitySampler`: ``Q'_1 = B`` (the
-GPU-resident nodes), ``Q'_{l+1}`` = the ``q_size`` nodes with the largest ``v_{l+1} = v_l A``
-(:func:`~gnnio.sampling.locality.las_sets`); layer ``l = 1`` is the input layer, so hop ``h``
+GPU-resident nodes), ``Q'_{l+1}`` = the ``q_size`` nodes with the largest ``v_{l+1} = v_l A``,
+``A`` with every node's self-loop as in the paper's example (:func:`~gnnio.sampling.locality.las_sets`); layer ``l = 1`` is the input layer, so hop ``h``
 (0-based, the seeds' hop first) uses ``Q'_{L - h}``: the last hop, whose new nodes are the rows
 gathered from the feature store, favours ``B``. ``scale`` may be changed between epochs (e.g. by
 :class:`~gnnio.sampling.AdaptiveScale`, Algorithm 2).

@@ -60,10 +60,14 @@ blocks run input layer -> output layer, so ``blocks[l - 1]`` is layer ``l``; wit
 ``blocks[L - h]``, i.e. **hop h uses Q'_{L - h + 1}**: the last hop (the input layer, whose sources
 are the rows gathered from the feature store) favours ``Q'_1 = B``, the hop before it favours
 ``Q'_2``, the nodes with the most in-neighbours in ``B``, and so on. ``Q'_{l+1}`` is the top
-``q_size`` (default ``|B|``) nodes by ``v_{l+1} = v_l A``, ``v_1`` the 0/1 indicator of ``B`` and
-``A[u, v] = 1`` for an edge ``u -> v`` (u is an in-neighbour of v), i.e. ``v_{l+1}[v]`` = number of
-paths ``B -> ... -> v`` of ``l`` edges = how many B-rows sampling from ``v`` can reach. Only nodes
-with ``v > 0`` qualify; ties go to the lower id (:func:`las_sets`). (Every hop's nodes are in
+``q_size`` (default ``|B|``; the paper used 8192) nodes by ``v_{l+1} = v_l A``, ``v_1`` the 0/1
+indicator of ``B`` and ``A[u, v] = 1`` for an edge ``u -> v`` (u is an in-neighbour of v) **and on
+the diagonal**: the paper's ``A`` is Figure 2's GCN graph, whose layers aggregate each node's own
+row (its example ``v_2 = [1, 3, 4, 3, 2, 1]`` counts the self-loops), and a gnnio block keeps every
+destination among its sources, so a node picked in layer ``l`` is read in every layer below.
+``v_{l+1}[v]`` = number of paths ``B -> ... -> v`` of ``l`` steps, each an edge or a stay = how many
+B-rows sampling from ``v`` can reach. Only nodes with ``v > 0`` qualify; ties go to the lower id
+(:func:`las_sets`). (Every hop's nodes are in
 ``input_nodes``, so gnnio gathers them all; the deeper sets steer the frontier toward ``B``.)
 
 **Threshold pruning (HyDRA Eq. 4).** ``threshold = ceil(alpha * avg_degree + beta * fanout)``
@@ -223,8 +227,9 @@ def las_sets(
     """Song & Jiang's sets ``Q'_1 .. Q'_L`` (index ``l - 1`` holds layer ``l``; layer 1 = input).
 
     ``Q'_1 = B`` (``hot_ids``); ``Q'_{l+1}`` = the ``size`` (default ``|B|``) nodes with the largest
-    ``v_{l+1} = v_l A`` -- ``v_{l+1}[v] = sum of v_l[u]`` over the in-neighbours ``u`` of ``v``, one
-    pass over the CSR -- among those with ``v_{l+1} > 0``, ties to the lower id. Returns sorted
+    ``v_{l+1} = v_l A`` -- ``v_{l+1}[v] = v_l[v] + sum of v_l[u]`` over the in-neighbours ``u != v``
+    of ``v``, one pass over the CSR; ``A`` has the self-loops of the paper's (module docstring) --
+    among those with ``v_{l+1} > 0``, ties to the lower id. Returns sorted
     int64 global-id arrays. ``v`` is rescaled to max 1 only if it exceeds 1e100 (the ranking is
     unchanged; path counts could overflow on deep, dense graphs).
     """
