@@ -103,6 +103,24 @@ def test_reach_counts_blocks_up_to_j_hops_without_the_block_itself():
         assert sorted(r.indices[r.indptr[3] : r.indptr[4]].tolist()) == sorted(want)
 
 
+def test_reach_matches_bfs_distances_with_many_common_neighbours():
+    """Gamma^h(B) is the blocks exactly h hops away (BGL §3.3.2): compared with BFS distances on
+    the 0/1 int8 matrix ``_assign`` passes. Blocks 0 and 1 share 256 (then 512) neighbours and no
+    edge: their walk count wrapped to 0 in int8, so each lost the other from its 2-hop set."""
+    from scipy.sparse.csgraph import shortest_path
+
+    for common in (256, 512):
+        n = common + 3  # block n - 1 hangs off block 0 only: 3 hops from block 1
+        mid = np.arange(2, common + 2)
+        adj = sym(n, np.r_[np.zeros(common, int), np.ones(common, int), 0], np.r_[mid, mid, n - 1])
+        a = (adj > 0).astype(np.int8).tocsr()
+        dist = shortest_path(a.astype(np.float64), unweighted=True, directed=False)
+        for hops in (1, 2, 3):
+            r = _reach(a, hops)
+            want = (dist <= hops) & (dist > 0)
+            assert (r.toarray() > 0).tolist() == want.tolist(), (common, hops)
+
+
 def test_block_graph_counts_edges_between_blocks_in_both_directions():
     """Entry (a, b) of the block graph is the number of edges between blocks a != b, whichever
     way they point, so it is symmetric; edges inside a block are not counted."""

@@ -160,11 +160,13 @@ def _merge_graph(adj: sp.csr_matrix, merged: np.ndarray, nm: int) -> sp.csr_matr
 
 
 def _reach(a: sp.csr_matrix, hops: int) -> sp.csr_matrix:
-    """0/1 matrix of the blocks within ``hops`` hops of each block (itself excluded)."""
+    """0/1 matrix of the blocks within ``hops`` hops of each block (itself excluded). The walk
+    counts are summed in int64: in int8 a pair with 256 common neighbours wrapped to 0."""
     reach = a.copy()
     power = a.copy()
+    a64 = a.astype(np.int64)
     for _ in range(1, max(1, hops)):
-        power = (power @ a).astype(bool).astype(np.int8)
+        power = (power.astype(np.int64) @ a64).astype(bool).astype(np.int8)
         reach = (reach + power).astype(bool).astype(np.int8)
     reach.setdiag(0)
     reach.eliminate_zeros()
