@@ -52,7 +52,7 @@ def register(sub) -> None:
         type=int,
         default=None,
         metavar="J",
-        help="bfs-block (--method, or --base of hdr): the j-hop term (default: 2, the paper's)",
+        help="bfs-block (--method, or --base of hdr): the j-hop term (default: 2; BGL names no value)",
     )
     p.add_argument(
         "--refine",

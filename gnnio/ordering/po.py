@@ -14,7 +14,10 @@ does each step:
    BFS trees -- *regions* -- each listing its seeds in BFS visiting order. The BFS walks every
    node; a region lists only the training seeds (the traversal *projected to the seeds*). When the
    queue runs dry, the next unvisited seed of a random permutation starts a new tree, appended to
-   the regions in turn ("appended at the end of each BFS sequence"). Regions are disjoint, so
+   the regions in turn ("appended at the end of each BFS sequence"). Each region is then cut into
+   blocks of at most ``ceil(n / pool_size)`` seeds (:func:`bfs_regions`), and the blocks, not whole
+   trees, are dealt in step 2 (BGL deals nothing: it draws whole BFS sequences; the cut keeps one
+   hub's giant tree out of every batch, docs/design.md). Regions are disjoint, so
    sequences built from them never repeat a seed and every epoch is a permutation.
 2. **k sequences -> one epoch.** Each epoch (seeded by ``(seed, epoch)`` only) deals the regions,
    in a random order, round-robin into ``k`` sequences (a sequence is the concatenation of its
@@ -29,8 +32,9 @@ does each step:
    between the label distribution of a mini-batch and the label distribution of all training
    seeds, averaged over the epoch's full batches (all ranks):
    ``eps = mean_i 1/2 sum_c |p_i(c) - q(c)|`` (:func:`shuffling_error`). The automatic choice
-   tries k = 1, 2, ... ``max_sequences`` in turn, each estimated on one order built as in step 2
-   from a fixed estimation seed, and keeps the first k with ``eps <= bound``.
+   tries k = 1, 2, ... ``max_sequences`` in turn, each estimated as the mean over ``draws`` orders
+   built as in step 2 from fixed estimation seeds, and keeps the first k with ``eps <= bound``
+   (BGL stops once eps is "smaller than" the bound; ``<=`` differs only at equality).
 
    The bound. BGL's ``sqrt(b M) / n`` (``b`` batch size, ``M`` workers = ``world_size``, ``n``
    training seeds) is ``bound="paper"``. Measured (docs/benchmarks.md, "PO against random shuffle"): with eps the *per-batch*

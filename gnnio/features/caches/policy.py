@@ -195,7 +195,9 @@ class StaticPolicy(CachePolicy):
 
 class FIFOPolicy(CachePolicy):
     """First in, first out over a ring of slots (BGL's policy): insert at the head, evict what
-    was there. O(1) bookkeeping per id, no recency updates on hits."""
+    was there. O(1) bookkeeping per id, no recency updates on hits. BGL writes the ``k``-th
+    insertion to slot ``(tail + 1) % size``; starting at slot 0 instead only renames the slots
+    (same hits, same victims)."""
 
     name = "fifo"
 
