@@ -235,3 +235,21 @@ def test_each_sequence_starts_at_a_random_offset():
         assert np.array_equal(perm, np.roll(seq, -shift))
         firsts.add(shift)
     assert len(firsts) > 10
+
+
+def test_distributed_po_reads_seed_aligned_labels_when_every_node_is_a_seed():
+    """The shuffling error that picks k must see each seed's own label. When every node is a
+    training seed (in any order) ProximityOrder reads ``N`` labels by global id; the distributed
+    caller holds them aligned with the seeds, and handed them over as they were, so seed ``i``
+    was given the label of node ``seeds[i]``'s position instead of its own."""
+    from types import SimpleNamespace
+
+    from gnnio.distributed.labels import read_seed_labels
+    from gnnio.distributed.plan import proximity_order
+
+    g, labels = cliques(4, 8)
+    seeds = np.random.default_rng(0).permutation(g.num_nodes)
+    ds = SimpleNamespace(graph=g)
+    cfg = SimpleNamespace(po_sequences=None, progress=False)
+    order = proximity_order(ds, cfg, seeds, read_seed_labels(labels, seeds), 8, 0, 0, 1, False)
+    assert order.labels.tolist() == labels[seeds].tolist()

@@ -138,10 +138,16 @@ def proximity_order(ds, cfg, seeds, labels, batch_size, seed, rank, world_size, 
     shard (the default random order reads no CSR)."""
     from ..ordering.po import ProximityOrder
 
+    seeds = np.asarray(seeds, dtype=np.int64)
+    lab = labels.numpy_of(seeds)  # aligned with the seeds (a rank holds no [N] labels)
+    if seeds.shape[0] == ds.graph.num_nodes:  # ProximityOrder reads N labels by global id
+        by_id = np.empty_like(lab)
+        by_id[seeds] = lab
+        lab = by_id
     return ProximityOrder(
         ds.graph,
         seeds,
-        labels.numpy_of(seeds),  # aligned with the seeds (a rank holds no [N] labels)
+        lab,
         batch_size,
         seed=seed,
         num_sequences=cfg.po_sequences,
