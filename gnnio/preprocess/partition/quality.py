@@ -9,7 +9,10 @@
   part sampling its own training nodes' batches (BGL's samplers sit with their graph store): of
   all neighbour-list reads (every destination node of every block reads its list), the share
   whose list the sampling part does not store (owned elsewhere and not replicated). This is the
-  quantity of BGL Fig. 15 and HyDRA Table II, counted, not modeled.
+  quantity of BGL Fig. 15, counted, not modeled, and the measured share behind HyDRA Eq. 2-3's
+  ``(M - 1) / M``; HyDRA Table II is a different number, memory sharing's volume over DSP's
+  (``d`` against ``f + 1`` per remote row: the ``peer``/``network`` bytes of the ``shared`` and
+  ``dsp`` sampling modes).
 """
 
 from __future__ import annotations
