@@ -7,7 +7,9 @@ the group: the ``k``-th hottest row of the multi-GPU tensor goes to GPU ``k mod 
 replicate some hot data over multiple GPUs") the hottest ``R = top_count(replicate, BSIZE)`` rows are
 replicated on every GPU; each GPU then holds ``R`` replicated rows plus ``BSIZE - R`` interleaved
 ones, so the group holds ``R + g * (BSIZE - R)`` distinct rows (the paper's own runs use
-``replicate = 0``). Groups are independent: every group holds the same rows.
+``replicate = 0``). Groups are independent: every group holds the same rows. Rows are placed by
+rank in ``probs`` (no reordering of ids needed); readers find them through the ``dev_num`` /
+``buf_pos`` lookup, not the paper's boundary arithmetic (:mod:`gnnio.features.tiers.multidevice`).
 """
 
 from __future__ import annotations

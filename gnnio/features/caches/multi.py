@@ -15,11 +15,19 @@ A batch (see :mod:`gnnio.features.caches.cache` for the per-shard batch semantic
    operation");
 2. per shard, under that shard's lock: look up, update the policy for hits, read the hit rows
    (tier ``"local"`` for the reader's own shard, ``"peer"`` for the others);
-3. fetch every shard's misses from ``backing`` in one ``gather`` (counted under its tiers);
+3. fetch every shard's misses from ``backing`` in one ``gather`` (counted under its tiers; one
+   reader's fetch at a time, so that each reader books only its own rows);
 4. per shard, under its lock: admit its own misses (ids another reader inserted meanwhile are
    skipped -- BGL queues all operations of one GPU cache on one thread for the same reason).
 
 The shards share one clock, so a policy's recency ticks are comparable across readers.
+
+Deviations from BGL's text: BGL orders "all the operations towards a given GPU cache" through one
+queue polled by one thread; here a lock per shard orders the same operations (a batch's lookup +
+hit read, later its admission + write), so a miss another reader admits between the two counts as
+a miss, not a hit, and is not admitted twice. A hit is a unique id of the batch found in any shard
+(BGL §3.2.1: "hit nodes in total number of nodes in a batch"), for ``static`` too (a single
+:class:`~gnnio.features.caches.cache.FeatureCache` with ``static`` counts rows, repeats included).
 
 Simulated devices: with ``devices=None`` every shard lives in CPU memory; the routing, copies and
 counting are the same, only no bytes cross real links (turn counted bytes per link into modeled
@@ -84,6 +92,9 @@ class _Shared:
         ]
         self.clock = 0
         self.clock_lock = threading.Lock()
+        # one reader's miss fetch at a time: its count of the backing's tiers is ``since(mark)``,
+        # which would take in another reader's rows fetched between the two
+        self.fetch_lock = threading.Lock()
         if not self.shards[0].policy.dynamic:  # static: load every shard's rows once
             root = backing
             while isinstance(root, FeatureCache):
@@ -238,9 +249,11 @@ class ShardedFeatureCache(FeatureStore):
         below = None
         fetched = None
         if m:
-            before = self.backing.counters.mark()  # no device wait
-            fetched = self.backing.gather(miss_ids.to(self.backing.device)).to(self.device)
-            below = self.backing.counters.since(before)
+            with self._s.fetch_lock:
+                before = self.backing.counters.mark()  # no device wait
+                fetched = self.backing.gather(miss_ids.to(self.backing.device))
+                below = self.backing.counters.since(before)
+            fetched = fetched.to(self.device)
             move_rows(fetched, torch.arange(m, device=self.device), rows_u, miss_pos)
         copy += t.lap("copy")
         ins = ev = 0

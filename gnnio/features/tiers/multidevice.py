@@ -28,6 +28,13 @@ reads how many rows each source serves, and then
 
 The same routed read runs on simulated devices when a stream layer is given (``streams=``, e.g.
 :class:`~gnnio.utils.streams.RecordingStreams`, which checks the event order on the CPU).
+
+Deviations from Data Tiering (Min et al. §4.2): its reader's kernel dereferences a peer's memory
+("kernel-level direct peer GPU memory access"); here the peer gathers the rows and they are copied
+to the reader (the peer-to-peer DMA the paper worked around): the same rows and counts, a different
+cost. Its single logical tensor finds a row by arithmetic on reordered ids (hot boundary, interleave
+by ``id mod g``); this store looks ids up in per-reader ``dev_num`` / ``buf_pos`` arrays of ``N``
+entries (2 + 8 bytes a node), which any placement, reordered or not, can fill.
 """
 
 from __future__ import annotations
