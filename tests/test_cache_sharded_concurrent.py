@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 from gnnio.features import InMemoryFeatureStore
@@ -49,3 +50,12 @@ def test_concurrent_readers_book_only_their_own_rows():
         assert sum(rows.values()) == ids.shape[0]
         assert rows.get("host", 0) == reader.stats.misses
     assert back.counters.snapshot()["rows"]["host"] == 4 + 20
+
+
+def test_static_hot_ids_out_of_range_are_named_by_their_global_id():
+    """A bad hot id is reported as the caller's id, not as the shard key ``id // S`` (which was
+    "static cache key 6 out of [0, 5)" for id 12 of 10 rows on 2 shards)."""
+    back = InMemoryFeatureStore(np.zeros((10, 2), dtype=np.float32))
+    for bad in (12, -1):
+        with pytest.raises(ValueError, match=rf"node id {bad} out of \[0, 10\)"):
+            ShardedFeatureCache(back, 2, 3, "static", hot_ids=np.array([0, bad]))

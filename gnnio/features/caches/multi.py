@@ -62,6 +62,9 @@ class _Shard:
         hot = None
         if hot_ids is not None:
             h = hot_key_array(hot_ids)
+            bad = h[(h < 0) | (h >= num_rows)]
+            if bad.size:  # (a shard's key ``id // S`` would name no id the caller passed)
+                raise ValueError(f"hot_ids: node id {int(bad[0])} out of [0, {num_rows})")
             hot = h[h % num_shards == k] // num_shards
         self.policy = make_policy(policy, capacity, nkeys, device, hot_keys=hot)
         self.buffer = torch.empty((self.policy.capacity, dim), dtype=dtype, device=device)
