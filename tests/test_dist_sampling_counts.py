@@ -105,3 +105,40 @@ def test_shared_mode_requests_rows_of_another_machine(parted, tmp_path):
     assert r0["same"] and r0["stats"]["requests"] == 2
     assert r0["bytes"].get("peer", 0) == 0
     assert r0["bytes"]["network"] == 8 * (2 * 2 + _sampled(ds, [31, 40]))
+
+
+class _Spy(torch.Tensor):
+    """A shard's ``indices`` as a peer's GPU tensor would be: counts the entries copied out."""
+
+    copied: list = []
+
+    def __getitem__(self, idx):
+        out = torch.Tensor.__getitem__(self.as_subclass(torch.Tensor), idx)
+        _Spy.copied.append(int(out.numel()))
+        return out
+
+
+def test_pruned_shared_reads_of_a_peer_gpu_copy_only_the_window(parted):
+    """HyDRA §III-A3: a pruned row transmits ``theta`` neighbours, not its list. Through CUDA IPC
+    (shard tensors; here on the CPU) the reader used to copy every whole list while counting
+    only the windows; the rows' samples must stay those of the whole list's kernel."""
+    from gnnio.distributed.sampling import _Shard
+    from gnnio.sampling.threaded import _hop_key
+
+    ds, pdir = parted
+    mapped = _Shard(pdir, 1, ds.num_nodes)  # the kernels on the whole mapped list
+    arrays = {n: torch.from_numpy(np.array(getattr(mapped, n))) for n in ("nodes", "indptr")}
+    arrays["indices"] = torch.from_numpy(np.array(mapped.indices)).as_subclass(_Spy)
+    peer = _Shard(pdir, 1, ds.num_nodes, arrays=arrays)
+    assert peer.tensors
+    rows = np.arange(30, 60, dtype=np.int64)
+    deg = ds.graph.in_degrees()[rows]
+    theta = 4
+    assert (deg > theta).any() and (deg <= theta).any()
+    for h in range(3):
+        _Spy.copied.clear()
+        c, f = peer.sample(rows, FANOUT, _hop_key(11, h), theta)
+        c_ref, f_ref = mapped.sample(rows, FANOUT, _hop_key(11, h), theta)
+        np.testing.assert_array_equal(c, c_ref)
+        np.testing.assert_array_equal(f, f_ref)
+        assert sum(_Spy.copied) == int(np.minimum(deg, theta).sum())

@@ -28,7 +28,13 @@ Counted per batch (:attr:`ShardedSampler.stats`): ``requests`` (remote rows aske
 ``bytes_by_link`` ``local`` (entries read from the own shard: the sampled ones, plus the row's
 ``indptr`` pair), ``peer`` / ``network`` (dsp: 8-byte row ids out, 8-byte counts and sampled ids
 back; shared: the whole remote list and its ``indptr`` pair, which is what memory sharing moves,
-HyDRA Eq. 3).
+HyDRA Eq. 3). Against the paper's Eq. 2-3 (counted in vertex ids, with ``(M-1)/M`` the modeled
+remote share): per remote row dsp counts ``2 + min(d, f)`` 8-byte values, not ``f + 1`` (the
+per-row count that delimits the replies, and a short row returns ``d < f``), shared ``d``
+entries of the graph's index dtype (4 bytes for int32) plus 16 bytes, not ``d``: HyDRA's
+"hybrid pointer" keeps each vertex's head/tail address as a local mapping, whereas here only
+the node -> row lookup is local (binary search in the peer's sorted node ids, not a pointer
+indexed by global id, issue 26) and the row's ``indptr`` pair is read from the owner's shard.
 
 **Threshold pruning** (``prune=(alpha, beta)``, HyDRA §III-A3, Eq. 4): every row longer than the
 hop's threshold ``ceil(alpha * avg_degree + beta * fanout)`` is cut to a circular window of that
@@ -40,7 +46,8 @@ so whoever samples a row picks the same window -- and a batch is **exactly** tha
 batch, edge weights included (HT weights ``deg / k``, equal within a row; the owner's degree comes
 back with the dsp counts, 8 more bytes per requested row). What pruning changes is what ``shared``
 reads: only the window (``threshold`` entries, up to two contiguous runs when it wraps) and the
-``indptr`` pair, not the whole list, and it is counted that way. ``dsp`` moves the same sampled
+``indptr`` pair, not the whole list, and it is counted that way (over CUDA IPC too: only the
+window is copied, :func:`gnnio.distributed.shm.gather_lists`). ``dsp`` moves the same sampled
 ids as before (the owner reads its own list locally).
 """
 
@@ -115,7 +122,10 @@ class _Shard:
         if self.tensors:  # the rows' lists, read from the owner's memory into a compact CSR
             from .shm import gather_lists
 
-            indptr, indices = gather_lists(indptr, indices, local)
+            window = None
+            if theta and fanout >= 0:  # pruned: copy only each long row's window (Eq. 4)
+                window = (lambda d: _window_starts(rows_global, d, hkey, theta), theta)
+            indptr, indices = gather_lists(indptr, indices, local, window)
             local = np.arange(local.shape[0], dtype=np.int64)
         if theta is not None:
             return self._sample_pruned(indptr, indices, rows_global, local, fanout, hkey, theta)
@@ -368,6 +378,12 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         self.stats["requests"] += int(ids.size)
         self.stats["collective_s"] += time.perf_counter() - t0
         return where, got_c.numpy(), got_f.numpy(), None if per == 1 else got[:, 1].numpy()
+
+
+def _window_starts(rows_global: np.ndarray, deg: np.ndarray, hkey, theta: int) -> np.ndarray:
+    out = np.empty(rows_global.shape[0], dtype=np.int64)
+    _las.window_starts(rows_global, deg.astype(np.int64), hkey, np.int64(theta), out)
+    return out
 
 
 def _ht_weights(deg: np.ndarray, theta: int, fanout: int) -> np.ndarray:

@@ -161,10 +161,16 @@ def _share_cuda(ctx, arrays, peers, device):
     return mapped
 
 
-def gather_lists(indptr: torch.Tensor, indices: torch.Tensor, local: np.ndarray):
+def gather_lists(indptr: torch.Tensor, indices: torch.Tensor, local: np.ndarray, window=None):
     """The neighbour lists of rows ``local`` of a shard held as tensors on any device (a peer's
     GPU with CUDA IPC), copied into a compact CPU CSR: ``(indptr, indices)`` with row ``i`` the
-    list of ``local[i]``. The sampler's kernels then run on it unchanged."""
+    list of ``local[i]``. The sampler's kernels then run on it unchanged.
+
+    ``window`` ``(starts_of, theta)`` (threshold pruning, HyDRA §III-A3: only ``theta``
+    contiguous neighbours are transmitted): a row longer than ``theta`` copies only its circular
+    window of ``theta`` positions from ``starts_of(degrees)[i]`` (the start the pruned kernels
+    draw); the compact row keeps its full length, so the kernels find the window where they look
+    for it, and its other entries are -1, never read."""
     dev = indptr.device
     loc = torch.from_numpy(np.require(local, np.int64, ["C", "W"])).to(dev)  # (read-only?)
     start, end = indptr[loc].long(), indptr[loc + 1].long()
@@ -172,6 +178,18 @@ def gather_lists(indptr: torch.Tensor, indices: torch.Tensor, local: np.ndarray)
     ptr = torch.zeros(loc.numel() + 1, dtype=torch.int64, device=dev)
     torch.cumsum(deg, 0, out=ptr[1:])
     total = int(ptr[-1])
-    pos = torch.arange(total, device=dev) - torch.repeat_interleave(ptr[:-1], deg)
-    idx = torch.repeat_interleave(start, deg) + pos
-    return ptr.cpu().numpy(), indices[idx].cpu().numpy()
+    if window is None:
+        pos = torch.arange(total, device=dev) - torch.repeat_interleave(ptr[:-1], deg)
+        idx = torch.repeat_interleave(start, deg) + pos
+        return ptr.cpu().numpy(), indices[idx].cpu().numpy()
+    starts_of, theta = window
+    d, s0, p = deg.cpu().numpy(), start.cpu().numpy(), ptr.cpu().numpy()
+    cut = d > theta
+    st = np.where(cut, starts_of(d), 0)
+    n = np.where(cut, theta, d)  # entries copied per row
+    row = np.repeat(np.arange(d.shape[0], dtype=np.int64), n)
+    off = st[row] + np.arange(row.shape[0], dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    off %= np.maximum(d[row], 1)
+    out = np.full(total, -1, dtype=torch.empty(0, dtype=indices.dtype).numpy().dtype)
+    out[p[row] + off] = indices[torch.from_numpy(s0[row] + off).to(dev)].cpu().numpy()
+    return p, out

@@ -51,6 +51,7 @@ __all__ = [
     "row_sums",
     "member_counts",
     "member_fill",
+    "window_starts",
 ]
 
 _NCH_TOL = 1e-12  # |E[m] - a * q_in| after solving, relative to max(1, a * q_in)
@@ -461,3 +462,15 @@ def member_fill(indptr, indices, mask, qptr, qpos):
             if mask[indices[j]]:
                 qpos[q] = j - s
                 q += 1
+
+
+@njit(cache=True, nogil=True)
+def window_starts(nodes, deg, hop_key, theta, out):
+    """``out[i]``: the window start :func:`sample_rows` draws for row ``nodes[i]`` of degree
+    ``deg[i] > theta`` (the first draw of the row's stream), 0 for the others; lets a reader copy
+    only the window of a remote list (:func:`gnnio.distributed.shm.gather_lists`)."""
+    for i in range(nodes.shape[0]):
+        out[i] = 0
+        if deg[i] > theta:
+            state = mix64(hop_key ^ (np.uint64(nodes[i]) * _GAMMA))
+            out[i], _ = _bounded(state, deg[i])
