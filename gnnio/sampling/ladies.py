@@ -103,7 +103,7 @@ def layer_probabilities(
         )
     )
     pi = np.empty(nc, dtype=np.float64)
-    LK.solve_budget(p, nc, int(layer_size), pi)
+    LK.solve_budget(p, nc, min(int(layer_size), nc), pi)  # (an int64 for numba: --layer-size 1e20)
     return cand_ids[:nc].copy(), pi
 
 
@@ -195,7 +195,7 @@ class LadiesSampler(ThreadedCPUSampler):
                 )
             )
             pi = np.empty(nc, dtype=np.float64)
-            LK.solve_budget(p, nc, budget, pi)
+            LK.solve_budget(p, nc, min(budget, nc), pi)  # (a budget past int64 is "all", too)
             hkey = np.uint64(hop_key(key, h) ^ _DOMAIN_LADIES)
             new = np.empty(nc, dtype=np.int64)
             base = hop_nodes[-1]
