@@ -375,3 +375,11 @@ def test_layer_size_past_int64_takes_every_candidate(tmp_path, capsys):
                "--fanouts", "2", "--batch-size", "8", "--batches", "2", "--passes", "1",
                "--warmup", "0", "--no-progress"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
+
+
+def test_layer_probabilities_rejects_repeated_rows():
+    """Rows are a set, as the sampler's seeds: a repeated row counted its ``P_ij^2`` twice and
+    returned another distribution (0.22 for 0.156 here), silently."""
+    g = random_graph(50, 300, seed=0)
+    with pytest.raises(ValueError, match="more than once"):
+        layer_probabilities(g, [0, 0, 1], 3)

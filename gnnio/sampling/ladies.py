@@ -94,7 +94,10 @@ def layer_probabilities(
     indptr = np.ascontiguousarray(np.asarray(graph.indptr), dtype=np.int64)
     indices = np.asarray(graph.indices)
     n = int(indptr.shape[0]) - 1
-    rows = check_seeds(rows, n)
+    rows = check_seeds(rows, n, "rows")
+    uniq, counts = np.unique(rows, return_counts=True)
+    if (counts > 1).any():  # (a repeated row would count its P_ij^2 twice)
+        raise ValueError(f"rows: node id {int(uniq[counts > 1][0])} appears more than once")
     if int(layer_size) < 0:  # (the budget solver would return negative probabilities)
         raise ValueError(f"layer_size: must be >= 0, got {layer_size}")
     loc = np.full(n, -1, dtype=np.int64)
