@@ -197,3 +197,28 @@ def test_ladies_is_planned_with_the_cpu_sampler_and_the_whole_budget_for_rows(
     assert (new.sampler_device, new.graph_in) == ("cpu", "auto")
     row = ds.features.dtype.itemsize * ds.features.shape[1]
     assert plan["hot_rows"] == min(ds.num_nodes, plan["budget_bytes"] // row)
+
+
+@pytest.mark.parametrize("sampler", ["ladies", "labor"])
+def test_modeled_load_time_counts_the_rows_of_the_training_sampler(ds, sampler):
+    """The rows per batch are measured with the sampler that trains: a LADIES batch has about
+    ``B + L K`` rows whatever ``--fanouts`` holds (they were a uniform batch of fanouts 1,1: far
+    fewer), a LABOR-0 batch fewer than the uniform one."""
+    from gnnio.sampling import LaborSampler, LadiesSampler
+
+    cfg = _cfg(device="cuda", sampler=sampler, fanouts=(1, 1) if sampler == "ladies" else (5, 5),
+               **({"layer_size": 300} if sampler == "ladies" else {}))  # fmt: skip
+    _, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=GiB + 40_000)
+    assert 0 < plan["gpu_cache_fraction"] < 1  # (cold rows: the time is not 0)
+    seeds = np.asarray(ds.train_idx, dtype=np.int64)
+    b = cfg.batch_size
+    if sampler == "ladies":
+        s = LadiesSampler(ds.graph, [300, 300], seed=cfg.seed)
+    else:
+        s = LaborSampler(ds.graph, list(cfg.fanouts), seed=cfg.seed)
+    rows = [s.sample(torch.from_numpy(seeds[i * b : (i + 1) * b])).input_nodes.numel()
+            for i in range(2)]  # fmt: skip
+    row_bytes = ds.features.dtype.itemsize * ds.features.shape[1]
+    cold = 1.0 - plan["gpu_cache_fraction"]
+    want = (rows[0] + rows[1]) / 2 * math.ceil(seeds.size / b) * cold * row_bytes / DEFAULT_HOST_BW
+    assert plan["modeled_load_s"] == pytest.approx(want, rel=1e-12)

@@ -354,3 +354,32 @@ def test_bench_locality_with_ladies(tmp_path, capsys):
     assert out["sampler"] == "ladies" and out["layer_size"] == 30 and out["thresholds"] == [0, 0]
     assert out["host_bytes"]["8"] < out["host_bytes"]["1"]  # Eq. 8 moves reads to B
     assert main([*argv, "--prune", "1,1"]) == 2 and "--prune" in capsys.readouterr().err
+
+
+def test_layer_size_past_int64_takes_every_candidate(tmp_path, capsys):
+    """A budget of at least the candidates takes them all, however large: ``--layer-size
+    99999999999999999999`` was a numba overflow traceback (the budget went to the kernel as is)."""
+    from gnnio.cli.main import main
+
+    from .helpers import write_tiny_dataset
+
+    g = random_graph(50, 300, seed=0)
+    huge = 10**20
+    cand, pi = layer_probabilities(g, [0, 1, 2], huge)
+    assert len(cand) > 0 and (pi == 1.0).all()
+    a = LadiesSampler(g, [huge, huge], seed=4).sample([0, 1, 2], epoch_seed=0)
+    b = LadiesSampler(g, [50, 50], seed=4).sample([0, 1, 2], epoch_seed=0)
+    assert torch.equal(a.input_nodes, b.input_nodes)
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=40, num_edges=200)
+    rc = main(["bench", "sampling", str(d), "--sampler", "ladies", "--layer-size", str(huge),
+               "--fanouts", "2", "--batch-size", "8", "--batches", "2", "--passes", "1",
+               "--warmup", "0", "--no-progress"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_layer_probabilities_rejects_repeated_rows():
+    """Rows are a set, as the sampler's seeds: a repeated row counted its ``P_ij^2`` twice and
+    returned another distribution (0.22 for 0.156 here), silently."""
+    g = random_graph(50, 300, seed=0)
+    with pytest.raises(ValueError, match="more than once"):
+        layer_probabilities(g, [0, 0, 1], 3)

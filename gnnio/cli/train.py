@@ -78,7 +78,8 @@ def add_train_arguments(p) -> None:
         "--eval",
         default="sampled",
         choices=["sampled", "full"],
-        help="evaluation on sampled neighbourhoods (cheap on big graphs) or exact layer-wise "
+        help="evaluation on sampled neighbourhoods (the uniform sampler with --fanouts, whatever "
+        "--sampler: with ladies the values count here; cheap on big graphs) or exact layer-wise "
         "full-neighbour inference (O(edges x layers) per epoch)",
     )
     p.add_argument(

@@ -32,8 +32,9 @@ designs (``k < 0``: 1), so the Horvitz-Thompson weights ``Block.edge_weight`` ar
 ``1 / (d_s pi) = 1 / min(d_s, k)`` (unbiased neighbour *mean*; the paper's estimator
 ``1/d_s sum_t A_ts M_t / pi_ts``), or ``"none"``. They are equal within a row, so SAGE's default
 self-normalised mean (:mod:`gnnio.train.models`) is the plain mean of the kept neighbours either
-way; GCN's ``(x_i + sum w x) / (1 + sum w)`` with ``"ht"`` matches the full-neighbourhood
-normalisation in expectation.
+way; GCN's ``(x_i + sum w x) / (1 + sum w)`` with ``"ht"`` is exactly unbiased for the fixed
+design (``sum w = d``, so the denominator is the full ``1 + d``) and a ratio (consistent, not
+unbiased) for ``"poisson"``, whose row size is random.
 
 **Layers.** With ``layer_dependency=False`` (default, as DGL's) every hop draws fresh ``r_t``;
 ``True`` reuses hop 1's ``r_t`` in every hop (the paper's layer-dependent variant: fewer distinct
@@ -48,7 +49,9 @@ whose tensors are on a GPU) uses the vectorized torch path of :mod:`gnnio.sampli
 which returns the same batches bit for bit.
 
 **Not built** (issue 19): LABOR-i / LABOR-* (importance sampling with ``pi_t`` optimised by the
-fixed-point iteration).
+fixed-point iteration); GraphBolt's ``replace=True`` (sampling with replacement) and
+``batch_dependency`` (variates shared across consecutive batches, arXiv:2310.12403; its default
+``1`` is gnnio's behaviour: every batch draws fresh ``r_t``).
 """
 
 from __future__ import annotations

@@ -24,13 +24,22 @@ probability ``pi_j`` and is weighted by ``1 / pi_j``.
 
 **Deviations from the LADIES paper and code, and why.**
 
+* *Which ``P``.* The paper writes ``P`` for GCN's normalised Laplacian without fixing the form;
+  its code (and gnnio) use the row-normalised ``D~^-1 (A + I)`` above. DGL's LABOR example
+  (dmlc/dgl, ladies_sampler.py) uses ``D^-1 A`` (no self-loop), another distribution again.
 * *How ``K`` nodes are drawn.* The paper draws ``K`` i.i.d. nodes from ``p`` (with replacement);
   its code draws ``K`` distinct ones with ``np.random.choice(p=p, replace=False)`` and weights
   them ``1 / p_j``, which are not their inclusion probabilities, then row-normalises (consistent,
   not unbiased). gnnio uses Poisson sampling with capped probabilities -- Song & Jiang's own
   formulation (``xi_j ~ Bernoulli(q_j)``, Eq. 1), whose Eq. 8 rescales exactly these ``q_j`` --
   so the weights are the true ``1 / pi_j``; the price is a random layer size (mean ``K``, standard
-  deviation below ``sqrt(K)``).
+  deviation below ``sqrt(K)``). It is Balın & Çatalyürek's "PLADIES" (LABOR paper; DGL's
+  ``PoissonLadiesSampler``, whose ``c`` is iterated to a tolerance; here it is exact).
+* *No row normalisation in the sampler.* The paper and code row-normalise the sampled ``P S``;
+  the blocks carry the raw weights and the model normalises: SAGE's default mean (the Hajek
+  ratio ``sum w x / sum w``; ``P_ij`` is constant within a row, so it cancels) is that row
+  normalisation, GCN and GAT normalise per row too (their self term is the model's, below);
+  SAGE's ``sum`` with ``"ht_mean"`` and GIN's sum are the unbiased Horvitz-Thompson forms.
 * *The rows are in every layer.* gnnio's blocks need the destination nodes among the sources
   (prefix rule), so they are loaded anyway; they get ``pi = 1`` and the budget ``K`` goes to new
   nodes only. LADIES' code adds the batch's output nodes to each layer for its self-loops;
@@ -85,7 +94,10 @@ def layer_probabilities(
     indptr = np.ascontiguousarray(np.asarray(graph.indptr), dtype=np.int64)
     indices = np.asarray(graph.indices)
     n = int(indptr.shape[0]) - 1
-    rows = check_seeds(rows, n)
+    rows = check_seeds(rows, n, "rows")
+    uniq, counts = np.unique(rows, return_counts=True)
+    if (counts > 1).any():  # (a repeated row would count its P_ij^2 twice)
+        raise ValueError(f"rows: node id {int(uniq[counts > 1][0])} appears more than once")
     if int(layer_size) < 0:  # (the budget solver would return negative probabilities)
         raise ValueError(f"layer_size: must be >= 0, got {layer_size}")
     loc = np.full(n, -1, dtype=np.int64)
@@ -103,7 +115,7 @@ def layer_probabilities(
         )
     )
     pi = np.empty(nc, dtype=np.float64)
-    LK.solve_budget(p, nc, int(layer_size), pi)
+    LK.solve_budget(p, nc, min(int(layer_size), nc), pi)  # (an int64 for numba: --layer-size 1e20)
     return cand_ids[:nc].copy(), pi
 
 
@@ -195,7 +207,7 @@ class LadiesSampler(ThreadedCPUSampler):
                 )
             )
             pi = np.empty(nc, dtype=np.float64)
-            LK.solve_budget(p, nc, budget, pi)
+            LK.solve_budget(p, nc, min(budget, nc), pi)  # (a budget past int64 is "all", too)
             hkey = np.uint64(hop_key(key, h) ^ _DOMAIN_LADIES)
             new = np.empty(nc, dtype=np.int64)
             base = hop_nodes[-1]

@@ -23,8 +23,9 @@ memory: neither its CSR nor its scratch is planned on the GPU, and the whole bud
 
 The plan is in the summary under ``plan``: tier sizes, sampler device, the reason, and
 ``modeled_load_s``: the host-to-GPU seconds per epoch *modeled* for the cold rows at the PCIe
-bandwidth of gnnio's default topology (12 GB/s), with rows per batch measured on two sampled
-batches and the cold rows' share taken as uniform -- an upper bound, as hot rows are read more
+bandwidth of gnnio's default topology (12 GB/s), with rows per batch measured on two batches of
+the training sampler (uniform, LABOR-0 or LADIES; pruning and locality-aware sampling by their
+base sampler) and the cold rows' share taken as uniform -- an upper bound, as hot rows are read more
 often than cold ones.
 """
 
@@ -159,12 +160,18 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
 
 def _modeled_load_s(ds, cfg, plan: dict, row_bytes: int) -> float:
     """Cold rows' host-to-GPU seconds per epoch (module docstring: modeled, an upper bound)."""
-    from ..sampling import UniformSampler
+    from ..sampling import LaborSampler, LadiesSampler, UniformSampler
 
     seeds = np.asarray(ds.train_idx, dtype=np.int64)
     if seeds.size == 0:
         return 0.0
-    s = UniformSampler(ds.graph, [int(f) for f in cfg.fanouts], seed=cfg.seed)
+    fo, kind = [int(f) for f in cfg.fanouts], getattr(cfg, "sampler", "uniform")
+    if kind == "ladies":  # (its rows: about B + L K, whatever the fanouts' values)
+        s = LadiesSampler(ds.graph, [int(cfg.layer_size)] * len(fo), seed=cfg.seed)
+    elif kind == "labor":
+        s = LaborSampler(ds.graph, fo, seed=cfg.seed)
+    else:
+        s = UniformSampler(ds.graph, fo, seed=cfg.seed)
     b = int(cfg.batch_size)
     rows = [int(s.sample(torch.from_numpy(seeds[i * b : (i + 1) * b])).input_nodes.shape[0])
             for i in range(min(2, -(-seeds.size // b)))]  # fmt: skip

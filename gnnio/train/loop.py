@@ -123,7 +123,9 @@ class LocalRun:
         return build_sampler(ds, cfg, fanouts, setup)
 
     def build_eval_sampler(self, ds, cfg: TrainConfig, fanouts):
-        """The evaluation sampler: uniform, seed ``cfg.seed + 1``."""
+        """The evaluation sampler: uniform with ``fanouts``, seed ``cfg.seed + 1``, whatever
+        ``cfg.sampler`` (LADIES, which reads only the number of fanouts, is evaluated with their
+        values)."""
         from ..sampling import UniformSampler
 
         return UniformSampler(ds.graph, fanouts, seed=cfg.seed + 1, num_threads=cfg.threads)
