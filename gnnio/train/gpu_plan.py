@@ -160,12 +160,13 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
 
 def _modeled_load_s(ds, cfg, plan: dict, row_bytes: int) -> float:
     """Cold rows' host-to-GPU seconds per epoch (module docstring: modeled, an upper bound)."""
-    from ..sampling import LaborSampler, LadiesSampler, UniformSampler
+    from ..sampling import LaborSampler, LadiesSampler, Sampler, UniformSampler
 
     seeds = np.asarray(ds.train_idx, dtype=np.int64)
     if seeds.size == 0:
         return 0.0
     fo, kind = [int(f) for f in cfg.fanouts], getattr(cfg, "sampler", "uniform")
+    s: Sampler
     if kind == "ladies":  # (its rows: about B + L K, whatever the fanouts' values)
         s = LadiesSampler(ds.graph, [int(cfg.layer_size)] * len(fo), seed=cfg.seed)
     elif kind == "labor":
