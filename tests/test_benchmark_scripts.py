@@ -47,7 +47,8 @@ def run(monkeypatch, capsys):
     from gnnio.features.caches import cache as cache_mod
 
     monkeypatch.syspath_prepend(str(BENCH))  # the scripts import _accuracy_common from there
-    monkeypatch.delenv("GNNIO_SPMM", raising=False)
+    _restored_env(monkeypatch, "GNNIO_SPMM")
+    monkeypatch.delenv("GNNIO_SPMM", raising=False)  # (a script starts without it)
     monkeypatch.setattr(cache_mod, "ids_on", cache_mod.ids_on)
     threads = torch.get_num_threads()
 
@@ -241,11 +242,21 @@ def test_feature_dtype_accuracy_refuses_in_one_line(monkeypatch, capsys, tmp_pat
     assert not any(tmp_path.iterdir())
 
 
+def _restored_env(monkeypatch, name: str) -> None:
+    """Have ``monkeypatch`` put ``name`` back as it is now after the test, also when a script
+    sets it with ``os.environ[...] =`` (``delenv`` of an unset variable records nothing to undo:
+    ``GNNIO_SPMM=torch`` leaked into the next test of the worker)."""
+    monkeypatch.setenv(name, os.environ.get(name, ""))
+    if name not in os.environ or not os.environ[name]:
+        monkeypatch.delenv(name)
+
+
 def _compare(monkeypatch):
     """benchmarks/pyg_examples/compare.py as a module, its example runs stubbed (each is ten
     epochs in a process of its own; tests/test_pyg_neighbor_loader.py runs them for real)."""
     pytest.importorskip("torch_geometric")
     monkeypatch.syspath_prepend(str(BENCH / "pyg_examples"))
+    _restored_env(monkeypatch, "GNNIO_CACHE")  # (kept_batches points it at its work folder)
     import compare
 
     def run_one(script, args, loader, work, root):
