@@ -163,6 +163,53 @@ def test_reordered_dataset_uses_prefix_mode(data, plain, tmp_path):
     assert sum(s["bytes_by_tier"].values()) > 0
 
 
+def test_a_prefix_ranked_with_other_score_parameters_is_ranked_again(data, tmp_path):
+    """The id prefix is the hot set only when the reorder's score had this run's parameters
+    (meta["reorder_score"]); else train ranks the rows itself, as for an unreordered dataset."""
+    from gnnio.preprocess.hotness import compute_score
+    from gnnio.preprocess.reorder import reorder_path
+    from gnnio.train.setup import build_store, hot_prefix, needs_score
+
+    other = reorder_path(data, "rpr", out=tmp_path / "d5", progress=False, damping=0.5)
+    same = reorder_path(data, "rpr", out=tmp_path / "d85", progress=False)
+    assert load(other["out"]).meta["reorder_score"] == {"name": "rpr", "damping": 0.5,
+                                                        "iterations": 20}  # fmt: skip
+    c = cfg(gpu_cache_fraction=0.25, score="rpr")
+    assert hot_prefix(load(same["out"]), c) == (True, None)
+    ds = load(other["out"])
+    took, why = hot_prefix(ds, c)
+    assert not took and "damping 0.5" in why and "damping 0.85" in why, why
+    assert needs_score(ds, c)
+    score = compute_score("rpr", ds, progress=False)
+    st = build_store(ds, c, torch.device("cpu"), score=score)
+    top = np.argsort(-score, kind="stable")[: st.store.num_hot]
+    assert set(st.gpu_ids.tolist()) == set(top.tolist())  # train's own ranking, not the prefix
+    assert st.info["tiering"]["mode"] != "prefix" and not st.info["tiering"]["reordered_by_score"]
+    assert st.info["tiering"]["reordered_note"] == why
+    # fanout scores: the fanouts must agree too
+    fan = reorder_path(data, "sj_fanout", out=tmp_path / "f", progress=False, fanouts=(4, 3))
+    assert hot_prefix(load(fan["out"]), cfg(gpu_cache_fraction=0.25, score="sj_fanout"))[0]
+    far = hot_prefix(load(fan["out"]), cfg(gpu_cache_fraction=0.25, score="sj_fanout",
+                                           fanouts=(5, 3)))  # fmt: skip
+    assert far[0] is False and "fanouts [4, 3]" in far[1]
+
+
+def test_a_legacy_reorder_record_keeps_the_prefix(data, tmp_path):
+    """A dataset reordered before the parameters were recorded (only ``reordered_by``): its
+    prefix is taken, as before, and the summary says the parameters were not recorded."""
+    from gnnio.preprocess.reorder import reorder_path
+
+    out = reorder_path(data, "rpr", out=tmp_path / "r", progress=False, damping=0.5)["out"]
+    meta_path = tmp_path / "r" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["reorder_score"]
+    meta_path.write_text(json.dumps(meta))
+    s = train(out, cfg(gpu_cache_fraction=0.25, score="rpr", epochs=1))
+    t = s["data_setup"]["tiering"]
+    assert t["mode"] == "prefix" and t["reordered_by_score"]
+    assert "not recorded" in t["reordered_note"]
+
+
 @pytest.mark.parametrize(
     "kw,match",
     [

@@ -78,6 +78,7 @@ __all__ = [
     "TRAIN_SCORES",
     "compute_score",
     "score_fixed_bytes",
+    "score_params",
     "in_degree",
     "out_degree",
     "degree",
@@ -151,6 +152,29 @@ TRAIN_SCORES = ("wrpr", "sj", "sj_fanout", "presample")
 
 #: scores that read the fanouts (sj: only their number, the layers)
 FANOUT_SCORES = ("sj", "sj_fanout", "presample")
+
+
+def score_params(
+    name: str, fanouts: Sequence[int] = (15, 10, 5), batch_size: int = 1024, **options: Any
+) -> dict[str, Any]:
+    """The parameters the score ``name`` depends on, defaults filled in, as JSON values:
+    ``{"name": name}`` plus ``damping`` and ``iterations`` (rpr, wrpr), ``layers`` (sj: its fanouts'
+    number), ``fanouts`` (sj_fanout, presample), ``batch_size``, ``epochs`` and ``seed`` (presample).
+    Takes :func:`compute_score`'s arguments. ``gnnio reorder`` records this as
+    ``meta["reorder_score"]`` and ``gnnio train`` routes the id prefix as the hot set only when its
+    own score's parameters are these (the threads and a memory budget do not change a score)."""
+    p: dict[str, Any] = {"name": name}
+    if name in ("rpr", "wrpr"):
+        p["damping"] = float(options.get("damping", DEFAULT_DAMPING))
+        p["iterations"] = int(options.get(f"{name}_iterations", 20 if name == "rpr" else 5))
+    elif name == "sj":
+        p["layers"] = len(fanouts)
+    elif name in FANOUT_SCORES:
+        p["fanouts"] = [int(k) for k in fanouts]
+    if name == "presample":
+        p.update(batch_size=int(batch_size), epochs=int(options.get("epochs", 1)))
+        p["seed"] = int(options.get("seed", 1))
+    return p
 
 
 def score_fixed_bytes(name: str, graph) -> int:

@@ -263,6 +263,7 @@ def reorder_dataset(
     progress: bool = True,
     reordered_by: str | None = None,
     memory_budget: int | None = None,
+    score: dict[str, Any] | None = None,
 ) -> Path:
     """Write a relabelled copy of ``ds`` to ``out`` (atomically, through DatasetWriter).
 
@@ -277,7 +278,9 @@ def reorder_dataset(
     (it has those arrays), the maps are composed, so ``new2old`` always points at the ids of the
     dataset as first imported. Other extra arrays whose first dimension is N are treated as per-node
     data and permuted by row; any other extra array is dropped with a warning (its meaning, e.g.
-    whether it holds node ids, is unknown). ``meta["reordered_by"]`` records ``reordered_by``.
+    whether it holds node ids, is unknown). ``meta["reordered_by"]`` records ``reordered_by``, and
+    ``meta["reorder_score"]`` the score's parameters ``score`` (:func:`gnnio.preprocess.hotness.
+    score_params`; dropped when None: a custom order, or a reordered source's own record).
 
     ``out`` may be ``ds.path`` with ``overwrite=True`` (in-place: everything is read before the
     new directory replaces the old one).
@@ -315,6 +318,9 @@ def reorder_dataset(
             if key not in _COMPUTED_META:
                 w.meta[key] = val
         w.meta["reordered_by"] = reordered_by if reordered_by is not None else "custom"
+        w.meta.pop("reorder_score", None)  # the source's (if reordered) is not this order's
+        if score is not None:
+            w.meta["reorder_score"] = dict(score)
         g = ds.graph
         ind2 = w.create_array("indices", (g.num_edges,), index_dtype(n))
         with bar(1, desc="relabel graph", unit="graph", enabled=progress) as pb:
@@ -372,11 +378,13 @@ def reorder_path(
     ``out=None`` replaces ``path`` in place. An existing ``out`` (``path`` itself included) is
     replaced only with ``overwrite=True``.
 
-    Returns ``{"out", "by", "num_nodes", "num_edges", "score_s", "reorder_s"}`` (wall seconds).
+    Returns ``{"out", "by", "num_nodes", "num_edges", "score_s", "reorder_s", "memory_budget",
+    "score"}`` (seconds of wall clock; ``score``: the parameters recorded in ``meta.json``).
     """
-    from ..preprocess.hotness import compute_score
+    from ..preprocess.hotness import compute_score, score_params
 
     ds = load(path)
+    params = score_params(by, fanouts, batch_size, **score_options)
     in_place = out is None or Path(out).resolve() == Path(path).resolve()
     # out=None asks for in-place explicitly; naming an existing directory (DIR itself included)
     # replaces it only with overwrite; a target that cannot be written is refused before scoring
@@ -402,7 +410,7 @@ def reorder_path(
         release(ds.graph.indptr)
     reorder_dataset(
         ds, new2old, target, overwrite=overwrite or in_place, progress=progress, reordered_by=by,
-        memory_budget=memory_budget,
+        memory_budget=memory_budget, score=params,
     )  # fmt: skip
     t2 = time.perf_counter()
     return {
@@ -413,6 +421,7 @@ def reorder_path(
         "score_s": t1 - t0,
         "reorder_s": t2 - t1,
         "memory_budget": memory_budget,
+        "score": params,
     }
 
 

@@ -11,8 +11,9 @@ Feature store (innermost first)::
          [over a host-memory level  --cpu-cache-size F2: BGL's two-level GPU + CPU cache]
 
 * Tiering: the hot set is the top ``F * N`` nodes by ``--score``. If the dataset was reordered by
-  that same score (``gnnio prepare --reorder`` / ``gnnio reorder``), the hot rows are the id prefix
-  and routing is a boundary check; otherwise a lookup table routes each id. Without a GPU the GPU
+  that same score with the same parameters (``gnnio prepare --reorder`` / ``gnnio reorder``;
+  :func:`hot_prefix`), the hot rows are the id prefix and routing is a boundary check; otherwise a
+  lookup table routes each id. Without a GPU the GPU
   tier is simulated in CPU memory; the byte counts per tier (``gpu``, ``host``) are exact either way.
 * Placement: a file written by ``gnnio plan --save``. This process reads as GPU ``reader`` of the
   placement; tiers ``local``, ``peer``, ``host``. Devices are real GPUs when enough are present and
@@ -75,10 +76,34 @@ class StoreSetup:
     disk_below_gpu: Any = None
 
 
+def hot_prefix(ds, cfg) -> tuple[bool, str | None]:
+    """Whether the id prefix of ``ds`` is the hot set ``cfg.score`` ranks, and why not (or a
+    caveat): it is when ``gnnio reorder`` used that score with the parameters this run's score
+    uses (``meta["reorder_score"]`` against :func:`~gnnio.preprocess.hotness.score_params` of
+    ``--score``, ``--fanouts`` and ``--batch-size`` with the scores' defaults). A dataset reordered
+    before gnnio recorded the parameters has only ``reordered_by``: its prefix is taken, as then."""
+    from ..preprocess.hotness import score_params
+
+    by = ds.meta.get("reordered_by")
+    if by != cfg.score:
+        return False, None
+    recorded = ds.meta.get("reorder_score")
+    if recorded is None:
+        return True, f"reordered by '{by}' with parameters not recorded: taken as this run's"
+    want = score_params(cfg.score, cfg.fanouts, cfg.batch_size)
+    if recorded == want:
+        return True, None
+    keys = [k for k in dict.fromkeys([*want, *recorded]) if want.get(k) != recorded.get(k)]
+    told = ", ".join(f"{k} {recorded.get(k)}" for k in keys)
+    here = ", ".join(f"{k} {want.get(k)}" for k in keys)
+    return False, f"reordered by '{by}' with {told}; this run's '{by}' uses {here}: ranked again"
+
+
 def needs_score(ds, cfg) -> bool:
     """Whether :func:`build_store` needs the hotness score ``cfg.score``: to rank rows for a GPU
-    tier of a dataset not already reordered by that score, or for a static cache."""
-    tiered = cfg.gpu_cache_fraction is not None and ds.meta.get("reordered_by") != cfg.score
+    tier of a dataset not already reordered by that score (:func:`hot_prefix`), or for a static
+    cache."""
+    tiered = cfg.gpu_cache_fraction is not None and not hot_prefix(ds, cfg)[0]
     tiered = tiered and cfg.gpu_cache_fraction < 1.0  # every row hot: no ranking needed
     if cfg.store == "disk":
         from .setup_disk import needs_disk_score
@@ -128,7 +153,7 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
         kw = {"device": device if device.type == "cuda" else "cpu", "progress": cfg.progress}
         if cfg.gpu_budget_bytes is not None:
             kw["gpu_budget_bytes"] = int(cfg.gpu_budget_bytes)
-        reordered = ds.meta.get("reordered_by") == cfg.score
+        reordered, why = hot_prefix(ds, cfg)
         if reordered or cfg.gpu_cache_fraction >= 1.0:  # every row hot: the id prefix is all
             store = TieredFeatureStore.from_reordered(base, cfg.gpu_cache_fraction, **kw)
         else:
@@ -148,6 +173,8 @@ def build_store(ds, cfg, device: torch.device, score: np.ndarray | None = None) 
                 "reordered_by_score": bool(reordered),
             }
         )
+        if why is not None:  # the reorder's score differs from --score's, or was not recorded
+            info["tiering"]["reordered_note"] = why
     elif cfg.placement is not None:
         from ..features.tiers.multidevice import MultiDeviceFeatureStore
         from ..placement import load_placement
