@@ -262,7 +262,8 @@ def bench_dist_sampling(tmp_path_factory, prune: str | None):
     if prune not in _BENCH_DS:
         root = tmp_path_factory.mktemp("bench-ds")
         d, pdirs = _write(root)
-        extra = [] if prune is None else ["--prune-threshold", prune, "--shard-device", "cpu"]
+        extra = [] if prune is None else ["--prune-threshold", prune, "--shard-device", "cpu",
+                                          "--overlap"]  # fmt: skip
         r = run_cli(["bench", "dist-sampling", str(d), "--nproc", "2", "--partition",
                      str(pdirs[0]), "--modes", "dsp,shared", "--batches", "3", *extra, "--json"],
                     env={"GNNIO_COMM_CHECK": str(root / "check")}, timeout=300)  # fmt: skip
@@ -333,6 +334,18 @@ def test_train_and_bench_with_a_partition(tmp_path, tmp_path_factory):
     a, b = out["modes"]["shared"], pruned["modes"]["shared"]  # (other frontiers after hop 1)
     per_request = [m["bytes_by_link"]["peer"] / m["requests_per_batch"] for m in (a, b)]
     assert per_request[1] < per_request[0], per_request
+    # --overlap (HyDRA Eq. 5-6): the same batches all-local and all-remote, the rates from them
+    from gnnio.bench.dist_overlap import overlap_rates
+
+    assert all("overlap" not in m for m in out["modes"].values())  # only when asked
+    for m in pruned["modes"].values():
+        ov = m["overlap"]
+        assert ov["batches_identical"] is True and 0 < ov["eta"] < 1
+        assert ov["t_observed_ms"] == m["ms_per_batch"] and ov["t_remote_ms"] > 0
+        want = overlap_rates(ov["eta"], ov["t_local_ms"], ov["t_remote_ms"], ov["t_observed_ms"])
+        assert {k: ov[k] for k in want} == want
+    a, b = pruned["modes"]["dsp"]["overlap"], pruned["modes"]["shared"]["overlap"]
+    assert a["eta"] == b["eta"] and a["t_local_ms"] == b["t_local_ms"]  # one all-local run
     r = run_cli(["bench", "dist-sampling", str(d), "--partition", str(pdirs[0]),
                  "--prune-threshold", "0,0"])  # fmt: skip
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gnnio:")]

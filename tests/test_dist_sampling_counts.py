@@ -69,7 +69,7 @@ def test_own_rows_are_sampled_locally_and_counted_by_hand(parted):
     r0, r1 = _sample(parted, "dsp", seeds)
     for r, rank in ((r0, 0), (r1, 1)):
         assert r["same"]
-        assert r["stats"]["requests"] == 0
+        assert r["stats"]["requests"] == 0 and r["stats"]["local_rows"] == len(seeds[rank])
         want = _sampled(ds, seeds[rank]) * r["itemsize"] + 16 * len(seeds[rank])
         assert r["bytes"] == {"local": want}
 
@@ -80,6 +80,7 @@ def test_dsp_requests_and_peer_bytes_by_hand(parted):
     r0, r1 = _sample(parted, "dsp", seeds)
     assert r0["same"] and r1["same"]
     assert r0["stats"]["requests"] == 2 and r1["stats"]["requests"] == 0
+    assert r0["stats"]["local_rows"] == 1 and r1["stats"]["local_rows"] == 1  # nodes 2 and 33
     # out: one count and 8 B per row id; back: 8 B per row's count and per sampled id
     assert r0["bytes"]["peer"] == 8 * (2 * 2 + _sampled(ds, [31, 40]))
     assert "peer" not in r1["bytes"]

@@ -21,6 +21,12 @@ those of loopback collectives and CPU kernels.
 modes then produce exactly :class:`~gnnio.sampling.PrunedUniformSampler`'s batches (also the
 single-process reference), and ``shared`` reads only each remote list's window.
 
+``--overlap`` adds HyDRA's overlap rates (§IV, Eq. 5-6) to each mode as ``overlap``: ``eta``,
+``t_local_ms``, ``t_remote_ms``, ``t_observed_ms``, ``r_optimal``, ``r_experimental`` (and
+``r_optimal_as_printed``, ``batches_identical``, ``note``): the same batches timed once with every
+row local and once with every row remote (:mod:`gnnio.bench.dist_overlap`, where Eq. 5's printed
+form and how gnnio reads it are explained); each rank then maps the whole topology.
+
 ``--shard-device cuda`` shares the shards of ``shared`` mode from the GPU with CUDA IPC (two ranks
 on gloo may share one GPU; :mod:`gnnio.distributed.shm`); ``cpu`` from ``/dev/shm``; default: the
 rank's device (the CPU here). The mode's ``shared_via`` says which path ran.
@@ -58,6 +64,11 @@ def add_arguments(p) -> None:
         help="shared mode: shards shared from /dev/shm (cpu) or the GPU with CUDA IPC (cuda)",
     )  # fmt: skip
     p.add_argument("--topology", default=None, help="NVLink groups of the ranks")
+    p.add_argument(
+        "--overlap", action="store_true",
+        help="HyDRA's overlap rates (Eq. 5-6): also time the batches all-local and all-remote "
+        "(each rank then maps the whole topology)",
+    )  # fmt: skip
     p.add_argument("--dist-timeout", type=float, default=None, help="collective timeout, seconds")
     p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
@@ -182,11 +193,12 @@ def _rank_body(opts: dict) -> dict | None:
         else:
             ref = PrunedUniformSampler(ds.graph, fanouts, o.prune, seed=o.seed, num_threads=1)
         ref.sample(batches[0], epoch_seed=0)
+        ref_out = []
         t0 = time.perf_counter()
         for i, b in enumerate(batches[1:]):
-            ref.sample(b, epoch_seed=i + 1)
+            ref_out.append(ref.sample(b, epoch_seed=i + 1))
         ref_ms = 1000 * (time.perf_counter() - t0) / max(k, 1)
-        per_mode = {}
+        per_mode, runs = {}, {}
         for mode in o.modes:
             s = ShardedSampler(
                 part, o.partition, ctx, fanouts, seed=o.seed, mode=mode, prune=o.prune,
@@ -194,12 +206,16 @@ def _rank_body(opts: dict) -> dict | None:
             )  # fmt: skip
             s.sample(batches[0], epoch_seed=0)  # warm-up
             s.bytes_by_link.clear()
-            s.stats.update(requests=0, batches=0, seconds=0.0, collective_s=0.0)
+            s.stats.update(requests=0, local_rows=0, batches=0, seconds=0.0, collective_s=0.0)
             ctx.barrier()
+            out = []
             t0 = time.perf_counter()
             for i, b in enumerate(batches[1:]):
-                s.sample(b, epoch_seed=i + 1)
+                out.append(s.sample(b, epoch_seed=i + 1))
             wall = time.perf_counter() - t0
+            if getattr(o, "overlap", False):
+                runs[mode] = (1000 * wall / max(k, 1), out, s.stats["local_rows"],
+                              s.stats["requests"])  # fmt: skip
             mine = {
                 "bytes_by_link": {
                     t: int(s.bytes_by_link.get(t, 0)) for t in ("local", "peer", "network")
@@ -224,6 +240,12 @@ def _rank_body(opts: dict) -> dict | None:
             }
             if mode == "shared":
                 per_mode[mode]["shared_via"] = s.shared_via
+        if runs:  # --overlap: HyDRA's Eq. 5-6 (gnnio.bench.dist_overlap)
+            from .dist_overlap import measure_overlap
+
+            rates = measure_overlap(o, ctx, ds, part, fanouts, batches, ref_out, runs)
+            for mode, entry in rates.items():
+                per_mode[mode]["overlap"] = entry
         refs = ctx.all_gather_object(ref_ms)
         if not ctx.is_main:
             return None

@@ -25,6 +25,7 @@ its ``sample`` group (``eval_sample`` for evaluation), so the sampling thread ne
 with the feature exchange or DDP, and every tensor is on the device the backend needs.
 
 Counted per batch (:attr:`ShardedSampler.stats`): ``requests`` (remote rows asked for or read),
+``local_rows`` (rows sampled from the own shard),
 ``bytes_by_link`` ``local`` (entries read from the own shard: the sampled ones, plus the row's
 ``indptr`` pair), ``peer`` / ``network`` (dsp: 8-byte row ids out, 8-byte counts and sampled ids
 back; shared: the whole remote list and its ``indptr`` pair, which is what memory sharing moves,
@@ -211,9 +212,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         # the evaluation sampler reads the training sampler's shard (one copy of its index)
         same = share_with is not None and share_with.rank == ctx.rank
         self.own: _Shard = (
-            share_with.own
-            if share_with is not None and same
-            else _Shard(pdir, ctx.rank, self.num_nodes)
+            share_with.own if share_with is not None and same else self._own_shard(pdir)
         )
         # shared mode: the shards of the other ranks of this machine, read from the owner's
         # memory (/dev/shm on the CPU, CUDA IPC on GPUs: gnnio.distributed.shm)
@@ -235,8 +234,22 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             mapped, self.shared_via = share_shards(ctx, own, peers, where)
             for k in peers:
                 self.peer_shards[k] = _Shard(pdir, k, self.num_nodes, arrays=mapped.get(k))
-        self.stats = {"requests": 0, "batches": 0, "seconds": 0.0, "collective_s": 0.0}
+        self.stats = {"requests": 0, "local_rows": 0, "batches": 0, "seconds": 0.0,
+                      "collective_s": 0.0}  # fmt: skip
         self.bytes_by_link: dict[str, int] = defaultdict(int)
+
+    #: every row is known to be in the own shard (no request step); bench dist-sampling's
+    #: all-local run of HyDRA's overlap rates (:mod:`gnnio.bench.dist_overlap`)
+    all_local = False
+
+    def _own_shard(self, pdir) -> _Shard:
+        """This rank's shard: its part's files (a hook for :mod:`gnnio.bench.dist_overlap`)."""
+        return _Shard(pdir, self.ctx.rank, self.num_nodes)
+
+    def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows the own shard holds (a mask), and the owner of every other row."""
+        here = self.own.rows_of(rows) >= 0
+        return here, self.parts[rows[~here]]
 
     @property
     def device(self) -> torch.device:
@@ -302,13 +315,13 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         n = rows.shape[0]
         theta = None if self.thresholds is None else int(self.thresholds[h])
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
-        here = self.own.rows_of(rows) >= 0
+        here, owner = self._route(rows)
         idx = np.flatnonzero(here)
         c, f = self.own.sample(rows[idx], fo, hkey, theta)
         self.bytes_by_link["local"] += int(f.size * self.own.itemsize + 16 * idx.size)
         pieces.append((idx, c, f, None if theta is None else self.own.degrees(rows[idx])))
+        self.stats["local_rows"] += int(idx.size)
         remote = np.flatnonzero(~here)
-        owner = self.parts[rows[remote]]
         ask = np.ones(remote.shape[0], dtype=bool)
         if self.mode == "shared":
             for k, shard in self.peer_shards.items():
@@ -322,10 +335,8 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
                     ask[owner == k] = False
             self.stats["requests"] += int((~ask).sum())
         need = remote[ask]
-        if self.mode == "dsp" or self.ctx.num_machines > 1:
-            pieces.append(
-                self._request(need, rows[need], self.parts[rows[need]], fo, hkey, h, theta)
-            )
+        if (self.mode == "dsp" or self.ctx.num_machines > 1) and not self.all_local:
+            pieces.append(self._request(need, rows[need], owner[ask], fo, hkey, h, theta))
         cnt = np.zeros(n, dtype=np.int64)
         deg_all = None if theta is None else np.zeros(n, dtype=np.int64)
         for r, c, _, d in pieces:
