@@ -25,8 +25,10 @@ def test_a_shard_holds_nothing_sized_by_the_graph(tmp_path):
         stored = int(sh.nodes.shape[0])
         assert 0 < stored < n
         arrays = [v for k, v in vars(sh).items() if isinstance(v, np.ndarray) and k != "indices"]
-        assert all(a.shape[0] <= stored + 1 for a in arrays), [a.shape for a in arrays]
-        # the binary search finds every stored node's row, and -1 for the others
+        arrays += [v for v in vars(sh.index).values() if isinstance(v, np.ndarray)]
+        assert len(arrays) >= 4 and all(a.shape[0] <= stored + 2 for a in arrays), [
+            a.shape for a in arrays]  # fmt: skip
+        # the bucketed search finds every stored node's row, and -1 for the others
         rows = sh.rows_of(np.arange(n))
         dense = np.full(n, -1)
         dense[np.asarray(sh.nodes)] = np.arange(stored)
@@ -37,13 +39,34 @@ def test_a_shard_holds_nothing_sized_by_the_graph(tmp_path):
 @given(st.lists(st.integers(0, 10_000), unique=True, max_size=60),
        st.lists(st.integers(0, 10_000), max_size=60))  # fmt: skip
 def test_rows_of_matches_a_dense_map(nodes, ask):
-    sh = _Shard.__new__(_Shard)
+    from gnnio.distributed._ids import ShardIndex
+
     nodes_a = np.asarray(nodes, dtype=np.int64)
-    sh._order = np.argsort(nodes_a, kind="stable")
-    sh._sorted = nodes_a[sh._order]
+    index = ShardIndex(nodes_a)
     dense = np.full(10_001, -1)
     dense[nodes_a] = np.arange(nodes_a.size)
-    assert np.array_equal(sh.rows_of(np.asarray(ask, dtype=np.int64)), dense[ask])
+    assert np.array_equal(index.rows_of(np.asarray(ask, dtype=np.int64)), dense[ask])
+    # ids below 0 or past the largest stored one are not stored (no read out of the directory)
+    far = np.array([-5, -1, 10_001, 1 << 40], dtype=np.int64)
+    assert (index.rows_of(far) == -1).all()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=40, unique=True),
+       st.lists(st.lists(st.integers(0, 300), max_size=200), max_size=4))  # fmt: skip
+def test_batch_ids_number_ids_in_order_of_first_appearance(seeds, hops):
+    """The partitioned sampler's relabelling (a hash table grown by rehashing) against a dict:
+    the single-process samplers' numbering (seeds, then each new id where it first occurs)."""
+    from gnnio.distributed._ids import BatchIds
+
+    ids = BatchIds(np.asarray(seeds))
+    ref = {v: i for i, v in enumerate(seeds)}
+    for hop in hops:
+        got = ids.add(np.asarray(hop, dtype=np.int64))
+        for v in hop:
+            ref.setdefault(v, len(ref))
+        assert got.tolist() == [ref[v] for v in hop]
+        assert ids.ids().tolist() == list(ref)
 
 
 def test_a_shard_held_as_tensors_samples_exactly_as_the_files(tmp_path):

@@ -113,7 +113,7 @@ class _AllRemote(_WholeGraph):
     def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = rows.shape[0]
         nxt = (self.ctx.rank + 1) % self.ctx.world_size
-        return np.zeros(n, dtype=bool), np.full(n, nxt, dtype=self.parts.dtype)
+        return np.full(n, -1, dtype=np.int64), np.full(n, nxt, dtype=self.parts.dtype)
 
 
 def _timed(s, batches) -> tuple[float, list]:

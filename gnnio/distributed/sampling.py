@@ -67,6 +67,7 @@ from ..sampling.base import Block, MiniBatch, Sampler
 from ..sampling.locality import prune_pair, prune_thresholds
 from ..sampling.threaded import ThreadedCPUSampler, _hop_key, check_seeds
 from ..utils.triton_kernels import kernel_ran
+from ._ids import BatchIds, ShardIndex
 from .context import DistContext
 
 __all__ = ["MODES", "ShardedSampler"]
@@ -77,9 +78,10 @@ MODES = ("dsp", "shared")
 class _Shard:
     """One part's CSR shard (memory-mapped) and the row of every stored node.
 
-    The row of a global id is found by binary search in the shard's sorted node ids (16 bytes
-    per *stored* node), not through a map of all ``N`` nodes: a rank's memory shrinks with its
-    shard (issue 26), and in shared mode it holds one such index per peer shard."""
+    The row of a global id is found in the shard's sorted node ids through a bucket directory
+    (:class:`~gnnio.distributed._ids.ShardIndex`: about 18 bytes per *stored* node), not through a
+    map of all ``N`` nodes: a rank's memory shrinks with its shard (issue 26), and in shared mode
+    it holds one such index per peer shard."""
 
     def __init__(self, pdir: Path, k: int, num_nodes: int, arrays: dict | None = None) -> None:
         """``arrays``: the shard's ``nodes``/``indptr``/``indices`` already mapped (shared
@@ -96,27 +98,28 @@ class _Shard:
         self.tensors = isinstance(self.indices, torch.Tensor)
         if isinstance(self.nodes, torch.Tensor):
             self.nodes = self.nodes.cpu().numpy()
-        nodes = np.asarray(self.nodes, dtype=np.int64)
-        self._order = np.argsort(nodes, kind="stable")
-        self._sorted = nodes[self._order]
+        self.index = ShardIndex(np.asarray(self.nodes, dtype=np.int64))
         self.num_nodes = int(num_nodes)
         self.itemsize = int(self.indices.dtype.itemsize)
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The shard row of every global id in ``ids`` (-1 where the shard does not store it)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if not self._sorted.size:
-            return np.full(ids.shape[0], -1, dtype=np.int64)
-        i = np.searchsorted(self._sorted, ids).clip(max=self._sorted.size - 1)
-        return np.where(self._sorted[i] == ids, self._order[i], -1)
+        return self.index.rows_of(ids)
 
     def sample(
-        self, rows_global: np.ndarray, fanout: int, hkey, theta: int | None = None
+        self,
+        rows_global: np.ndarray,
+        fanout: int,
+        hkey,
+        theta: int | None = None,
+        local: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(counts, flat neighbour ids)`` of rows (global ids stored here). ``theta`` None:
-        :class:`~gnnio.sampling.UniformSampler`'s kernels; an int (0 = this hop is not pruned):
-        :class:`~gnnio.sampling.PrunedUniformSampler`'s, with pruning threshold ``theta``."""
-        local = self.rows_of(rows_global)
+        """``(counts, flat neighbour ids)`` of rows (global ids stored here; ``local``: their
+        shard rows, when known). ``theta`` None: :class:`~gnnio.sampling.UniformSampler`'s
+        kernels; an int (0 = this hop is not pruned): :class:`~gnnio.sampling.PrunedUniformSampler`'s,
+        with pruning threshold ``theta``."""
+        if local is None:
+            local = self.rows_of(rows_global)
         if rows_global.size and local.min() < 0:
             raise RuntimeError("a requested row is not stored in this shard")
         indptr, indices = self.indptr, self.indices
@@ -152,8 +155,9 @@ class _Shard:
         )  # fmt: skip
         return np.diff(offs), src
 
-    def degrees(self, rows_global: np.ndarray) -> np.ndarray:
-        local = self.rows_of(rows_global)
+    def degrees(self, rows_global: np.ndarray, local: np.ndarray | None = None) -> np.ndarray:
+        if local is None:
+            local = self.rows_of(rows_global)
         if self.tensors:
             loc = torch.from_numpy(local).to(self.indptr.device)
             return (self.indptr[loc + 1] - self.indptr[loc]).long().cpu().numpy()
@@ -247,9 +251,10 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         return _Shard(pdir, self.ctx.rank, self.num_nodes)
 
     def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Which rows the own shard holds (a mask), and the owner of every other row."""
-        here = self.own.rows_of(rows) >= 0
-        return here, self.parts[rows[~here]]
+        """The own shard's row of every row (-1: not stored there), and the owner of every
+        other row."""
+        local = self.own.rows_of(rows)
+        return local, self.parts[rows[local < 0]]
 
     @property
     def device(self) -> torch.device:
@@ -265,12 +270,12 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         kernel_ran("hop", "numba")
         seeds = check_seeds(seeds, self.num_nodes)
         n0 = int(seeds.shape[0])
-        if np.unique(seeds).shape[0] != n0:
+        # local ids in order of first appearance, from a hash table of the batch's ids (not a
+        # map of all N: gnnio.distributed._ids)
+        ids = BatchIds(seeds)
+        if ids.n != n0:
             raise ValueError("seeds: must be distinct")
-        nodes = seeds
-        # local ids by binary search in the batch's nodes so far (sorted), not a map of all N
-        srt_ids = np.argsort(seeds, kind="stable")
-        srt = seeds[srt_ids]
+        nodes = ids.ids()
         hop_nodes, hop_edges, hop_w = [n0], [], []
         for h, fo in enumerate(self.fanouts):
             cnt, flat, deg = self._hop(nodes, int(fo), _hop_key(key, h), h)
@@ -278,17 +283,8 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             if self.thresholds is not None:
                 w = _ht_weights(deg, self.thresholds[h], int(fo))
                 hop_w.append(torch.from_numpy(np.repeat(w, cnt)))
-            i = np.searchsorted(srt, flat).clip(max=max(srt.size - 1, 0))
-            known = srt[i] == flat if srt.size else np.zeros(flat.shape[0], dtype=bool)
-            fresh = flat[~known]
-            if fresh.size:
-                u, first = np.unique(fresh, return_index=True)
-                new = u[np.argsort(first, kind="stable")]
-                nodes = np.concatenate([nodes, new])
-                srt_ids = np.argsort(nodes, kind="stable")
-                srt = nodes[srt_ids]
-                i = np.searchsorted(srt, flat)
-            hop_edges.append(np.stack([srt_ids[i], dst]))
+            hop_edges.append(np.stack([ids.add(flat), dst]))
+            nodes = ids.ids()
             hop_nodes.append(int(nodes.shape[0]))
         blocks = [
             Block(
@@ -315,11 +311,13 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         n = rows.shape[0]
         theta = None if self.thresholds is None else int(self.thresholds[h])
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
-        here, owner = self._route(rows)
+        local, owner = self._route(rows)
+        here = local >= 0
         idx = np.flatnonzero(here)
-        c, f = self.own.sample(rows[idx], fo, hkey, theta)
+        c, f = self.own.sample(rows[idx], fo, hkey, theta, local=local[idx])
         self.bytes_by_link["local"] += int(f.size * self.own.itemsize + 16 * idx.size)
-        pieces.append((idx, c, f, None if theta is None else self.own.degrees(rows[idx])))
+        deg = None if theta is None else self.own.degrees(rows[idx], local[idx])
+        pieces.append((idx, c, f, deg))
         self.stats["local_rows"] += int(idx.size)
         remote = np.flatnonzero(~here)
         ask = np.ones(remote.shape[0], dtype=bool)
