@@ -34,7 +34,7 @@ remote share): per remote row dsp counts ``2 + min(d, f)`` 8-byte values, not ``
 per-row count that delimits the replies, and a short row returns ``d < f``), shared ``d``
 entries of the graph's index dtype (4 bytes for int32) plus 16 bytes, not ``d``: HyDRA's
 "hybrid pointer" keeps each vertex's head/tail address as a local mapping, whereas here only
-the node -> row lookup is local (binary search in the peer's sorted node ids, not a pointer
+the node -> row lookup is local (a bucketed search in the peer's sorted node ids, not a pointer
 indexed by global id, issue 26) and the row's ``indptr`` pair is read from the owner's shard.
 
 **Threshold pruning** (``prune=(alpha, beta)``, HyDRA §III-A3, Eq. 4): every row longer than the
