@@ -62,11 +62,7 @@ queries, hits, misses, insertions, evictions, bytes fetched from the backing sto
 phases are timed with CUDA events on the current stream (no device-wide synchronisation, so the
 loader's copies and training keep overlapping; see :class:`~gnnio.features.accounting.EventLaps`).
 
-Not thread-safe per reader; one internal lock serializes concurrent ``gather`` calls. The rows a
-miss fetch books under the backing tiers are the backing store's counter difference across the
-fetch (:meth:`~gnnio.features.base.TierCounters.mark`/``since``): another reader of the *backing*
-store at the same moment (not through this cache) would be booked here too. The rows are always
-right; gnnio's own paths never do that (evaluation reads after the epoch's training batches).
+Not thread-safe per reader; one internal lock serializes concurrent ``gather`` calls.
 """
 
 from __future__ import annotations
