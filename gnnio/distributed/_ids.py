@@ -66,55 +66,66 @@ class ShardIndex:
 
 
 @njit(cache=True, nogil=True)
-def _insert(keys, vals, mask, ids, nodes, n, local):
-    """Look up every id of ``ids`` (in order); a new one gets local id ``n`` (then ``n + 1``...)
-    and is appended to ``nodes``. Writes each id's local id to ``local``; returns the new ``n``."""
-    for i in range(ids.shape[0]):
+def _insert(keys, vals, mask, ids, start, nodes, n, local, limit):
+    """Look up ``ids[start:]`` in order; a new id gets local id ``n`` (then ``n + 1``...) and is
+    appended to ``nodes``; each id's local id goes to ``local``. Stops before an insertion would
+    take the table past ``limit`` entries: returns ``(n, the position reached)``."""
+    for i in range(start, ids.shape[0]):
         key = ids[i]
         h = np.int64(mix64(np.uint64(key)) & np.uint64(mask))
         while keys[h] != -1 and keys[h] != key:
             h = (h + 1) & mask
         if keys[h] == -1:
+            if n >= limit:
+                return n, i
             keys[h] = key
             vals[h] = n
             nodes[n] = key
             n += 1
         local[i] = vals[h]
-    return n
+    return n, ids.shape[0]
 
 
 class BatchIds:
-    """A batch's global ids -> local ids in order of first appearance (module docstring)."""
+    """A batch's global ids -> local ids in order of first appearance (module docstring). The
+    table doubles (a rehash of the ids so far) whenever it would be more than half full, so it
+    stays sized by the batch's distinct ids, not by the ids looked up."""
 
     def __init__(self, seeds: np.ndarray) -> None:
         seeds = np.ascontiguousarray(seeds, dtype=np.int64)
         self.n = 0
         self.nodes = np.empty(max(2 * seeds.shape[0], 16), dtype=np.int64)
-        self._table(4 * self.nodes.shape[0])
-        local = np.empty(seeds.shape[0], dtype=np.int64)
-        self.n = int(_insert(self.keys, self.vals, self.mask, seeds, self.nodes, 0, local))
+        self._table(4 * seeds.shape[0])
+        self.add(seeds)
 
     def _table(self, size: int) -> None:
         cap = 1 << max(int(size - 1).bit_length(), 4)
         self.keys = np.full(cap, -1, dtype=np.int64)
         self.vals = np.empty(cap, dtype=np.int64)
         self.mask = np.int64(cap - 1)
+        self.limit = cap // 2
         if self.n:  # rehash the ids so far (their local ids are their positions)
+            old = self.nodes[: self.n].copy()
             tmp = np.empty(self.n, dtype=np.int64)
-            spare = np.empty(self.n, dtype=np.int64)
-            _insert(self.keys, self.vals, self.mask, self.nodes[: self.n].copy(), spare, 0, tmp)
+            _insert(self.keys, self.vals, self.mask, old, 0, self.nodes, 0, tmp, self.limit)
 
     def add(self, ids: np.ndarray) -> np.ndarray:
         """The local id of every id in ``ids``; ids not seen before are numbered in order."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         most = self.n + ids.shape[0]
         if most > self.nodes.shape[0]:
-            self.nodes = np.concatenate([self.nodes, np.empty(most, dtype=np.int64)])
-        if 2 * most > self.keys.shape[0]:  # load factor at most 1/2
-            self._table(4 * most)
+            grown = np.empty(max(most, 2 * self.nodes.shape[0]), dtype=np.int64)
+            grown[: self.n] = self.nodes[: self.n]
+            self.nodes = grown
         local = np.empty(ids.shape[0], dtype=np.int64)
-        self.n = int(_insert(self.keys, self.vals, self.mask, ids, self.nodes, self.n, local))
-        return local
+        i = 0
+        while True:
+            n, i = _insert(self.keys, self.vals, self.mask, ids, i, self.nodes, self.n, local,
+                           self.limit)  # fmt: skip
+            self.n = int(n)
+            if i >= ids.shape[0]:
+                return local
+            self._table(2 * self.keys.shape[0])
 
     def ids(self) -> np.ndarray:
         """The batch's global ids, local id order."""
