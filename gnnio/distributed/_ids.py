@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from ..sampling._kernels import mix64
+from ..sampling._las_kernels import _lower_bound
 
 __all__ = ["BatchIds", "ShardIndex"]
 
@@ -34,14 +35,9 @@ def _lookup(sorted_ids, order, directory, shift, queries, out):
         if q < 0 or b + 1 >= directory.shape[0]:
             out[i] = -1
             continue
-        lo, hi = directory[b], directory[b + 1]
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if sorted_ids[mid] < q:
-                lo = mid + 1
-            else:
-                hi = mid
-        out[i] = order[lo] if lo < directory[b + 1] and sorted_ids[lo] == q else -1
+        hi = directory[b + 1]
+        lo = _lower_bound(sorted_ids, directory[b], hi, q)
+        out[i] = order[lo] if lo < hi and sorted_ids[lo] == q else -1
 
 
 class ShardIndex:
