@@ -97,3 +97,6 @@ def test_same_batch_sees_a_changed_edge_and_weight(parted):
     c = s.sample(torch.tensor([1, 2, 3]), epoch_seed=1)
     c.blocks[-1].edge_weight = torch.ones(c.blocks[-1].edge_index.shape[1])
     assert not same_batch(a, c)
+    d = s.sample(torch.tensor([1, 2, 3]), epoch_seed=1)
+    d.blocks[0].num_src += 1  # a block's size, with the same edges
+    assert not same_batch(a, d)

@@ -68,18 +68,16 @@ def overlap_rates(eta: float, t_local: float, t_remote: float, t_observed: float
 
 
 def same_batch(a, b) -> bool:
-    """Whether two MiniBatches hold the same nodes, edges and edge weights."""
-    if not np.array_equal(a.input_nodes.numpy(), b.input_nodes.numpy()):
-        return False
-    if len(a.blocks) != len(b.blocks):
+    """Whether two MiniBatches hold the same nodes, blocks (edges, sizes) and edge weights."""
+    import torch
+
+    if not torch.equal(a.input_nodes, b.input_nodes) or len(a.blocks) != len(b.blocks):
         return False
     for x, y in zip(a.blocks, b.blocks, strict=True):
-        if not np.array_equal(x.edge_index.numpy(), y.edge_index.numpy()):
+        if not torch.equal(x.edge_index, y.edge_index) or x.num_src != y.num_src:
             return False
         wx, wy = x.edge_weight, y.edge_weight
-        if (wx is None) != (wy is None):
-            return False
-        if wx is not None and not np.array_equal(wx.numpy(), wy.numpy()):
+        if (wx is None) != (wy is None) or (wx is not None and not torch.equal(wx, wy)):
             return False
     return True
 

@@ -102,21 +102,13 @@ def small_partitioned(work: Path, parts: int, feat_dim: int):
     return d, ds, p
 
 
-def _same(a, b) -> bool:
-    import torch
-
-    return torch.equal(a.input_nodes, b.input_nodes) and all(
-        torch.equal(x.edge_index, y.edge_index) and x.num_src == y.num_src
-        for x, y in zip(a.blocks, b.blocks)
-    )
-
-
 def _mode(ctx, ds, part, pdir: str, device: str, prune) -> dict[str, Any]:
     """One mode on this rank: batches compared, path, peer device and bytes."""
     import torch
 
     from ..distributed.sampling import ShardedSampler
     from ..sampling import PrunedUniformSampler, UniformSampler
+    from .dist_overlap import same_batch
 
     avg = ds.num_edges / ds.num_nodes
     s = ShardedSampler(part, pdir, ctx, FANOUTS, seed=1, mode="shared", prune=prune,
@@ -131,7 +123,7 @@ def _mode(ctx, ds, part, pdir: str, device: str, prune) -> dict[str, Any]:
     identical = True
     for b in range(BATCHES):
         seeds = torch.from_numpy(rng.choice(mine, 64, replace=False))
-        identical &= _same(s.sample(seeds, epoch_seed=b), ref.sample(seeds, epoch_seed=b))
+        identical &= same_batch(s.sample(seeds, epoch_seed=b), ref.sample(seeds, epoch_seed=b))
     peer = next(iter(s.peer_shards.values()), None)
     out = {
         "identical": bool(identical),
