@@ -1,7 +1,8 @@
 """What the feature-store wrappers measure: a cache's :class:`CacheStats` and the phase timer that
 splits *cache management* from *data movement*. (A wrapper books the rows its backing served
-under the backing's tiers with the backing's ``counters.mark()`` / ``since()`` and its own
-``counters.add_count()``: :class:`~gnnio.features.base.TierCounters`.)"""
+under the backing's tiers with the backing's ``counters.counting()`` -- the rows its own thread
+fetched, not another reader's -- and its own ``counters.add_count()``:
+:class:`~gnnio.features.base.TierCounters`.)"""
 
 from __future__ import annotations
 

@@ -38,8 +38,11 @@ class TierCounters:
     count back per batch would be the host synchronisation the kernel exists to avoid): they are
     booked when ``rows``, ``bytes`` or :meth:`snapshot` are read (one device wait, once per epoch in
     ``gnnio train``). :meth:`mark` and :meth:`since` measure what one batch added, device counts
-    included, without any wait (the loader's per-batch accounting); :class:`BatchCount` resolves
-    that later. A device accumulator is only ever added to, never reset: a reset queued on another
+    included, without any wait, but they take in what other threads added meanwhile: a wrapper
+    that books the rows its backing served for one call (a cache's miss fetch, the loader's
+    batch) uses :meth:`counting`, which collects only the calling thread's adds (another cache,
+    loader or thread reading the same store is not booked). :class:`BatchCount` resolves either
+    later. A device accumulator is only ever added to, never reset: a reset queued on another
     stream than the adds could run before an add queued earlier on the host.
     """
 
@@ -73,6 +76,40 @@ class TierCounters:
         with self._lock:
             self._rows[tier] += int(rows)
             self._bytes[tier] += int(rows) * int(row_bytes)
+        for got in _collecting(self):
+            got.rows[tier] = got.rows.get(tier, 0) + int(rows)
+            got.bytes[tier] = got.bytes.get(tier, 0) + int(rows) * int(row_bytes)
+
+    @contextmanager
+    def counting(self) -> Iterator[BatchCount]:
+        """Within this block, what *this thread* adds (host counts, device counts queued by
+        :meth:`add_device`) is also summed into the yielded :class:`BatchCount`; adds of other
+        threads are not. Like :meth:`since`, it lists every tier counted so far (0 where this
+        thread added none) and needs no device wait. Inside the block :meth:`device_total` gives
+        this call its own accumulator; what a kernel adds to it joins the shared count (and the
+        block's sums) when the block ends."""
+        got = BatchCount()
+        per = _COLLECT.__dict__.setdefault("by", {})
+        mine = per.setdefault(id(self), [])
+        mine.append(got)
+        try:
+            yield got
+        finally:
+            mine.remove(got)
+            if not mine:
+                del per[id(self)]
+            with self._lock:
+                for t in self._rows:
+                    got.rows.setdefault(t, 0)
+                    got.bytes.setdefault(t, 0)
+                for part in got.__dict__.pop("_own_totals", ()):
+                    t, own, rb, e, added = part
+                    got.dev.append((t, own, rb))
+                    if not added:  # (once, by the innermost block of this thread)
+                        e[0].add_(own)
+                        if own.is_cuda:
+                            self._note_stream(own.device)
+                        part[4] = True
 
     def add_device(self, tier: str, rows: torch.Tensor, row_bytes: int) -> None:
         """Queue ``rows`` (a 0-d integer tensor on any device) under ``tier``, without a sync."""
@@ -84,16 +121,28 @@ class TierCounters:
             e[0].add_(rows)
             if rows.is_cuda:
                 self._note_stream(rows.device)
+        for got in _collecting(self):
+            got.dev.append((tier, rows.clone(), int(row_bytes)))
 
     def device_total(self, tier: str, row_bytes: int, device: torch.device) -> torch.Tensor:
         """The int64 0-d device accumulator of ``tier`` (made on first use) for a kernel to add
-        rows to, without a sync; call :meth:`note_device_add` after queuing that kernel."""
+        rows to, without a sync; call :meth:`note_device_add` after queuing that kernel. Inside
+        :meth:`counting` on this thread: an accumulator of this call's own (see there)."""
         with self._lock:
             e = self._dev.get(tier)
             if e is None:
                 e = self._dev[tier] = [torch.zeros((), dtype=torch.int64, device=device), 0,
                                        int(row_bytes)]  # fmt: skip
-            return e[0]
+            collecting = _collecting(self)
+            if not collecting:
+                return e[0]
+            # inside counting(): this call's own accumulator, added to the shared one (and booked
+            # in the block's sums) when the block ends, so other threads' adds are not taken in
+            own = torch.zeros((), dtype=torch.int64, device=device)
+            part = [tier, own, int(row_bytes), e, False]  # (False: not added to e[0] yet)
+            for got in collecting:
+                got.__dict__.setdefault("_own_totals", []).append(part)
+            return own
 
     def note_device_add(self, device: torch.device) -> None:
         """A kernel that adds to :meth:`device_total` accumulators was queued on ``device``'s
@@ -205,6 +254,13 @@ class BatchCount:
 
 
 _VOUCHED = threading.local()
+_COLLECT = threading.local()  # .by: id(TierCounters) -> this thread's open counting() sums
+
+
+def _collecting(counters: TierCounters) -> list[BatchCount]:
+    """The :meth:`TierCounters.counting` blocks this thread has open on ``counters``."""
+    by = getattr(_COLLECT, "by", None)
+    return by.get(id(counters), ()) if by else ()  # type: ignore[return-value]
 
 
 @contextmanager

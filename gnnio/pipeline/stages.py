@@ -244,15 +244,16 @@ class EpochRun:
         ids = mb.input_nodes
         buf = None if slot is None else ld._slot_view(slot, int(ids.shape[0]))
         counters = getattr(ld.store, "counters", None)
-        before = counters.mark() if counters is not None else None  # no device wait
+        # this batch's rows and bytes per tier (this thread's adds only: another loader may read
+        # the store meanwhile; no device wait): the consumer adds up the batches it trained on,
+        # not those gathered ahead (so a checkpoint taken mid-epoch counts exactly those)
+        counting = counters.counting() if counters is not None else contextlib.nullcontext(None)
         self.busy["gather"] = ("store.gather", i, time.monotonic())
-        with ids_in_range():  # the sampler's ids: no range check read back from a GPU
+        with counting as counted, ids_in_range():  # the sampler's ids: no range check read back
             mb.x = ld.store.gather(ids, out=buf)
         del self.busy["gather"]
-        if counters is not None and before is not None:
-            # this batch's rows and bytes per tier: the consumer adds up the batches it trained
-            # on, not those gathered ahead (so a checkpoint taken mid-epoch counts exactly those)
-            mb.meta["counted"] = counters.since(before)  # device parts resolved by the consumer
+        if counted is not None:
+            mb.meta["counted"] = counted  # device parts resolved by the consumer
         mark = getattr(ld.store, "mark", None)
         if callable(mark):  # a store with state a mid-epoch checkpoint rewinds to this batch
             mb.meta["store_mark"] = mark()

@@ -352,9 +352,9 @@ class FeatureCache(FeatureStore):
 
     def _fetch(self, miss_ids: torch.Tensor) -> tuple[torch.Tensor, BatchCount]:
         """One backing gather of ``miss_ids``; rows on this device and rows per backing tier."""
-        before = self.backing.counters.mark()  # no device wait
-        rows = self.backing.gather(miss_ids.to(self.backing.device))
-        return rows.to(self.device), self.backing.counters.since(before)
+        with self.backing.counters.counting() as below:  # this thread's rows only; no device wait
+            rows = self.backing.gather(miss_ids.to(self.backing.device))
+        return rows.to(self.device), below
 
     def _count(self, served_here: int, below: BatchCount | None) -> None:
         if served_here:

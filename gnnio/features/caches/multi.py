@@ -9,14 +9,16 @@ among all GPU cache buffers").
 
 One :class:`ShardedFeatureCache` serves one reading GPU; :meth:`ShardedFeatureCache.for_reader`
 makes the stores of the other GPUs, sharing the shards (data-parallel training runs one per GPU).
+Readers run concurrently; concurrent ``gather`` calls on one reader are serialized by its lock.
 A batch (see :mod:`gnnio.features.caches.cache` for the per-shard batch semantics):
 
 1. dedup (first occurrence), split the unique ids by owner (BGL's dispatching threads, "mod
    operation");
 2. per shard, under that shard's lock: look up, update the policy for hits, read the hit rows
    (tier ``"local"`` for the reader's own shard, ``"peer"`` for the others);
-3. fetch every shard's misses from ``backing`` in one ``gather`` (counted under its tiers; one
-   reader's fetch at a time, so that each reader books only its own rows);
+3. fetch every shard's misses from ``backing`` in one ``gather`` (counted under its tiers: the
+   rows this reader's thread fetched, :meth:`~gnnio.features.base.TierCounters.counting`, so
+   readers fetch at once and each books only its own rows);
 4. per shard, under its lock: admit its own misses (ids another reader inserted meanwhile are
    skipped -- BGL queues all operations of one GPU cache on one thread for the same reason).
 
@@ -95,9 +97,6 @@ class _Shared:
         ]
         self.clock = 0
         self.clock_lock = threading.Lock()
-        # one reader's miss fetch at a time: its count of the backing's tiers is ``since(mark)``,
-        # which would take in another reader's rows fetched between the two
-        self.fetch_lock = threading.Lock()
         if not self.shards[0].policy.dynamic:  # static: load every shard's rows once
             root = backing
             while isinstance(root, FeatureCache):
@@ -171,6 +170,9 @@ class ShardedFeatureCache(FeatureStore):
         self.shard_counters = TierCounters()
         self.stats = CacheStats()
         self._dedup = FirstOccurrence(self.num_rows, self.device)
+        # one gather of this reader at a time (its dedup scratch, stats and counters are its own;
+        # two threads sharing one reader got wrong rows); other readers are not held up
+        self._lock = threading.Lock()
 
     def for_reader(self, reader: int) -> ShardedFeatureCache:
         """The store of another GPU, sharing the shards (own counters, stats and dedup array)."""
@@ -203,7 +205,8 @@ class ShardedFeatureCache(FeatureStore):
         n = int(idx.numel())
         dst = output_rows(out, n, self.dim, self.dtype, self.device)
         if n:
-            self._gather(idx, dst)
+            with self._lock:
+                self._gather(idx, dst)
         return dst
 
     def _gather(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
@@ -252,10 +255,8 @@ class ShardedFeatureCache(FeatureStore):
         below = None
         fetched = None
         if m:
-            with self._s.fetch_lock:
-                before = self.backing.counters.mark()  # no device wait
+            with self.backing.counters.counting() as below:  # this reader's rows only, no wait
                 fetched = self.backing.gather(miss_ids.to(self.backing.device))
-                below = self.backing.counters.since(before)
             fetched = fetched.to(self.device)
             move_rows(fetched, torch.arange(m, device=self.device), rows_u, miss_pos)
         copy += t.lap("copy")

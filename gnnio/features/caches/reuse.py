@@ -202,9 +202,8 @@ class CrossBatchReuse(FeatureStore):
             move_rows(prev, src, rows_u, reuse)
         below = None
         if fetch.numel():
-            before = self.backing.counters.mark()  # no device wait
-            fetched = self.backing.gather(uniq.index_select(0, fetch).to(self.backing.device))
-            below = self.backing.counters.since(before)
+            with self.backing.counters.counting() as below:  # this thread's rows, no wait
+                fetched = self.backing.gather(uniq.index_select(0, fetch).to(self.backing.device))
             move_rows(
                 fetched.to(self.device),
                 torch.arange(fetch.numel(), device=self.device),
