@@ -55,6 +55,10 @@ IMPLS = ("numba", "numpy", "reference")
 #: feature bytes moved through RAM per chunk by :func:`reorder_dataset`
 _CHUNK_BYTES = 64 << 20
 
+#: per-edge arrays of a ``from_pyg`` dataset: ``pyg_edge_id`` maps a CSR position to a column of
+#: PyG's ``edge_index`` and ``edge_attr`` is indexed by that column (gnnio.importers.pyg)
+_EDGE_ARRAYS = ("pyg_edge_id", "edge_attr")
+
 #: meta.json keys that DatasetWriter computes itself (not copied from the source dataset)
 _COMPUTED_META = {
     "format",
@@ -255,6 +259,30 @@ def _copy_feature_rows(src: np.ndarray, dst: np.ndarray, new2old: np.ndarray, pr
             pb.update(e - s)
 
 
+def _edge_sources(indptr: np.ndarray, indptr2: np.ndarray, new2old: np.ndarray) -> np.ndarray:
+    """int64 ``[E]``: the old CSR position of each new one (:func:`relabel_csr` moves every row
+    whole, in order)."""
+    deg2 = np.diff(indptr2)
+    start = np.asarray(indptr, dtype=np.int64)[new2old] - indptr2[:-1]
+    return np.repeat(start, deg2) + np.arange(int(indptr2[-1]), dtype=np.int64)
+
+
+def _save_edge_arrays(w, ds, indptr2: np.ndarray, new2old: np.ndarray) -> None:
+    """Keep a from_pyg dataset's per-edge arrays true after the relabel: ``edge_attr`` stays in
+    ``edge_index``'s order and ``pyg_edge_id`` (written if ``edge_attr`` had none: the old CSR
+    position was the column) maps each new CSR position to its column."""
+    have = {k: ds.extra[k] for k in _EDGE_ARRAYS if k in ds.extra}
+    if not have:
+        return
+    src = _edge_sources(ds.graph.indptr, indptr2, new2old)
+    old = have.get("pyg_edge_id")
+    w.save_array("pyg_edge_id", src if old is None else np.asarray(old, dtype=np.int64)[src])
+    if "edge_attr" in have:
+        w.save_array("edge_attr", np.asarray(have["edge_attr"]))
+    if isinstance(w.meta.get("pyg"), dict):
+        w.meta["pyg"] = {**w.meta["pyg"], "edge_order": "pyg_edge_id"}
+
+
 def reorder_dataset(
     ds: Dataset,
     new2old: np.ndarray,
@@ -276,7 +304,9 @@ def reorder_dataset(
     splits are mapped through ``old2new`` (and sorted). Two extra int64 arrays are stored:
     ``new2old`` and ``old2new``, relative to the *original* ids -- if ``ds`` was itself reordered
     (it has those arrays), the maps are composed, so ``new2old`` always points at the ids of the
-    dataset as first imported. Other extra arrays whose first dimension is N are treated as per-node
+    dataset as first imported. A ``from_pyg`` dataset's per-edge ``pyg_edge_id`` / ``edge_attr``
+    follow their edges (``pyg_edge_id``: new CSR position -> ``edge_index`` column, written when
+    only ``edge_attr`` was). Other extra arrays whose first dimension is N are treated as per-node
     data and permuted by row; any other extra array is dropped with a warning (its meaning, e.g.
     whether it holds node ids, is unknown). ``meta["reordered_by"]`` records ``reordered_by``, and
     ``meta["reorder_score"]`` the score's parameters ``score`` (:func:`gnnio.preprocess.hotness.
@@ -310,6 +340,8 @@ def reorder_dataset(
         for a in ds.meta["arrays"].values()
     )
     size += 16 * n if prev_n2o is None else 0  # the new id maps
+    if "edge_attr" in ds.extra and "pyg_edge_id" not in ds.extra:  # the edge map it will need
+        size += 8 * ds.num_edges
     # non-finite features were accepted when the source was written (prepare --allow-nonfinite)
     allow = bool(ds.meta.get("nonfinite_features"))
     with DatasetWriter(out, name=ds.name, overwrite=overwrite, allow_nonfinite=allow,
@@ -345,8 +377,13 @@ def reorder_dataset(
                 w.save_array(key, np.sort(old2new[np.asarray(idx, dtype=np.int64)]))
         w.save_array("new2old", orig_n2o)
         w.save_array("old2new", orig_o2n)
+        edges = [k for k in _EDGE_ARRAYS if k in ds.extra]
+        if edges and all(ds.extra[k].shape[:1] == (g.num_edges,) for k in edges):
+            _save_edge_arrays(w, ds, indptr2, new2old)
+        else:
+            edges = []
         for key, arr in ds.extra.items():
-            if key in ("new2old", "old2new"):
+            if key in ("new2old", "old2new") or key in edges:
                 continue
             if key in (SCALE, ZERO_POINT):  # the int8 codec: per column, not per node
                 w.save_array(key, np.asarray(arr))
