@@ -225,3 +225,27 @@ def test_stale_cleanup_keeps_the_dataset_moved_aside_while_the_target_is_missing
     assert (old / META_FILE).is_file()
     out.mkdir()  # with the target back, the moved-aside copy is stale too
     assert output_dir.remove_stale(out) == [old]
+
+
+def test_info_says_what_a_dataset_was_reordered_by(tmp_path, capsys):
+    """``gnnio info`` shows ``reordered_by`` and ``reorder_score`` (what ``gnnio train --score``
+    compares against), and says when an older reorder did not record the parameters."""
+    from gnnio.cli.main import main
+    from gnnio.preprocess.reorder import reorder_path
+
+    src = write_tiny_dataset(tmp_path / "a")
+    reorder_path(src, "rpr", out=tmp_path / "b", progress=False, damping=0.5)
+    assert main(["info", str(tmp_path / "b"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert d["reordered_by"] == "rpr"
+    assert d["reorder_score"] == {"name": "rpr", "damping": 0.5, "iterations": 20}
+    assert main(["info", str(tmp_path / "b")]) == 0
+    assert "reordered   by rpr (damping 0.5, iterations 20)" in capsys.readouterr().out
+    meta_path = tmp_path / "b" / META_FILE
+    meta = json.loads(meta_path.read_text())
+    del meta["reorder_score"]  # as written before the parameters were recorded
+    meta_path.write_text(json.dumps(meta))
+    assert main(["info", str(tmp_path / "b")]) == 0
+    assert "reordered   by rpr (parameters not recorded)" in capsys.readouterr().out
+    assert main(["info", str(src), "--json"]) == 0
+    assert "reordered_by" not in json.loads(capsys.readouterr().out)

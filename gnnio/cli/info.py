@@ -14,8 +14,8 @@ def register(sub) -> None:
         help="validate a prepared dataset and print its statistics",
         description=(
             "Open a prepared dataset, check its invariants (CSR, id ranges, shapes/dtypes, disjoint "
-            "splits, label range) and print node/edge counts, degree statistics, feature bytes and "
-            "split sizes."
+            "splits, label range) and print node/edge counts, degree statistics, feature bytes, "
+            "split sizes and, for a reordered dataset, the score it was reordered by."
         ),
     )
     p.add_argument("dir", metavar="DIR", help="dataset directory written by 'gnnio prepare'")
@@ -36,6 +36,9 @@ def run(args) -> int:
         raise DatasetError(
             f"{f}: features contain {stats['features_nan']} NaN and {stats['features_inf']} Inf values"
         )
+    if "reordered_by" in ds.meta:  # gnnio reorder's record (docs/format.md)
+        stats["reordered_by"] = ds.meta["reordered_by"]
+        stats["reorder_score"] = ds.meta.get("reorder_score")  # None: not recorded (older)
     if args.json:
         print(json.dumps(stats))
         return 0
@@ -52,6 +55,14 @@ def run(args) -> int:
         f"classes     {stats['num_classes']}  ({stats['num_labeled']:,} labeled nodes)",
         f"splits      train {stats['num_train']:,} / valid {stats['num_valid']:,} / test {stats['num_test']:,}",
     ]
+    if "reordered_by" in stats:
+        rec = stats["reorder_score"]
+        how = (
+            "parameters not recorded"
+            if rec is None
+            else ", ".join(f"{k} {v}" for k, v in rec.items() if k != "name")
+        )
+        lines.append(f"reordered   by {stats['reordered_by']}" + (f" ({how})" if how else ""))
     if args.verify:
         lines.append("verified    checksums OK, no NaN/Inf in features")
     print("\n".join(lines))
