@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import pytest
 import torch
@@ -217,3 +218,40 @@ def test_core_sets_give_every_stage_a_core_in_order():
     got = core_sets({"io": 2, "gather": 1, "sample": 0}, [4, 5, 6, 7])
     assert got == {"sample": [4], "gather": [5], "io": [6, 7]}
     assert core_sets({"io": 3, "sample": 2}, [4, 5, 6, 7]) is None
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2
+    or not os.path.isdir("/proc/self/task"), reason="Linux, two cores")  # fmt: skip
+def test_apply_pins_torch_intra_op_threads_that_profiling_started():
+    """``compute``'s core set holds torch's intra-op threads too, not only the training thread:
+    OpenMP's workers start during profiling (all cores), and a thread keeps the cores it had when
+    the training thread is pinned later (they did: only the training thread moved). Real
+    affinities, read back per thread; :func:`restore` gives them all their cores back."""
+    import threading
+
+    from gnnio.pipeline.isolation import Allocation
+    from gnnio.train import isolate as iso_mod
+    from gnnio.utils.torch_threads import set_torch_threads
+
+    cores = sorted(os.sched_getaffinity(0))
+    threads = torch.get_num_threads()
+    set_torch_threads(2)
+    torch.randn(1 << 22).exp_().sum()  # torch's OpenMP team starts: 2 threads, every core
+
+    def native():
+        python = {t.native_id for t in threading.enumerate()}
+        return [int(t) for t in os.listdir("/proc/self/task") if int(t) not in python]
+
+    assert native(), "torch's intra-op worker thread"
+    alloc = Allocation(threads={"sample": 1}, predicted_s={}, bottleneck_s=0.0, cores=2, fits={})
+    undo = {"torch_threads": threads, "sampler": None, "gather": [], "affinity": cores}
+    try:
+        plan = iso_mod.apply(alloc, object(), [])
+        assert plan == {"sample": cores[:1], "compute": cores[1:2]}
+        torch.randn(1 << 22).exp_().sum()
+        assert {t: os.sched_getaffinity(t) for t in native()} == dict.fromkeys(native(), {cores[1]})
+        assert os.sched_getaffinity(0) == {cores[1]}
+    finally:
+        iso_mod.restore(undo, object(), None)
+    assert all(os.sched_getaffinity(t) == set(cores) for t in [0, *native()])

@@ -8,7 +8,11 @@ allocation also gets disjoint **core sets**, contiguous blocks of the cores this
 one per stage (:func:`core_sets`), and every thread of a stage pins itself to its stage's set when
 it starts (:func:`pin_current_thread`): the loader's sampling workers and the sampler's own pool
 (``sample``), the loader's gather thread (``gather``), and the training thread with torch's
-intra-op threads (``compute``).
+intra-op threads (``compute``). Those intra-op threads (OpenMP's team of the training thread,
+numba's under its ``omp`` layer) already run when the plan is applied (profiling started them) and
+a thread's cores are not inherited after it starts, so :func:`pin_native_threads` pins every
+thread Python did not start to ``compute``'s set then (under numba's ``workqueue`` layer its one
+pool is pinned there too).
 
 When the stages' threads add up to more than the cores (a 2-core machine training on the CPU), the
 sets would overlap: nothing is pinned and the allocation says so (``cores_by_stage`` is None).
@@ -21,10 +25,20 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["activate", "available_cores", "core_sets", "deactivate", "pin_current_thread", "pinned"]
+__all__ = [
+    "activate",
+    "available_cores",
+    "core_sets",
+    "deactivate",
+    "native_pinned",
+    "pin_current_thread",
+    "pin_native_threads",
+    "pinned",
+]
 
 _plan: dict[str, list[int]] | None = None
 _pinned: dict[str, tuple[str, tuple[int, ...]]] = {}
+_native: list[int] = []
 _lock = threading.Lock()
 
 
@@ -56,6 +70,7 @@ def activate(plan: dict[str, list[int]] | None) -> None:
     with _lock:
         _plan = None if plan is None else {k: list(v) for k, v in plan.items()}
         _pinned.clear()
+        _native.clear()
 
 
 def deactivate() -> None:
@@ -79,3 +94,33 @@ def pinned() -> dict[str, tuple[str, tuple[int, ...]]]:
     """Thread name -> (stage, cores) for every thread pinned since the plan was activated."""
     with _lock:
         return dict(_pinned)
+
+
+def pin_native_threads(stage: str) -> list[int]:
+    """Pin the threads of this process that Python did not start (torch's OpenMP workers,
+    numba's, a GPU driver's) to ``stage``'s cores if a plan is active; returns their ids (Linux:
+    ``/proc/self/task``; elsewhere none)."""
+    plan = _plan
+    setaff = getattr(os, "sched_setaffinity", None)
+    if plan is None or stage not in plan or setaff is None or not os.path.isdir("/proc/self/task"):
+        return []
+    python = {t.native_id for t in threading.enumerate()}
+    done = []
+    for name in os.listdir("/proc/self/task"):
+        tid = int(name)
+        if tid in python:
+            continue
+        try:
+            setaff(tid, plan[stage])
+        except OSError:  # ended meanwhile
+            continue
+        done.append(tid)
+    with _lock:
+        _native.extend(done)
+    return done
+
+
+def native_pinned() -> list[int]:
+    """The thread ids :func:`pin_native_threads` pinned since the plan was activated."""
+    with _lock:
+        return list(_native)

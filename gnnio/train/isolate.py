@@ -33,7 +33,9 @@ from ..pipeline.affinity import (
     available_cores,
     core_sets,
     deactivate,
+    native_pinned,
     pin_current_thread,
+    pin_native_threads,
 )
 from ..pipeline.isolation import Allocation, profile_stages, solve, thread_candidates
 from ..utils.torch_threads import set_torch_threads
@@ -142,8 +144,9 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
 
 def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | None:
     """Set each stage's threads and, where the stages fit the cores without sharing, pin them to
-    disjoint core sets (:mod:`gnnio.pipeline.affinity`; the training thread here, the loader's
-    and the sampler's threads when they start). Returns the core sets (None: not pinned)."""
+    disjoint core sets (:mod:`gnnio.pipeline.affinity`; the training thread and torch's intra-op
+    threads here, the loader's and the sampler's threads when they start). Returns the core sets
+    (None: not pinned)."""
     th = alloc.threads
     _set_sampler_threads(sampler, th["sample"])
     for t in targets:
@@ -153,16 +156,23 @@ def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | N
     plan = core_sets({**th, "compute": th.get("compute", 1)}, available_cores())
     activate(plan)
     pin_current_thread("compute")
+    pin_native_threads("compute")  # torch's intra-op threads: started before, not pinned with it
     alloc.cores_by_stage = plan
     return plan
 
 
 def restore(undo: dict[str, Any], sampler, store) -> None:
     """Put back the thread settings :func:`isolate` changed (torch's is process-wide) and the
-    training thread's cores; later threads are not pinned."""
+    training thread's cores (and torch's intra-op threads'); later threads are not pinned."""
+    native = native_pinned()
     deactivate()
     if undo.get("affinity") is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, undo["affinity"])
+        for tid in native:
+            try:
+                os.sched_setaffinity(tid, undo["affinity"])
+            except OSError:  # ended meanwhile
+                pass
     set_torch_threads(undo["torch_threads"])
     if undo["sampler"] is not None:
         _set_sampler_threads(sampler, undo["sampler"])
