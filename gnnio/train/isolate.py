@@ -10,7 +10,8 @@ The stages and the knob each one has:
   without one, the gather stage enters the objective as a constant;
 * ``compute``: torch's intra-op threads (``torch.set_num_threads``, process-wide: the user asked
   for it with ``--isolation auto``; :func:`restore` puts the old value back after the run). On a
-  GPU the model step uses no CPU threads: it enters the objective as a constant.
+  GPU the model step uses no CPU threads: it enters the objective as a constant, and its
+  launching thread keeps one core (:func:`solve_keeping_cores`).
 
 Profiling runs each stage alone on the first few batches of epoch 0 (sampled with keys the
 training run does not use), after one warm-up call per thread count; the model step is profiled
@@ -137,9 +138,24 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
         finally:
             base.counters.reset()  # the run's counters must not count profiling reads
             set_torch_threads(undo["torch_threads"])
-    alloc = solve(fits, cores, fixed)
+    alloc = solve_keeping_cores(fits, cores, fixed)
     apply(alloc, sampler, targets)
     return alloc, undo
+
+
+def solve_keeping_cores(fits, cores: int, fixed: dict[str, float]) -> Allocation:
+    """BGL's min-max (:func:`solve`) over the cores left after one for each fixed stage: a stage
+    without a thread knob still has a thread that :func:`apply` pins (the training thread that
+    launches a GPU's model step; the loader's gather thread when the store's gather has no
+    knob), so each keeps a core of its own and the stages' core sets fit. Solved over all the
+    cores (they gave every one to a CPU stage, and nothing could be pinned) only when too few are
+    left for one per CPU stage; ``Allocation.cores`` is all of them either way."""
+    keep = len(fixed)
+    if keep and cores - keep >= len(fits):
+        alloc = solve(fits, cores - keep, fixed)
+        alloc.cores = cores
+        return alloc
+    return solve(fits, cores, fixed)
 
 
 def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | None:
@@ -153,7 +169,8 @@ def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | N
         t.num_threads = th.get("gather", t.num_threads)
     if "compute" in th:
         set_torch_threads(th["compute"])
-    plan = core_sets({**th, "compute": th.get("compute", 1)}, available_cores())
+    own = {s: 1 for s in alloc.fixed}  # a fixed stage's one thread (solve_keeping_cores)
+    plan = core_sets({**own, **th, "compute": th.get("compute", 1)}, available_cores())
     activate(plan)
     pin_current_thread("compute")
     pin_native_threads("compute")  # torch's intra-op threads: started before, not pinned with it
