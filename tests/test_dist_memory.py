@@ -353,3 +353,26 @@ def test_seed_labels_on_a_gpu_look_up_as_on_the_cpu():
     assert torch.equal(gpu[ask.cuda()].cpu(), held[ask])
     # (a seed it does not hold fails a device assertion: not tried here, it would leave the
     # CUDA context unusable for the tests after this one)
+
+
+def test_batch_ids_grow_when_the_estimate_falls_short():
+    """A hop of repeats (no new id: the estimate for the next is 0) then a hop of new ids: the
+    table doubles (rehashing) until they fit, numbered in order; and it stays sized by the
+    batch: a hop of one id repeated 10,000 times adds no slot beyond the estimate."""
+    from gnnio.distributed._ids import BatchIds
+
+    ids = BatchIds(np.array([7], dtype=np.int64))
+    assert ids.add(np.full(50, 7, dtype=np.int64)).tolist() == [0] * 50 and ids.rate == 0
+    small = ids.cap
+    new = np.arange(100, 1100, dtype=np.int64)
+    assert ids.add(new).tolist() == list(range(1, 1001))
+    assert ids.cap > small and ids.n == 1001 <= ids.limit == ids.cap // 2
+    assert ids.add(new[::-1]).tolist() == list(range(1000, 0, -1)) and ids.rate == 0
+    cap = ids.cap
+    assert ids.add(np.full(10_000, 5, dtype=np.int64)).tolist() == [1001] * 10_000
+    assert ids.cap == cap and ids.ids()[-1] == 5
+    # where the last hop's rate holds, the table grows once before the hop (a rehash of the ids
+    # so far), not by doubling six times within it
+    grow = BatchIds(np.arange(64, dtype=np.int64))
+    assert grow.add(np.arange(64, 4096, dtype=np.int64)).tolist() == list(range(64, 4096))
+    assert grow.rehashes == 1 and grow.add(np.arange(4096, 20_000)).size and grow.rehashes == 2

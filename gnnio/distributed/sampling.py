@@ -54,6 +54,7 @@ ids as before (the owner reads its own list locally).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -241,6 +242,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         self.stats = {"requests": 0, "local_rows": 0, "batches": 0, "seconds": 0.0,
                       "collective_s": 0.0}  # fmt: skip
         self.bytes_by_link: dict[str, int] = defaultdict(int)
+        self._spare = threading.local()  # the last batch's id table (BatchIds), per thread
 
     #: every row is known to be in the own shard (no request step); bench dist-sampling's
     #: all-local run of HyDRA's overlap rates (:mod:`gnnio.bench.dist_overlap`)
@@ -272,7 +274,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         n0 = int(seeds.shape[0])
         # local ids in order of first appearance, from a hash table of the batch's ids (not a
         # map of all N: gnnio.distributed._ids)
-        ids = BatchIds(seeds)
+        ids = BatchIds(seeds, getattr(self._spare, "buffer", None))
         if ids.n != n0:
             raise ValueError("seeds: must be distinct")
         nodes = ids.ids()
@@ -295,6 +297,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             )
             for h in range(len(hop_edges) - 1, -1, -1)
         ]
+        self._spare.buffer = ids.buffer  # (the table only: nodes go out with the batch)
         self.stats["batches"] += 1
         self.stats["seconds"] += time.perf_counter() - t0
         return MiniBatch(
