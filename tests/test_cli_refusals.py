@@ -299,3 +299,14 @@ def test_bench_locality_refuses_a_negative_q_size_first_naming_it(tmp_path, caps
     assert main([*base, "--q-size", "-1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--q-size must be >= 0, got -1" in err, err
+
+
+@pytest.mark.parametrize("cmd", [["plan", "{d}", "--topology", "2", "--strategies", "pagraph"],
+                                 ["bench", "placement", "--dataset", "{d}"]])  # fmt: skip
+def test_a_negative_pagraph_cap_is_refused_in_one_line(cmd, tmp_path, capsys):
+    """``--pagraph-max-nodes -1`` skipped pagraph on every graph, silently (a graph has at
+    least 0 nodes); one line naming the option now, before any work (the dataset is missing)."""
+    argv = [a.format(d=tmp_path / "missing") for a in cmd]
+    assert main([*argv, "--pagraph-max-nodes", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--pagraph-max-nodes: must be >= 0" in err, err

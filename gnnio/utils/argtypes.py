@@ -86,6 +86,7 @@ COMMON_RANGES: dict[str, Callable[[str], int | float]] = {
     "warmup": int_range(0),
     "po_sequences": int_range(1),
     "dist_timeout": seconds_up_to(1e7),
+    "pagraph_max_nodes": int_range(0),  # (a negative cap skipped pagraph on every graph)
 }
 
 
