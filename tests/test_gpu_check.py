@@ -181,9 +181,16 @@ def test_feature_bound_leaves_its_reserve_to_the_profile(tmp_path):
                 (tmp_path / "data" / "fb64").mkdir(parents=True, exist_ok=True)
                 return {}
             self.left -= 25.0  # each run takes 25 s of the budget
-            return {"ms_per_batch": 5.0, "kernels": {"fallbacks": 0}, "breakdown": {}}
+            iso = {"cores_by_stage": {"sample": [0]}} if "auto" in argv else None
+            return {"ms_per_batch": 5.0, "kernels": {"fallbacks": 0}, "breakdown": {},
+                    "isolation": iso}  # fmt: skip
 
     c = FakeCheck()
+    c.left = 1e4  # every pair: --isolation auto's allocation is in its entry
+    t = ge.step_feature_bound(c)["techniques"]
+    assert t["bgl_isolation"]["isolation"] == {"cores_by_stage": {"sample": [0]}}
+    assert all("isolation" not in r for n, r in t.items() if n != "bgl_isolation")
+    c.left = 200.0
     t = ge.step_feature_bound(c)["techniques"]
     ran = [n for n, r in t.items() if "speedup" in r]
     # 200 s: tiering_10pct (2 runs, 150 left), _graphed (2, 100 left), labor (1: its baseline

@@ -161,6 +161,8 @@ def step_feature_bound(c) -> dict[str, Any]:
             "phases_s": t.get("phases_s"),  # (where each process's wall time went)
             "baseline_phases_s": b.get("phases_s"),
         }
+        if t.get("isolation") is not None:  # --isolation auto: the threads, fits, core sets
+            out["techniques"][name]["isolation"] = t["isolation"]
     tiers = out["techniques"].get("tiering_10pct", {})
     if "speedup" in tiers:
         out["tiering_speedup_10pct"] = tiers["speedup"]
