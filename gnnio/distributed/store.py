@@ -195,22 +195,15 @@ class ShardedFeatureStore(FeatureStore):
         # host memory
         hsel = (need & (src < 0)).nonzero().squeeze(1)
         if hsel.numel():
-            before = dict(self.host_store.counters.rows)
-            if self._pread is not None and self.device.type == "cpu":
-                self._pread.gather(uniq[hsel], rows_u, at=hsel)  # straight into the batch's rows
-            else:
-                hbuf = self._scratch("host", hsel.numel()) if self.device.type == "cpu" else None
-                if self._pread is not None:
-                    hbuf = torch.empty((hsel.numel(), self.dim), dtype=self.dtype)
-                    rows = self._pread.gather(uniq[hsel], hbuf).to(self.device)
-                else:
-                    rows = self.host_store.gather(uniq[hsel], out=hbuf).to(self.device)
-                at = torch.arange(rows.shape[0], device=self.device)
-                move_rows(rows, at, rows_u, hsel.to(self.device))
-            for t, r in self.host_store.counters.rows.items():
-                d = int(r) - int(before.get(t, 0))
+            # the rows this thread read: the evaluation store reads the same host store (its
+            # counters, its pread reader) on its own thread, DistRun.build_store
+            with self.host_store.counters.counting() as got:
+                self._read_host(uniq[hsel], hsel, rows_u)
+            for t, d in got.rows.items():
                 if d:
                     self.counters.add("host" if t not in ("cache",) else "cache", d, rb)
+            for t, d, _ in got.dev:
+                self.counters.add_device("host" if t not in ("cache",) else "cache", d, rb)
 
         # other ranks: one exchange, even when nothing is needed from them
         rsel = (need & (src >= 0)).nonzero().squeeze(1)
@@ -233,6 +226,20 @@ class ShardedFeatureStore(FeatureStore):
             if self.keep_log:
                 self._log.append((self.num_gathers, uniq, prev_ids, self.control_bytes))
         return dst
+
+    def _read_host(self, ids: torch.Tensor, at: torch.Tensor, rows_u: torch.Tensor) -> None:
+        """Rows ``ids`` from host memory into ``rows_u[at]`` (counted in the host store's
+        counters)."""
+        if self._pread is not None and self.device.type == "cpu":
+            self._pread.gather(ids, rows_u, at=at)  # straight into the batch's rows
+            return
+        hbuf = self._scratch("host", ids.numel()) if self.device.type == "cpu" else None
+        if self._pread is not None:
+            hbuf = torch.empty((ids.numel(), self.dim), dtype=self.dtype)
+            rows = self._pread.gather(ids, hbuf).to(self.device)
+        else:
+            rows = self.host_store.gather(ids, out=hbuf).to(self.device)
+        move_rows(rows, torch.arange(rows.shape[0], device=self.device), rows_u, at.to(self.device))
 
     # -- checkpoints ----------------------------------------------------------------------
     def mark(self) -> int:

@@ -68,6 +68,10 @@ class CacheStats:
     """What a cache did since the last :meth:`reset` (counts are per unique id of a batch, except
     for the static policy, which counts rows).
 
+    A cache books each batch at its end, under the cache's lock. Nothing else is locked: read
+    from another thread while the cache gathers, the fields may be a batch apart, and
+    :meth:`reset` (or :meth:`flush` from two threads) is for when no gather runs.
+
     Attributes:
         batches: non-empty ``gather`` calls.
         queries: rows requested (repeats included).

@@ -62,7 +62,7 @@ queries, hits, misses, insertions, evictions, bytes fetched from the backing sto
 phases are timed with CUDA events on the current stream (no device-wide synchronisation, so the
 loader's copies and training keep overlapping; see :class:`~gnnio.features.accounting.EventLaps`).
 
-Not thread-safe per reader; one internal lock serializes concurrent ``gather`` calls.
+Threads: ``gather`` calls take turns (a lock; on a GPU from one CUDA stream); lookahead: one thread.
 """
 
 from __future__ import annotations

@@ -47,6 +47,12 @@ State: dense per-key arrays (rank, last announced position, the fallback's stati
 frequency: int32) next to the cache's own ``slot_of`` map, and a ring of the announced ids with the
 position of each one's next use -- two int64 per id of the window: memory grows with K batches of
 ids, never with rows.
+
+Threads: the window is one stream of batches, served in the order announced, so one thread
+announces and gathers them (the loader's gather thread does both). Batches of two threads
+interleaved are refused when one is served out of turn (``ValueError`` from
+:meth:`LookaheadPolicy.begin_batch`), never served as wrong rows
+(``tests/test_cache_threads.py``).
 """
 
 from __future__ import annotations
