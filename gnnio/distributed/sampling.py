@@ -71,6 +71,8 @@ from ..utils.triton_kernels import kernel_ran
 from ._ids import BatchIds, ShardIndex
 from .context import DistContext
 
+_LINKS = ("local", "peer", "network")  # the links a sampled row crosses (DistContext.link_to)
+
 __all__ = ["MODES", "ShardedSampler"]
 
 MODES = ("dsp", "shared")
@@ -241,7 +243,9 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
                 self.peer_shards[k] = _Shard(pdir, k, self.num_nodes, arrays=mapped.get(k))
         self.stats = {"requests": 0, "local_rows": 0, "batches": 0, "seconds": 0.0,
                       "collective_s": 0.0}  # fmt: skip
-        self.bytes_by_link: dict[str, int] = defaultdict(int)
+        # every link up front: a mid-epoch checkpoint copies these while the sampling thread
+        # runs, and a key added during the copy would end it ("dictionary changed size")
+        self.bytes_by_link: dict[str, int] = defaultdict(int, dict.fromkeys(_LINKS, 0))
         self._spare = threading.local()  # the last batch's id table (BatchIds), per thread
 
     #: every row is known to be in the own shard (no request step); bench dist-sampling's
