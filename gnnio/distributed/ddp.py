@@ -24,8 +24,12 @@ def param_digest(model: torch.nn.Module) -> str:
 
 class GradCounter:
     """State of the DDP communication hook: gradient bytes handed to all-reduce, and seconds
-    from each bucket's hand-off to its completion (buckets overlap, so the sum can exceed the
-    backward time)."""
+    from each bucket's hand-off to its future's completion, host time (buckets overlap, so the
+    sum can exceed the backward time). On gloo that is the all-reduce's end. On NCCL the future
+    completes, and its callback runs, as soon as later work can be ordered after the collective
+    on a stream, not when the collective has run (PyTorch's CUDA-aware futures): there the
+    seconds are the hand-off's, and the collective's own time would need CUDA events (not
+    measured yet: the NCCL path has not run on a GPU)."""
 
     def __init__(self, world_size: int, ctx=None) -> None:
         self.world_size = world_size

@@ -17,17 +17,17 @@
   DDP broadcasts rank 0's); a communication hook counts the gradient bytes handed to all-reduce.
 * **evaluation**: each rank evaluates a slice of the valid/test seeds; correct and labelled counts
   are summed over ranks, so every rank reports the same accuracy (and early stopping agrees).
-* **summary** (written by rank 0): ``world_size``, ``topology``, ``placement``,
-  ``bytes_by_link`` (``local``/``peer``/``host``/``network``, summed and ``per_rank``),
-  ``feature_bytes_by_link``, ``gradient_bytes_by_link``, ``modeled_bytes_by_link`` (the cost
-  model's rows for the same reads), per-rank stage times, collective seconds and the share of
-  the fetch the loader hid behind compute, ``rss_mb_peak_per_rank`` (each rank's peak resident
-  memory, MiB, file pages it touched included; ``rss_mb_by_kind_per_rank`` splits its memory at
-  the end into anonymous, file and shared pages) and ``whole_graph_bytes_per_rank`` (the arrays a
-  rank holds that are sized by the whole graph: the store's lookup and trace, the partition's
-  owner of every node, a ``--cache-policy`` cache's maps). A rank holds the labels of its seeds
-  only (:mod:`gnnio.distributed.labels`). ``heap_mmap_threshold_per_rank``: the size from which
-  glibc maps each allocation and returns it when freed, fixed by every rank at 1 MiB
+* **summary** (written by rank 0): ``world_size``, ``topology``, ``placement``, ``bytes_by_link``
+  (``local``/``peer``/``host``/``network``, summed and ``per_rank``), ``feature_bytes_by_link``,
+  ``gradient_bytes_by_link``, ``modeled_bytes_by_link`` (the cost model's rows for the same reads),
+  per-rank stage times, collective seconds (NCCL: ``ddp.GradCounter``) and the share of the fetch
+  the loader hid behind compute, ``rss_mb_peak_per_rank`` (each rank's peak resident memory, MiB,
+  file pages it touched included; ``rss_mb_by_kind_per_rank`` splits its memory at the end into
+  anonymous, file and shared pages), ``whole_graph_bytes_per_rank`` (the arrays a rank holds that
+  are sized by the whole graph: the store's lookup and trace, the partition's owner of every node,
+  a ``--cache-policy`` cache's maps). A rank holds the labels of its seeds only
+  (:mod:`gnnio.distributed.labels`). ``heap_mmap_threshold_per_rank``: the size from which glibc
+  maps each allocation and returns it when freed, fixed by every rank at 1 MiB
   (:func:`gnnio.utils.heap.limit_heap`; None where it does not apply).
 """
 
