@@ -202,8 +202,8 @@ class ShardedFeatureStore(FeatureStore):
             for t, d in got.rows.items():
                 if d:
                     self.counters.add("host" if t not in ("cache",) else "cache", d, rb)
-            for t, d, _ in got.dev:
-                self.counters.add_device("host" if t not in ("cache",) else "cache", d, rb)
+            for t, dev_rows, _ in got.dev:
+                self.counters.add_device("host" if t not in ("cache",) else "cache", dev_rows, rb)
 
         # other ranks: one exchange, even when nothing is needed from them
         rsel = (need & (src >= 0)).nonzero().squeeze(1)
