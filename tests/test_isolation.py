@@ -244,7 +244,8 @@ def test_apply_pins_torch_intra_op_threads_that_profiling_started():
         return [int(t) for t in os.listdir("/proc/self/task") if int(t) not in python]
 
     assert native(), "torch's intra-op worker thread"
-    alloc = Allocation(threads={"sample": 1}, predicted_s={}, bottleneck_s=0.0, cores=2, fits={})
+    threads1 = {"sample": 1, "compute": 1}  # CPU training: compute's threads set and pinned
+    alloc = Allocation(threads=threads1, predicted_s={}, bottleneck_s=0.0, cores=2, fits={})
     undo = {"torch_threads": threads, "sampler": None, "gather": [], "affinity": cores}
     try:
         plan = iso_mod.apply(alloc, object(), [])
@@ -255,6 +256,18 @@ def test_apply_pins_torch_intra_op_threads_that_profiling_started():
     finally:
         iso_mod.restore(undo, object(), None)
     assert all(os.sched_getaffinity(t) == set(cores) for t in [0, *native()])
+    # on a GPU (compute fixed: torch's thread count not set) only the launching thread is pinned;
+    # torch's team keeps every core rather than crowd compute's one
+    set_torch_threads(2)
+    torch.randn(1 << 22).exp_().sum()
+    gpu = Allocation(threads={"sample": 1}, predicted_s={}, bottleneck_s=0.0, cores=2, fits={},
+                     fixed={"compute": 0.01})  # fmt: skip
+    try:
+        assert iso_mod.apply(gpu, object(), []) == {"sample": cores[:1], "compute": cores[1:2]}
+        assert os.sched_getaffinity(0) == {cores[1]}
+        assert all(os.sched_getaffinity(t) == set(cores) for t in native())
+    finally:
+        iso_mod.restore(undo, object(), None)
 
 
 def test_a_gpu_run_keeps_a_core_for_each_stage_thread_it_pins(monkeypatch):

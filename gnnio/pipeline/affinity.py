@@ -12,7 +12,7 @@ intra-op threads (``compute``). Those intra-op threads (OpenMP's team of the tra
 numba's under its ``omp`` layer) already run when the plan is applied (profiling started them) and
 a thread's cores are not inherited after it starts, so :func:`pin_native_threads` pins every
 thread Python did not start to ``compute``'s set then (under numba's ``workqueue`` layer its one
-pool is pinned there too).
+pool is pinned there too); training on the CPU only (:func:`gnnio.train.isolate.apply`).
 
 When the stages' threads add up to more than the cores (a 2-core machine training on the CPU), the
 sets would overlap: nothing is pinned and the allocation says so (``cores_by_stage`` is None).

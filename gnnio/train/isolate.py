@@ -173,7 +173,10 @@ def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | N
     plan = core_sets({**own, **th, "compute": th.get("compute", 1)}, available_cores())
     activate(plan)
     pin_current_thread("compute")
-    pin_native_threads("compute")  # torch's intra-op threads: started before, not pinned with it
+    if "compute" in th:  # torch's intra-op threads (started before): as many as compute's cores
+        pin_native_threads("compute")
+    # (on a GPU compute keeps one core for the launching thread and torch's thread count is not
+    # set: its OpenMP team pinned there would crowd that core in any CPU op of the step)
     alloc.cores_by_stage = plan
     return plan
 
