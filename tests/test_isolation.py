@@ -270,12 +270,12 @@ def test_apply_pins_torch_intra_op_threads_that_profiling_started():
         iso_mod.restore(undo, object(), None)
 
 
-def test_a_gpu_run_keeps_a_core_for_each_stage_thread_it_pins(monkeypatch):
-    """On a GPU the model step and a knob-less gather are constants in the objective (BGL's
-    ``T_gpu``), yet the training thread and the loader's gather thread each get a core set. The
-    CPU stages' min-max is solved over the cores left (brute force over the profile below: 6 of 8
-    cores to the sample stage), and every stage is pinned. It was solved over all 8 (sample 8),
-    so the sets did not fit and nothing was pinned exactly when sampling binds."""
+def test_a_gpu_run_keeps_a_core_for_the_training_thread(monkeypatch):
+    """On a GPU the model step is a constant in the objective (BGL's ``T_gpu``), yet the training
+    thread that launches it gets ``compute``'s core. The CPU stages' min-max is solved over the
+    cores left (brute force over the profile below: 7 of 8 cores to the sample stage), and the
+    stages are pinned. It was solved over all 8 (sample 8), so the sets did not fit and nothing
+    was pinned exactly when sampling binds. A knob-less gather keeps no core (not pinned)."""
     from gnnio.pipeline import affinity
     from gnnio.pipeline.isolation import solve
     from gnnio.train import isolate as iso_mod
@@ -286,14 +286,17 @@ def test_a_gpu_run_keeps_a_core_for_each_stage_thread_it_pins(monkeypatch):
     fits = {"sample": StageFit(a=0.8, d=0.0)}  # scales: the bottleneck on a fast GPU
     fixed = {"gather": 0.01, "compute": 0.02}
     alloc = iso_mod.solve_keeping_cores(fits, len(cores), fixed)
-    brute = min(range(1, 7), key=lambda c: (max(0.02, fits["sample"].seconds(c)), c))
-    assert alloc.threads == {"sample": brute} == {"sample": 6} and alloc.cores == 8
+    brute = min(range(1, 8), key=lambda c: (max(0.02, fits["sample"].seconds(c)), c))
+    assert alloc.threads == {"sample": brute} == {"sample": 7} and alloc.cores == 8
     try:
         plan = iso_mod.apply(alloc, object(), [])
     finally:
         affinity.deactivate()
-    assert plan == {"sample": cores[:6], "gather": [6], "compute": [7]}
-    assert alloc.cores_by_stage == plan
+    assert plan == {"sample": cores[:7], "compute": [7]} and alloc.cores_by_stage == plan
+    # on the CPU (compute profiled, only gather fixed) nothing is kept: the plain solve
+    cpu = {"sample": StageFit(0.8, 0.0), "compute": StageFit(0.4, 0.0)}
+    got = iso_mod.solve_keeping_cores(cpu, 8, {"gather": 0.01})
+    assert got.threads == solve(cpu, 8, {"gather": 0.01}).threads and sum(got.threads.values()) == 8
     # too few cores to keep one: solved over all of them, as before (and nothing pinned)
     two = {"sample": StageFit(0.8, 0.0), "gather": StageFit(0.1, 0.0)}
     few = iso_mod.solve_keeping_cores(two, 2, {"compute": 0.02})

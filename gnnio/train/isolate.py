@@ -144,13 +144,14 @@ def isolate(sampler, store, model, order, labels, device: torch.device, batches:
 
 
 def solve_keeping_cores(fits, cores: int, fixed: dict[str, float]) -> Allocation:
-    """BGL's min-max (:func:`solve`) over the cores left after one for each fixed stage: a stage
-    without a thread knob still has a thread that :func:`apply` pins (the training thread that
-    launches a GPU's model step; the loader's gather thread when the store's gather has no
-    knob), so each keeps a core of its own and the stages' core sets fit. Solved over all the
-    cores (they gave every one to a CPU stage, and nothing could be pinned) only when too few are
-    left for one per CPU stage; ``Allocation.cores`` is all of them either way."""
-    keep = len(fixed)
+    """BGL's min-max (:func:`solve`) over the cores left after one for the training thread when
+    the model step is fixed (on a GPU: no thread knob, yet :func:`apply` pins its launching
+    thread to ``compute``'s core), so that the stages' core sets fit. Solved over every core, a
+    sampler that scales took all of them and nothing could be pinned. Over all the cores only
+    when too few are left for one per CPU stage; ``Allocation.cores`` is all of them either way.
+    A fixed gather (its store has no thread knob) keeps no core and its thread is not pinned: it
+    may run a pool of its own (the disk store's copy kernel) that one core would crowd."""
+    keep = int("compute" in fixed)
     if keep and cores - keep >= len(fits):
         alloc = solve(fits, cores - keep, fixed)
         alloc.cores = cores
@@ -169,8 +170,7 @@ def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | N
         t.num_threads = th.get("gather", t.num_threads)
     if "compute" in th:
         set_torch_threads(th["compute"])
-    own = {s: 1 for s in alloc.fixed}  # a fixed stage's one thread (solve_keeping_cores)
-    plan = core_sets({**own, **th, "compute": th.get("compute", 1)}, available_cores())
+    plan = core_sets({**th, "compute": th.get("compute", 1)}, available_cores())
     activate(plan)
     pin_current_thread("compute")
     if "compute" in th:  # torch's intra-op threads (started before): as many as compute's cores
