@@ -161,9 +161,9 @@ def solve_keeping_cores(fits, cores: int, fixed: dict[str, float]) -> Allocation
 
 def apply(alloc: Allocation, sampler, targets: list) -> dict[str, list[int]] | None:
     """Set each stage's threads and, where the stages fit the cores without sharing, pin them to
-    disjoint core sets (:mod:`gnnio.pipeline.affinity`; the training thread and torch's intra-op
-    threads here, the loader's and the sampler's threads when they start). Returns the core sets
-    (None: not pinned)."""
+    disjoint core sets (:mod:`gnnio.pipeline.affinity`; the training thread here, with torch's
+    intra-op threads when training on the CPU; the loader's and the sampler's threads when they
+    start). Returns the core sets (None: not pinned)."""
     th = alloc.threads
     _set_sampler_threads(sampler, th["sample"])
     for t in targets:
