@@ -51,6 +51,19 @@ def test_rows_of_matches_a_dense_map(nodes, ask):
     assert (index.rows_of(far) == -1).all()
 
 
+def test_rows_of_searches_a_crowded_bucket():
+    """A shard whose ids cluster (a range, and one far id) puts hundreds in one bucket: the
+    lookup halves the bucket before scanning it and must still find every id."""
+    from gnnio.distributed._ids import ShardIndex
+
+    nodes = np.r_[np.arange(1000)[::-1], 100_000, 5000:5003]
+    index = ShardIndex(nodes)
+    assert np.diff(index.directory).max() > 100
+    dense = np.full(100_001, -1)
+    dense[nodes] = np.arange(nodes.size)
+    assert np.array_equal(index.rows_of(np.arange(100_001)), dense)
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 300), min_size=1, max_size=40, unique=True),
        st.lists(st.lists(st.integers(0, 300), max_size=200), max_size=4))  # fmt: skip

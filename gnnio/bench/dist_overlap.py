@@ -108,10 +108,11 @@ class _AllLocal(_WholeGraph):
 class _AllRemote(_WholeGraph):
     """T_r: every row read through the mode's remote path from rank ``rank + 1 mod N``."""
 
-    def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n = rows.shape[0]
-        nxt = (self.ctx.rank + 1) % self.ctx.world_size
-        return np.full(n, -1, dtype=np.int64), np.full(n, nxt, dtype=self.parts.dtype)
+    def _rows_here(self, ids: np.ndarray) -> np.ndarray:
+        return np.full(ids.shape[0], -1, dtype=np.int64)
+
+    def _owners(self, rows: np.ndarray) -> np.ndarray:
+        return np.full(rows.shape[0], (self.ctx.rank + 1) % self.ctx.world_size, self.parts.dtype)
 
 
 def _timed(s, batches) -> tuple[float, list]:

@@ -4,12 +4,13 @@ A rank of :class:`~gnnio.distributed.sampling.ShardedSampler` holds only its sha
 so it cannot keep the single-process samplers' ``[N]`` global-to-local map. Two structures
 replace it:
 
-* :class:`ShardIndex`: the row of a global id in a shard. The shard's node ids sorted, their rows,
-  and a *bucket directory* over the id space (``N >> shift`` + 2 offsets, ``shift`` chosen so
-  there are about a quarter as many buckets as stored nodes): a lookup reads the bucket's bounds
-  and searches the few sorted ids inside it, a cache line or two, where a binary search over the
-  whole shard touched ~20 far-apart ones (16 bytes per stored node, as before, plus ~2 for the
-  directory).
+* :class:`ShardIndex`: the row of a global id in a shard. The shard's node ids sorted, each
+  beside its row (one ``[n, 2]`` array: a hit reads one cache line, not one in each of two
+  arrays), and a *bucket directory* over the id space (``N >> shift`` + 2 offsets, ``shift``
+  chosen so there are about a quarter as many buckets as stored nodes): a lookup reads the
+  bucket's bounds and scans the few sorted ids inside it (halving a crowded bucket first),
+  where a binary search over the whole shard touched ~20 far-apart ones (16 bytes per stored
+  node, as before, plus ~2 for the directory).
 * :class:`BatchIds`: the batch's global ids -> local ids, in order of first appearance (seeds
   first, then each hop's new ids as they first occur in its sampled lists, which is the
   single-process samplers' numbering), an open-addressing hash table sized by the batch (each
@@ -22,22 +23,29 @@ import numpy as np
 from numba import njit
 
 from ..sampling._kernels import mix64
-from ..sampling._las_kernels import _lower_bound
 
-__all__ = ["BatchIds", "ShardIndex"]
+__all__ = ["BatchIds", "ShardIndex", "place_rows"]
 
 
 @njit(cache=True, nogil=True)
-def _lookup(sorted_ids, order, directory, shift, queries, out):
+def _lookup(pairs, directory, shift, queries, out):
     for i in range(queries.shape[0]):
         q = queries[i]
         b = q >> shift
         if q < 0 or b + 1 >= directory.shape[0]:
             out[i] = -1
             continue
-        hi = directory[b + 1]
-        lo = _lower_bound(sorted_ids, directory[b], hi, q)
-        out[i] = order[lo] if lo < hi and sorted_ids[lo] == q else -1
+        lo, end = directory[b], directory[b + 1]
+        hi = end
+        while hi - lo > 8:  # a crowded bucket: halve it (``pairs[hi]`` stays >= q)...
+            mid = (lo + hi) >> 1
+            if pairs[mid, 0] < q:
+                lo = mid + 1
+            else:
+                hi = mid
+        while lo < hi and pairs[lo, 0] < q:  # ...then scan the few ids left
+            lo += 1
+        out[i] = pairs[lo, 1] if lo < end and pairs[lo, 0] == q else -1
 
 
 class ShardIndex:
@@ -45,19 +53,22 @@ class ShardIndex:
 
     def __init__(self, nodes: np.ndarray) -> None:
         nodes = np.asarray(nodes, dtype=np.int64)
-        self.order = np.argsort(nodes, kind="stable")
-        self.sorted = nodes[self.order]
-        top = int(self.sorted[-1]) + 1 if self.sorted.size else 1
-        want = max(self.sorted.size // 4, 1)
+        order = np.argsort(nodes, kind="stable")
+        # each stored id beside its row: a lookup's hit reads one cache line, not two
+        self.pairs = np.empty((nodes.shape[0], 2), dtype=np.int64)
+        self.pairs[:, 0] = nodes[order]
+        self.pairs[:, 1] = order
+        top = int(self.pairs[-1, 0]) + 1 if nodes.size else 1
+        want = max(nodes.size // 4, 1)
         self.shift = max(int(np.ceil(np.log2(max(top / want, 1.0)))), 0)
         edges = np.arange((top >> self.shift) + 2, dtype=np.int64) << self.shift
-        self.directory = np.searchsorted(self.sorted, edges).astype(np.int64)
+        self.directory = np.searchsorted(self.pairs[:, 0], edges).astype(np.int64)
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The row of every id in ``ids`` (-1 where the shard does not store it)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         out = np.empty(ids.shape[0], dtype=np.int64)
-        _lookup(self.sorted, self.order, self.directory, np.int64(self.shift), ids, out)
+        _lookup(self.pairs, self.directory, np.int64(self.shift), ids, out)
         return out
 
 
@@ -126,8 +137,10 @@ class BatchIds:
             tmp = np.empty(self.n, dtype=np.int64)
             _insert(self.table, self.mask, old, 0, self.nodes, 0, tmp, self.limit)
 
-    def add(self, ids: np.ndarray) -> np.ndarray:
-        """The local id of every id in ``ids``; ids not seen before are numbered in order."""
+    def add(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The local id of every id in ``ids``; ids not seen before are numbered in order.
+        ``out``: an int64 array for them (``ids`` itself is fine: each id is read before its
+        local id is written)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         most = self.n + ids.shape[0]
         if most > self.nodes.shape[0]:
@@ -137,7 +150,7 @@ class BatchIds:
         expect = self.n + int(np.ceil(ids.shape[0] * self.rate))
         if expect > self.limit:
             self._table(2 * expect)
-        local = np.empty(ids.shape[0], dtype=np.int64)
+        local = np.empty(ids.shape[0], dtype=np.int64) if out is None else out
         n0, i = self.n, 0
         while True:
             n, i = _insert(self.table, self.mask, ids, i, self.nodes, self.n, local, self.limit)
@@ -151,3 +164,18 @@ class BatchIds:
     def ids(self) -> np.ndarray:
         """The batch's global ids, local id order."""
         return self.nodes[: self.n]
+
+
+@njit(cache=True, nogil=True)
+def place_rows(offs, where, counts, flat, edges):
+    """Put rows ``where``'s sampled ids (``counts`` each, one after the other in ``flat``) at
+    their rows' places in a hop's ``[2, E]`` edges (``offs``: the hop's row offsets): row 0 the
+    ids, row 1 the row."""
+    p = 0
+    for j in range(where.shape[0]):
+        i = where[j]
+        o = offs[i]
+        for q in range(counts[j]):
+            edges[0, o + q] = flat[p + q]
+            edges[1, o + q] = i
+        p += counts[j]

@@ -68,7 +68,7 @@ from ..sampling.base import Block, MiniBatch, Sampler
 from ..sampling.locality import prune_pair, prune_thresholds
 from ..sampling.threaded import ThreadedCPUSampler, _hop_key, check_seeds
 from ..utils.triton_kernels import kernel_ran
-from ._ids import BatchIds, ShardIndex
+from ._ids import BatchIds, ShardIndex, place_rows
 from .context import DistContext
 
 _LINKS = ("local", "peer", "network")  # the links a sampled row crosses (DistContext.link_to)
@@ -121,6 +121,19 @@ class _Shard:
         shard rows, when known). ``theta`` None: :class:`~gnnio.sampling.UniformSampler`'s
         kernels; an int (0 = this hop is not pruned): :class:`~gnnio.sampling.PrunedUniformSampler`'s,
         with pruning threshold ``theta``."""
+        counts, edges = self.sample_edges(rows_global, fanout, hkey, theta, local)
+        return counts, edges[0]
+
+    def sample_edges(
+        self,
+        rows_global: np.ndarray,
+        fanout: int,
+        hkey,
+        theta: int | None = None,
+        local: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`sample`'s counts and ``[2, E]`` edges: the neighbour ids, and the position of
+        each one's row in ``rows_global`` (the kernels write both)."""
         if local is None:
             local = self.rows_of(rows_global)
         if rows_global.size and local.min() < 0:
@@ -139,7 +152,7 @@ class _Shard:
         offs, info = _kernels.count_rows(indptr, local, np.int64(fanout))
         edges = np.empty((2, int(offs[-1])), dtype=np.int64)
         _kernels.sample_rows(indices, rows_global, info, hkey, offs, 0, rows_global.shape[0], edges)
-        return np.diff(offs), edges[0]
+        return np.diff(offs), edges
 
     @staticmethod
     def _sample_pruned(indptr, indices, rows_global, local, fanout: int, hkey, theta: int):
@@ -151,12 +164,13 @@ class _Shard:
         # ``count_rows`` reads row starts and degrees through the shard's local rows;
         # ``sample_rows`` keys each row's stream by its global id (``nodes``)
         e = int(_las.count_rows(indptr, local, fo, th, False, qptr, qpos, offs, rows)[0])
-        src, dst = np.empty(e, dtype=np.int64), np.empty(e, dtype=np.int64)
+        edges = np.empty((2, e), dtype=np.int64)
+        src, dst = edges[0], edges[1]
         _las.sample_rows(
             indices, rows_global, 0, n, offs, rows, hkey, fo, th, 1.0, False, qpos,
             _las.W_NONE, src, dst, np.empty(0, dtype=np.float32),
         )  # fmt: skip
-        return np.diff(offs), src
+        return np.diff(offs), edges
 
     def degrees(self, rows_global: np.ndarray, local: np.ndarray | None = None) -> np.ndarray:
         if local is None:
@@ -256,11 +270,14 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         """This rank's shard: its part's files (a hook for :mod:`gnnio.bench.dist_overlap`)."""
         return _Shard(pdir, self.ctx.rank, self.num_nodes)
 
-    def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The own shard's row of every row (-1: not stored there), and the owner of every
-        other row."""
-        local = self.own.rows_of(rows)
-        return local, self.parts[rows[local < 0]]
+    def _rows_here(self, ids: np.ndarray) -> np.ndarray:
+        """The own shard's row of every id (-1: not stored there); looked up once per batch,
+        when the id first turns up (a hook for :mod:`gnnio.bench.dist_overlap`)."""
+        return self.own.rows_of(ids)
+
+    def _owners(self, rows: np.ndarray) -> np.ndarray:
+        """The owner of every row not stored here (a hook for :mod:`gnnio.bench.dist_overlap`)."""
+        return self.parts[rows]
 
     @property
     def device(self) -> torch.device:
@@ -283,13 +300,15 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             raise ValueError("seeds: must be distinct")
         nodes = ids.ids()
         hop_nodes, hop_edges, hop_w = [n0], [], []
+        here = np.empty(0, dtype=np.int64)  # the own shard's row of every node so far
         for h, fo in enumerate(self.fanouts):
-            cnt, flat, deg = self._hop(nodes, int(fo), _hop_key(key, h), h)
-            dst = np.repeat(np.arange(nodes.shape[0], dtype=np.int64), cnt)
+            here = np.concatenate((here, self._rows_here(nodes[here.shape[0] :])))
+            cnt, edges, deg = self._hop(nodes, here, int(fo), _hop_key(key, h), h)
             if self.thresholds is not None:
                 w = _ht_weights(deg, self.thresholds[h], int(fo))
                 hop_w.append(torch.from_numpy(np.repeat(w, cnt)))
-            hop_edges.append(np.stack([ids.add(flat), dst]))
+            ids.add(edges[0], out=edges[0])  # (relabelled in place: edges[1] is the row)
+            hop_edges.append(edges)
             nodes = ids.ids()
             hop_nodes.append(int(nodes.shape[0]))
         blocks = [
@@ -312,21 +331,27 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         )
 
     # -- one hop --------------------------------------------------------------------------
-    def _hop(self, rows: np.ndarray, fo: int, hkey, h: int):
-        """Per-row sampled counts, the flat neighbour ids in row order, and (with pruning) the
-        rows' degrees (else None)."""
+    def _hop(self, rows: np.ndarray, local: np.ndarray, fo: int, hkey, h: int):
+        """Per-row sampled counts, the ``[2, E]`` edges (neighbour ids in row order, and their
+        rows' positions in ``rows``) and (with pruning) the rows' degrees (else None).
+        ``local``: the own shard's row of every row (-1: not stored there)."""
         n = rows.shape[0]
         theta = None if self.thresholds is None else int(self.thresholds[h])
+        remote = np.flatnonzero(local < 0)
+        asks = (self.mode == "dsp" or self.ctx.num_machines > 1) and not self.all_local
+        if not remote.size:  # every row stored here: the kernels' edges are the hop's
+            c, e = self.own.sample_edges(rows, fo, hkey, theta, local=local)
+            self._count_local(e.shape[1], n)
+            if asks:  # (the other ranks' requests are served all the same)
+                self._request(remote, remote, remote.astype(self.parts.dtype), fo, hkey, h, theta)
+            return c, e, None if theta is None else self.own.degrees(rows, local)
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
-        local, owner = self._route(rows)
-        here = local >= 0
-        idx = np.flatnonzero(here)
+        owner = self._owners(rows[remote])
+        idx = np.flatnonzero(local >= 0)
         c, f = self.own.sample(rows[idx], fo, hkey, theta, local=local[idx])
-        self.bytes_by_link["local"] += int(f.size * self.own.itemsize + 16 * idx.size)
+        self._count_local(f.size, idx.size)
         deg = None if theta is None else self.own.degrees(rows[idx], local[idx])
         pieces.append((idx, c, f, deg))
-        self.stats["local_rows"] += int(idx.size)
-        remote = np.flatnonzero(~here)
         ask = np.ones(remote.shape[0], dtype=bool)
         if self.mode == "shared":
             for k, shard in self.peer_shards.items():
@@ -340,7 +365,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
                     ask[owner == k] = False
             self.stats["requests"] += int((~ask).sum())
         need = remote[ask]
-        if (self.mode == "dsp" or self.ctx.num_machines > 1) and not self.all_local:
+        if asks:
             pieces.append(self._request(need, rows[need], owner[ask], fo, hkey, h, theta))
         cnt = np.zeros(n, dtype=np.int64)
         deg_all = None if theta is None else np.zeros(n, dtype=np.int64)
@@ -351,13 +376,14 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
                 deg_all[r] = d
         offs = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(cnt, out=offs[1:])
-        flat = np.empty(int(offs[-1]), dtype=np.int64)
+        edges = np.empty((2, int(offs[-1])), dtype=np.int64)
         for r, c, f, _ in pieces:
-            if f.size:
-                starts = np.repeat(offs[r], c)
-                within = np.arange(f.size, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
-                flat[starts + within] = f
-        return cnt, flat, deg_all
+            place_rows(offs, r, c.astype(np.int64, copy=False), f, edges)
+        return cnt, edges, deg_all
+
+    def _count_local(self, entries: int, rows: int) -> None:
+        self.bytes_by_link["local"] += int(entries * self.own.itemsize + 16 * rows)
+        self.stats["local_rows"] += int(rows)
 
     def _request(self, where, ids, owner, fo: int, hkey, h: int, theta: int | None = None):
         """Request/response for rows ``ids`` owned by ``owner`` (4 ``all_to_all_single``);
