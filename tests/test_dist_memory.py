@@ -66,13 +66,15 @@ def test_rows_of_searches_a_crowded_bucket():
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 300), min_size=1, max_size=40, unique=True),
-       st.lists(st.lists(st.integers(0, 300), max_size=200), max_size=4))  # fmt: skip
-def test_batch_ids_number_ids_in_order_of_first_appearance(seeds, hops):
-    """The partitioned sampler's relabelling (a hash table grown by rehashing) against a dict:
-    the single-process samplers' numbering (seeds, then each new id where it first occurs)."""
+       st.lists(st.lists(st.integers(0, 300), max_size=200), max_size=4),
+       st.integers(0, 400))  # fmt: skip
+def test_batch_ids_number_ids_in_order_of_first_appearance(seeds, hops, expect):
+    """The partitioned sampler's relabelling (a hash table grown by rehashing, sized up front
+    for ``expect`` ids, too many or too few) against a dict: the single-process samplers'
+    numbering (seeds, then each new id where it first occurs)."""
     from gnnio.distributed._ids import BatchIds
 
-    ids = BatchIds(np.asarray(seeds))
+    ids = BatchIds(np.asarray(seeds), expect=expect)
     ref = {v: i for i, v in enumerate(seeds)}
     for hop in hops:
         got = ids.add(np.asarray(hop, dtype=np.int64))
@@ -80,6 +82,25 @@ def test_batch_ids_number_ids_in_order_of_first_appearance(seeds, hops):
             ref.setdefault(v, len(ref))
         assert got.tolist() == [ref[v] for v in hop]
         assert ids.ids().tolist() == list(ref)
+
+
+def test_batch_ids_sized_by_the_last_batch_never_rehash():
+    """A batch like the last one (``expect``: the ids that one numbered) fills a table sized
+    for it and never grows it: the per-hop estimate, which runs ahead of a batch's falling rate
+    of new ids, doubled the table on the last hop, and rehashed every hop."""
+    from gnnio.distributed._ids import BatchIds
+
+    rng = np.random.default_rng(0)
+    seeds = rng.choice(1 << 20, 500, replace=False)
+    pool = (1 << 20) + rng.permutation(40_000)  # hop 1: all new; hop 2: half new
+    hops = [pool[:20_000], pool[rng.integers(0, 40_000, 60_000)]]
+    first = BatchIds(seeds)
+    out = [first.add(h) for h in hops]
+    again = BatchIds(seeds, first.buffer, expect=first.n)
+    assert [again.add(h).tolist() for h in hops] == [o.tolist() for o in out]
+    assert first.rehashes > 0 and again.rehashes == 0
+    assert again.cap == 1 << (2 * first.n - 1).bit_length()
+    assert np.array_equal(again.ids(), first.ids())
 
 
 def test_a_shard_held_as_tensors_samples_exactly_as_the_files(tmp_path):

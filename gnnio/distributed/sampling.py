@@ -260,7 +260,8 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         # every link up front: a mid-epoch checkpoint copies these while the sampling thread
         # runs, and a key added during the copy would end it ("dictionary changed size")
         self.bytes_by_link: dict[str, int] = defaultdict(int, dict.fromkeys(_LINKS, 0))
-        self._spare = threading.local()  # the last batch's id table (BatchIds), per thread
+        # the last batch's id table (BatchIds) and how many ids it numbered, per thread
+        self._spare = threading.local()
 
     #: every row is known to be in the own shard (no request step); bench dist-sampling's
     #: all-local run of HyDRA's overlap rates (:mod:`gnnio.bench.dist_overlap`)
@@ -295,7 +296,8 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
         n0 = int(seeds.shape[0])
         # local ids in order of first appearance, from a hash table of the batch's ids (not a
         # map of all N: gnnio.distributed._ids)
-        ids = BatchIds(seeds, getattr(self._spare, "buffer", None))
+        spare = self._spare
+        ids = BatchIds(seeds, getattr(spare, "buffer", None), getattr(spare, "ids", 0))
         if ids.n != n0:
             raise ValueError("seeds: must be distinct")
         nodes = ids.ids()
@@ -320,7 +322,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             )
             for h in range(len(hop_edges) - 1, -1, -1)
         ]
-        self._spare.buffer = ids.buffer  # (the table only: nodes go out with the batch)
+        spare.buffer, spare.ids = ids.buffer, ids.n  # (the table only: nodes go out with the batch)
         self.stats["batches"] += 1
         self.stats["seconds"] += time.perf_counter() - t0
         return MiniBatch(

@@ -147,6 +147,8 @@ def count_rows(indptr, dst_nodes, fanout):
     rows = np.empty((2, n), dtype=np.int64)
     offs[0] = 0
     for i in range(n):
+        if i + _PF_ROWS < n:
+            prefetch(indptr, dst_nodes[i + _PF_ROWS])
         v = dst_nodes[i]
         start = indptr[v]
         d = indptr[v + 1] - start
@@ -189,7 +191,10 @@ def sample_rows(indices, dst_nodes, rows, hop_key, offs, lo, hi, edges):
                 _floyd_hashed(src, o, d, k, state)
             for q in range(o, o + k):
                 src[q] += start
-    for q in range(offs[lo], offs[hi]):
+    e = offs[hi]
+    for q in range(offs[lo], e):
+        if q + _PF_EDGES < e:
+            prefetch(indices, src[q + _PF_EDGES])
         src[q] = indices[src[q]]
 
 
