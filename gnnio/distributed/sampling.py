@@ -302,10 +302,10 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             raise ValueError("seeds: must be distinct")
         nodes = ids.ids()
         hop_nodes, hop_edges, hop_w = [n0], [], []
-        here = np.empty(0, dtype=np.int64)  # the own shard's row of every node so far
+        where = np.empty((3, 0), dtype=np.int64)  # _locate of every node so far
         for h, fo in enumerate(self.fanouts):
-            here = np.concatenate((here, self._rows_here(nodes[here.shape[0] :])))
-            cnt, edges, deg = self._hop(nodes, here, int(fo), _hop_key(key, h), h)
+            where = np.concatenate((where, self._locate(nodes[where.shape[1] :])), axis=1)
+            cnt, edges, deg = self._hop(nodes, where, int(fo), _hop_key(key, h), h)
             if self.thresholds is not None:
                 w = _ht_weights(deg, self.thresholds[h], int(fo))
                 hop_w.append(torch.from_numpy(np.repeat(w, cnt)))
@@ -332,12 +332,28 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             meta={"hop_nodes": hop_nodes},
         )
 
+    def _locate(self, ids: np.ndarray) -> np.ndarray:
+        """Where every id's list is read, ``[3, len(ids)]``: the own shard's row (-1: not
+        stored there), the owner of an id not stored here (else -1), and its row in that
+        owner's shard where this rank maps it (``shared`` mode; else -1). Looked up once per
+        batch, when the id first turns up: a hop's rows are all the nodes so far."""
+        out = np.full((3, ids.shape[0]), -1, dtype=np.int64)
+        out[0] = self._rows_here(ids)
+        away = np.flatnonzero(out[0] < 0)
+        if away.size:
+            out[1, away] = self._owners(ids[away])
+            for k, shard in self.peer_shards.items() if self.mode == "shared" else ():
+                sel = away[out[1, away] == k]
+                out[2, sel] = shard.rows_of(ids[sel])
+        return out
+
     # -- one hop --------------------------------------------------------------------------
-    def _hop(self, rows: np.ndarray, local: np.ndarray, fo: int, hkey, h: int):
+    def _hop(self, rows: np.ndarray, where: np.ndarray, fo: int, hkey, h: int):
         """Per-row sampled counts, the ``[2, E]`` edges (neighbour ids in row order, and their
         rows' positions in ``rows``) and (with pruning) the rows' degrees (else None).
-        ``local``: the own shard's row of every row (-1: not stored there)."""
+        ``where``: :meth:`_locate` of every row."""
         n = rows.shape[0]
+        local = where[0]
         theta = None if self.thresholds is None else int(self.thresholds[h])
         remote = np.flatnonzero(local < 0)
         asks = (self.mode == "dsp" or self.ctx.num_machines > 1) and not self.all_local
@@ -348,7 +364,7 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
                 self._request(remote, remote, remote.astype(self.parts.dtype), fo, hkey, h, theta)
             return c, e, None if theta is None else self.own.degrees(rows, local)
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
-        owner = self._owners(rows[remote])
+        owner = where[1, remote]
         idx = np.flatnonzero(local >= 0)
         c, f = self.own.sample(rows[idx], fo, hkey, theta, local=local[idx])
         self._count_local(f.size, idx.size)
@@ -359,8 +375,9 @@ class ShardedSampler(ThreadedCPUSampler, Sampler):
             for k, shard in self.peer_shards.items():
                 sel = remote[owner == k]
                 if sel.size:
-                    c, f = shard.sample(rows[sel], fo, hkey, theta)
-                    deg = shard.degrees(rows[sel])
+                    loc = where[2, sel]
+                    c, f = shard.sample(rows[sel], fo, hkey, theta, local=loc)
+                    deg = shard.degrees(rows[sel], loc)
                     read = deg if not theta or fo < 0 else np.minimum(deg, theta)
                     self.bytes_by_link["peer"] += int(read.sum() * shard.itemsize + 16 * sel.size)
                     pieces.append((sel, c, f, None if theta is None else deg))
