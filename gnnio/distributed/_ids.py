@@ -13,8 +13,9 @@ replace it:
   node, as before, plus ~2 for the directory).
 * :class:`BatchIds`: the batch's global ids -> local ids, in order of first appearance (seeds
   first, then each hop's new ids as they first occur in its sampled lists, which is the
-  single-process samplers' numbering), an open-addressing hash table sized by the batch (each
-  hop's new ids estimated from the last hop's rate) and grown by rehashing.
+  single-process samplers' numbering), an open-addressing hash table sized by the batch (by
+  the sampler's last batch, else each hop's new ids estimated from the last hop's rate) and
+  grown by rehashing.
 """
 
 from __future__ import annotations
