@@ -52,6 +52,8 @@ def _lookup(pairs, directory, shift, queries, out):
             continue
         lo, end = directory[b], directory[b + 1]
         hi = end
+        # (not _las_kernels._lower_bound over pairs[:, 0]: measured 8-15 % slower here, the
+        # scan of a bucket's few ids beats halving it to the end)
         while hi - lo > 8:  # a crowded bucket: halve it (``pairs[hi]`` stays >= q)...
             mid = (lo + hi) >> 1
             if pairs[mid, 0] < q:
