@@ -123,3 +123,34 @@ def test_a_static_cache_holds_only_rows_the_rank_reads_from_host(tmp_path):
     for cached, dev_num in run_ranks(2, body, load_topology("2")):
         assert cached.size == 20
         assert (dev_num[cached] < 0).all()  # every cached row is one this rank reads from host
+
+
+@pytest.mark.parametrize("host", ["memory", "mmap"])
+def test_unique_ids_in_any_order_land_in_place_from_every_link(tmp_path, host):
+    """A batch of distinct ids (a sampler's n_id) is written straight into the output, each
+    row at its id's place, from the own shard, a peer, host memory (pread for a mapped file)
+    and the previous batch; repeated ids take the row buffer. Both against ``FEATS[ids]``."""
+    from gnnio.features import MmapFeatureStore
+
+    np.save(tmp_path / "x.npy", FEATS.numpy())
+    gen = torch.Generator().manual_seed(3)
+    perms = [torch.randperm(N, generator=gen)[:k] for k in (25, 30, 12, 30)]
+    batches = [perms[0], perms[1], torch.cat([perms[2], perms[2][:4]]), perms[3]]
+
+    def body(ctx):
+        bottom = (
+            MmapFeatureStore(tmp_path / "x.npy") if host == "mmap" else InMemoryFeatureStore(FEATS)
+        )
+        store = ShardedFeatureStore(bottom, PLACEMENT, ctx, reuse=True)
+        got = [store.gather(ids) for ids in batches]
+        rows = dict(store.counters.rows)
+        out = torch.full((40, DIM), -1.0)
+        again = store.gather(batches[1], out=out)
+        return got, rows, again, out
+
+    for got, rows, again, out in run_ranks(2, body, load_topology("2")):
+        for g, ids in zip(got, batches):
+            assert torch.equal(g, FEATS[ids])
+        assert all(rows.get(t, 0) > 0 for t in ("local", "peer", "host", "reuse"))
+        assert torch.equal(again, FEATS[batches[1]]) and again.data_ptr() == out.data_ptr()
+        assert (out[30:] == -1).all()  # nothing written past the batch's rows

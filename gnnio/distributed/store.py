@@ -170,7 +170,18 @@ class ShardedFeatureStore(FeatureStore):
         idx = torch.from_numpy(np.ascontiguousarray(idx_np)).long()
         uniq, inv = torch.unique(idx, sorted=True, return_inverse=True)
         u = int(uniq.shape[0])
-        rows_u = self._scratch("rows", u)
+        # unique ids (a sampler's n_id): each row goes straight to its place in dst, at[k] for
+        # uniq[k]; else into a row buffer of the unique ids, copied to dst's order at the end
+        direct = u == m and dst.is_contiguous()
+        if direct:
+            rows_u, at = dst, torch.empty(u, dtype=torch.int64)
+            at[inv] = torch.arange(m)
+        else:
+            rows_u, at = self._scratch("rows", u), None
+
+        def place(sel: torch.Tensor) -> torch.Tensor:
+            return sel if at is None else at[sel]
+
         rb = self.row_bytes
         src = self.dev_num[uniq].long()
         pos = self.buf_pos[uniq].long()
@@ -178,7 +189,7 @@ class ShardedFeatureStore(FeatureStore):
         # local shard
         is_local = src == self.rank
         sel = is_local.nonzero().squeeze(1)
-        move_rows(self.shard, pos[sel].to(self.device), rows_u, sel.to(self.device))
+        move_rows(self.shard, pos[sel].to(self.device), rows_u, place(sel).to(self.device))
         self.counters.add("local", int(sel.numel()), rb)
 
         # cross-batch reuse of non-local rows
@@ -188,7 +199,7 @@ class ShardedFeatureStore(FeatureStore):
             hit = need & (self._prev_ids[p] == uniq)
             hsel = hit.nonzero().squeeze(1)
             assert self._prev_rows is not None  # (kept with _prev_ids)
-            move_rows(self._prev_rows, p[hsel].to(self.device), rows_u, hsel.to(self.device))
+            move_rows(self._prev_rows, p[hsel].to(self.device), rows_u, place(hsel).to(self.device))
             self.counters.add("reuse", int(hsel.numel()), rb)
             need &= ~hit
 
@@ -198,7 +209,7 @@ class ShardedFeatureStore(FeatureStore):
             # the rows this thread read: the evaluation store reads the same host store (its
             # counters, its pread reader) on its own thread, DistRun.build_store
             with self.host_store.counters.counting() as got:
-                self._read_host(uniq[hsel], hsel, rows_u)
+                self._read_host(uniq[hsel], place(hsel), rows_u)
             for t, d in got.rows.items():
                 if d:
                     self.counters.add("host" if t not in ("cache",) else "cache", d, rb)
@@ -207,7 +218,7 @@ class ShardedFeatureStore(FeatureStore):
 
         # other ranks: one exchange, even when nothing is needed from them
         rsel = (need & (src >= 0)).nonzero().squeeze(1)
-        control = self._exchange(src[rsel], pos[rsel], rsel, rows_u)
+        control = self._exchange(src[rsel], pos[rsel], place(rsel), rows_u)
 
         prev_ids, prev_rows = self._prev_ids, self._prev_rows
         if self.reuse:
@@ -215,8 +226,9 @@ class ShardedFeatureStore(FeatureStore):
             prev_ids = uniq[keep]
             self._flip ^= 1  # two buffers: the previous batch's rows stay intact while read
             prev_rows = self._scratch(f"prev{self._flip}", keep.numel())
-            move_rows(rows_u, keep.to(self.device), prev_rows, None)
-        move_rows(rows_u, inv.to(self.device), dst, None)
+            move_rows(rows_u, place(keep).to(self.device), prev_rows, None)
+        if not direct:
+            move_rows(rows_u, inv.to(self.device), dst, None)
         with self._state_lock:  # this gather's bookkeeping, all at once (state_dict reads it)
             if self.trace is not None and u:
                 self.trace[uniq.numpy()] += 1
