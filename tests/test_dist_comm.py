@@ -107,7 +107,7 @@ def test_bench_dist_every_strategy(graph, tmp_path):
     recs = _run_checked(
         tmp_path, "bench-dist", ["bench", "dist", str(d), "--nproc", "2", "--strategies",
                                  STRATEGIES, "--batches", "2", "--batch-size", "16",
-                                 "--fanouts", "4,3", "--json"],
+                                 "--fanouts", "4,3", "--reuse-level", "machine", "--json"],
     )  # fmt: skip
     assert any(g == "fetch" for rec in recs for _, g, _, _ in rec["calls"])
 

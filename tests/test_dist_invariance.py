@@ -1,6 +1,6 @@
 """Two ranks learn the same whatever the placement of the rows across them (gloo, CPU processes).
 
-Placement strategies, the buffer, HyDRA's cross-batch reuse, the store and a cache only move rows
+Placement strategies, the buffer, HyDRA's cross-batch reuse (both levels), the store and a cache only move rows
 between the ranks' links; partitioned topology (a part per rank, dsp or shared sampling over
 HyDRA's high-degree replication) only moves neighbour-list reads. Every one of them must give the
 run with the whole topology on every rank the same ``loss_history`` and accuracy bit for bit: a
@@ -27,6 +27,8 @@ VARIANTS = {
     "partition, dsp, metis, buffer 0.3": ["--partition", "{part}", "--sampling-mode", "dsp",
                                           "--placement-strategy", "metis", "--buffer", "0.3"],
     "partition, shared": ["--partition", "{part}", "--sampling-mode", "shared"],
+    "mod, machine reuse, lru cache": ["--placement-strategy", "mod", "--reuse-level", "machine",
+                                      "--cache-policy", "lru", "--cache-size", "0.05"],
 }  # fmt: skip
 
 

@@ -60,6 +60,14 @@ def add_arguments(p) -> None:
         action="store_true",
         help="HyDRA cross-batch reuse (off by default, so measured bytes match the cost model)",
     )
+    p.add_argument(
+        "--reuse-level",
+        choices=("gpu", "machine"),
+        default=None,
+        help="with reuse: a rank's own previous batch (gpu), or also HyDRA's intra-machine "
+        "level (machine: an NVLink group reads each host row once); implies --reuse "
+        "(default: gpu)",
+    )
     p.add_argument("--dist-timeout", type=float, default=None, help="collective timeout, seconds")
     p.add_argument(
         "--no-progress", "--quiet", dest="no_progress", action="store_true", help="no progress bars"
@@ -155,6 +163,7 @@ def _rank_body(opts: dict, torch) -> dict | None:
             batches.append(sampler.sample(seeds).input_nodes)
         host = open_store(ds, "mmap", "cpu", num_threads=threads, progress=False)
         ceiling = _all_to_all_ceiling(ctx, torch)
+        level = (o.reuse_level or "gpu") if (o.reuse or o.reuse_level) else False
         per_strategy: dict[str, Any] = {}
         for name in o.strategies:
             cfg = SimpleNamespace(
@@ -163,9 +172,11 @@ def _rank_body(opts: dict, torch) -> dict | None:
                 num_layers=len(fanouts),
             )  # fmt: skip
             pl = get_placement(ds, cfg, ctx)
-            store = ShardedFeatureStore(host, pl, ctx, reuse=o.reuse)
+            store = ShardedFeatureStore(host, pl, ctx, reuse=level)
             store.gather(batches[0])  # warm-up (page cache, first-touch), not counted
             store.counters.reset()
+            if store.group_reuse is not None:
+                store.group_reuse.forwarded_rows = 0
             store.reset_trace()
             store.collective_s = 0.0
             times = []
@@ -179,6 +190,9 @@ def _rank_body(opts: dict, torch) -> dict | None:
             mine = {
                 "bytes_by_link": {t: int(store.counters.bytes.get(t, 0)) for t in LINKS},
                 "reuse_bytes": int(store.counters.bytes.get("reuse", 0)),
+                "forwarded_bytes": 0
+                if store.group_reuse is None
+                else store.group_reuse.forwarded_rows * store.row_bytes,
                 "modeled_bytes_by_link": {
                     t: int(round(r * store.row_bytes)) for t, r in rows.items()
                 },
@@ -202,7 +216,8 @@ def _rank_body(opts: dict, torch) -> dict | None:
             "batch_size": o.batch_size,
             "fanouts": list(fanouts),
             "threads_per_rank": threads,
-            "reuse": bool(o.reuse),
+            "reuse": level is not False,
+            "reuse_level": level or None,
             "simulated_devices": ctx.simulated,
             "time_kind": (
                 "wall clock of gloo collectives over loopback TCP between CPU processes "
@@ -228,6 +243,7 @@ def _combine(ranks: list[dict], pl, batches: int) -> dict:
         "bytes_by_link": meas,
         "modeled_bytes_by_link": mod,
         "reuse_bytes": sum(r["reuse_bytes"] for r in ranks),
+        "forwarded_bytes": sum(r["forwarded_bytes"] for r in ranks),
         "fetch_ms_per_batch": max(r["fetch_ms_per_batch"] for r in ranks),
         "collective_ms_per_batch": max(r["collective_ms_per_batch"] for r in ranks),
         "modeled_fetch_ms_per_batch": max(r["modeled_fetch_ms_per_batch"] for r in ranks),

@@ -371,7 +371,10 @@ def refuse_ignored(args, ranks: int) -> None:
         ("--sampling-mode", args.sampling_mode, args.partition, "--partition PDIR"),
     ))  # fmt: skip
     reuse = None if args.reuse is None else "--reuse" if args.reuse else "--no-reuse"
+    if args.reuse is False and args.reuse_level is not None:
+        raise UsageError("--reuse-level: has no effect with --no-reuse")
     for option, given in (("--buffer", args.buffer), (reuse, args.reuse),
+                          ("--reuse-level", args.reuse_level),
                           ("--dist-timeout", args.dist_timeout)):  # fmt: skip
         if given is not None and ranks <= 1:  # read by the ranks' placement, store and group
             raise UsageError(f"{option}: needs several ranks (--nproc N or torchrun)")

@@ -122,5 +122,6 @@ def config_from_args(args, ranks: int):
         partition=args.partition,
         sampling_mode=_or_default(args.sampling_mode, "sampling_mode"),
         reuse=_or_default(args.reuse, "reuse"),
+        reuse_level=_or_default(args.reuse_level, "reuse_level"),
     )
     return cfg

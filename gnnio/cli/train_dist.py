@@ -74,6 +74,15 @@ def add_dist_arguments(p) -> None:
         "are not fetched again (default: on)",
     )
     g.add_argument(
+        "--reuse-level",
+        choices=("gpu", "machine"),
+        default=None,
+        help="gpu: each rank reuses its own previous batch (HyDRA's intra-GPU level); machine: "
+        "also the intra-machine level, the ranks of an NVLink group read each host row once "
+        "per batch and hand it to the others, or hand over rows held from their previous "
+        "batch (default: gpu)",
+    )
+    g.add_argument(
         "--dist-timeout",
         type=float,
         metavar="SECONDS",

@@ -49,6 +49,7 @@ from ..features._gather import as_index_array, output_rows
 from ..features.base import FeatureStore
 from ..features.batch_ops import move_rows
 from .context import DistContext
+from .group_reuse import GroupReuse
 from .hostrows import pread_rows_of
 
 __all__ = ["LINKS", "ShardedFeatureStore"]
@@ -67,7 +68,11 @@ class ShardedFeatureStore(FeatureStore):
             memory-mapped dataset, optionally behind a cache); the shard is filled from it once.
         placement: the placement (one buffer per rank).
         ctx: the rank context (rank, links, fetch group).
-        reuse: HyDRA cross-batch reuse of the previous batch's non-local rows.
+        reuse: HyDRA cross-batch reuse of the previous batch's non-local rows: False, True or
+            ``"gpu"`` (the rank's own previous batch, §III-B2 ①), or ``"machine"`` (also the
+            intra-machine level ②: the rank's NVLink group reads each host row once and hands
+            it over, :mod:`gnnio.distributed.group_reuse`; as ``"gpu"`` where peer links are
+            not faster than host reads or the rank has no peer).
         record_trace: count reads per node for the cost model (an ``[N]`` int64 array).
         group: the context's process group for the exchanges (:data:`gnnio.distributed.context.GROUPS`:
             ``fetch`` for training, ``eval_fetch`` for evaluation; one thread each).
@@ -80,7 +85,7 @@ class ShardedFeatureStore(FeatureStore):
         host_store: FeatureStore,
         placement,
         ctx: DistContext,
-        reuse: bool = False,
+        reuse: bool | str = False,
         record_trace: bool = True,
         group: str = "fetch",
     ) -> None:
@@ -103,7 +108,15 @@ class ShardedFeatureStore(FeatureStore):
         self.dim = int(host_store.dim)
         self.dtype = host_store.dtype
         self.device = ctx.device
+        if reuse not in (False, True, "gpu", "machine"):
+            raise ValueError(f"reuse: expected False, True, 'gpu' or 'machine', got {reuse!r}")
         self.reuse = bool(reuse)
+        members = ctx.topo.group_of(self.rank)
+        self.group_reuse = (
+            GroupReuse(ctx, members, group)
+            if reuse == "machine" and ctx.topo.peers_cheaper and len(members) > 1
+            else None
+        )
         peers = bool(placement.peer_reads) and bool(ctx.topo.peers_cheaper)
         self._peers = peers
         lk = placement.lookup(self.rank, peers=peers)
@@ -203,8 +216,20 @@ class ShardedFeatureStore(FeatureStore):
             self.counters.add("reuse", int(hsel.numel()), rb)
             need &= ~hit
 
-        # host memory
+        # host memory: this rank's rows, or (intra-machine level) the rows the group's plan
+        # gives it to read; the others come from a group member after the exchange below
+        gr = self.group_reuse if self.reuse else None
+        gp, group_needs, gcontrol = None, None, 0
         hsel = (need & (src < 0)).nonzero().squeeze(1)
+        if gr is not None:
+            gp, group_needs, gcontrol = gr.exchange(uniq[src < 0].numpy())
+            n_recv = sum(int(r.size) for r in gp.recv)
+            if int(gp.reads.size) + n_recv != int(hsel.numel()):  # (the plan's own invariant)
+                raise RuntimeError(
+                    f"rank {self.rank}: group reuse plan covers {gp.reads.size + n_recv} of "
+                    f"{hsel.numel()} host rows"
+                )
+            hsel = torch.from_numpy(np.searchsorted(uniq.numpy(), gp.reads))
         if hsel.numel():
             # the rows this thread read: the evaluation store reads the same host store (its
             # counters, its pread reader) on its own thread, DistRun.build_store
@@ -219,6 +244,9 @@ class ShardedFeatureStore(FeatureStore):
         # other ranks: one exchange, even when nothing is needed from them
         rsel = (need & (src >= 0)).nonzero().squeeze(1)
         control = self._exchange(src[rsel], pos[rsel], place(rsel), rows_u)
+        if gr is not None and gp is not None:
+            control += gcontrol
+            gr.hand_over(self, gp, uniq, rows_u, place)
 
         prev_ids, prev_rows = self._prev_ids, self._prev_rows
         if self.reuse:
@@ -233,10 +261,13 @@ class ShardedFeatureStore(FeatureStore):
             if self.trace is not None and u:
                 self.trace[uniq.numpy()] += 1
             self._prev_ids, self._prev_rows = prev_ids, prev_rows
+            if gr is not None and group_needs is not None:
+                gr.prevs = group_needs
             self.control_bytes += control
             self.num_gathers += 1
             if self.keep_log:
-                self._log.append((self.num_gathers, uniq, prev_ids, self.control_bytes))
+                gprev = None if gr is None else gr.prevs
+                self._log.append((self.num_gathers, uniq, prev_ids, self.control_bytes, gprev))
         return dst
 
     def _read_host(self, ids: torch.Tensor, at: torch.Tensor, rows_u: torch.Tensor) -> None:
@@ -265,6 +296,7 @@ class ShardedFeatureStore(FeatureStore):
         :meth:`mark` at ``upto`` (None: now). Needs ``keep_log`` to rewind."""
         with self._state_lock:
             n, prev, control = self.num_gathers, self._prev_ids, self.control_bytes
+            gprev = None if self.group_reuse is None else self.group_reuse.prevs
             trace = None if self.trace is None else self.trace.copy()
             log = list(self._log)
         if upto is not None and upto != n:
@@ -277,7 +309,7 @@ class ShardedFeatureStore(FeatureStore):
             for k in range(upto + 1, n + 1):
                 if trace is not None and entries[k][1].numel():
                     trace[entries[k][1].numpy()] -= 1
-            _, _, prev, control = entries[upto]
+            _, _, prev, control, gprev = entries[upto]
             n = upto
         host = self.host_store
         return {
@@ -285,6 +317,8 @@ class ShardedFeatureStore(FeatureStore):
             "control_bytes": int(control),
             "trace": None if trace is None else torch.from_numpy(trace),
             "prev_ids": None if prev is None else prev.clone(),
+            # the group's host rows of that batch (intra-machine level): the next plan's prevs
+            "group_prev": None if gprev is None else [torch.from_numpy(a.copy()) for a in gprev],
             "host": save() if callable(save := getattr(host, "state_dict", None)) else {},
         }
 
@@ -302,6 +336,12 @@ class ShardedFeatureStore(FeatureStore):
                 self.trace[:] = state["trace"].numpy()
             prev = state["prev_ids"]
             self._log.clear()
+            gr = self.group_reuse
+            if gr is not None:  # every member plans from the same lists, or none has a prev
+                gprev = state.get("group_prev")
+                if gprev is None or len(gprev) != len(gr.members):
+                    prev, gprev = None, [np.zeros(0, dtype=np.int64)] * len(gr.members)
+                gr.prevs = [np.asarray(a, dtype=np.int64) for a in gprev]
             if prev is None or not self.reuse:
                 self._prev_ids = self._prev_rows = None
                 return

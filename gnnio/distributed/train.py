@@ -138,7 +138,7 @@ class DistRun(LocalRun):
                 "where": "in front of host memory, per rank",
             }
         # the cache only serves the host reads: every gather still takes part in the exchange
-        store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse)
+        store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse and cfg.reuse_level)
         store.fault = fault_from_env(ctx.rank)
         gpu_ids = torch.nonzero(store.dev_num >= 0).squeeze(1).numpy()  # its shard + peers'
         # evaluation: the same shard and exchange, without cross-batch reuse and, as in one
@@ -147,8 +147,8 @@ class DistRun(LocalRun):
         eval_store.__dict__.update(store.__dict__)
         eval_store.counters = type(store.counters)()
         eval_store.reuse, eval_store.trace, eval_store.fault = False, None, None
+        eval_store.group_reuse = eval_store._prev_ids = eval_store._prev_rows = None
         eval_store.group = "eval_fetch"  # the evaluation loaders' gather thread (context.py)
-        eval_store._prev_ids = eval_store._prev_rows = None
         eval_store._buffers = {}
         eval_store.keep_log, eval_store._log = False, collections.deque(maxlen=store.LOG)
         eval_store._state_lock = threading.Lock()

@@ -172,6 +172,8 @@ class TrainConfig:
             strategies: ``metis``, ``naive``, ``random``, or a file with parts) instead of a slice
             of one global shuffle.
         reuse: HyDRA cross-batch reuse: rows fetched for the previous batch are not fetched again.
+        reuse_level: ``gpu`` (a rank's own previous batch) or ``machine`` (also HyDRA's
+            intra-machine level: an NVLink group reads each host row once; ``group_reuse.py``).
         partition: a ``gnnio partition`` directory: every rank holds only its shard of the
             topology and samples across ranks (:mod:`gnnio.distributed.sampling`); with ``local_seeds``
             each rank trains on the training nodes its part owns.
@@ -239,6 +241,7 @@ class TrainConfig:
     partition: str | None = None
     sampling_mode: str = "dsp"
     reuse: bool = True
+    reuse_level: str = "gpu"
 
     @property
     def num_layers(self) -> int:

@@ -81,6 +81,8 @@ def validate_dist(cfg, world_size: int) -> None:
         )
     if cfg.sampling_mode not in ("dsp", "shared"):
         raise UsageError(f"--sampling-mode: dsp or shared, got '{cfg.sampling_mode}'")
+    if cfg.reuse_level not in ("gpu", "machine"):
+        raise UsageError(f"--reuse-level: gpu or machine, got '{cfg.reuse_level}'")
     if cfg.partition is not None:
         for name, bad in (
             ("--locality-scale", cfg.locality_scale is not None),

@@ -1,0 +1,203 @@
+"""HyDRA's intra-machine level of cross-batch reuse (§III-B2, ②): a group's batches as one.
+
+HyDRA "treats the current batch as a composite of all batches from GPUs within a single machine,
+synchronizing batch IDs via all-gather". In gnnio the ranks that can hand rows to each other are
+an NVLink group of the topology (one group per machine by default), and the rows a rank fetches
+over a slow link are the ones it reads from host memory (a row on another machine is read from
+that machine's host memory: NVLink groups never span machines). So, per gather, each rank of a
+group tells the others which rows it needs from host memory (:func:`plan` takes those lists), and
+every row of the group's composite batch crosses PCIe at most once:
+
+* a rank that read the row for its previous batch copies it from that batch's buffer (the
+  intra-GPU level, ①, as with ``reuse="gpu"``);
+* else, when a rank of the group holds it from its previous batch, that rank hands it over NVLink
+  (``peer`` bytes, not ``host``);
+* else one of the ranks that need it reads it from host memory and hands it to the others.
+
+Every rank of the group computes the same plan from the same lists (the previous batch's lists
+are kept from the last gather), so who reads and who sends is agreed without more messages. The
+holder or reader is chosen among the candidates by the row id (``id mod count``), which spreads
+the reads over the group. HyDRA's inter-machine level (③: machines exchanging features by
+all-to-all) has no counterpart here: every machine reads its own host memory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..features.batch_ops import move_rows
+
+__all__ = ["GroupPlan", "plan"]
+
+
+@dataclass
+class GroupPlan:
+    """One rank's part of a group's plan (ids sorted ascending in every array).
+
+    Attributes:
+        reads: rows this rank reads from host memory (it needs each of them itself).
+        send: per group member, the rows this rank hands it (empty for itself).
+        send_from_prev: per member, for each row of ``send``: True when it comes from this
+            rank's previous batch, False when from this gather's host reads.
+        recv: per group member, the rows this rank receives from it (empty for itself).
+        host_rows_group: rows the whole group reads from host memory in this gather.
+        recv_from_prev: rows of ``recv`` that their sender held from its previous batch.
+    """
+
+    reads: np.ndarray
+    send: list[np.ndarray]
+    send_from_prev: list[np.ndarray]
+    recv: list[np.ndarray]
+    host_rows_group: int
+    recv_from_prev: int
+
+
+def _member(ids: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """``isin(ids, sorted_set)`` for a sorted unique ``sorted_set``."""
+    if sorted_set.size == 0:
+        return np.zeros(ids.shape[0], dtype=bool)
+    p = np.searchsorted(sorted_set, ids).clip(max=sorted_set.size - 1)
+    return sorted_set[p] == ids
+
+
+def _pick(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """For each column of ``mask`` ([members, rows]) with a True, the member at position
+    ``id mod count`` among its True entries (-1 where none)."""
+    count = mask.sum(axis=0)
+    j = np.where(count > 0, ids % np.maximum(count, 1), -1)
+    rank_in = np.cumsum(mask, axis=0) - 1  # each True's position among its column's Trues
+    hit = mask & (rank_in == j[None, :])
+    return np.where(count > 0, hit.argmax(axis=0), -1)
+
+
+def plan(me: int, needs: list[np.ndarray], prevs: list[np.ndarray]) -> GroupPlan:
+    """Who reads and who hands what, for member ``me`` of a group (module docstring).
+
+    Args:
+        me: this rank's position in the group.
+        needs: per member, the sorted unique rows it reads from host memory for this batch
+            (before any reuse).
+        prevs: per member, the same list of its previous batch (the rows its previous batch's
+            buffer holds from host memory; empty before the first batch).
+    """
+    g = len(needs)
+    if len(prevs) != g or not 0 <= me < g:
+        raise ValueError(f"group plan: {g} needs, {len(prevs)} previous lists, member {me}")
+    parts = [np.asarray(a, dtype=np.int64) for a in needs]
+    union = np.unique(np.concatenate(parts)) if g else np.zeros(0, dtype=np.int64)
+    need = np.stack([_member(union, a) for a in parts]) if g else np.zeros((0, 0), bool)
+    held = np.stack([_member(union, np.asarray(a, dtype=np.int64)) for a in prevs])
+    rem = need & ~held  # needers without the row from their own previous batch
+    wanted = rem.any(axis=0)
+    by_holder = _pick(held, union)
+    by_reader = _pick(rem, union)
+    fresh = by_holder < 0
+    supplier = np.where(fresh, by_reader, by_holder)
+    mine = wanted & (supplier == me)
+    send, send_prev, recv = [], [], []
+    for m in range(g):
+        if m == me:
+            send.append(union[:0])
+            send_prev.append(np.zeros(0, dtype=bool))
+            recv.append(union[:0])
+            continue
+        s = mine & rem[m]
+        send.append(union[s])
+        send_prev.append(~fresh[s])
+        recv.append(union[wanted & (supplier == m) & rem[me]])
+    return GroupPlan(
+        reads=union[mine & fresh],
+        send=send,
+        send_from_prev=send_prev,
+        recv=recv,
+        host_rows_group=int((wanted & fresh).sum()),
+        recv_from_prev=int((wanted & ~fresh & rem[me]).sum()),
+    )
+
+
+class GroupReuse:
+    """The intra-machine level for one rank of a :class:`~gnnio.distributed.store.
+    ShardedFeatureStore`: the needs exchange, the plan, and the hand-over of rows.
+
+    ``members``: the rank's NVLink group (ascending ranks, itself included). ``prevs``: every
+    member's host rows of the previous batch, from the last exchange (empty at the start).
+    """
+
+    def __init__(self, ctx, members: tuple[int, ...], group: str) -> None:
+        self.ctx = ctx
+        self.members = tuple(int(m) for m in members)
+        self.me = self.members.index(ctx.rank)
+        self.group = group
+        self.prevs: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in self.members]
+        self.forwarded_rows = 0  # rows this rank received from a member
+        self.forwarded_from_prev = 0  # of those, rows a member held from its previous batch
+
+    def exchange(self, needs: np.ndarray) -> tuple[GroupPlan, list[np.ndarray], int]:
+        """Send this rank's host-row ``needs`` (sorted unique) to the group, receive theirs
+        (two ``all_to_all_single`` over the whole group of the store: ranks outside the NVLink
+        group send and receive nothing); returns the plan, every member's needs (the next
+        gather's ``prevs``) and the request bytes sent."""
+        ctx, w = self.ctx, self.ctx.world_size
+        sc = [0] * w
+        for m in self.members:
+            if m != ctx.rank:
+                sc[m] = int(needs.size)
+        counts = ctx.all_to_all_single(torch.tensor(sc, dtype=torch.int64), group=self.group)
+        rc = counts.cpu().tolist()
+        send = torch.from_numpy(np.tile(needs.astype(np.int64, copy=False), len(self.members) - 1))
+        got = ctx.all_to_all_single(send, rc, sc, group=self.group).cpu().numpy()
+        bounds = np.r_[0, np.cumsum(rc)]
+        all_needs = [
+            needs if m == ctx.rank else got[bounds[m] : bounds[m + 1]] for m in self.members
+        ]
+        gp = plan(self.me, all_needs, self.prevs)
+        return gp, all_needs, 8 * (w + sum(sc))
+
+    def splits(self, per_member: list[np.ndarray]) -> list[int]:
+        """World-sized split sizes of per-member lists (0 for ranks outside the group)."""
+        out = [0] * self.ctx.world_size
+        for i, m in enumerate(self.members):
+            out[m] = int(per_member[i].size)
+        return out
+
+    def hand_over(self, store, gp: GroupPlan, uniq, rows_u, place) -> None:
+        """The hand-over of ``store``'s gather (one ``all_to_all_single``, sizes known from the
+        plan): rows this rank read for the group or holds from its previous batch go to the
+        members that need them; the rows it gets land in ``rows_u`` at ``place`` of their
+        position in ``uniq`` (counted on the link they cross: ``peer``)."""
+        rb, dev, t0 = store.row_bytes, store.device, time.perf_counter()
+        total = sum(int(a.size) for a in gp.send)
+        buf, off = store._scratch("forward", total), 0
+        u_np = uniq.numpy()
+        for ids, from_prev in zip(gp.send, gp.send_from_prev):
+            if not ids.size:
+                continue
+            at = torch.arange(off, off + ids.size)
+            fp = torch.from_numpy(from_prev)
+            if bool(fp.any()):
+                assert store._prev_ids is not None and store._prev_rows is not None
+                p = torch.searchsorted(store._prev_ids, torch.from_numpy(ids[from_prev]))
+                move_rows(store._prev_rows, p.to(dev), buf, at[fp].to(dev))
+            if not bool(fp.all()):
+                q = torch.from_numpy(np.searchsorted(u_np, ids[~from_prev]))
+                move_rows(rows_u, place(q).to(dev), buf, at[~fp].to(dev))
+            off += int(ids.size)
+        sc, rc = self.splits(gp.send), self.splits(gp.recv)
+        got_b = self.ctx.all_to_all_single(
+            buf.view(torch.uint8).reshape(-1, rb), rc, sc, group=self.group
+        )
+        recv = np.concatenate(gp.recv)
+        if recv.size:
+            got = got_b.to(dev).view(store.dtype).reshape(-1, store.dim)
+            q = torch.from_numpy(np.searchsorted(u_np, recv))
+            move_rows(got, torch.arange(got.shape[0], device=dev), rows_u, place(q).to(dev))
+        for m, ids in zip(self.members, gp.recv):
+            if ids.size:
+                store.counters.add(self.ctx.link_to(m), int(ids.size), rb)
+        self.forwarded_rows += int(recv.size)
+        self.forwarded_from_prev += gp.recv_from_prev
+        store.collective_s += time.perf_counter() - t0

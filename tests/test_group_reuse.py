@@ -1,0 +1,189 @@
+"""HyDRA's intra-machine reuse level (§III-B2 ②, gnnio/distributed/group_reuse.py): the plan
+against a per-row reference, and the sharded store's gathers with ``reuse="machine"`` on
+thread-ranks (tests/fake_dist.py): right rows, each host row read once per group, hand-overs
+counted as peer bytes, checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnnio.distributed.group_reuse import plan
+from gnnio.distributed.store import ShardedFeatureStore
+from gnnio.features import InMemoryFeatureStore
+from gnnio.placement import Placement
+from gnnio.placement.topology import load_topology
+from tests.fake_dist import run_ranks
+
+
+def _reference(me, needs, prevs):
+    """Row by row, as the module docstring says it."""
+    g = len(needs)
+    reads, send = [], [[] for _ in range(g)]
+    recv = [[] for _ in range(g)]
+    group_reads = 0
+    for x in sorted(set().union(*map(set, needs))):
+        rem = [k for k in range(g) if x in needs[k] and x not in prevs[k]]
+        if not rem:
+            continue
+        holders = [k for k in range(g) if x in prevs[k]]
+        if holders:
+            sup = holders[x % len(holders)]
+        else:
+            sup = rem[x % len(rem)]
+            group_reads += 1
+            if sup == me:
+                reads.append(x)
+        for k in rem:
+            if k == sup:
+                continue
+            if sup == me:
+                send[k].append(x)
+            if k == me:
+                recv[sup].append(x)
+    return reads, send, recv, group_reads
+
+
+_lists = st.lists(st.lists(st.integers(0, 40), max_size=25), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(needs=_lists, prevs=_lists, data=st.data())
+def test_the_plan_is_the_per_row_reference(needs, prevs, data):
+    g = len(needs)
+    prevs = (prevs * g)[:g]
+    needs = [np.unique(np.array(a, dtype=np.int64)) for a in needs]
+    prevs = [np.unique(np.array(a, dtype=np.int64)) for a in prevs]
+    me = data.draw(st.integers(0, g - 1))
+    p = plan(me, needs, prevs)
+    reads, send, recv, group_reads = _reference(me, [set(a.tolist()) for a in needs],
+                                                [set(a.tolist()) for a in prevs])  # fmt: skip
+    assert p.reads.tolist() == reads
+    assert [a.tolist() for a in p.send] == send
+    assert [a.tolist() for a in p.recv] == recv
+    assert p.host_rows_group == group_reads
+    held = set(prevs[me].tolist())
+    assert [a.tolist() for a in p.send_from_prev] == [[x in held for x in s] for s in send]
+    # every row this member needs and lacks arrives exactly once
+    lacking = sorted(set(needs[me].tolist()) - held)
+    assert sorted(reads + sum(recv, [])) == lacking
+
+
+N, DIM = 60, 3
+FEATS = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
+
+
+def _batches(world: int, seed: int = 0, k: int = 25, n: int = 6) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    return {r: [torch.randperm(N, generator=gen)[:k] for _ in range(n)] for r in range(world)}
+
+
+def _run(level, topology, placement, batches, machine_of=None):
+    def body(ctx):
+        store = ShardedFeatureStore(InMemoryFeatureStore(FEATS), placement, ctx, reuse=level)
+        ok = all(torch.equal(store.gather(b), FEATS[b]) for b in batches[ctx.rank])
+        gr = store.group_reuse
+        return ok, dict(store.counters.rows), None if gr is None else gr.forwarded_rows
+
+    return run_ranks(len(batches), body, topology, machine_of=machine_of)
+
+
+PL2 = Placement("hand", N, ((0, 1),), [np.arange(10), np.arange(10, 20)])
+
+
+def test_two_ranks_read_each_host_row_once_and_hand_it_over():
+    batches = _batches(2)
+    gpu = _run("gpu", load_topology("2"), PL2, batches)
+    mach = _run("machine", load_topology("2"), PL2, batches)
+    assert all(ok for ok, _, _ in gpu + mach)
+    host = {lvl: sum(r[1].get("host", 0) for r in res) for lvl, res in (("gpu", gpu), ("m", mach))}
+    assert host["m"] < host["gpu"]
+    for (_, g, _), (_, m, fwd) in zip(gpu, mach):
+        # the same rows from the own shard and the own previous batch; host reads become peer
+        assert m["local"] == g["local"] and m["reuse"] == g["reuse"]
+        assert m["host"] + m["peer"] == g["host"] + g["peer"]
+        assert m["peer"] - g["peer"] == fwd > 0
+    # the group's host reads: each row a rank needs from host and lacks from its own previous
+    # batch, once per batch over the two ranks (by hand from the batches' ids)
+    want = 0
+    prev = [set(), set()]
+    for b0, b1 in zip(batches[0], batches[1]):
+        need = [{x for x in b.tolist() if x >= 20} for b in (b0, b1)]
+        lack = [need[k] - prev[k] for k in (0, 1)]
+        want += len({x for x in lack[0] | lack[1] if not any(x in p for p in prev)})
+        prev = need
+    assert host["m"] == want
+
+
+def test_a_host_row_two_ranks_need_is_read_by_one_of_them():
+    batches = {0: [torch.tensor([0, 31, 33])], 1: [torch.tensor([31, 12, 33])]}
+    res = _run("machine", load_topology("2"), PL2, batches)
+    assert all(ok for ok, _, _ in res)
+    # 31 % 2 = 1: rank 1 reads 31 and hands it to rank 0; 33 % 2 = 1 as well
+    assert res[0][1] == {"local": 1, "peer": 2}
+    assert res[1][1] == {"local": 1, "host": 2}
+
+
+def test_groups_hand_rows_over_within_themselves_only():
+    """Four ranks, two machines of an NVLink pair each: no hand-over crosses machines."""
+    pl = Placement("hand", N, ((0, 1), (2, 3)), [np.arange(k * 5, k * 5 + 5) for k in range(4)])
+    topo, machines = load_topology("2*2"), [0, 0, 1, 1]
+    batches = _batches(4, seed=1)
+    gpu = _run("gpu", topo, pl, batches, machines)
+    mach = _run("machine", topo, pl, batches, machines)
+    assert all(ok for ok, _, _ in gpu + mach)
+    for (_, g, _), (_, m, fwd) in zip(gpu, mach):
+        assert m.get("network", 0) == 0
+        assert m["host"] + m["peer"] == g["host"] + g["peer"] and fwd > 0
+    for pair in ((0, 1), (2, 3)):
+        assert sum(mach[k][1]["host"] for k in pair) < sum(gpu[k][1]["host"] for k in pair)
+
+
+def test_without_faster_peer_links_it_is_the_gpu_level():
+    slow = load_topology("2", peer_bw="5GB/s", host_bw="12GB/s")
+    batches = _batches(2, seed=2)
+    gpu = _run("gpu", slow, PL2, batches)
+    mach = _run("machine", slow, PL2, batches)
+    assert [r[1] for r in mach] == [r[1] for r in gpu]
+    assert [r[2] for r in mach] == [None, None]
+
+
+def test_a_rewound_checkpoint_resumes_the_same_rows_and_counts():
+    batches = _batches(2, seed=3, n=5)
+
+    def body(ctx):
+        def store():
+            return ShardedFeatureStore(InMemoryFeatureStore(FEATS), PL2, ctx, reuse="machine")
+
+        s = store()
+        s.keep_log = True
+        for b in batches[ctx.rank][:4]:
+            s.gather(b)
+        base = dict(s.counters.rows)
+        back = s.state_dict(upto=2)
+        # an uninterrupted store's counts over batches 3-5 against a resumed one's
+        s.gather(batches[ctx.rank][4])
+        tail = {k: v - base.get(k, 0) for k, v in s.counters.rows.items()}
+        f = store()
+        f.load_state_dict(back)
+        ok = True
+        for b in batches[ctx.rank][2:4]:
+            ok &= torch.equal(f.gather(b), FEATS[b])
+        f.counters.reset()
+        ok &= torch.equal(f.gather(batches[ctx.rank][4]), FEATS[batches[ctx.rank][4]])
+        return ok, tail, dict(f.counters.rows)
+
+    for ok, tail, resumed in run_ranks(2, body, load_topology("2")):
+        assert ok and resumed == {k: v for k, v in tail.items() if v}
+
+
+def test_an_unknown_level_is_refused():
+    with pytest.raises(ValueError, match="reuse"):
+        run_ranks(
+            2,
+            lambda ctx: ShardedFeatureStore(InMemoryFeatureStore(FEATS), PL2, ctx, reuse="x"),
+            load_topology("2"),
+        )
