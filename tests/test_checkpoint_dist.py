@@ -25,8 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: per-epoch fields that are wall-clock measurements (they differ between any two runs)
 TIMED = {"epoch_time_s", "seeds_per_s", "breakdown_s", "hidden_fraction", "eval_s", "rss_mb",
          "collective_s", "gradient_allreduce_s", "fetch_hidden_share"}  # fmt: skip
+# the intra-machine reuse level: its group lists are part of what a resumed rank must restore
+# (the default level's checkpoints: test_dist_comm.py, test_dist_options.py)
 ARGS = ["--nproc", "2", "--epochs", "3", "--seed", "5", "--fanouts", "5,5", "--batch-size",
-        "64", "--hidden", "16", "--quiet"]  # fmt: skip
+        "64", "--hidden", "16", "--reuse-level", "machine", "--quiet"]  # fmt: skip
 
 
 def gnnio(*args, env=None, timeout=240):
@@ -130,6 +132,8 @@ def test_another_world_size_is_refused_with_one_line(tiny, full):
     _, c = full
     for nproc in ("1", "3"):
         args = [a if a != "2" else nproc for a in ARGS]  # --nproc 2 -> nproc
+        if nproc == "1":  # (one process: --reuse-level is refused first, as a rank option)
+            args = [a for a in args if a not in ("--reuse-level", "machine")]
         r = gnnio("train", tiny, *args, "--resume", c, timeout=120)
         assert r.returncode == 2
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

@@ -24,7 +24,7 @@ def _reference(me, needs, prevs):
     g = len(needs)
     reads, send = [], [[] for _ in range(g)]
     recv = [[] for _ in range(g)]
-    group_reads = 0
+    group_reads = recv_prev = 0
     for x in sorted(set().union(*map(set, needs))):
         rem = [k for k in range(g) if x in needs[k] and x not in prevs[k]]
         if not rem:
@@ -44,7 +44,8 @@ def _reference(me, needs, prevs):
                 send[k].append(x)
             if k == me:
                 recv[sup].append(x)
-    return reads, send, recv, group_reads
+                recv_prev += bool(holders)
+    return reads, send, recv, group_reads, recv_prev
 
 
 _lists = st.lists(st.lists(st.integers(0, 40), max_size=25), min_size=1, max_size=4)
@@ -59,12 +60,12 @@ def test_the_plan_is_the_per_row_reference(needs, prevs, data):
     prevs = [np.unique(np.array(a, dtype=np.int64)) for a in prevs]
     me = data.draw(st.integers(0, g - 1))
     p = plan(me, needs, prevs)
-    reads, send, recv, group_reads = _reference(me, [set(a.tolist()) for a in needs],
+    reads, send, recv, group_reads, recv_prev = _reference(me, [set(a.tolist()) for a in needs],
                                                 [set(a.tolist()) for a in prevs])  # fmt: skip
     assert p.reads.tolist() == reads
     assert [a.tolist() for a in p.send] == send
     assert [a.tolist() for a in p.recv] == recv
-    assert p.host_rows_group == group_reads
+    assert p.host_rows_group == group_reads and p.recv_from_prev == recv_prev
     held = set(prevs[me].tolist())
     assert [a.tolist() for a in p.send_from_prev] == [[x in held for x in s] for s in send]
     # every row this member needs and lacks arrives exactly once

@@ -13,7 +13,10 @@ all_to_all buffers, the own shard and host reads; summed over ranks and ``per_ra
 ``modeled_bytes_by_link`` (the Eq. 3 cost model's rows for the same deduplicated reads),
 ``fetch_ms_per_batch`` (**measured** wall clock of one gather, mean over batches, the slowest
 rank: data-parallel ranks wait for each other) and ``modeled_fetch_ms_per_batch`` (Eq. 3 seconds
-from the topology's bandwidths, slowest rank). Without GPUs the devices are simulated: the
+from the topology's bandwidths, slowest rank). With ``--reuse`` / ``--reuse-level``: ``reuse_bytes``
+(rows copied from a rank's own previous batch) and ``forwarded_bytes`` (intra-machine level: rows
+a rank got from a member of its NVLink group, part of ``peer``; ``forwarded_from_prev_bytes``: of
+those, rows the member held from its previous batch). Without GPUs the devices are simulated: the
 times are those of gloo collectives over loopback TCP between CPU processes plus CPU gathers, not
 of NVLink or PCIe, and ``all_to_all_ceiling_GBps`` (a raw ``all_to_all_single`` of 16 MiB per
 rank, measured in the same run) is the ceiling they are held against.
@@ -176,7 +179,7 @@ def _rank_body(opts: dict, torch) -> dict | None:
             store.gather(batches[0])  # warm-up (page cache, first-touch), not counted
             store.counters.reset()
             if store.group_reuse is not None:
-                store.group_reuse.forwarded_rows = 0
+                store.group_reuse.forwarded_rows = store.group_reuse.forwarded_from_prev = 0
             store.reset_trace()
             store.collective_s = 0.0
             times = []
@@ -186,13 +189,14 @@ def _rank_body(opts: dict, torch) -> dict | None:
                 store.gather(ids)
                 times.append(time.perf_counter() - t0)
             m = max(len(times), 1)
-            rows = store.modeled_rows()
+            rows, gr = store.modeled_rows(), store.group_reuse
             mine = {
                 "bytes_by_link": {t: int(store.counters.bytes.get(t, 0)) for t in LINKS},
                 "reuse_bytes": int(store.counters.bytes.get("reuse", 0)),
-                "forwarded_bytes": 0
-                if store.group_reuse is None
-                else store.group_reuse.forwarded_rows * store.row_bytes,
+                **{
+                    f"forwarded{k}_bytes": 0 if gr is None else getattr(gr, a) * store.row_bytes
+                    for k, a in (("", "forwarded_rows"), ("_from_prev", "forwarded_from_prev"))
+                },
                 "modeled_bytes_by_link": {
                     t: int(round(r * store.row_bytes)) for t, r in rows.items()
                 },
@@ -244,6 +248,7 @@ def _combine(ranks: list[dict], pl, batches: int) -> dict:
         "modeled_bytes_by_link": mod,
         "reuse_bytes": sum(r["reuse_bytes"] for r in ranks),
         "forwarded_bytes": sum(r["forwarded_bytes"] for r in ranks),
+        "forwarded_from_prev_bytes": sum(r["forwarded_from_prev_bytes"] for r in ranks),
         "fetch_ms_per_batch": max(r["fetch_ms_per_batch"] for r in ranks),
         "collective_ms_per_batch": max(r["collective_ms_per_batch"] for r in ranks),
         "modeled_fetch_ms_per_batch": max(r["modeled_fetch_ms_per_batch"] for r in ranks),

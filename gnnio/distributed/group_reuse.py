@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 from ..features.batch_ops import move_rows
 
@@ -56,22 +57,64 @@ class GroupPlan:
     recv_from_prev: int
 
 
-def _member(ids: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """``isin(ids, sorted_set)`` for a sorted unique ``sorted_set``."""
-    if sorted_set.size == 0:
-        return np.zeros(ids.shape[0], dtype=bool)
-    p = np.searchsorted(sorted_set, ids).clip(max=sorted_set.size - 1)
-    return sorted_set[p] == ids
-
-
-def _pick(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """For each column of ``mask`` ([members, rows]) with a True, the member at position
-    ``id mod count`` among its True entries (-1 where none)."""
-    count = mask.sum(axis=0)
-    j = np.where(count > 0, ids % np.maximum(count, 1), -1)
-    rank_in = np.cumsum(mask, axis=0) - 1  # each True's position among its column's Trues
-    hit = mask & (rank_in == j[None, :])
-    return np.where(count > 0, hit.argmax(axis=0), -1)
+@njit(cache=True, nogil=True)
+def _plan_kernel(me, heads, ends, flat, g, reads, send, send_prev, recv, counts):
+    """One merge pass over the 2g sorted lists in ``flat`` (the needs, then the prevs; list
+    ``i`` is ``flat[heads[i]:ends[i]]``, ``heads`` is advanced). Writes this member's ``reads``,
+    and per member the rows of ``send`` / ``send_prev`` / ``recv``; ``counts``: reads,
+    host_rows_group, recv_from_prev, then the send counts (g) and the recv counts (g)."""
+    big = np.iinfo(np.int64).max
+    while True:
+        x = big
+        for i in range(2 * g):
+            if heads[i] < ends[i] and flat[heads[i]] < x:
+                x = flat[heads[i]]
+        if x == big:
+            break
+        need = 0
+        held = 0
+        for i in range(2 * g):
+            if heads[i] < ends[i] and flat[heads[i]] == x:
+                heads[i] += 1
+                if i < g:
+                    need |= 1 << i
+                else:
+                    held |= 1 << (i - g)
+        rem = need & ~held  # needers without the row from their own previous batch
+        if rem == 0:
+            continue
+        fresh = held == 0  # no member holds it: one of the needers reads it from host
+        pool = rem if fresh else held
+        n = 0
+        for k in range(g):
+            n += (pool >> k) & 1
+        j = x % n
+        sup = -1
+        for k in range(g):
+            if (pool >> k) & 1:
+                if j == 0:
+                    sup = k
+                    break
+                j -= 1
+        if fresh:
+            counts[1] += 1
+        for m in range(g):
+            if not (rem >> m) & 1 or m == sup:
+                continue
+            if sup == me:
+                c = counts[3 + m]
+                send[m, c] = x
+                send_prev[m, c] = not fresh
+                counts[3 + m] = c + 1
+            if m == me:
+                c = counts[3 + g + sup]
+                recv[sup, c] = x
+                counts[3 + g + sup] = c + 1
+                if not fresh:
+                    counts[2] += 1
+        if sup == me and fresh:
+            reads[counts[0]] = x
+            counts[0] += 1
 
 
 def plan(me: int, needs: list[np.ndarray], prevs: list[np.ndarray]) -> GroupPlan:
@@ -85,37 +128,29 @@ def plan(me: int, needs: list[np.ndarray], prevs: list[np.ndarray]) -> GroupPlan
             buffer holds from host memory; empty before the first batch).
     """
     g = len(needs)
-    if len(prevs) != g or not 0 <= me < g:
+    if len(prevs) != g or not 0 <= me < g or g > 62:
         raise ValueError(f"group plan: {g} needs, {len(prevs)} previous lists, member {me}")
-    parts = [np.asarray(a, dtype=np.int64) for a in needs]
-    union = np.unique(np.concatenate(parts)) if g else np.zeros(0, dtype=np.int64)
-    need = np.stack([_member(union, a) for a in parts]) if g else np.zeros((0, 0), bool)
-    held = np.stack([_member(union, np.asarray(a, dtype=np.int64)) for a in prevs])
-    rem = need & ~held  # needers without the row from their own previous batch
-    wanted = rem.any(axis=0)
-    by_holder = _pick(held, union)
-    by_reader = _pick(rem, union)
-    fresh = by_holder < 0
-    supplier = np.where(fresh, by_reader, by_holder)
-    mine = wanted & (supplier == me)
-    send, send_prev, recv = [], [], []
-    for m in range(g):
-        if m == me:
-            send.append(union[:0])
-            send_prev.append(np.zeros(0, dtype=bool))
-            recv.append(union[:0])
-            continue
-        s = mine & rem[m]
-        send.append(union[s])
-        send_prev.append(~fresh[s])
-        recv.append(union[wanted & (supplier == m) & rem[me]])
+    lists = [np.ascontiguousarray(a, dtype=np.int64) for a in (*needs, *prevs)]
+    sizes = np.array([a.size for a in lists], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    heads = ends - sizes
+    flat = np.concatenate(lists)
+    mine = int(sizes[me])
+    width = max(int(sizes[:g].max()), 1)
+    reads = np.empty(mine, dtype=np.int64)
+    send = np.empty((g, width), dtype=np.int64)
+    send_prev = np.empty((g, width), dtype=np.bool_)
+    recv = np.empty((g, max(mine, 1)), dtype=np.int64)
+    counts = np.zeros(3 + 2 * g, dtype=np.int64)
+    _plan_kernel(me, heads, ends, flat, g, reads, send, send_prev, recv, counts)
+    sc, rc = counts[3 : 3 + g], counts[3 + g :]
     return GroupPlan(
-        reads=union[mine & fresh],
-        send=send,
-        send_from_prev=send_prev,
-        recv=recv,
-        host_rows_group=int((wanted & fresh).sum()),
-        recv_from_prev=int((wanted & ~fresh & rem[me]).sum()),
+        reads=reads[: counts[0]],
+        send=[send[m, : sc[m]] for m in range(g)],
+        send_from_prev=[send_prev[m, : sc[m]] for m in range(g)],
+        recv=[recv[m, : rc[m]] for m in range(g)],
+        host_rows_group=int(counts[1]),
+        recv_from_prev=int(counts[2]),
     )
 
 
