@@ -143,6 +143,18 @@ def test_groups_hand_rows_over_within_themselves_only():
         assert sum(mach[k][1]["host"] for k in pair) < sum(gpu[k][1]["host"] for k in pair)
 
 
+def test_a_rank_alone_in_its_group_takes_part_in_the_exchanges():
+    """Groups of 2 and 1: every rank issues the same collectives (a rank that skipped them
+    would leave the others waiting); the lone rank reads its host rows itself."""
+    pl = Placement("hand", N, ((0, 1), (2,)), [np.arange(k * 5, k * 5 + 5) for k in range(3)])
+    batches = _batches(3, seed=4)
+    gpu = _run("gpu", load_topology("2+1"), pl, batches)
+    mach = _run("machine", load_topology("2+1"), pl, batches)
+    assert all(ok for ok, _, _ in gpu + mach)
+    assert mach[2][1] == gpu[2][1] and mach[2][2] == 0
+    assert mach[0][2] > 0 and mach[1][2] > 0
+
+
 def test_without_faster_peer_links_it_is_the_gpu_level():
     slow = load_topology("2", peer_bw="5GB/s", host_bw="12GB/s")
     batches = _batches(2, seed=2)

@@ -111,10 +111,12 @@ class ShardedFeatureStore(FeatureStore):
         if reuse not in (False, True, "gpu", "machine"):
             raise ValueError(f"reuse: expected False, True, 'gpu' or 'machine', got {reuse!r}")
         self.reuse = bool(reuse)
-        members = ctx.topo.group_of(self.rank)
+        # the same choice on every rank (its collectives are everyone's): a rank alone in its
+        # group takes part with nothing to hand over
+        groups, topo = ctx.topo.groups, ctx.topo
         self.group_reuse = (
-            GroupReuse(ctx, members, group)
-            if reuse == "machine" and ctx.topo.peers_cheaper and len(members) > 1
+            GroupReuse(ctx, topo.group_of(self.rank), group)
+            if reuse == "machine" and topo.peers_cheaper and max(map(len, groups)) > 1
             else None
         )
         peers = bool(placement.peer_reads) and bool(ctx.topo.peers_cheaper)
