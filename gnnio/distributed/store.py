@@ -19,9 +19,11 @@ rank (``peer`` / ``network``), rows copied from the own shard (``local``), rows 
 (``host``; a cache in front of it adds ``cache``). ``control_bytes`` counts the request traffic
 (counts and positions). With ``reuse=True`` (HyDRA's cross-batch reuse), rows the rank obtained
 for the previous batch from a peer, the network or the host are copied from that batch's buffer
-instead (``reuse`` rows) and not fetched again. This is HyDRA's intra-GPU level only (§III-B2, ①):
-the intra-machine level (the machine's batches as one, ids all-gathered) and the inter-machine
-level are not implemented.
+instead (``reuse`` rows) and not fetched again: HyDRA's intra-GPU level (§III-B2, ①). With
+``reuse="machine"`` also its intra-machine level ② (:mod:`gnnio.distributed.group_reuse`: an
+NVLink group's batches as one, each host row read once and handed over; control bytes include
+the ids the ranks send their group). The inter-machine level ③ has no counterpart (every machine
+reads its own host memory).
 
 For the cost model's view of the same reads, :attr:`ShardedFeatureStore.trace` (when
 ``record_trace``) counts every node read after deduplication (reuse not applied), ready for
