@@ -19,7 +19,7 @@ from gnnio.placement.topology import load_topology
 from tests.fake_dist import run_ranks
 
 
-def _reference(me, needs, prevs):
+def _reference(me, needs, prevs, by_residue=False):
     """Row by row, as the module docstring says it."""
     g = len(needs)
     reads, send = [], [[] for _ in range(g)]
@@ -33,7 +33,7 @@ def _reference(me, needs, prevs):
         if holders:
             sup = holders[x % len(holders)]
         else:
-            sup = rem[x % len(rem)]
+            sup = x % g if by_residue else rem[x % len(rem)]
             group_reads += 1
             if sup == me:
                 reads.append(x)
@@ -52,25 +52,29 @@ _lists = st.lists(st.lists(st.integers(0, 40), max_size=25), min_size=1, max_siz
 
 
 @settings(max_examples=150, deadline=None)
-@given(needs=_lists, prevs=_lists, data=st.data())
-def test_the_plan_is_the_per_row_reference(needs, prevs, data):
+@given(needs=_lists, prevs=_lists, by_residue=st.booleans(), data=st.data())
+def test_the_plan_is_the_per_row_reference(needs, prevs, by_residue, data):
     g = len(needs)
     prevs = (prevs * g)[:g]
     needs = [np.unique(np.array(a, dtype=np.int64)) for a in needs]
     prevs = [np.unique(np.array(a, dtype=np.int64)) for a in prevs]
     me = data.draw(st.integers(0, g - 1))
-    p = plan(me, needs, prevs)
-    reads, send, recv, group_reads, recv_prev = _reference(me, [set(a.tolist()) for a in needs],
-                                                [set(a.tolist()) for a in prevs])  # fmt: skip
+    p = plan(me, needs, prevs, by_residue)
+    reads, send, recv, group_reads, recv_prev = _reference(
+        me, [set(a.tolist()) for a in needs], [set(a.tolist()) for a in prevs], by_residue
+    )
     assert p.reads.tolist() == reads
     assert [a.tolist() for a in p.send] == send
     assert [a.tolist() for a in p.recv] == recv
     assert p.host_rows_group == group_reads and p.recv_from_prev == recv_prev
     held = set(prevs[me].tolist())
     assert [a.tolist() for a in p.send_from_prev] == [[x in held for x in s] for s in send]
+    assert p.reads_mine.tolist() == [x in set(needs[me].tolist()) for x in reads]
+    if by_residue:  # a row no member holds is read by its residue's member
+        assert all(x % g == me for x in reads)
     # every row this member needs and lacks arrives exactly once
     lacking = sorted(set(needs[me].tolist()) - held)
-    assert sorted(reads + sum(recv, [])) == lacking
+    assert sorted([x for x in reads if x in lacking] + sum(recv, [])) == lacking
 
 
 N, DIM = 60, 3
@@ -200,3 +204,66 @@ def test_an_unknown_level_is_refused():
             lambda ctx: ShardedFeatureStore(InMemoryFeatureStore(FEATS), PL2, ctx, reuse="x"),
             load_topology("2"),
         )
+
+
+def test_caches_in_front_of_host_memory_act_as_one_machine_cache():
+    """BGL's CPU level, one per machine: with a cache in front of host memory, a row no member
+    holds is read by member ``id mod g`` (needed by it or not), so each rank's cache holds one
+    residue and the group's caches hold distinct rows. Rank 0's batches alternate two sets of
+    20 host rows, rank 1's the first half of each (no reuse from a previous batch): per-rank
+    caches of 20 rows (gpu level): rank 0's holds one set and misses every row of the next; the machine
+    level's two caches hold both sets (20 rows each, one residue) and hit every row after the
+    first two batches. Read by one of the members that need it instead, rank 0 would read the
+    rows only it needs, both residues, 30 rows for its 20-row cache."""
+    from gnnio.features.caches.cache import FeatureCache
+
+    sets = [torch.arange(20, 40), torch.arange(40, 60)]
+    batches = {0: [sets[t % 2] for t in range(6)], 1: [sets[t % 2][:10] for t in range(6)]}
+
+    def body(level):
+        def fn(ctx):
+            cache = FeatureCache(InMemoryFeatureStore(FEATS), 20, "fifo", tier="cache")
+            store = ShardedFeatureStore(cache, PL2, ctx, reuse=level)
+            ok = all(torch.equal(store.gather(b), FEATS[b]) for b in batches[ctx.rank])
+            return ok, dict(store.counters.rows), cache.cached_ids().numpy()
+
+        return run_ranks(2, fn, load_topology("2"))
+
+    gpu, mach = body("gpu"), body("machine")
+    assert all(r[0] for r in gpu + mach)
+    # rank 0 misses every row of every batch; rank 1's 20 rows fit its cache
+    assert [(r[1].get("host", 0), r[1].get("cache", 0)) for r in gpu] == [(120, 0), (20, 40)]
+    for k, (_, rows, cached) in enumerate(mach):
+        assert sorted(cached % 2) == [k] * 20  # its residue only, both sets
+        assert rows["host"] == 20 and rows["cache"] == 40  # read once, then hits
+    # rank 0 gets the odd rows of its sets; rank 1 the even rows of its halves (and reads the
+    # odd rows only rank 0 needs, for it)
+    assert [r[1]["peer"] for r in mach] == [60, 30]
+
+
+@pytest.mark.parametrize("level", ["gpu", "machine"])
+def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level):
+    """``gnnio train --cache-policy static`` with the machine level: each rank's cache holds
+    the hottest host rows of its residue (it reads no other), at the gpu level of any residue."""
+    from gnnio.distributed.train import DistRun
+    from gnnio.graph import load
+    from gnnio.train.config import TrainConfig
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=200, num_edges=1600, seed=2))
+    cfg = TrainConfig(
+        fanouts=[3, 2], batch_size=16, score="degree", cache_policy="static", cache_size=0.1,
+        placement_strategy="alg1", buffer=0.2, progress=False, reuse_level=level,
+    )  # fmt: skip
+
+    def body(ctx):
+        setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
+        return setup.store.host_store.cached_ids().numpy(), setup.store.dev_num.numpy()
+
+    res = run_ranks(2, body, load_topology("2"))
+    for k, (cached, dev_num) in enumerate(res):
+        assert cached.size == 20 and (dev_num[cached] < 0).all()
+        if level == "machine":
+            assert (cached % 2 == k).all()
+    if level == "gpu":  # (both ranks read the same host rows here: the same hottest ones)
+        assert not (res[0][0] % 2 == 0).all()

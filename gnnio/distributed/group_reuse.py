@@ -12,7 +12,9 @@ every row of the group's composite batch crosses PCIe at most once:
   intra-GPU level, ①, as with ``reuse="gpu"``);
 * else, when a rank of the group holds it from its previous batch, that rank hands it over NVLink
   (``peer`` bytes, not ``host``);
-* else one of the ranks that need it reads it from host memory and hands it to the others.
+* else one of the ranks that need it reads it from host memory and hands it to the others; with
+  ``by_residue`` (a cache in front of each rank's host reads, :mod:`gnnio.distributed.hostcache`)
+  member ``id mod g`` reads it, needed by it or not, so each cache holds one residue.
 
 Every rank of the group computes the same plan from the same lists (the previous batch's lists
 are kept from the last gather), so who reads and who sends is agreed without more messages. The
@@ -32,7 +34,7 @@ from numba import njit
 
 from ..features.batch_ops import move_rows
 
-__all__ = ["GroupPlan", "plan"]
+__all__ = ["GroupPlan", "GroupReuse", "machine_level", "plan"]
 
 
 @dataclass
@@ -40,7 +42,9 @@ class GroupPlan:
     """One rank's part of a group's plan (ids sorted ascending in every array).
 
     Attributes:
-        reads: rows this rank reads from host memory (it needs each of them itself).
+        reads: rows this rank reads from host memory.
+        reads_mine: for each row of ``reads``, whether this rank needs it itself (always, unless
+            the plan reads by residue).
         send: per group member, the rows this rank hands it (empty for itself).
         send_from_prev: per member, for each row of ``send``: True when it comes from this
             rank's previous batch, False when from this gather's host reads.
@@ -50,6 +54,7 @@ class GroupPlan:
     """
 
     reads: np.ndarray
+    reads_mine: np.ndarray
     send: list[np.ndarray]
     send_from_prev: list[np.ndarray]
     recv: list[np.ndarray]
@@ -58,10 +63,10 @@ class GroupPlan:
 
 
 @njit(cache=True, nogil=True)
-def _plan_kernel(me, heads, ends, flat, g, reads, send, send_prev, recv, counts):
+def _plan_kernel(me, heads, ends, flat, g, by_residue, reads, mine, send, send_prev, recv, counts):
     """One merge pass over the 2g sorted lists in ``flat`` (the needs, then the prevs; list
-    ``i`` is ``flat[heads[i]:ends[i]]``, ``heads`` is advanced). Writes this member's ``reads``,
-    and per member the rows of ``send`` / ``send_prev`` / ``recv``; ``counts``: reads,
+    ``i`` is ``flat[heads[i]:ends[i]]``, ``heads`` is advanced). Writes this member's ``reads``
+    (``mine``: whether it needs the row itself), and per member the rows of ``send`` / ``send_prev`` / ``recv``; ``counts``: reads,
     host_rows_group, recv_from_prev, then the send counts (g) and the recv counts (g)."""
     big = np.iinfo(np.int64).max
     while True:
@@ -83,19 +88,22 @@ def _plan_kernel(me, heads, ends, flat, g, reads, send, send_prev, recv, counts)
         rem = need & ~held  # needers without the row from their own previous batch
         if rem == 0:
             continue
-        fresh = held == 0  # no member holds it: one of the needers reads it from host
-        pool = rem if fresh else held
-        n = 0
-        for k in range(g):
-            n += (pool >> k) & 1
-        j = x % n
-        sup = -1
-        for k in range(g):
-            if (pool >> k) & 1:
-                if j == 0:
-                    sup = k
-                    break
-                j -= 1
+        fresh = held == 0  # no member holds it: it is read from host memory
+        if fresh and by_residue:
+            sup = x % g  # the member whose cache holds the row's residue
+        else:
+            pool = rem if fresh else held
+            n = 0
+            for k in range(g):
+                n += (pool >> k) & 1
+            j = x % n
+            sup = -1
+            for k in range(g):
+                if (pool >> k) & 1:
+                    if j == 0:
+                        sup = k
+                        break
+                    j -= 1
         if fresh:
             counts[1] += 1
         for m in range(g):
@@ -114,10 +122,13 @@ def _plan_kernel(me, heads, ends, flat, g, reads, send, send_prev, recv, counts)
                     counts[2] += 1
         if sup == me and fresh:
             reads[counts[0]] = x
+            mine[counts[0]] = (rem >> me) & 1
             counts[0] += 1
 
 
-def plan(me: int, needs: list[np.ndarray], prevs: list[np.ndarray]) -> GroupPlan:
+def plan(
+    me: int, needs: list[np.ndarray], prevs: list[np.ndarray], by_residue: bool = False
+) -> GroupPlan:
     """Who reads and who hands what, for member ``me`` of a group (module docstring).
 
     Args:
@@ -126,6 +137,8 @@ def plan(me: int, needs: list[np.ndarray], prevs: list[np.ndarray]) -> GroupPlan
             (before any reuse).
         prevs: per member, the same list of its previous batch (the rows its previous batch's
             buffer holds from host memory; empty before the first batch).
+        by_residue: a row no member holds is read by member ``id mod g`` (whose host cache
+            holds that residue), needed by it or not; else by one of the members that need it.
     """
     g = len(needs)
     if len(prevs) != g or not 0 <= me < g or g > 62:
@@ -137,21 +150,32 @@ def plan(me: int, needs: list[np.ndarray], prevs: list[np.ndarray]) -> GroupPlan
     flat = np.concatenate(lists)
     mine = int(sizes[me])
     width = max(int(sizes[:g].max()), 1)
-    reads = np.empty(mine, dtype=np.int64)
+    reads = np.empty(int(sizes[:g].sum()) if by_residue else mine, dtype=np.int64)
+    reads_mine = np.empty(reads.size, dtype=np.bool_)
     send = np.empty((g, width), dtype=np.int64)
     send_prev = np.empty((g, width), dtype=np.bool_)
     recv = np.empty((g, max(mine, 1)), dtype=np.int64)
     counts = np.zeros(3 + 2 * g, dtype=np.int64)
-    _plan_kernel(me, heads, ends, flat, g, reads, send, send_prev, recv, counts)
+    _plan_kernel(
+        me, heads, ends, flat, g, by_residue, reads, reads_mine, send, send_prev, recv, counts
+    )
     sc, rc = counts[3 : 3 + g], counts[3 + g :]
     return GroupPlan(
         reads=reads[: counts[0]],
+        reads_mine=reads_mine[: counts[0]],
         send=[send[m, : sc[m]] for m in range(g)],
         send_from_prev=[send_prev[m, : sc[m]] for m in range(g)],
         recv=[recv[m, : rc[m]] for m in range(g)],
         host_rows_group=int(counts[1]),
         recv_from_prev=int(counts[2]),
     )
+
+
+def machine_level(topo, reuse) -> bool:
+    """Whether a store with ``reuse`` uses this level on ``topo``: the same answer on every rank
+    (the level's collectives are everyone's; a rank alone in its group takes part with nothing
+    to hand over), False where peer links are not faster than host reads."""
+    return reuse == "machine" and bool(topo.peers_cheaper) and max(map(len, topo.groups)) > 1
 
 
 class GroupReuse:
@@ -162,8 +186,9 @@ class GroupReuse:
     member's host rows of the previous batch, from the last exchange (empty at the start).
     """
 
-    def __init__(self, ctx, members: tuple[int, ...], group: str) -> None:
+    def __init__(self, ctx, members: tuple[int, ...], group: str, by_residue: bool = False) -> None:
         self.ctx = ctx
+        self.by_residue = bool(by_residue)
         self.members = tuple(int(m) for m in members)
         self.me = self.members.index(ctx.rank)
         self.group = group
@@ -189,7 +214,7 @@ class GroupReuse:
         all_needs = [
             needs if m == ctx.rank else got[bounds[m] : bounds[m + 1]] for m in self.members
         ]
-        gp = plan(self.me, all_needs, self.prevs)
+        gp = plan(self.me, all_needs, self.prevs, self.by_residue)
         return gp, all_needs, 8 * (w + sum(sc))
 
     def splits(self, per_member: list[np.ndarray]) -> list[int]:
@@ -199,11 +224,12 @@ class GroupReuse:
             out[m] = int(per_member[i].size)
         return out
 
-    def hand_over(self, store, gp: GroupPlan, uniq, rows_u, place) -> None:
+    def hand_over(self, store, gp: GroupPlan, uniq, rows_u, place, extra=None) -> None:
         """The hand-over of ``store``'s gather (one ``all_to_all_single``, sizes known from the
         plan): rows this rank read for the group or holds from its previous batch go to the
         members that need them; the rows it gets land in ``rows_u`` at ``place`` of their
-        position in ``uniq`` (counted on the link they cross: ``peer``)."""
+        position in ``uniq`` (counted on the link they cross: ``peer``). ``extra``: ``(ids,
+        rows)`` read for the others only (the plan reads by residue)."""
         rb, dev, t0 = store.row_bytes, store.device, time.perf_counter()
         total = sum(int(a.size) for a in gp.send)
         buf, off = store._scratch("forward", total), 0
@@ -217,9 +243,16 @@ class GroupReuse:
                 assert store._prev_ids is not None and store._prev_rows is not None
                 p = torch.searchsorted(store._prev_ids, torch.from_numpy(ids[from_prev]))
                 move_rows(store._prev_rows, p.to(dev), buf, at[fp].to(dev))
-            if not bool(fp.all()):
-                q = torch.from_numpy(np.searchsorted(u_np, ids[~from_prev]))
-                move_rows(rows_u, place(q).to(dev), buf, at[~fp].to(dev))
+            if not bool(fp.all()):  # read this gather: in the batch's rows, or read for others
+                new, at_new = ids[~from_prev], at[~fp]
+                q = np.searchsorted(u_np, new).clip(max=max(u_np.size - 1, 0))
+                inb = u_np[q] == new if u_np.size else np.zeros(new.size, dtype=bool)
+                ib = torch.from_numpy(inb)
+                move_rows(rows_u, place(torch.from_numpy(q[inb])).to(dev), buf, at_new[ib].to(dev))
+                if not inb.all():
+                    assert extra is not None  # (the plan reads by residue)
+                    e = torch.from_numpy(np.searchsorted(extra[0].numpy(), new[~inb]))
+                    move_rows(extra[1], e.to(dev), buf, at_new[~ib].to(dev))
             off += int(ids.size)
         sc, rc = self.splits(gp.send), self.splits(gp.recv)
         got_b = self.ctx.all_to_all_single(

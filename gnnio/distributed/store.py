@@ -51,7 +51,7 @@ from ..features._gather import as_index_array, output_rows
 from ..features.base import FeatureStore
 from ..features.batch_ops import move_rows
 from .context import DistContext
-from .group_reuse import GroupReuse
+from .group_reuse import GroupReuse, machine_level
 from .hostrows import pread_rows_of
 
 __all__ = ["LINKS", "ShardedFeatureStore"]
@@ -113,12 +113,10 @@ class ShardedFeatureStore(FeatureStore):
         if reuse not in (False, True, "gpu", "machine"):
             raise ValueError(f"reuse: expected False, True, 'gpu' or 'machine', got {reuse!r}")
         self.reuse = bool(reuse)
-        # the same choice on every rank (its collectives are everyone's): a rank alone in its
-        # group takes part with nothing to hand over
-        groups, topo = ctx.topo.groups, ctx.topo
+        cached = getattr(host_store, "tier", None) == "cache"  # each cache holds a residue
         self.group_reuse = (
-            GroupReuse(ctx, topo.group_of(self.rank), group)
-            if reuse == "machine" and topo.peers_cheaper and max(map(len, groups)) > 1
+            GroupReuse(ctx, ctx.topo.group_of(self.rank), group, by_residue=cached)
+            if machine_level(ctx.topo, reuse)
             else None
         )
         peers = bool(placement.peer_reads) and bool(ctx.topo.peers_cheaper)
@@ -223,22 +221,29 @@ class ShardedFeatureStore(FeatureStore):
         # host memory: this rank's rows, or (intra-machine level) the rows the group's plan
         # gives it to read; the others come from a group member after the exchange below
         gr = self.group_reuse if self.reuse else None
-        gp, group_needs, gcontrol = None, None, 0
+        gp, group_needs, gcontrol, extra = None, None, 0, None
         hsel = (need & (src < 0)).nonzero().squeeze(1)
         if gr is not None:
             gp, group_needs, gcontrol = gr.exchange(uniq[src < 0].numpy())
+            mine = gp.reads[gp.reads_mine]
             n_recv = sum(int(r.size) for r in gp.recv)
-            if int(gp.reads.size) + n_recv != int(hsel.numel()):  # (the plan's own invariant)
+            if int(mine.size) + n_recv != int(hsel.numel()):  # (the plan's own invariant)
                 raise RuntimeError(
-                    f"rank {self.rank}: group reuse plan covers {gp.reads.size + n_recv} of "
+                    f"rank {self.rank}: group reuse plan covers {mine.size + n_recv} of "
                     f"{hsel.numel()} host rows"
                 )
-            hsel = torch.from_numpy(np.searchsorted(uniq.numpy(), gp.reads))
-        if hsel.numel():
+            hsel = torch.from_numpy(np.searchsorted(uniq.numpy(), mine))
+            if not gp.reads_mine.all():  # rows of its cache's residue it reads for the others
+                ids = torch.from_numpy(gp.reads[~gp.reads_mine])
+                extra = (ids, self._scratch("extra", ids.numel()))
+        if hsel.numel() or extra is not None:
             # the rows this thread read: the evaluation store reads the same host store (its
             # counters, its pread reader) on its own thread, DistRun.build_store
             with self.host_store.counters.counting() as got:
-                self._read_host(uniq[hsel], place(hsel), rows_u)
+                if hsel.numel():
+                    self._read_host(uniq[hsel], place(hsel), rows_u)
+                if extra is not None:
+                    self._read_host(extra[0], torch.arange(extra[0].numel()), extra[1])
             for t, d in got.rows.items():
                 if d:
                     self.counters.add("host" if t not in ("cache",) else "cache", d, rb)
@@ -250,7 +255,7 @@ class ShardedFeatureStore(FeatureStore):
         control = self._exchange(src[rsel], pos[rsel], place(rsel), rows_u)
         if gr is not None and gp is not None:
             control += gcontrol
-            gr.hand_over(self, gp, uniq, rows_u, place)
+            gr.hand_over(self, gp, uniq, rows_u, place, extra)
 
         prev_ids, prev_rows = self._prev_ids, self._prev_rows
         if self.reuse:

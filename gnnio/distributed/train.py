@@ -49,11 +49,11 @@ from ..train.evaluate import evaluate_sampled_counts
 from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
 from ..utils.heap import limit_heap
-from ..utils.pages import drop_pages
 from ..utils.rss import peak_rss_bytes, rss_by_kind
 from .context import DistContext
 from .ddp import GradCounter, counting_allreduce, param_digest
-from .hostrows import PreadFeatureStore, pread_rows_of
+from .hostcache import host_cache
+from .hostrows import pread_rows_of
 from .plan import LocalSeedsOrder, check_placement_file, get_placement, proximity_order
 from .store import LINKS, ShardedFeatureStore, fault_from_env
 
@@ -110,33 +110,9 @@ class DistRun(LocalRun):
             if cfg.store == "mmap"
             else "memory (every rank reads the features into its own host memory)"
         }
-        host = base
-        if cfg.cache_policy != "none" and cfg.cache_size > 0:
-            from ..features.caches.cache import FeatureCache
-            from ..features.tiers.tiered import hot_rows_for_fraction
-
-            hot = None
-            if cfg.cache_policy == "static":
-                from ..train.setup import hot_score
-
-                score = hot_score(ds, cfg, progress=False)
-                for a in (ds.graph.indptr, ds.graph.indices):  # read once, at set-up: the
-                    drop_pages(a)  # pages leave this rank's mapping (as in plan.py)
-                # the same lookup as the store's: rows this rank reads from its shard or a peer's
-                peers = bool(pl.peer_reads) and ctx.topo.peers_cheaper
-                held = np.asarray(pl.lookup(ctx.rank, peers=peers).dev_num) >= 0
-                hot = np.argsort(-score, kind="stable")
-                hot = hot[~held[hot]]  # rows the rank reads from host memory only
-            cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), ds.num_nodes)
-            # the misses read by pread too (hostrows.py): nothing of the feature file mapped
-            back = PreadFeatureStore(base, cfg.threads) if cfg.store == "mmap" else base
-            host = FeatureCache(back, cap, cfg.cache_policy, hot_ids=hot, tier="cache")
-            info["cache"] = {
-                "policy": cfg.cache_policy,
-                "size": cfg.cache_size,
-                "capacity": host.capacity,
-                "where": "in front of host memory, per rank",
-            }
+        host, cache_info = host_cache(ds, cfg, ctx, pl, base)
+        if cache_info:
+            info["cache"] = cache_info
         # the cache only serves the host reads: every gather still takes part in the exchange
         store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse and cfg.reuse_level)
         store.fault = fault_from_env(ctx.rank)
