@@ -8,6 +8,7 @@ module: each launch there costs time)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.helpers import run_in_triton_interpreter
 
@@ -250,3 +251,32 @@ def test_cache_kernels_take_rows_up_to_max_width():
     per program) and equal the host path; one element wider runs the torch ops."""
     pytest.importorskip("triton")
     run_in_triton_interpreter(WIDE)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_skipping_tiered_kernel_compiles_for_int64_slots_on_cuda():  # pragma: no cover
+    """On a GPU the masked tiered copy (``skip=True``: a sync-free cache's hit rows,
+    ``copy_masked``; a backing's ``gather_into``) with int64 slots, as the caches pass them,
+    compiles and copies, for rows of 40 to 2048 bytes. Triton 3.6 (the GPU image's) refused the
+    kernel for rows up to 512 bytes ('arith.andi' op requires the same encoding, in
+    TritonGPURemoveLayoutConversions): the process then marked ``copy_tiered`` failed and every
+    later tiered gather split its batch with two host syncs."""
+    pytest.importorskip("triton")
+    from gnnio.features._triton_rows import copy_tiered_triton
+
+    g = torch.Generator().manual_seed(3)
+    for dtype, dim in ((torch.float32, 10), (torch.float32, 128), (torch.float16, 64),
+                       (torch.float32, 512)):  # fmt: skip
+        hot = torch.randn(50, dim, generator=g).to(dtype).cuda()
+        cold = torch.randn(300, dim, generator=g).to(dtype).cuda()
+        slots = torch.randint(-3, 50, (1000,), generator=g)  # -1 cold, below -1 skipped
+        ids = torch.randint(0, 300, (1000,), generator=g)
+        for skip in (True, False):
+            dst = torch.full((1000, dim), 7.0, dtype=dtype).cuda()
+            assert copy_tiered_triton(hot, cold, slots.cuda(), ids.cuda(), dst, skip=skip)
+            want = torch.where((slots >= 0)[:, None], hot.cpu()[slots.clamp(min=0)],
+                               cold.cpu()[ids])  # fmt: skip
+            if skip:
+                want[slots < -1] = 7.0
+            assert torch.equal(dst.cpu(), want), (dtype, dim, skip)

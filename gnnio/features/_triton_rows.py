@@ -76,15 +76,21 @@ def _tiered(hot, cold, slots, ids, dst, n, W: tl.constexpr, WP: tl.constexpr, BR
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = r < n
     s = tl.load(slots + r, mask=rm, other=0).to(tl.int64)
-    h = s >= 0
-    if SKIP:  # slot -1: the cold row; below -1: the output row is left as it is
-        rm = rm & (s >= -1)
-    i = tl.load(ids + r, mask=rm & ~h, other=0).to(tl.int64)
+    h = rm & (s >= 0)  # a hot row
+    # a cold row: slot -1; with SKIP, below -1 the output row is left as it is. (Both masks are
+    # comparisons of ``s``: ``rm & ~h`` after ``rm &= s >= -1`` made Triton 3.6 -- the GPU
+    # image's -- fail to compile SKIP with int64 slots, rows up to 512 bytes: "'arith.andi' op
+    # requires the same encoding" in TritonGPURemoveLayoutConversions.)
+    if SKIP:
+        cm = rm & (s == -1)
+    else:
+        cm = rm & (s < 0)
+    i = tl.load(ids + r, mask=cm, other=0).to(tl.int64)
     c = tl.arange(0, WP)
-    m = rm[:, None] & (c < W)[None, :]
+    m = (h | cm)[:, None] & (c < W)[None, :]
     # masked-off lanes issue no load: a hot row reads the GPU tier only, a cold row the host only
     vh = tl.load(hot + s[:, None] * W + c[None, :], mask=m & h[:, None], other=0)
-    vc = tl.load(cold + i[:, None] * W + c[None, :], mask=m & (~h)[:, None], other=0)
+    vc = tl.load(cold + i[:, None] * W + c[None, :], mask=m & cm[:, None], other=0)
     tl.store(dst + r[:, None] * W + c[None, :], tl.where(h[:, None], vh, vc), mask=m)
 
 
