@@ -77,6 +77,24 @@ def test_the_plan_is_the_per_row_reference(needs, prevs, by_residue, data):
     assert sorted([x for x in reads if x in lacking] + sum(recv, [])) == lacking
 
 
+def test_a_group_of_more_than_62_members_is_planned():
+    """A topology's NVLink group may be large (an NVL72 domain: 72 GPUs); the plan flagged the
+    members of a row in 64-bit masks and refused groups of more than 62 at the first gather."""
+    rng = np.random.default_rng(7)
+    g = 72
+    needs = [np.unique(rng.integers(0, 300, 20)) for _ in range(g)]
+    prevs = [np.unique(rng.integers(0, 300, 20)) for _ in range(g)]
+    for by_residue in (False, True):
+        for me in (0, 63, 71):
+            p = plan(me, needs, prevs, by_residue)
+            reads, send, recv, group_reads, recv_prev = _reference(
+                me, [set(a.tolist()) for a in needs], [set(a.tolist()) for a in prevs], by_residue
+            )
+            assert p.reads.tolist() == reads and p.host_rows_group == group_reads
+            assert [a.tolist() for a in p.send] == send and [a.tolist() for a in p.recv] == recv
+            assert p.recv_from_prev == recv_prev
+
+
 N, DIM = 60, 3
 FEATS = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
 
