@@ -177,6 +177,17 @@ def test_a_rank_alone_in_its_group_takes_part_in_the_exchanges():
     assert mach[0][2] > 0 and mach[1][2] > 0
 
 
+def test_a_group_listed_out_of_rank_order_hands_over_the_right_rows():
+    """A topology file may list a group's ranks in any order (``[[2, 0, 1]]``): the hand-over's
+    buffers are in rank order, so in the group's order the rows went to the wrong members."""
+    from gnnio.placement.topology import Topology
+
+    topo = Topology(name="t", groups=((2, 0, 1),))
+    pl = Placement("hand", N, ((0, 1, 2),), [np.arange(k * 5, k * 5 + 5) for k in range(3)])
+    res = _run("machine", topo, pl, _batches(3, seed=5))
+    assert all(ok for ok, _, _ in res) and all(fwd > 0 for _, _, fwd in res)
+
+
 def test_without_faster_peer_links_it_is_the_gpu_level():
     slow = load_topology("2", peer_bw="5GB/s", host_bw="12GB/s")
     batches = _batches(2, seed=2)
@@ -259,10 +270,12 @@ def test_caches_in_front_of_host_memory_act_as_one_machine_cache():
     assert [r[1]["peer"] for r in mach] == [60, 30]
 
 
-@pytest.mark.parametrize("level", ["gpu", "machine"])
-def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level):
+@pytest.mark.parametrize("level,groups", [("gpu", "2"), ("machine", "2"), ("machine", "1,0")])
+def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level, groups):
     """``gnnio train --cache-policy static`` with the machine level: each rank's cache holds
-    the hottest host rows of its residue (it reads no other), at the gpu level of any residue."""
+    the hottest host rows of its residue (it reads no other), at the gpu level of any residue.
+    The residue is the rank's position in ascending order, as the plan counts it, also where
+    the topology lists the group as ``[[1, 0]]``."""
     from gnnio.distributed.train import DistRun
     from gnnio.graph import load
     from gnnio.train.config import TrainConfig
@@ -278,7 +291,10 @@ def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level):
         setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
         return setup.store.host_store.cached_ids().numpy(), setup.store.dev_num.numpy()
 
-    res = run_ranks(2, body, load_topology("2"))
+    from gnnio.placement.topology import Topology
+
+    topo = Topology(name="t", groups=((1, 0),)) if groups == "1,0" else load_topology(groups)
+    res = run_ranks(2, body, topo)
     for k, (cached, dev_num) in enumerate(res):
         assert cached.size == 20 and (dev_num[cached] < 0).all()
         if level == "machine":

@@ -34,7 +34,7 @@ from numba import njit
 
 from ..features.batch_ops import move_rows
 
-__all__ = ["GroupPlan", "GroupReuse", "machine_level", "plan"]
+__all__ = ["GroupPlan", "GroupReuse", "machine_level", "plan", "residue_of"]
 
 
 @dataclass
@@ -184,18 +184,28 @@ def machine_level(topo, reuse) -> bool:
     return reuse == "machine" and bool(topo.peers_cheaper) and max(map(len, topo.groups)) > 1
 
 
+def residue_of(topo, rank: int) -> tuple[int, int]:
+    """``(g, i)``: the size of ``rank``'s NVLink group and its position among the group's ranks
+    in ascending order (a topology file may list them in any order): the plan's member ``i``,
+    whose cache holds the rows ``id mod g == i``."""
+    members = sorted(topo.group_of(rank))
+    return len(members), members.index(rank)
+
+
 class GroupReuse:
     """The intra-machine level for one rank of a :class:`~gnnio.distributed.store.
     ShardedFeatureStore`: the needs exchange, the plan, and the hand-over of rows.
 
-    ``members``: the rank's NVLink group (ascending ranks, itself included). ``prevs``: every
+    ``members``: the rank's NVLink group (itself included; kept ascending, as the plan's member
+    positions and :func:`residue_of` count them). ``prevs``: every
     member's host rows of the previous batch, from the last exchange (empty at the start).
     """
 
     def __init__(self, ctx, members: tuple[int, ...], group: str, by_residue: bool = False) -> None:
         self.ctx = ctx
         self.by_residue = bool(by_residue)
-        self.members = tuple(int(m) for m in members)
+        # ascending whatever the topology's order: the exchanges' buffers are in rank order
+        self.members = tuple(sorted(int(m) for m in members))
         self.me = self.members.index(ctx.rank)
         self.group = group
         self.prevs: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in self.members]
