@@ -301,3 +301,30 @@ def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level, g
             assert (cached % 2 == k).all()
     if level == "gpu":  # (both ranks read the same host rows here: the same hottest ones)
         assert not (res[0][0] % 2 == 0).all()
+
+
+@pytest.mark.parametrize("policy", ["lru", "sieve", "s3fifo"])
+def test_evaluation_leaves_the_groups_caches_alone(tmp_path, policy):
+    """Evaluation reads below a dynamic cache (as in one process): its batches must not evict
+    the training rows of a rank's residue cache. SIEVE and S3-FIFO caches were read through."""
+    from gnnio.distributed.train import DistRun
+    from gnnio.graph import load
+    from gnnio.train.config import TrainConfig
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=200, num_edges=1600, seed=2))
+    cfg = TrainConfig(
+        fanouts=[3, 2], batch_size=16, cache_policy=policy, cache_size=0.1, progress=False,
+        placement_strategy="alg1", buffer=0.2, reuse_level="machine",
+    )  # fmt: skip
+
+    def body(ctx):
+        setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
+        cache = setup.store.host_store
+        setup.store.gather(torch.arange(0, 200, 3))
+        held = cache.cached_ids().sort().values
+        want = torch.from_numpy(np.asarray(ds.features))
+        ok = torch.equal(setup.eval_store.gather(torch.arange(200)), want)
+        return ok, torch.equal(cache.cached_ids().sort().values, held)
+
+    assert run_ranks(2, body, load_topology("2")) == [(True, True)] * 2
