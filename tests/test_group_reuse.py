@@ -77,6 +77,24 @@ def test_the_plan_is_the_per_row_reference(needs, prevs, by_residue, data):
     assert sorted([x for x in reads if x in lacking] + sum(recv, [])) == lacking
 
 
+def test_a_group_of_more_than_62_members_is_planned():
+    """A topology's NVLink group may be large (an NVL72 domain: 72 GPUs); the plan flagged the
+    members of a row in 64-bit masks and refused groups of more than 62 at the first gather."""
+    rng = np.random.default_rng(7)
+    g = 72
+    needs = [np.unique(rng.integers(0, 300, 20)) for _ in range(g)]
+    prevs = [np.unique(rng.integers(0, 300, 20)) for _ in range(g)]
+    for by_residue in (False, True):
+        for me in (0, 63, 71):
+            p = plan(me, needs, prevs, by_residue)
+            reads, send, recv, group_reads, recv_prev = _reference(
+                me, [set(a.tolist()) for a in needs], [set(a.tolist()) for a in prevs], by_residue
+            )
+            assert p.reads.tolist() == reads and p.host_rows_group == group_reads
+            assert [a.tolist() for a in p.send] == send and [a.tolist() for a in p.recv] == recv
+            assert p.recv_from_prev == recv_prev
+
+
 N, DIM = 60, 3
 FEATS = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
 
@@ -157,6 +175,17 @@ def test_a_rank_alone_in_its_group_takes_part_in_the_exchanges():
     assert all(ok for ok, _, _ in gpu + mach)
     assert mach[2][1] == gpu[2][1] and mach[2][2] == 0
     assert mach[0][2] > 0 and mach[1][2] > 0
+
+
+def test_a_group_listed_out_of_rank_order_hands_over_the_right_rows():
+    """A topology file may list a group's ranks in any order (``[[2, 0, 1]]``): the hand-over's
+    buffers are in rank order, so in the group's order the rows went to the wrong members."""
+    from gnnio.placement.topology import Topology
+
+    topo = Topology(name="t", groups=((2, 0, 1),))
+    pl = Placement("hand", N, ((0, 1, 2),), [np.arange(k * 5, k * 5 + 5) for k in range(3)])
+    res = _run("machine", topo, pl, _batches(3, seed=5))
+    assert all(ok for ok, _, _ in res) and all(fwd > 0 for _, _, fwd in res)
 
 
 def test_without_faster_peer_links_it_is_the_gpu_level():
@@ -241,10 +270,12 @@ def test_caches_in_front_of_host_memory_act_as_one_machine_cache():
     assert [r[1]["peer"] for r in mach] == [60, 30]
 
 
-@pytest.mark.parametrize("level", ["gpu", "machine"])
-def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level):
+@pytest.mark.parametrize("level,groups", [("gpu", "2"), ("machine", "2"), ("machine", "1,0")])
+def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level, groups):
     """``gnnio train --cache-policy static`` with the machine level: each rank's cache holds
-    the hottest host rows of its residue (it reads no other), at the gpu level of any residue."""
+    the hottest host rows of its residue (it reads no other), at the gpu level of any residue.
+    The residue is the rank's position in ascending order, as the plan counts it, also where
+    the topology lists the group as ``[[1, 0]]``."""
     from gnnio.distributed.train import DistRun
     from gnnio.graph import load
     from gnnio.train.config import TrainConfig
@@ -260,10 +291,40 @@ def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level):
         setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
         return setup.store.host_store.cached_ids().numpy(), setup.store.dev_num.numpy()
 
-    res = run_ranks(2, body, load_topology("2"))
+    from gnnio.placement.topology import Topology
+
+    topo = Topology(name="t", groups=((1, 0),)) if groups == "1,0" else load_topology(groups)
+    res = run_ranks(2, body, topo)
     for k, (cached, dev_num) in enumerate(res):
         assert cached.size == 20 and (dev_num[cached] < 0).all()
         if level == "machine":
             assert (cached % 2 == k).all()
     if level == "gpu":  # (both ranks read the same host rows here: the same hottest ones)
         assert not (res[0][0] % 2 == 0).all()
+
+
+@pytest.mark.parametrize("policy", ["lru", "sieve", "s3fifo"])
+def test_evaluation_leaves_the_groups_caches_alone(tmp_path, policy):
+    """Evaluation reads below a dynamic cache (as in one process): its batches must not evict
+    the training rows of a rank's residue cache. SIEVE and S3-FIFO caches were read through."""
+    from gnnio.distributed.train import DistRun
+    from gnnio.graph import load
+    from gnnio.train.config import TrainConfig
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=200, num_edges=1600, seed=2))
+    cfg = TrainConfig(
+        fanouts=[3, 2], batch_size=16, cache_policy=policy, cache_size=0.1, progress=False,
+        placement_strategy="alg1", buffer=0.2, reuse_level="machine",
+    )  # fmt: skip
+
+    def body(ctx):
+        setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
+        cache = setup.store.host_store
+        setup.store.gather(torch.arange(0, 200, 3))
+        held = cache.cached_ids().sort().values
+        want = torch.from_numpy(np.asarray(ds.features))
+        ok = torch.equal(setup.eval_store.gather(torch.arange(200)), want)
+        return ok, torch.equal(cache.cached_ids().sort().values, held)
+
+    assert run_ranks(2, body, load_topology("2")) == [(True, True)] * 2

@@ -34,7 +34,7 @@ from numba import njit
 
 from ..features.batch_ops import move_rows
 
-__all__ = ["GroupPlan", "GroupReuse", "machine_level", "plan"]
+__all__ = ["GroupPlan", "GroupReuse", "machine_level", "plan", "residue_of"]
 
 
 @dataclass
@@ -66,9 +66,14 @@ class GroupPlan:
 def _plan_kernel(me, heads, ends, flat, g, by_residue, reads, mine, send, send_prev, recv, counts):
     """One merge pass over the 2g sorted lists in ``flat`` (the needs, then the prevs; list
     ``i`` is ``flat[heads[i]:ends[i]]``, ``heads`` is advanced). Writes this member's ``reads``
-    (``mine``: whether it needs the row itself), and per member the rows of ``send`` / ``send_prev`` / ``recv``; ``counts``: reads,
-    host_rows_group, recv_from_prev, then the send counts (g) and the recv counts (g)."""
+    (``mine``: whether it needs the row itself), and per member the rows of ``send`` /
+    ``send_prev`` / ``recv``; ``counts``: reads, host_rows_group, recv_from_prev, then the send
+    counts (g) and the recv counts (g). Per row, ``need`` / ``held`` / ``rem`` flag the members
+    (arrays, not bit masks: a group of any size)."""
     big = np.iinfo(np.int64).max
+    need = np.zeros(g, dtype=np.bool_)
+    held = np.zeros(g, dtype=np.bool_)
+    rem = np.zeros(g, dtype=np.bool_)
     while True:
         x = big
         for i in range(2 * g):
@@ -76,30 +81,31 @@ def _plan_kernel(me, heads, ends, flat, g, by_residue, reads, mine, send, send_p
                 x = flat[heads[i]]
         if x == big:
             break
-        need = 0
-        held = 0
+        need[:] = False
+        held[:] = False
         for i in range(2 * g):
             if heads[i] < ends[i] and flat[heads[i]] == x:
                 heads[i] += 1
                 if i < g:
-                    need |= 1 << i
+                    need[i] = True
                 else:
-                    held |= 1 << (i - g)
-        rem = need & ~held  # needers without the row from their own previous batch
-        if rem == 0:
+                    held[i - g] = True
+        n_rem = 0
+        n_held = 0
+        for k in range(g):
+            rem[k] = need[k] and not held[k]  # needers without the row from their own batch
+            n_rem += rem[k]
+            n_held += held[k]
+        if n_rem == 0:
             continue
-        fresh = held == 0  # no member holds it: it is read from host memory
+        fresh = n_held == 0  # no member holds it: it is read from host memory
         if fresh and by_residue:
             sup = x % g  # the member whose cache holds the row's residue
         else:
-            pool = rem if fresh else held
-            n = 0
-            for k in range(g):
-                n += (pool >> k) & 1
-            j = x % n
+            j = x % (n_rem if fresh else n_held)  # the j-th of the needers, or of the holders
             sup = -1
             for k in range(g):
-                if (pool >> k) & 1:
+                if rem[k] if fresh else held[k]:
                     if j == 0:
                         sup = k
                         break
@@ -107,7 +113,7 @@ def _plan_kernel(me, heads, ends, flat, g, by_residue, reads, mine, send, send_p
         if fresh:
             counts[1] += 1
         for m in range(g):
-            if not (rem >> m) & 1 or m == sup:
+            if not rem[m] or m == sup:
                 continue
             if sup == me:
                 c = counts[3 + m]
@@ -122,7 +128,7 @@ def _plan_kernel(me, heads, ends, flat, g, by_residue, reads, mine, send, send_p
                     counts[2] += 1
         if sup == me and fresh:
             reads[counts[0]] = x
-            mine[counts[0]] = (rem >> me) & 1
+            mine[counts[0]] = rem[me]
             counts[0] += 1
 
 
@@ -141,7 +147,7 @@ def plan(
             holds that residue), needed by it or not; else by one of the members that need it.
     """
     g = len(needs)
-    if len(prevs) != g or not 0 <= me < g or g > 62:
+    if len(prevs) != g or not 0 <= me < g:
         raise ValueError(f"group plan: {g} needs, {len(prevs)} previous lists, member {me}")
     lists = [np.ascontiguousarray(a, dtype=np.int64) for a in (*needs, *prevs)]
     sizes = np.array([a.size for a in lists], dtype=np.int64)
@@ -178,18 +184,28 @@ def machine_level(topo, reuse) -> bool:
     return reuse == "machine" and bool(topo.peers_cheaper) and max(map(len, topo.groups)) > 1
 
 
+def residue_of(topo, rank: int) -> tuple[int, int]:
+    """``(g, i)``: the size of ``rank``'s NVLink group and its position among the group's ranks
+    in ascending order (a topology file may list them in any order): the plan's member ``i``,
+    whose cache holds the rows ``id mod g == i``."""
+    members = sorted(topo.group_of(rank))
+    return len(members), members.index(rank)
+
+
 class GroupReuse:
     """The intra-machine level for one rank of a :class:`~gnnio.distributed.store.
     ShardedFeatureStore`: the needs exchange, the plan, and the hand-over of rows.
 
-    ``members``: the rank's NVLink group (ascending ranks, itself included). ``prevs``: every
+    ``members``: the rank's NVLink group (itself included; kept ascending, as the plan's member
+    positions and :func:`residue_of` count them). ``prevs``: every
     member's host rows of the previous batch, from the last exchange (empty at the start).
     """
 
     def __init__(self, ctx, members: tuple[int, ...], group: str, by_residue: bool = False) -> None:
         self.ctx = ctx
         self.by_residue = bool(by_residue)
-        self.members = tuple(int(m) for m in members)
+        # ascending whatever the topology's order: the exchanges' buffers are in rank order
+        self.members = tuple(sorted(int(m) for m in members))
         self.me = self.members.index(ctx.rank)
         self.group = group
         self.prevs: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in self.members]

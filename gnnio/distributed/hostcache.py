@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..utils.pages import drop_pages
-from .group_reuse import machine_level
+from .group_reuse import machine_level, residue_of
 from .hostrows import PreadFeatureStore
 
 __all__ = ["host_cache"]
@@ -45,8 +45,8 @@ def host_cache(ds, cfg, ctx, pl, base) -> tuple[Any, dict | None]:
         hot = np.argsort(-score, kind="stable")
         hot = hot[~held[hot]]  # rows the rank reads from host memory only
         if residue:  # ... and, at the machine level, of its residue
-            members = topo.group_of(ctx.rank)
-            hot = hot[hot % len(members) == members.index(ctx.rank)]
+            g, i = residue_of(topo, ctx.rank)
+            hot = hot[hot % g == i]
     cap = hot_rows_for_fraction(min(cfg.cache_size, 1.0), ds.num_nodes)
     # the misses read by pread too (hostrows.py): nothing of the feature file mapped
     back = PreadFeatureStore(base, cfg.threads) if cfg.store == "mmap" else base
