@@ -328,3 +328,37 @@ def test_evaluation_leaves_the_groups_caches_alone(tmp_path, policy):
         return ok, torch.equal(cache.cached_ids().sort().values, held)
 
     assert run_ranks(2, body, load_topology("2")) == [(True, True)] * 2
+
+
+@pytest.mark.parametrize(
+    "topology,want",
+    [
+        ("2", {"level": "machine"}),
+        ("1+1", {"level": "gpu", "asked": "machine", "why": "no NVLink group has two ranks"}),
+        ("pcie-2gpu", {"level": "gpu", "asked": "machine"}),
+    ],
+)
+def test_the_summary_says_which_level_ran(tmp_path, topology, want):
+    """``data_setup.reuse``: the machine level where it runs, else the gpu level and why (one
+    warning line on the main rank)."""
+    import warnings
+
+    from gnnio.distributed.train import DistRun
+    from gnnio.graph import load
+    from gnnio.train.config import TrainConfig
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=100, num_edges=600, seed=1))
+    cfg = TrainConfig(fanouts=[2], batch_size=8, progress=False, reuse_level="machine",
+                      placement_strategy="alg1", buffer=0.2)  # fmt: skip
+
+    def body(ctx):
+        return DistRun(ctx).build_store(ds, cfg, torch.device("cpu")).info["reuse"]
+
+    with warnings.catch_warnings(record=True) as got:  # (process-wide: around both ranks)
+        warnings.simplefilter("always")
+        infos = run_ranks(2, body, load_topology(topology))
+    for info in infos:
+        assert {k: v for k, v in info.items() if k in want} == want
+    warned = [str(w.message) for w in got if "--reuse-level" in str(w.message)]
+    assert len(warned) == (want["level"] == "gpu")  # the main rank's one line

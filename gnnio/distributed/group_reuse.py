@@ -34,7 +34,7 @@ from numba import njit
 
 from ..features.batch_ops import move_rows
 
-__all__ = ["GroupPlan", "GroupReuse", "machine_level", "plan", "residue_of"]
+__all__ = ["GroupPlan", "GroupReuse", "level_info", "machine_level", "plan", "residue_of"]
 
 
 @dataclass
@@ -182,6 +182,19 @@ def machine_level(topo, reuse) -> bool:
     (the level's collectives are everyone's; a rank alone in its group takes part with nothing
     to hand over), False where peer links are not faster than host reads."""
     return reuse == "machine" and bool(topo.peers_cheaper) and max(map(len, topo.groups)) > 1
+
+
+def level_info(topo, asked: str, active: bool) -> dict:
+    """The summary's ``data_setup.reuse``: the level that runs, and why where it is not the one
+    asked for (``--reuse-level machine`` acts as ``gpu`` where it cannot hand rows over)."""
+    if asked != "machine" or active:
+        return {"level": asked}
+    why = (
+        "peer links are not faster than host reads (the topology's bandwidths)"
+        if not topo.peers_cheaper
+        else "no NVLink group has two ranks"
+    )
+    return {"level": "gpu", "asked": "machine", "why": why}
 
 
 def residue_of(topo, rank: int) -> tuple[int, int]:

@@ -50,8 +50,10 @@ from ..train.loop import LocalRun
 from ..train.setup import StoreSetup
 from ..utils.heap import limit_heap
 from ..utils.rss import peak_rss_bytes, rss_by_kind
+from ..utils.warnings_at import warn
 from .context import DistContext
 from .ddp import GradCounter, counting_allreduce, param_digest
+from .group_reuse import level_info
 from .hostcache import host_cache
 from .hostrows import pread_rows_of
 from .plan import LocalSeedsOrder, check_placement_file, get_placement, proximity_order
@@ -115,6 +117,10 @@ class DistRun(LocalRun):
             info["cache"] = cache_info
         # the cache only serves the host reads: every gather still takes part in the exchange
         store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse and cfg.reuse_level)
+        if cfg.reuse:  # (--reuse-level machine acts as gpu where it cannot hand rows over)
+            info["reuse"] = level_info(ctx.topo, cfg.reuse_level, store.group_reuse is not None)
+            if "why" in info["reuse"] and ctx.is_main:
+                warn(f"--reuse-level machine: acts as gpu here: {info['reuse']['why']}")
         store.fault = fault_from_env(ctx.rank)
         gpu_ids = torch.nonzero(store.dev_num >= 0).squeeze(1).numpy()  # its shard + peers'
         # evaluation: the same shard and exchange, without cross-batch reuse and, as in one
