@@ -290,3 +290,61 @@ def results(summary: dict) -> dict:
     keep = ("loss_history", "test_acc", "best_valid_acc", "best_epoch", "epochs",
             "bytes_by_tier", "rows_by_tier", "stopped_early")  # fmt: skip
     return {"history": hist, **{k: summary[k] for k in keep}}
+
+
+def run_gnnio_in_process(monkeypatch) -> list:
+    """Make ``subprocess.run([sys.executable, "-m", "gnnio", ...])`` and ``subprocess.run(
+    [sys.executable, "SCRIPT.py", ...])`` run in this process (``gnnio.cli.main.main``, the
+    script's ``main``), returning the ``CompletedProcess`` a child would (its exit status, its
+    stdout and stderr): the caller's plumbing (exit status, last JSON line, error tails) runs as
+    it would, without the seconds of a fresh interpreter's imports per call. For tests about
+    what the calls report, not about the process boundary; any other command runs for real.
+    The torch thread count is kept across calls. Returns the list of commands run in process."""
+    import contextlib
+    import io
+    import runpy
+    import subprocess
+    import sys
+    import warnings
+
+    real = subprocess.run
+    ran: list = []
+
+    def run(cmd, *a, **k):
+        argv = [str(x) for x in cmd] if isinstance(cmd, (list, tuple)) else None
+        if not argv or argv[0] != sys.executable or len(argv) < 2:
+            return real(cmd, *a, **k)
+        if argv[1:3] == ["-m", "gnnio"]:
+            from gnnio.cli.main import main
+
+            def call():
+                return main(argv[3:])
+        elif argv[1].endswith(".py"):
+
+            def call():
+                old = sys.argv
+                sys.argv = argv[1:]
+                try:
+                    runpy.run_path(argv[1], run_name="__main__")
+                finally:
+                    sys.argv = old
+                return 0
+        else:
+            return real(cmd, *a, **k)
+        ran.append(argv[1:])
+        out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with warnings.catch_warnings(record=True) as said:  # (a child's: on its stderr)
+                warnings.simplefilter("default")
+                try:
+                    rc = call()
+                except SystemExit as e:
+                    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                finally:
+                    torch.set_num_threads(threads)
+            for w in said:
+                print(warnings.formatwarning(w.message, w.category, w.filename, w.lineno), file=err)
+        return subprocess.CompletedProcess(argv, rc or 0, out.getvalue(), err.getvalue())
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return ran
