@@ -335,7 +335,11 @@ def run_gnnio_in_process(monkeypatch) -> list:
         out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             with warnings.catch_warnings(record=True) as said:  # (a child's: on its stderr)
-                warnings.simplefilter("default")
+                warnings.resetwarnings()  # then a fresh interpreter's filters, lowest first
+                for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning,
+                                 DeprecationWarning):  # fmt: skip
+                    warnings.simplefilter("ignore", category)
+                warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
                 try:
                     rc = call()
                 except SystemExit as e:
