@@ -305,6 +305,7 @@ def run_gnnio_in_process(monkeypatch) -> list:
     import runpy
     import subprocess
     import sys
+    import traceback
     import warnings
 
     real = subprocess.run
@@ -344,6 +345,9 @@ def run_gnnio_in_process(monkeypatch) -> list:
                     rc = call()
                 except SystemExit as e:
                     rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                except Exception:  # noqa: BLE001 - as a child: its traceback, exit status 1
+                    traceback.print_exc()
+                    rc = 1
                 finally:
                     torch.set_num_threads(threads)
             for w in said:
