@@ -109,5 +109,39 @@ def install_once_per_launch() -> bool:
     return True
 
 
+def install_np_dtype_memo() -> bool:
+    """Replace the interpreter's ``_get_np_dtype`` (once) by a memo of its own answers, keyed by
+    the element type (a block's answer is its element's); whether it was (or already is). The
+    interpreter builds its table of 19 types at every call, but for a pointer (unhashable: asked
+    of the interpreter each time, answered before the table)."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    orig = getattr(interpreter, "_get_np_dtype", None)
+    if orig is None or not hasattr(tl, "block_type") or not hasattr(tl, "pointer_type"):
+        return False
+    if getattr(orig, "gnnio_memo", False):
+        return True
+    memo: dict = {}
+    block, pointer = tl.block_type, tl.pointer_type
+
+    def get_np_dtype(tt_dtype):
+        el = tt_dtype.element_ty if isinstance(tt_dtype, block) else tt_dtype
+        if isinstance(el, pointer):
+            return orig(el)
+        got = memo.get(el)
+        if got is None:
+            got = memo[el] = orig(el)
+        return got
+
+    get_np_dtype.gnnio_memo = True
+    get_np_dtype.original = orig  # (the test compares the two)
+    interpreter._get_np_dtype = get_np_dtype
+    return True
+
+
 install()
 install_once_per_launch()
+install_np_dtype_memo()

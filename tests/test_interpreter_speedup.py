@@ -125,3 +125,39 @@ def test_a_device_call_skips_only_patching_that_changes_nothing():
     no attribute; the kernel's result is the reference's, launch after launch."""
     pytest.importorskip("triton")
     run_in_triton_interpreter(_ONCE, timeout=300)
+
+
+_DTYPES = r"""
+import triton.language as tl
+from triton.runtime import interpreter as I
+import tests.interpreter_speedup as S
+
+new = I._get_np_dtype
+assert getattr(new, "gnnio_memo", False), "not installed"
+orig = new.original
+scalars = [v for v in vars(tl).values() if isinstance(v, tl.dtype) and not v.is_block()]
+assert len(scalars) >= 19, scalars
+kinds = [*scalars, *(tl.pointer_type(t) for t in scalars if t.name != "void")]
+kinds += [tl.block_type(t, [4, 2]) for t in list(kinds)]
+
+
+def answer(f, t):
+    try:
+        return f(t)
+    except KeyError as e:
+        return ("KeyError", str(e))
+
+
+for _ in range(2):  # asked, then answered from the memo
+    for t in kinds:
+        assert answer(new, t) == answer(orig, t), t
+assert any(isinstance(answer(orig, t), tuple) for t in kinds)  # (types it has no answer for)
+print("ok")
+"""
+
+
+def test_the_numpy_dtype_memo_answers_as_the_interpreter():
+    """Every scalar type of ``triton.language``, a pointer to each and a block of each: the
+    memo's numpy dtype is the interpreter's own (or the same KeyError), asked twice."""
+    pytest.importorskip("triton")
+    run_in_triton_interpreter(_DTYPES, timeout=300)
