@@ -10,6 +10,7 @@ caller starts a Python itself."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -163,23 +164,23 @@ def run(script: str, env: dict, cwd: str, timeout: float) -> subprocess.Complete
         out.touch()
         err.touch()
         req = {"script": script, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err)}
-        t0 = time.monotonic()
-        p.stdin.write(json.dumps(req) + "\n")
-        p.stdin.flush()
-        started = _read(p, 60)
-        if not started or "pid" not in started:
-            _end(p)
-            _server.clear()
-            return None
-        done = _read(p, timeout - (time.monotonic() - t0))
-        if done is None:  # past the limit: the child ends, the server is started anew
-            try:
-                os.kill(started["pid"], 9)
-            except ProcessLookupError:
-                pass  # (it ended meanwhile)
-            finally:
+        t0, started, done = time.monotonic(), None, None
+        try:
+            p.stdin.write(json.dumps(req) + "\n")
+            p.stdin.flush()
+            started = _read(p, 60)
+            if started and "pid" in started:
+                done = _read(p, timeout - (time.monotonic() - t0))
+        finally:  # (interrupted, or past the limit: the child ends, the server is started anew)
+            if done is None:
+                if started and "pid" in started:
+                    with contextlib.suppress(ProcessLookupError):  # (it ended meanwhile)
+                        os.kill(started["pid"], 9)
                 _end(p)
                 _server.clear()
+        if done is None and not (started and "pid" in started):
+            return None  # the server did not take the script: the caller starts a Python
+        if done is None:
             raise subprocess.TimeoutExpired(["python", "-c", "..."], timeout,
                                             out.read_text(), err.read_text())  # fmt: skip
         return subprocess.CompletedProcess(["python", "-c", "..."], done["status"],

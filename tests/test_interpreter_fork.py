@@ -65,3 +65,27 @@ def test_a_script_past_its_limit_is_killed_and_the_next_runs():
         interpreter_fork.run("print('started', flush=True)\nimport time; time.sleep(60)", env(),
                              str(ROOT), 3)  # fmt: skip
     assert interpreter_fork.run("print('ok')", env(), str(ROOT), 60).stdout == "ok\n"
+
+
+def test_an_interrupted_run_ends_its_child_and_the_next_runs(monkeypatch):
+    """Interrupted while its script runs (Ctrl-C, pytest-timeout): the script's process killed,
+    the server replaced (its next line would have been that script's status)."""
+    pytest.importorskip("triton")
+    assert interpreter_fork.run("print('ok')", env(), str(ROOT), 60).stdout == "ok\n"
+    real, seen = interpreter_fork._read, []
+
+    def read(p, timeout):
+        if seen:  # the wait for the script's end
+            raise KeyboardInterrupt
+        seen.append(real(p, timeout))
+        return seen[-1]
+
+    monkeypatch.setattr(interpreter_fork, "_read", read)
+    with pytest.raises(KeyboardInterrupt):
+        interpreter_fork.run("import time; time.sleep(60)", env(), str(ROOT), 60)
+    monkeypatch.undo()
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # (killed: gone once its server, killed too, no longer holds it)
+            os.kill(seen[0]["pid"], 0)
+            __import__("time").sleep(0.05)
+    assert interpreter_fork.run("print('ok')", env(), str(ROOT), 60).stdout == "ok\n"
