@@ -157,7 +157,8 @@ launches = spy("_tiered", lambda a, kw: kw["SKIP"])
 
 def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:
     """Run ``script`` in a fresh Python with ``TRITON_INTERPRET=1`` (it must be set before Triton
-    is imported) and the checkout on the path; it must exit 0 and print ``ok`` last."""
+    is imported) and the checkout on the path -- a child forked by :mod:`tests.interpreter_fork`
+    where it runs; it must exit 0 and print ``ok`` last."""
     import os
     import subprocess
     import sys
@@ -167,10 +168,14 @@ def run_in_triton_interpreter(script: str, timeout: float = 600) -> None:
     env.pop("GNNIO_TRITON", None)
     # (tests.interpreter_speedup first: the interpreter's per-call patching, listed once)
     script = "import tests.interpreter_speedup  # noqa: F401\n" + script
-    r = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
+    from tests import interpreter_fork  # (a child of a Python that imported torch and Triton)
+
+    r = interpreter_fork.run(script, env, str(root), timeout)
+    if r is None:
+        r = subprocess.run(
+            [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
     if r.returncode != 0 and _INDEX_BUG in r.stderr and _interpreter_lacks_index_fix():
         import pytest
         import triton
@@ -290,3 +295,84 @@ def results(summary: dict) -> dict:
     keep = ("loss_history", "test_acc", "best_valid_acc", "best_epoch", "epochs",
             "bytes_by_tier", "rows_by_tier", "stopped_early")  # fmt: skip
     return {"history": hist, **{k: summary[k] for k in keep}}
+
+
+def run_gnnio_in_process(monkeypatch) -> list:
+    """Make ``subprocess.run([sys.executable, "-m", "gnnio", ...])`` and ``subprocess.run(
+    [sys.executable, "SCRIPT.py", ...])`` run in this process (``gnnio.cli.main.main``, the
+    script's ``main``), returning the ``CompletedProcess`` a child would (its exit status, its
+    stdout and stderr): the caller's plumbing (exit status, last JSON line, error tails) runs as
+    it would, without the seconds of a fresh interpreter's imports per call. For tests about
+    what the calls report, not about the process boundary; any other command runs for real.
+    A call's ``env`` and ``cwd`` are in effect while it runs (variables read at import time,
+    ``OMP_NUM_THREADS`` say, are not: the modules are this process's); the torch thread count
+    is kept across calls. Returns the list of commands run in process."""
+    import contextlib
+    import io
+    import os
+    import runpy
+    import subprocess
+    import sys
+    import traceback
+    import warnings
+
+    real = subprocess.run
+    ran: list = []
+
+    def run(cmd, *a, **k):
+        argv = [str(x) for x in cmd] if isinstance(cmd, (list, tuple)) else None
+        if not argv or argv[0] != sys.executable or len(argv) < 2:
+            return real(cmd, *a, **k)
+        if argv[1:3] == ["-m", "gnnio"]:
+            from gnnio.cli.main import main
+
+            def call():
+                return main(argv[3:])
+        elif argv[1].endswith(".py"):
+
+            def call():
+                old = sys.argv
+                sys.argv = argv[1:]
+                try:
+                    runpy.run_path(argv[1], run_name="__main__")
+                finally:
+                    sys.argv = old
+                return 0
+        else:
+            return real(cmd, *a, **k)
+        ran.append(argv[1:])
+        out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+        env, cwd = k.get("env"), k.get("cwd")
+        saved_env, saved_cwd = dict(os.environ), os.getcwd()
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.ExitStack() as back:
+            back.callback(os.chdir, saved_cwd)
+            if env is not None:
+                back.callback(lambda: (os.environ.clear(), os.environ.update(saved_env)))
+            back.enter_context(contextlib.redirect_stdout(out))
+            back.enter_context(contextlib.redirect_stderr(err))
+            with warnings.catch_warnings(record=True) as said:  # (a child's: on its stderr)
+                warnings.resetwarnings()  # then a fresh interpreter's filters, lowest first
+                for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning,
+                                 DeprecationWarning):  # fmt: skip
+                    warnings.simplefilter("ignore", category)
+                warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+                try:
+                    rc = call()
+                except SystemExit as e:
+                    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                except Exception:  # noqa: BLE001 - as a child: its traceback, exit status 1
+                    traceback.print_exc()
+                    rc = 1
+                finally:
+                    torch.set_num_threads(threads)
+            for w in said:
+                print(warnings.formatwarning(w.message, w.category, w.filename, w.lineno), file=err)
+        return subprocess.CompletedProcess(argv, rc or 0, out.getvalue(), err.getvalue())
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return ran

@@ -20,6 +20,7 @@ import torch
 from gnnio.errors import UsageError
 from gnnio.train import TrainConfig
 from gnnio.train.checkpoint import checkpoint_files, load_resume
+from tests.helpers import run_gnnio_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 #: per-epoch fields that are wall-clock measurements (they differ between any two runs)
@@ -128,7 +129,9 @@ def test_ranks_resume_from_the_newest_position_all_hold(tiny, full, tmp_path):
         assert same_params(final_params(c, rank), final_params(c_full, rank))
 
 
-def test_another_world_size_is_refused_with_one_line(tiny, full):
+def test_another_world_size_is_refused_with_one_line(tiny, full, monkeypatch):
+    """(in this process: refused before any rank starts)"""
+    ran = run_gnnio_in_process(monkeypatch)
     _, c = full
     for nproc in ("1", "3"):
         args = [a if a != "2" else nproc for a in ARGS]  # --nproc 2 -> nproc
@@ -139,9 +142,12 @@ def test_another_world_size_is_refused_with_one_line(tiny, full):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1, r.stderr[-2000:]
         assert "written by 2 ranks" in lines[0] and "resume with --nproc 2" in lines[0]
+    assert len(ran) == 2
 
 
-def test_fresh_run_into_another_runs_checkpoints_is_refused_with_one_line(tiny, full):
+def test_fresh_run_into_another_runs_checkpoints_is_refused_with_one_line(tiny, full, monkeypatch):
+    """(in this process: refused before any rank starts)"""
+    ran = run_gnnio_in_process(monkeypatch)
     _, c = full
     before = sorted(p.name for p in c.iterdir())
     r = gnnio("train", tiny, *ARGS, "--seed", "6", "--checkpoint-dir", c, timeout=120)
@@ -150,7 +156,7 @@ def test_fresh_run_into_another_runs_checkpoints_is_refused_with_one_line(tiny, 
     assert len(lines) == 1, r.stderr[-2000:]
     assert f"--checkpoint-dir {c}: already holds checkpoints" in lines[0]
     assert f"--resume {c}" in lines[0]
-    assert sorted(p.name for p in c.iterdir()) == before
+    assert sorted(p.name for p in c.iterdir()) == before and len(ran) == 1
 
 
 class FakeRanks:

@@ -27,6 +27,7 @@ from gnnio.errors import UsageError
 from gnnio.ordering import RandomOrder
 from gnnio.train import TrainConfig
 from gnnio.utils.ports import reserved_port
+from tests.helpers import run_gnnio_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 GNNIO = [sys.executable, "-m", "gnnio"]
@@ -350,11 +351,13 @@ def test_train_nproc2_summary(syn, tmp_path):
 
 
 @pytest.mark.skipif(not CORA_RAW.is_dir(), reason="../shared/datasets/cora not present")
-def test_train_nproc2_cora_accuracy(tmp_path):
+def test_train_nproc2_cora_accuracy(tmp_path, monkeypatch):
     d = tmp_path / "cora"
+    ran = run_gnnio_in_process(monkeypatch)  # (the dataset only: prepared in this process)
     r = run_cli(["prepare", "planetoid", "--name", "cora", "--root", str(CORA_RAW),
                  "--out", str(d)])  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0 and len(ran) == 1, r.stderr[-2000:]
+    monkeypatch.undo()  # the training: a launcher and its ranks, processes of their own
     s_path = tmp_path / "s.json"
     # 10 epochs: runs are deterministic, and the best validation accuracy of a 50-epoch run is
     # reached at epoch 7 (test accuracy 0.815 there; 0.32 after epoch 0, 0.77 after epoch 4)

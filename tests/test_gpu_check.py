@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gnnio.bench import gpu_check
+from tests.helpers import run_gnnio_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,8 +142,11 @@ def test_feature_bound_step_compares_each_technique_with_its_baseline(tmp_path, 
     assert len(runs) == len({a for a in runs})  # each configuration measured once
 
 
-def test_a_dry_run_of_the_step_and_epoch_steps(tmp_path):
-    """`step`, `epoch_default` and `profile` end to end on the CPU (a dry run: tiny graph)."""
+def test_a_dry_run_of_the_step_and_epoch_steps(tmp_path, monkeypatch):
+    """`step`, `epoch_default` and `profile` end to end on the CPU (a dry run: tiny graph); the
+    `gnnio` and benchmark calls run in this process (their plumbing as a child's: exit status,
+    last JSON line; test_gpu_check_faults tests the subprocess itself)."""
+    ran = run_gnnio_in_process(monkeypatch)
     keep = ("env", "dataset", "step", "epoch_default", "profile")
     skip = ",".join(n for n, _ in gpu_check.STEPS if n not in keep)
     rc = gpu_check.main([str(tmp_path), "--device", "cpu", "--nodes", "4096", "--skip", skip])
@@ -160,6 +164,7 @@ def test_a_dry_run_of_the_step_and_epoch_steps(tmp_path):
     assert "error" not in prof, prof
     assert prof["isolated"]["isolated_step_ms"] > 0 and prof["graphed"]["graphed_step_ms"] > 0
     assert "by_cpu" in prof["profile_isolated"]
+    assert len(ran) == 5, ran  # prepare, bench step (eager, --cuda-graph), train, step_profile
 
 
 def test_feature_bound_leaves_its_reserve_to_the_profile(tmp_path):

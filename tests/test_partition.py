@@ -28,6 +28,7 @@ from gnnio.preprocess.partition import (
 from gnnio.preprocess.partition.bfs_block import _assign, bfs_block_parts, bfs_blocks
 from gnnio.preprocess.partition.methods import hdr_greedy_parts, hdr_replicated
 from gnnio.preprocess.partition.quality import partition_quality
+from tests.helpers import run_gnnio_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -263,7 +264,8 @@ def test_load_refuses_other_dataset_parts_and_corruption(rnd, tmp_path):
         load_partition(out)
 
 
-def test_cli_partition_json(rnd, tmp_path):
+def test_cli_partition_json(rnd, tmp_path, monkeypatch):
+    ran = run_gnnio_in_process(monkeypatch)  # (the CLI's output, not the process: in this one)
     r = subprocess.run(
         [sys.executable, "-m", "gnnio", "partition", str(rnd), "--parts", "4", "--method", "hdr",
          "--replicate", "0.01", "--base", "metis", "--out", str(tmp_path / "P"), "--json"],
@@ -290,6 +292,7 @@ def test_cli_partition_json(rnd, tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "M" / "meta.json").read_text())["method"] == "metis"
+    assert len(ran) == 3
 
 
 def _cut(graph, parts) -> int:
