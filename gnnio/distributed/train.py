@@ -136,7 +136,7 @@ class DistRun(LocalRun):
         eval_store._state_lock = threading.Lock()
         # a checkpoint within an epoch rewinds the store to the last batch trained on
         store.keep_log = bool(cfg.checkpoint_every) and bool(cfg.checkpoint_dir or cfg.resume)
-        if cfg.cache_policy != "static":  # every dynamic policy (sieve, s3fifo, lookahead too)
+        if host is not base and cfg.cache_policy != "static":  # below every dynamic cache
             eval_store.host_store = base
             eval_store._pread = pread_rows_of(base, cfg.threads)
         info["placement"] = {
