@@ -145,3 +145,8 @@ def install_np_dtype_memo() -> bool:
 install()
 install_once_per_launch()
 install_np_dtype_memo()
+
+if __import__("os").environ.get("GNNIO_TRITON_RECORD"):  # scripts/triton-compile-check.sh
+    from tests import triton_record
+
+    triton_record.install()
