@@ -138,7 +138,7 @@ def _rank_body(opts: dict, torch) -> dict | None:
     import gnnio
 
     from ..distributed.context import init, shutdown
-    from ..distributed.group_reuse import machine_level
+    from ..distributed.group_reuse import level_info
     from ..distributed.store import ShardedFeatureStore
     from ..distributed.train import get_placement
     from ..features import open_store
@@ -223,8 +223,7 @@ def _rank_body(opts: dict, torch) -> dict | None:
             "threads_per_rank": threads,
             "reuse": level is not False,
             # the level that ran: machine acts as gpu where it cannot hand rows over
-            "reuse_level": (level and ("machine" if machine_level(ctx.topo, level) else "gpu"))
-            or None,
+            "reuse_level": level_info(ctx.topo, str(level))["level"] if level else None,
             "simulated_devices": ctx.simulated,
             "time_kind": (
                 "wall clock of gloo collectives over loopback TCP between CPU processes "

@@ -184,10 +184,10 @@ def machine_level(topo, reuse) -> bool:
     return reuse == "machine" and bool(topo.peers_cheaper) and max(map(len, topo.groups)) > 1
 
 
-def level_info(topo, asked: str, active: bool) -> dict:
+def level_info(topo, asked: str) -> dict:
     """The summary's ``data_setup.reuse``: the level that runs, and why where it is not the one
     asked for (``--reuse-level machine`` acts as ``gpu`` where it cannot hand rows over)."""
-    if asked != "machine" or active:
+    if asked != "machine" or machine_level(topo, asked):
         return {"level": asked}
     why = (
         "peer links are not faster than host reads (the topology's bandwidths)"

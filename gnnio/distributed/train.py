@@ -118,7 +118,7 @@ class DistRun(LocalRun):
         # the cache only serves the host reads: every gather still takes part in the exchange
         store = ShardedFeatureStore(host, pl, ctx, reuse=cfg.reuse and cfg.reuse_level)
         if cfg.reuse:  # (--reuse-level machine acts as gpu where it cannot hand rows over)
-            info["reuse"] = level_info(ctx.topo, cfg.reuse_level, store.group_reuse is not None)
+            info["reuse"] = level_info(ctx.topo, cfg.reuse_level)
             if "why" in info["reuse"] and ctx.is_main:
                 warn(f"--reuse-level machine: acts as gpu here: {info['reuse']['why']}")
         store.fault = fault_from_env(ctx.rank)
