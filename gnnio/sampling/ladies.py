@@ -67,6 +67,7 @@ from . import _ladies_kernels as LK
 from . import _las_kernels
 from .base import Block, MiniBatch
 from .threaded import ThreadedCPUSampler, check_seeds, hop_key, int_list
+from .uniform import UniformSampler
 
 __all__ = ["LadiesSampler", "check_layer_sizes", "layer_probabilities"]
 
@@ -123,18 +124,23 @@ class LadiesSampler(ThreadedCPUSampler):
     """LADIES layer-wise sampler with Horvitz-Thompson weights (see module docstring).
 
     Args:
-        graph: CSR of in-neighbours (NumPy arrays, memmaps or CPU tensors; runs on the CPU).
+        graph: CSR of in-neighbours (NumPy arrays, memmaps, CPU or CUDA tensors).
         layer_sizes: expected new nodes per hop, hop 1 (the seeds') first (Song & Jiang: 8192
             in every layer); the number of hops is ``len(layer_sizes)``.
         seed: base random seed.
         weights: ``"ht"`` (``1 / pi``, default), ``"ht_mean"`` (``1 / (deg pi)``) or ``"none"``.
+        device: ``"cuda"`` (or a CUDA device): sample there with
+            :class:`~gnnio.sampling.ladies_torch.TorchLadiesSampler` (the same batches); None =
+            the device of the graph's arrays.
+        graph_in: where a GPU sampler's topology lives: ``"gpu"`` (copied to it) or ``"host"``
+            (UVA sampling, as :class:`~gnnio.sampling.UniformSampler`'s).
 
     Attributes:
         layer_sizes: as given; ``fanouts`` is ``[-1] * len(layer_sizes)`` (a block keeps every
             edge from its rows to the layer's nodes), for code that reads the number of hops.
 
-    Memory: two ``[N]`` maps (global -> local id, global -> candidate; int32 below 2^31 nodes),
-    pooled per concurrent caller.
+    Memory: two ``[N]`` maps (global -> local id, global -> candidate; int32 below 2^31 nodes,
+    int64 on a GPU), pooled per concurrent caller.
     """
 
     _thread_prefix = "gnnio-ladies"
@@ -145,6 +151,8 @@ class LadiesSampler(ThreadedCPUSampler):
         layer_sizes: Sequence[int],
         seed: int = 0,
         weights: str = "ht",
+        device: str | torch.device | None = None,
+        graph_in: str = "gpu",
     ):
         self.layer_sizes = check_layer_sizes(layer_sizes)
         self._init_threads([-1] * len(self.layer_sizes), seed, 1)
@@ -152,12 +160,21 @@ class LadiesSampler(ThreadedCPUSampler):
             raise ValueError(f"weights: choose from {', '.join(_WEIGHT_MODES)}, got {weights!r}")
         self.weights = weights
         self._wmode = _WEIGHT_MODES[weights]
-        self._init_csr(graph)
         self._no_q = np.zeros(1, dtype=np.uint8)
+        self._torch = None
+        # (the uniform sampler's choice of device and topology: CUDA tensors, a copy or UVA views)
+        topo = UniformSampler._device_topology(self, graph, device, graph_in)  # type: ignore[arg-type]
+        if topo is not None:
+            from .ladies_torch import TorchLadiesSampler
+
+            self._torch = TorchLadiesSampler(*topo, self.layer_sizes, weights)
+            self.num_nodes = self._torch.num_nodes
+            return
+        self._init_csr(graph)
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cpu")
+        return self._torch.device if self._torch is not None else torch.device("cpu")
 
     @property
     def num_layers(self) -> int:
@@ -184,6 +201,8 @@ class LadiesSampler(ThreadedCPUSampler):
             ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
         """
         key = self._next_key(epoch_seed)
+        if self._torch is not None:
+            return self._torch.sample(seeds, key)
         seeds = check_seeds(seeds, self.num_nodes)
         loc, cand = self._take()
         dup = _las_kernels.insert_seeds(seeds, loc)

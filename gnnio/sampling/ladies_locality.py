@@ -65,7 +65,8 @@ class LocalityLadiesSampler(LadiesSampler):
         q_size: int | None = None,
         weights: str = "ht",
     ):
-        super().__init__(graph, layer_sizes, seed=seed, weights=weights)
+        # (device="cpu": Eq. 8 has numba kernels only, whatever device the graph is on)
+        super().__init__(graph, layer_sizes, seed=seed, weights=weights, device="cpu")
         self.scale = scale
         hot = _as_hot_ids(hot_ids, self.num_nodes)
         self.q_sets = las_sets(
