@@ -400,3 +400,26 @@ def test_the_bandwidth_is_measured_on_cuda_only(tmp_path):
         c = FakeCheck(tmp_path, lambda argv: {"argv": argv}, device=device)
         argv = gpu_check.step_bandwidth(c)["argv"]
         assert ("--bandwidth" in argv) is want and argv[-2:] == ("--no-progress", "--json")
+
+
+def test_sampling_compares_ladies_ids_apart_from_its_weights(tmp_path, monkeypatch):
+    """LADIES on the GPU: its ids and edges must match the CPU's bit for bit (``checksum_ids``),
+    its weights may differ in the last bits (``checksum``); both comparisons are reported, and
+    its edges/s ratio is its own runs'."""
+    c = _check(tmp_path)
+
+    def gnnio(*argv, limit_s=0):
+        dev, ladies = argv[argv.index("--device") + 1], "ladies" in argv
+        eps = {"cpu": 10.0, "cuda": 40.0}[dev] / (10 if ladies else 1)
+        full = "w-gpu" if ladies and dev == "cuda" else "w"
+        return {"edges_per_s": eps, "checksum": full, "checksum_ids": "ids"}
+
+    monkeypatch.setattr(c, "gnnio", gnnio)
+    s = gpu_check.step_sampling(c)
+    assert s["ladies_checksum_ids_equal"] is True and s["ladies_checksum_equal"] is False
+    assert s["ladies_gpu_over_cpu"] == 4.0 and s["checksum_equal"] is True
+    md = tmp_path / "r.md"
+    gpu_check.write_markdown({"steps": {"sampling": s}, "goals": {}, "elapsed_s": 1.0}, md)
+    assert "LADIES: GPU 4.00x the CPU, ids and edges identical: True, weights too: False" in (
+        md.read_text()
+    )

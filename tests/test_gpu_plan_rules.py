@@ -183,20 +183,32 @@ def test_modeled_load_time_is_the_docstring_formula(ds):
 
 
 @pytest.mark.parametrize("free", [80 * GiB, GiB + 10**6])
-def test_ladies_is_planned_with_the_cpu_sampler_and_the_whole_budget_for_rows(
+def test_locality_ladies_is_planned_with_the_cpu_sampler_and_the_whole_budget_for_rows(
     ds, free, monkeypatch
 ):
-    """LADIES has no GPU sampler: the plan says the CPU sampler (a config train accepts), puts
-    no CSR on the GPU and gives the whole budget to rows."""
+    """The locality-aware LADIES has no GPU sampler: the plan says the CPU sampler (a config
+    train accepts), puts no CSR on the GPU and gives the whole budget to rows."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (--device cuda's check)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    cfg = _cfg(device="cuda", sampler="ladies")
+    cfg = _cfg(device="cuda", sampler="ladies", locality_scale=4.0)
     new, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=free)
     assert (plan["sampler_device"], plan["gpu_csr_bytes"]) == ("cpu", 0)
     new.validate()
     assert (new.sampler_device, new.graph_in) == ("cpu", "auto")
     row = ds.features.dtype.itemsize * ds.features.shape[1]
     assert plan["hot_rows"] == min(ds.num_nodes, plan["budget_bytes"] // row)
+
+
+def test_ladies_is_planned_with_the_gpu_sampler(ds, monkeypatch):
+    """LADIES has a GPU sampler (gnnio/sampling/ladies_torch.py): planned as the uniform one,
+    the CSR and its scratch on the GPU when they fit, a config train accepts."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (--device cuda's check)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = _cfg(device="cuda", sampler="ladies")
+    new, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=80 * GiB)
+    assert (plan["sampler_device"], plan["graph_in"]) == ("cuda", "gpu") and plan["gpu_csr_bytes"]
+    new.validate()
+    assert (new.sampler_device, new.graph_in) == ("cuda", "gpu")
 
 
 @pytest.mark.parametrize("sampler", ["ladies", "labor"])

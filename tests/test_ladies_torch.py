@@ -211,3 +211,59 @@ def test_layer_probabilities_are_the_kernels_bits(n, m, gseed, k, skewed):
     nc = int(valid.sum())
     assert torch.equal(cand[:nc], torch.from_numpy(want_c))
     assert torch.equal(pi[:nc], torch.from_numpy(want_pi))
+
+
+def test_train_builds_ladies_on_the_gpu(monkeypatch):
+    """``gnnio train --sampler ladies --device cuda``: LadiesSampler on the training GPU under
+    ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu``; the locality-aware
+    one stays on the CPU, and ``--sampler-device cuda`` refuses it in one line."""
+    import gnnio.sampling
+    from gnnio.errors import UsageError
+    from gnnio.train.config import TrainConfig
+    from gnnio.train.setup import StoreSetup, build_sampler
+    from tests.fake_cuda import fake_cuda
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
+    built: dict = {}
+
+    class Rec:
+        def __init__(self, graph, sizes, **kw):
+            built.clear()
+            built.update(kw, sizes=sizes)
+
+    monkeypatch.setattr(gnnio.sampling, "LadiesSampler", Rec)
+
+    class Ds:
+        graph = random_graph(100, 600, 0)
+
+    setup = StoreSetup(store=None, tiers=None, gpu_ids=None, info={}, eval_store=None)
+    for opts, want in ((dict(sampler_device="auto"), ("cuda", "gpu")),
+                       (dict(sampler_device="cuda", graph_in="host"), ("cuda", "host")),
+                       (dict(sampler_device="cpu"), (None, "gpu"))):  # fmt: skip
+        cfg = TrainConfig(device="cuda", sampler="ladies", layer_size=7, **opts)
+        cfg.validate()
+        build_sampler(Ds, cfg, [4, 3], setup)
+        dev = built["device"]
+        assert (None if dev is None else dev.type, built["graph_in"]) == want, built
+        assert built["sizes"] == [7, 7]
+    with pytest.raises(UsageError, match="locality-aware LADIES .* CPU only"):
+        TrainConfig(device="cuda", sampler="ladies", sampler_device="cuda",
+                    locality_scale=2.0).validate()  # fmt: skip
+
+
+def test_bench_checksum_ids_leaves_the_weights_out():
+    """``gnnio bench sampling``'s ``checksum_ids`` (what gpu-check compares for LADIES on CUDA)
+    changes with an id, not with a weight's last bit; ``checksum`` changes with both."""
+    from gnnio.bench.sampling import batches_checksums
+
+    g = random_graph(60, 400, 2)
+    _, tch = both(g, [6, 6], 0, "ht")
+    mbs = [tch.sample([1, 2, 3], k) for k in range(3)]
+    full, ids = batches_checksums(mbs)
+    w = mbs[1].blocks[0].edge_weight
+    w[0] = torch.nextafter(w[0], torch.tensor(10.0))
+    full2, ids2 = batches_checksums(mbs)
+    assert ids2 == ids and full2 != full
+    mbs[2].input_nodes[-1] += 1
+    assert batches_checksums(mbs)[1] != ids

@@ -308,7 +308,7 @@ def test_train_builds_the_locality_sampler_on_the_gpu(monkeypatch):
         assert (None if dev is None else dev.type, built["graph_in"]) == want, built
         assert built["scale"] == 4.0 and built["cuda_graph"] is True
     TrainConfig(device="cuda", sampler_device="cuda", locality_scale=4.0)._validate_sampler_device()
-    with pytest.raises(UsageError, match="no --sampler ladies"):
+    with pytest.raises(UsageError, match="locality-aware LADIES .* CPU only"):
         cfg = TrainConfig(
             device="cuda", sampler_device="cuda", locality_scale=4.0, sampler="ladies"
         )

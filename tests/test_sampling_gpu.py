@@ -105,10 +105,11 @@ def test_sampler_placement_and_its_options(monkeypatch):
     fake_cuda(monkeypatch)
     with pytest.raises(UsageError, match="needs --device cuda"):
         TrainConfig(sampler_device="cuda")._validate_sampler_device()
-    with pytest.raises(UsageError, match="the uniform and the labor one"):
+    with pytest.raises(UsageError, match="locality-aware LADIES .* CPU only"):
         TrainConfig(
-            device="cuda", sampler_device="cuda", sampler="ladies"
+            device="cuda", sampler_device="cuda", sampler="ladies", locality_scale=2.0
         )._validate_sampler_device()
+    TrainConfig(device="cuda", sampler_device="cuda", sampler="ladies")._validate_sampler_device()
     TrainConfig(device="cuda", sampler_device="cuda", sampler="labor")._validate_sampler_device()
     rng = np.random.default_rng(3)
     ds = type(
@@ -130,9 +131,9 @@ def test_sampler_placement_and_its_options(monkeypatch):
     assert sampler_placement(ds, auto) == (None, "gpu")  # does not fit: CPU sampler
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * csr, 8 * csr))
     assert sampler_placement(ds, auto) == (torch.device("cuda", 0), "gpu")
-    for other in (dict(sampler="ladies"), dict(sampler="ladies", locality_scale=2.0)):
-        assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (None, "gpu")
-    for other in (dict(sampler="labor"), dict(prune_threshold=(1, 1))):  # (issue 24 item 3, 5)
+    ladies_las = TrainConfig(device="cuda", sampler="ladies", locality_scale=2.0)
+    assert sampler_placement(ds, ladies_las) == (None, "gpu")  # (Eq. 8: numba kernels only)
+    for other in (dict(sampler="labor"), dict(prune_threshold=(1, 1)), dict(sampler="ladies")):
         assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (
             torch.device("cuda", 0),
             "gpu",

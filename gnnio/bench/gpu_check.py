@@ -64,6 +64,7 @@ from typing import Any
 
 from .gpu_check_epoch import step_epoch_default, step_feature_bound, step_train_step
 from .gpu_check_report import GOALS, goals, write_markdown
+from .gpu_check_sampling import _over, part, step_sampling  # noqa: F401 - (_over: tests)
 from .gpu_nccl import step_nccl
 
 __all__ = ["GOALS", "main", "write_markdown"]
@@ -256,56 +257,6 @@ def step_bandwidth(c: Check) -> dict[str, Any]:
     if c.device == "cuda":
         argv.insert(-2, "--bandwidth")
     return c.gnnio(*argv, limit_s=180)
-
-
-def part(fn) -> dict[str, Any]:
-    """One measurement of a step: its result, or ``{"error": ...}`` -- so one that fails (UVA
-    sampling where pinning is refused, say) does not take its step's other figures with it."""
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - recorded; the step's other parts still run
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def _over(a: dict, b: dict, key: str) -> float | None:
-    return a[key] / b[key] if key in a and key in b and b[key] > 0 else None  # (0: unmeasured)
-
-
-def step_sampling(c: Check) -> dict[str, Any]:
-    common = ["bench", "sampling", str(c.data), "--batches", str(c.args.batches), "--passes", "3",
-              "--no-progress", "--json"]  # fmt: skip
-    threads = str(os.cpu_count() or 1)
-    out: dict[str, Any] = {}
-    out["cpu"] = part(lambda: c.gnnio(*common, "--device", "cpu", "--threads", threads))
-    if c.device == "cuda":
-        out["cuda"] = part(lambda: c.gnnio(*common, "--device", "cuda"))
-        out["gpu_over_cpu"] = _over(out["cuda"], out["cpu"], "edges_per_s")
-        # UVA: the CSR read zero-copy from pinned host memory, the same batches and timing (until
-        # 2026-11-26 a loop of its own sampled the first training ids in order: other batches,
-        # 1.9x the edges per batch -- its ratio compared two workloads)
-        out["uva"] = part(lambda: c.gnnio(*common, "--device", "cuda", "--graph-in", "host"))
-        out["uva_over_cpu"] = _over(out["uva"], out["cpu"], "edges_per_s")
-        # the GPU sampler's batch replayed as a CUDA graph (gnnio.sampling.gpu_graphed)
-        out["cuda_graph"] = part(lambda: c.gnnio(*common, "--device", "cuda", "--cuda-graph"))
-        out["graphed_over_cpu"] = _over(out["cuda_graph"], out["cpu"], "edges_per_s")
-        out["graphed_over_eager"] = _over(out["cuda_graph"], out["cuda"], "edges_per_s")
-        if "checksum" in out["cuda"] and "checksum" in out["cpu"]:
-            out["checksum_equal"] = out["cuda"]["checksum"] == out["cpu"]["checksum"]
-        for name in ("uva", "cuda_graph"):
-            if "checksum" in out[name] and "checksum" in out["cpu"]:
-                out[f"{name}_checksum_equal"] = out[name]["checksum"] == out["cpu"]["checksum"]
-        # Song & Jiang's locality-aware sampler (s = 8, 10 % of the rows local): numba on the
-        # CPU, the Triton LAS kernel eagerly and replayed as a CUDA graph; the same batches
-        las = [*common, "--locality-scale", "8", "--gpu-cache-fraction", "0.1"]
-        out["las_cpu"] = part(lambda: c.gnnio(*las, "--device", "cpu", "--threads", threads))
-        out["las_cuda"] = part(lambda: c.gnnio(*las, "--device", "cuda"))
-        out["las_cuda_graph"] = part(lambda: c.gnnio(*las, "--device", "cuda", "--cuda-graph"))
-        out["las_gpu_over_cpu"] = _over(out["las_cuda"], out["las_cpu"], "edges_per_s")
-        out["las_graphed_over_eager"] = _over(out["las_cuda_graph"], out["las_cuda"], "edges_per_s")
-        for name in ("las_cuda", "las_cuda_graph"):
-            if "checksum" in out[name] and "checksum" in out["las_cpu"]:
-                out[f"{name}_checksum_equal"] = out[name]["checksum"] == out["las_cpu"]["checksum"]
-    return out
 
 
 def step_loader(c: Check) -> dict[str, Any]:

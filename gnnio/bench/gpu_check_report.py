@@ -169,6 +169,10 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                            f"graphed {res.get('las_graphed_over_eager') or 0:.2f}x eager, batches "
                            f"identical: {res.get('las_cuda_checksum_equal')} / "
                            f"{res.get('las_cuda_graph_checksum_equal')}")  # fmt: skip
+            if res.get("ladies_gpu_over_cpu") is not None:
+                status += (f"; LADIES: GPU {res['ladies_gpu_over_cpu']:.2f}x the CPU, ids and "
+                           f"edges identical: {res.get('ladies_checksum_ids_equal')}, weights "
+                           f"too: {res.get('ladies_checksum_equal')}")  # fmt: skip
         if name == "cache" and "manage_ms_median" in res:
             status = "; ".join(
                 f"{p} {ms:.2f} ms, hits {res['hit_ratio'][p]:.3f}"

@@ -23,12 +23,14 @@ reported:
   (dtype, shape and bytes, batch after batch), from one more untimed pass. Sampling is counter-based
   (a batch depends only on ``--seed``, the batch index and its seeds), so ``--threads 1`` and
   ``--threads 2`` -- and ``--device cpu`` and ``--device cuda`` for ``uniform`` and ``labor`` --
-  give the same checksum.
+  give the same checksum (``ladies``: the same batches, but on CUDA its weights may differ from
+  the CPU's in the last float bits, so the checksum may too; :mod:`gnnio.sampling.ladies_torch`);
+* ``checksum_ids``: the same without the edge weights (ids and edges only).
 
 The whole pass is timed: seed checks, sampling, relabelling to local ids, building the blocks.
 Nothing is gathered (see ``gnnio bench gather``) and nothing is copied to a GPU unless
 ``--device cuda`` (topology on the GPU; timing includes ``torch.cuda.synchronize``; ``ladies``
-runs on the CPU only).
+there is :mod:`gnnio.sampling.ladies_torch`).
 """
 
 from __future__ import annotations
@@ -76,8 +78,7 @@ def add_arguments(p) -> None:
         "--device",
         default="cpu",
         help="'cpu' (numba kernels), 'cuda' (cuda:N; topology on the GPU) or 'auto' (as gnnio "
-        "train: cuda when a GPU is present, else cpu; cpu for --sampler ladies, which runs on "
-        "the CPU only)",
+        "train: cuda when a GPU is present, else cpu)",
     )
     p.add_argument(
         "--graph-in",
@@ -128,12 +129,8 @@ def _check(args) -> list[int]:
     from ..cli import refuse_without_effect
     from ..train import check_device
 
-    if args.device == "auto" and getattr(args, "sampler", "uniform") == "ladies":
-        args.device = "cpu"  # (auto: where this sampler runs, and ladies runs on the CPU only)
     dev = check_device(args.device)  # as gnnio train's --device: auto = cuda when present
     args.device = str(dev)
-    if getattr(args, "sampler", "uniform") == "ladies" and dev.type != "cpu":
-        raise UsageError(f"--sampler {args.sampler}: runs on the CPU only (use --device cpu)")
     if getattr(args, "cuda_graph", False) and (
         dev.type != "cuda" or getattr(args, "sampler", "uniform") not in ("uniform", "labor")
     ):
@@ -214,7 +211,8 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
     if kind == "labor":
         return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
     if kind == "ladies":
-        return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed)
+        return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed, device=device,
+                             graph_in=graph_in)  # fmt: skip
     if las is not None:
         return LocalitySampler(graph, fanouts, hot_ids=las[0], scale=las[1], seed=seed,
                                num_threads=threads, prune=prune, device=device, **gpu)  # fmt: skip
@@ -244,18 +242,24 @@ def fixed_batches(seeds: np.ndarray, batch_size: int, batches: int, seed: int) -
 def batches_checksum(minibatches) -> str:
     """``"blake2b-128:<hex>"`` of the mini-batches' seeds, input nodes, edge indices and edge
     weights (dtype, shape and bytes of each, in order), read on the CPU."""
-    h = hashlib.blake2b(digest_size=16)
+    return batches_checksums(minibatches)[0]
+
+
+def batches_checksums(minibatches) -> tuple[str, str]:
+    """:func:`batches_checksum` and the same without the edge weights (``checksum_ids``)."""
+    h, ids = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
     for mb in minibatches:
-        parts = [mb.seeds, mb.input_nodes]
+        parts = [(mb.seeds, True), (mb.input_nodes, True)]
         for b in mb.blocks:
-            parts.append(b.edge_index)
+            parts.append((b.edge_index, True))
             if b.edge_weight is not None:
-                parts.append(b.edge_weight)
-        for t in parts:
+                parts.append((b.edge_weight, False))
+        for t, is_id in parts:
             a = t.detach().cpu().contiguous()
-            h.update(f"{a.dtype}{tuple(a.shape)}".encode())
-            h.update(a.numpy().tobytes())
-    return "blake2b-128:" + h.hexdigest()
+            for x in (h, ids) if is_id else (h,):
+                x.update(f"{a.dtype}{tuple(a.shape)}".encode())
+                x.update(a.numpy().tobytes())
+    return "blake2b-128:" + h.hexdigest(), "blake2b-128:" + ids.hexdigest()
 
 
 def run(args) -> dict:
@@ -304,7 +308,9 @@ def run(args) -> dict:
 
     try:
         times = time_passes(one_pass, warmup=args.warmup, passes=args.passes, sync=sync)
-        checksum = batches_checksum(sampler.sample(s, epoch_seed=i) for i, s in enumerate(batches))
+        checksum, checksum_ids = batches_checksums(
+            sampler.sample(s, epoch_seed=i) for i, s in enumerate(batches)
+        )
     finally:
         pb.close()
         sampler.close()
@@ -337,6 +343,7 @@ def run(args) -> dict:
         "feature_bytes_per_batch": round(stats["input_nodes"] / nb * row_bytes, 1),
         "cpu_ms_per_batch": round(median(cpu_s[args.warmup :]) / nb * 1e3, 4),
         "checksum": checksum,
+        "checksum_ids": checksum_ids,
         "pass_s": [round(x, 6) for x in times],
     }
 

@@ -239,8 +239,8 @@ def add_train_arguments(p) -> None:
         "--sampler-device",
         choices=["auto", "cpu", "cuda"],
         default="auto",
-        help="where the uniform (--prune-threshold and --locality-scale included) or labor "
-        "sampler runs: cpu (numba kernels), cuda (the training GPU, inside the loader on its own "
+        help="where the uniform (--prune-threshold and --locality-scale included), labor or ladies "
+        "(not with --locality-scale) sampler runs: cpu (numba kernels), cuda (the training GPU, inside the loader on its own "
         "stream; needs --device cuda), or auto: cuda when training on a GPU with one of those "
         "samplers and the graph fits (CSR, with --locality-scale its member index too, <= 1/4 of "
         "the free GPU memory), else cpu (default: auto)",

@@ -172,7 +172,6 @@ class TorchLadiesSampler(TorchUniformSampler):
         for h, budget in enumerate(self.layer_sizes):
             hkey = _s64(hop_key(key, h) ^ _DOMAIN_LADIES)
             new, edges, w, extra = self._hop(nodes, total, loc, first, budget, hkey, hop_nodes[-1])
-            self._mark("relabel")
             total += extra
             nodes = torch.cat((nodes, new)) if new.numel() else nodes
             hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
@@ -198,6 +197,7 @@ class TorchLadiesSampler(TorchUniformSampler):
         # 4. Poisson draws with the kernel's u_j; kept ones numbered in candidate order
         u = _srl(mix64_torch(hkey + (cand + 1) * _GAMMA), 11).to(torch.float64) * _INV_2_53
         keep = valid & ((pi >= 1.0) | (u < pi))
+        self._mark("sample")
         rank = torch.cumsum(keep, 0) - 1
         loc.scatter_(0, torch.where(keep, cand, n), base + rank)
         first.scatter_(0, cand, ar)  # candidate slots (the dummy slot takes the masked ones)
@@ -206,6 +206,7 @@ class TorchLadiesSampler(TorchUniformSampler):
         src = loc[t]
         ok = src >= 0
         cnt, e, extra = torch.stack([keep.sum(), ok.sum(), kept_deg.sum()]).tolist()  # the sync
+        self._mark("relabel")
         new = torch.zeros(total + 1, dtype=torch.int64, device=dev)
         new.scatter_(0, torch.where(keep, rank, total), cand)
         pos = torch.where(ok, torch.cumsum(ok, 0) - 1, e)

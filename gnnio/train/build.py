@@ -112,13 +112,17 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
 
         reset_graphed_report()  # this run's batches only
         # (a GPU sampler replays, or warns once why not)
+        las = getattr(cfg, "locality_scale", None) is not None
+        kind = getattr(cfg, "sampler", "uniform")
         if not str(getattr(sampler, "device", "cpu")).startswith("cuda"):
-            las = getattr(cfg, "locality_scale", None) is not None
-            kind = getattr(cfg, "sampler", "uniform")
-            hint = "" if kind == "ladies" else " (a GPU sampler's are: --sampler-device cuda)"
+            gpu = kind != "ladies" or not las  # (the locality-aware LADIES has no GPU sampler)
+            hint = " (a GPU sampler's are: --sampler-device cuda)" if gpu else ""
             kind = "locality-aware" if las else kind
             warn(f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches "
                  f"are not replayed as CUDA graphs{hint}", RuntimeWarning)  # fmt: skip
+        elif kind == "ladies":  # (a layer's size is random: each hop reads its sizes back)
+            warn("--cuda-graph: the LADIES GPU sampler's batches are not replayed as CUDA "
+                 "graphs (each hop reads its sizes back); sampled as usual", RuntimeWarning)  # fmt: skip
     return parts
 
 

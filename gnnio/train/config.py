@@ -99,7 +99,8 @@ class TrainConfig:
             :mod:`gnnio.train.graphed`; one process), ``"sampler"`` (the GPU sampler's batch:
             :mod:`gnnio.sampling.gpu_graphed`) or ``"all"`` (both; ``True`` means this).
         sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- pruned and
-            locality-aware too -- or LABOR-0 sampler runs on the training GPU inside the loader, on its own stream:
+            locality-aware too --, LABOR-0 or LADIES (not locality-aware) sampler runs on the
+            training GPU inside the loader, on its own stream:
             :mod:`gnnio.sampling.gpu` and its subclasses) or ``"auto"``
             (default: ``cuda`` when training on a GPU with one of those samplers and the CSR --
             with the locality-aware sampler's member index -- takes at most a quarter of the
@@ -437,10 +438,15 @@ class TrainConfig:
             return
         if not str(self.device).startswith("cuda"):
             raise UsageError("--sampler-device cuda: needs --device cuda")
-        if getattr(self, "sampler", "uniform") not in ("uniform", "labor"):
+        if getattr(self, "sampler", "uniform") not in ("uniform", "labor", "ladies"):
             raise UsageError(
-                "--sampler-device cuda: the GPU samplers are the uniform and the labor one "
-                "(--prune-threshold and --locality-scale too; no --sampler ladies)"
+                "--sampler-device cuda: the GPU samplers are the uniform, labor and ladies ones "
+                "(--prune-threshold and --locality-scale too, not with --sampler ladies)"
+            )
+        if getattr(self, "sampler", "uniform") == "ladies" and self.locality_scale is not None:
+            raise UsageError(
+                "--sampler-device cuda: the locality-aware LADIES sampler (--sampler ladies "
+                "--locality-scale) runs on the CPU only"
             )
 
     def validate_dist(self, world_size: int) -> None:

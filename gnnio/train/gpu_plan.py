@@ -18,8 +18,8 @@ memory, in this order:
 4. Else UVA sampling (the CSR pinned in host memory, read by the GPU sampler zero-copy) and the
    whole budget for hot rows; if even the scratch does not fit, the CPU sampler.
 
-A sampler with no GPU implementation (``--sampler ladies``) samples on the CPU whatever the
-memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.
+A sampler with no GPU implementation (``--sampler ladies --locality-scale``) samples on the CPU
+whatever the memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.
 
 The plan is in the summary under ``plan``: tier sizes, sampler device, the reason, and
 ``modeled_load_s``: the host-to-GPU seconds per epoch *modeled* for the cold rows at the PCIe
@@ -144,7 +144,9 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     row_bytes = int(np.dtype(feats.dtype).itemsize * (feats.shape[1] if feats.ndim > 1 else 1))
     feat_bytes = row_bytes * int(feats.shape[0])
     csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
-    gpu_sampler = getattr(cfg, "sampler", "uniform") in ("uniform", "labor")  # (not LADIES)
+    from .setup import has_gpu_sampler
+
+    gpu_sampler = has_gpu_sampler(cfg)  # (not the locality-aware LADIES)
     plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
                        gpu_sampler=gpu_sampler)  # fmt: skip
     plan["planned"] = True

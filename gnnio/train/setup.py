@@ -293,7 +293,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights), on the
       GPU where :func:`sampler_placement` puts it;
     * ``sampler="ladies"``: :class:`~gnnio.sampling.LadiesSampler` with ``layer_size`` per hop,
-      ``len(fanouts)`` hops, or with ``locality_scale``
+      ``len(fanouts)`` hops, on the GPU where :func:`sampler_placement` puts it, or with
+      ``locality_scale`` (on the CPU)
       :class:`~gnnio.sampling.LocalityLadiesSampler` (Eq. 8 on the layer, ``B = setup.gpu_ids``).
     """
     from ..sampling import (
@@ -329,7 +330,9 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
                             cuda_graph=graph_mode(cfg, "sampler")), None  # fmt: skip
     if kind == "ladies" and cfg.locality_scale is None:
         sizes = [int(cfg.layer_size)] * len(fanouts)
-        return LadiesSampler(ds.graph, sizes, seed=cfg.seed, weights=w), None
+        sdev, graph_in = sampler_placement(ds, cfg)  # on the GPU as the uniform one
+        return LadiesSampler(ds.graph, sizes, seed=cfg.seed, weights=w, device=sdev,
+                             graph_in=graph_in), None  # fmt: skip
     if cfg.locality_scale is None:
         if prune is None:
             sdev, graph_in = sampler_placement(ds, cfg)
@@ -397,7 +400,7 @@ def edge_weights(cfg) -> str:
 
 
 def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
-    """Where the uniform (LABOR-0, pruned) sampler runs and where its topology lives: ``(None, "gpu")`` for the
+    """Where the uniform (LABOR-0, LADIES, pruned) sampler runs and where its topology lives: ``(None, "gpu")`` for the
     CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
     CSR copied to the GPU when it takes at most a quarter of the free device memory, else read
     from pinned host memory, zero-copy: UVA sampling). ``--sampler-device auto`` (the default):
@@ -437,11 +440,18 @@ def member_index_bytes(ds, cfg) -> int:
 
 def _gpu_sampler_applies(cfg) -> bool:
     """``--sampler-device auto``: training on a GPU with the uniform (``--prune-threshold``
-    and ``--locality-scale`` included) or LABOR-0 sampler (the ones with a GPU implementation)."""
-    return str(cfg.device).startswith("cuda") and getattr(cfg, "sampler", "uniform") in (
-        "uniform",
-        "labor",
-    )
+    and ``--locality-scale`` included), LABOR-0 or LADIES (without ``--locality-scale``) sampler
+    (the ones with a GPU implementation)."""
+    return str(cfg.device).startswith("cuda") and has_gpu_sampler(cfg)
+
+
+def has_gpu_sampler(cfg) -> bool:
+    """Whether ``cfg``'s sampler has a GPU implementation: uniform (pruned, locality-aware),
+    LABOR-0, LADIES but not the locality-aware LADIES (Eq. 8: numba kernels only)."""
+    kind = getattr(cfg, "sampler", "uniform")
+    if kind == "ladies":
+        return getattr(cfg, "locality_scale", None) is None
+    return kind in ("uniform", "labor")
 
 
 def _top_ids(score: np.ndarray, k: int) -> np.ndarray:
