@@ -69,13 +69,13 @@ def test_bench_device_auto_is_taken_as_train_takes_it(kind, tiny, capfd):
     assert got == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def test_bench_sampling_auto_picks_cuda_when_present_and_cpu_for_ladies(monkeypatch):
+def test_bench_sampling_auto_picks_cuda_when_present_for_every_sampler(monkeypatch):
     from gnnio.bench.sampling import _check
     from gnnio.cli.main import build_parser
     from tests.fake_cuda import fake_cuda
 
     fake_cuda(monkeypatch, count=1)
-    for sampler, want in (("uniform", "cuda"), ("labor", "cuda"), ("ladies", "cpu")):
+    for sampler, want in (("uniform", "cuda"), ("labor", "cuda"), ("ladies", "cuda")):
         args = build_parser().parse_args(
             ["bench", "sampling", "d", "--sampler", sampler, "--device", "auto"]
         )
