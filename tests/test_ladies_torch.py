@@ -267,3 +267,22 @@ def test_bench_checksum_ids_leaves_the_weights_out():
     assert ids2 == ids and full2 != full
     mbs[2].input_nodes[-1] += 1
     assert batches_checksums(mbs)[1] != ids
+
+
+def test_cuda_graph_says_why_ladies_is_not_replayed():
+    """``--cuda-graph sampler`` with LADIES: on the GPU its batches are not replayed (sizes read
+    back every hop), and says so; on the CPU no hint to move it to the GPU (no replay there
+    either); the uniform sampler on the GPU replays (no warning), on the CPU gets the hint."""
+    from gnnio.train.build import not_graphed
+    from gnnio.train.config import TrainConfig
+
+    gpu = not_graphed(TrainConfig(sampler="ladies"), "cuda:0")
+    assert gpu is not None and "LADIES GPU sampler" in gpu
+    cpu = not_graphed(TrainConfig(sampler="ladies"), "cpu")
+    assert (
+        cpu is not None
+        and "ladies sampler runs on the CPU" in cpu
+        and "--sampler-device" not in cpu
+    )
+    assert not_graphed(TrainConfig(), "cuda:0") is None
+    assert "--sampler-device cuda" in (not_graphed(TrainConfig(), "cpu") or "")

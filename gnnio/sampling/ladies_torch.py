@@ -72,7 +72,7 @@ def solve_budget_torch(p: torch.Tensor, nc: torch.Tensor, budget: int) -> torch.
     suffix = torch.flip(torch.cumsum(torch.flip(srt, (0,)), 0), (0,))  # R_m
     m = ar.to(torch.float64)
     below = ((target - m) * srt < suffix) | (ar >= nc)
-    mstar = torch.argmax(below.to(torch.int8))  # the first True (there is one: m = target)
+    mstar = torch.where(below, ar, n).min()  # the first True (there is one: m = target)
     capped = torch.empty(n, dtype=torch.bool, device=dev)
     capped.scatter_(0, order, ar < mstar)
     rest = torch.cumsum(torch.where(capped, 0.0, pv), 0)[-1]  # in candidate order, as the kernel

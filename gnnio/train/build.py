@@ -111,19 +111,28 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         from ..sampling.gpu_graphed import reset_graphed_report
 
         reset_graphed_report()  # this run's batches only
-        # (a GPU sampler replays, or warns once why not)
-        las = getattr(cfg, "locality_scale", None) is not None
-        kind = getattr(cfg, "sampler", "uniform")
-        if not str(getattr(sampler, "device", "cpu")).startswith("cuda"):
-            gpu = kind != "ladies" or not las  # (the locality-aware LADIES has no GPU sampler)
-            hint = " (a GPU sampler's are: --sampler-device cuda)" if gpu else ""
-            kind = "locality-aware" if las else kind
-            warn(f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches "
-                 f"are not replayed as CUDA graphs{hint}", RuntimeWarning)  # fmt: skip
-        elif kind == "ladies":  # (a layer's size is random: each hop reads its sizes back)
-            warn("--cuda-graph: the LADIES GPU sampler's batches are not replayed as CUDA "
-                 "graphs (each hop reads its sizes back); sampled as usual", RuntimeWarning)  # fmt: skip
+        why = not_graphed(cfg, str(getattr(sampler, "device", "cpu")))
+        if why is not None:  # (a GPU sampler replays, or this warns once why not)
+            warn(why, RuntimeWarning)
     return parts
+
+
+def not_graphed(cfg, sampler_device: str) -> str | None:
+    """Why ``--cuda-graph sampler|all`` replays nothing with ``cfg``'s sampler on
+    ``sampler_device``, or None where it replays: a sampler on the CPU, or LADIES on the GPU (a
+    layer's size is random, so each hop reads its sizes back)."""
+    las = getattr(cfg, "locality_scale", None) is not None
+    kind = getattr(cfg, "sampler", "uniform")
+    if not sampler_device.startswith("cuda"):
+        # (LADIES: its GPU sampler does not replay either, so no hint for either kind)
+        hint = "" if kind == "ladies" else " (a GPU sampler's are: --sampler-device cuda)"
+        kind = "locality-aware" if las else kind
+        return (f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches are not "
+                f"replayed as CUDA graphs{hint}")  # fmt: skip
+    if kind == "ladies":
+        return ("--cuda-graph: the LADIES GPU sampler's batches are not replayed as CUDA graphs "
+                "(each hop reads its sizes back); sampled as usual")  # fmt: skip
+    return None
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
