@@ -51,7 +51,9 @@ probability ``pi_j`` and is weighted by ``1 / pi_j``.
 Determinism: the kept set of a hop depends only on ``(seed, call key, hop, the rows)`` (``u_j``
 from a counter-based hash of ``(hop key, j)``); with ``epoch_seed`` a batch depends only on
 ``(seed, epoch_seed, seeds)``. The kernels (:mod:`gnnio.sampling._ladies_kernels`) are serial
-numba; a hop costs two passes over the rows' neighbour lists.
+numba; a hop costs two passes over the rows' neighbour lists. ``device="cuda"`` (or a graph on a
+GPU) samples with vectorized torch ops instead (:mod:`gnnio.sampling.ladies_torch`), the same
+batches.
 :class:`~gnnio.sampling.ladies_locality.LocalityLadiesSampler` adds Song & Jiang's Eq. 8.
 """
 
