@@ -145,6 +145,7 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     feat_bytes = row_bytes * int(feats.shape[0])
     csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
     gpu_sampler = getattr(cfg, "sampler", "uniform") in ("uniform", "labor")  # (not LADIES)
+    gpu_sampler = gpu_sampler and getattr(cfg, "importance_sampling", 0) == 0  # (nor LABOR-i)
     plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
                        gpu_sampler=gpu_sampler)  # fmt: skip
     plan["planned"] = True
@@ -170,7 +171,7 @@ def _modeled_load_s(ds, cfg, plan: dict, row_bytes: int) -> float:
     if kind == "ladies":  # (its rows: about B + L K, whatever the fanouts' values)
         s = LadiesSampler(ds.graph, [int(cfg.layer_size)] * len(fo), seed=cfg.seed)
     elif kind == "labor":
-        s = LaborSampler(ds.graph, fo, seed=cfg.seed)
+        s = LaborSampler(ds.graph, fo, seed=cfg.seed, importance_sampling=cfg.importance_sampling)
     else:
         s = UniformSampler(ds.graph, fo, seed=cfg.seed)
     b = int(cfg.batch_size)

@@ -325,8 +325,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     if kind == "labor":
         sdev, graph_in = sampler_placement(ds, cfg)  # LABOR-0 on the GPU as the uniform one
         return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w,
-                            device=sdev, graph_in=graph_in,
-                            cuda_graph=graph_mode(cfg, "sampler")), None  # fmt: skip
+                            device=sdev, graph_in=graph_in, cuda_graph=graph_mode(cfg, "sampler"),
+                            importance_sampling=cfg.importance_sampling), None  # fmt: skip
     if kind == "ladies" and cfg.locality_scale is None:
         sizes = [int(cfg.layer_size)] * len(fanouts)
         return LadiesSampler(ds.graph, sizes, seed=cfg.seed, weights=w), None
@@ -438,10 +438,10 @@ def member_index_bytes(ds, cfg) -> int:
 def _gpu_sampler_applies(cfg) -> bool:
     """``--sampler-device auto``: training on a GPU with the uniform (``--prune-threshold``
     and ``--locality-scale`` included) or LABOR-0 sampler (the ones with a GPU implementation)."""
-    return str(cfg.device).startswith("cuda") and getattr(cfg, "sampler", "uniform") in (
-        "uniform",
-        "labor",
-    )
+    kind = getattr(cfg, "sampler", "uniform")
+    if kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0:
+        return False  # (LABOR-i has no GPU path)
+    return str(cfg.device).startswith("cuda") and kind in ("uniform", "labor")
 
 
 def _top_ids(score: np.ndarray, k: int) -> np.ndarray:
