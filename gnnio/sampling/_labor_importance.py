@@ -51,22 +51,23 @@ __all__ = ["hop_probabilities", "solve_c", "count_part", "sample_part", "kept_we
 @njit(cache=True, nogil=True)
 def solve_c(pi, cid, lo, hi, k):
     """The ``c`` with ``sum_{lo <= q < hi} min(1, c pi[cid[q]]) = k`` (``0 < k < hi - lo``, all
-    ``pi > 0``): Newton from below on the saturated set (module docstring)."""
+    ``pi > 0``): Newton from below on the saturated set (module docstring), one pass per step --
+    done when no unsaturated ``pi`` reaches ``1 / c`` (usually after the first)."""
     c = 0.0
-    sat = -1
-    for _ in range(hi - lo + 2):
+    for _ in range(hi - lo + 1):
         j = 0
         rest = 0.0
+        top = 0.0  # the largest unsaturated pi
         for q in range(lo, hi):
             x = pi[cid[q]]
             if c * x >= 1.0:
                 j += 1
             else:
                 rest += x
-        if j == sat or rest <= 0.0:
-            break
-        sat = j
+                top = max(top, x)
         c = (k - j) / rest
+        if c * top < 1.0:  # the saturated set stays: c is exact
+            break
     return c
 
 
