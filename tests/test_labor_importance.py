@@ -239,3 +239,29 @@ def test_bench_importance_zero_is_todays_labor(tmp_path, capsys):
         out.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     assert out[0]["checksum"] == out[1]["checksum"] != out[2]["checksum"]
     assert [o["importance_sampling"] for o in out] == [0, 0, 2]
+
+
+def test_train_places_labor_i_on_the_cpu(monkeypatch):
+    """``--sampler-device auto`` on a GPU picks the CPU for LABOR-i (no warning); ``cuda`` asked
+    for warns once and samples on the CPU, the reason in ``fallback`` (the summary's
+    ``sampler_fallback``). LABOR-0 still gets the GPU placement."""
+    from gnnio.train import TrainConfig
+    from gnnio.train.setup import build_sampler, sampler_placement
+    from tests.fake_cuda import fake_cuda
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
+    monkeypatch.setattr(labor_mod, "_warned", [False])
+    ds = type("DS", (), {"graph": power_law_graph()})
+    auto = TrainConfig(device="cuda", sampler="labor", importance_sampling=1)
+    assert sampler_placement(ds, auto)[0] is None
+    assert sampler_placement(ds, TrainConfig(device="cuda", sampler="labor"))[0] is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s, _ = build_sampler(ds, auto, [3, 2], None)
+    assert (s.device.type, s.importance_sampling, s.fallback) == ("cpu", 1, None)
+    asked = TrainConfig(device="cuda", sampler="labor", importance_sampling=2,
+                        sampler_device="cuda", graph_in="gpu")  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="no GPU path"):
+        s, _ = build_sampler(ds, asked, [3, 2], None)
+    assert (s.device.type, s.importance_sampling) == ("cpu", 2) and s.fallback
