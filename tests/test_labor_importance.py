@@ -75,7 +75,7 @@ def test_ht_estimate_of_the_neighbour_mean_is_unbiased(imp):
     # the importances are not uniform here (else this would only re-test LABOR-0), and some
     # neighbours are saturated (c_s pi_t >= 1)
     cmap = np.full(g.num_nodes, -1, dtype=np.int64)
-    pos, p, _keep, _c = LI.hop_probabilities(ip, ix, seeds, k, imp, np.uint64(5), cmap)
+    pos, p, _keep, _c, _s = LI.hop_probabilities(ip, ix, seeds, k, imp, np.uint64(5), cmap)
     rows = np.repeat(np.arange(seeds.size), np.diff(pos))
     assert (p[sampled[rows]] == 1.0).any() and p.min() < 0.3 * p[sampled[rows]].max()
 
@@ -89,11 +89,41 @@ def test_one_fixed_point_step_by_hand():
     g = CSRGraph.from_edges(src, dst, 21)
     cmap = np.full(21, -1, dtype=np.int64)
     ip, ix = np.asarray(g.indptr), np.asarray(g.indices)
-    pos, p, _keep, counts = LI.hop_probabilities(ip, ix, np.array([0, 1]), 2, 1, np.uint64(1), cmap)
+    pos, p, _keep, _c, steps = LI.hop_probabilities(
+        ip, ix, np.array([0, 1]), 2, 1, np.uint64(1), cmap
+    )
+    assert steps == 1
     assert list(pos) == [0, 4, 12]
     np.testing.assert_allclose(p[:4], 0.5)
     want = np.where(ix[ip[1] : ip[2]] == 10, 4 / 9, 2 / 9)
     np.testing.assert_allclose(p[4:], want, rtol=1e-12)
+
+
+def test_steps_stop_once_converged():
+    # a large i is LABOR-* (iterated until a step gains under 1e-4 of the expected distinct
+    # sources): it stops early, where 300 steps do, each row still keeping min(k, d)
+    g = power_law_graph(seed=2)
+    ip, ix = np.asarray(g.indptr), np.asarray(g.indices)
+    rows = np.flatnonzero(np.diff(ip) > 0)[:80].astype(np.int64)
+    cmap = np.full(g.num_nodes, -1, dtype=np.int64)
+    pos, p_big, _k, _c, steps = LI.hop_probabilities(ip, ix, rows, 4, 5000, np.uint64(5), cmap)
+    _pos, p_300, _k, _c, _s = LI.hop_probabilities(ip, ix, rows, 4, 300, np.uint64(5), cmap)
+    _pos, p_1, _k, _c, _s = LI.hop_probabilities(ip, ix, rows, 4, 1, np.uint64(5), cmap)
+    assert 1 < steps < 300
+    assert np.array_equal(p_big, p_300) and not np.array_equal(p_big, p_1)
+    want = np.minimum(np.diff(pos), 4)
+    np.testing.assert_allclose(np.add.reduceat(p_big, pos[:-1]), want, rtol=1e-9)
+    mb = LaborSampler(g, [4, 3], importance_sampling=10**12).sample(rows)
+    assert all(1 < st < 300 for st in mb.meta["importance_steps"]), mb.meta
+
+
+def test_a_fanout_of_zero_keeps_nothing():
+    g = power_law_graph()
+    seeds = np.arange(0, 400, 5, dtype=np.int64)
+    for imp in (1, 3):
+        mb = LaborSampler(g, [0, 3], importance_sampling=imp).sample(seeds)
+        assert mb.blocks[1].edge_index.shape[1] == 0 and mb.meta["hop_nodes"][1] == seeds.size
+        assert mb.blocks[0].edge_index.shape[1] > 0  # (the next hop samples the seeds' rows)
 
 
 def test_solve_c_is_exact():
@@ -118,7 +148,7 @@ def test_each_seed_keeps_min_k_d_in_expectation(imp):
     want = np.minimum(deg[seeds], k).astype(np.float64)
     ip, ix = np.asarray(g.indptr), np.asarray(g.indices)
     cmap = np.full(g.num_nodes, -1, dtype=np.int64)
-    pos, p, _keep, _c = LI.hop_probabilities(ip, ix, seeds, k, imp, np.uint64(5), cmap)
+    pos, p, _keep, _c, _s = LI.hop_probabilities(ip, ix, seeds, k, imp, np.uint64(5), cmap)
     assert (cmap == -1).all()
     exact = np.add.reduceat(p, pos[:-1])  # (every seed has a neighbour)
     np.testing.assert_allclose(exact, want, rtol=1e-9)

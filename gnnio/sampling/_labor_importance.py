@@ -12,6 +12,11 @@ fixed-point steps that raise the importance of sources many destinations reach (
    the paper's update of ``pi``; ``pi`` is then rescaled to max 1, which changes no ``c_s pi_t``);
 2. every ``c_s`` solved again for the new ``pi``.
 
+Before each step the hop's expected number of distinct sources, ``sum_t min(1, max_s c_s pi_t)``
+(what the steps lower), is computed; once a step lowered it by less than a fraction ``1e-4`` the
+steps stop, as DGL's do -- so ``i`` is at most ``i`` steps, and a large ``i`` is LABOR-* (iterated
+to convergence) at the cost of the steps it takes.
+
 **The constraint on c_s** (where gnnio differs from DGL): here ``c_s`` solves
 ``sum_{t in N(s)} min(1, c_s pi_t) = min(k, d_s)`` -- every destination keeps ``min(k, d_s)``
 neighbours in expectation, as in LABOR-0, so a batch's edges and the model's work stay those of
@@ -47,6 +52,8 @@ from ._labor_kernels import _below, vertex_rank
 
 __all__ = ["hop_probabilities", "solve_c", "count_part", "sample_part", "kept_weights"]
 
+_EPS = 1e-4  # the steps stop once one cuts the expected distinct sources by less (as DGL's)
+
 
 @njit(cache=True, nogil=True)
 def solve_c(pi, cid, lo, hi, k):
@@ -65,6 +72,8 @@ def solve_c(pi, cid, lo, hi, k):
             else:
                 rest += x
                 top = max(top, x)
+        if rest <= 0.0:  # (only with every pi 0: nothing to solve)
+            break
         c = (k - j) / rest
         if c * top < 1.0:  # the saturated set stays: c is exact
             break
@@ -91,9 +100,9 @@ def _solve_all(pi, cid, pos, deg, fanout, c):
 @njit(cache=True, nogil=True)
 def hop_probabilities(indptr, indices, dst_nodes, fanout, iters, rkey, cmap):
     """One hop's inclusion probabilities for destinations ``dst_nodes`` after ``iters``
-    fixed-point steps (module docstring). Returns ``(pos, p, keep, counts)``: ``pos[i]`` the first
-    position of row ``i`` (``[n + 1]``), ``p[q]`` and ``keep[q]`` (uint8: ``r_t < p[q]``) per
-    position, ``counts[i]`` the row's kept edges. ``cmap`` (int64 ``[num_nodes]``, all -1) is
+    fixed-point steps (module docstring). Returns ``(pos, p, keep, counts, steps)``: ``pos[i]`` the
+    first position of row ``i`` (``[n + 1]``), ``p[q]`` and ``keep[q]`` (uint8: ``r_t < p[q]``) per
+    position, ``counts[i]`` the row's kept edges, ``steps`` the steps taken (``<= iters``). ``cmap`` (int64 ``[num_nodes]``, all -1) is
     all -1 again on return."""
     n = dst_nodes.shape[0]
     pos = np.empty(n + 1, dtype=np.int64)
@@ -122,12 +131,21 @@ def hop_probabilities(indptr, indices, dst_nodes, fanout, iters, rkey, cmap):
     c = np.empty(n, dtype=np.float64)
     _solve_all(pi, cid, pos, deg, fanout, c)
     acc = np.empty(u, dtype=np.float64)
-    for _ in range(iters):
+    prev = np.inf
+    steps = 0
+    for _ in range(iters if fanout != 0 else 0):  # (a fanout of 0 keeps nothing: no pi to weigh)
         acc[:] = 0.0
         for i in range(n):
             for q in range(pos[i], pos[i + 1]):
                 if c[i] > acc[cid[q]]:
                     acc[cid[q]] = c[i]
+        expect = 0.0  # the hop's expected distinct sources now: sum_t min(1, max_s c_s pi_t)
+        for j in range(u):
+            expect += min(1.0, acc[j] * pi[j])
+        if expect >= (1.0 - _EPS) * prev:  # converged (DGL's test): no step left to gain
+            break
+        prev = expect
+        steps += 1
         top = 0.0
         for j in range(u):
             pi[j] *= acc[j]
@@ -151,7 +169,7 @@ def hop_probabilities(indptr, indices, dst_nodes, fanout, iters, rkey, cmap):
             keep[q] = b
             kept += b
         counts[i] = kept
-    return pos, p, keep, counts
+    return pos, p, keep, counts, steps
 
 
 @njit(cache=True, nogil=True)

@@ -62,8 +62,11 @@ parts sample (``O(i D)`` for ``D`` neighbour positions, plus an int64 ``[num_nod
 concurrent caller). CPU only: with ``device="cuda"`` (or CUDA tensors) the sampler warns once and
 samples on the CPU (:attr:`LaborSampler.fallback` says so). ``i = 0`` is LABOR-0, unchanged.
 
-**Not built** (issue 19): LABOR-* (``importance_sampling < 0``, iterating to convergence: refused),
-the variance target for ``c_s``, a GPU LABOR-i; GraphBolt's ``replace=True`` (sampling with
+The steps stop early once one lowers the hop's expected distinct sources by under ``1e-4`` (DGL's
+test), so a large ``i`` is LABOR-* (DGL's negative value, refused here); ``meta["importance_steps"]``
+has the steps each hop took.
+
+**Not built** (issue 19): the variance target for ``c_s``, a GPU LABOR-i; GraphBolt's ``replace=True`` (sampling with
 replacement) and ``batch_dependency`` (variates shared across consecutive batches,
 arXiv:2310.12403; its default ``1`` is gnnio's behaviour: every batch draws fresh ``r_t``).
 """
@@ -202,8 +205,10 @@ class LaborSampler(UniformSampler):
             cmap = self._cmaps.pop() if self._cmaps else None
         if cmap is None:
             cmap = np.full(self.num_nodes, -1, dtype=np.int64)
-        ctx = LI.hop_probabilities(self.indptr, self.indices, nodes, fo, self.importance_sampling,
-                                   rkey, cmap)  # fmt: skip
+        iters = min(
+            self.importance_sampling, 1 << 62
+        )  # (an int64 for numba; converged long before)
+        ctx = LI.hop_probabilities(self.indptr, self.indices, nodes, fo, iters, rkey, cmap)
         with self._lock:
             self._cmaps.append(cmap)  # (all -1 again)
         self._tls.hops.append(ctx)
@@ -214,7 +219,7 @@ class LaborSampler(UniformSampler):
         ctx=None,
     ) -> tuple[int, int]:  # fmt: skip
         if ctx is not None:  # LABOR-i: the kept edges were decided by _hop_context
-            pos, _p, keep, counts = ctx
+            pos, _p, keep, counts, _steps = ctx
             b.ensure_rows(hi - lo)
             e = int(LI.count_part(self.indptr, nodes, lo, hi, counts, b.rows, b.offs))
             b.ensure_edges(e)
@@ -239,7 +244,8 @@ class LaborSampler(UniformSampler):
         """Sample the ``len(fanouts)``-hop LABOR neighbourhood of ``seeds``.
 
         Returns a :class:`MiniBatch` as :meth:`UniformSampler.sample` does, with float32
-        ``edge_weight`` on every block unless ``weights="none"``; ``meta["sampler"] = "labor"``.
+        ``edge_weight`` on every block unless ``weights="none"``; ``meta["sampler"] = "labor"``
+        (LABOR-i: ``meta["importance_steps"]``, the fixed-point steps per hop, seeds' hop first).
 
         Raises:
             ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
@@ -251,7 +257,8 @@ class LaborSampler(UniformSampler):
         if self.weights == "none" or self._torch is not None:  # (the torch path weights them)
             return mb
         if self.importance_sampling > 0:
-            for h, (pos, p, keep, _counts) in enumerate(hops):
+            mb.meta["importance_steps"] = [int(ctx[4]) for ctx in hops]
+            for h, (pos, p, keep, _counts, _steps) in enumerate(hops):
                 blk = mb.blocks[len(hops) - 1 - h]
                 w = LI.kept_weights(pos, p, keep, self.weights == "ht_mean")
                 assert w.shape[0] == blk.edge_index.shape[1]
