@@ -3,7 +3,9 @@
 What is measured. The first ``--batches`` batches of epoch 0 of a seeded random order over the
 training split (every node when there is none) are fixed; one pass samples all of them with
 ``--sampler``: ``uniform`` (:class:`gnnio.sampling.UniformSampler`, GraphSAGE), ``labor``
-(:class:`gnnio.sampling.LaborSampler`, LABOR-0) -- both with ``--fanouts``, ``fanouts[0]`` = the
+(:class:`gnnio.sampling.LaborSampler`, LABOR-0; ``--importance-sampling I``: LABOR-I, on the CPU
+whatever ``--device``, the JSON's ``device`` and ``sampler_fallback`` say so) -- both with
+``--fanouts``, ``fanouts[0]`` = the
 seeds' hop -- or ``ladies`` (:class:`gnnio.sampling.LadiesSampler`, ``--layer-size`` nodes per hop,
 as many hops as ``--fanouts`` has values; ``--prune-threshold A,B``: the uniform one with HyDRA's
 threshold pruning, :class:`gnnio.sampling.PrunedUniformSampler`; ``--locality-scale S``: Song & Jiang's
