@@ -158,8 +158,7 @@ def test_each_seed_keeps_min_k_d_in_expectation(imp):
     assert (cnt[:, want == deg[seeds]] == want[want == deg[seeds]]).all()  # taken whole
 
 
-def _mean_hop_nodes(g, seeds, imp, trials=300):
-    design = "poisson"
+def _mean_hop_nodes(g, seeds, imp, trials=300, design="poisson"):
     s = LaborSampler(g, [5, 5], seed=7, importance_sampling=imp, design=design)
     got = np.array([s.sample(seeds, epoch_seed=e).meta["hop_nodes"] for e in range(trials)])
     return got.mean(axis=0), got.std(axis=0, ddof=1) / np.sqrt(trials)
@@ -171,8 +170,10 @@ def test_fewer_distinct_nodes_per_hop_than_labor0():
     m0, se0 = _mean_hop_nodes(g, seeds, 0)
     m1, se1 = _mean_hop_nodes(g, seeds, 1)
     m2, se2 = _mean_hop_nodes(g, seeds, 2)
+    mf, sef = _mean_hop_nodes(g, seeds, 0, design="fixed")  # (LABOR-0's default design)
     for h in (1, 2):  # each hop, with a margin of many standard errors
         assert m1[h] < m0[h] - 6 * np.hypot(se0[h], se1[h]), (m0, m1)
+        assert m1[h] < mf[h] - 6 * np.hypot(sef[h], se1[h]), (mf, m1)
         assert m2[h] < m1[h] + 3 * np.hypot(se1[h], se2[h]), (m1, m2)
 
 
