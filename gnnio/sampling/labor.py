@@ -58,17 +58,18 @@ smallest ``r_t / pi_t`` has no exact inclusion probabilities to weight by). Weig
 ``"ht"`` ``1 / min(1, c_s pi_t)``, ``"ht_mean"`` ``1 / (d_s min(1, c_s pi_t))``, so within a row
 they differ and SAGE's self-normalised mean becomes a ratio estimator (as DGL's, which rescales
 them to mean 1 per row). Each hop's iteration runs serially on the calling thread before the
-parts sample (``O(i D)`` for ``D`` neighbour positions, plus an int64 ``[num_nodes]`` map per
+parts sample (``O((i + 1) D)`` for ``D`` neighbour positions, plus an int64 ``[num_nodes]`` map per
 concurrent caller). CPU only: with ``device="cuda"`` (or CUDA tensors) the sampler warns once and
 samples on the CPU (:attr:`LaborSampler.fallback` says so). ``i = 0`` is LABOR-0, unchanged.
 
 The steps stop early once one lowers the hop's expected distinct sources by under ``1e-4`` (DGL's
-test), so a large ``i`` is LABOR-* (DGL's negative value, refused here); ``meta["importance_steps"]``
-has the steps each hop took.
+test), so a large ``i`` is LABOR-* (DGL's negative value, refused here);
+``meta["importance_steps"]`` has the steps each hop took.
 
-**Not built** (issue 19): the variance target for ``c_s``, a GPU LABOR-i; GraphBolt's ``replace=True`` (sampling with
-replacement) and ``batch_dependency`` (variates shared across consecutive batches,
-arXiv:2310.12403; its default ``1`` is gnnio's behaviour: every batch draws fresh ``r_t``).
+**Not built** (issue 19): the variance target for ``c_s``, a GPU LABOR-i; GraphBolt's
+``replace=True`` (sampling with replacement) and ``batch_dependency`` (variates shared across
+consecutive batches, arXiv:2310.12403; its default ``1`` is gnnio's behaviour: every batch draws
+fresh ``r_t``).
 """
 
 from __future__ import annotations
