@@ -296,3 +296,31 @@ def test_train_places_labor_i_on_the_cpu(monkeypatch):
     with pytest.warns(RuntimeWarning, match="no GPU path"):
         s, _ = build_sampler(ds, asked, [3, 2], None)
     assert (s.device.type, s.importance_sampling) == ("cpu", 2) and s.fallback
+
+
+def test_train_runs_labor_i_and_its_summary_says_where(monkeypatch, tmp_path):
+    """``gnnio train --sampler labor --importance-sampling I`` end to end: the sampler gets ``I``;
+    the summary has ``sampler_fallback``: None here, and why where the sampler fell back from the
+    GPU (simulated on the CPU)."""
+    import gnnio.sampling
+    from gnnio.train import TrainConfig, train
+
+    built = []
+
+    class Recorded(LaborSampler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            built.append(self)
+
+    class FellBack(LaborSampler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.fallback = "simulated"
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=60, num_edges=400)
+    cfg = TrainConfig(sampler="labor", importance_sampling=2, epochs=1, progress=False)
+    monkeypatch.setattr(gnnio.sampling, "LaborSampler", Recorded)
+    s = train(d, cfg)
+    assert [b.importance_sampling for b in built] == [2] and s["sampler_fallback"] is None
+    monkeypatch.setattr(gnnio.sampling, "LaborSampler", FellBack)
+    assert train(d, cfg)["sampler_fallback"] == "simulated"
