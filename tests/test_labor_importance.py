@@ -1,5 +1,6 @@
 """LABOR-i (``LaborSampler(importance_sampling=i)``, :mod:`gnnio.sampling._labor_importance`):
-the estimator stays unbiased, each destination keeps ``min(k, d)`` neighbours in expectation,
+the estimator stays unbiased, each destination's estimator has neighbour sampling's variance
+(``sum_t 1/p_t = d^2/k``, the paper's target) and keeps ``sum_t p_t`` neighbours in expectation,
 a hop reaches fewer distinct nodes than LABOR-0's, ``i = 0`` is LABOR-0 bit for bit, batches do
 not depend on the thread count; the options' refusals."""
 
@@ -81,9 +82,10 @@ def test_ht_estimate_of_the_neighbour_mean_is_unbiased(imp):
 
 
 def test_one_fixed_point_step_by_hand():
-    # row 0: neighbours 10..13; row 1: 10 and 14..20; k = 2. LABOR-0: c = (1/2, 1/4). The step:
-    # pi_10 = max(1/2, 1/4), pi_11..13 = 1/2, pi_14..20 = 1/4 (relative: 1, 1, 1/2); row 0 solves
-    # 4 c = 2, row 1 (1 + 7/2) c = 2: c = 4/9, so p = 4/9 for node 10 there, 2/9 for the rest
+    # row 0: neighbours 10..13; row 1: 10 and 14..20; k = 2. LABOR-0: c = k/d = (1/2, 1/4) (it
+    # meets the variance target d/c = d^2/k). The step: pi_10 = max(1/2, 1/4), pi_11..13 = 1/2,
+    # pi_14..20 = 1/4 (relative: 1, 1, 1/2); row 0 solves 4/c = 16/2: c = 1/2; row 1 solves
+    # (1 + 7 * 2)/c = 64/2: c = 15/32, so p = 15/32 for node 10 there, 15/64 for the rest
     src = np.array([10, 11, 12, 13, 10, 14, 15, 16, 17, 18, 19, 20])
     dst = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
     g = CSRGraph.from_edges(src, dst, 21)
@@ -95,13 +97,13 @@ def test_one_fixed_point_step_by_hand():
     assert steps == 1
     assert list(pos) == [0, 4, 12]
     np.testing.assert_allclose(p[:4], 0.5)
-    want = np.where(ix[ip[1] : ip[2]] == 10, 4 / 9, 2 / 9)
+    want = np.where(ix[ip[1] : ip[2]] == 10, 15 / 32, 15 / 64)
     np.testing.assert_allclose(p[4:], want, rtol=1e-12)
 
 
 def test_steps_stop_once_converged():
     # a large i is LABOR-* (iterated until a step gains under 1e-4 of the expected distinct
-    # sources): it stops early, where 300 steps do, each row still keeping min(k, d)
+    # sources): it stops early, where 300 steps do, each row still at the variance target
     g = power_law_graph(seed=2)
     ip, ix = np.asarray(g.indptr), np.asarray(g.indices)
     rows = np.flatnonzero(np.diff(ip) > 0)[:80].astype(np.int64)
@@ -111,8 +113,10 @@ def test_steps_stop_once_converged():
     _pos, p_1, _k, _c, _s = LI.hop_probabilities(ip, ix, rows, 4, 1, np.uint64(5), cmap)
     assert 1 < steps < 300
     assert np.array_equal(p_big, p_300) and not np.array_equal(p_big, p_1)
-    want = np.minimum(np.diff(pos), 4)
-    np.testing.assert_allclose(np.add.reduceat(p_big, pos[:-1]), want, rtol=1e-9)
+    d = np.diff(pos)
+    inv = np.add.reduceat(1.0 / p_big, pos[:-1])
+    np.testing.assert_allclose(inv[d > 4], d[d > 4] ** 2 / 4, rtol=1e-9)
+    assert (p_big[np.repeat(d <= 4, d)] == 1.0).all()
     mb = LaborSampler(g, [4, 3], importance_sampling=10**12).sample(rows)
     assert all(1 < st < 300 for st in mb.meta["importance_steps"]), mb.meta
 
@@ -134,28 +138,36 @@ def test_solve_c_is_exact():
         pi = rng.pareto(0.8, d) + 1e-3  # (heavy-tailed: several saturate)
         k = int(rng.integers(1, d))
         c = LI.solve_c(pi, np.arange(d), 0, d, k)
-        assert abs(np.minimum(1.0, c * pi).sum() - k) < 1e-9 * k
+        target = d * d / k
+        assert abs((1.0 / np.minimum(1.0, c * pi)).sum() - target) < 1e-9 * target
         saturated += c * pi.max() >= 1.0
     assert saturated > 50  # (the cases Newton's later steps are for)
 
 
 @pytest.mark.parametrize("imp", [1, 2])
-def test_each_seed_keeps_min_k_d_in_expectation(imp):
+def test_each_seed_has_neighbour_samplings_variance(imp):
+    # the paper's target: sum_t 1/p_t = d^2/k, so the HT mean's variance for unit-variance
+    # neighbours, (1/d^2) sum_t (1/p_t - 1), is neighbour sampling's 1/k - 1/d; rows taken whole
+    # keep every neighbour; and the kept count's mean over draws is sum_t p_t
     g = power_law_graph(seed=2)
     k = 4
     deg = np.diff(np.asarray(g.indptr))
     seeds = np.flatnonzero(deg > 0)[:80].astype(np.int64)
-    want = np.minimum(deg[seeds], k).astype(np.float64)
     ip, ix = np.asarray(g.indptr), np.asarray(g.indices)
     cmap = np.full(g.num_nodes, -1, dtype=np.int64)
     pos, p, _keep, _c, _s = LI.hop_probabilities(ip, ix, seeds, k, imp, np.uint64(5), cmap)
     assert (cmap == -1).all()
-    exact = np.add.reduceat(p, pos[:-1])  # (every seed has a neighbour)
-    np.testing.assert_allclose(exact, want, rtol=1e-9)
+    d = deg[seeds].astype(np.float64)
+    sampled = d > k
+    var = (np.add.reduceat(1.0 / p, pos[:-1]) - d) / d**2
+    np.testing.assert_allclose(var[sampled], 1 / k - 1 / d[sampled], rtol=1e-9)
+    assert (p[np.repeat(~sampled, deg[seeds])] == 1.0).all()
+    want = np.add.reduceat(p, pos[:-1])  # (every seed has a neighbour)
+    assert (want[sampled] > k).any()  # (importances not uniform: more than k kept in some rows)
     _, cnt = _estimates(g, seeds, k, imp, 2000, np.zeros(g.num_nodes))
     z = _z(cnt, want)
-    assert np.abs(z[want < deg[seeds]]).max() < 4.5, z
-    assert (cnt[:, want == deg[seeds]] == want[want == deg[seeds]]).all()  # taken whole
+    assert np.abs(z[sampled]).max() < 4.5, z
+    assert (cnt[:, ~sampled] == d[~sampled]).all()  # taken whole
 
 
 def _mean_hop_nodes(g, seeds, imp, trials=300, design="poisson"):

@@ -241,7 +241,8 @@ def add_train_arguments(p) -> None:
         default=None,
         metavar="I",
         help="--sampler labor: LABOR-I, I fixed-point steps on per-node importances so that "
-        "destinations share still more sampled neighbours (same expected neighbours per node; "
+        "destinations share still more sampled neighbours (each node's estimate at neighbour "
+        "sampling's variance, the paper's target: fewer input nodes, more edges; "
         "0 = LABOR-0, the default; I > 0 samples on the CPU)",
     )
     g.add_argument(

@@ -17,22 +17,22 @@ Before each step the hop's expected number of distinct sources, ``sum_t min(1, m
 steps stop, as DGL's do -- so ``i`` bounds the steps, and a large ``i`` is LABOR-* (iterated to
 convergence) at the cost of the steps it takes.
 
-**The constraint on c_s** (where gnnio differs from DGL): here ``c_s`` solves
-``sum_{t in N(s)} min(1, c_s pi_t) = min(k, d_s)`` -- every destination keeps ``min(k, d_s)``
-neighbours in expectation, as in LABOR-0, so a batch's edges and the model's work stay those of
-the fanouts. DGL (``dgl.sampling.sample_labors``) solves the paper's variance target instead,
-``sum_t 1 / min(1, c_s pi_t) = d_s^2 / k`` (the estimator's variance equal to node-wise
-sampling's), which keeps *more* than ``k`` edges per row in expectation (by the harmonic /
-arithmetic mean inequality) at the variance of LABOR-0; with the count target the per-row
-variance is the one that rises. The solve is exact: with ``J`` the neighbours saturated
-(``c pi_t >= 1``), ``c = (k - |J|) / sum_{t not in J} pi_t``, started from ``J`` empty and
-repeated until ``J`` stops growing (Newton's method on a concave piecewise-linear function, from
-below: a few steps). Rows taken whole (``k < 0`` or ``d <= k``) keep every neighbour (``p = 1``)
-and take ``c_s = (k / d_s) / min_t pi_t`` (DGL's first ``c_s = k / d_s``, which exceeds 1 there,
+**The constraint on c_s** (the paper's, and DGL's ``dgl.sampling.sample_labors``): ``c_s`` solves
+``sum_{t in N(s)} 1 / min(1, c_s pi_t) = d_s^2 / k``, so the Horvitz-Thompson estimate of the
+neighbour mean keeps neighbour sampling's variance (``1/k - 1/d_s`` for unit-variance neighbours),
+LABOR's design rule; LABOR-0's ``c_s = k / d_s`` meets it. With non-uniform ``pi`` a row then keeps
+*more* than ``k`` neighbours in expectation (``sum_t min(1, c_s pi_t) >= k``, by the harmonic /
+arithmetic mean inequality) -- fewer distinct sources per hop, more edges. (A first version of
+this module solved the count target ``sum_t min(1, c_s pi_t) = k`` instead, fewer edges at a
+higher variance; docs/benchmarks.md keeps its numbers beside the paper's.) The solve is exact:
+with ``J`` the neighbours saturated (``c pi_t >= 1``), ``c = (sum_{t not in J} 1/pi_t) / (d_s^2/k -
+|J|)``, started from ``J`` empty and repeated until ``J`` stops growing (each step stays below the
+root, as the left side decreases in ``c``: a few steps). Rows taken whole (``k < 0`` or
+``d <= k``) keep every neighbour (``p = 1``) and take ``c_s = (k / d_s) / min_t pi_t`` (DGL's first ``c_s = k / d_s``, which exceeds 1 there,
 made scale-free): their neighbours are kept anyway, so the update raises them, by ``k / d_s``,
 above the rest and the other rows prefer them (with ``c_s = 1 / min_t pi_t``, the smallest that
 keeps the row, no ``c_s pi_t`` ever exceeds 1, and one step on docs/benchmarks.md's 131,072-node
-graph read 30 % more rows per batch: 11,678 against 8,929 over 50 batches).
+graph read 30 % more rows per batch under the count target: 11,678 against 8,929 over 50 batches).
 
 The hop runs serially here, before the per-part count / sample kernels
 (:func:`count_part`, :func:`sample_part`): :func:`hop_probabilities` numbers the hop's distinct
@@ -57,11 +57,15 @@ _EPS = 1e-4  # the steps stop once one cuts the expected distinct sources by les
 
 @njit(cache=True, nogil=True)
 def solve_c(pi, cid, lo, hi, k):
-    """The ``c`` with ``sum_{lo <= q < hi} min(1, c pi[cid[q]]) = k`` (``0 < k < hi - lo``, all
-    ``pi > 0``): Newton from below on the saturated set (module docstring), one pass per step --
-    done when no unsaturated ``pi`` reaches ``1 / c`` (usually after the first)."""
+    """The ``c`` with ``sum_{lo <= q < hi} 1 / min(1, c pi[cid[q]]) = d^2 / k`` (``d = hi - lo``,
+    ``0 < k < d``, all ``pi > 0``): the paper's variance target. Newton from below on the
+    saturated set ``J`` (module docstring), one pass per step: ``c = S / (d^2/k - |J|)`` with ``S``
+    the sum of ``1 / pi`` outside ``J``; done when no unsaturated ``pi`` reaches ``1 / c``
+    (usually after the first). ``d^2/k > d >= |J|``, so the denominator stays positive."""
+    d = hi - lo
+    target = d * (d / k)
     c = 0.0
-    for _ in range(hi - lo + 1):
+    for _ in range(d + 1):
         j = 0
         rest = 0.0
         top = 0.0  # the largest unsaturated pi
@@ -70,11 +74,11 @@ def solve_c(pi, cid, lo, hi, k):
             if c * x >= 1.0:
                 j += 1
             else:
-                rest += x
+                rest += 1.0 / x
                 top = max(top, x)
-        if rest <= 0.0:  # (only with every pi 0: nothing to solve)
+        if rest <= 0.0:  # (every neighbour saturated: cannot happen while target > d)
             break
-        c = (k - j) / rest
+        c = rest / (target - j)
         if c * top < 1.0:  # the saturated set stays: c is exact
             break
     return c
@@ -86,7 +90,7 @@ def _solve_all(pi, cid, pos, deg, fanout, c):
     for i in range(n):
         d = deg[i]
         lo, hi = pos[i], pos[i + 1]
-        if d == 0:
+        if d == 0 or fanout == 0:  # (a fanout of 0 keeps nothing)
             c[i] = 0.0
         elif fanout < 0 or d <= fanout:  # taken whole: every c pi_t >= k / d >= 1
             m = pi[cid[lo]]

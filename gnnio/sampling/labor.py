@@ -51,8 +51,8 @@ which returns the same batches bit for bit.
 **LABOR-i** (``importance_sampling=i > 0``; :mod:`gnnio.sampling._labor_importance`): edge
 ``t -> s`` kept iff ``r_t <= c_s pi_t`` with importances ``pi_t`` from ``i`` fixed-point steps
 (``pi_t <- max_s c_s pi_t``, then each ``c_s`` solved again so that
-``sum_t min(1, c_s pi_t) = min(k, d_s)``: every row keeps ``min(k, d_s)`` neighbours in
-expectation, as LABOR-0 -- DGL solves the paper's variance target instead, see that module).
+``sum_t 1 / min(1, c_s pi_t) = d_s^2 / k``: the paper's target, every row's estimator keeps
+neighbour sampling's variance and more than ``k`` neighbours in expectation; see that module).
 Always the Poisson design (``design`` defaults to it; ``"fixed"`` is refused: keeping the ``k``
 smallest ``r_t / pi_t`` has no exact inclusion probabilities to weight by). Weights per *edge*:
 ``"ht"`` ``1 / min(1, c_s pi_t)``, ``"ht_mean"`` ``1 / (d_s min(1, c_s pi_t))``, so within a row
@@ -66,7 +66,7 @@ The steps stop early once one lowers the hop's expected distinct sources by unde
 test), so a large ``i`` is LABOR-* (DGL's negative value, refused here);
 ``meta["importance_steps"]`` has the steps each hop took.
 
-**Not built** (issue 19): the variance target for ``c_s``, a GPU LABOR-i; GraphBolt's
+**Not built** (issue 19): a GPU LABOR-i; GraphBolt's
 ``replace=True`` (sampling with replacement) and ``batch_dependency`` (variates shared across
 consecutive batches, arXiv:2310.12403; its default ``1`` is gnnio's behaviour: every batch draws
 fresh ``r_t``).
