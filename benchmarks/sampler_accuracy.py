@@ -7,7 +7,8 @@ fanouts 15,10,5, batch 1024, hidden 256, dropout 0.5, Adam lr 0.003; the CLI def
 Variants (``--variants``, comma list):
 
 * ``uniform``: node-wise neighbour sampling (the default sampler);
-* ``labor``: LABOR-0 with the same fanouts (``--sampler labor``);
+* ``labor``: LABOR-0 with the same fanouts (``--sampler labor``); ``laborI``: LABOR-I
+  (``--sampler labor --importance-sampling I``);
 * ``ladiesK``: LADIES with ``K`` nodes per layer (``--sampler ladies --layer-size K``);
 * ``ladiesK-sS``: locality-aware LADIES with a fixed scale ``S``
   (``--sampler ladies --layer-size K --locality-scale S``);
@@ -66,7 +67,7 @@ PRESETS = {
     "facebook": {"batch_size": 1024, "epochs": 10, "hidden": 256, "seeds": 3},
 }
 EVAL = {"cora": "sampled", "synthetic": "sampled", "facebook": "full"}
-VARIANT_RE = re.compile(r"^(uniform|labor|ladies(\d+)(?:-(s[0-9.]+|auto|autogpu))?)$")
+VARIANT_RE = re.compile(r"^(uniform|labor(\d*)|ladies(\d+)(?:-(s[0-9.]+|auto|autogpu))?)$")
 
 
 def parse_variant(name: str) -> dict:
@@ -75,13 +76,15 @@ def parse_variant(name: str) -> dict:
     m = VARIANT_RE.match(name)
     if not m:
         raise ValueError(name)
-    if m.group(1) in ("uniform", "labor"):
-        return {"sampler": m.group(1), "layer_size": None, "scale": None}
-    tail = m.group(3)
+    if not m.group(1).startswith("ladies"):  # uniform, labor, laborI
+        kind = "uniform" if m.group(1) == "uniform" else "labor"
+        imp = int(m.group(2) or 0)
+        return {"sampler": kind, "layer_size": None, "scale": None, "importance_sampling": imp}
+    tail = m.group(4)
     scale = None if tail is None else (tail if tail in ("auto", "autogpu") else float(tail[1:]))
     if isinstance(scale, float) and scale < 1:
         raise ValueError(name)
-    return {"sampler": "ladies", "layer_size": int(m.group(2)), "scale": scale}
+    return {"sampler": "ladies", "layer_size": int(m.group(3)), "scale": scale}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -94,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--variants",
         default="uniform,labor,ladies512,ladies2048",
-        help="comma list: uniform, labor, ladiesK, ladiesK-sS, ladiesK-auto, ladiesK-autogpu",
+        help="comma list: uniform, labor, laborI, ladiesK, ladiesK-sS, ladiesK-auto, ladiesK-autogpu",
     )
     p.add_argument("--seeds", default=None, help="number of seeds, 'N' or 'cora=3,facebook=2'")
     p.add_argument("--epochs", default=None, help="epochs, 'N' or per dataset")
@@ -146,6 +149,8 @@ def config_for(name: str, variant: str, seed: int, args, compute_s: float | None
     kw: dict = {"sampler": spec["sampler"]}
     if spec["layer_size"] is not None:
         kw["layer_size"] = spec["layer_size"]
+    if spec.get("importance_sampling"):
+        kw["importance_sampling"] = spec["importance_sampling"]
     scale = spec["scale"]
     if scale is not None:
         kw["locality_scale"] = "auto" if scale in ("auto", "autogpu") else scale

@@ -3,7 +3,9 @@
 What is measured. The first ``--batches`` batches of epoch 0 of a seeded random order over the
 training split (every node when there is none) are fixed; one pass samples all of them with
 ``--sampler``: ``uniform`` (:class:`gnnio.sampling.UniformSampler`, GraphSAGE), ``labor``
-(:class:`gnnio.sampling.LaborSampler`, LABOR-0) -- both with ``--fanouts``, ``fanouts[0]`` = the
+(:class:`gnnio.sampling.LaborSampler`, LABOR-0; ``--importance-sampling I``: LABOR-I, on the CPU
+whatever ``--device``, the JSON's ``device`` and ``sampler_fallback`` say so) -- both with
+``--fanouts``, ``fanouts[0]`` = the
 seeds' hop -- or ``ladies`` (:class:`gnnio.sampling.LadiesSampler`, ``--layer-size`` nodes per hop,
 as many hops as ``--fanouts`` has values; ``--prune-threshold A,B``: the uniform one with HyDRA's
 threshold pruning, :class:`gnnio.sampling.PrunedUniformSampler`; ``--locality-scale S``: Song & Jiang's
@@ -64,6 +66,12 @@ def add_arguments(p) -> None:
         choices=["uniform", "labor", "ladies"],
         help="uniform (node-wise), labor (LABOR-0) or ladies (layer-wise, --layer-size per hop)",
     )
+    p.add_argument(
+        "--importance-sampling", type=int, default=None, metavar="I",
+        help="--sampler labor: LABOR-I, I fixed-point steps on per-node importances (0 = LABOR-0, "
+        "the default; I > 0 samples on the CPU: with --device cuda one warning and the JSON's "
+        "device says cpu)",
+    )  # fmt: skip
     p.add_argument(
         "--layer-size", type=int, default=None, metavar="K",
         help="--sampler ladies: nodes per layer (default: 8192)",
@@ -139,7 +147,14 @@ def _check(args) -> list[int]:
         ("--layer-size", getattr(args, "layer_size", None),
          getattr(args, "sampler", "uniform") == "ladies", "--sampler ladies"),
         ("--graph-in", getattr(args, "graph_in", None), dev.type == "cuda", "--device cuda"),
+        ("--importance-sampling", getattr(args, "importance_sampling", None),
+         getattr(args, "sampler", "uniform") == "labor", "--sampler labor"),
     ])  # fmt: skip
+    imp = getattr(args, "importance_sampling", None)
+    if imp is not None and imp < 0:
+        raise UsageError(f"--importance-sampling: must be >= 0, got {imp}")
+    if imp and getattr(args, "cuda_graph", False):
+        raise UsageError("--cuda-graph: LABOR-i (--importance-sampling > 0) samples on the CPU")
     if getattr(args, "layer_size", None) is not None and args.layer_size < 1:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
     if _prune(args) is not None and getattr(args, "sampler", "uniform") != "uniform":
@@ -194,9 +209,11 @@ def _prune(args) -> tuple[float, float] | None:
 
 
 def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads: int, device,
-                 graph_in: str = "gpu", cuda_graph: bool = False, prune=None, las=None):  # fmt: skip
+                 graph_in: str = "gpu", cuda_graph: bool = False, prune=None, las=None,
+                 importance_sampling: int = 0):  # fmt: skip
     """The sampler ``--sampler`` names (see module docstring); ``prune``: HyDRA's; ``las``:
-    ``(hot ids, scale)`` of a :class:`~gnnio.sampling.LocalitySampler`."""
+    ``(hot ids, scale)`` of a :class:`~gnnio.sampling.LocalitySampler`; ``importance_sampling``:
+    LABOR-i's."""
     from ..sampling import (
         LaborSampler,
         LadiesSampler,
@@ -209,7 +226,8 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
     if cuda_graph:
         gpu["cuda_graph"] = True
     if kind == "labor":
-        return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device, **gpu)
+        return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device,
+                            importance_sampling=importance_sampling, **gpu)  # fmt: skip
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed, device=device,
                              graph_in=graph_in)  # fmt: skip
@@ -279,6 +297,7 @@ def run(args) -> dict:
     layer_size = getattr(args, "layer_size", None) or 8192
     graph_in = getattr(args, "graph_in", None) or "gpu"
     graphed = bool(getattr(args, "cuda_graph", False))
+    imp = int(getattr(args, "importance_sampling", None) or 0)
     if graphed:
         from ..sampling.gpu_graphed import reset_graphed_report
 
@@ -287,7 +306,7 @@ def run(args) -> dict:
     las = None if scale is None else (_hot_ids(args, ds, fanouts), float(scale))
     sampler = make_sampler(kind, ds.graph, fanouts, layer_size, args.seed, args.threads,
                            args.device, graph_in, cuda_graph=graphed, prune=_prune(args),
-                           las=las)  # fmt: skip
+                           las=las, importance_sampling=imp)  # fmt: skip
     sync = torch.cuda.synchronize if sampler.device.type == "cuda" else None
     stats = {"edges": 0, "input_nodes": 0, "seeds": 0}
     cpu_s: list[float] = []
@@ -327,6 +346,8 @@ def run(args) -> dict:
         "cuda_graph": _graphed_report() if graphed else None,
         "threads": args.threads,
         "sampler": kind,
+        "importance_sampling": imp if kind == "labor" else None,
+        "sampler_fallback": getattr(sampler, "fallback", None),
         "fanouts": fanouts,
         "prune_thresholds": sampler.thresholds if _prune(args) is not None else None,
         "locality_scale": scale,

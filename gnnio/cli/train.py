@@ -236,6 +236,16 @@ def add_train_arguments(p) -> None:
         "sampling, --layer-size nodes per hop, as many hops as --fanouts has values",
     )
     g.add_argument(
+        "--importance-sampling",
+        type=int,
+        default=None,
+        metavar="I",
+        help="--sampler labor: LABOR-I, I fixed-point steps on per-node importances so that "
+        "destinations share still more sampled neighbours (each node's estimate at neighbour "
+        "sampling's variance, the paper's target: fewer input nodes, more edges; "
+        "0 = LABOR-0, the default; I > 0 samples on the CPU)",
+    )
+    g.add_argument(
         "--sampler-device",
         choices=["auto", "cpu", "cuda"],
         default="auto",
@@ -243,7 +253,8 @@ def add_train_arguments(p) -> None:
         "(not with --locality-scale) sampler runs: cpu (numba kernels), cuda (the training GPU, inside the loader on its own "
         "stream; needs --device cuda), or auto: cuda when training on a GPU with one of those "
         "samplers and the graph fits (CSR, with --locality-scale its member index too, <= 1/4 of "
-        "the free GPU memory), else cpu (default: auto)",
+        "the free GPU memory), else cpu; labor with --importance-sampling > 0 runs on the cpu "
+        "(asked for cuda: one warning) (default: auto)",
     )
     g.add_argument(
         "--graph-in",
@@ -364,6 +375,8 @@ def refuse_ignored(args, ranks: int) -> None:
         ("--heads", args.heads, args.model == "gat", "--model gat"),
         ("--po-sequences", args.po_sequences, args.order == "po", "--order po"),
         ("--layer-size", args.layer_size, args.sampler == "ladies", "--sampler ladies"),
+        ("--importance-sampling", args.importance_sampling, args.sampler == "labor",
+         "--sampler labor"),
         ("--locality-max-scale", args.locality_max_scale, args.locality_scale == "auto",
          "--locality-scale auto"),
         ("--locality-compute-s", args.locality_compute_s, args.locality_scale == "auto",

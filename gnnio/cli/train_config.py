@@ -108,6 +108,7 @@ def config_from_args(args, ranks: int):
         po_sequences=args.po_sequences,
         sampler=args.sampler,
         layer_size=_or_default(args.layer_size, "layer_size"),
+        importance_sampling=_or_default(args.importance_sampling, "importance_sampling"),
         locality_scale=_parse_scale(args.locality_scale),
         locality_max_scale=_or_default(args.locality_max_scale, "locality_max_scale"),
         locality_compute_s=args.locality_compute_s,

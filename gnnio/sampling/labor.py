@@ -48,20 +48,41 @@ depends only on ``(seed, epoch_seed, seeds)``, not on the thread count.
 whose tensors are on a GPU) uses the vectorized torch path of :mod:`gnnio.sampling.labor_torch`,
 which returns the same batches bit for bit.
 
-**Not built** (issue 19): LABOR-i / LABOR-* (importance sampling with ``pi_t`` optimised by the
-fixed-point iteration); GraphBolt's ``replace=True`` (sampling with replacement) and
-``batch_dependency`` (variates shared across consecutive batches, arXiv:2310.12403; its default
-``1`` is gnnio's behaviour: every batch draws fresh ``r_t``).
+**LABOR-i** (``importance_sampling=i > 0``; :mod:`gnnio.sampling._labor_importance`): edge
+``t -> s`` kept iff ``r_t <= c_s pi_t`` with importances ``pi_t`` from ``i`` fixed-point steps
+(``pi_t <- max_s c_s pi_t``, then each ``c_s`` solved again so that
+``sum_t 1 / min(1, c_s pi_t) = d_s^2 / k``: the paper's target, every row's estimator keeps
+neighbour sampling's variance and more than ``k`` neighbours in expectation; see that module).
+Always the Poisson design (``design`` defaults to it; ``"fixed"`` is refused: keeping the ``k``
+smallest ``r_t / pi_t`` has no exact inclusion probabilities to weight by). Weights per *edge*:
+``"ht"`` ``1 / min(1, c_s pi_t)``, ``"ht_mean"`` ``1 / (d_s min(1, c_s pi_t))``, so within a row
+they differ and SAGE's self-normalised mean becomes a ratio estimator (as DGL's, which rescales
+them to mean 1 per row). Each hop's iteration runs serially on the calling thread before the
+parts sample (``O((i + 1) D)`` for ``D`` neighbour positions, plus an int64 ``[num_nodes]`` map per
+concurrent caller). CPU only: with ``device="cuda"`` (or CUDA tensors) the sampler warns once and
+samples on the CPU (:attr:`LaborSampler.fallback` says so). ``i = 0`` is LABOR-0, unchanged.
+
+The steps stop early once one lowers the hop's expected distinct sources by under ``1e-4`` (DGL's
+test), so a large ``i`` is LABOR-* (DGL's negative value, refused here);
+``meta["importance_steps"]`` has the steps each hop took.
+
+**Not built** (issue 19): a GPU LABOR-i; GraphBolt's
+``replace=True`` (sampling with replacement) and ``batch_dependency`` (variates shared across
+consecutive batches, arXiv:2310.12403; its default ``1`` is gnnio's behaviour: every batch draws
+fresh ``r_t``).
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from ..graph.csr import CSRGraph
+from . import _labor_importance as LI
 from . import _labor_kernels as LK
 from .base import MiniBatch
 from .threaded import _hop_key
@@ -73,6 +94,8 @@ __all__ = ["LaborSampler", "LABOR_DESIGNS", "labor_weights"]
 LABOR_DESIGNS = ("fixed", "poisson")
 _WEIGHTS = ("ht", "ht_mean", "none")
 _DOMAIN_LABOR = 0x1AB0_0000_0000_0001  # keeps r_t apart from the uniform sampler's row streams
+_FALLBACK = "LABOR-i (importance_sampling > 0) has no GPU path: sampling on the CPU"
+_warned = [False]  # (one warning per process)
 
 
 def labor_weights(degrees: np.ndarray, fanout: int, weights: str = "ht") -> np.ndarray:
@@ -101,7 +124,8 @@ class LaborSampler(UniformSampler):
         seed: base random seed.
         num_threads: CPU threads per :meth:`sample` call (None = ``min(8, NUMBA_NUM_THREADS)``);
             results do not depend on it.
-        design: ``"fixed"`` (exactly ``min(d, k)`` neighbours per row) or ``"poisson"``.
+        design: ``"fixed"`` (exactly ``min(d, k)`` neighbours per row) or ``"poisson"``; None
+            (default): ``"fixed"``, or ``"poisson"`` with ``importance_sampling > 0``.
         layer_dependency: reuse hop 1's ``r_t`` in every hop.
         weights: ``"ht"`` (default), ``"ht_mean"`` or ``"none"`` (``Block.edge_weight``).
         device: ``"cuda"`` (or a CUDA device): sample there with
@@ -111,6 +135,11 @@ class LaborSampler(UniformSampler):
             (UVA sampling, as :class:`~gnnio.sampling.UniformSampler`'s).
         cuda_graph: a GPU sampler replays each batch as a CUDA graph
             (:mod:`gnnio.sampling.gpu_graphed`; the same batches; ignored on the CPU).
+        importance_sampling: ``i`` of LABOR-i, fixed-point steps on ``pi_t`` per hop (module
+            docstring; DGL's name); 0 (default) = LABOR-0. ``i > 0`` samples on the CPU.
+
+    Attributes:
+        fallback: why this sampler runs on the CPU although a GPU was asked for, else None.
 
     Memory and thread safety: as :class:`~gnnio.sampling.UniformSampler`.
     """
@@ -123,13 +152,22 @@ class LaborSampler(UniformSampler):
         fanouts: Sequence[int],
         seed: int = 0,
         num_threads: int | None = None,
-        design: str = "fixed",
+        design: str | None = None,
         layer_dependency: bool = False,
         weights: str = "ht",
         device: str | torch.device | None = None,
         graph_in: str = "gpu",
         cuda_graph: bool = False,
+        importance_sampling: int = 0,
     ):
+        i = importance_sampling
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0:
+            raise ValueError(f"importance_sampling: must be an integer >= 0, got {i!r}")
+        self.importance_sampling = int(i)
+        if design is None:
+            design = "poisson" if i > 0 else "fixed"
+        elif i > 0 and design != "poisson":
+            raise ValueError(f"importance_sampling > 0: needs design='poisson', got {design!r}")
         if design not in LABOR_DESIGNS:
             raise ValueError(f"design: choose from {', '.join(LABOR_DESIGNS)}, got {design!r}")
         if weights not in _WEIGHTS:
@@ -139,6 +177,15 @@ class LaborSampler(UniformSampler):
         self.design = design
         self.layer_dependency = bool(layer_dependency)
         self.weights = weights
+        self.fallback: str | None = None
+        self._tls = threading.local()
+        self._cmaps: list[np.ndarray] = []
+        if i > 0 and _cuda_asked(graph, device):
+            self.fallback = _FALLBACK
+            if not _warned[0]:
+                _warned[0] = True
+                warnings.warn(_FALLBACK, RuntimeWarning, stacklevel=2)
+            device = "cpu"
         topo = self._device_topology(graph, device, graph_in)
         if topo is not None:
             from .labor_torch import TorchLaborSampler
@@ -149,9 +196,37 @@ class LaborSampler(UniformSampler):
             return
         self._init_csr(graph)
 
+    def _hop_context(self, nodes, fo, hkey):
+        """LABOR-i: the hop's inclusion probabilities (:func:`~gnnio.sampling._labor_importance.
+        hop_probabilities`), also kept for the weights; None for LABOR-0."""
+        if self.importance_sampling == 0:
+            return None
+        rkey = np.uint64(int(hkey) ^ _DOMAIN_LABOR)
+        with self._lock:
+            cmap = self._cmaps.pop() if self._cmaps else None
+        if cmap is None:
+            cmap = np.full(self.num_nodes, -1, dtype=np.int64)
+        iters = min(
+            self.importance_sampling, 1 << 62
+        )  # (an int64 for numba; converged long before)
+        ctx = LI.hop_probabilities(self.indptr, self.indices, nodes, fo, iters, rkey, cmap)
+        with self._lock:
+            self._cmaps.append(cmap)  # (all -1 again)
+        self._tls.hops.append(ctx)
+        return ctx
+
     def _sample_part(
-        self, nodes, lo, hi, fo, hkey, b: _PartBuffers, loc, off, seen, first: bool, base: int
-    ) -> tuple[int, int]:
+        self, nodes, lo, hi, fo, hkey, b: _PartBuffers, loc, off, seen, first: bool, base: int,
+        ctx=None,
+    ) -> tuple[int, int]:  # fmt: skip
+        if ctx is not None:  # LABOR-i: the kept edges were decided by _hop_context
+            pos, _p, keep, counts, _steps = ctx
+            b.ensure_rows(hi - lo)
+            e = int(LI.count_part(self.indptr, nodes, lo, hi, counts, b.rows, b.offs))
+            b.ensure_edges(e)
+            cnt = LI.sample_part(self.indices, lo, hi - lo, b.rows, b.offs, pos, keep, b.src, loc,
+                                 off, seen, first, base, b.new)  # fmt: skip
+            return e, int(cnt)
         rkey = np.uint64(int(hkey) ^ _DOMAIN_LABOR)
         poisson = self.design == "poisson"
         b.ensure_rows(hi - lo)
@@ -170,14 +245,25 @@ class LaborSampler(UniformSampler):
         """Sample the ``len(fanouts)``-hop LABOR neighbourhood of ``seeds``.
 
         Returns a :class:`MiniBatch` as :meth:`UniformSampler.sample` does, with float32
-        ``edge_weight`` on every block unless ``weights="none"``; ``meta["sampler"] = "labor"``.
+        ``edge_weight`` on every block unless ``weights="none"``; ``meta["sampler"] = "labor"``
+        (LABOR-i: ``meta["importance_steps"]``, the fixed-point steps per hop, seeds' hop first).
 
         Raises:
             ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
         """
+        self._tls.hops = []
         mb = super().sample(seeds, epoch_seed=epoch_seed)
+        hops, self._tls.hops = self._tls.hops, []
         mb.meta["sampler"] = "labor"
         if self.weights == "none" or self._torch is not None:  # (the torch path weights them)
+            return mb
+        if self.importance_sampling > 0:
+            mb.meta["importance_steps"] = [int(ctx[4]) for ctx in hops]
+            for h, (pos, p, keep, _counts, _steps) in enumerate(hops):
+                blk = mb.blocks[len(hops) - 1 - h]
+                w = LI.kept_weights(pos, p, keep, self.weights == "ht_mean")
+                assert w.shape[0] == blk.edge_index.shape[1]
+                blk.edge_weight = torch.from_numpy(w)
             return mb
         inp = mb.input_nodes.numpy()
         L = len(self.fanouts)
@@ -191,3 +277,11 @@ class LaborSampler(UniformSampler):
 
     def _hkey(self, key: int, h: int) -> np.uint64:
         return _hop_key(key, 0 if self.layer_dependency else h)
+
+
+def _cuda_asked(graph, device) -> bool:
+    """Whether ``LaborSampler(graph, device=device)`` would sample on a GPU."""
+    if device is not None:
+        return torch.device(device).type == "cuda"
+    ip = graph.indptr
+    return isinstance(ip, torch.Tensor) and ip.device.type == "cuda"

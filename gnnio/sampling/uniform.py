@@ -229,13 +229,15 @@ class UniformSampler(ThreadedCPUSampler):
                 nparts = max(nparts, pending.nparts)
             hop = _Hop(ws, h % 2, n_rows, nparts)
             hkey, fo = self._hkey(key, h), np.int64(fanout)
+            ctx = self._hop_context(nodes, fo, hkey)
 
-            def task(p: int, hop=hop, prev=pending, nodes=nodes, base=base, hkey=hkey, fo=fo):
+            def task(p: int, hop=hop, prev=pending, nodes=nodes, base=base, hkey=hkey, fo=fo,
+                     ctx=ctx):  # fmt: skip
                 if prev is not None and p < prev.nparts:
                     prev.write(p)  # the previous hop's edges, while this thread is here anyway
                 lo, hi = hop.bounds[p], hop.bounds[p + 1]
                 hop.sizes[p] = self._sample_part(
-                    nodes, lo, hi, fo, hkey, hop.bufs[p], loc, off, hop.seen[p], p == 0, base
+                    nodes, lo, hi, fo, hkey, hop.bufs[p], loc, off, hop.seen[p], p == 0, base, ctx
                 )
 
             self._run_split(task, [(p,) for p in range(nparts)])
@@ -257,9 +259,15 @@ class UniformSampler(ThreadedCPUSampler):
         """The random key of hop ``h`` (0-based) of the call with key ``key``."""
         return _hop_key(key, h)
 
+    def _hop_context(self, nodes: np.ndarray, fo: np.int64, hkey: np.uint64):
+        """Whatever a subclass computes once per hop, before its parts sample (the destination rows
+        ``nodes``), handed to every :meth:`_sample_part` of the hop; None here."""
+        return None
+
     def _sample_part(
-        self, nodes, lo, hi, fo, hkey, b: _PartBuffers, loc, off, seen, first: bool, base: int
-    ) -> tuple[int, int]:
+        self, nodes, lo, hi, fo, hkey, b: _PartBuffers, loc, off, seen, first: bool, base: int,
+        ctx=None,
+    ) -> tuple[int, int]:  # fmt: skip
         """Count and sample rows ``lo <= i < hi`` of one hop into the part buffers ``b``, relabelled
         (:func:`~gnnio.sampling._kernels.count_part`, :func:`~gnnio.sampling._kernels.sample_part`);
         returns ``(edges, unseen nodes)``. Subclasses with another per-row design (e.g.

@@ -142,6 +142,8 @@ class TrainConfig:
             ``ladies`` (layer-wise, :class:`~gnnio.sampling.LadiesSampler`: ``layer_size`` nodes
             expected per hop, ``len(fanouts)`` hops; the fanout values are not used).
         layer_size: LADIES nodes per layer (Song & Jiang: 8192).
+        importance_sampling: ``sampler="labor"``: LABOR-i's fixed-point steps (0 = LABOR-0;
+            ``i > 0`` samples on the CPU, :class:`~gnnio.sampling.LaborSampler`).
         locality_scale: None = no locality; a number ``s >= 1`` = Song & Jiang's
             locality-aware sampling (:class:`~gnnio.sampling.LocalitySampler`) with that fixed
             scale; ``"auto"`` = Algorithm 2 adapts ``s`` after every epoch from the data-loading
@@ -229,6 +231,7 @@ class TrainConfig:
     po_sequences: int | None = None
     sampler: str = "uniform"
     layer_size: int = 8192
+    importance_sampling: int = 0
     locality_scale: float | str | None = None
     locality_max_scale: float = 8.0
     locality_compute_s: float | None = None
@@ -383,6 +386,13 @@ class TrainConfig:
             )
         if int(self.layer_size) < 1:
             raise UsageError(f"--layer-size: must be >= 1, got {self.layer_size}")
+        i = self.importance_sampling
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise UsageError(f"--importance-sampling: must be an integer >= 0, got {i!r}")
+        if i > 0 and self.sampler != "labor":
+            raise UsageError(
+                f"--importance-sampling: works with --sampler labor, not {self.sampler}"
+            )
         if self.sampler != "uniform" and self.prune_threshold is not None:
             raise UsageError(f"--prune-threshold: works with --sampler uniform, not {self.sampler}")
         unweighted = self.sampler == "uniform" and self.locality_scale is None

@@ -146,7 +146,7 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
     from .setup import has_gpu_sampler
 
-    gpu_sampler = has_gpu_sampler(cfg)  # (not the locality-aware LADIES)
+    gpu_sampler = has_gpu_sampler(cfg)  # (not the locality-aware LADIES, nor LABOR-i)
     plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
                        gpu_sampler=gpu_sampler)  # fmt: skip
     plan["planned"] = True
@@ -172,7 +172,7 @@ def _modeled_load_s(ds, cfg, plan: dict, row_bytes: int) -> float:
     if kind == "ladies":  # (its rows: about B + L K, whatever the fanouts' values)
         s = LadiesSampler(ds.graph, [int(cfg.layer_size)] * len(fo), seed=cfg.seed)
     elif kind == "labor":
-        s = LaborSampler(ds.graph, fo, seed=cfg.seed)
+        s = LaborSampler(ds.graph, fo, seed=cfg.seed, importance_sampling=cfg.importance_sampling)
     else:
         s = UniformSampler(ds.graph, fo, seed=cfg.seed)
     b = int(cfg.batch_size)

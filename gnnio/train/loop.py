@@ -339,6 +339,7 @@ def train(
     if graphs is not None:
         summary["cuda_graph"] = graphs
     summary["sampler_device"] = str(getattr(sampler, "device", "cpu"))
+    summary["sampler_fallback"] = getattr(sampler, "fallback", None)  # (GPU asked, CPU ran)
     if summary["sampler_device"].startswith("cuda"):
         summary["graph_in"] = getattr(sampler, "graph_in", None)
     if iso is not None:

@@ -326,8 +326,8 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     if kind == "labor":
         sdev, graph_in = sampler_placement(ds, cfg)  # LABOR-0 on the GPU as the uniform one
         return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w,
-                            device=sdev, graph_in=graph_in,
-                            cuda_graph=graph_mode(cfg, "sampler")), None  # fmt: skip
+                            device=sdev, graph_in=graph_in, cuda_graph=graph_mode(cfg, "sampler"),
+                            importance_sampling=cfg.importance_sampling), None  # fmt: skip
     if kind == "ladies" and cfg.locality_scale is None:
         sizes = [int(cfg.layer_size)] * len(fanouts)
         sdev, graph_in = sampler_placement(ds, cfg)  # on the GPU as the uniform one
@@ -447,10 +447,13 @@ def _gpu_sampler_applies(cfg) -> bool:
 
 def has_gpu_sampler(cfg) -> bool:
     """Whether ``cfg``'s sampler has a GPU implementation: uniform (pruned, locality-aware),
-    LABOR-0, LADIES but not the locality-aware LADIES (Eq. 8: numba kernels only)."""
+    LABOR-0, LADIES but not the locality-aware LADIES (Eq. 8: numba kernels only) nor LABOR-i
+    (``--importance-sampling`` > 0)."""
     kind = getattr(cfg, "sampler", "uniform")
     if kind == "ladies":
         return getattr(cfg, "locality_scale", None) is None
+    if kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0:
+        return False
     return kind in ("uniform", "labor")
 
 
