@@ -429,8 +429,9 @@ def test_placement_on_a_dataset_without_a_train_split_is_one_line(cmd, tmp_path,
     )
 
 
-def _unlabeled(out):
-    """A dataset of 30 nodes with no labels and no splits."""
+def _unlabeled(out, train_only: bool = False):
+    """A dataset of 30 nodes with no labels and no splits (``train_only``: labels and a train
+    split, no valid or test split)."""
     import numpy as np
 
     from gnnio.graph import DatasetWriter, edges_to_csr
@@ -441,7 +442,20 @@ def _unlabeled(out):
         w.save_array("indptr", indptr)
         w.save_array("indices", indices)
         w.save_array("features", rng.standard_normal((30, 4)).astype(np.float32))
+        if train_only:
+            w.save_array("labels", np.arange(30, dtype=np.int64) % 3)
+            w.save_array("train_idx", np.arange(12, dtype=np.int64))
     return out
+
+
+def test_bench_step_on_a_dataset_with_only_a_train_split(tmp_path, capsys):
+    """``bench step`` times training batches only: on a dataset with labels and a train split but
+    no valid or test split (which format.md says can be benchmarked) it ended in a TypeError
+    traceback from an evaluation loader over the missing split."""
+    d = str(_unlabeled(tmp_path / "d", train_only=True))
+    r = _bench_json(["bench", "step", d, "--fanouts", "2,2", "--batch-size", "4", "--device",
+                     "cpu", "--batches", "2", "--warmup", "0"], capsys)  # fmt: skip
+    assert r["ms_per_batch"] > 0
 
 
 @pytest.mark.parametrize("bench", ["step", "hotness"])
