@@ -427,3 +427,60 @@ def test_placement_on_a_dataset_without_a_train_split_is_one_line(cmd, tmp_path,
     assert "\n" not in err and err.endswith(
         "has no training nodes; placement needs them to model reads"
     )
+
+
+def _unlabeled(out, train_only: bool = False):
+    """A dataset of 30 nodes with no labels and no splits (``train_only``: labels and a train
+    split, no valid or test split)."""
+    import numpy as np
+
+    from gnnio.graph import DatasetWriter, edges_to_csr
+
+    rng = np.random.default_rng(0)
+    indptr, indices = edges_to_csr(rng.integers(0, 30, 90), rng.integers(0, 30, 90), 30)
+    with DatasetWriter(out, name="nolabels") as w:
+        w.save_array("indptr", indptr)
+        w.save_array("indices", indices)
+        w.save_array("features", rng.standard_normal((30, 4)).astype(np.float32))
+        if train_only:
+            w.save_array("labels", np.arange(30, dtype=np.int64) % 3)
+            w.save_array("train_idx", np.arange(12, dtype=np.int64))
+    return out
+
+
+def test_bench_step_on_a_dataset_with_only_a_train_split(tmp_path, capsys):
+    """``bench step`` times training batches only: on a dataset with labels and a train split but
+    no valid or test split (which format.md says can be benchmarked) it ended in a TypeError
+    traceback from an evaluation loader over the missing split."""
+    d = str(_unlabeled(tmp_path / "d", train_only=True))
+    r = _bench_json(["bench", "step", d, "--fanouts", "2,2", "--batch-size", "4", "--device",
+                     "cpu", "--batches", "2", "--warmup", "0"], capsys)  # fmt: skip
+    assert r["ms_per_batch"] > 0
+
+
+@pytest.mark.parametrize("bench", ["step", "hotness"])
+def test_a_dataset_without_labels_is_one_line_naming_what_needs_them(bench, tmp_path, capsys):
+    """A dataset without labels benchmarks (format.md), except where the bench trains or
+    pre-samples the labeled nodes: ``bench step`` on one ended in a TypeError traceback (exit 1)
+    from the loop's label tensor; ``bench hotness`` refused it as 'benchmarked but not trained'."""
+    _unlabeled(tmp_path / "d")
+    argv = ["bench", bench, str(tmp_path / "d"), "--fanouts", "2,2", "--batch-size", "4",
+            "--quiet", "--json"]  # fmt: skip
+    assert main([*argv, "--device", "cpu", "--batches", "1"] if bench == "step" else argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "no labels" in err, err
+    assert f"bench {bench}" in err and "benchmarked but not trained" not in err, err
+
+
+def test_bench_cache_on_a_dataset_without_labels(tmp_path, capsys):
+    """``bench cache`` on a dataset without labels ended in an IndexError traceback (the random
+    order's shuffling error indexed the missing labels): it runs with ``shuffling_error`` null,
+    and the PO order, whose bound needs the labels, is one line naming --orders random."""
+    d = str(_unlabeled(tmp_path / "d"))
+    argv = ["bench", "cache", d, "--fanouts", "2,2", "--batch-size", "4", "--batches", "3",
+            "--warmup", "0", "--sizes", "0.1", "--policies", "fifo", "--eta-batch-sizes", "4"]  # fmt: skip
+    r = _bench_json([*argv, "--orders", "random"], capsys)
+    assert r["orders"]["random"]["shuffling_error"] is None and r["hit_ratio"]["fifo+random"]
+    assert main([*argv, "--quiet", "--json"]) == 2  # (the default orders: random,po)
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "--orders random" in err, err

@@ -76,6 +76,7 @@ NEEDS = {
     "--locality-compute-s": ("--locality-scale", ["auto"]),
     "--locality-scale": ("--gpu-cache-fraction", ["0.3"]),
     "--prune-threshold": ("--sampler", ["uniform"]),
+    "--score": ("--gpu-cache-fraction", ["0.3", "1"]),
 }
 
 

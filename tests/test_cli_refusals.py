@@ -24,6 +24,8 @@ REFUSED = [
     ("--nproc 2 --placement p.npz --buffer 0.1", "--buffer: has no effect with --placement FILE"),
     ("--reuse-level machine", "--reuse-level: needs several ranks"),
     ("--nproc 2 --no-reuse --reuse-level gpu", "--reuse-level: has no effect with --no-reuse"),
+    ("--score degree", "--score: has no effect without --gpu-cache-fraction or --cache-policy"),
+    ("--cache-policy lru --score sj", "--score: has no effect without --gpu-cache-fraction"),
 ]  # fmt: skip
 
 
@@ -43,6 +45,9 @@ TAKEN = [
     ("--nproc 2 --buffer 0.2 --no-reuse --dist-timeout 5", 2),
     ("--nproc 2 --partition P --sampling-mode shared", 2),
     ("--nproc 2 --reuse-level machine", 2),
+    ("--gpu-cache-fraction 0.1 --score degree", 1),
+    ("--cache-policy static --score degree", 1),
+    ("--nproc 2 --cache-policy static --score degree", 2),
 ]  # fmt: skip
 
 
@@ -52,10 +57,11 @@ def test_an_option_with_effect_is_taken(extra, ranks):
     refuse_ignored(args, ranks)
     cfg = config_from_args(args, ranks)
     want = {"layer_size": 8192, "locality_max_scale": 8.0, "buffer": 0.1, "sampling_mode": "dsp",
-            "reuse": True, "reuse_level": "gpu"}  # fmt: skip
+            "reuse": True, "reuse_level": "gpu", "score": "wrpr"}  # fmt: skip
     given = {"--layer-size": ("layer_size", 100), "--locality-max-scale": ("locality_max_scale", 4),
              "--buffer": ("buffer", 0.2), "--sampling-mode": ("sampling_mode", "shared"),
-             "--no-reuse": ("reuse", False), "--reuse-level": ("reuse_level", "machine")}  # fmt: skip
+             "--no-reuse": ("reuse", False), "--reuse-level": ("reuse_level", "machine"),
+             "--score": ("score", "degree")}  # fmt: skip
     for opt, (field, value) in given.items():
         if opt in extra:
             want[field] = value

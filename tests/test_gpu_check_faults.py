@@ -273,7 +273,7 @@ def test_every_feature_bound_configuration_runs_in_bench_step(small_graph, opts,
     from gnnio.cli.main import main
 
     rc = main(["bench", "step", str(small_graph), "--device", "cpu", "--batches", "2", "--warmup",
-               "1", "--fanouts", "5,5", "--batch-size", "64", "--score", "wrpr", "--no-gpu-passes", "--quiet",
+               "1", "--fanouts", "5,5", "--batch-size", "64", "--no-gpu-passes", "--quiet",
                "--json", *opts])  # fmt: skip
     assert rc == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

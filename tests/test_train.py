@@ -252,6 +252,29 @@ def test_cli_bad_fanouts(easy, capsys):
     assert "--fanouts" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("damage", ["bad-json", "no-meta"])
+def test_default_dataset_regenerated_when_its_meta_json_is_damaged(tmp_path, monkeypatch, damage):
+    """The module's promise, 'a cached directory that no longer opens as a valid dataset is
+    regenerated in place', also when ``meta.json`` itself is damaged or gone (it was one error
+    line on every run: the writer replaces only a directory whose meta.json names a dataset); a
+    directory holding files a dataset does not is left as it is, with one line saying so."""
+    from gnnio.errors import DatasetError
+    from gnnio.train import defaults
+
+    monkeypatch.setenv("GNNIO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(defaults, "DEFAULT_DATASET", {"num_nodes": 300, "avg_degree": 4,
+                        "feat_dim": 4, "num_classes": 3, "seed": 0})  # fmt: skip
+    path = defaults.default_dataset(progress=False).path
+    meta = path / "meta.json"
+    meta.write_text("{") if damage == "bad-json" else meta.unlink()
+    assert defaults.default_dataset(progress=False).num_nodes == 300  # regenerated
+    (path / "notes.txt").write_text("mine")
+    meta.unlink()
+    with pytest.raises(DatasetError, match="holds other files: remove it"):
+        defaults.default_dataset(progress=False)
+    assert (path / "notes.txt").read_text() == "mine"
+
+
 def test_default_dataset_generated_once_and_regenerated_when_broken(tmp_path, monkeypatch, capsys):
     from gnnio.cli.main import main
     from gnnio.train import defaults

@@ -34,6 +34,23 @@ def test_an_output_path_that_is_a_directory_or_below_a_file_is_refused_up_front(
         check_output_path(tmp_path / "f" / "sub" / "log.json", "--log")
 
 
+@pytest.mark.parametrize("pair", [("--summary", "--log"), ("--log", "--checkpoint"),
+                                  ("--summary", "--checkpoint")])  # fmt: skip
+def test_two_outputs_of_gnnio_train_naming_one_file_are_refused_up_front(pair, tmp_path, capsys):
+    """``gnnio train --summary F --log F`` trained and left only the summary in F (the log was
+    overwritten at the end), also through another spelling or a symlink: one line, nothing run."""
+    from gnnio.cli.main import main
+
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=30, num_edges=90)
+    (tmp_path / "link.json").symlink_to(tmp_path / "out.json")
+    argv = ["train", str(d), "--epochs", "1", "--fanouts", "2", "--hidden", "4", "--quiet",
+            pair[0], str(tmp_path / "out.json"), pair[1], str(tmp_path / "x" / ".." / "link.json")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{pair[1]} " in err and f"the file {pair[0]} writes" in err
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_a_figure_is_written_to_exactly_its_path_in_the_format_its_suffix_names(tmp_path):
     """matplotlib would write ``plot`` as ``plot.png`` and raise on ``.xyz`` after the run; a
     figure's path is checked up front, written under its own name, and a failed write is one

@@ -234,8 +234,11 @@ def run(args) -> dict:
     set_threads(args.threads)
     progress = not args.no_progress
     ds = load(args.dataset)
+    if ds.labels is None and "po" in orders:  # (its sequences come from the labels' bound)
+        raise UsageError(f"--orders po: {args.dataset} has no labels, which the proximity-aware "
+                         "order's shuffling-error bound needs; use --orders random")  # fmt: skip
     seeds = seed_ids(ds)
-    labels = np.asarray(ds.labels)
+    labels = None if ds.labels is None else np.asarray(ds.labels)
     sampler = UniformSampler(ds.graph, fanouts, seed=args.seed, num_threads=args.threads)
     n_nodes = ds.num_nodes
     total = args.warmup + args.batches
@@ -256,8 +259,11 @@ def run(args) -> dict:
         order = _make_order(o, ds, seeds, args.batch_size, args)
         build_s = time.perf_counter() - t0
         info = {"build_s": round(build_s, 3), "num_batches_per_epoch": order.num_batches}
-        perm_labels = labels[order.epoch_order(0)]
-        info["shuffling_error"] = shuffling_error(perm_labels, args.batch_size)
+        info["shuffling_error"] = (  # (no labels: no classes to be shuffled)
+            None
+            if labels is None
+            else shuffling_error(labels[order.epoch_order(0)], args.batch_size)
+        )
         if o == "po":
             info.update(
                 num_sequences=order.num_sequences,

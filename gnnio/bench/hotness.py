@@ -150,7 +150,7 @@ def run(args) -> dict[str, Any]:
     progress = not getattr(args, "quiet", False)
     threads = getattr(args, "threads", None)
     ds = load(args.dir)
-    ds.require_labels()
+    ds.require_labels("bench hotness pre-samples batches of the labeled training nodes")
     train = np.asarray(ds.train_idx)
     fanouts = [int(k) for k in args.fanouts]
 

@@ -435,8 +435,8 @@ def run(args) -> dict:
     cfg.validate_dist(1)  # --partition, --topology, ...: several ranks' options, refused
     clock = Phases()  # (``phases_s``: where a run's wall time goes besides its timed batches)
     ds = default_dataset(progress=progress) if args.dir is None else load(args.dir, args.verify)
-    if args.dir is None and args.verify:  # --verify: every sha256, as gnnio train checks them
-        ds = load(ds.path, verify=True)
+    ds = load(ds.path, verify=True) if args.dir is None and args.verify else ds  # (as train does)
+    ds.require_labels("bench step times training batches, which need both (bench loader does not)")
     clock.mark("load")
     if cfg.threads:
         set_torch_threads(cfg.threads)

@@ -158,9 +158,9 @@ def add_train_arguments(p) -> None:
     )
     g.add_argument(
         "--score",
-        default="wrpr",
+        default=None,
         help="hotness score ranking rows for --gpu-cache-fraction and --cache-policy static: "
-        "degree (= out_degree), in_degree, rpr, wrpr, sj, sj_fanout, presample",
+        "degree (= out_degree), in_degree, rpr, wrpr, sj, sj_fanout, presample (default: wrpr)",
     )
     g.add_argument(
         "--placement",
@@ -372,6 +372,8 @@ def refuse_ignored(args, ranks: int) -> None:
          "--features-on disk"),
         ("--gpu-budget", args.gpu_budget, args.gpu_cache_fraction is not None,
          "--gpu-cache-fraction"),
+        ("--score", args.score, args.gpu_cache_fraction is not None or args.cache_policy
+         == "static", "--gpu-cache-fraction or --cache-policy static (the rows it ranks)"),
         ("--heads", args.heads, args.model == "gat", "--model gat"),
         ("--po-sequences", args.po_sequences, args.order == "po", "--order po"),
         ("--layer-size", args.layer_size, args.sampler == "ladies", "--sampler ladies"),

@@ -96,7 +96,7 @@ def config_from_args(args, ranks: int):
         progress=not args.quiet,
         gpu_cache_fraction=args.gpu_cache_fraction,
         gpu_budget_bytes=_bytes(args.gpu_budget, "--gpu-budget"),
-        score=args.score,
+        score=_or_default(args.score, "score"),
         placement=args.placement,
         reader=args.reader if args.reader is not None else 0,
         cache_policy=args.cache_policy,

@@ -78,12 +78,11 @@ class Dataset:
     def num_classes(self) -> int:
         return int(self.meta["num_classes"])
 
-    def require_labels(self) -> None:
-        """Raise a clear error if the dataset cannot be trained on (no labels or no train split)."""
+    def require_labels(self, why: str = "it can be benchmarked but not trained") -> None:
+        """Raise a clear error if the dataset cannot be trained on (no labels or no train split);
+        ``why`` ends the line (what needs them)."""
         if self.labels is None or self.train_idx is None or self.train_idx.size == 0:
-            raise DatasetError(
-                f"{self.path}: has no labels or no train split; it can be benchmarked but not trained"
-            )
+            raise DatasetError(f"{self.path}: has no labels or no train split; {why}")
 
     @property
     def feat_dtype(self) -> str:

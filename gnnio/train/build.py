@@ -80,6 +80,8 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
         if (ev.dim, ev.dtype) != (store.dim, store.dtype):  # (rows of another shape: own ring)
             ring = BufferRing(cfg.prefetch + 2)
         for name, idx in (("valid", ds.valid_idx), ("test", ds.test_idx)):
+            if idx is None:  # (train refuses it before; bench step evaluates nothing)
+                continue
             eval_loaders[name] = make_node_loader(
                 eval_sampler, setup.eval_store, idx, labels, eval_bs, cfg.seed, device,
                 cfg.prefetch, order=run.eval_order(idx, eval_bs, cfg.seed),

@@ -323,10 +323,13 @@ class TrainConfig:
     def _validate_checkpoints(self, world_size: int) -> None:
         from ..utils.outputs import check_output_path, dataset_dir_of
 
+        seen: dict[str, str] = {}  # real path -> the option that writes it
         for option, path in (("--summary", self.summary), ("--log", self.log),
                              ("--checkpoint", self.checkpoint)):  # fmt: skip
             if path is not None:
                 check_output_path(path, option)
+                if (other := seen.setdefault(os.path.realpath(path), option)) != option:
+                    raise UsageError(f"{option} {path}: the file {other} writes; give each its own")
         for option, d in (("--checkpoint-dir", self.checkpoint_dir), ("--resume", self.resume)):
             ds = dataset_dir_of(os.path.realpath(f"{d}/x")) if d is not None else None
             if ds is not None:

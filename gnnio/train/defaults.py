@@ -65,6 +65,25 @@ def default_dataset_path() -> Path:
     return cache_dir() / name
 
 
+def _clear_damaged(path: Path, err: DatasetError) -> None:
+    """Empty a cached dataset directory that does not open, so that it can be regenerated there:
+    ``prepare_synthetic(overwrite=True)`` replaces only a directory whose ``meta.json`` says it is
+    a dataset, and a damaged or missing ``meta.json`` says nothing. Only what a dataset holds
+    (``meta.json`` and ``.npy`` files) is removed; anything else is left and named in one line."""
+    entries = list(path.iterdir()) if path.is_dir() and not path.is_symlink() else None
+    ours = entries is not None and all(
+        f.is_file() and not f.is_symlink() and (f.name == "meta.json" or f.suffix == ".npy")
+        for f in entries
+    )
+    if not ours:
+        raise DatasetError(
+            f"{err}; the built-in dataset's cache {path} holds other files: remove it to have "
+            "it generated again"
+        ) from None
+    for f in entries or ():
+        f.unlink(missing_ok=True)
+
+
 def default_dataset(progress: bool = True) -> Dataset:
     """Open the default dataset, generating it first if it is missing or invalid."""
     from ..importers.synthetic import prepare_synthetic
@@ -73,8 +92,8 @@ def default_dataset(progress: bool = True) -> Dataset:
     if path.exists():
         try:
             return load(path)
-        except DatasetError:
-            pass  # stale or damaged cache: regenerate below
+        except DatasetError as e:
+            _clear_damaged(path, e)  # stale or damaged cache: regenerate below
     try:
         prepare_synthetic(path, overwrite=path.exists(), progress=progress, **DEFAULT_DATASET)
     except OSError as e:
