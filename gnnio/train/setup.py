@@ -325,9 +325,10 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     w = edge_weights(cfg)
     if kind == "labor":
         sdev, graph_in = sampler_placement(ds, cfg)  # LABOR-0 on the GPU as the uniform one
+        imp = getattr(cfg, "importance_sampling", 0)
         return LaborSampler(ds.graph, fanouts, seed=cfg.seed, num_threads=cfg.threads, weights=w,
                             device=sdev, graph_in=graph_in, cuda_graph=graph_mode(cfg, "sampler"),
-                            importance_sampling=cfg.importance_sampling), None  # fmt: skip
+                            importance_sampling=imp), None  # fmt: skip
     if kind == "ladies" and cfg.locality_scale is None:
         sizes = [int(cfg.layer_size)] * len(fanouts)
         sdev, graph_in = sampler_placement(ds, cfg)  # on the GPU as the uniform one
@@ -400,8 +401,8 @@ def edge_weights(cfg) -> str:
 
 
 def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
-    """Where the uniform (LABOR-0, LADIES, pruned) sampler runs and where its topology lives: ``(None, "gpu")`` for the
-    CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
+    """Where the uniform (LABOR-0, LADIES, pruned) sampler runs and where its topology lives:
+    ``(None, "gpu")`` for the CPU sampler; for ``--sampler-device cuda`` the training GPU and ``--graph-in`` (``auto``: the
     CSR copied to the GPU when it takes at most a quarter of the free device memory, else read
     from pinned host memory, zero-copy: UVA sampling). ``--sampler-device auto`` (the default):
     the GPU sampler with the CSR on the GPU when :func:`_gpu_sampler_applies` and it fits there,
