@@ -255,10 +255,11 @@ class LaborSampler(UniformSampler):
         mb = super().sample(seeds, epoch_seed=epoch_seed)
         hops, self._tls.hops = self._tls.hops, []
         mb.meta["sampler"] = "labor"
+        if self.importance_sampling > 0 and self._torch is None:  # (whatever the weights)
+            mb.meta["importance_steps"] = [int(ctx[4]) for ctx in hops]
         if self.weights == "none" or self._torch is not None:  # (the torch path weights them)
             return mb
         if self.importance_sampling > 0:
-            mb.meta["importance_steps"] = [int(ctx[4]) for ctx in hops]
             for h, (pos, p, keep, _counts, _steps) in enumerate(hops):
                 blk = mb.blocks[len(hops) - 1 - h]
                 w = LI.kept_weights(pos, p, keep, self.weights == "ht_mean")
