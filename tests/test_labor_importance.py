@@ -348,3 +348,15 @@ def test_train_runs_labor_i_and_its_summary_says_where(monkeypatch, tmp_path):
     monkeypatch.setattr(gnnio.sampling, "LaborSampler", FellBack)
     assert train(d, cfg)["sampler_fallback"] == "simulated"
 
+
+def test_cuda_graph_gives_labor_i_no_gpu_hint():
+    """``--cuda-graph sampler`` with LABOR-i: its sampler runs on the CPU whatever
+    ``--sampler-device``, so the warning does not send the user to ``--sampler-device cuda``
+    (LABOR-0's does: its GPU sampler replays)."""
+    from gnnio.train.build import not_graphed
+    from gnnio.train.config import TrainConfig
+
+    why = not_graphed(TrainConfig(sampler="labor", importance_sampling=2), "cpu")
+    assert why is not None and "labor sampler runs on the CPU" in why
+    assert "--sampler-device" not in why
+    assert "--sampler-device cuda" in (not_graphed(TrainConfig(sampler="labor"), "cpu") or "")
