@@ -121,6 +121,17 @@ def test_steps_stop_once_converged():
     assert all(1 < st < 300 for st in mb.meta["importance_steps"]), mb.meta
 
 
+def test_unweighted_batches_report_their_steps_too():
+    # weights="none" changes only Block.edge_weight: the same edges and meta["importance_steps"]
+    g = power_law_graph(seed=4)
+    seeds = np.arange(0, 300, 3, dtype=np.int64)
+    a, b = (LaborSampler(g, [4, 3], seed=2, importance_sampling=3, weights=w).sample(seeds, 5)
+            for w in ("ht", "none"))  # fmt: skip
+    assert b.meta["importance_steps"] == a.meta["importance_steps"] != [0, 0]
+    for x, y in zip(a.blocks, b.blocks, strict=True):
+        assert torch.equal(x.edge_index, y.edge_index) and y.edge_weight is None
+
+
 def test_a_fanout_of_zero_keeps_nothing():
     g = power_law_graph()
     seeds = np.arange(0, 400, 5, dtype=np.int64)
@@ -336,3 +347,16 @@ def test_train_runs_labor_i_and_its_summary_says_where(monkeypatch, tmp_path):
     assert [b.importance_sampling for b in built] == [2] and s["sampler_fallback"] is None
     monkeypatch.setattr(gnnio.sampling, "LaborSampler", FellBack)
     assert train(d, cfg)["sampler_fallback"] == "simulated"
+
+
+def test_cuda_graph_gives_labor_i_no_gpu_hint():
+    """``--cuda-graph sampler`` with LABOR-i: its sampler runs on the CPU whatever
+    ``--sampler-device``, so the warning does not send the user to ``--sampler-device cuda``
+    (LABOR-0's does: its GPU sampler replays)."""
+    from gnnio.train.build import not_graphed
+    from gnnio.train.config import TrainConfig
+
+    why = not_graphed(TrainConfig(sampler="labor", importance_sampling=2), "cpu")
+    assert why is not None and "labor sampler runs on the CPU" in why
+    assert "--sampler-device" not in why
+    assert "--sampler-device cuda" in (not_graphed(TrainConfig(sampler="labor"), "cpu") or "")

@@ -286,3 +286,28 @@ def test_cuda_graph_says_why_ladies_is_not_replayed():
     )
     assert not_graphed(TrainConfig(), "cuda:0") is None
     assert "--sampler-device cuda" in (not_graphed(TrainConfig(), "cpu") or "")
+
+
+def test_budget_solve_stops_at_a_rounding_tie():
+    """``p`` where ``c p_j = 1`` exactly for three candidates (three rows of degree 5 share each):
+    rounding made the kernel's capped set alternate between 0 and 3 forever (a hung
+    ``LadiesSampler.sample``); it stops now, and the torch path agrees bit for bit. In a child
+    process, so that a hang fails the test instead of blocking it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, torch\n"
+        "from gnnio.sampling import _ladies_kernels as LK\n"
+        "from gnnio.sampling.ladies_torch import solve_budget_torch\n"
+        "p = np.array([1/18, 1/36, 1/12, 1/36, 1/36, 1/12, 1/36, 1/12])\n"
+        "pi = np.empty(8)\n"
+        "LK.solve_budget(p, 8, 5, pi)\n"
+        "pt = solve_budget_torch(torch.from_numpy(p), torch.tensor(8), 5).numpy()\n"
+        "assert np.array_equal(pi, pt), (pi, pt)\n"
+        "assert abs(pi.sum() - 5) < 1e-12\n"
+    )
+    try:
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("solve_budget did not return (the capped set cycles)")

@@ -91,7 +91,7 @@ def solve_budget(p, nc, budget, pi):
                 m += 1
             else:
                 rest += p[j]
-        if m == m_prev or rest <= 0.0:
+        if m <= m_prev or rest <= 0.0:  # (rounding can shrink it at a tie: stop, not cycle)
             break
         m_prev = m
         c = (target - m) / rest

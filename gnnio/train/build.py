@@ -19,6 +19,7 @@ from ..utils.warnings_at import warn
 from .config import TrainConfig
 from .evaluate import make_node_loader
 from .models import BlockGNN, build_model
+from .setup import has_gpu_sampler
 from .step import train_step
 
 __all__ = ["TrainingParts", "build_training", "make_optimizer", "train_step"]
@@ -126,8 +127,10 @@ def not_graphed(cfg, sampler_device: str) -> str | None:
     las = getattr(cfg, "locality_scale", None) is not None
     kind = getattr(cfg, "sampler", "uniform")
     if not sampler_device.startswith("cuda"):
-        # (LADIES: its GPU sampler does not replay either, so no hint for either kind)
-        hint = "" if kind == "ladies" else " (a GPU sampler's are: --sampler-device cuda)"
+        # (no hint where it would not help: LADIES' GPU sampler does not replay either, and
+        # LABOR-i and the locality-aware LADIES have no GPU sampler)
+        useful = kind != "ladies" and has_gpu_sampler(cfg)
+        hint = " (a GPU sampler's are: --sampler-device cuda)" if useful else ""
         kind = "locality-aware" if las else kind
         return (f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches are not "
                 f"replayed as CUDA graphs{hint}")  # fmt: skip
