@@ -91,7 +91,7 @@ from . import _labor_importance as LI
 from . import _labor_kernels as LK
 from .base import MiniBatch
 from .threaded import _hop_key
-from .uniform import UniformSampler, _PartBuffers
+from .uniform import UniformSampler, _PartBuffers, sampling_device
 
 __all__ = ["LaborSampler", "LABOR_DESIGNS", "labor_weights"]
 
@@ -185,7 +185,7 @@ class LaborSampler(UniformSampler):
         self.fallback: str | None = None
         self._tls = threading.local()
         self._cmaps: list[np.ndarray] = []
-        if i > 0 and _cuda_asked(graph, device):
+        if i > 0 and sampling_device(graph, device).type != "cpu":
             self.fallback = _FALLBACK
             if not _warned[0]:
                 _warned[0] = True
@@ -283,11 +283,3 @@ class LaborSampler(UniformSampler):
 
     def _hkey(self, key: int, h: int) -> np.uint64:
         return _hop_key(key, 0 if self.layer_dependency else h)
-
-
-def _cuda_asked(graph, device) -> bool:
-    """Whether ``LaborSampler(graph, device=device)`` would sample on a GPU."""
-    if device is not None:
-        return torch.device(device).type == "cuda"
-    ip = graph.indptr
-    return isinstance(ip, torch.Tensor) and ip.device.type == "cuda"

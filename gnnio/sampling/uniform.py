@@ -75,6 +75,7 @@ from .threaded import (
 
 __all__ = [
     "UniformSampler",
+    "sampling_device",
     "ThreadedCPUSampler",
     "parse_fanouts",
     "check_fanouts",
@@ -148,8 +149,7 @@ class UniformSampler(ThreadedCPUSampler):
         self.graph_in = graph_in
         self._pins: list = []
         indptr, indices = graph.indptr, graph.indices
-        tensor_dev = indptr.device if isinstance(indptr, torch.Tensor) else torch.device("cpu")
-        target = torch.device(device) if device is not None else tensor_dev
+        target = sampling_device(graph, device)
         if target.type == "cpu":
             return None
         if isinstance(indptr, torch.Tensor):
@@ -424,3 +424,13 @@ def _assemble(
         blocks=blocks,
         meta={"hop_nodes": list(hop_nodes)},
     )
+
+
+def sampling_device(graph: CSRGraph, device) -> torch.device:
+    """Where a sampler built with ``device`` over ``graph`` samples: ``device`` if given, else
+    the device of the graph's tensors (the CPU for NumPy arrays); any device but the CPU means a
+    GPU sampler (:meth:`UniformSampler._device_topology`)."""
+    if device is not None:
+        return torch.device(device)
+    ip = graph.indptr
+    return ip.device if isinstance(ip, torch.Tensor) else torch.device("cpu")
