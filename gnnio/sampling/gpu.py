@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from .base import Block, MiniBatch, dst_ptr
 from .gpu_bounded import sample_bounded
-from .gpu_hop import _SENTINEL, _kcount, mix64_torch, sample_hop_torch
+from .gpu_hop import _SENTINEL, _kcount, bad_seeds, mix64_torch, number_seeds, sample_hop_torch
 from .threaded import hop_key
 
 __all__ = [
@@ -230,11 +230,7 @@ class TorchUniformSampler:
         loc, first = self._take()
         ip = self.indptr
         # the batch's one sync before sampling: range, repeats, and the edges of every hop
-        ar = torch.arange(b, device=dev)
-        ok = (seeds >= 0) & (seeds < n_nodes)
-        slot = torch.where(ok, seeds, n_nodes)
-        loc[slot] = ar
-        repeated = ((loc[slot] != ar) & ok).sum()
+        ok, slot, repeated = number_seeds(seeds, loc, n_nodes)
         safe = torch.where(ok, seeds, 0)
         deg = ip[safe + 1] - ip[safe]
         lo_hi = torch.stack([seeds.min(), seeds.max()]) if b else torch.zeros(2, device=dev)
@@ -245,11 +241,7 @@ class TorchUniformSampler:
         if b and (lo < 0 or hi >= n_nodes or rep):
             loc[slot] = -1
             self._give(loc, first)
-            if lo < 0 or hi >= n_nodes:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"seeds: node id {bad} out of range [0, {n_nodes})")
-            dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
-            raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
+            raise bad_seeds(seeds, lo, hi, n_nodes)
         parts, hop_nodes, hop_edges = [seeds], [b], []
         dst_nodes = seeds
         for h in range(len(fanouts)):

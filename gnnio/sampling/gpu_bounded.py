@@ -49,7 +49,7 @@ import torch
 from ..utils.capture import CAPTURE_LOCK
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .base import Block, MiniBatch
-from .gpu_hop import _SENTINEL, sample_hop_torch
+from .gpu_hop import _SENTINEL, bad_seeds, number_seeds, sample_hop_torch
 from .threaded import hop_key
 
 __all__ = ["MAX_EDGE_SLOTS", "bounds", "relabel_step_torch", "relabel_torch", "sample_bounded",
@@ -123,11 +123,7 @@ def seeds_torch(seeds, loc, nodes, k0, meta, indptr, num_nodes: int, fanout: int
     ``loc``; ``meta[0]`` > 0 iff a seed is given twice, ``meta[1]`` the out-of-range ones,
     ``meta[2] = len(seeds)``; ``k0`` the first hop's ``min(deg, fanout)`` of every seed."""
     b, n = int(seeds.shape[0]), num_nodes
-    ok = (seeds >= 0) & (seeds < n)
-    slot = torch.where(ok, seeds, n)
-    ar = torch.arange(b, device=seeds.device)
-    loc[slot] = ar
-    repeated = ((loc[slot] != ar) & ok).sum()
+    ok, _slot, repeated = number_seeds(seeds, loc, n)
     loc.narrow(0, n, 1).fill_(-1)  # (t[i] = v copies v up from the host and waits)
     g = torch.where(ok, seeds, 0)
     nodes.narrow(0, 0, b).copy_(g)
@@ -360,12 +356,7 @@ def finish(sampler, buf: _Buffers, rows: list, edges: list, seeds, hop_edges, lo
         loc.fill_(-1)  # (the error path: writes past the node buffer were dropped)
         first.fill_(_SENTINEL)
         sampler._give(loc, first, cache)
-        lo, hi = int(seeds.min()), int(seeds.max())
-        if bad:
-            raise ValueError(f"seeds: node id {lo if lo < 0 else hi} out of range "
-                             f"[0, {sampler.num_nodes})")  # fmt: skip
-        dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
-        raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
+        raise bad_seeds(seeds, int(seeds.min()), int(seeds.max()), sampler.num_nodes)
     if reset:
         _relabel_kernel(sampler.device, "reset_triton", _reset_torch, buf.nodes, hop_nodes[-1],
                         loc, first)  # fmt: skip

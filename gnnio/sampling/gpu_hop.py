@@ -35,9 +35,31 @@ import torch
 
 from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 
-__all__ = ["mix64_torch", "sample_hop_torch"]
+__all__ = ["bad_seeds", "mix64_torch", "number_seeds", "sample_hop_torch"]
 
 _SENTINEL = torch.iinfo(torch.int64).max
+
+
+def number_seeds(seeds: torch.Tensor, loc: torch.Tensor, num_nodes: int):
+    """Number ``seeds`` ``0..B-1`` in ``loc`` (``[num_nodes + 1]``; out-of-range seeds write the
+    dummy slot ``num_nodes``), with no host sync. Returns ``(ok, slot, repeated)``: which seeds are
+    in range, where each was written, and a device count of the in-range seeds given twice."""
+    ar = torch.arange(int(seeds.shape[0]), device=seeds.device)
+    ok = (seeds >= 0) & (seeds < num_nodes)
+    slot = torch.where(ok, seeds, num_nodes)
+    loc[slot] = ar
+    return ok, slot, ((loc[slot] != ar) & ok).sum()
+
+
+def bad_seeds(seeds: torch.Tensor, lo: int, hi: int, num_nodes: int, dup=None) -> ValueError:
+    """The error for seeds whose smallest and largest ids are ``lo`` and ``hi``: one out of
+    ``[0, num_nodes)``, else the smallest repeated one (``dup``, or found here: an error path, so
+    its host syncs are fine)."""
+    if lo < 0 or hi >= num_nodes:
+        return ValueError(f"seeds: node id {lo if lo < 0 else hi} out of range [0, {num_nodes})")
+    if dup is None:
+        dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])
+    return ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
 
 
 def _repeat_rows(counts: torch.Tensor, total: int) -> torch.Tensor:

@@ -66,7 +66,7 @@ from ..utils.triton_kernels import kernel_failed, kernel_ran, triton_available
 from .base import Block, MiniBatch, dst_ptr
 from .gpu import TorchUniformSampler, _relabel
 from .gpu_bounded import sample_bounded
-from .gpu_hop import _GAMMA, _repeat_rows, _s64, _srl, mix64_torch
+from .gpu_hop import _GAMMA, _repeat_rows, _s64, _srl, bad_seeds, mix64_torch
 from .threaded import hop_key
 
 __all__ = [
@@ -266,13 +266,8 @@ class TorchLaborSampler(TorchUniformSampler):
             repeat = torch.where(srt[1:] == srt[:-1], srt[1:], none)
             dup = torch.cat([repeat, srt.new_full((1,), none)]).min()  # smallest repeated id
             lo, hi, dup = torch.stack([srt[0], srt[-1], dup]).tolist()
-            if lo < 0 or hi >= self.num_nodes:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"seeds: node id {bad} out of range [0, {self.num_nodes})")
-            if dup != none:
-                raise ValueError(
-                    f"seeds: node id {dup} appears more than once; seeds must be distinct"
-                )
+            if lo < 0 or hi >= self.num_nodes or dup != none:
+                raise bad_seeds(seeds, lo, hi, self.num_nodes, dup)
         return seeds
 
     def sample(self, seeds, key: int) -> MiniBatch:

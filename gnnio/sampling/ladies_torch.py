@@ -49,7 +49,16 @@ import torch
 
 from .base import Block, MiniBatch, dst_ptr
 from .gpu import TorchUniformSampler
-from .gpu_hop import _GAMMA, _SENTINEL, _repeat_rows, _s64, _srl, mix64_torch
+from .gpu_hop import (
+    _GAMMA,
+    _SENTINEL,
+    _repeat_rows,
+    _s64,
+    _srl,
+    bad_seeds,
+    mix64_torch,
+    number_seeds,
+)
 from .threaded import hop_key
 
 __all__ = ["TorchLadiesSampler", "layer_pi_torch", "solve_budget_torch"]
@@ -142,20 +151,13 @@ class TorchLadiesSampler(TorchUniformSampler):
         b, n = int(seeds.shape[0]), self.num_nodes
         if b == 0:
             return seeds, 0
-        ar = torch.arange(b, device=seeds.device)
-        ok = (seeds >= 0) & (seeds < n)
-        slot = torch.where(ok, seeds, n)
-        loc.scatter_(0, slot, ar)
-        repeated = ((loc[slot] != ar) & ok).sum()
+        ok, slot, repeated = number_seeds(seeds, loc, n)
         safe = torch.where(ok, seeds, 0)
         total = (self.indptr[safe + 1] - self.indptr[safe]).sum()
         lo, hi, rep, total = torch.stack([seeds.min(), seeds.max(), repeated, total]).tolist()
         if lo < 0 or hi >= n or rep:
             loc.index_fill_(0, slot, -1)
-            if lo < 0 or hi >= n:
-                raise ValueError(f"seeds: node id {lo if lo < 0 else hi} out of range [0, {n})")
-            dup = int(torch.nonzero(torch.bincount(seeds) > 1)[0, 0])  # error path: sync is fine
-            raise ValueError(f"seeds: node id {dup} appears more than once; seeds must be distinct")
+            raise bad_seeds(seeds, lo, hi, n)
         return seeds, int(total)
 
     def sample(self, seeds, key: int) -> MiniBatch:
