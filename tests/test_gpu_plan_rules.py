@@ -182,20 +182,26 @@ def test_modeled_load_time_is_the_docstring_formula(ds):
     assert plan["modeled_load_s"] == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize("free", [80 * GiB, GiB + 10**6])
-def test_locality_ladies_is_planned_with_the_cpu_sampler_and_the_whole_budget_for_rows(
-    ds, free, monkeypatch
-):
-    """The locality-aware LADIES has no GPU sampler: the plan says the CPU sampler (a config
-    train accepts), puts no CSR on the GPU and gives the whole budget to rows."""
+def test_locality_ladies_is_planned_with_the_gpu_sampler(ds, monkeypatch):
+    """The locality-aware LADIES has a GPU sampler (LADIES' torch path with Eq. 8): planned as
+    LADIES, the CSR and its scratch on the GPU when they fit, a config train accepts."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (--device cuda's check)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cfg = _cfg(device="cuda", sampler="ladies", locality_scale=4.0)
-    new, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=free)
-    assert (plan["sampler_device"], plan["gpu_csr_bytes"]) == ("cpu", 0)
+    new, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=80 * GiB)
+    assert (plan["sampler_device"], plan["graph_in"]) == ("cuda", "gpu") and plan["gpu_csr_bytes"]
     new.validate()
-    assert (new.sampler_device, new.graph_in) == ("cpu", "auto")
+    assert (new.sampler_device, new.graph_in) == ("cuda", "gpu")
+
+
+@pytest.mark.parametrize("free", [80 * GiB, GiB + 10**6])
+def test_a_sampler_without_a_gpu_path_gets_the_cpu_and_the_whole_budget_for_rows(ds, free):
+    """``gpu_sampler=False`` (a sampler with CPU kernels only): the plan says the CPU sampler,
+    puts no CSR on the GPU and gives the whole budget to rows."""
     row = ds.features.dtype.itemsize * ds.features.shape[1]
+    csr = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
+    plan = plan_layout(row * ds.num_nodes, row, csr, ds.num_nodes, free, gpu_sampler=False)
+    assert (plan["sampler_device"], plan["gpu_csr_bytes"]) == ("cpu", 0)
     assert plan["hot_rows"] == min(ds.num_nodes, plan["budget_bytes"] // row)
 
 

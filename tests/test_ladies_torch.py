@@ -215,10 +215,9 @@ def test_layer_probabilities_are_the_kernels_bits(n, m, gseed, k, skewed):
 
 def test_train_builds_ladies_on_the_gpu(monkeypatch):
     """``gnnio train --sampler ladies --device cuda``: LadiesSampler on the training GPU under
-    ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu``; the locality-aware
-    one stays on the CPU, and ``--sampler-device cuda`` refuses it in one line."""
+    ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu`` (the locality-aware
+    one: tests/test_ladies_locality_torch.py)."""
     import gnnio.sampling
-    from gnnio.errors import UsageError
     from gnnio.train.config import TrainConfig
     from gnnio.train.setup import StoreSetup, build_sampler
     from tests.fake_cuda import fake_cuda
@@ -247,9 +246,6 @@ def test_train_builds_ladies_on_the_gpu(monkeypatch):
         dev = built["device"]
         assert (None if dev is None else dev.type, built["graph_in"]) == want, built
         assert built["sizes"] == [7, 7]
-    with pytest.raises(UsageError, match="locality-aware LADIES .* CPU only"):
-        TrainConfig(device="cuda", sampler="ladies", sampler_device="cuda",
-                    locality_scale=2.0).validate()  # fmt: skip
 
 
 def test_bench_checksum_ids_leaves_the_weights_out():

@@ -5,7 +5,7 @@
 * :class:`LadiesSampler` -- LADIES layer-wise importance sampling (Zou et al.; Song & Jiang's
   setting), Poisson draws with Horvitz-Thompson weights (numba on CPU, vectorized torch on CUDA:
   :mod:`.ladies_torch`); :class:`LocalityLadiesSampler` adds Song & Jiang's Eq. 8 on the layer
-  distribution (CPU).
+  distribution (both ways too).
 * :class:`UniformSampler` -- GraphSAGE node-wise uniform sampling with per-hop fanouts (numba on
   CPU, vectorized torch on CUDA); :func:`reference.sample_reference` is its plain-Python twin.
 * :class:`LocalitySampler` -- Song & Jiang's locality-aware sampling (neighbours near the GPU set B

@@ -24,6 +24,14 @@ GPU-resident nodes), ``Q'_{l+1}`` = the ``q_size`` nodes with the largest ``v_{l
 (0-based, the seeds' hop first) uses ``Q'_{L - h}``: the last hop, whose new nodes are the rows
 gathered from the feature store, favours ``B``. ``scale`` may be changed between epochs (e.g. by
 :class:`~gnnio.sampling.AdaptiveScale`, Algorithm 2).
+
+**On a GPU** (``device="cuda"``, or a graph on one): LADIES' torch path
+(:mod:`gnnio.sampling.ladies_torch`) with each layer's member index -- the uniform
+locality-aware GPU sampler's ``(qptr, qpos)``, built here and uploaded once (UVA sampling,
+``graph_in="host"``: pinned host memory, as the CSR) -- tests each candidate's membership on the
+device (:func:`~gnnio.sampling.ladies_torch.member_positions`), no host sync more than LADIES'.
+The same batches as the numba kernels (bit for bit on CPU tensors; on CUDA the weights within
+float rounding, as LADIES'). The scale is passed per batch, so a new one needs no upload.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ import torch
 from ..graph.csr import CSRGraph
 from .base import MiniBatch
 from .ladies import LadiesSampler
-from .locality import _as_hot_ids, las_sets
+from .locality import LocalitySampler, _as_hot_ids, las_sets
+from .uniform import UniformSampler
 
 __all__ = ["LocalityLadiesSampler"]
 
@@ -46,7 +55,8 @@ class LocalityLadiesSampler(LadiesSampler):
     """LADIES with Song & Jiang's locality-aware Eq. 8 (see module docstring).
 
     Args:
-        graph, layer_sizes, seed, weights: as :class:`~gnnio.sampling.ladies.LadiesSampler`.
+        graph, layer_sizes, seed, weights, device, graph_in: as
+            :class:`~gnnio.sampling.ladies.LadiesSampler` (on a GPU: the module docstring).
         hot_ids: the set ``B`` of GPU-resident nodes (global ids or a bool mask ``[N]``).
         scale: ``s > 0`` (1 = LADIES); settable later through ``.scale``.
         q_size: ``|Q'_l|`` for ``l >= 2`` (default ``|B|``; Song & Jiang used 8192).
@@ -64,8 +74,10 @@ class LocalityLadiesSampler(LadiesSampler):
         seed: int = 0,
         q_size: int | None = None,
         weights: str = "ht",
+        device: str | torch.device | None = None,
+        graph_in: str = "gpu",
     ):
-        # (device="cpu": Eq. 8 has numba kernels only, whatever device the graph is on)
+        # (the CPU CSR first: the sets, the member index and the kernels are built from it)
         super().__init__(graph, layer_sizes, seed=seed, weights=weights, device="cpu")
         self.scale = scale
         hot = _as_hot_ids(hot_ids, self.num_nodes)
@@ -77,6 +89,17 @@ class LocalityLadiesSampler(LadiesSampler):
             m = np.zeros(self.num_nodes, dtype=np.uint8)
             m[qs] = 1
             self._masks.append(m)
+        topo = UniformSampler._device_topology(self, graph, device, graph_in)  # type: ignore[arg-type]  # borrowed: sets graph_in and _pins here too
+        if topo is not None:
+            from .ladies_torch import TorchLadiesSampler
+
+            # hop h uses Q'_{L - h}; the member index as LocalitySampler's (borrowed methods)
+            member = LocalitySampler._member_index
+            index = [member(self, qs) if qs.size else None for qs in self.q_sets[::-1]]  # type: ignore[arg-type]
+            if graph_in == "host":  # (UVA: the member index stays in pinned host memory too)
+                pin = LocalitySampler._pinned_index
+                index = [pin(self, q, topo[0].device) for q in index]  # type: ignore[arg-type]
+            self._torch = TorchLadiesSampler(*topo, self.layer_sizes, weights, member_index=index)
 
     @property
     def scale(self) -> float:
@@ -100,10 +123,9 @@ class LocalityLadiesSampler(LadiesSampler):
     def sample(self, seeds, epoch_seed: int | None = None) -> MiniBatch:
         """As :meth:`LadiesSampler.sample`; ``meta["scale"]`` is the ``s`` used."""
         s = self._scale
-        mb = super().sample(seeds, epoch_seed=epoch_seed)
+        if self._torch is not None:  # (the scale passed with the batch: read once)
+            mb = self._torch.sample(seeds, self._next_key(epoch_seed), s)
+        else:
+            mb = super().sample(seeds, epoch_seed=epoch_seed)
         mb.meta["scale"] = s
         return mb
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")

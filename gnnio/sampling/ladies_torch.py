@@ -26,6 +26,11 @@ One hop, with ``D`` the summed degree of the rows (every node of the batch so fa
 5. the block: every position whose node now has a local id, with weight ``1 / pi_j`` (rows 1),
    or ``1 / (d_i pi_j)``.
 
+The locality-aware LADIES (:class:`~gnnio.sampling.ladies_locality.LocalityLadiesSampler`) adds
+Eq. 8 to step 2: the rows' neighbour positions that hold a member of the layer's Q' are marked
+from the node-wise locality sampler's member index (:func:`member_positions`, device ops, no
+sync), and a member candidate's ``p_j`` is multiplied by ``s`` before step 3, as the kernel does.
+
 **Bits on a GPU.** On CPU tensors ``segment_reduce`` and ``cumsum`` add in sequence, as the
 kernel's loops do, so ``p``, ``c`` and ``pi`` are the kernel's bits. On CUDA both are
 deterministic (no atomics: the same bits run to run) but add in a tree / scan order, so ``p`` and
@@ -61,7 +66,7 @@ from .gpu_hop import (
 )
 from .threaded import hop_key
 
-__all__ = ["TorchLadiesSampler", "layer_pi_torch", "solve_budget_torch"]
+__all__ = ["TorchLadiesSampler", "layer_pi_torch", "member_positions", "solve_budget_torch"]
 
 _DOMAIN_LADIES = 0x1AD1_E500_0000_0001  # = gnnio.sampling.ladies._DOMAIN_LADIES
 _INV_2_53 = 1.0 / 9007199254740992.0
@@ -90,13 +95,34 @@ def solve_budget_torch(p: torch.Tensor, nc: torch.Tensor, budget: int) -> torch.
     return torch.where(valid & (target < nc), pi, 1.0)
 
 
-def layer_pi_torch(indptr, indices, nodes, total: int, loc, budget: int):
+def member_positions(q, nodes, deg, total: int) -> torch.Tensor:
+    """Which of the rows' ``total`` neighbour positions (rows in order, CSR order within a row)
+    hold a member of a layer's set Q', read from its member index ``q = (qptr, qpos)`` -- the
+    uniform locality-aware sampler's (:meth:`~gnnio.sampling.locality.LocalitySampler.
+    _member_index`: row ``v``'s member offsets ``qpos[qptr[v]:qptr[v + 1]]``, ``qpos`` not
+    empty). Bool ``[total]``, no host sync: the members (at most ``total``) are spread over their
+    rows as the positions are, and their positions marked."""
+    qptr, qpos = q
+    ar = torch.arange(total, device=nodes.device)
+    qs = qptr[nodes]
+    cnt = qptr[nodes + 1] - qs  # members per row, <= its degree
+    mrow = _repeat_rows(cnt, total)  # (past the members: the last row, masked out below)
+    idx = torch.clamp(qs[mrow] + ar - (torch.cumsum(cnt, 0) - cnt)[mrow], max=qpos.shape[0] - 1)
+    pos = (torch.cumsum(deg, 0) - deg)[mrow] + qpos[idx]
+    out = torch.zeros(total + 1, dtype=torch.bool, device=nodes.device)
+    out.index_fill_(0, torch.where(ar < cnt.sum(), pos, total), True)
+    return out[:total]
+
+
+def layer_pi_torch(indptr, indices, nodes, total: int, loc, budget: int, q=None, scale=1.0):
     """Steps 1-3 of a hop (module docstring) from the rows ``nodes`` (``loc >= 0`` exactly for
     them; ``loc`` has the dummy last slot) whose degrees sum to ``total > 0``: ``(t, row, deg,
     cand, valid, pi)`` -- every neighbour position's node and row, the rows' degrees, the
     candidates in first-appearance order (``[total]``, the first ``valid.sum()`` real, the others
     the dummy id ``N``) and their inclusion probabilities (float64, 1 past the real ones). The
-    numba kernels' :func:`~gnnio.sampling.ladies.layer_probabilities`, bit for bit on the CPU."""
+    numba kernels' :func:`~gnnio.sampling.ladies.layer_probabilities`, bit for bit on the CPU.
+    With a member index ``q`` (:func:`member_positions`), Song & Jiang's Eq. 8: the ``p_j`` of
+    the members of Q' times ``scale`` before the budget solve, as the kernel multiplies them."""
     dev, n = nodes.device, int(loc.shape[0]) - 1
     start = indptr[nodes]
     deg = indptr[nodes + 1] - start
@@ -119,7 +145,10 @@ def layer_pi_torch(indptr, indices, nodes, total: int, loc, budget: int):
     nc = is_start.sum()
     valid = ar < nc
     cand = torch.where(valid, ks[cand_order], n)  # (n: the dummy slot)
-    pi = solve_budget_torch(psum[cand_order], nc, budget)
+    p = psum[cand_order]
+    if q is not None:  # a candidate's member flag: its first position's (ids sorted by perm)
+        p = torch.where(member_positions(q, nodes, deg, total)[perm[cand_order]], p * scale, p)
+    pi = solve_budget_torch(p, nc, budget)
     return t, row, deg, cand, valid, pi
 
 
@@ -133,16 +162,26 @@ class TorchLadiesSampler(TorchUniformSampler):
             the sampling device (or UVA views of pinned host memory).
         layer_sizes: ``K`` per hop, hop 1 (the seeds') first.
         weights: ``"ht"``, ``"ht_mean"`` or ``"none"`` (see :mod:`gnnio.sampling.ladies`).
+        member_index: the locality-aware LADIES (:class:`~gnnio.sampling.ladies_locality.
+            LocalityLadiesSampler`): per hop (``layer_sizes`` order) the ``(qptr, qpos)`` of its
+            layer's Q' (:func:`member_positions`), or None where that set is empty; uploaded
+            here, once (tensors already on the device, e.g. UVA views, kept as they are).
 
     :meth:`sample` takes the 64-bit call key; :class:`~gnnio.sampling.ladies.LadiesSampler` derives
     it from its seed and call counter / ``epoch_seed``. Thread-safe (the scratch pool of
     :class:`~gnnio.sampling.gpu.TorchUniformSampler`).
     """
 
-    def __init__(self, indptr, indices, layer_sizes: Sequence[int], weights: str = "ht"):
+    def __init__(self, indptr, indices, layer_sizes: Sequence[int], weights: str = "ht",
+                 member_index: Sequence | None = None):  # fmt: skip
         super().__init__(indptr, indices, [-1] * len(layer_sizes))
         self.layer_sizes = [int(k) for k in layer_sizes]
         self.weights = weights
+        dev = self.device
+        self._q = [  # (a set whose members have no out-edges: no row has a member)
+            None if q is None or len(q[1]) == 0 else tuple(torch.as_tensor(x).to(dev) for x in q)
+            for q in (member_index or [None] * len(self.layer_sizes))
+        ]
 
     def _check_seeds(self, seeds, loc: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Seeds on the device, numbered ``0..B-1`` in ``loc``; returns them and hop 1's ``D``
@@ -160,10 +199,11 @@ class TorchLadiesSampler(TorchUniformSampler):
             raise bad_seeds(seeds, lo, hi, n)
         return seeds, int(total)
 
-    def sample(self, seeds, key: int) -> MiniBatch:
+    def sample(self, seeds, key: int, scale: float = 1.0) -> MiniBatch:
         """Sample ``len(layer_sizes)`` LADIES layers below ``seeds`` (distinct global ids) with the
-        random stream of ``key``; the batch as the numba sampler's (``meta["sampler"] =
-        "ladies"``)."""
+        random stream of ``key`` and Eq. 8's ``scale`` on the member index's sets (1: LADIES);
+        the batch as the numba sampler's (``meta["sampler"] = "ladies"``)."""
+        s = float(scale)
         loc, first = self._take()
         try:
             seeds, total = self._check_seeds(seeds, loc)
@@ -173,7 +213,9 @@ class TorchLadiesSampler(TorchUniformSampler):
         nodes, hop_nodes, blocks_rev = seeds, [int(seeds.shape[0])], []
         for h, budget in enumerate(self.layer_sizes):
             hkey = _s64(hop_key(key, h) ^ _DOMAIN_LADIES)
-            new, edges, w, extra = self._hop(nodes, total, loc, first, budget, hkey, hop_nodes[-1])
+            q = self._q[h] if s != 1.0 else None  # (s = 1: LADIES, the same p_j bits)
+            new, edges, w, extra = self._hop(nodes, total, loc, first, budget, hkey, hop_nodes[-1],
+                                             q, s)  # fmt: skip
             total += extra
             nodes = torch.cat((nodes, new)) if new.numel() else nodes
             hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
@@ -185,16 +227,19 @@ class TorchLadiesSampler(TorchUniformSampler):
         return MiniBatch(seeds=seeds, input_nodes=nodes, blocks=blocks_rev[::-1],
                          meta={"hop_nodes": hop_nodes, "sampler": "ladies"})  # fmt: skip
 
-    def _hop(self, nodes, total: int, loc, first, budget: int, hkey: int, base: int):
-        """One hop (module docstring) from the rows ``nodes`` whose degrees sum to ``total``:
-        ``(new nodes, edge_index [2, E], weights or None, summed degree of the new nodes)``."""
+    def _hop(self, nodes, total: int, loc, first, budget: int, hkey: int, base: int, q=None,
+             scale: float = 1.0):  # fmt: skip
+        """One hop (module docstring) from the rows ``nodes`` whose degrees sum to ``total``
+        (Eq. 8 with the member index ``q`` and ``scale``): ``(new nodes, edge_index [2, E],
+        weights or None, summed degree of the new nodes)``."""
         dev, ip, n = nodes.device, self.indptr, self.num_nodes
         wmode = self.weights
         if total == 0:  # no neighbours to read: no candidates, no edges, no sync
             empty = torch.empty(0, dtype=torch.int64, device=dev)
             w = None if wmode == "none" else torch.empty(0, dtype=torch.float32, device=dev)
             return empty, torch.empty((2, 0), dtype=torch.int64, device=dev), w, 0
-        t, row, deg, cand, valid, pi = layer_pi_torch(ip, self.indices, nodes, total, loc, budget)
+        t, row, deg, cand, valid, pi = layer_pi_torch(ip, self.indices, nodes, total, loc, budget,
+                                                      q, scale)  # fmt: skip
         ar = torch.arange(total, device=dev)
         # 4. Poisson draws with the kernel's u_j; kept ones numbered in candidate order
         u = _srl(mix64_torch(hkey + (cand + 1) * _GAMMA), 11).to(torch.float64) * _INV_2_53

@@ -127,8 +127,8 @@ def not_graphed(cfg, sampler_device: str) -> str | None:
     las = getattr(cfg, "locality_scale", None) is not None
     kind = getattr(cfg, "sampler", "uniform")
     if not sampler_device.startswith("cuda"):
-        # (no hint where it would not help: LADIES' GPU sampler does not replay either, and
-        # LABOR-i and the locality-aware LADIES have no GPU sampler)
+        # (no hint where it would not help: LADIES' GPU sampler, locality-aware too, does not
+        # replay either, and LABOR-i has no GPU sampler)
         useful = kind != "ladies" and has_gpu_sampler(cfg)
         hint = " (a GPU sampler's are: --sampler-device cuda)" if useful else ""
         kind = "locality-aware" if las else kind

@@ -99,7 +99,7 @@ class TrainConfig:
             :mod:`gnnio.train.graphed`; one process), ``"sampler"`` (the GPU sampler's batch:
             :mod:`gnnio.sampling.gpu_graphed`) or ``"all"`` (both; ``True`` means this).
         sampler_device: ``"cpu"`` (the numba sampler), ``"cuda"`` (the uniform -- pruned and
-            locality-aware too --, LABOR-0 or LADIES (not locality-aware) sampler runs on the
+            locality-aware too --, LABOR-0 or LADIES (locality-aware too) sampler runs on the
             training GPU inside the loader, on its own stream:
             :mod:`gnnio.sampling.gpu` and its subclasses) or ``"auto"``
             (default: ``cuda`` when training on a GPU with one of those samplers and the CSR --
@@ -454,12 +454,7 @@ class TrainConfig:
         if getattr(self, "sampler", "uniform") not in ("uniform", "labor", "ladies"):
             raise UsageError(
                 "--sampler-device cuda: the GPU samplers are the uniform, labor and ladies ones "
-                "(--prune-threshold and --locality-scale too, not with --sampler ladies)"
-            )
-        if getattr(self, "sampler", "uniform") == "ladies" and self.locality_scale is not None:
-            raise UsageError(
-                "--sampler-device cuda: the locality-aware LADIES sampler (--sampler ladies "
-                "--locality-scale) runs on the CPU only"
+                "(--prune-threshold and --locality-scale too)"
             )
 
     def validate_dist(self, world_size: int) -> None:

@@ -293,9 +293,9 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
     * ``sampler="labor"``: :class:`~gnnio.sampling.LaborSampler` (LABOR-0, HT weights), on the
       GPU where :func:`sampler_placement` puts it;
     * ``sampler="ladies"``: :class:`~gnnio.sampling.LadiesSampler` with ``layer_size`` per hop,
-      ``len(fanouts)`` hops, on the GPU where :func:`sampler_placement` puts it, or with
-      ``locality_scale`` (on the CPU)
-      :class:`~gnnio.sampling.LocalityLadiesSampler` (Eq. 8 on the layer, ``B = setup.gpu_ids``).
+      ``len(fanouts)`` hops, or with ``locality_scale``
+      :class:`~gnnio.sampling.LocalityLadiesSampler` (Eq. 8 on the layer, ``B = setup.gpu_ids``),
+      on the GPU where :func:`sampler_placement` puts it.
     """
     from ..sampling import (
         AdaptiveScale,
@@ -363,6 +363,7 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
         adaptive = AdaptiveScale(maxs=cfg.locality_max_scale)
         scale = adaptive.s
     sampler: LocalityLadiesSampler | LocalitySampler
+    sdev, graph_in = sampler_placement(ds, cfg)  # on the GPU as the uniform one (issue 24)
     if kind == "ladies":
         sampler = LocalityLadiesSampler(
             ds.graph,
@@ -371,9 +372,10 @@ def build_sampler(ds, cfg, fanouts, setup: StoreSetup):
             scale=float(scale),
             seed=cfg.seed,
             weights=w,
+            device=sdev,
+            graph_in=graph_in,
         )
         return sampler, adaptive
-    sdev, graph_in = sampler_placement(ds, cfg)  # on the GPU as the uniform one (issue 24)
     sampler = LocalitySampler(
         ds.graph,
         fanouts,
@@ -426,8 +428,8 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
 
 def member_index_bytes(ds, cfg) -> int:
     """The locality-aware sampler's member index on the sampling device, estimated before it is
-    built (0 without ``--locality-scale``): per layer a pointer of ``N + 1`` int64 and the CSR
-    positions of the rows' neighbours in the layer's Q' -- about the hot fraction of the edges,
+    built (0 without ``--locality-scale``; the uniform and LADIES ones build the same): per layer
+    a pointer of ``N + 1`` int64 and the CSR positions of the rows' neighbours in the layer's Q' -- about the hot fraction of the edges,
     int32 -- (:meth:`~gnnio.sampling.LocalitySampler._member_index`)."""
     if getattr(cfg, "locality_scale", None) is None:
         return 0
@@ -441,18 +443,18 @@ def member_index_bytes(ds, cfg) -> int:
 
 def _gpu_sampler_applies(cfg) -> bool:
     """``--sampler-device auto``: training on a GPU with the uniform (``--prune-threshold``
-    and ``--locality-scale`` included), LABOR-0 or LADIES (without ``--locality-scale``) sampler
-    (the ones with a GPU implementation)."""
+    and ``--locality-scale`` included), LABOR-0 or LADIES (``--locality-scale`` included)
+    sampler (the ones with a GPU implementation)."""
     return str(cfg.device).startswith("cuda") and has_gpu_sampler(cfg)
 
 
 def has_gpu_sampler(cfg) -> bool:
     """Whether ``cfg``'s sampler has a GPU implementation: uniform (pruned, locality-aware),
-    LABOR-0, LADIES but not the locality-aware LADIES (Eq. 8: numba kernels only) nor LABOR-i
+    LABOR-0, LADIES (locality-aware too: :mod:`gnnio.sampling.ladies_torch`) but not LABOR-i
     (``--importance-sampling`` > 0)."""
     kind = getattr(cfg, "sampler", "uniform")
     if kind == "ladies":
-        return getattr(cfg, "locality_scale", None) is None
+        return True
     if kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0:
         return False
     return kind in ("uniform", "labor")
