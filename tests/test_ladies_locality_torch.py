@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from gnnio.graph.csr import CSRGraph
 from gnnio.sampling import LadiesSampler, LocalityLadiesSampler
+from gnnio.sampling import _ladies_kernels as LK
 from gnnio.sampling.gpu import count_syncs
-from gnnio.sampling.ladies_torch import member_positions
+from gnnio.sampling.ladies_torch import member_positions, solve_budget_torch
 from gnnio.sampling.locality import LocalitySampler
 from gnnio.sampling.uniform import UniformSampler
 from gnnio.utils.syncs import OpCounter
@@ -139,6 +140,24 @@ def test_edge_cases():
             check_equal(g, sizes, np.array(hot), seeds, 0.5, 1, "ht_mean", int32=True)
     _, tch = pair(g, [1], np.array([8]), 3.0, 0)
     assert tch._torch._q == [None]  # (Q' = {8}: no row has it as a neighbour)
+
+
+def test_members_that_take_the_whole_budget_fill_the_layer():
+    """At a huge ``s`` the members' ``s p_j`` swamp the others' sum (below an ulp of it); where
+    exactly ``K`` members are candidates the budget solve's capped set reached ``K``, ``c`` fell
+    to ``(K - K) / rest = 0`` and every ``pi`` with it: an empty layer (numba at times, the torch
+    path always; a hop of this graph at s = 1e200). Now the capped members get 1, the rest 0."""
+    p = np.array([1.0, 3e200, 0.5, 2e200])
+    want = np.array([0.0, 1.0, 0.0, 1.0])
+    pi = np.empty(4)
+    LK.solve_budget(p, 4, 2, pi)
+    assert np.array_equal(pi, want)
+    assert np.array_equal(solve_budget_torch(torch.from_numpy(p), torch.tensor(4), 2), want)
+    g = skewed_graph(300, 5000, 1)
+    seeds = np.arange(0, 300, 7)
+    cpu, tch = check_equal(g, [20, 20], np.arange(0, 300, 3), seeds, 1e200, 1)
+    for mb in (cpu.sample(seeds, epoch_seed=0), tch.sample(seeds, epoch_seed=0)):
+        assert np.diff(mb.meta["hop_nodes"]).min() >= 15, mb.meta["hop_nodes"]  # (about K)
 
 
 @settings(max_examples=40, deadline=None)

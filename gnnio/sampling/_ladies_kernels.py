@@ -72,7 +72,8 @@ def layer_candidates(indptr, indices, nodes, loc, cand, qmask, use_q, scale, can
 @njit(cache=True, nogil=True)
 def solve_budget(p, nc, budget, pi):
     """``pi[:nc] = min(1, c p)`` with ``sum pi = min(budget, nc)`` (all ``p > 0``); returns ``c``
-    (``inf`` when every candidate is taken)."""
+    (``inf`` when every candidate is taken). Where the capped set reaches the budget (the others'
+    ``p`` below an ulp of its sum, e.g. Eq. 8 at a huge ``s``), the capped get 1, the others 0."""
     target = min(budget, nc)
     if target >= nc:
         for j in range(nc):
@@ -93,6 +94,10 @@ def solve_budget(p, nc, budget, pi):
                 rest += p[j]
         if m <= m_prev or rest <= 0.0:  # (rounding can shrink it at a tie: stop, not cycle)
             break
+        if m >= target:  # (the rest's share is below an ulp of the capped p: not c = 0 for all)
+            for j in range(nc):
+                pi[j] = 1.0 if c * p[j] >= 1.0 else 0.0
+            return c
         m_prev = m
         c = (target - m) / rest
     for j in range(nc):

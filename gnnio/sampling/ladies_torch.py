@@ -20,7 +20,8 @@ One hop, with ``D`` the summed degree of the rows (every node of the batch so fa
    top ``m*`` for the first ``m`` with ``(K - m) p_(m) < R_m`` (the first that stays below 1 at
    ``c_m = (K - m) / R_m``; ``c_m`` grows with ``m`` up to there, so that ``m`` is the fixed point
    the kernel's iteration reaches), then ``c = (K - m*) / rest`` with ``rest`` the sum of the
-   uncapped ``p`` in candidate order (a cumulative sum, as the kernel's loop adds them);
+   uncapped ``p`` in candidate order (a cumulative sum, as the kernel's loop adds them); where
+   ``m* = K`` (the others' ``p`` below an ulp: ``c = 0``) the capped get 1, as the kernel's;
 4. keep ``j`` iff ``pi_j >= 1`` or ``u_j < pi_j``; the kept ones numbered in candidate order
    (a cumulative sum), written into ``loc`` (scatter of int64, the masked ones to a dummy slot);
 5. the block: every position whose node now has a local id, with weight ``1 / pi_j`` (rows 1),
@@ -92,6 +93,7 @@ def solve_budget_torch(p: torch.Tensor, nc: torch.Tensor, budget: int) -> torch.
     rest = torch.cumsum(torch.where(capped, 0.0, pv), 0)[-1]  # in candidate order, as the kernel
     c = (target - mstar).to(torch.float64) / rest
     pi = torch.clamp(c * pv, max=1.0)
+    pi = torch.where(capped & (mstar >= target), 1.0, pi)  # (c = 0: the kernel's capped set, 1)
     return torch.where(valid & (target < nc), pi, 1.0)
 
 
