@@ -411,6 +411,8 @@ def test_sampling_compares_ladies_ids_apart_from_its_weights(tmp_path, monkeypat
     def gnnio(*argv, limit_s=0):
         dev, ladies = argv[argv.index("--device") + 1], "ladies" in argv
         eps = {"cpu": 10.0, "cuda": 40.0}[dev] / (10 if ladies else 1)
+        if ladies and "--locality-scale" in argv:  # (the locality-aware LADIES: its own runs)
+            eps = {"cpu": 1.0, "cuda": 3.0}[dev]
         full = "w-gpu" if ladies and dev == "cuda" else "w"
         return {"edges_per_s": eps, "checksum": full, "checksum_ids": "ids"}
 
@@ -418,8 +420,12 @@ def test_sampling_compares_ladies_ids_apart_from_its_weights(tmp_path, monkeypat
     s = gpu_check.step_sampling(c)
     assert s["ladies_checksum_ids_equal"] is True and s["ladies_checksum_equal"] is False
     assert s["ladies_gpu_over_cpu"] == 4.0 and s["checksum_equal"] is True
+    assert s["ladloc_checksum_ids_equal"] is True and s["ladloc_gpu_over_cpu"] == 3.0
     md = tmp_path / "r.md"
     gpu_check.write_markdown({"steps": {"sampling": s}, "goals": {}, "elapsed_s": 1.0}, md)
     assert "LADIES: GPU 4.00x the CPU, ids and edges identical: True, weights too: False" in (
+        md.read_text()
+    )
+    assert "locality-aware LADIES s = 8: GPU 3.00x the CPU, ids and edges identical: True" in (
         md.read_text()
     )

@@ -264,6 +264,32 @@ def test_a_training_run_on_the_torch_path_learns_what_the_numba_run_learns(
     assert on_torch["test_acc"] == numba["test_acc"]
 
 
+def test_bench_sampling_takes_it(tmp_path, capsys):
+    """``gnnio bench sampling --sampler ladies --locality-scale S`` times the locality-aware
+    LADIES (gpu-check runs it on both devices); ``--sampler labor`` is refused in one line."""
+    import json
+
+    from gnnio.cli.main import main
+
+    from .helpers import write_tiny_dataset
+
+    d = write_tiny_dataset(tmp_path / "tiny", num_nodes=80, num_edges=600)
+    argv = ["bench", "sampling", str(d), "--fanouts", "3,2", "--batch-size", "8", "--batches",
+            "3", "--passes", "1", "--json", "--no-progress", "--locality-scale", "4"]  # fmt: skip
+    sums = []
+    for extra in ([], ["--locality-scale", "1"]):
+        assert main([*argv, "--sampler", "ladies", "--layer-size", "16", *extra]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["sampler"] == "ladies" and out["edges_per_s"] > 0
+        sums.append(out["checksum"])
+    assert main([*argv, "--sampler", "ladies", "--layer-size", "16"]) == 0
+    assert main([*argv[:-2], "--sampler", "ladies", "--layer-size", "16"]) == 0  # LADIES
+    outs = [json.loads(x) for x in capsys.readouterr().out.split("\n") if x.startswith("{")]
+    assert outs[0]["checksum"] == sums[0] and outs[1]["checksum"] == sums[1] != sums[0]
+    assert main([*argv, "--sampler", "labor"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("graph_in", ["gpu", "host"])

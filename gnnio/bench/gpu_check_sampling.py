@@ -1,7 +1,7 @@
 """gpu-check's ``sampling`` step (:mod:`gnnio.bench.gpu_check`, step 6): ``gnnio bench sampling``
 on the GPU and on the CPU -- the uniform sampler eagerly, with UVA and as a CUDA graph, the
-locality-aware one, LADIES -- each GPU run's edges/s over the CPU's and its batches' checksum
-against the CPU's."""
+locality-aware one, LADIES and the locality-aware LADIES -- each GPU run's edges/s over the
+CPU's and its batches' checksum against the CPU's."""
 
 from __future__ import annotations
 
@@ -68,4 +68,12 @@ def step_sampling(c) -> dict[str, Any]:
         for key in ("checksum", "checksum_ids"):
             if key in out["ladies_cuda"] and key in out["ladies_cpu"]:
                 out[f"ladies_{key}_equal"] = out["ladies_cuda"][key] == out["ladies_cpu"][key]
+        # the locality-aware LADIES (s = 8, 10 % of the rows local): the same comparison
+        lloc = [*lad, "--locality-scale", "8", "--gpu-cache-fraction", "0.1"]
+        out["ladloc_cpu"] = part(lambda: c.gnnio(*lloc, "--device", "cpu"))
+        out["ladloc_cuda"] = part(lambda: c.gnnio(*lloc, "--device", "cuda"))
+        out["ladloc_gpu_over_cpu"] = _over(out["ladloc_cuda"], out["ladloc_cpu"], "edges_per_s")
+        for key in ("checksum", "checksum_ids"):
+            if key in out["ladloc_cuda"] and key in out["ladloc_cpu"]:
+                out[f"ladloc_{key}_equal"] = out["ladloc_cuda"][key] == out["ladloc_cpu"][key]
     return out

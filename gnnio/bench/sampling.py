@@ -9,7 +9,8 @@ whatever ``--device``, the JSON's ``device`` and ``sampler_fallback`` say so) --
 seeds' hop -- or ``ladies`` (:class:`gnnio.sampling.LadiesSampler`, ``--layer-size`` nodes per hop,
 as many hops as ``--fanouts`` has values; ``--prune-threshold A,B``: the uniform one with HyDRA's
 threshold pruning, :class:`gnnio.sampling.PrunedUniformSampler`; ``--locality-scale S``: Song & Jiang's
-:class:`gnnio.sampling.LocalitySampler`, B the top ``--gpu-cache-fraction`` of nodes by wrpr), batch ``i`` with ``epoch_seed=i`` so every pass samples
+:class:`gnnio.sampling.LocalitySampler`, B the top ``--gpu-cache-fraction`` of nodes by wrpr, with
+``ladies`` their :class:`gnnio.sampling.LocalityLadiesSampler`), batch ``i`` with ``epoch_seed=i`` so every pass samples
 the same subgraphs. After ``--warmup`` untimed
 passes (JIT load, page faults of the topology), ``--passes`` passes are timed and the median is
 reported:
@@ -109,9 +110,9 @@ def add_arguments(p) -> None:
     )  # fmt: skip
     p.add_argument(
         "--locality-scale", type=float, default=None, metavar="S",
-        help="--sampler uniform: Song & Jiang's locality-aware sampler (LocalitySampler, as gnnio "
-        "train's option) with scale S, B = the top --gpu-cache-fraction of nodes by wrpr; "
-        "--device cuda too (pruned with --prune-threshold)",
+        help="--sampler uniform|ladies: Song & Jiang's locality-aware sampler (LocalitySampler or "
+        "LocalityLadiesSampler, as gnnio train's option) with scale S, B = the top "
+        "--gpu-cache-fraction of nodes by wrpr; --device cuda too (pruned with --prune-threshold)",
     )  # fmt: skip
     p.add_argument(
         "--gpu-cache-fraction", type=float, default=None, metavar="F",
@@ -165,8 +166,10 @@ def _check(args) -> list[int]:
         raise UsageError("--gpu-cache-fraction: only with --locality-scale (the set B)")
     if las is not None:
         args.gpu_cache_fraction = 0.1 if frac is None else frac
-        if getattr(args, "sampler", "uniform") != "uniform":
-            raise UsageError(f"--locality-scale: works with --sampler uniform, not {args.sampler}")
+        if getattr(args, "sampler", "uniform") not in ("uniform", "ladies"):
+            raise UsageError(
+                f"--locality-scale: works with --sampler uniform or ladies, not {args.sampler}"
+            )
         if not (0 < las < float("inf")):
             raise UsageError(f"--locality-scale: must be a finite number > 0, got {las}")
         if not 0 < args.gpu_cache_fraction <= 1:
@@ -212,11 +215,13 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
                  graph_in: str = "gpu", cuda_graph: bool = False, prune=None, las=None,
                  importance_sampling: int = 0):  # fmt: skip
     """The sampler ``--sampler`` names (see module docstring); ``prune``: HyDRA's; ``las``:
-    ``(hot ids, scale)`` of a :class:`~gnnio.sampling.LocalitySampler`; ``importance_sampling``:
+    ``(hot ids, scale)`` of a :class:`~gnnio.sampling.LocalitySampler` (``ladies``: of a
+    :class:`~gnnio.sampling.LocalityLadiesSampler`); ``importance_sampling``:
     LABOR-i's."""
     from ..sampling import (
         LaborSampler,
         LadiesSampler,
+        LocalityLadiesSampler,
         LocalitySampler,
         PrunedUniformSampler,
         UniformSampler,
@@ -228,6 +233,10 @@ def make_sampler(kind: str, graph, fanouts, layer_size: int, seed: int, threads:
     if kind == "labor":
         return LaborSampler(graph, fanouts, seed=seed, num_threads=threads, device=device,
                             importance_sampling=importance_sampling, **gpu)  # fmt: skip
+    if kind == "ladies" and las is not None:
+        return LocalityLadiesSampler(graph, [int(layer_size)] * len(fanouts), hot_ids=las[0],
+                                     scale=las[1], seed=seed, device=device,
+                                     graph_in=graph_in)  # fmt: skip
     if kind == "ladies":
         return LadiesSampler(graph, [int(layer_size)] * len(fanouts), seed=seed, device=device,
                              graph_in=graph_in)  # fmt: skip
