@@ -237,8 +237,8 @@ def test_a_training_run_on_the_torch_path_learns_what_the_numba_run_learns(
     tmp_path, monkeypatch, scale
 ):
     """``gnnio train --sampler ladies --locality-scale 2|auto`` with the torch path forced onto CPU
-    tensors: the numba run's loss history exactly (``auto``: Algorithm 2 sets the scale between
-    epochs)."""
+    tensors: the numba run's loss history exactly (``auto``: Algorithm 2 doubles the scale
+    between epochs, 1, 2, 4: the modeled loading share of 5 % rows on the GPU is over 0.2)."""
     import gnnio.sampling
     from gnnio.importers.synthetic import prepare_synthetic
     from gnnio.train import TrainConfig, train
@@ -247,8 +247,8 @@ def test_a_training_run_on_the_torch_path_learns_what_the_numba_run_learns(
     prepare_synthetic(d, num_nodes=400, avg_degree=6, feat_dim=8, num_classes=3, seed=0,
                       progress=False)  # fmt: skip
     cfg = TrainConfig(sampler="ladies", layer_size=40, locality_scale=scale,
-                      gpu_cache_fraction=0.2, fanouts=(3, 3), batch_size=64, epochs=3, hidden=8,
-                      progress=False, locality_compute_s=0.01)  # fmt: skip
+                      gpu_cache_fraction=0.05, fanouts=(3, 3), batch_size=64, epochs=3, hidden=8,
+                      progress=False, locality_compute_s=1e-6)  # fmt: skip
     numba = train(d, cfg)
     built = []
 
@@ -261,6 +261,8 @@ def test_a_training_run_on_the_torch_path_learns_what_the_numba_run_learns(
     on_torch = train(d, cfg)
     assert len(built) == 1 and built[0]._torch is not None
     assert on_torch["loss_history"] == numba["loss_history"]
+    scales = [[h["locality_scale"] for h in r["history"]] for r in (numba, on_torch)]
+    assert scales[0] == scales[1] == ([2.0] * 3 if scale == 2.0 else [1.0, 2.0, 4.0])
     assert on_torch["test_acc"] == numba["test_acc"]
 
 
