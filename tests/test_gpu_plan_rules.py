@@ -6,6 +6,7 @@ is the docstring's formula."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -240,3 +241,38 @@ def test_modeled_load_time_counts_the_rows_of_the_training_sampler(ds, sampler):
     cold = 1.0 - plan["gpu_cache_fraction"]
     want = (rows[0] + rows[1]) / 2 * math.ceil(seeds.size / b) * cold * row_bytes / DEFAULT_HOST_BW
     assert plan["modeled_load_s"] == pytest.approx(want, rel=1e-12)
+
+
+def test_the_locality_member_index_is_planned_beside_the_csr(tmp_path, monkeypatch):
+    """``--locality-scale``: the member index (setup.member_index_bytes at the planned hot
+    fraction) is planned with the CSR. Where the CSR alone fits in a quarter of the budget but
+    not with the index, the plan is UVA sampling (both in pinned host memory); where both fit,
+    the index takes room from the hot rows."""
+    import gnnio
+    from gnnio.train.setup import member_index_bytes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    prepare_synthetic(tmp_path / "d", num_nodes=1500, avg_degree=8, feat_dim=512, num_classes=4,
+                      seed=0, split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
+    ds = gnnio.load(tmp_path / "d")
+    csr = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
+    scratch = SCRATCH_BYTES_PER_NODE * (ds.num_nodes + 1)
+    row = ds.features.dtype.itemsize * ds.features.shape[1]
+    cfg = _cfg(device="cuda", locality_scale=2.0)
+    whole = member_index_bytes(ds, dataclasses.replace(cfg, gpu_cache_fraction=1.0))
+    assert whole > 1000 and row * ds.num_nodes > 4 * (csr + whole + scratch)  # (rows never fit)
+    free = GiB + 4 * (csr + scratch) + 4000  # budget 4 (CSR + scratch) + 4000: a quarter, + 1000
+    _, plain = apply_layout_plan(ds, _cfg(device="cuda"), torch.device("cuda"), free_bytes=free)
+    assert plain["graph_in"] == "gpu" and "gpu_member_index_bytes" not in plain
+    _, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=free)
+    assert (plan["graph_in"], plan["gpu_csr_bytes"], plan["gpu_member_index_bytes"]) == (
+        "host", 0, 0)  # fmt: skip
+    free = GiB + 4 * (csr + whole + scratch)  # the index at any hot fraction fits
+    _, plain = apply_layout_plan(ds, _cfg(device="cuda"), torch.device("cuda"), free_bytes=free)
+    _, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=free)
+    member, frac = plan["gpu_member_index_bytes"], plan["gpu_cache_fraction"]
+    assert plan["graph_in"] == "gpu" and plan["gpu_csr_bytes"] == csr and 0 < frac < 1
+    assert 0 < member <= whole
+    assert plan["hot_rows"] == (plan["budget_bytes"] - csr - member - scratch) // row
+    assert plan["hot_rows"] < plain["hot_rows"]

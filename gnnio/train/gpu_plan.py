@@ -18,6 +18,11 @@ memory, in this order:
 4. Else UVA sampling (the CSR pinned in host memory, read by the GPU sampler zero-copy) and the
    whole budget for hot rows; if even the scratch does not fit, the CPU sampler.
 
+With ``--locality-scale`` the sampler's member index (per layer a pointer of ``N + 1`` int64 and
+the neighbours' positions in the layer's set, about the hot fraction of the edges) lives beside
+the CSR, so it is planned with it (``gpu_member_index_bytes``), sized at the hot fraction of a
+first plan without it (an upper bound: counting it can only shrink the hot rows).
+
 A sampler with no GPU implementation (LABOR-i, ``--importance-sampling``) samples on the CPU
 whatever the memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.
 
@@ -149,6 +154,13 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     gpu_sampler = has_gpu_sampler(cfg)  # (not LABOR-i)
     plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
                        gpu_sampler=gpu_sampler)  # fmt: skip
+    member = _member_bytes(ds, cfg, plan)
+    if member:  # (the locality-aware sampler's member index lives beside the CSR: plan both)
+        plan = plan_layout(feat_bytes, row_bytes, csr_bytes + member, ds.num_nodes,
+                           int(free_bytes), gpu_sampler=gpu_sampler)  # fmt: skip
+        plan["gpu_member_index_bytes"] = member if plan["gpu_csr_bytes"] else 0
+        if plan["gpu_csr_bytes"]:
+            plan["gpu_csr_bytes"] -= member
     plan["planned"] = True
     plan["modeled_load_s"] = _modeled_load_s(ds, cfg, plan, row_bytes)
     new = dataclasses.replace(
@@ -158,6 +170,19 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
         graph_in=plan["graph_in"] if plan["sampler_device"] == "cuda" else "auto",
     )
     return new, plan
+
+
+def _member_bytes(ds, cfg, plan: dict) -> int:
+    """The locality-aware sampler's member index on the GPU (0 without ``--locality-scale``, or
+    where the plan keeps the topology off the GPU: UVA sampling pins it in host memory), estimated
+    as :func:`~gnnio.train.setup.member_index_bytes` does with ``B`` = the hot rows of ``plan``:
+    planning again with it can only shrink ``B``, so the estimate stays an upper bound."""
+    if getattr(cfg, "locality_scale", None) is None or plan["gpu_csr_bytes"] == 0:
+        return 0
+    from .setup import member_index_bytes
+
+    return member_index_bytes(ds, dataclasses.replace(cfg, gpu_cache_fraction=max(
+        plan["gpu_cache_fraction"], 1e-12)))  # fmt: skip
 
 
 def _modeled_load_s(ds, cfg, plan: dict, row_bytes: int) -> float:
