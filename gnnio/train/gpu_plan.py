@@ -146,7 +146,7 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
     from .setup import has_gpu_sampler
 
-    gpu_sampler = has_gpu_sampler(cfg)  # (not the locality-aware LADIES, nor LABOR-i)
+    gpu_sampler = has_gpu_sampler(cfg)  # (not the locality-aware LADIES)
     plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
                        gpu_sampler=gpu_sampler)  # fmt: skip
     plan["planned"] = True

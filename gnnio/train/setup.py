@@ -448,13 +448,10 @@ def _gpu_sampler_applies(cfg) -> bool:
 
 def has_gpu_sampler(cfg) -> bool:
     """Whether ``cfg``'s sampler has a GPU implementation: uniform (pruned, locality-aware),
-    LABOR-0, LADIES but not the locality-aware LADIES (Eq. 8: numba kernels only) nor LABOR-i
-    (``--importance-sampling`` > 0)."""
+    LABOR-0 and LABOR-i, LADIES but not the locality-aware LADIES (Eq. 8: numba kernels only)."""
     kind = getattr(cfg, "sampler", "uniform")
     if kind == "ladies":
         return getattr(cfg, "locality_scale", None) is None
-    if kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0:
-        return False
     return kind in ("uniform", "labor")
 
 
