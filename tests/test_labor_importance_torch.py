@@ -343,6 +343,36 @@ def test_bench_refuses_cuda_graph_for_labor_i(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "LABOR-i (--importance-sampling > 0) is not replayed" in err
 
 
+def test_gpu_check_compares_labor_i_ids_apart_from_its_weights(tmp_path, monkeypatch):
+    """gpu-check's ``sampling`` step runs LABOR-1 on the GPU and the CPU (10 batches): ids and
+    edges must match (``checksum_ids``), the weights may differ in the last bits; both
+    comparisons and its own edges/s ratio are reported."""
+    from gnnio.bench import gpu_check
+    from tests.test_gpu_check_rules import _check
+
+    c = _check(tmp_path)
+    seen = []
+
+    def gnnio(*argv, limit_s=0):
+        dev, li = argv[argv.index("--device") + 1], "--importance-sampling" in argv
+        if li:
+            seen.append(argv)
+        eps = {"cpu": 10.0, "cuda": 40.0}[dev] / (5 if li else 1)
+        full = "w-gpu" if li and dev == "cuda" else "w"
+        return {"edges_per_s": eps, "checksum": full, "checksum_ids": "ids"}
+
+    monkeypatch.setattr(c, "gnnio", gnnio)
+    s = gpu_check.step_sampling(c)
+    assert s["labor_i_checksum_ids_equal"] is True and s["labor_i_checksum_equal"] is False
+    assert s["labor_i_gpu_over_cpu"] == 4.0 and len(seen) == 2
+    assert all(a[a.index("--batches") + 1] == "10" and a.count("--batches") == 1 for a in seen)
+    md = tmp_path / "r.md"
+    gpu_check.write_markdown({"steps": {"sampling": s}, "goals": {}, "elapsed_s": 1.0}, md)
+    assert "LABOR-1: GPU 4.00x the CPU, ids and edges identical: True, weights too: False" in (
+        md.read_text()
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("graph_in", ["gpu", "host"])
