@@ -71,7 +71,7 @@ __all__ = [
 
 _EPS = 1e-4  # = gnnio.sampling._labor_importance._EPS (DGL's convergence test)
 _INV_2_53 = 1.0 / 9007199254740992.0
-#: saturated-set rounds per solve before "a row still unsolved" is read back (with the next read)
+#: saturated-set rounds per solve at first ("a row still unsolved" is read at the hop's end)
 ROUNDS = 3
 
 
