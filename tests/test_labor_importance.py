@@ -6,8 +6,6 @@ not depend on the thread count; the options' refusals."""
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -16,7 +14,6 @@ from gnnio.cli.main import main
 from gnnio.graph.csr import CSRGraph
 from gnnio.sampling import LaborSampler
 from gnnio.sampling import _labor_importance as LI
-from gnnio.sampling import labor as labor_mod
 
 from .helpers import write_tiny_dataset
 
@@ -246,21 +243,6 @@ def test_bad_arguments_raise(kw):
         LaborSampler(power_law_graph(), [3], **kw)
 
 
-def test_cuda_asked_falls_back_to_the_cpu_with_one_warning(monkeypatch):
-    monkeypatch.setattr(labor_mod, "_warned", [False])
-    g = power_law_graph()
-    seeds = np.arange(10, dtype=np.int64)
-    with pytest.warns(RuntimeWarning, match="no GPU path"):
-        s = LaborSampler(g, [3], seed=1, device="cuda", importance_sampling=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        LaborSampler(g, [3], seed=1, device="cuda", importance_sampling=1)  # (warned once)
-    assert s.device.type == "cpu" and "no GPU path" in s.fallback
-    ref = LaborSampler(g, [3], seed=1, importance_sampling=1)
-    assert ref.fallback is None
-    assert torch.equal(s.sample(seeds).blocks[0].edge_index, ref.sample(seeds).blocks[0].edge_index)
-
-
 REFUSED = [
     ("train", "--sampler uniform --importance-sampling 1",
      "--importance-sampling: has no effect without --sampler labor"),
@@ -295,36 +277,10 @@ def test_bench_importance_zero_is_todays_labor(tmp_path, capsys):
     assert [o["importance_sampling"] for o in out] == [0, 0, 2]
 
 
-def test_train_places_labor_i_on_the_cpu(monkeypatch):
-    """``--sampler-device auto`` on a GPU picks the CPU for LABOR-i (no warning); ``cuda`` asked
-    for warns once and samples on the CPU, the reason in ``fallback`` (the summary's
-    ``sampler_fallback``). LABOR-0 still gets the GPU placement."""
-    from gnnio.train import TrainConfig
-    from gnnio.train.setup import build_sampler, sampler_placement
-    from tests.fake_cuda import fake_cuda
-
-    fake_cuda(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
-    monkeypatch.setattr(labor_mod, "_warned", [False])
-    ds = type("DS", (), {"graph": power_law_graph()})
-    auto = TrainConfig(device="cuda", sampler="labor", importance_sampling=1)
-    assert sampler_placement(ds, auto)[0] is None
-    assert sampler_placement(ds, TrainConfig(device="cuda", sampler="labor"))[0] is not None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        s, _ = build_sampler(ds, auto, [3, 2], None)
-    assert (s.device.type, s.importance_sampling, s.fallback) == ("cpu", 1, None)
-    asked = TrainConfig(device="cuda", sampler="labor", importance_sampling=2,
-                        sampler_device="cuda", graph_in="gpu")  # fmt: skip
-    with pytest.warns(RuntimeWarning, match="no GPU path"):
-        s, _ = build_sampler(ds, asked, [3, 2], None)
-    assert (s.device.type, s.importance_sampling) == ("cpu", 2) and s.fallback
-
-
 def test_train_runs_labor_i_and_its_summary_says_where(monkeypatch, tmp_path):
     """``gnnio train --sampler labor --importance-sampling I`` end to end: the sampler gets ``I``;
-    the summary has ``sampler_fallback``: None here, and why where the sampler fell back from the
-    GPU (simulated on the CPU)."""
+    the summary has ``sampler_fallback``: None here, and why where a sampler fell back from the
+    GPU (none does since LABOR-i has a GPU path; simulated)."""
     import gnnio.sampling
     from gnnio.train import TrainConfig, train
 
@@ -347,16 +303,3 @@ def test_train_runs_labor_i_and_its_summary_says_where(monkeypatch, tmp_path):
     assert [b.importance_sampling for b in built] == [2] and s["sampler_fallback"] is None
     monkeypatch.setattr(gnnio.sampling, "LaborSampler", FellBack)
     assert train(d, cfg)["sampler_fallback"] == "simulated"
-
-
-def test_cuda_graph_gives_labor_i_no_gpu_hint():
-    """``--cuda-graph sampler`` with LABOR-i: its sampler runs on the CPU whatever
-    ``--sampler-device``, so the warning does not send the user to ``--sampler-device cuda``
-    (LABOR-0's does: its GPU sampler replays)."""
-    from gnnio.train.build import not_graphed
-    from gnnio.train.config import TrainConfig
-
-    why = not_graphed(TrainConfig(sampler="labor", importance_sampling=2), "cpu")
-    assert why is not None and "labor sampler runs on the CPU" in why
-    assert "--sampler-device" not in why
-    assert "--sampler-device cuda" in (not_graphed(TrainConfig(sampler="labor"), "cpu") or "")

@@ -177,6 +177,10 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                 status += (f"; locality-aware LADIES s = 8: GPU {res['ladloc_gpu_over_cpu']:.2f}x "
                            f"the CPU, ids and edges identical: "
                            f"{res.get('ladloc_checksum_ids_equal')}")  # fmt: skip
+            if res.get("labor_i_gpu_over_cpu") is not None:
+                status += (f"; LABOR-1: GPU {res['labor_i_gpu_over_cpu']:.2f}x the CPU, ids and "
+                           f"edges identical: {res.get('labor_i_checksum_ids_equal')}, weights "
+                           f"too: {res.get('labor_i_checksum_equal')}")  # fmt: skip
         if name == "cache" and "manage_ms_median" in res:
             status = "; ".join(
                 f"{p} {ms:.2f} ms, hits {res['hit_ratio'][p]:.3f}"

@@ -1,7 +1,7 @@
 """gpu-check's ``sampling`` step (:mod:`gnnio.bench.gpu_check`, step 6): ``gnnio bench sampling``
 on the GPU and on the CPU -- the uniform sampler eagerly, with UVA and as a CUDA graph, the
-locality-aware one, LADIES and the locality-aware LADIES -- each GPU run's edges/s over the
-CPU's and its batches' checksum against the CPU's."""
+locality-aware one, LADIES, the locality-aware LADIES and LABOR-1 -- each GPU run's edges/s over
+the CPU's and its batches' checksum against the CPU's."""
 
 from __future__ import annotations
 
@@ -76,4 +76,14 @@ def step_sampling(c) -> dict[str, Any]:
         for key in ("checksum", "checksum_ids"):
             if key in out["ladloc_cuda"] and key in out["ladloc_cpu"]:
                 out[f"ladloc_{key}_equal"] = out["ladloc_cuda"][key] == out["ladloc_cpu"][key]
+        # LABOR-1 (numba on the CPU, gnnio.sampling.labor_importance_torch on the GPU), compared
+        # as LADIES; 10 batches (its CPU pass takes about twice LABOR-0's)
+        li = [*common[:3], "--batches", "10", *common[5:], "--sampler", "labor",
+              "--importance-sampling", "1"]  # fmt: skip
+        out["labor_i_cpu"] = part(lambda: c.gnnio(*li, "--device", "cpu", "--threads", threads))
+        out["labor_i_cuda"] = part(lambda: c.gnnio(*li, "--device", "cuda"))
+        out["labor_i_gpu_over_cpu"] = _over(out["labor_i_cuda"], out["labor_i_cpu"], "edges_per_s")
+        for key in ("checksum", "checksum_ids"):
+            if key in out["labor_i_cuda"] and key in out["labor_i_cpu"]:
+                out[f"labor_i_{key}_equal"] = out["labor_i_cuda"][key] == out["labor_i_cpu"][key]
     return out

@@ -3,8 +3,8 @@
 What is measured. The first ``--batches`` batches of epoch 0 of a seeded random order over the
 training split (every node when there is none) are fixed; one pass samples all of them with
 ``--sampler``: ``uniform`` (:class:`gnnio.sampling.UniformSampler`, GraphSAGE), ``labor``
-(:class:`gnnio.sampling.LaborSampler`, LABOR-0; ``--importance-sampling I``: LABOR-I, on the CPU
-whatever ``--device``, the JSON's ``device`` and ``sampler_fallback`` say so) -- both with
+(:class:`gnnio.sampling.LaborSampler`, LABOR-0; ``--importance-sampling I``: LABOR-I, on
+``--device cuda`` with :mod:`gnnio.sampling.labor_importance_torch`, not replayed) -- both with
 ``--fanouts``, ``fanouts[0]`` = the
 seeds' hop -- or ``ladies`` (:class:`gnnio.sampling.LadiesSampler`, ``--layer-size`` nodes per hop,
 as many hops as ``--fanouts`` has values; ``--prune-threshold A,B``: the uniform one with HyDRA's
@@ -26,8 +26,9 @@ reported:
   (dtype, shape and bytes, batch after batch), from one more untimed pass. Sampling is counter-based
   (a batch depends only on ``--seed``, the batch index and its seeds), so ``--threads 1`` and
   ``--threads 2`` -- and ``--device cpu`` and ``--device cuda`` for ``uniform`` and ``labor`` --
-  give the same checksum (``ladies``: the same batches, but on CUDA its weights may differ from
-  the CPU's in the last float bits, so the checksum may too; :mod:`gnnio.sampling.ladies_torch`);
+  give the same checksum (``ladies`` and ``labor --importance-sampling I``: the same batches,
+  but on CUDA their weights may differ from the CPU's in the last float bits, so the checksum
+  may too; :mod:`gnnio.sampling.ladies_torch`, :mod:`gnnio.sampling.labor_importance_torch`);
 * ``checksum_ids``: the same without the edge weights (ids and edges only).
 
 The whole pass is timed: seed checks, sampling, relabelling to local ids, building the blocks.
@@ -70,8 +71,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--importance-sampling", type=int, default=None, metavar="I",
         help="--sampler labor: LABOR-I, I fixed-point steps on per-node importances (0 = LABOR-0, "
-        "the default; I > 0 samples on the CPU: with --device cuda one warning and the JSON's "
-        "device says cpu)",
+        "the default; --device cuda too)",
     )  # fmt: skip
     p.add_argument(
         "--layer-size", type=int, default=None, metavar="K",
@@ -155,7 +155,10 @@ def _check(args) -> list[int]:
     if imp is not None and imp < 0:
         raise UsageError(f"--importance-sampling: must be >= 0, got {imp}")
     if imp and getattr(args, "cuda_graph", False):
-        raise UsageError("--cuda-graph: LABOR-i (--importance-sampling > 0) samples on the CPU")
+        raise UsageError(
+            "--cuda-graph: LABOR-i (--importance-sampling > 0) is not replayed as "
+            "CUDA graphs (each fixed-point step reads its early-stop test back)"
+        )
     if getattr(args, "layer_size", None) is not None and args.layer_size < 1:
         raise UsageError(f"--layer-size must be >= 1, got {args.layer_size}")
     if _prune(args) is not None and getattr(args, "sampler", "uniform") != "uniform":

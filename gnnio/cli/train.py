@@ -243,18 +243,17 @@ def add_train_arguments(p) -> None:
         help="--sampler labor: LABOR-I, I fixed-point steps on per-node importances so that "
         "destinations share still more sampled neighbours (each node's estimate at neighbour "
         "sampling's variance, the paper's target: fewer input nodes, more edges; "
-        "0 = LABOR-0, the default; I > 0 samples on the CPU)",
+        "0 = LABOR-0, the default)",
     )
     g.add_argument(
         "--sampler-device",
         choices=["auto", "cpu", "cuda"],
         default="auto",
-        help="where the uniform (--prune-threshold and --locality-scale included), labor or ladies "
-        "(not with --locality-scale) sampler runs: cpu (numba kernels), cuda (the training GPU, inside the loader on its own "
-        "stream; needs --device cuda), or auto: cuda when training on a GPU with one of those "
-        "samplers and the graph fits (CSR, with --locality-scale its member index too, <= 1/4 of "
-        "the free GPU memory), else cpu; labor with --importance-sampling > 0 runs on the cpu "
-        "(asked for cuda: one warning) (default: auto)",
+        help="where the sampler (any of them: uniform, labor, ladies; --prune-threshold and "
+        "--locality-scale included) runs: cpu (numba kernels), cuda (the training GPU, inside the "
+        "loader on its own stream; needs --device cuda), or auto: cuda when training on a GPU "
+        "and the graph fits (CSR, with --locality-scale its member index too, <= 1/4 of "
+        "the free GPU memory), else cpu (default: auto)",
     )
     g.add_argument(
         "--graph-in",

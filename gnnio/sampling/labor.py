@@ -64,14 +64,15 @@ smallest ``r_t / pi_t`` has no exact inclusion probabilities to weight by). Weig
 they differ and SAGE's self-normalised mean becomes a ratio estimator (as DGL's, which rescales
 them to mean 1 per row). Each hop's iteration runs serially on the calling thread before the
 parts sample (``O((i + 1) D)`` for ``D`` neighbour positions, plus an int64 ``[num_nodes]`` map per
-concurrent caller). CPU only: with ``device="cuda"`` (or CUDA tensors) the sampler warns once and
-samples on the CPU (:attr:`LaborSampler.fallback` says so). ``i = 0`` is LABOR-0, unchanged.
+concurrent caller). With ``device="cuda"`` (or CUDA tensors) it samples on the GPU with the
+vectorized torch ops of :mod:`gnnio.sampling.labor_importance_torch` (the same batches; a host
+read per fixed-point step; no CUDA-graph replay). ``i = 0`` is LABOR-0, unchanged.
 
 The steps stop early once one lowers the hop's expected distinct sources by under ``1e-4`` (DGL's
 test), so a large ``i`` is LABOR-* (DGL's negative value, refused here);
 ``meta["importance_steps"]`` has the steps each hop took.
 
-**Not built** (issue 19): a GPU LABOR-i; GraphBolt's
+**Not built** (issue 19): GraphBolt's
 ``replace=True`` (sampling with replacement) and ``batch_dependency`` (variates shared across
 consecutive batches, arXiv:2310.12403; its default ``1`` is gnnio's behaviour: every batch draws
 fresh ``r_t``).
@@ -80,7 +81,6 @@ fresh ``r_t``).
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,7 +91,7 @@ from . import _labor_importance as LI
 from . import _labor_kernels as LK
 from .base import MiniBatch
 from .threaded import _hop_key
-from .uniform import UniformSampler, _PartBuffers, sampling_device
+from .uniform import UniformSampler, _PartBuffers
 
 __all__ = ["LaborSampler", "LABOR_DESIGNS", "labor_weights"]
 
@@ -99,8 +99,6 @@ __all__ = ["LaborSampler", "LABOR_DESIGNS", "labor_weights"]
 LABOR_DESIGNS = ("fixed", "poisson")
 _WEIGHTS = ("ht", "ht_mean", "none")
 _DOMAIN_LABOR = 0x1AB0_0000_0000_0001  # keeps r_t apart from the uniform sampler's row streams
-_FALLBACK = "LABOR-i (importance_sampling > 0) has no GPU path: sampling on the CPU"
-_warned = [False]  # (one warning per process)
 
 
 def labor_weights(degrees: np.ndarray, fanout: int, weights: str = "ht") -> np.ndarray:
@@ -141,10 +139,9 @@ class LaborSampler(UniformSampler):
         cuda_graph: a GPU sampler replays each batch as a CUDA graph
             (:mod:`gnnio.sampling.gpu_graphed`; the same batches; ignored on the CPU).
         importance_sampling: ``i`` of LABOR-i, fixed-point steps on ``pi_t`` per hop (module
-            docstring; DGL's name); 0 (default) = LABOR-0. ``i > 0`` samples on the CPU.
-
-    Attributes:
-        fallback: why this sampler runs on the CPU although a GPU was asked for, else None.
+            docstring; DGL's name); 0 (default) = LABOR-0. ``i > 0`` on a GPU:
+            :class:`~gnnio.sampling.labor_importance_torch.TorchLaborImportanceSampler`
+            (``cuda_graph`` ignored: its steps read the device back).
 
     Memory and thread safety: as :class:`~gnnio.sampling.UniformSampler`.
     """
@@ -182,16 +179,16 @@ class LaborSampler(UniformSampler):
         self.design = design
         self.layer_dependency = bool(layer_dependency)
         self.weights = weights
-        self.fallback: str | None = None
         self._tls = threading.local()
         self._cmaps: list[np.ndarray] = []
-        if i > 0 and sampling_device(graph, device).type != "cpu":
-            self.fallback = _FALLBACK
-            if not _warned[0]:
-                _warned[0] = True
-                warnings.warn(_FALLBACK, RuntimeWarning, stacklevel=2)
-            device = "cpu"
         topo = self._device_topology(graph, device, graph_in)
+        if topo is not None and i > 0:
+            from .labor_importance_torch import TorchLaborImportanceSampler
+
+            self._torch = TorchLaborImportanceSampler(*topo, self.fanouts, min(int(i), 1 << 62),
+                                                      layer_dependency, weights)  # fmt: skip
+            self.num_nodes = self._torch.num_nodes
+            return
         if topo is not None:
             from .labor_torch import TorchLaborSampler
 

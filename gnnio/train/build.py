@@ -123,13 +123,15 @@ def build_training(ds, cfg: TrainConfig, run, device: torch.device) -> TrainingP
 def not_graphed(cfg, sampler_device: str) -> str | None:
     """Why ``--cuda-graph sampler|all`` replays nothing with ``cfg``'s sampler on
     ``sampler_device``, or None where it replays: a sampler on the CPU, or LADIES on the GPU (a
-    layer's size is random, so each hop reads its sizes back)."""
+    layer's size is random, so each hop reads its sizes back) or LABOR-i on the GPU (each
+    fixed-point step reads its early-stop test back)."""
     las = getattr(cfg, "locality_scale", None) is not None
     kind = getattr(cfg, "sampler", "uniform")
     if not sampler_device.startswith("cuda"):
-        # (no hint where it would not help: LADIES' GPU sampler, locality-aware too, does not
-        # replay either, and LABOR-i has no GPU sampler)
-        useful = kind != "ladies" and has_gpu_sampler(cfg)
+        # (no hint where it would not help: the GPU samplers of LADIES, locality-aware too, and
+        # LABOR-i do not replay either)
+        labor_i = kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0
+        useful = kind != "ladies" and not labor_i and has_gpu_sampler(cfg)
         hint = " (a GPU sampler's are: --sampler-device cuda)" if useful else ""
         kind = "locality-aware" if las else kind
         return (f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches are not "
@@ -137,6 +139,9 @@ def not_graphed(cfg, sampler_device: str) -> str | None:
     if kind == "ladies":
         return ("--cuda-graph: the LADIES GPU sampler's batches are not replayed as CUDA graphs "
                 "(each hop reads its sizes back); sampled as usual")  # fmt: skip
+    if kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0:
+        return ("--cuda-graph: the LABOR-i GPU sampler's batches are not replayed as CUDA graphs "
+                "(each fixed-point step reads its early-stop test back); sampled as usual")  # fmt: skip
     return None
 
 

@@ -23,7 +23,7 @@ the neighbours' positions in the layer's set, about the hot fraction of the edge
 the CSR, so it is planned with it (``gpu_member_index_bytes``), sized at the hot fraction of a
 first plan without it (an upper bound: counting it can only shrink the hot rows).
 
-A sampler with no GPU implementation (LABOR-i, ``--importance-sampling``) samples on the CPU
+A sampler with no GPU implementation (none today: every sampler has one) would sample on the CPU
 whatever the memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.
 
 The plan is in the summary under ``plan``: tier sizes, sampler device, the reason, and
@@ -77,7 +77,7 @@ def plan_layout(
     memory. Returns ``gpu_cache_fraction`` (0..1), ``sampler_device`` (``cuda``/``cpu``),
     ``graph_in`` (``gpu``/``host``), ``budget_bytes``, ``hot_rows``, ``gpu_feature_bytes``,
     ``gpu_csr_bytes`` and ``reason``. ``gpu_sampler=False``: the sampler has no GPU
-    implementation (LABOR-i): the CPU sampler, neither CSR nor scratch on the GPU, the whole
+    implementation (none today): the CPU sampler, neither CSR nor scratch on the GPU, the whole
     budget for rows."""
     reserve = max(GiB, free_bytes // 4)
     budget = max(0, free_bytes - reserve)
@@ -151,7 +151,7 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
     from .setup import has_gpu_sampler
 
-    gpu_sampler = has_gpu_sampler(cfg)  # (not LABOR-i)
+    gpu_sampler = has_gpu_sampler(cfg)
     plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
                        gpu_sampler=gpu_sampler)  # fmt: skip
     member = _member_bytes(ds, cfg, plan)

@@ -442,22 +442,16 @@ def member_index_bytes(ds, cfg) -> int:
 
 
 def _gpu_sampler_applies(cfg) -> bool:
-    """``--sampler-device auto``: training on a GPU with the uniform (``--prune-threshold``
-    and ``--locality-scale`` included), LABOR-0 or LADIES (``--locality-scale`` included)
-    sampler (the ones with a GPU implementation)."""
+    """``--sampler-device auto``: training on a GPU with a sampler that has a GPU implementation
+    (:func:`has_gpu_sampler`)."""
     return str(cfg.device).startswith("cuda") and has_gpu_sampler(cfg)
 
 
 def has_gpu_sampler(cfg) -> bool:
     """Whether ``cfg``'s sampler has a GPU implementation: uniform (pruned, locality-aware),
-    LABOR-0, LADIES (locality-aware too: :mod:`gnnio.sampling.ladies_torch`) but not LABOR-i
-    (``--importance-sampling`` > 0)."""
-    kind = getattr(cfg, "sampler", "uniform")
-    if kind == "ladies":
-        return True
-    if kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0:
-        return False
-    return kind in ("uniform", "labor")
+    LABOR-0 and LABOR-i, LADIES (locality-aware too: :mod:`gnnio.sampling.ladies_torch`): today
+    every sampler; a sampler with CPU kernels only would return False here."""
+    return getattr(cfg, "sampler", "uniform") in ("uniform", "labor", "ladies")
 
 
 def _top_ids(score: np.ndarray, k: int) -> np.ndarray:
