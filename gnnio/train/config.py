@@ -143,7 +143,7 @@ class TrainConfig:
             expected per hop, ``len(fanouts)`` hops; the fanout values are not used).
         layer_size: LADIES nodes per layer (Song & Jiang: 8192).
         importance_sampling: ``sampler="labor"``: LABOR-i's fixed-point steps (0 = LABOR-0;
-            ``i > 0`` samples on the CPU, :class:`~gnnio.sampling.LaborSampler`).
+            :class:`~gnnio.sampling.LaborSampler`; on the GPU too).
         locality_scale: None = no locality; a number ``s >= 1`` = Song & Jiang's
             locality-aware sampling (:class:`~gnnio.sampling.LocalitySampler`) with that fixed
             scale; ``"auto"`` = Algorithm 2 adapts ``s`` after every epoch from the data-loading
