@@ -16,7 +16,9 @@ what is left of the budget, a failure in one step recorded and the next one run,
 6. ``sampling``: ``gnnio bench sampling`` on the GPU and on the CPU (all cores), and the GPU
    sampler reading the CSR from pinned host memory (UVA): edges/s; the GPU's batch ``checksum``
    against the CPU's (counter-based sampling: bit-identical batches); the batch replayed as a
-   CUDA graph; the same for the locality-aware sampler (s = 8): CPU, eager GPU and graphed;
+   CUDA graph; the same for the locality-aware sampler (s = 8): CPU, eager GPU and graphed; and
+   LADIES, the locality-aware LADIES and LABOR-1, each on the CPU and the GPU (ids and edges must
+   be the CPU's, :mod:`gnnio.bench.gpu_check_sampling`);
 7. ``bandwidth``: ``gnnio bench tiers --device cuda --bandwidth``: UVA (zero-copy) gather against
    the pinned host->device copy, GPU-tier gather against a device-to-device copy;
 8. ``feature_bound`` (issue 24): every paper's technique against its baseline on 512-wide rows
