@@ -38,8 +38,8 @@ early-stop test per step after the first (the first step never stops: nothing to
 ``rounds`` rounds (:data:`ROUNDS` at first) and folds "a row still unsolved" into a device flag
 that the hop's end reads with its counts; where that flag is set (a row whose set grew ``rounds``
 times or more), the hop is computed again with the rounds repeated until every row is done (a
-read per round), the same batch, and the sampler runs as many rounds from then on (a hub graph
-needs about 4: one batch computes a hop twice, the next ones none).
+read per round), the same batch, and the sampler runs as many rounds from then on (hub graphs
+need 4 or 5: one batch computes a hop twice, the next ones rarely).
 
 **Bits on a GPU.** On CPU tensors ``segment_reduce`` and ``cumsum`` add in sequence, as the
 kernel's loops do, so ``c``, ``pi`` and ``p`` are the kernel's bits. On CUDA both are deterministic
