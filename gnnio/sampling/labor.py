@@ -87,6 +87,7 @@ import numpy as np
 import torch
 
 from ..graph.csr import CSRGraph
+from ..utils.triton_kernels import kernel_ran
 from . import _labor_importance as LI
 from . import _labor_kernels as LK
 from .base import MiniBatch
@@ -253,6 +254,8 @@ class LaborSampler(UniformSampler):
         Raises:
             ValueError: seeds not 1-D integers, out of ``[0, num_nodes)``, or repeated.
         """
+        if self.importance_sampling > 0 and self._torch is None:  # (the summary's kernels; the
+            kernel_ran("labor_i_hop", "numba")  # torch paths and LABOR-0's hop record their own)
         self._tls.hops = []
         mb = super().sample(seeds, epoch_seed=epoch_seed)
         hops, self._tls.hops = self._tls.hops, []

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..utils.triton_kernels import kernel_ran
 from .base import Block, MiniBatch, dst_ptr
 from .gpu import TorchUniformSampler
 from .gpu_hop import _SENTINEL, _repeat_rows, _srl, bad_seeds, number_seeds
@@ -205,6 +206,7 @@ class TorchLaborImportanceSampler(TorchUniformSampler):
         """Sample the ``len(fanouts)``-hop LABOR-i neighbourhood of ``seeds`` (distinct global ids)
         with the random stream of ``key``; the numba sampler's batch, ``meta["sampler"] =
         "labor"`` and ``meta["importance_steps"]`` (the steps per hop, the seeds' hop first)."""
+        kernel_ran("labor_i_hop", "torch")  # (the summary's kernels: which implementation ran)
         loc, first = self._take()
         try:
             seeds, total = self._check_seeds(seeds, loc)

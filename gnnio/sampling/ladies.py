@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from ..graph.csr import CSRGraph
+from ..utils.triton_kernels import kernel_ran
 from . import _ladies_kernels as LK
 from . import _las_kernels
 from .base import Block, MiniBatch
@@ -205,6 +206,7 @@ class LadiesSampler(ThreadedCPUSampler):
         key = self._next_key(epoch_seed)
         if self._torch is not None:
             return self._torch.sample(seeds, key)
+        kernel_ran("ladies_hop", "numba")  # (the summary's kernels; the torch path records its own)
         seeds = check_seeds(seeds, self.num_nodes)
         loc, cand = self._take()
         dup = _las_kernels.insert_seeds(seeds, loc)

@@ -53,6 +53,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..utils.triton_kernels import kernel_ran
 from .base import Block, MiniBatch, dst_ptr
 from .gpu import TorchUniformSampler
 from .gpu_hop import (
@@ -206,6 +207,7 @@ class TorchLadiesSampler(TorchUniformSampler):
         random stream of ``key`` and Eq. 8's ``scale`` on the member index's sets (1: LADIES);
         the batch as the numba sampler's (``meta["sampler"] = "ladies"``)."""
         s = float(scale)
+        kernel_ran("ladies_hop", "torch")  # (the summary's kernels: which implementation ran)
         loc, first = self._take()
         try:
             seeds, total = self._check_seeds(seeds, loc)
