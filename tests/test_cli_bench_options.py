@@ -74,8 +74,12 @@ def test_bench_sampling_seed_and_defaults_reach_the_sampler(tiny, capsys, monkey
 
 SAMPLING_EDGES = [
     ("--locality-scale 2 --gpu-cache-fraction 0", "--gpu-cache-fraction: must be in (0, 1]"),
-    ("--locality-scale inf", "--locality-scale: must be a finite number > 0"),
-    ("--locality-scale 0", "--locality-scale: must be a finite number > 0"),
+    ("--locality-scale inf", "--locality-scale: must be a number in [1e-200, 1e200]"),
+    ("--locality-scale 0", "--locality-scale: must be a number in [1e-200, 1e200]"),
+    # (Eq. 8's sums overflowed: LADIES' layers came out empty, the node-wise kernel a traceback)
+    ("--sampler ladies --locality-scale 1e308", "--locality-scale: must be a number in [1e-200"),
+    ("--locality-scale 1.01e200", "--locality-scale: must be a number in [1e-200, 1e200]"),
+    ("--locality-scale 5e-324", "--locality-scale: must be a number in [1e-200, 1e200]"),
     ("--prune-threshold 0,0", "--prune-threshold: needs ALPHA,BETA"),
     ("--prune-threshold 1.1e9,1", "--prune-threshold: needs ALPHA,BETA"),
     ("--sampler labor --prune-threshold", "--prune-threshold: works with --sampler uniform"),

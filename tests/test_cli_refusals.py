@@ -310,6 +310,17 @@ def test_bench_locality_refuses_a_negative_q_size_first_naming_it(tmp_path, caps
     assert err.count("\n") == 1 and "--q-size must be >= 0, got -1" in err, err
 
 
+@pytest.mark.parametrize("scales", ["2,1e308", "5e-324", "1.01e200"])
+def test_bench_locality_refuses_a_scale_past_the_samplers_range(scales, tmp_path, capsys):
+    """``--scales 1e308``: Eq. 8's sums overflowed -- locality-aware LADIES' layers came out empty
+    (host bytes 0, as if B held everything), the node-wise kernel divided by zero (a traceback);
+    one line naming ``--scales`` now, before any work (the dataset is missing)."""
+    base = ["bench", "locality", str(tmp_path / "missing"), "--no-progress"]
+    assert main([*base, "--sampler", "ladies", "--scales", scales]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--scales: each must be a number in [1e-200, 1e200]" in err
+
+
 @pytest.mark.parametrize("cmd", [["plan", "{d}", "--topology", "2", "--strategies", "pagraph"],
                                  ["bench", "placement", "--dataset", "{d}"]])  # fmt: skip
 def test_a_negative_pagraph_cap_is_refused_in_one_line(cmd, tmp_path, capsys):

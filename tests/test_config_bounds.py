@@ -43,6 +43,8 @@ REFUSED = [
     ({"po_sequences": 0}, "--po-sequences"),
     ({"layer_size": 0}, "--layer-size"),
     ({"locality_max_scale": 0.99}, "--locality-max-scale"),
+    ({"locality_max_scale": 5.01e199}, "--locality-max-scale"),  # (line 3 may double it: 1e200)
+    ({"locality_scale": 1.01e200, "gpu_cache_fraction": 0.1}, "--locality-scale"),
     ({"locality_compute_s": 0.0}, "--locality-compute-s"),
     ({"prune_threshold": (0.0, 0.0)}, "--prune-threshold"),
     ({"prune_threshold": (1.0000001e9, 1.0)}, "--prune-threshold"),
@@ -74,6 +76,8 @@ ACCEPTED = [
     {"po_sequences": 1},
     {"layer_size": 1},
     {"locality_max_scale": 1.0},
+    {"locality_max_scale": 5e199, "locality_scale": "auto", "gpu_cache_fraction": 0.1},
+    {"locality_scale": 1e200, "gpu_cache_fraction": 0.1},
     {"locality_compute_s": 1e-9},
     {"prune_threshold": (1e9, 0.0)},
     {"checkpoint_every": 1, "checkpoint_dir": "ck", "cache_policy": "static"},

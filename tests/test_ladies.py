@@ -383,3 +383,14 @@ def test_layer_probabilities_rejects_repeated_rows():
     g = random_graph(50, 300, seed=0)
     with pytest.raises(ValueError, match="more than once"):
         layer_probabilities(g, [0, 0, 1], 3)
+
+
+@pytest.mark.parametrize("scale", [-1.0, np.nan, np.inf, 0.0, 1e308])
+def test_layer_probabilities_refuse_a_scale_past_the_samplers_range(scale):
+    """``scale`` is Eq. 8's, checked as the samplers check it: -1 gave negative probabilities
+    (summing to -16 for a budget of 5), nan and inf sums of 221 and 112, all silently."""
+    g = random_graph(60, 600, seed=1)
+    with pytest.raises(ValueError, match="scale: must be a number in"):
+        layer_probabilities(g, [0, 1, 2], 5, scale=scale, q_ids=np.arange(0, 60, 2))
+    cand, pi = layer_probabilities(g, [0, 1, 2], 5, scale=1e200, q_ids=np.arange(0, 60, 2))
+    assert len(cand) > 5 and pi.sum() == pytest.approx(5.0) and (pi >= 0).all()

@@ -103,6 +103,30 @@ def test_torch_path_equals_the_numba_kernels(
                 q_size)  # fmt: skip
 
 
+def test_a_scale_past_the_range_is_refused_and_its_ends_sample():
+    """Eq. 8 multiplies the members' weights by s: at s = 1e308 their sum overflowed and every
+    layer came out empty (numba; the torch path gave other layers), at 5e-324 the kernel divided
+    by zero. Both locality-aware samplers take s in [1e-200, 1e200] (a ValueError past it, when
+    set later too); at both ends, every node in B, the layers grow, numba == torch, finite."""
+    g = skewed_graph(150, 2000, 3)
+    hot, seeds = np.arange(150), np.arange(0, 150, 15)
+    for s in (1e308, 1.01e200, 5e-324, 9e-201):
+        with pytest.raises(ValueError, match="scale: must be a number in"):
+            LocalityLadiesSampler(g, [40, 40, 40], hot, scale=s)
+        with pytest.raises(ValueError, match="scale: must be a number in"):
+            LocalitySampler(g, [5, 5], hot_ids=hot, scale=s)
+    for s in (1e200, 1e-200):
+        cpu, tch = check_equal(g, [40, 40, 40], hot, seeds, s, 0)
+        for smp in (cpu, tch):
+            mb = smp.sample(seeds, epoch_seed=1)
+            sizes = mb.meta["hop_nodes"]
+            assert all(b > a for a, b in zip(sizes, sizes[1:])), sizes
+            assert all(torch.isfinite(b.edge_weight).all() for b in mb.blocks)
+            with pytest.raises(ValueError, match="scale"):
+                smp.scale = 1e308
+            assert smp.scale == s
+
+
 def test_scale_moves_the_layers_and_one_is_ladies():
     """The scale changes the batches (members gain), s = 1 is LADIES' batch exactly, and a scale
     set between epochs (Algorithm 2) is the one the next batch uses, as the numba sampler's."""

@@ -45,7 +45,9 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 def add_arguments(p) -> None:
     p.add_argument("dataset", metavar="DIR", help="a prepared gnnio dataset directory")
-    p.add_argument("--scales", default="1,2,4,8", help="comma-separated LAS scales s (> 0)")
+    p.add_argument(
+        "--scales", default="1,2,4,8", help="comma-separated LAS scales s (1e-200 to 1e200)"
+    )
     p.add_argument("--gpu-cache-fraction", type=float, default=0.1,
                    help="fraction of the nodes in the GPU set B (top by --score)")  # fmt: skip
     p.add_argument(
@@ -70,12 +72,14 @@ def add_arguments(p) -> None:
 
 
 def _scales(text: str) -> list[float]:
+    from ..sampling.adaptive import MAX_SCALE
+
     try:
         vals = [float(t) for t in str(text).split(",") if t.strip()]
     except ValueError:
         raise UsageError(f"--scales: expected comma-separated numbers, got {text!r}") from None
-    if not vals or any(not (np.isfinite(v) and v > 0) for v in vals):
-        raise UsageError(f"--scales: each must be a number > 0, got {text!r}")
+    if not vals or any(not (1 / MAX_SCALE <= v <= MAX_SCALE) for v in vals):  # (adaptive.py)
+        raise UsageError(f"--scales: each must be a number in [1e-200, 1e200], got {text!r}")
     return vals
 
 

@@ -111,8 +111,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--locality-scale", type=float, default=None, metavar="S",
         help="--sampler uniform|ladies: Song & Jiang's locality-aware sampler (LocalitySampler or "
-        "LocalityLadiesSampler, as gnnio train's option) with scale S, B = the top "
-        "--gpu-cache-fraction of nodes by wrpr; --device cuda too (pruned with --prune-threshold)",
+        "LocalityLadiesSampler, as gnnio train's option) with scale S (1e-200 to 1e200), B = the "
+        "top --gpu-cache-fraction of nodes by wrpr; --device cuda too (pruned with --prune-threshold)",
     )  # fmt: skip
     p.add_argument(
         "--gpu-cache-fraction", type=float, default=None, metavar="F",
@@ -168,13 +168,15 @@ def _check(args) -> list[int]:
     if las is None and frac is not None:
         raise UsageError("--gpu-cache-fraction: only with --locality-scale (the set B)")
     if las is not None:
+        from ..sampling.adaptive import MAX_SCALE
+
         args.gpu_cache_fraction = 0.1 if frac is None else frac
         if getattr(args, "sampler", "uniform") not in ("uniform", "ladies"):
             raise UsageError(
                 f"--locality-scale: works with --sampler uniform or ladies, not {args.sampler}"
             )
-        if not (0 < las < float("inf")):
-            raise UsageError(f"--locality-scale: must be a finite number > 0, got {las}")
+        if not (1 / MAX_SCALE <= las <= MAX_SCALE):  # (Eq. 8's sums finite: adaptive.py)
+            raise UsageError(f"--locality-scale: must be a number in [1e-200, 1e200], got {las}")
         if not 0 < args.gpu_cache_fraction <= 1:
             raise UsageError(
                 f"--gpu-cache-fraction: must be in (0, 1], got {args.gpu_cache_fraction}"

@@ -275,8 +275,8 @@ def add_train_arguments(p) -> None:
         "--locality-scale",
         metavar="S|auto",
         default=None,
-        help="favour neighbours whose features are on the GPU by the factor S >= 1 (probabilities "
-        "renormalized, Horvitz-Thompson aggregation weights 1/q: see --edge-weight-norm); 'auto' "
+        help="favour neighbours whose features are on the GPU by the factor S (1 to 1e200) "
+        "(probabilities renormalized, Horvitz-Thompson aggregation weights 1/q: see --edge-weight-norm); 'auto' "
         "adapts S after each epoch with Algorithm 2 (lt 0.15, ut 0.2, MAXS --locality-max-scale). Needs "
         "--gpu-cache-fraction, --placement or --cache-policy static",
     )
@@ -284,7 +284,7 @@ def add_train_arguments(p) -> None:
         "--locality-max-scale",
         type=float,
         default=None,
-        help="MAXS of --locality-scale auto (default: 8.0)",
+        help="MAXS of --locality-scale auto, at most 5e199 (default: 8.0)",
     )
     g.add_argument(
         "--locality-compute-s",

@@ -33,7 +33,7 @@ def _parse_scale(text: str | None):
         return float(text)
     except ValueError:
         raise UsageError(
-            f"--locality-scale: must be a number >= 1 or 'auto', got '{text}'"
+            f"--locality-scale: must be a number in [1, 1e200] or 'auto', got '{text}'"
         ) from None
 
 

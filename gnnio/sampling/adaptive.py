@@ -36,6 +36,8 @@ from ..placement.topology import DEFAULT_HOST_BW, DEFAULT_PEER_BW, GB, Topology
 __all__ = [
     "AdaptiveScale",
     "DEFAULT_GPU_BW",
+    "MAX_SCALE",
+    "check_scale",
     "modeled_loading_time",
     "modeled_loading_share",
 ]
@@ -44,6 +46,21 @@ __all__ = [
 #: platform, as :mod:`gnnio.placement.topology`'s defaults). Local reads are "free" in the placement cost
 #: model (Eq. 3); here they get this small cost so a share never divides 0 by 0.
 DEFAULT_GPU_BW = 900 * GB
+
+#: The locality-aware samplers take ``1 / MAX_SCALE <= s <= MAX_SCALE``. Eq. 8 multiplies weights
+#: by ``s``: near 1e308 their sums overflowed (every LADIES layer came out empty, the node-wise
+#: kernel divided by zero), near 5e-324 they vanished. LADIES' ``p_j`` (sums of ``1 / (d + 1)^2``)
+#: and the node-wise counts lie within ``2^-126 .. 2^63``, so ``s`` times them stays normal and
+#: finite over this range; far past it anyway, ``B`` takes all that the budget allows.
+MAX_SCALE = 1e200
+
+
+def check_scale(value) -> float:
+    """``float(value)`` where it is in ``[1 / MAX_SCALE, MAX_SCALE]``, else a ValueError."""
+    s = float(value)
+    if not (math.isfinite(s) and 1.0 / MAX_SCALE <= s <= MAX_SCALE):
+        raise ValueError(f"scale: must be a number in [1e-200, 1e200], got {value!r}")
+    return s
 
 
 @dataclass

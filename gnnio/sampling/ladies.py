@@ -68,6 +68,7 @@ from ..graph.csr import CSRGraph
 from ..utils.triton_kernels import kernel_ran
 from . import _ladies_kernels as LK
 from . import _las_kernels
+from .adaptive import check_scale
 from .base import Block, MiniBatch
 from .threaded import ThreadedCPUSampler, check_seeds, hop_key, int_list
 from .uniform import UniformSampler
@@ -111,8 +112,9 @@ def layer_probabilities(
     cand_ids = np.empty(total, dtype=np.int64)
     p = np.empty(total, dtype=np.float64)
     qmask = np.zeros(n if q_ids is not None else 1, dtype=np.uint8)
-    if q_ids is not None:
+    if q_ids is not None:  # (a scale past [1e-200, 1e200]: pi < 0 at -1, sum != K at nan / inf)
         qmask[check_seeds(q_ids, n, "q_ids")] = 1
+        scale = check_scale(scale)
     nc = int(
         LK.layer_candidates(
             indptr, indices, rows, loc, cand, qmask, q_ids is not None, float(scale), cand_ids, p

@@ -36,13 +36,13 @@ float rounding, as LADIES'). The scale is passed per batch, so a new one needs n
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from ..graph.csr import CSRGraph
+from .adaptive import check_scale
 from .base import MiniBatch
 from .ladies import LadiesSampler
 from .locality import LocalitySampler, _as_hot_ids, las_sets
@@ -58,7 +58,7 @@ class LocalityLadiesSampler(LadiesSampler):
         graph, layer_sizes, seed, weights, device, graph_in: as
             :class:`~gnnio.sampling.ladies.LadiesSampler` (on a GPU: the module docstring).
         hot_ids: the set ``B`` of GPU-resident nodes (global ids or a bool mask ``[N]``).
-        scale: ``s > 0`` (1 = LADIES); settable later through ``.scale``.
+        scale: ``s`` in ``[1e-200, 1e200]`` (1 = LADIES); settable later through ``.scale``.
         q_size: ``|Q'_l|`` for ``l >= 2`` (default ``|B|``; Song & Jiang used 8192).
 
     Attributes:
@@ -103,15 +103,13 @@ class LocalityLadiesSampler(LadiesSampler):
 
     @property
     def scale(self) -> float:
-        """The factor ``s`` (> 0; 1 = LADIES). Read once per hop."""
+        """The factor ``s`` (in ``[1e-200, 1e200]``, :data:`~gnnio.sampling.adaptive.MAX_SCALE`;
+        1 = LADIES). Read once per hop."""
         return self._scale
 
     @scale.setter
     def scale(self, value: float) -> None:
-        s = float(value)
-        if not (math.isfinite(s) and s > 0):
-            raise ValueError(f"scale: must be a finite number > 0, got {value!r}")
-        self._scale = s
+        self._scale = check_scale(value)  # (in [1e-200, 1e200]: Eq. 8's sums stay finite)
 
     def layer_of_hop(self, hop: int) -> int:
         """Song & Jiang's layer ``l`` (1 = input layer) of hop ``hop`` (0-based): ``L - hop``."""

@@ -107,6 +107,7 @@ import torch
 
 from ..graph.csr import CSRGraph, check_graph
 from . import _las_kernels as K
+from .adaptive import check_scale
 from .base import Block, MiniBatch
 from .threaded import ThreadedCPUSampler, check_seeds, hop_key
 
@@ -270,7 +271,7 @@ class LocalitySampler(ThreadedCPUSampler):
         hot_ids: the set ``B`` of GPU-resident nodes (global ids, or a bool mask ``[N]``); None =
             no locality (then ``scale`` has no effect: plain uniform sampling with weights,
             optionally pruned).
-        scale: the factor ``s > 0`` of Eq. 8 (1 = uniform); settable later through ``.scale``
+        scale: the factor ``s`` of Eq. 8 (1 = uniform; 1e-200 to 1e200); settable through ``.scale``
             (e.g. by :class:`gnnio.sampling.AdaptiveScale` between epochs).
         seed: base random seed.
         num_threads: CPU threads per :meth:`sample` call (None = ``min(8, NUMBA_NUM_THREADS)``);
@@ -383,10 +384,7 @@ class LocalitySampler(ThreadedCPUSampler):
 
     @scale.setter
     def scale(self, value: float) -> None:
-        s = float(value)
-        if not (math.isfinite(s) and s > 0):
-            raise ValueError(f"scale: must be a finite number > 0, got {value!r}")
-        self._scale = s
+        self._scale = check_scale(value)  # (in [1e-200, 1e200]: Eq. 8's sums stay finite)
 
     @property
     def device(self) -> torch.device:

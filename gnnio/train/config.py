@@ -404,13 +404,18 @@ class TrainConfig:
                              "use it with --sampler labor|ladies or --locality-scale")  # fmt: skip
         if self.sampler == "labor" and self.locality_scale is not None:
             raise UsageError("--locality-scale: works with --sampler uniform or ladies, not labor")
+        from ..sampling.adaptive import MAX_SCALE
+
         ls = self.locality_scale
         if ls is not None and ls != "auto":
-            if isinstance(ls, str) or not (math.isfinite(ls) and ls >= 1.0):
-                raise UsageError(f"--locality-scale: must be a number >= 1 or 'auto', got {ls!r}")
-        if not (math.isfinite(self.locality_max_scale) and self.locality_max_scale >= 1.0):
+            if isinstance(ls, str) or not (1.0 <= ls <= MAX_SCALE):  # (the samplers' range)
+                raise UsageError(
+                    f"--locality-scale: must be a number in [1, 1e200] or 'auto', got {ls!r}"
+                )
+        if not (1.0 <= self.locality_max_scale <= MAX_SCALE / 2):  # (line 3 may double s past it)
             raise UsageError(
-                f"--locality-max-scale: must be a number >= 1, got {self.locality_max_scale}"
+                "--locality-max-scale: must be a number in [1, 5e199], got "
+                f"{self.locality_max_scale}"
             )
         if self.locality_compute_s is not None and not self.locality_compute_s > 0:
             raise UsageError(

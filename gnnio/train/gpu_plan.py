@@ -19,9 +19,10 @@ memory, in this order:
    whole budget for hot rows; if even the scratch does not fit, the CPU sampler.
 
 With ``--locality-scale`` the sampler's member index (per layer a pointer of ``N + 1`` int64 and
-the neighbours' positions in the layer's set, about the hot fraction of the edges) lives beside
-the CSR, so it is planned with it (``gpu_member_index_bytes``), sized at the hot fraction of a
-first plan without it (an upper bound: counting it can only shrink the hot rows).
+the neighbours' positions in the layer's set, at most the ``|B|`` largest out-degrees' sum:
+:func:`~gnnio.train.setup.member_index_bytes`) lives beside the CSR, so it is planned with it
+(``gpu_member_index_bytes``), sized at the hot rows of a first plan without it (an upper bound:
+counting it can only shrink the hot rows).
 
 A sampler with no GPU implementation (none today: every sampler has one) would sample on the CPU
 whatever the memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.

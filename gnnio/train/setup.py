@@ -427,18 +427,28 @@ def sampler_placement(ds, cfg) -> tuple[torch.device | None, str]:
 
 
 def member_index_bytes(ds, cfg) -> int:
-    """The locality-aware sampler's member index on the sampling device, estimated before it is
-    built (0 without ``--locality-scale``; the uniform and LADIES ones build the same): per layer
-    a pointer of ``N + 1`` int64 and the CSR positions of the rows' neighbours in the layer's Q' -- about the hot fraction of the edges,
-    int32 -- (:meth:`~gnnio.sampling.LocalitySampler._member_index`)."""
+    """The locality-aware sampler's member index on the sampling device, an upper bound before
+    it is built (0 without ``--locality-scale``; the uniform and LADIES ones build the same,
+    :meth:`~gnnio.sampling.LocalitySampler._member_index`): per layer a pointer of ``N + 1``
+    int64 and the CSR positions (int32 below 2^31 in-neighbours) whose neighbour is in the
+    layer's Q' -- at most ``|B|`` nodes (``Q'_1 = B``, the others ``q_size = |B|``), so at most
+    the sum of the ``|B|`` largest out-degrees. Not the hot fraction of the edges: B and the Q'
+    are hubs (R-MAT, 20k nodes: the top 10 % are the neighbour at 68 % of the positions)."""
     if getattr(cfg, "locality_scale", None) is None:
         return 0
+    from ..features.tiers.tiered import hot_rows_for_fraction
+
     fo = cfg.fanouts
     layers = len(fo.split(",")) if isinstance(fo, str) else len(fo)
-    pointer = np.asarray(ds.graph.indptr).shape[0]
-    edges = int(np.asarray(ds.graph.indices).shape[0])
+    indptr, indices = np.asarray(ds.graph.indptr), np.asarray(ds.graph.indices)
+    n, edges = int(indptr.shape[0]) - 1, int(indices.shape[0])
     frac = min(1.0, float(cfg.gpu_cache_fraction or 0.0)) or 1.0  # (B from a placement: all)
-    return layers * (8 * pointer + int(4 * edges * frac))
+    k = hot_rows_for_fraction(frac, n)
+    if k < n:  # (the k nodes met most often as neighbours)
+        deg = np.bincount(indices, minlength=n)
+        edges = int(np.partition(deg, n - k)[n - k :].sum())
+    item = 4 if n == 0 or int(np.diff(indptr).max()) < 2**31 else 8  # (as _member_index)
+    return layers * (8 * (n + 1) + item * edges)
 
 
 def _gpu_sampler_applies(cfg) -> bool:
