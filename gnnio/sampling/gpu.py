@@ -207,6 +207,24 @@ class TorchUniformSampler:
             seeds = seeds.pin_memory().to(self.device, non_blocking=True)
         return seeds.to(self.device, torch.int64)
 
+    def _numbered_seeds(self, seeds, loc: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Seeds on the device, numbered ``0..B-1`` in ``loc``; returns them and the first hop's
+        ``D`` (their neighbour entries; range, repeats and ``D`` read back together: one host
+        sync). On bad seeds ``loc`` is cleared again (the dummy slot too) before the error. The
+        LADIES and LABOR-i torch paths start so."""
+        seeds = self._device_seeds(self._int64_seeds(seeds))
+        b, n = int(seeds.shape[0]), self.num_nodes
+        if b == 0:
+            return seeds, 0
+        ok, slot, repeated = number_seeds(seeds, loc, n)
+        safe = torch.where(ok, seeds, 0)
+        total = (self.indptr[safe + 1] - self.indptr[safe]).sum()
+        lo, hi, rep, total = torch.stack([seeds.min(), seeds.max(), repeated, total]).tolist()
+        if lo < 0 or hi >= n or rep:
+            loc.index_fill_(0, slot, -1)  # (out-of-range seeds wrote the dummy slot n: cleared)
+            raise bad_seeds(seeds, lo, hi, n)
+        return seeds, int(total)
+
     def sample(self, seeds, key: int) -> MiniBatch:
         """Sample around ``seeds`` (distinct global ids) with the random stream of ``key``."""
         seeds = self._int64_seeds(seeds)

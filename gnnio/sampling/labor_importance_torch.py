@@ -59,7 +59,7 @@ import torch
 from ..utils.triton_kernels import kernel_ran
 from .base import Block, MiniBatch, dst_ptr
 from .gpu import TorchUniformSampler
-from .gpu_hop import _SENTINEL, _repeat_rows, _srl, bad_seeds, number_seeds
+from .gpu_hop import _SENTINEL, _repeat_rows, _srl
 from .labor_torch import labor_keys, vertex_rank_torch
 
 __all__ = [
@@ -185,23 +185,6 @@ class TorchLaborImportanceSampler(TorchUniformSampler):
         self.weights = weights
         self.rounds = ROUNDS  # (raised to what a careful solve needed: fewer hops computed twice)
 
-    def _check_seeds(self, seeds, loc: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Seeds on the device, numbered ``0..B-1`` in ``loc``; returns them and hop 1's ``D``
-        (range, repeats and ``D`` read back together: one host sync)."""
-        seeds = self._device_seeds(self._int64_seeds(seeds))
-        b, n = int(seeds.shape[0]), self.num_nodes
-        if b == 0:
-            return seeds, 0
-        ok, slot, repeated = number_seeds(seeds, loc, n)
-        safe = torch.where(ok, seeds, 0)
-        total = (self.indptr[safe + 1] - self.indptr[safe]).sum()
-        lo, hi, rep, total = torch.stack([seeds.min(), seeds.max(), repeated, total]).tolist()
-        if lo < 0 or hi >= n or rep:
-            loc.index_fill_(0, slot, -1)
-            loc[-1:].fill_(-1)
-            raise bad_seeds(seeds, lo, hi, n)
-        return seeds, int(total)
-
     def sample(self, seeds, key: int) -> MiniBatch:
         """Sample the ``len(fanouts)``-hop LABOR-i neighbourhood of ``seeds`` (distinct global ids)
         with the random stream of ``key``; the numba sampler's batch, ``meta["sampler"] =
@@ -209,7 +192,7 @@ class TorchLaborImportanceSampler(TorchUniformSampler):
         kernel_ran("labor_i_hop", "torch")  # (the summary's kernels: which implementation ran)
         loc, first = self._take()
         try:
-            seeds, total = self._check_seeds(seeds, loc)
+            seeds, total = self._numbered_seeds(seeds, loc)
         except ValueError:
             self._give(loc, first)
             raise

@@ -62,9 +62,7 @@ from .gpu_hop import (
     _repeat_rows,
     _s64,
     _srl,
-    bad_seeds,
     mix64_torch,
-    number_seeds,
 )
 from .threaded import hop_key
 
@@ -186,22 +184,6 @@ class TorchLadiesSampler(TorchUniformSampler):
             for q in (member_index or [None] * len(self.layer_sizes))
         ]
 
-    def _check_seeds(self, seeds, loc: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Seeds on the device, numbered ``0..B-1`` in ``loc``; returns them and hop 1's ``D``
-        (range, repeats and ``D`` read back together: one host sync)."""
-        seeds = self._device_seeds(self._int64_seeds(seeds))
-        b, n = int(seeds.shape[0]), self.num_nodes
-        if b == 0:
-            return seeds, 0
-        ok, slot, repeated = number_seeds(seeds, loc, n)
-        safe = torch.where(ok, seeds, 0)
-        total = (self.indptr[safe + 1] - self.indptr[safe]).sum()
-        lo, hi, rep, total = torch.stack([seeds.min(), seeds.max(), repeated, total]).tolist()
-        if lo < 0 or hi >= n or rep:
-            loc.index_fill_(0, slot, -1)
-            raise bad_seeds(seeds, lo, hi, n)
-        return seeds, int(total)
-
     def sample(self, seeds, key: int, scale: float = 1.0) -> MiniBatch:
         """Sample ``len(layer_sizes)`` LADIES layers below ``seeds`` (distinct global ids) with the
         random stream of ``key`` and Eq. 8's ``scale`` on the member index's sets (1: LADIES);
@@ -210,7 +192,7 @@ class TorchLadiesSampler(TorchUniformSampler):
         kernel_ran("ladies_hop", "torch")  # (the summary's kernels: which implementation ran)
         loc, first = self._take()
         try:
-            seeds, total = self._check_seeds(seeds, loc)
+            seeds, total = self._numbered_seeds(seeds, loc)
         except ValueError:
             self._give(loc, first)
             raise
