@@ -169,18 +169,12 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                            f"graphed {res.get('las_graphed_over_eager') or 0:.2f}x eager, batches "
                            f"identical: {res.get('las_cuda_checksum_equal')} / "
                            f"{res.get('las_cuda_graph_checksum_equal')}")  # fmt: skip
-            if res.get("ladies_gpu_over_cpu") is not None:
-                status += (f"; LADIES: GPU {res['ladies_gpu_over_cpu']:.2f}x the CPU, ids and "
-                           f"edges identical: {res.get('ladies_checksum_ids_equal')}, weights "
-                           f"too: {res.get('ladies_checksum_equal')}")  # fmt: skip
-            if res.get("ladloc_gpu_over_cpu") is not None:
-                status += (f"; locality-aware LADIES s = 8: GPU {res['ladloc_gpu_over_cpu']:.2f}x "
-                           f"the CPU, ids and edges identical: "
-                           f"{res.get('ladloc_checksum_ids_equal')}")  # fmt: skip
-            if res.get("labor_i_gpu_over_cpu") is not None:
-                status += (f"; LABOR-1: GPU {res['labor_i_gpu_over_cpu']:.2f}x the CPU, ids and "
-                           f"edges identical: {res.get('labor_i_checksum_ids_equal')}, weights "
-                           f"too: {res.get('labor_i_checksum_equal')}")  # fmt: skip
+            for key, what in (("ladies", "LADIES"), ("ladloc", "locality-aware LADIES s = 8"),
+                              ("labor_i", "LABOR-1")):  # fmt: skip
+                if res.get(f"{key}_gpu_over_cpu") is not None:
+                    status += (f"; {what}: GPU {res[f'{key}_gpu_over_cpu']:.2f}x the CPU, ids and "
+                               f"edges identical: {res.get(f'{key}_checksum_ids_equal')}, weights "
+                               f"too: {res.get(f'{key}_checksum_equal')}")  # fmt: skip
         if name == "cache" and "manage_ms_median" in res:
             status = "; ".join(
                 f"{p} {ms:.2f} ms, hits {res['hit_ratio'][p]:.3f}"

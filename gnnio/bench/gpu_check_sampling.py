@@ -24,6 +24,19 @@ def _over(a: dict, b: dict, key: str) -> float | None:
     return a[key] / b[key] if key in a and key in b and b[key] > 0 else None  # (0: unmeasured)
 
 
+def _compare(c, out: dict[str, Any], name: str, argv: list[str], cpu: list[str]) -> None:
+    """``NAME_cpu``, ``NAME_cuda``, ``NAME_gpu_over_cpu`` (edges/s) and ``NAME_checksum_equal`` /
+    ``NAME_checksum_ids_equal`` (ids and edges alone: the weights may round otherwise on a GPU)
+    of ``gnnio ARGV`` on the CPU (with ``cpu``'s options) and on the GPU."""
+    out[f"{name}_cpu"] = part(lambda: c.gnnio(*argv, "--device", "cpu", *cpu))
+    out[f"{name}_cuda"] = part(lambda: c.gnnio(*argv, "--device", "cuda"))
+    gpu, host = out[f"{name}_cuda"], out[f"{name}_cpu"]
+    out[f"{name}_gpu_over_cpu"] = _over(gpu, host, "edges_per_s")
+    for key in ("checksum", "checksum_ids"):
+        if key in gpu and key in host:
+            out[f"{name}_{key}_equal"] = gpu[key] == host[key]
+
+
 def step_sampling(c) -> dict[str, Any]:
     common = ["bench", "sampling", str(c.data), "--batches", str(c.args.batches), "--passes", "3",
               "--no-progress", "--json"]  # fmt: skip
@@ -62,28 +75,13 @@ def step_sampling(c) -> dict[str, Any]:
         # ids and edges bit-identical (checksum_ids), the weights within float rounding
         # (checksum: equal unless a float32 weight rounds the other way, a ~1e-7 chance each)
         lad = [*common, "--sampler", "ladies", "--layer-size", "512"]
-        out["ladies_cpu"] = part(lambda: c.gnnio(*lad, "--device", "cpu"))
-        out["ladies_cuda"] = part(lambda: c.gnnio(*lad, "--device", "cuda"))
-        out["ladies_gpu_over_cpu"] = _over(out["ladies_cuda"], out["ladies_cpu"], "edges_per_s")
-        for key in ("checksum", "checksum_ids"):
-            if key in out["ladies_cuda"] and key in out["ladies_cpu"]:
-                out[f"ladies_{key}_equal"] = out["ladies_cuda"][key] == out["ladies_cpu"][key]
-        # the locality-aware LADIES (s = 8, 10 % of the rows local): the same comparison
+        # the locality-aware LADIES (s = 8, 10 % of the rows local): the same comparison; LABOR-1
+        # (numba on the CPU, gnnio.sampling.labor_importance_torch on the GPU) too, 10 batches
+        # (its CPU pass takes about twice LABOR-0's)
         lloc = [*lad, "--locality-scale", "8", "--gpu-cache-fraction", "0.1"]
-        out["ladloc_cpu"] = part(lambda: c.gnnio(*lloc, "--device", "cpu"))
-        out["ladloc_cuda"] = part(lambda: c.gnnio(*lloc, "--device", "cuda"))
-        out["ladloc_gpu_over_cpu"] = _over(out["ladloc_cuda"], out["ladloc_cpu"], "edges_per_s")
-        for key in ("checksum", "checksum_ids"):
-            if key in out["ladloc_cuda"] and key in out["ladloc_cpu"]:
-                out[f"ladloc_{key}_equal"] = out["ladloc_cuda"][key] == out["ladloc_cpu"][key]
-        # LABOR-1 (numba on the CPU, gnnio.sampling.labor_importance_torch on the GPU), compared
-        # as LADIES; 10 batches (its CPU pass takes about twice LABOR-0's)
         li = [*common[:3], "--batches", "10", *common[5:], "--sampler", "labor",
               "--importance-sampling", "1"]  # fmt: skip
-        out["labor_i_cpu"] = part(lambda: c.gnnio(*li, "--device", "cpu", "--threads", threads))
-        out["labor_i_cuda"] = part(lambda: c.gnnio(*li, "--device", "cuda"))
-        out["labor_i_gpu_over_cpu"] = _over(out["labor_i_cuda"], out["labor_i_cpu"], "edges_per_s")
-        for key in ("checksum", "checksum_ids"):
-            if key in out["labor_i_cuda"] and key in out["labor_i_cpu"]:
-                out[f"labor_i_{key}_equal"] = out["labor_i_cuda"][key] == out["labor_i_cpu"][key]
+        for name, argv, cpu in (("ladies", lad, []), ("ladloc", lloc, []),
+                                ("labor_i", li, ["--threads", threads])):  # fmt: skip
+            _compare(c, out, name, argv, cpu)
     return out
