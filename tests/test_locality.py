@@ -501,3 +501,13 @@ def test_models_consume_the_weights(model):
     layer = SAGELayer(6, 4, edge_weight_norm="sum")
     torch.testing.assert_close(aggregate(x, blk_m, "sum"), aggregate(x, plain, "mean"))
     assert layer(x, blk_m).shape == (blk_m.num_dst, 4)
+
+
+@pytest.mark.parametrize("s", [1e300, 1e308, 5e-324, 0.0, -1.0, float("nan"), float("inf")])
+def test_inclusion_probabilities_refuse_a_scale_outside_the_samplers_range(s):
+    """The samplers' range ``[1e-200, 1e200]``: at 1e308 Eq. 8's sums overflowed and a row of 10
+    neighbours, 3 in Q', fanout 4 got ``(0, 0)`` (summing to 0, not 4), silently."""
+    with pytest.raises(ValueError, match="1e-200, 1e200"):
+        inclusion_probabilities(10, 3, 4, s)
+    q_in, q_out = inclusion_probabilities(10, 3, 4, 1e200)  # (the edge of the range: still exact)
+    assert 3 * q_in + 7 * q_out == pytest.approx(4.0) and q_in == 1.0

@@ -138,7 +138,7 @@ def inclusion_probabilities(num_neighbors: int, num_in_q: int, fanout: int, scal
         num_neighbors: the row's degree (or window length under pruning), ``n``.
         num_in_q: how many of them are in Q', ``a``.
         fanout: neighbours drawn, ``k``.
-        scale: LAS scale ``s > 0``.
+        scale: LAS scale ``s`` in ``[1e-200, 1e200]`` (:data:`~gnnio.sampling.adaptive.MAX_SCALE`).
 
     Eq. 8 with capping (module docstring); ``a q_in + (n - a) q_out = min(n, k)`` always. When a
     class is empty its probability is reported as ``min(n, k) / n``.
@@ -148,8 +148,10 @@ def inclusion_probabilities(num_neighbors: int, num_in_q: int, fanout: int, scal
         raise ValueError(
             f"inclusion_probabilities: need 0 <= num_in_q <= num_neighbors, got {a}, {n}"
         )
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"inclusion_probabilities: scale must be > 0, got {scale!r}")
+    try:  # (the samplers' range: far past it Eq. 8's sums overflow, see adaptive.MAX_SCALE)
+        check_scale(s)
+    except ValueError as e:
+        raise ValueError(f"inclusion_probabilities: {e}") from None
     if n == 0:
         return 0.0, 0.0
     k = n if k < 0 else min(k, n)
