@@ -336,3 +336,20 @@ def test_after_a_failed_capture_the_thread_and_the_allocator_go_on():  # pragma:
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, torch.full_like(x, 3.0))
+
+
+def test_the_cpu_warning_names_the_sampler_that_runs():
+    """``--cuda-graph`` with a sampler on the CPU names it: the locality-aware LADIES was called
+    "the locality-aware sampler" (the node-wise one's name)."""
+    from types import SimpleNamespace
+
+    from gnnio.train.build import not_graphed
+
+    def said(kind, scale):
+        cfg = SimpleNamespace(sampler=kind, locality_scale=scale, importance_sampling=0)
+        return not_graphed(cfg, "cpu")
+
+    assert "the locality-aware LADIES sampler runs on the CPU" in said("ladies", 2.0)
+    assert "the LADIES sampler runs on the CPU" in said("ladies", None)
+    assert "the locality-aware sampler runs on the CPU" in said("uniform", 2.0)
+    assert "the LABOR sampler runs on the CPU" in said("labor", None)
