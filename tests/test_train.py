@@ -365,3 +365,30 @@ def test_sampled_evaluation_shows_a_bar(tmp_path, capsys, monkeypatch):
     assert "epoch 0" in err and "eval valid" in err and "eval test" in err
     assert main([*argv, "--quiet"]) == 0
     assert "eval valid" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["train", "reorder"])
+def test_no_progress_hides_the_bars_and_keeps_the_rest(cmd, tmp_path, capsys, monkeypatch):
+    """``--no-progress`` (as the bench commands and ``plan`` take it): no progress bar, the
+    per-epoch lines / summary kept, and ``GNNIO_NO_PROGRESS`` as it was after the command."""
+    import os
+
+    from gnnio.cli.main import main
+    from tests.helpers import write_tiny_dataset
+
+    monkeypatch.delenv("GNNIO_NO_PROGRESS", raising=False)
+    d = write_tiny_dataset(tmp_path / "d", num_nodes=200, num_edges=1200, feat_dim=8)
+    if cmd == "train":
+        argv = ["train", str(d), "--device", "cpu", "--epochs", "1", "--fanouts", "3,2",
+                "--hidden", "8"]  # fmt: skip
+        bar, kept = "eval valid", "epoch time"
+    else:
+        argv, bar, kept = ["reorder", str(d), "--by", "degree"], "%|", "reorder"
+    assert main([*argv, *(["--out", str(tmp_path / "a")] if cmd == "reorder" else [])]) == 0
+    out = capsys.readouterr()
+    assert bar in out.err and kept in out.out + out.err
+    assert main([*argv, *(["--out", str(tmp_path / "b")] if cmd == "reorder" else []),
+                 "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert bar not in out.err and kept in out.out + out.err
+    assert "GNNIO_NO_PROGRESS" not in os.environ

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import warnings
+from contextlib import contextmanager
 
 from .. import __version__
 from ..errors import GnnioError, UsageError
@@ -209,7 +210,8 @@ def _main(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
         args.argv = argv
         args.rank_entry = rank_main
-        rc = args.func(args)
+        with _bars_off(getattr(args, "no_progress", False)):
+            rc = args.func(args)
     except GnnioError as e:
         print(f"gnnio: error: {e}", file=sys.stderr)
         return 2
@@ -228,6 +230,25 @@ def _main(argv: list[str] | None) -> int:
         print(f"gnnio: error: out of memory: {_first_line(e)}", file=sys.stderr)
         return 2
     return int(rc or 0)
+
+
+@contextmanager
+def _bars_off(off: bool):
+    """``--no-progress``: every progress bar of this command off (:mod:`gnnio.utils.progress`
+    reads ``GNNIO_NO_PROGRESS``; ranks started from here inherit it), the variable restored after
+    (``main`` also runs inside other programs and the tests)."""
+    if not off:
+        yield
+        return
+    old = os.environ.get("GNNIO_NO_PROGRESS")
+    os.environ["GNNIO_NO_PROGRESS"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("GNNIO_NO_PROGRESS", None)
+        else:
+            os.environ["GNNIO_NO_PROGRESS"] = old
 
 
 def _first_line(e: BaseException) -> str:
@@ -251,7 +272,8 @@ def rank_main(argv: list[str]) -> int:
     def run() -> int:
         args = build_parser().parse_args(normalise_argv(list(argv)))
         args.argv, args.rank_entry = list(argv), rank_main
-        rc = int(args.func(args) or 0)
+        with _bars_off(getattr(args, "no_progress", False)):
+            rc = int(args.func(args) or 0)
         if rc != 0:
             raise SystemExit(rc)
         return rc

@@ -85,6 +85,11 @@ def register(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
     p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (the other output stays; also: GNNIO_NO_PROGRESS=1)",
+    )
     p.set_defaults(func=run)
 
 

@@ -98,6 +98,11 @@ def register(sub) -> None:
     add_feature_dtype_argument(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (the other output stays; also: GNNIO_NO_PROGRESS=1)",
+    )
     p.set_defaults(func=run)
 
 
