@@ -345,11 +345,12 @@ def test_the_cpu_warning_names_the_sampler_that_runs():
 
     from gnnio.train.build import not_graphed
 
-    def said(kind, scale):
-        cfg = SimpleNamespace(sampler=kind, locality_scale=scale, importance_sampling=0)
+    def said(kind, scale, i=0):
+        cfg = SimpleNamespace(sampler=kind, locality_scale=scale, importance_sampling=i)
         return not_graphed(cfg, "cpu")
 
     assert "the locality-aware LADIES sampler runs on the CPU" in said("ladies", 2.0)
     assert "the LADIES sampler runs on the CPU" in said("ladies", None)
     assert "the locality-aware sampler runs on the CPU" in said("uniform", 2.0)
     assert "the LABOR sampler runs on the CPU" in said("labor", None)
+    assert "the LABOR-i sampler runs on the CPU" in said("labor", None, 2)  # (it said "LABOR")

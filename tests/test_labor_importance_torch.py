@@ -297,7 +297,7 @@ def test_train_places_labor_i_on_the_gpu(monkeypatch):
     gpu = not_graphed(cfg, "cuda:0")
     assert gpu is not None and "LABOR-i GPU sampler" in gpu and "not replayed" in gpu
     cpu = not_graphed(cfg, "cpu")
-    assert cpu is not None and "LABOR sampler runs on the CPU" in cpu
+    assert cpu is not None and "the LABOR-i sampler runs on the CPU" in cpu
     assert "--sampler-device" not in cpu
     assert not_graphed(TrainConfig(sampler="labor"), "cuda:0") is None  # (LABOR-0 replays)
 

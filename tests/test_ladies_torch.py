@@ -277,7 +277,7 @@ def test_cuda_graph_says_why_ladies_is_not_replayed():
     cpu = not_graphed(TrainConfig(sampler="ladies"), "cpu")
     assert (
         cpu is not None
-        and "LADIES sampler runs on the CPU" in cpu
+        and "the LADIES sampler runs on the CPU" in cpu
         and "--sampler-device" not in cpu
     )
     assert not_graphed(TrainConfig(), "cuda:0") is None

@@ -96,8 +96,9 @@ def test_pinned_csr_views_alias_the_host_csr(monkeypatch):
 
 def test_sampler_placement_and_its_options(monkeypatch):
     from gnnio.errors import UsageError
+    from gnnio.features.tiers.tiered import hot_rows_for_fraction
     from gnnio.train.config import TrainConfig
-    from gnnio.train.setup import member_index_bytes, sampler_placement
+    from gnnio.train.setup import sampler_placement
     from tests.fake_cuda import fake_cuda
 
     with pytest.raises(UsageError, match="--graph-in: only with"):
@@ -131,20 +132,26 @@ def test_sampler_placement_and_its_options(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * csr, 8 * csr))
     assert sampler_placement(ds, auto) == (torch.device("cuda", 0), "gpu")
     ladies_las = TrainConfig(device="cuda", sampler="ladies", locality_scale=2.0)
-    assert sampler_placement(ds, ladies_las) == (None, "gpu")  # (the CSR fits, not its index)
+    assert sampler_placement(ds, ladies_las) == (None, "gpu")  # (its member index: no room)
     for other in (dict(sampler="labor"), dict(prune_threshold=(1, 1)), dict(sampler="ladies")):
         assert sampler_placement(ds, TrainConfig(device="cuda", **other)) == (
             torch.device("cuda", 0),
             "gpu",
         )
     # the locality-aware sampler's member index counts too: per layer a pointer as long as the
-    # CSR's and the Q' members' positions (at most the |B| largest out-degrees' sum)
+    # CSR's and, at most, the int32 positions of the |B| most frequent neighbours (an upper bound)
     las = TrainConfig(device="cuda", locality_scale=2.0, gpu_cache_fraction=0.5)
-    mi = member_index_bytes(ds, las)
-    assert mi >= 3 * (ds.graph.indptr.nbytes + int(4 * ds.graph.indices.shape[0] * 0.5))
+    top = np.sort(np.bincount(ds.graph.indices, minlength=100))[-hot_rows_for_fraction(0.5, 100) :]
+    mi = 3 * (ds.graph.indptr.nbytes + 4 * int(top.sum()))
     assert sampler_placement(ds, las) == (None, "gpu")  # the CSR alone fits, not with the index
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * (csr + mi) - 4, 8 * csr))
+    assert sampler_placement(ds, las) == (None, "gpu")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * (csr + mi), 8 * csr))
     assert sampler_placement(ds, las) == (torch.device("cuda", 0), "gpu")
+    # the locality-aware LADIES has a GPU sampler too (B = every node here: all the positions)
+    whole = 3 * (ds.graph.indptr.nbytes + 4 * ds.graph.indices.shape[0])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 * (csr + whole), 8 * csr))
+    assert sampler_placement(ds, ladies_las) == (torch.device("cuda", 0), "gpu")
 
 
 @pytest.mark.parametrize(

@@ -356,11 +356,8 @@ def add_train_arguments(p) -> None:
         "without it the open checks file sizes and a sampled hash (a few MiB)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
-    p.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress bars (the other output stays; also: GNNIO_NO_PROGRESS=1)",
-    )
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (the other output stays; also: GNNIO_NO_PROGRESS=1)")  # fmt: skip
 
 
 def refuse_ignored(args, ranks: int) -> None:

@@ -133,7 +133,7 @@ def not_graphed(cfg, sampler_device: str) -> str | None:
         labor_i = kind == "labor" and getattr(cfg, "importance_sampling", 0) > 0
         useful = kind != "ladies" and not labor_i and has_gpu_sampler(cfg)
         hint = " (a GPU sampler's are: --sampler-device cuda)" if useful else ""
-        kind = {"ladies": "LADIES", "labor": "LABOR"}.get(kind, kind)
+        kind = {"ladies": "LADIES", "labor": "LABOR-i" if labor_i else "LABOR"}.get(kind, kind)
         kind = f"locality-aware {kind}" if las and kind == "LADIES" else (
             "locality-aware" if las else kind)  # fmt: skip
         return (f"--cuda-graph: the {kind} sampler runs on the CPU here: its batches are not "

@@ -22,7 +22,11 @@ With ``--locality-scale`` the sampler's member index (per layer a pointer of ``N
 the neighbours' positions in the layer's set, at most the ``|B|`` largest out-degrees' sum:
 :func:`~gnnio.train.setup.member_index_bytes`) lives beside the CSR, so it is planned with it
 (``gpu_member_index_bytes``), sized at the hot rows of a first plan without it (an upper bound:
-counting it can only shrink the hot rows).
+counting it can only shrink the hot rows). Only a direct caller of :func:`apply_layout_plan` gets
+there today: ``gnnio train`` and ``bench step`` (``TrainConfig.validate``) refuse
+``--locality-scale`` without ``--gpu-cache-fraction``, ``--placement`` or ``--cache-policy
+static``, each of which turns the plan off; there ``--graph-in auto`` counts the index instead
+(:func:`~gnnio.train.setup.sampler_placement`).
 
 A sampler with no GPU implementation (none today: every sampler has one) would sample on the CPU
 whatever the memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.
