@@ -23,26 +23,15 @@ from gnnio.utils.syncs import OpCounter
 
 from .helpers import random_graph, write_tiny_dataset
 from .test_labor_importance import power_law_graph
+from .test_ladies_torch import same_blocks
 
 LARGE = 10**12  # (LABOR-*: the early stop ends the steps)
 
 
 def same_batch(a, b, exact_weights: bool = True) -> None:
-    assert torch.equal(a.input_nodes, b.input_nodes)
-    assert torch.equal(a.seeds, b.seeds)
-    assert a.meta["hop_nodes"] == b.meta["hop_nodes"]
     assert a.meta["importance_steps"] == b.meta["importance_steps"]
     assert a.meta["sampler"] == b.meta["sampler"] == "labor"
-    for x, y in zip(a.blocks, b.blocks, strict=True):
-        assert (x.num_src, x.num_dst) == (y.num_src, y.num_dst)
-        assert torch.equal(x.edge_index, y.edge_index)
-        assert (x.edge_weight is None) == (y.edge_weight is None)
-        if x.edge_weight is not None:
-            assert y.edge_weight.dtype == torch.float32
-            if exact_weights:
-                assert torch.equal(x.edge_weight, y.edge_weight)
-            else:
-                torch.testing.assert_close(x.edge_weight, y.edge_weight, rtol=1e-6, atol=0)
+    same_blocks(a, b, exact_weights)
 
 
 def syncs_bound(mb, imp: int, g=None) -> int:

@@ -24,10 +24,15 @@ from .helpers import random_graph
 
 
 def same_batch(a, b, exact_weights: bool = True) -> None:
+    assert a.meta["sampler"] == b.meta["sampler"] == "ladies"
+    same_blocks(a, b, exact_weights)
+
+
+def same_blocks(a, b, exact_weights: bool = True) -> None:
+    """Two batches' ids, hop sizes and blocks equal (weights exactly or within float rounding)."""
     assert torch.equal(a.input_nodes, b.input_nodes)
     assert torch.equal(a.seeds, b.seeds)
     assert a.meta["hop_nodes"] == b.meta["hop_nodes"]
-    assert a.meta["sampler"] == b.meta["sampler"] == "ladies"
     for x, y in zip(a.blocks, b.blocks, strict=True):
         assert (x.num_src, x.num_dst) == (y.num_src, y.num_dst)
         assert torch.equal(x.edge_index, y.edge_index)

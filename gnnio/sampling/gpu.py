@@ -207,11 +207,22 @@ class TorchUniformSampler:
             seeds = seeds.pin_memory().to(self.device, non_blocking=True)
         return seeds.to(self.device, torch.int64)
 
+    def _start_batch(self, seeds) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
+        """``(seeds, D, loc, first)``: a scratch pair taken and the seeds numbered in it
+        (:meth:`_numbered_seeds`); on bad seeds the scratch goes back before the error. The
+        LADIES and LABOR-i torch paths start so."""
+        loc, first = self._take()
+        try:
+            seeds, total = self._numbered_seeds(seeds, loc)
+        except ValueError:
+            self._give(loc, first)
+            raise
+        return seeds, total, loc, first
+
     def _numbered_seeds(self, seeds, loc: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Seeds on the device, numbered ``0..B-1`` in ``loc``; returns them and the first hop's
         ``D`` (their neighbour entries; range, repeats and ``D`` read back together: one host
-        sync). On bad seeds ``loc`` is cleared again (the dummy slot too) before the error. The
-        LADIES and LABOR-i torch paths start so."""
+        sync). On bad seeds ``loc`` is cleared again (the dummy slot too) before the error."""
         seeds = self._device_seeds(self._int64_seeds(seeds))
         b, n = int(seeds.shape[0]), self.num_nodes
         if b == 0:

@@ -190,12 +190,7 @@ class TorchLaborImportanceSampler(TorchUniformSampler):
         with the random stream of ``key``; the numba sampler's batch, ``meta["sampler"] =
         "labor"`` and ``meta["importance_steps"]`` (the steps per hop, the seeds' hop first)."""
         kernel_ran("labor_i_hop", "torch")  # (the summary's kernels: which implementation ran)
-        loc, first = self._take()
-        try:
-            seeds, total = self._numbered_seeds(seeds, loc)
-        except ValueError:
-            self._give(loc, first)
-            raise
+        seeds, total, loc, first = self._start_batch(seeds)
         keys = labor_keys(key, len(self.fanouts), self.layer_dependency)
         nodes, hop_nodes, blocks_rev, steps = seeds, [int(seeds.shape[0])], [], []
         for fanout, rkey in zip(self.fanouts, keys, strict=True):

@@ -190,12 +190,7 @@ class TorchLadiesSampler(TorchUniformSampler):
         the batch as the numba sampler's (``meta["sampler"] = "ladies"``)."""
         s = float(scale)
         kernel_ran("ladies_hop", "torch")  # (the summary's kernels: which implementation ran)
-        loc, first = self._take()
-        try:
-            seeds, total = self._numbered_seeds(seeds, loc)
-        except ValueError:
-            self._give(loc, first)
-            raise
+        seeds, total, loc, first = self._start_batch(seeds)
         nodes, hop_nodes, blocks_rev = seeds, [int(seeds.shape[0])], []
         for h, budget in enumerate(self.layer_sizes):
             hkey = _s64(hop_key(key, h) ^ _DOMAIN_LADIES)
