@@ -100,8 +100,8 @@ def add_arguments(p) -> None:
         "--cuda-graph",
         action="store_true",
         help="--device cuda, uniform (--prune-threshold, --locality-scale included) or labor "
-        "sampler: replay each batch as a CUDA graph (gnnio.sampling.gpu_graphed; the same "
-        "batches)",
+        "(LABOR-0: not with --importance-sampling) sampler: replay each batch as a CUDA graph "
+        "(gnnio.sampling.gpu_graphed; the same batches)",
     )
     p.add_argument(
         "--prune-threshold", metavar="ALPHA,BETA", nargs="?", const="1,1", default=None,

@@ -226,7 +226,8 @@ class TorchLaborImportanceSampler(TorchUniformSampler):
             p, steps, bad, ran = hop_probabilities_torch(t, row, deg, first, fanout, self.iters,
                                                          rounds)  # fmt: skip
             if rounds is None:
-                self.rounds = max(self.rounds, ran)
+                with self._lock:  # (threads sharing the sampler: the count never falls back)
+                    self.rounds = max(self.rounds, ran)
             keep = _srl(vertex_rank_torch(rkey, t), 11).to(torch.float64) * _INV_2_53 < p
             self._mark("sample")
             unknown = keep & (loc[t] < 0)
