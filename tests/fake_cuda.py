@@ -147,3 +147,24 @@ def install_runtime(monkeypatch, rt: FakeCudaRuntime) -> FakeCudaRuntime:
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: rt.pinned(self))
     monkeypatch.setattr(uva, "_registrations", {})
     return rt
+
+
+def record_sampler_builds(monkeypatch, name: str, second: str) -> dict:
+    """:func:`fake_cuda` with 1 GiB of 2 free, and ``gnnio.sampling.NAME`` replaced by a recorder
+    of its builds: the dict returned holds the last build's keyword arguments and its second
+    positional one under ``second`` (``sizes``, ``fanouts``) -- what ``gnnio.train``'s
+    ``build_sampler`` asked for, nothing sampled."""
+    import gnnio.sampling
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
+    built: dict = {}
+
+    class Recorder:
+        def __init__(self, graph, arg, **kw):
+            built.clear()
+            built.update(kw)
+            built[second] = arg
+
+    monkeypatch.setattr(gnnio.sampling, name, Recorder)
+    return built

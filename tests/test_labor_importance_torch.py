@@ -255,22 +255,12 @@ def test_train_places_labor_i_on_the_gpu(monkeypatch):
     """``gnnio train --sampler labor --importance-sampling I --device cuda``: the GPU sampler under
     ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu``; ``--cuda-graph``
     says its batches are not replayed, and on the CPU gives no ``--sampler-device cuda`` hint."""
-    import gnnio.sampling
     from gnnio.train.build import not_graphed
     from gnnio.train.config import TrainConfig
     from gnnio.train.setup import build_sampler, has_gpu_sampler
-    from tests.fake_cuda import fake_cuda
+    from tests.fake_cuda import record_sampler_builds
 
-    fake_cuda(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
-    built: dict = {}
-
-    class Rec:
-        def __init__(self, graph, fanouts, **kw):
-            built.clear()
-            built.update(kw)
-
-    monkeypatch.setattr(gnnio.sampling, "LaborSampler", Rec)
+    built = record_sampler_builds(monkeypatch, "LaborSampler", "fanouts")
     ds = type("DS", (), {"graph": power_law_graph()})
     for opts, want in ((dict(sampler_device="auto"), ("cuda", "gpu")),
                        (dict(sampler_device="cuda", graph_in="host"), ("cuda", "host")),

@@ -223,21 +223,11 @@ def test_train_builds_it_on_the_gpu(monkeypatch):
     """``gnnio train --sampler ladies --locality-scale S --device cuda``: LocalityLadiesSampler on
     the training GPU under ``--sampler-device auto|cuda`` (UVA too), the numba kernels with
     ``cpu``; ``--sampler-device cuda`` is accepted, the plan counts its member index."""
-    import gnnio.sampling
     from gnnio.train.config import TrainConfig
     from gnnio.train.setup import StoreSetup, build_sampler, has_gpu_sampler, member_index_bytes
-    from tests.fake_cuda import fake_cuda
+    from tests.fake_cuda import record_sampler_builds
 
-    fake_cuda(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
-    built: dict = {}
-
-    class Rec:
-        def __init__(self, graph, sizes, **kw):
-            built.clear()
-            built.update(kw, sizes=sizes)
-
-    monkeypatch.setattr(gnnio.sampling, "LocalityLadiesSampler", Rec)
+    built = record_sampler_builds(monkeypatch, "LocalityLadiesSampler", "sizes")
 
     class Ds:
         graph = random_graph(100, 600, 0)

@@ -222,21 +222,11 @@ def test_train_builds_ladies_on_the_gpu(monkeypatch):
     """``gnnio train --sampler ladies --device cuda``: LadiesSampler on the training GPU under
     ``--sampler-device auto|cuda`` (UVA too), the numba kernels with ``cpu`` (the locality-aware
     one: tests/test_ladies_locality_torch.py)."""
-    import gnnio.sampling
     from gnnio.train.config import TrainConfig
     from gnnio.train.setup import StoreSetup, build_sampler
-    from tests.fake_cuda import fake_cuda
+    from tests.fake_cuda import record_sampler_builds
 
-    fake_cuda(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 30, 1 << 31))
-    built: dict = {}
-
-    class Rec:
-        def __init__(self, graph, sizes, **kw):
-            built.clear()
-            built.update(kw, sizes=sizes)
-
-    monkeypatch.setattr(gnnio.sampling, "LadiesSampler", Rec)
+    built = record_sampler_builds(monkeypatch, "LadiesSampler", "sizes")
 
     class Ds:
         graph = random_graph(100, 600, 0)
