@@ -29,14 +29,25 @@ BUDGET = 6 * GiB
 ROW = 4096
 
 
-@pytest.fixture(scope="module")
-def ds(tmp_path_factory):
+def _graph(tmp_path_factory, feat_dim: int):
+    """A 1,500-node synthetic graph (average degree 8) with ``feat_dim``-wide rows."""
     import gnnio
 
-    out = tmp_path_factory.mktemp("data") / "plan"
-    prepare_synthetic(out, num_nodes=1500, avg_degree=8, feat_dim=16, num_classes=4, seed=0,
+    out = tmp_path_factory.mktemp("data") / f"plan{feat_dim}"
+    prepare_synthetic(out, num_nodes=1500, avg_degree=8, feat_dim=feat_dim, num_classes=4, seed=0,
                       split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
     return gnnio.load(out)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return _graph(tmp_path_factory, 16)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """The graph of ``ds`` with 512-wide rows: the rows outweigh the CSR and its member index."""
+    return _graph(tmp_path_factory, 512)
 
 
 def _cfg(**kw) -> TrainConfig:
@@ -195,15 +206,67 @@ def test_locality_ladies_is_planned_with_the_gpu_sampler(ds, monkeypatch):
     assert (new.sampler_device, new.graph_in) == ("cuda", "gpu")
 
 
-@pytest.mark.parametrize("free", [80 * GiB, GiB + 10**6])
-def test_a_sampler_without_a_gpu_path_gets_the_cpu_and_the_whole_budget_for_rows(ds, free):
-    """``gpu_sampler=False`` (a sampler with CPU kernels only): the plan says the CPU sampler,
-    puts no CSR on the GPU and gives the whole budget to rows."""
-    row = ds.features.dtype.itemsize * ds.features.shape[1]
+def test_locality_scale_on_a_gpu_needs_no_layout_option(monkeypatch):
+    """``--locality-scale`` without a layout option: refused on the CPU (no set B), accepted on
+    a GPU (``cuda`` or ``auto`` with one present) where the plan's hot rows are B; refused again
+    when a layout option turns the plan off without giving B, or with no GPU for ``auto``."""
+    from gnnio.errors import UsageError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cpu", "auto"):  # (no GPU: auto is the CPU)
+        with pytest.raises(UsageError, match="needs nodes held on the GPU"):
+            _cfg(device=device, locality_scale=2.0).validate()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for device in ("auto", "cuda", "cuda:0"):
+        for scale in (2.0, "auto"):
+            _cfg(device=device, locality_scale=scale).validate()
+        _cfg(device=device, sampler="ladies", locality_scale=2.0).validate()
+    layout = (dict(sampler_device="cpu"), dict(sampler_device="cuda"), dict(cache_policy="fifo"))
+    for opts in layout:
+        with pytest.raises(UsageError, match="needs nodes held on the GPU"):
+            _cfg(device="cuda", locality_scale=2.0, **opts).validate()
+    with pytest.raises(UsageError, match="needs nodes held on the GPU"):
+        _cfg(device="cpu", locality_scale=2.0).validate()
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "ladies"])
+def test_the_planned_hot_rows_are_the_locality_set(wide, monkeypatch, sampler):
+    """``gnnio train --device cuda --locality-scale 2`` with no layout option: the planned config
+    builds a tiered store whose hot rows -- the sampler's B -- are the plan's ``hot_rows`` (the
+    hottest), the locality-aware sampler gets them, and the plan's ``locality`` says what B is:
+    the planned rows, all rows (no host row to avoid) or none."""
+    from gnnio.sampling import LocalityLadiesSampler, LocalitySampler
+    from gnnio.train.setup import build_sampler, build_store, hot_score, member_index_bytes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    extra = {"layer_size": 64} if sampler == "ladies" else {}
+    cfg = _cfg(device="cuda", sampler=sampler, locality_scale=2.0, score="degree", **extra)
+    cfg.validate()
+    ds = wide
     csr = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
-    plan = plan_layout(row * ds.num_nodes, row, csr, ds.num_nodes, free, gpu_sampler=False)
-    assert (plan["sampler_device"], plan["gpu_csr_bytes"]) == ("cpu", 0)
-    assert plan["hot_rows"] == min(ds.num_nodes, plan["budget_bytes"] // row)
+    whole = member_index_bytes(ds, dataclasses.replace(cfg, gpu_cache_fraction=1.0))
+    free = GiB + 4 * (csr + whole + SCRATCH_BYTES_PER_NODE * (ds.num_nodes + 1))
+    new, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=free)
+    hot = plan["hot_rows"]
+    assert 0 < hot < ds.num_nodes and plan["gpu_member_index_bytes"] > 0
+    assert plan["locality"].startswith(f"B = the {hot:,} planned hot rows")
+    new.validate()
+    # the store on CPU tensors (no GPU here): the same hot-row choice the GPU store makes
+    setup = build_store(ds, new, torch.device("cpu"), score=hot_score(ds, new, progress=False))
+    want = np.sort(np.argsort(-hot_score(ds, new, progress=False), kind="stable")[:hot])
+    np.testing.assert_array_equal(setup.gpu_ids, want)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (80 * GiB, 80 * GiB))
+    s, _ = build_sampler(ds, dataclasses.replace(new, sampler_device="cpu"), [5, 5], setup)
+    assert isinstance(s, LocalityLadiesSampler if sampler == "ladies" else LocalitySampler)
+    np.testing.assert_array_equal(s.q_sets[0], want)  # (Q'_1 = B)
+    _, every = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=80 * GiB)
+    assert every["hot_rows"] == ds.num_nodes and every["locality"].startswith("every row")
+    _, none = apply_layout_plan(ds, cfg, torch.device("cuda"), free_bytes=GiB + 1000)
+    assert none["hot_rows"] == 0 and none["locality"].startswith("no row fits")
+    _, plain = apply_layout_plan(ds, _cfg(device="cuda"), torch.device("cuda"), free_bytes=free)
+    assert "locality" not in plain
 
 
 def test_ladies_is_planned_with_the_gpu_sampler(ds, monkeypatch):
@@ -243,19 +306,16 @@ def test_modeled_load_time_counts_the_rows_of_the_training_sampler(ds, sampler):
     assert plan["modeled_load_s"] == pytest.approx(want, rel=1e-12)
 
 
-def test_the_locality_member_index_is_planned_beside_the_csr(tmp_path, monkeypatch):
+def test_the_locality_member_index_is_planned_beside_the_csr(wide, monkeypatch):
     """``--locality-scale``: the member index (setup.member_index_bytes at the planned hot
     fraction) is planned with the CSR. Where the CSR alone fits in a quarter of the budget but
     not with the index, the plan is UVA sampling (both in pinned host memory); where both fit,
     the index takes room from the hot rows."""
-    import gnnio
     from gnnio.train.setup import member_index_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    prepare_synthetic(tmp_path / "d", num_nodes=1500, avg_degree=8, feat_dim=512, num_classes=4,
-                      seed=0, split=(0.5, 0.2, 0.3), progress=False)  # fmt: skip
-    ds = gnnio.load(tmp_path / "d")
+    ds = wide
     csr = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
     scratch = SCRATCH_BYTES_PER_NODE * (ds.num_nodes + 1)
     row = ds.features.dtype.itemsize * ds.features.shape[1]

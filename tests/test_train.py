@@ -168,21 +168,25 @@ def test_training_on_cuda(easy):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("data", ["planned", "tiered"])
+@pytest.mark.parametrize("data", ["planned", "tiered", "planned_locality"])
 def test_training_on_cuda_matches_cpu(easy, data):
     """The same run on the CPU and on CUDA: the same rows per tier (the sampler and the seed
     order are the same), and losses that differ only by floating-point order (no dropout).
     ``planned``: no layout option, so on CUDA gnnio plans it (this small graph fits: every row on
     the GPU, the GPU sampler); the CPU run is given that layout (``gpu_cache_fraction=1``,
-    simulated) -- the CPU's own default, a plain host store, books its rows as ``host``."""
-    kw = dict(epochs=2, dropout=0.0)
+    simulated) -- the CPU's own default, a plain host store, books its rows as ``host``.
+    ``planned_locality``: the same with ``--locality-scale 2``, whose set B is the planned rows."""
+    kw: dict = dict(epochs=2, dropout=0.0)
     if data == "tiered":
         kw["gpu_cache_fraction"] = 0.25
-    cpu_kw = dict(kw, gpu_cache_fraction=1.0) if data == "planned" else kw
+    if data == "planned_locality":
+        kw["locality_scale"] = 2.0
+    cpu_kw = dict(kw, gpu_cache_fraction=1.0) if data.startswith("planned") else kw
     cpu = train(easy, small_config(device="cpu", **cpu_kw))
     gpu = train(easy, small_config(device="cuda", **kw))
-    if data == "planned":
+    if data.startswith("planned"):
         assert gpu["plan"]["planned"] and gpu["plan"]["gpu_cache_fraction"] == 1.0, gpu["plan"]
+        assert ("locality" in gpu["plan"]) == (data == "planned_locality"), gpu["plan"]
     assert gpu["bytes_by_tier"] == cpu["bytes_by_tier"]
     assert gpu["rows_by_tier"] == cpu["rows_by_tier"]
     for a, b in zip(cpu["history"], gpu["history"]):

@@ -148,7 +148,9 @@ class TrainConfig:
             locality-aware sampling (:class:`~gnnio.sampling.LocalitySampler`) with that fixed
             scale; ``"auto"`` = Algorithm 2 adapts ``s`` after every epoch from the data-loading
             share (:class:`~gnnio.sampling.AdaptiveScale`, lt 0.15, ut 0.2, MAXS 8). Needs a
-            GPU-resident set: ``gpu_cache_fraction``, ``placement`` or a ``static`` cache.
+            GPU-resident set: ``gpu_cache_fraction``, ``placement`` or a ``static`` cache, or,
+            on a GPU with none of the layout options, the planned hot rows
+            (:mod:`gnnio.train.gpu_plan`).
             With ``sampler="ladies"`` it applies Eq. 8 to the layer distribution
             (:class:`~gnnio.sampling.LocalityLadiesSampler`); ``labor`` does not take it.
         locality_max_scale: MAXS of ``auto``.
@@ -421,15 +423,19 @@ class TrainConfig:
             raise UsageError(
                 f"--locality-compute-s: must be > 0 seconds, got {self.locality_compute_s}"
             )
+        from .gpu_plan import plans_layout
+
         if ls is not None and (
             world_size <= 1
             and self.gpu_cache_fraction is None
             and self.placement is None
             and self.cache_policy != "static"
+            and not plans_layout(self, world_size)  # (on a GPU the plan's hot rows are B)
         ):
             raise UsageError(
                 "--locality-scale: needs nodes held on the GPU; add --gpu-cache-fraction F, "
-                "--placement FILE or --cache-policy static"
+                "--placement FILE or --cache-policy static (or train on a GPU with no layout "
+                "option: the planned hot rows)"
             )
         pt = self.prune_threshold
         if pt is not None:

@@ -18,18 +18,16 @@ memory, in this order:
 4. Else UVA sampling (the CSR pinned in host memory, read by the GPU sampler zero-copy) and the
    whole budget for hot rows; if even the scratch does not fit, the CPU sampler.
 
-With ``--locality-scale`` the sampler's member index (per layer a pointer of ``N + 1`` int64 and
-the neighbours' positions in the layer's set, at most the ``|B|`` largest out-degrees' sum:
-:func:`~gnnio.train.setup.member_index_bytes`) lives beside the CSR, so it is planned with it
-(``gpu_member_index_bytes``), sized at the hot rows of a first plan without it (an upper bound:
-counting it can only shrink the hot rows). Only a direct caller of :func:`apply_layout_plan` gets
-there today: ``gnnio train`` and ``bench step`` (``TrainConfig.validate``) refuse
-``--locality-scale`` without ``--gpu-cache-fraction``, ``--placement`` or ``--cache-policy
-static``, each of which turns the plan off; there ``--graph-in auto`` counts the index instead
-(:func:`~gnnio.train.setup.sampler_placement`).
-
-A sampler with no GPU implementation (none today: every sampler has one) would sample on the CPU
-whatever the memory: neither its CSR nor its scratch is planned on the GPU, and the whole budget is for rows.
+With ``--locality-scale`` (Song & Jiang) the planned hot rows are the sampler's set ``B``, so
+``gnnio train --device cuda --locality-scale S|auto`` needs no layout option (on the CPU, or with
+a layout option, B comes from ``--gpu-cache-fraction``, ``--placement`` or ``--cache-policy
+static``: :meth:`~gnnio.train.TrainConfig.validate`). The sampler's member index (per layer a
+pointer of ``N + 1`` int64 and the neighbours' positions in the layer's set, at most the ``|B|``
+largest out-degrees' sum: :func:`~gnnio.train.setup.member_index_bytes`) lives beside the CSR,
+so it is planned with it (``gpu_member_index_bytes``), sized at the hot rows of a first plan
+without it (an upper bound: counting it can only shrink the hot rows). Where every row fits on
+the GPU (or none does) there is no host row to avoid: the sampler samples as ``s = 1`` would, and
+the plan's ``locality`` says so.
 
 The plan is in the summary under ``plan``: tier sizes, sampler device, the reason, and
 ``modeled_load_s``: the host-to-GPU seconds per epoch *modeled* for the cold rows at the PCIe
@@ -49,7 +47,13 @@ import torch
 
 from ..placement.topology import DEFAULT_HOST_BW
 
-__all__ = ["resolve_device", "plan_layout", "apply_layout_plan", "SCRATCH_BYTES_PER_NODE"]
+__all__ = [
+    "resolve_device",
+    "plan_layout",
+    "plans_layout",
+    "apply_layout_plan",
+    "SCRATCH_BYTES_PER_NODE",
+]
 
 GiB = 2**30
 #: the GPU sampler's per-node scratch (two int64 maps of N + 1 entries, per sampling worker). Its
@@ -76,24 +80,20 @@ def plan_layout(
     num_nodes: int,
     free_bytes: int,
     workers: int = 1,
-    gpu_sampler: bool = True,
 ) -> dict:
     """The layout of the module docstring for these sizes (bytes) and ``free_bytes`` of GPU
     memory. Returns ``gpu_cache_fraction`` (0..1), ``sampler_device`` (``cuda``/``cpu``),
     ``graph_in`` (``gpu``/``host``), ``budget_bytes``, ``hot_rows``, ``gpu_feature_bytes``,
-    ``gpu_csr_bytes`` and ``reason``. ``gpu_sampler=False``: the sampler has no GPU
-    implementation (none today): the CPU sampler, neither CSR nor scratch on the GPU, the whole
-    budget for rows."""
+    ``gpu_csr_bytes`` and ``reason``. (Every sampler has a GPU implementation,
+    :func:`~gnnio.train.setup.has_gpu_sampler`, so the plan never keeps one off the GPU for want of
+    one.)"""
     reserve = max(GiB, free_bytes // 4)
     budget = max(0, free_bytes - reserve)
     scratch = SCRATCH_BYTES_PER_NODE * (num_nodes + 1) * max(1, workers)
     rows = feat_bytes // row_bytes if row_bytes else num_nodes
     plan: dict[str, Any] = {"free_gpu_bytes": int(free_bytes), "reserve_bytes": int(reserve)}
     plan["budget_bytes"] = int(budget)
-    if not gpu_sampler:
-        hot, sampler, graph_in = budget // max(row_bytes, 1), "cpu", "gpu"
-        reason = "the sampler has no GPU implementation: the CPU sampler, the budget for rows"
-    elif feat_bytes + csr_bytes + scratch <= budget:
+    if feat_bytes + csr_bytes + scratch <= budget:
         hot, sampler, graph_in = rows, "cuda", "gpu"
         reason = "features, topology and sampler scratch all fit in the GPU budget"
     elif csr_bytes + scratch <= budget // 4:
@@ -138,6 +138,13 @@ def _user_chose_layout(cfg) -> bool:
     )
 
 
+def plans_layout(cfg, world_size: int = 1) -> bool:
+    """Whether :func:`apply_layout_plan` will plan this run: CUDA (``--device auto`` where a GPU
+    is present), one process, none of the layout options of the module docstring."""
+    dev = str(resolve_device(cfg.device, world_size))
+    return dev.startswith("cuda") and world_size <= 1 and not _user_chose_layout(cfg)
+
+
 def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_bytes=None):
     """``(cfg to build from, plan dict)``: on a GPU, one process, no layout option given, a copy
     of ``cfg`` with :func:`plan_layout`'s choices; otherwise ``cfg`` itself and a plan that says
@@ -154,18 +161,16 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
     row_bytes = int(np.dtype(feats.dtype).itemsize * (feats.shape[1] if feats.ndim > 1 else 1))
     feat_bytes = row_bytes * int(feats.shape[0])
     csr_bytes = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
-    from .setup import has_gpu_sampler
-
-    gpu_sampler = has_gpu_sampler(cfg)
-    plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes),
-                       gpu_sampler=gpu_sampler)  # fmt: skip
+    plan = plan_layout(feat_bytes, row_bytes, csr_bytes, ds.num_nodes, int(free_bytes))
     member = _member_bytes(ds, cfg, plan)
     if member:  # (the locality-aware sampler's member index lives beside the CSR: plan both)
         plan = plan_layout(feat_bytes, row_bytes, csr_bytes + member, ds.num_nodes,
-                           int(free_bytes), gpu_sampler=gpu_sampler)  # fmt: skip
+                           int(free_bytes))  # fmt: skip
         plan["gpu_member_index_bytes"] = member if plan["gpu_csr_bytes"] else 0
         if plan["gpu_csr_bytes"]:
             plan["gpu_csr_bytes"] -= member
+    if getattr(cfg, "locality_scale", None) is not None:
+        plan["locality"] = _locality_note(plan, ds.num_nodes)
     plan["planned"] = True
     plan["modeled_load_s"] = _modeled_load_s(ds, cfg, plan, row_bytes)
     new = dataclasses.replace(
@@ -175,6 +180,17 @@ def apply_layout_plan(ds, cfg, device: torch.device, world_size: int = 1, free_b
         graph_in=plan["graph_in"] if plan["sampler_device"] == "cuda" else "auto",
     )
     return new, plan
+
+
+def _locality_note(plan: dict, num_nodes: int) -> str:
+    """What ``--locality-scale`` does with the planned hot rows as its set B."""
+    hot = plan["hot_rows"]
+    if hot >= num_nodes:
+        return ("every row is on the GPU: no host row to avoid, so --locality-scale samples as "
+                "s = 1 would (uniform weights), its member index kept")  # fmt: skip
+    if hot == 0:
+        return "no row fits on the GPU: B is empty, so --locality-scale samples as s = 1 would"
+    return f"B = the {hot:,} planned hot rows: their neighbours are favoured (Song & Jiang)"
 
 
 def _member_bytes(ds, cfg, plan: dict) -> int:

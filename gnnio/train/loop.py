@@ -374,7 +374,7 @@ def _describe_plan(plan: dict) -> str:
         f"GPU ({plan['gpu_cache_fraction']:.1%}), sampler on {plan['sampler_device']}"
         + (f" (CSR in {plan['graph_in']} memory)" if plan["sampler_device"] == "cuda" else "")
         + f"; {plan['reason']}; modeled host->GPU {plan['modeled_load_s']:.2f} s per epoch"
-    )
+    ) + (f"; locality: {plan['locality']}" if "locality" in plan else "")
 
 
 def _status(msg: str) -> None:
