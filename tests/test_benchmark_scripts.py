@@ -117,7 +117,10 @@ def test_cache_syncs_interpreted():
 
 def test_step_kernels(run, tiny):
     out = _last_json(run("step_kernels.py", tiny, "--steps", "1"))
-    assert out["block"]["edges"] > 0 and out["forward_bit_identical"] is True
+    # equal to torch's product within float rounding; bit for bit only where MKL does not fuse
+    # the multiply-add (AVX-512 Intel VMs do: the last bits differ there, tests/test_spmm.py)
+    assert out["block"]["edges"] > 0 and isinstance(out["forward_bit_identical"], bool)
+    assert out["forward_max_abs_diff"] < 1e-4
     for impl in ("numba", "torch"):
         assert set(out[f"step_{impl}_ms"]) == {"forward", "backward", "optimizer", "total"}
 
