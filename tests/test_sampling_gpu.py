@@ -34,6 +34,8 @@ def test_count_syncs_sees_the_usual_culprits():
         t[torch.tensor([3])] = torch.tensor(5)  # a value on the tensor's device: not a sync
         t.index_fill_(0, torch.tensor([4]), -1)  # nor index_fill_ / fill_
         t[:1].fill_(0)
+        t[4:] = 0  # a slice's: a fill
+        t[t > 100] = 0  # a bool mask's: masked_fill_
     assert c.count == 7, c.ops
 
 

@@ -76,9 +76,13 @@ class _SyncCounter(TorchFunctionMode):
         if name == "repeat_interleave" and kwargs.get("output_size") is None:
             sync = True
         if name == "__setitem__" and len(args) > 2 and not isinstance(args[2], torch.Tensor):
-            # ``t[i] = 5`` on a CUDA tensor: torch makes the 5 a CPU tensor and copies it up
-            # with a blocking copy, which waits for the stream (use index_fill_ / fill_)
-            sync = True
+            # ``t[i] = 5`` on a CUDA tensor, ``i`` an int or an index tensor: torch makes the 5 a
+            # CPU tensor and copies it up with a blocking copy, which waits for the stream (a
+            # slice's or a bool mask's is a fill; use index_fill_ / fill_)
+            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+            sync = any((isinstance(i, int) and not isinstance(i, bool))
+                       or (isinstance(i, torch.Tensor) and i.dtype != torch.bool)
+                       for i in idx)  # fmt: skip
         if sync:
             self.count += 1
             self.ops.append(name)
