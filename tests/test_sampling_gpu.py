@@ -27,7 +27,16 @@ def test_count_syncs_sees_the_usual_culprits():
         t.tolist()
         t + 1  # not a sync
         t[torch.tensor([1, 2])]  # integer indexing: not a sync
-    assert c.count == 5, c.ops
+        # a Python number assigned by index: on CUDA torch copies it up and waits (2026-11-29:
+        # the synced path's relabelling did so twice per hop, unseen here until then)
+        t[torch.tensor([1, 2])] = -1
+        t[0] = 7
+        t[torch.tensor([3])] = torch.tensor(5)  # a value on the tensor's device: not a sync
+        t.index_fill_(0, torch.tensor([4]), -1)  # nor index_fill_ / fill_
+        t[:1].fill_(0)
+        t[4:] = 0  # a slice's: a fill
+        t[t > 100] = 0  # a bool mask's: masked_fill_
+    assert c.count == 7, c.ops
 
 
 @pytest.mark.parametrize("fanouts", [[15, 10, 5], [4, -1], [0, 3], [25]])

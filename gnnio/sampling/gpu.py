@@ -17,7 +17,9 @@ batch whose fast torch draws met a Lemire rejection, or bounds past
 seeds (range, repeats, and how many edges each later hop will draw from them) and one per hop (how
 many new nodes it found, and their edges in the later hops), ``len(fanouts) + 1`` per batch.
 Nothing else reads a device value on the host: no ``nonzero``, no boolean-mask indexing, no
-``.item()``. :func:`count_syncs` counts them (tests hold both paths to their bounds on the CPU).
+``.item()``; nor waits for the stream: no ``t[i] = 5`` (torch copies the 5 up from the host and
+waits; ``index_fill_`` / ``fill_`` take it as an argument). :func:`count_syncs` counts them all
+(tests hold both paths to their bounds on the CPU).
 
 Relabelling uses two dense ``int64 [num_nodes + 1]`` scratch tensors on the device (``loc``:
 global -> local id, ``first``: first edge position of a not-yet-seen node via
@@ -73,6 +75,14 @@ class _SyncCounter(TorchFunctionMode):
             sync = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx)
         if name == "repeat_interleave" and kwargs.get("output_size") is None:
             sync = True
+        if name == "__setitem__" and len(args) > 2 and not isinstance(args[2], torch.Tensor):
+            # ``t[i] = 5`` on a CUDA tensor, ``i`` an int or an index tensor: torch makes the 5 a
+            # CPU tensor and copies it up with a blocking copy, which waits for the stream (a
+            # slice's or a bool mask's is a fill; use index_fill_ / fill_)
+            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+            sync = any((isinstance(i, int) and not isinstance(i, bool))
+                       or (isinstance(i, torch.Tensor) and i.dtype != torch.bool)
+                       for i in idx)  # fmt: skip
         if sync:
             self.count += 1
             self.ops.append(name)
@@ -81,8 +91,9 @@ class _SyncCounter(TorchFunctionMode):
 
 @contextmanager
 def count_syncs():
-    """Count the torch calls inside the block that read a device value on the host (each one a
-    host synchronisation on a GPU): ``with count_syncs() as c: ...; c.count, c.ops``. Works on
+    """Count the torch calls inside the block that read a device value on the host, or assign a
+    Python number by index (a blocking copy up) -- each one a host synchronisation on a GPU:
+    ``with count_syncs() as c: ...; c.count, c.ops``. Works on
     CPU tensors too, which is how the tests hold the GPU sampler to its bound without a GPU."""
     with _SyncCounter() as c:
         yield c
@@ -268,7 +279,7 @@ class TorchUniformSampler:
         head = torch.stack([lo_hi[0].long(), lo_hi[1].long(), repeated, *ksum]).tolist()
         lo, hi, rep, totals = head[0], head[1], head[2], head[3:]
         if b and (lo < 0 or hi >= n_nodes or rep):
-            loc[slot] = -1
+            loc.index_fill_(0, slot, -1)  # (``loc[i] = -1``: a blocking copy of the -1)
             self._give(loc, first)
             raise bad_seeds(seeds, lo, hi, n_nodes)
         parts, hop_nodes, hop_edges = [seeds], [b], []
@@ -280,7 +291,7 @@ class TorchUniformSampler:
             new, more, redo = _relabel(src, loc, first, hop_nodes[-1], ip, kf[h + 1 :], redo)
             self._mark("relabel")
             if redo:  # a rejected draw (rare): undo the numbering, draw the hop step by step
-                loc[new] = -1
+                loc.index_fill_(0, new, -1)
                 src, dst, _ = self._synced_hop(h, dst_nodes, hk, totals[h], exact=True)
                 new, more, _ = _relabel(src, loc, first, hop_nodes[-1], ip, kf[h + 1 :])
             for g, extra in enumerate(more):  # the new nodes' edges in the later hops
@@ -289,7 +300,7 @@ class TorchUniformSampler:
             hop_nodes.append(hop_nodes[-1] + int(new.shape[0]))
             hop_edges.append(torch.stack([loc[src], dst]))
             dst_nodes = torch.cat(parts)
-        loc[dst_nodes] = -1
+        loc.index_fill_(0, dst_nodes, -1)
         self._give(loc, first)
         blocks = [  # edges grouped by destination as on the CPU: the CSR pointer, no sync
             Block(hop_edges[h], num_src=hop_nodes[h + 1], num_dst=hop_nodes[h],
@@ -328,8 +339,8 @@ def _relabel(
     first.scatter_reduce_(0, torch.where(unknown, src, dummy), e, reduce="amin")
     is_new = unknown & (first[src] == e)
     rank = torch.cumsum(is_new, 0) - 1
-    first[src] = _SENTINEL
-    first[dummy] = _SENTINEL
+    first.index_fill_(0, src, _SENTINEL)  # (``first[i] = v`` on CUDA: a blocking copy of v)
+    first.narrow(0, dummy, 1).fill_(_SENTINEL)
     deg = indptr[src + 1] - indptr[src]
     sums = [torch.where(is_new, _kcount(deg, f), 0).sum() for f in later]
     flag = torch.zeros((), dtype=torch.int64, device=src.device) if redo is None else redo
