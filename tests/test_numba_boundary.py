@@ -116,6 +116,36 @@ def test_a_memory_mapped_csr_is_checked_chunk_by_chunk(tmp_path, monkeypatch, mo
         CSRGraph(np.load(tmp_path / "ip.npy"), np.load(tmp_path / "ix2.npy", mmap_mode=mode)[:])
 
 
+@pytest.mark.parametrize("chunk", [4, 1 << 10])
+def test_a_copy_on_write_maps_written_pages_are_checked(tmp_path, monkeypatch, chunk):
+    """A copy-on-write map (``np.load(mmap_mode="c")``, gnnio.load's own mode) is checked through
+    a read-only map of its file, so that its pages can be dropped; a page this process wrote
+    holds other bytes than the file, and those are what the kernels read: an id out of range
+    or a decrease written there was let through (the file was checked). With 1024-item chunks
+    only the written chunk is read from the array (16 KiB of indptr: two of four chunks)."""
+    import gnnio.graph._csr_check as cc
+
+    monkeypatch.setattr(cc, "_CHUNK", chunk)
+    n = 2048
+    np.save(tmp_path / "ip.npy", np.arange(n + 1, dtype=np.int64))
+    np.save(tmp_path / "ix.npy", np.arange(n, dtype=np.int32)[::-1].copy())
+
+    def maps():
+        return [np.load(tmp_path / f"{k}.npy", mmap_mode="c") for k in ("ip", "ix")]
+
+    ip, ix = maps()
+    assert CSRGraph(ip, ix).num_edges == n  # (a clean map: read through the file)
+    ip, ix = maps()
+    ix[1500] = 10**9  # a private write: the file still holds 547
+    with pytest.raises(ValueError, match="node id 1000000000 is out of range"):
+        CSRGraph(ip, ix)
+    ip, ix = maps()
+    ip[1300] = 5
+    with pytest.raises(ValueError, match="graph.indptr: decreases at position 1300"):
+        CSRGraph(ip, ix)
+    assert ip[1300] == 5 and np.load(tmp_path / "ip.npy")[1300] == 1300  # (the write kept)
+
+
 def test_relabel_csr_refuses_inconsistent_arrays():
     """relabel_csr checks indices' range and indptr's order (its kernels wrote past ``out``)."""
     from gnnio.preprocess.reorder import relabel_csr
