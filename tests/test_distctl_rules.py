@@ -108,6 +108,16 @@ def test_a_run_resumed_into_its_directory_spelled_otherwise_continues_it(tmp_pat
         cc.check_fresh_dir(str(tmp_path / "c"))
 
 
+def test_a_checkpoint_dir_not_made_yet_holds_none(tmp_path):
+    """A new ``--checkpoint-dir`` is checked before any rank makes it (``gnnio train --nproc``'s
+    launcher): it holds no checkpoints, and checking it makes nothing."""
+    new = tmp_path / "new" / "c"
+    assert cc.held_checkpoints(new) == []
+    cc.check_fresh_dir(str(new))
+    cc.check_fresh_dir(str(new), resume=str(tmp_path / "old"))
+    assert not (tmp_path / "new").exists()
+
+
 # -- random states ------------------------------------------------------------------------------
 
 
