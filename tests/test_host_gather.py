@@ -196,3 +196,21 @@ def test_a_store_on_cpu_0_takes_a_cpu_buffer_on_both_paths():
     want = torch.from_numpy(x)[[5, 6]]
     assert torch.equal(store.gather(torch.tensor([5, 6]), out=out), want)  # a tensor: lean
     assert torch.equal(store.gather([5, 6], out=out), want)  # a list: the general path
+
+
+def test_a_prefetch_kernel_that_did_not_compile_is_not_called(monkeypatch):
+    """Where the prefetching kernel failed to compile (an LLVM without the intrinsic: the general
+    path warned once and keeps the plain kernel), the lean call leaves it alone: the rows come
+    from the plain kernel, not from a second try that raises."""
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    out = torch.zeros(50, D)
+    store.gather(torch.arange(3), out=out)
+
+    def broken(*a, **k):
+        raise RuntimeError("LLVM ERROR: the intrinsic is not supported")
+
+    monkeypatch.setattr(G, "_prefetch_ok", False)
+    monkeypatch.setattr(G, "_gather_rows_prefetch", broken)
+    ids = torch.tensor([7, 2999, 7, 0])
+    assert torch.equal(store.gather(ids, out=out), torch.from_numpy(x)[ids])
