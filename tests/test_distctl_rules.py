@@ -93,6 +93,7 @@ def test_checkpoints_of_another_world_size_are_refused_whatever_their_ranks(tmp_
     cc.check_world_size(tmp_path, 3)
     (tmp_path / "ckpt-e000000-b000000000.pt").write_bytes(b"")  # one process's, before them
     cc.check_world_size(tmp_path, 3)
+    cc.check_world_size(tmp_path, 1)  # (one process resumes its own, not the newest size's)
     for world in (2, 4):  # 2: the rank of one of them
         with pytest.raises(UsageError, match="written by 3 ranks"):
             cc.check_world_size(tmp_path, world)
