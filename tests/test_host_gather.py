@@ -214,3 +214,18 @@ def test_a_prefetch_kernel_that_did_not_compile_is_not_called(monkeypatch):
     monkeypatch.setattr(G, "_gather_rows_prefetch", broken)
     ids = torch.tensor([7, 2999, 7, 0])
     assert torch.equal(store.gather(ids, out=out), torch.from_numpy(x)[ids])
+
+
+def test_a_strided_buffer_whose_first_row_passed_is_refused_for_more_rows():
+    """A buffer allocated with padded rows (``torch.empty_strided``): its first row alone is
+    contiguous and takes the lean path; its first 5 rows are not and are refused as on the
+    general path (the one-row call cached the whole padded buffer's rows, and the next call
+    found that entry: the same address and strides)."""
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    store.gather(torch.arange(3), out=torch.empty(5, D))
+    padded = torch.empty_strided((10, D), (D + 8, 1)).zero_()
+    ids = torch.tensor([4, 2, 2999, 0, 7])
+    assert torch.equal(store.gather(ids[:1], out=padded[:1]), torch.from_numpy(x)[ids[:1]])
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        store.gather(ids, out=padded[:5])
