@@ -73,6 +73,9 @@ def test_a_consistent_checkpoint_passes():
          "history record 1 is not epoch 1's"),
         (_raw(batch=3, partial=None), None, "its partial sums"),
         (_raw(partial=json.dumps({"loss": 1.0})), None, "its partial sums"),
+        (_raw(format="other-tool"), None, "is not a gnnio training checkpoint"),
+        (_raw(history="5"), None, "a history of int epochs at epoch 2"),  # (no len: not a list)
+        (_raw(history="[" * 100_000), None, "malformed JSON: RecursionError"),
     ],
 )  # fmt: skip
 def test_a_checkpoint_that_disagrees_with_itself_is_one_line(raw, pos, words):
