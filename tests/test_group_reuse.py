@@ -95,6 +95,15 @@ def test_a_group_of_more_than_62_members_is_planned():
             assert p.recv_from_prev == recv_prev
 
 
+def test_a_plan_of_mismatched_lists_or_member_is_refused():
+    """Needs and previous lists of different counts, or a member outside the group: one line
+    (the kernel would read past its list bounds, or plan for another member)."""
+    a = np.arange(3, dtype=np.int64)
+    for me, needs, prevs in ((0, [a, a], [a]), (2, [a, a], [a, a]), (-1, [a, a], [a, a])):
+        with pytest.raises(ValueError, match="group plan: 2 needs"):
+            plan(me, needs, prevs)
+
+
 N, DIM = 60, 3
 FEATS = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
 
