@@ -104,6 +104,14 @@ def test_a_plan_of_mismatched_lists_or_member_is_refused():
             plan(me, needs, prevs)
 
 
+def test_the_gpu_level_asked_for_is_reported_as_it_is():
+    """``--reuse-level gpu`` is the level that runs, on any topology, with nothing to explain."""
+    from gnnio.distributed.group_reuse import level_info
+
+    for topology in ("2", "1+1", "pcie-2gpu"):
+        assert level_info(load_topology(topology), "gpu") == {"level": "gpu"}
+
+
 N, DIM = 60, 3
 FEATS = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
 
@@ -148,6 +156,24 @@ def test_two_ranks_read_each_host_row_once_and_hand_it_over():
         want += len({x for x in lack[0] | lack[1] if not any(x in p for p in prev)})
         prev = need
     assert host["m"] == want
+
+
+def test_a_row_a_member_held_from_its_previous_batch_is_counted_as_such():
+    """Rank 1 reads host row 31 for its first batch; rank 0 needs it for its second and gets it
+    from rank 1's previous batch: one forwarded row, from a previous batch (the counts ``gnnio
+    bench dist`` reports as ``forwarded_bytes`` and ``forwarded_from_prev_bytes``)."""
+    batches = {
+        0: [torch.tensor([0]), torch.tensor([31])],
+        1: [torch.tensor([31]), torch.tensor([12])],
+    }
+
+    def body(ctx):
+        store = ShardedFeatureStore(InMemoryFeatureStore(FEATS), PL2, ctx, reuse="machine")
+        ok = all(torch.equal(store.gather(b), FEATS[b]) for b in batches[ctx.rank])
+        gr = store.group_reuse
+        return ok, gr.forwarded_rows, gr.forwarded_from_prev
+
+    assert run_ranks(2, body, load_topology("2")) == [(True, 1, 1), (True, 0, 0)]
 
 
 def test_a_host_row_two_ranks_need_is_read_by_one_of_them():
