@@ -108,8 +108,13 @@ def test_a_run_resumed_into_its_directory_spelled_otherwise_continues_it(tmp_pat
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "ckpt-e000001-b000000000.pt").write_bytes(b"")
     cc.check_fresh_dir(f"{tmp_path}/c/", resume=str(tmp_path / "c"))
-    with pytest.raises(UsageError, match="already holds checkpoints of another run"):
+    with pytest.raises(UsageError, match="already holds checkpoints of another run") as e:
         cc.check_fresh_dir(str(tmp_path / "c"))
+    assert f"continue that run with --resume {tmp_path / 'c'}," in str(e.value)  # (no resume)
+    with pytest.raises(
+        UsageError, match="checkpoint-dir to keep checkpointing to --resume old, or"
+    ):
+        cc.check_fresh_dir(str(tmp_path / "c"), resume="old")
 
 
 def test_a_checkpoint_dir_not_made_yet_holds_none(tmp_path):
