@@ -47,7 +47,7 @@ def test_rows_of_matches_a_dense_map(nodes, ask):
     dense[nodes_a] = np.arange(nodes_a.size)
     assert np.array_equal(index.rows_of(np.asarray(ask, dtype=np.int64)), dense[ask])
     # ids below 0 or past the largest stored one are not stored (no read out of the directory)
-    far = np.array([-5, -1, 10_001, 1 << 40], dtype=np.int64)
+    far = np.array([-5, -1, -(1 << 40), 10_001, 1 << 40], dtype=np.int64)
     assert (index.rows_of(far) == -1).all()
 
 
