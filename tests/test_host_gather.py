@@ -229,3 +229,17 @@ def test_a_strided_buffer_whose_first_row_passed_is_refused_for_more_rows():
     assert torch.equal(store.gather(ids[:1], out=padded[:1]), torch.from_numpy(x)[ids[:1]])
     with pytest.raises(ValueError, match="out must be contiguous"):
         store.gather(ids, out=padded[:5])
+
+
+def test_a_buffer_at_a_checked_address_with_other_strides_is_refused():
+    """Every other row of a checked buffer (the same address, other strides) is not contiguous:
+    refused as on the general path, not written as if it were the checked buffer's rows."""
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    ids = torch.tensor([4, 2, 2999, 0])
+    buf = torch.zeros(10, D)
+    store.gather(torch.arange(3), out=buf)  # (the first call compiles, on the general path)
+    assert torch.equal(store.gather(ids, out=buf), torch.from_numpy(x)[ids])
+    every_other = buf.as_strided((5, D), (2 * D, 1))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        store.gather(ids, out=every_other)
