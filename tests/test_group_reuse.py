@@ -330,12 +330,41 @@ def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level, g
 
     topo = Topology(name="t", groups=((1, 0),)) if groups == "1,0" else load_topology(groups)
     res = run_ranks(2, body, topo)
+    from gnnio.train.setup import hot_score
+
+    score = hot_score(ds, cfg, progress=False)
     for k, (cached, dev_num) in enumerate(res):
         assert cached.size == 20 and (dev_num[cached] < 0).all()
         if level == "machine":
             assert (cached % 2 == k).all()
+        hottest = np.argsort(-score, kind="stable")  # the rows it may hold, hottest first
+        hottest = hottest[dev_num[hottest] < 0]
+        if level == "machine":
+            hottest = hottest[hottest % 2 == k]
+        assert sorted(cached.tolist()) == sorted(hottest[:20].tolist())
     if level == "gpu":  # (both ranks read the same host rows here: the same hottest ones)
         assert not (res[0][0] % 2 == 0).all()
+
+
+@pytest.mark.parametrize("policy", ["lru", "static"])
+def test_a_cache_of_size_0_is_no_cache(tmp_path, policy):
+    """``--cache-policy P --cache-size 0`` (a fraction in [0, 1]): a rank reads host memory
+    directly, and the summary has no ``cache`` entry (as ``--cache-policy none``)."""
+    from gnnio.distributed.train import DistRun
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.graph import load
+    from gnnio.train.config import TrainConfig
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=100, num_edges=600, seed=1))
+    cfg = TrainConfig(fanouts=[2], batch_size=8, cache_policy=policy, cache_size=0.0,
+                      score="degree", progress=False, placement_strategy="alg1", buffer=0.2)  # fmt: skip
+
+    def body(ctx):
+        setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
+        return isinstance(setup.store.host_store, FeatureCache), "cache" in setup.info
+
+    assert run_ranks(2, body, load_topology("2")) == [(False, False)] * 2
 
 
 @pytest.mark.parametrize("policy", ["lru", "sieve", "s3fifo"])
