@@ -47,7 +47,7 @@ def test_rows_of_matches_a_dense_map(nodes, ask):
     dense[nodes_a] = np.arange(nodes_a.size)
     assert np.array_equal(index.rows_of(np.asarray(ask, dtype=np.int64)), dense[ask])
     # ids below 0 or past the largest stored one are not stored (no read out of the directory)
-    far = np.array([-5, -1, 10_001, 1 << 40], dtype=np.int64)
+    far = np.array([-5, -1, -(1 << 40), 10_001, 1 << 40], dtype=np.int64)
     assert (index.rows_of(far) == -1).all()
 
 
@@ -408,5 +408,6 @@ def test_batch_ids_grow_when_the_estimate_falls_short():
     # where the last hop's rate holds, the table grows once before the hop (a rehash of the ids
     # so far), not by doubling six times within it
     grow = BatchIds(np.arange(64, dtype=np.int64))
+    assert grow.cap == 128  # (twice the seeds, a power of two already: not doubled again)
     assert grow.add(np.arange(64, 4096, dtype=np.int64)).tolist() == list(range(64, 4096))
     assert grow.rehashes == 1 and grow.add(np.arange(4096, 20_000)).size and grow.rehashes == 2

@@ -73,6 +73,9 @@ def test_a_consistent_checkpoint_passes():
          "history record 1 is not epoch 1's"),
         (_raw(batch=3, partial=None), None, "its partial sums"),
         (_raw(partial=json.dumps({"loss": 1.0})), None, "its partial sums"),
+        (_raw(format="other-tool"), None, "is not a gnnio training checkpoint"),
+        (_raw(history="5"), None, "a history of int epochs at epoch 2"),  # (no len: not a list)
+        (_raw(history="[" * 100_000), None, "malformed JSON: RecursionError"),
     ],
 )  # fmt: skip
 def test_a_checkpoint_that_disagrees_with_itself_is_one_line(raw, pos, words):
@@ -93,6 +96,7 @@ def test_checkpoints_of_another_world_size_are_refused_whatever_their_ranks(tmp_
     cc.check_world_size(tmp_path, 3)
     (tmp_path / "ckpt-e000000-b000000000.pt").write_bytes(b"")  # one process's, before them
     cc.check_world_size(tmp_path, 3)
+    cc.check_world_size(tmp_path, 1)  # (one process resumes its own, not the newest size's)
     for world in (2, 4):  # 2: the rank of one of them
         with pytest.raises(UsageError, match="written by 3 ranks"):
             cc.check_world_size(tmp_path, world)
@@ -104,8 +108,23 @@ def test_a_run_resumed_into_its_directory_spelled_otherwise_continues_it(tmp_pat
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "ckpt-e000001-b000000000.pt").write_bytes(b"")
     cc.check_fresh_dir(f"{tmp_path}/c/", resume=str(tmp_path / "c"))
-    with pytest.raises(UsageError, match="already holds checkpoints of another run"):
+    with pytest.raises(UsageError, match="already holds checkpoints of another run") as e:
         cc.check_fresh_dir(str(tmp_path / "c"))
+    assert f"continue that run with --resume {tmp_path / 'c'}," in str(e.value)  # (no resume)
+    with pytest.raises(
+        UsageError, match="checkpoint-dir to keep checkpointing to --resume old, or"
+    ):
+        cc.check_fresh_dir(str(tmp_path / "c"), resume="old")
+
+
+def test_a_checkpoint_dir_not_made_yet_holds_none(tmp_path):
+    """A new ``--checkpoint-dir`` is checked before any rank makes it (``gnnio train --nproc``'s
+    launcher): it holds no checkpoints, and checking it makes nothing."""
+    new = tmp_path / "new" / "c"
+    assert cc.held_checkpoints(new) == []
+    cc.check_fresh_dir(str(new))
+    cc.check_fresh_dir(str(new), resume=str(tmp_path / "old"))
+    assert not (tmp_path / "new").exists()
 
 
 # -- random states ------------------------------------------------------------------------------

@@ -95,6 +95,23 @@ def test_a_group_of_more_than_62_members_is_planned():
             assert p.recv_from_prev == recv_prev
 
 
+def test_a_plan_of_mismatched_lists_or_member_is_refused():
+    """Needs and previous lists of different counts, or a member outside the group: one line
+    (the kernel would read past its list bounds, or plan for another member)."""
+    a = np.arange(3, dtype=np.int64)
+    for me, needs, prevs in ((0, [a, a], [a]), (2, [a, a], [a, a]), (-1, [a, a], [a, a])):
+        with pytest.raises(ValueError, match="group plan: 2 needs"):
+            plan(me, needs, prevs)
+
+
+def test_the_gpu_level_asked_for_is_reported_as_it_is():
+    """``--reuse-level gpu`` is the level that runs, on any topology, with nothing to explain."""
+    from gnnio.distributed.group_reuse import level_info
+
+    for topology in ("2", "1+1", "pcie-2gpu"):
+        assert level_info(load_topology(topology), "gpu") == {"level": "gpu"}
+
+
 N, DIM = 60, 3
 FEATS = torch.arange(N * DIM, dtype=torch.float32).reshape(N, DIM)
 
@@ -139,6 +156,24 @@ def test_two_ranks_read_each_host_row_once_and_hand_it_over():
         want += len({x for x in lack[0] | lack[1] if not any(x in p for p in prev)})
         prev = need
     assert host["m"] == want
+
+
+def test_a_row_a_member_held_from_its_previous_batch_is_counted_as_such():
+    """Rank 1 reads host row 31 for its first batch; rank 0 needs it for its second and gets it
+    from rank 1's previous batch: one forwarded row, from a previous batch (the counts ``gnnio
+    bench dist`` reports as ``forwarded_bytes`` and ``forwarded_from_prev_bytes``)."""
+    batches = {
+        0: [torch.tensor([0]), torch.tensor([31])],
+        1: [torch.tensor([31]), torch.tensor([12])],
+    }
+
+    def body(ctx):
+        store = ShardedFeatureStore(InMemoryFeatureStore(FEATS), PL2, ctx, reuse="machine")
+        ok = all(torch.equal(store.gather(b), FEATS[b]) for b in batches[ctx.rank])
+        gr = store.group_reuse
+        return ok, gr.forwarded_rows, gr.forwarded_from_prev
+
+    assert run_ranks(2, body, load_topology("2")) == [(True, 1, 1), (True, 0, 0)]
 
 
 def test_a_host_row_two_ranks_need_is_read_by_one_of_them():
@@ -295,12 +330,41 @@ def test_a_static_cache_holds_the_hottest_rows_of_its_residue(tmp_path, level, g
 
     topo = Topology(name="t", groups=((1, 0),)) if groups == "1,0" else load_topology(groups)
     res = run_ranks(2, body, topo)
+    from gnnio.train.setup import hot_score
+
+    score = hot_score(ds, cfg, progress=False)
     for k, (cached, dev_num) in enumerate(res):
         assert cached.size == 20 and (dev_num[cached] < 0).all()
         if level == "machine":
             assert (cached % 2 == k).all()
+        hottest = np.argsort(-score, kind="stable")  # the rows it may hold, hottest first
+        hottest = hottest[dev_num[hottest] < 0]
+        if level == "machine":
+            hottest = hottest[hottest % 2 == k]
+        assert sorted(cached.tolist()) == sorted(hottest[:20].tolist())
     if level == "gpu":  # (both ranks read the same host rows here: the same hottest ones)
         assert not (res[0][0] % 2 == 0).all()
+
+
+@pytest.mark.parametrize("policy", ["lru", "static"])
+def test_a_cache_of_size_0_is_no_cache(tmp_path, policy):
+    """``--cache-policy P --cache-size 0`` (a fraction in [0, 1]): a rank reads host memory
+    directly, and the summary has no ``cache`` entry (as ``--cache-policy none``)."""
+    from gnnio.distributed.train import DistRun
+    from gnnio.features.caches.cache import FeatureCache
+    from gnnio.graph import load
+    from gnnio.train.config import TrainConfig
+    from tests.helpers import write_tiny_dataset
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=100, num_edges=600, seed=1))
+    cfg = TrainConfig(fanouts=[2], batch_size=8, cache_policy=policy, cache_size=0.0,
+                      score="degree", progress=False, placement_strategy="alg1", buffer=0.2)  # fmt: skip
+
+    def body(ctx):
+        setup = DistRun(ctx).build_store(ds, cfg, torch.device("cpu"))
+        return isinstance(setup.store.host_store, FeatureCache), "cache" in setup.info
+
+    assert run_ranks(2, body, load_topology("2")) == [(False, False)] * 2
 
 
 @pytest.mark.parametrize("policy", ["lru", "sieve", "s3fifo"])

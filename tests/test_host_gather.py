@@ -196,3 +196,50 @@ def test_a_store_on_cpu_0_takes_a_cpu_buffer_on_both_paths():
     want = torch.from_numpy(x)[[5, 6]]
     assert torch.equal(store.gather(torch.tensor([5, 6]), out=out), want)  # a tensor: lean
     assert torch.equal(store.gather([5, 6], out=out), want)  # a list: the general path
+
+
+def test_a_prefetch_kernel_that_did_not_compile_is_not_called(monkeypatch):
+    """Where the prefetching kernel failed to compile (an LLVM without the intrinsic: the general
+    path warned once and keeps the plain kernel), the lean call leaves it alone: the rows come
+    from the plain kernel, not from a second try that raises."""
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    out = torch.zeros(50, D)
+    store.gather(torch.arange(3), out=out)
+
+    def broken(*a, **k):
+        raise RuntimeError("LLVM ERROR: the intrinsic is not supported")
+
+    monkeypatch.setattr(G, "_prefetch_ok", False)
+    monkeypatch.setattr(G, "_gather_rows_prefetch", broken)
+    ids = torch.tensor([7, 2999, 7, 0])
+    assert torch.equal(store.gather(ids, out=out), torch.from_numpy(x)[ids])
+
+
+def test_a_strided_buffer_whose_first_row_passed_is_refused_for_more_rows():
+    """A buffer allocated with padded rows (``torch.empty_strided``): its first row alone is
+    contiguous and takes the lean path; its first 5 rows are not and are refused as on the
+    general path (the one-row call cached the whole padded buffer's rows, and the next call
+    found that entry: the same address and strides)."""
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    store.gather(torch.arange(3), out=torch.empty(5, D))
+    padded = torch.empty_strided((10, D), (D + 8, 1)).zero_()
+    ids = torch.tensor([4, 2, 2999, 0, 7])
+    assert torch.equal(store.gather(ids[:1], out=padded[:1]), torch.from_numpy(x)[ids[:1]])
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        store.gather(ids, out=padded[:5])
+
+
+def test_a_buffer_at_a_checked_address_with_other_strides_is_refused():
+    """Every other row of a checked buffer (the same address, other strides) is not contiguous:
+    refused as on the general path, not written as if it were the checked buffer's rows."""
+    x = _rows()
+    store = InMemoryFeatureStore(x, num_threads=2)
+    ids = torch.tensor([4, 2, 2999, 0])
+    buf = torch.zeros(10, D)
+    store.gather(torch.arange(3), out=buf)  # (the first call compiles, on the general path)
+    assert torch.equal(store.gather(ids, out=buf), torch.from_numpy(x)[ids])
+    every_other = buf.as_strided((5, D), (2 * D, 1))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        store.gather(ids, out=every_other)

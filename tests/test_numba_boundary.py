@@ -63,6 +63,42 @@ def test_a_csr_graph_of_inconsistent_arrays_is_refused_before_a_sampler_runs(cas
     _refused(lambda: propagate(Duck(), np.ones(Duck.num_nodes)), ValueError, match)
 
 
+_MISSHAPEN_CSR = {  # (indptr, indices, the message): refused before any kernel is reached
+    "2-D indptr": (np.array([[0, 1], [1, 2]]), np.array([1, 0]), r"indptr: need a 1-D integer"),
+    "2-D indices": (np.array([0, 1, 2]), np.array([[1], [0]]), r"indices: need a 1-D integer"),
+    "float indices": (np.array([0, 1, 2]), np.array([1.0, 0.0]), r"indices: need a 1-D integer"),
+    "float indptr": (np.array([0.0, 1.0, 2.0]), np.array([1, 0]), r"indptr: need a 1-D integer"),
+    "empty indptr": (np.array([], dtype=np.int64), np.array([], dtype=np.int32), "an empty array"),
+    "starts past 0": (np.array([1, 2, 2]), np.array([1, 0]), r"indptr: must run .* got 1 \.\. 2"),
+    "negative id": (np.array([0, 1, 2]), np.array([1, -1]), r"indices: node id -1 is out of range"),
+}
+
+
+@pytest.mark.parametrize("case", list(_MISSHAPEN_CSR))
+def test_misshapen_csr_arrays_are_one_line(case):
+    """Arrays of another shape or dtype, an ``indptr`` that is empty or does not start at 0, a
+    negative id: each a ValueError naming the array (a kernel read ``indptr[-1]`` of an empty
+    one, or ``x[-1]`` for a negative id)."""
+    ip, ix, match = _MISSHAPEN_CSR[case]
+    with pytest.raises(ValueError, match=("" if match.startswith("an") else "graph.") + match):
+        CSRGraph(ip, ix)
+
+
+def test_a_memory_mapped_csr_leaves_no_pages_after_its_check(tmp_path):
+    """A read-only map's pages are dropped chunk by chunk (issue 26): 32 MiB of ``indices``
+    checked leaves (nearly) none of its pages in this process."""
+    from gnnio.utils.rss import rss_bytes
+
+    n, m = 1 << 16, 1 << 23
+    np.save(tmp_path / "ip.npy", np.linspace(0, m, n + 1).astype(np.int64))
+    np.save(tmp_path / "ix.npy", np.random.default_rng(0).integers(0, n, m, dtype=np.int32))
+    ip, ix = (np.load(tmp_path / f"{k}.npy", mmap_mode="r") for k in ("ip", "ix"))
+    base = rss_bytes()
+    assert CSRGraph(ip, ix).num_edges == m
+    assert rss_bytes() - base < (8 << 20)
+    assert int(ix[: 1 << 22].sum()) > 0 and rss_bytes() - base > (12 << 20)  # (read: resident)
+
+
 def test_a_good_csr_graph_passes_and_a_loaded_one_is_not_rescanned(tmp_path, monkeypatch):
     """Valid arrays pass the check; load's and from_edges' graphs skip it (checked already)."""
     import gnnio.graph.csr as csr
@@ -114,6 +150,36 @@ def test_a_memory_mapped_csr_is_checked_chunk_by_chunk(tmp_path, monkeypatch, mo
         CSRGraph(np.load(tmp_path / "bad.npy", mmap_mode=mode), np.load(tmp_path / "ix.npy"))
     with pytest.raises(ValueError, match="node id 10 is out of range"):
         CSRGraph(np.load(tmp_path / "ip.npy"), np.load(tmp_path / "ix2.npy", mmap_mode=mode)[:])
+
+
+@pytest.mark.parametrize("chunk", [4, 1 << 10])
+def test_a_copy_on_write_maps_written_pages_are_checked(tmp_path, monkeypatch, chunk):
+    """A copy-on-write map (``np.load(mmap_mode="c")``, gnnio.load's own mode) is checked through
+    a read-only map of its file, so that its pages can be dropped; a page this process wrote
+    holds other bytes than the file, and those are what the kernels read: an id out of range
+    or a decrease written there was let through (the file was checked). With 1024-item chunks
+    only the written chunk is read from the array (16 KiB of indptr: two of four chunks)."""
+    import gnnio.graph._csr_check as cc
+
+    monkeypatch.setattr(cc, "_CHUNK", chunk)
+    n = 2048
+    np.save(tmp_path / "ip.npy", np.arange(n + 1, dtype=np.int64))
+    np.save(tmp_path / "ix.npy", np.arange(n, dtype=np.int32)[::-1].copy())
+
+    def maps():
+        return [np.load(tmp_path / f"{k}.npy", mmap_mode="c") for k in ("ip", "ix")]
+
+    ip, ix = maps()
+    assert CSRGraph(ip, ix).num_edges == n  # (a clean map: read through the file)
+    ip, ix = maps()
+    ix[1500] = 10**9  # a private write: the file still holds 547
+    with pytest.raises(ValueError, match="node id 1000000000 is out of range"):
+        CSRGraph(ip, ix)
+    ip, ix = maps()
+    ip[1300] = 5
+    with pytest.raises(ValueError, match="graph.indptr: decreases at position 1300"):
+        CSRGraph(ip, ix)
+    assert ip[1300] == 5 and np.load(tmp_path / "ip.npy")[1300] == 1300  # (the write kept)
 
 
 def test_relabel_csr_refuses_inconsistent_arrays():

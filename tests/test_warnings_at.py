@@ -69,6 +69,40 @@ def test_a_user_frame_between_gnnio_frames_is_the_one_named():
     assert w.filename == str(callback_file) and w.lineno == 2
 
 
+def test_frozen_frames_are_skipped():
+    """user -> ``<frozen runpy>`` (``python -m``'s frames) -> gnnio -> warn: the user's frame.
+    The ``<...>`` test ran on the absolute path (``/cwd/<frozen runpy>``) and never matched."""
+    inner = _in_file(_GNNIO / "fake_inner.py", "def inner():\n    warn('w')\n", "inner", warn=warn)
+    mid = _in_file(Path("<frozen runpy>"), "def mid():\n    inner()\n", "mid", inner=inner)
+    (w,) = _caught(mid)
+    assert w.filename != "<frozen runpy>" and os.path.samefile(w.filename, __file__)
+
+
+def test_site_packages_inside_the_stdlib_are_user_frames(monkeypatch):
+    """Where site-packages lies inside the standard library's directory (a system Python:
+    ``/usr/lib/python3.11/site-packages``), a library there is the user's, not Python's."""
+    import gnnio.utils.warnings_at as wa
+
+    stdlib = Path(__file__).parent / "fake_stdlib"
+    monkeypatch.setattr(wa, "_STDLIB", str(stdlib) + os.sep)
+    monkeypatch.setattr(wa, "_SITE", (str(stdlib / "site-packages") + os.sep,))
+    inner = _in_file(_GNNIO / "fake_inner.py", "def inner():\n    warn('w')\n", "inner", warn=warn)
+    lib = stdlib / "site-packages" / "userlib.py"
+    mid = _in_file(lib, "def mid():\n    inner()\n", "mid", inner=inner)
+    std = _in_file(stdlib / "contextlib.py", "def std():\n    mid()\n", "std", mid=mid)
+    (w,) = _caught(std)
+    assert w.filename == str(lib) and w.lineno == 2
+
+
+def test_a_gnnio_path_spelled_with_dotdot_is_gnnio(tmp_path):
+    """A frame's file named through ``..`` (a script's ``sys.path.insert(0, here + "/..")``) is
+    still gnnio's when it lies there."""
+    odd = _GNNIO.parent / "tests" / ".." / "gnnio" / "fake_inner.py"
+    inner = _in_file(odd, "def inner():\n    warn('w')\n", "inner", warn=warn)
+    (w,) = _caught(inner)
+    assert os.path.samefile(w.filename, __file__), w.filename
+
+
 def test_a_warning_in_a_background_thread_names_the_gnnio_line():
     """With no user frame above (a thread starts in ``threading``), the gnnio line that warned."""
     inner = _in_file(_GNNIO / "fake_inner.py", "def inner():\n    warn('w')\n", "inner", warn=warn)

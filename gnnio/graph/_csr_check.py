@@ -13,13 +13,42 @@ from ..utils.pages import drop_pages
 __all__ = ["check_csr"]
 
 _CHUNK = 1 << 24  # items read at a time
+_PAGE = mmap.PAGESIZE
+# /proc/self/pagemap's bits (Linux, Documentation/admin-guide/mm/pagemap.rst)
+_PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 << 61)
+
+
+def _written(a: np.ndarray, s: int, e: int) -> bool:
+    """Whether this process holds a private copy of a page of ``a[s:e]`` (``a`` a C-contiguous
+    copy-on-write mapping): a page written since it was mapped, whose bytes its file no longer
+    holds. Such a page is present and not a file page, or swapped out (only anonymous pages are).
+    True where ``/proc/self/pagemap`` cannot be read (then the chunk is read from ``a``)."""
+    e = min(e, a.shape[0])
+    if e <= s:
+        return False
+    row = a.strides[0]
+    first = (a.ctypes.data + s * row) // _PAGE
+    last = (a.ctypes.data + e * row - 1) // _PAGE
+    try:
+        with open("/proc/self/pagemap", "rb", buffering=0) as f:
+            f.seek(8 * first)
+            raw = f.read(8 * (last - first + 1))
+    except OSError:  # (not Linux)
+        return True
+    if len(raw) != 8 * (last - first + 1):
+        return True
+    flags = np.frombuffer(raw, dtype=np.uint64)
+    private = ((flags & _PRESENT) != 0) & ((flags & _FILE) == 0) | ((flags & _SWAPPED) != 0)
+    return bool(private.any())
 
 
 def _chunks(a: np.ndarray) -> Iterator[np.ndarray]:
     """``a`` ``_CHUNK`` items at a time. A memory-mapped ``a`` leaves no pages resident in this
     process (issue 26): a read-only or shared mapping's pages are dropped after each chunk; a
     copy-on-write one (whose private writes dropping would lose) is read through a read-only
-    mapping of its file of our own, so it is checked as its file holds it."""
+    mapping of its file of our own, except a chunk holding a page written in this process
+    (:func:`_written`), which is read from ``a`` itself (the kernels read those bytes, not the
+    file's; the chunk's pages then stay mapped)."""
     src, m = a, None
     if isinstance(a, np.memmap) and a.filename is not None and a.flags.c_contiguous:
         base: Any = a
@@ -31,7 +60,11 @@ def _chunks(a: np.ndarray) -> Iterator[np.ndarray]:
         at = start + a.ctypes.data - np.frombuffer(m, dtype=np.uint8).ctypes.data
         src = np.memmap(a.filename, dtype=a.dtype, mode="r", offset=at, shape=a.shape)
     for s in range(0, src.shape[0], _CHUNK):
-        yield src[s : s + _CHUNK]
+        yield (
+            a[s : s + _CHUNK]
+            if src is not a and _written(a, s, s + _CHUNK)
+            else src[s : s + _CHUNK]
+        )
         if m is not None:
             drop_pages(src, s, s + _CHUNK)
 

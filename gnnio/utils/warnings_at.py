@@ -36,8 +36,10 @@ _SITE = tuple({os.path.abspath(_PATHS[k]) + os.sep for k in ("purelib", "platlib
 
 def _skipped(path: str) -> bool:
     """A frame of gnnio, of torch, or of Python's standard library (not its site-packages)."""
+    if path.startswith("<"):  # ("<frozen runpy>" and the like; not made absolute first)
+        return True
     path = os.path.abspath(path)
-    if path.startswith(_OWN) or path.startswith("<"):  # ("<frozen runpy>" and the like)
+    if path.startswith(_OWN):
         return True
     return path.startswith(_STDLIB) and not path.startswith(_SITE)
 
