@@ -8,38 +8,22 @@ from typing import Any
 
 import numpy as np
 
-from ..utils.pages import drop_pages
+from ..utils.pages import drop_pages, written_pages
 
 __all__ = ["check_csr"]
 
 _CHUNK = 1 << 24  # items read at a time
-_PAGE = mmap.PAGESIZE
-# /proc/self/pagemap's bits (Linux, Documentation/admin-guide/mm/pagemap.rst)
-_PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 << 61)
 
 
 def _written(a: np.ndarray, s: int, e: int) -> bool:
     """Whether this process holds a private copy of a page of ``a[s:e]`` (``a`` a C-contiguous
-    copy-on-write mapping): a page written since it was mapped, whose bytes its file no longer
-    holds. Such a page is present and not a file page, or swapped out (only anonymous pages are).
-    True where ``/proc/self/pagemap`` cannot be read (then the chunk is read from ``a``)."""
+    copy-on-write mapping: :func:`~gnnio.utils.pages.written_pages`); True where that cannot be
+    told (then the chunk is read from ``a``)."""
     e = min(e, a.shape[0])
     if e <= s:
         return False
     row = a.strides[0]
-    first = (a.ctypes.data + s * row) // _PAGE
-    last = (a.ctypes.data + e * row - 1) // _PAGE
-    try:
-        with open("/proc/self/pagemap", "rb", buffering=0) as f:
-            f.seek(8 * first)
-            raw = f.read(8 * (last - first + 1))
-    except OSError:  # (not Linux)
-        return True
-    if len(raw) != 8 * (last - first + 1):
-        return True
-    flags = np.frombuffer(raw, dtype=np.uint64)
-    private = ((flags & _PRESENT) != 0) & ((flags & _FILE) == 0) | ((flags & _SWAPPED) != 0)
-    return bool(private.any())
+    return written_pages(a.ctypes.data + s * row, (e - s) * row) is not False
 
 
 def _chunks(a: np.ndarray) -> Iterator[np.ndarray]:
