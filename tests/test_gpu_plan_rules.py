@@ -362,3 +362,42 @@ def test_the_member_index_estimate_bounds_what_the_samplers_build(ds):
             assert 0 < on_dev <= built <= bound, (frac, on_dev, built, bound)
             most = max(most, built)
         assert most > 0.9 * bound  # (the hubs' index: a bound that says something)
+
+
+def test_several_ranks_are_never_planned(ds, monkeypatch):
+    """With more than one rank the placement decides: no plan, the config as given, and
+    ``plans_layout`` (which lets ``--locality-scale`` on a GPU go without a layout option) says
+    so too, though one rank on the same GPU is planned."""
+    from gnnio.train.gpu_plan import plans_layout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = _cfg(device="cuda")
+    same, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), world_size=2, free_bytes=80 * GiB)
+    assert same is cfg and plan["planned"] is False
+    assert plan["reason"] == "several ranks: the placement decides"
+    assert plans_layout(cfg, world_size=1) and not plans_layout(cfg, world_size=2)
+
+
+def test_no_hot_row_sizes_the_member_index_at_one_row_not_all(ds):
+    """Where the first plan has the CSR on the GPU but no hot row (rows wider than the budget
+    left), the member index is estimated for one row of B, not for B = every row (the reading
+    of a zero fraction): the whole index would push the topology off the GPU for nothing."""
+    import types
+
+    from gnnio.train.setup import member_index_bytes
+
+    cfg = _cfg(device="cuda", locality_scale=2.0)
+    n = ds.num_nodes
+    csr = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
+    scratch = SCRATCH_BYTES_PER_NODE * (n + 1)
+    one = member_index_bytes(ds, dataclasses.replace(cfg, gpu_cache_fraction=1e-12))
+    whole = member_index_bytes(ds, dataclasses.replace(cfg, gpu_cache_fraction=1.0))
+    assert one < whole
+    budget = 4 * (csr + one + scratch)  # the CSR and a one-row index fill the quarter exactly
+    feats = types.SimpleNamespace(dtype=np.dtype(np.float32), shape=(n, budget // 4 + 1), ndim=2)
+    fake = types.SimpleNamespace(features=feats, graph=ds.graph, num_nodes=n,
+                                 train_idx=ds.train_idx)  # fmt: skip
+    _, plan = apply_layout_plan(fake, cfg, torch.device("cuda"), free_bytes=GiB + budget)
+    assert (plan["graph_in"], plan["sampler_device"], plan["hot_rows"]) == ("gpu", "cuda", 0)
+    assert (plan["gpu_csr_bytes"], plan["gpu_member_index_bytes"]) == (csr, one)
