@@ -401,3 +401,40 @@ def test_no_hot_row_sizes_the_member_index_at_one_row_not_all(ds):
     _, plan = apply_layout_plan(fake, cfg, torch.device("cuda"), free_bytes=GiB + budget)
     assert (plan["graph_in"], plan["sampler_device"], plan["hot_rows"]) == ("gpu", "cuda", 0)
     assert (plan["gpu_csr_bytes"], plan["gpu_member_index_bytes"]) == (csr, one)
+
+
+def test_the_member_index_counts_int64_positions_past_2_pow_31_in_neighbours():
+    """A node with ``2**31`` in-neighbours or more makes the member index's positions int64 (as
+    the samplers build it): 8 bytes each, not 4. (The indices are a zero-stride view: no
+    memory.)"""
+    import types
+
+    from gnnio.train.setup import member_index_bytes
+
+    e = 2**31 + 1
+    graph = types.SimpleNamespace(indptr=np.array([0, e], dtype=np.int64),
+                                  indices=np.broadcast_to(np.int32(0), (e,)))  # fmt: skip
+    fake = types.SimpleNamespace(graph=graph)
+    cfg = _cfg(locality_scale=2.0, gpu_cache_fraction=1.0)
+    assert member_index_bytes(fake, cfg) == 2 * (8 * 2 + 8 * e)
+
+
+def test_a_static_cache_gives_the_locality_set_its_cached_rows_only(ds):
+    """With a static cache and no GPU tier, B (``gpu_ids``) is the cached rows, the
+    ``capacity`` hottest ones, not every row in score order; and only SAGE's ``sum`` form takes
+    ``ht_mean`` weights."""
+    import types
+
+    from gnnio.train.setup import build_store, edge_weights, hot_score
+
+    cfg = _cfg(cache_policy="static", cache_size=0.1, score="degree")
+    score = hot_score(ds, cfg, progress=False)
+    setup = build_store(ds, cfg, torch.device("cpu"), score)
+    cap = setup.store.capacity
+    assert 0 < cap < ds.num_nodes
+    want = np.lexsort((np.arange(score.size), -score))[:cap]  # ties: lower id
+    np.testing.assert_array_equal(setup.gpu_ids, np.sort(want))
+    ns = types.SimpleNamespace
+    assert edge_weights(ns(edge_weight_norm="sum", model="sage")) == "ht_mean"
+    assert edge_weights(ns(edge_weight_norm="sum", model="gin")) == "ht"
+    assert edge_weights(ns(edge_weight_norm="mean", model="sage")) == "ht"
