@@ -438,3 +438,15 @@ def test_a_static_cache_gives_the_locality_set_its_cached_rows_only(ds):
     assert edge_weights(ns(edge_weight_norm="sum", model="sage")) == "ht_mean"
     assert edge_weights(ns(edge_weight_norm="sum", model="gin")) == "ht"
     assert edge_weights(ns(edge_weight_norm="mean", model="sage")) == "ht"
+
+
+def test_the_gpu_budget_reaches_the_tiered_store(ds):
+    """``gpu_budget_bytes`` bounds the GPU tier that ``build_store`` builds (the hot rows are
+    clamped, with a warning), rather than being dropped on the way."""
+    from gnnio.train.setup import build_store, hot_score
+
+    cfg = _cfg(gpu_cache_fraction=0.5, score="degree", gpu_budget_bytes=20_000)
+    with pytest.warns(Warning, match="hot rows clamped to"):
+        setup = build_store(ds, cfg, torch.device("cpu"), hot_score(ds, cfg, progress=False))
+    tiering = setup.info["tiering"]
+    assert 0 < tiering["hot_rows"] < ds.num_nodes // 2 and tiering["gpu_tier_bytes"] <= 20_000
