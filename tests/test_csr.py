@@ -134,3 +134,32 @@ def test_edges_to_csr_refuses_an_id_outside_the_nodes(src, dst, msg):
         edges_to_csr(np.array(src), np.array(dst), 4)
     indptr, indices = edges_to_csr(np.array([3, 0]), np.array([0, 3]), 4)  # (the edges: fine)
     assert indptr.tolist() == [0, 1, 1, 1, 2] and indices.tolist() == [3, 0]
+
+
+def test_edges_to_csr_refuses_src_and_dst_of_different_lengths():
+    """``src`` and ``dst`` of different lengths are one ValueError; a ``dst`` of one id would
+    otherwise broadcast against every ``src``, inventing edges silently."""
+    with pytest.raises(ValueError, match=r"src and dst differ in length: \(3,\) vs \(1,\)"):
+        edges_to_csr(np.array([0, 1, 2]), np.array([1]), 3)
+
+
+def test_reverse_keeps_repeated_edges():
+    """``reverse`` swaps every edge's ends and keeps a repeated edge repeated (a graph built with
+    ``dedup=False``): the reversed CSR has as many edges, each once per copy."""
+    g = CSRGraph.from_edges(np.array([0, 0, 2]), np.array([1, 1, 1]), 3, dedup=False)
+    r = g.reverse()
+    assert r.num_edges == g.num_edges == 3
+    assert np.asarray(r.indptr).tolist() == [0, 2, 2, 3] and r.indices.tolist() == [1, 1, 1]
+
+
+def test_to_torch_of_read_only_arrays_copies_them():
+    """A read-only array (one the caller froze) is copied by ``to_torch``: writing the tensor
+    leaves the graph's array as it was (a shared buffer would write through the freeze)."""
+    ip, ix = np.array([0, 1, 2], dtype=np.int64), np.array([1, 0], dtype=np.int32)
+    g = CSRGraph(ip, ix)
+    ip.setflags(write=False)
+    ix.setflags(write=False)
+    tip, tix = g.to_torch()
+    tip[1], tix[0] = 7, 7
+    assert ip.tolist() == [0, 1, 2] and ix.tolist() == [1, 0]
+    assert tip.tolist() == [0, 7, 2] and tix.tolist() == [7, 0]

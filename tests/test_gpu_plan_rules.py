@@ -362,3 +362,91 @@ def test_the_member_index_estimate_bounds_what_the_samplers_build(ds):
             assert 0 < on_dev <= built <= bound, (frac, on_dev, built, bound)
             most = max(most, built)
         assert most > 0.9 * bound  # (the hubs' index: a bound that says something)
+
+
+def test_several_ranks_are_never_planned(ds, monkeypatch):
+    """With more than one rank the placement decides: no plan, the config as given, and
+    ``plans_layout`` (which lets ``--locality-scale`` on a GPU go without a layout option) says
+    so too, though one rank on the same GPU is planned."""
+    from gnnio.train.gpu_plan import plans_layout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = _cfg(device="cuda")
+    same, plan = apply_layout_plan(ds, cfg, torch.device("cuda"), world_size=2, free_bytes=80 * GiB)
+    assert same is cfg and plan["planned"] is False
+    assert plan["reason"] == "several ranks: the placement decides"
+    assert plans_layout(cfg, world_size=1) and not plans_layout(cfg, world_size=2)
+
+
+def test_no_hot_row_sizes_the_member_index_at_one_row_not_all(ds):
+    """Where the first plan has the CSR on the GPU but no hot row (rows wider than the budget
+    left), the member index is estimated for one row of B, not for B = every row (the reading
+    of a zero fraction): the whole index would push the topology off the GPU for nothing."""
+    import types
+
+    from gnnio.train.setup import member_index_bytes
+
+    cfg = _cfg(device="cuda", locality_scale=2.0)
+    n = ds.num_nodes
+    csr = np.asarray(ds.graph.indptr).nbytes + np.asarray(ds.graph.indices).nbytes
+    scratch = SCRATCH_BYTES_PER_NODE * (n + 1)
+    one = member_index_bytes(ds, dataclasses.replace(cfg, gpu_cache_fraction=1e-12))
+    whole = member_index_bytes(ds, dataclasses.replace(cfg, gpu_cache_fraction=1.0))
+    assert one < whole
+    budget = 4 * (csr + one + scratch)  # the CSR and a one-row index fill the quarter exactly
+    feats = types.SimpleNamespace(dtype=np.dtype(np.float32), shape=(n, budget // 4 + 1), ndim=2)
+    fake = types.SimpleNamespace(features=feats, graph=ds.graph, num_nodes=n,
+                                 train_idx=ds.train_idx)  # fmt: skip
+    _, plan = apply_layout_plan(fake, cfg, torch.device("cuda"), free_bytes=GiB + budget)
+    assert (plan["graph_in"], plan["sampler_device"], plan["hot_rows"]) == ("gpu", "cuda", 0)
+    assert (plan["gpu_csr_bytes"], plan["gpu_member_index_bytes"]) == (csr, one)
+
+
+def test_the_member_index_counts_int64_positions_past_2_pow_31_in_neighbours():
+    """A node with ``2**31`` in-neighbours or more makes the member index's positions int64 (as
+    the samplers build it): 8 bytes each, not 4. (The indices are a zero-stride view: no
+    memory.)"""
+    import types
+
+    from gnnio.train.setup import member_index_bytes
+
+    e = 2**31 + 1
+    graph = types.SimpleNamespace(indptr=np.array([0, e], dtype=np.int64),
+                                  indices=np.broadcast_to(np.int32(0), (e,)))  # fmt: skip
+    fake = types.SimpleNamespace(graph=graph)
+    cfg = _cfg(locality_scale=2.0, gpu_cache_fraction=1.0)
+    assert member_index_bytes(fake, cfg) == 2 * (8 * 2 + 8 * e)
+
+
+def test_a_static_cache_gives_the_locality_set_its_cached_rows_only(ds):
+    """With a static cache and no GPU tier, B (``gpu_ids``) is the cached rows, the
+    ``capacity`` hottest ones, not every row in score order; and only SAGE's ``sum`` form takes
+    ``ht_mean`` weights."""
+    import types
+
+    from gnnio.train.setup import build_store, edge_weights, hot_score
+
+    cfg = _cfg(cache_policy="static", cache_size=0.1, score="degree")
+    score = hot_score(ds, cfg, progress=False)
+    setup = build_store(ds, cfg, torch.device("cpu"), score)
+    cap = setup.store.capacity
+    assert 0 < cap < ds.num_nodes
+    want = np.lexsort((np.arange(score.size), -score))[:cap]  # ties: lower id
+    np.testing.assert_array_equal(setup.gpu_ids, np.sort(want))
+    ns = types.SimpleNamespace
+    assert edge_weights(ns(edge_weight_norm="sum", model="sage")) == "ht_mean"
+    assert edge_weights(ns(edge_weight_norm="sum", model="gin")) == "ht"
+    assert edge_weights(ns(edge_weight_norm="mean", model="sage")) == "ht"
+
+
+def test_the_gpu_budget_reaches_the_tiered_store(ds):
+    """``gpu_budget_bytes`` bounds the GPU tier that ``build_store`` builds (the hot rows are
+    clamped, with a warning), rather than being dropped on the way."""
+    from gnnio.train.setup import build_store, hot_score
+
+    cfg = _cfg(gpu_cache_fraction=0.5, score="degree", gpu_budget_bytes=20_000)
+    with pytest.warns(Warning, match="hot rows clamped to"):
+        setup = build_store(ds, cfg, torch.device("cpu"), hot_score(ds, cfg, progress=False))
+    tiering = setup.info["tiering"]
+    assert 0 < tiering["hot_rows"] < ds.num_nodes // 2 and tiering["gpu_tier_bytes"] <= 20_000

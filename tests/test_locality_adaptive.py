@@ -104,3 +104,51 @@ def test_bench_locality_cli(tmp_path, capsys):
     rc = main([*argv, "--score", "nope"])
     assert rc == 2 and "--score" in capsys.readouterr().err
     assert np.isfinite(out["setup_s"])
+
+
+def test_check_scale_takes_exactly_its_range():
+    """``check_scale`` takes ``[1e-200, 1e200]`` with both ends, and refuses the next values past
+    them, 0 and non-finite ones (Eq. 8's sums overflow or vanish out there)."""
+    from gnnio.sampling.adaptive import MAX_SCALE, check_scale
+
+    assert check_scale(MAX_SCALE) == 1e200 and check_scale(1.0 / MAX_SCALE) == 1e-200
+    assert check_scale("2") == 2.0
+    for bad in (1.01e200, 0.99e-200, 0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"scale: must be a number in \[1e-200, 1e200\]"):
+            check_scale(bad)
+
+
+def test_algorithm2_thresholds_are_strict():
+    """Line 3 needs ``r > ut`` and line 4 ``r < lt``: a share exactly at a threshold is inside
+    the band, so line 5 fixes ``s``."""
+    s, lines, a = run_script([0.2])  # r == ut
+    assert s == [1] and lines == [5] and a.fixed
+    s, lines, a = run_script([0.5, 0.15])  # s = 2, then r == lt
+    assert s == [2, 2] and lines == [3, 5] and a.fixed
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [({"lt": float("nan")}, "lt must be finite"), ({"maxs": float("inf")}, "maxs must be finite"),
+     ({"lt": -0.1}, "need 0 <= lt <= ut"), ({"maxs": 0}, "s0 and maxs must be > 0"),
+     ({"s0": -1}, "s0 and maxs must be > 0")],
+)  # fmt: skip
+def test_algorithm2_refuses_parameters_it_cannot_run(kw, words):
+    with pytest.raises(ValueError, match=words):
+        AdaptiveScale(**kw)
+    with pytest.raises(ValueError, match="loading_share"):
+        AdaptiveScale().update(float("inf"))
+
+
+def test_modeled_loading_time_takes_the_topologys_bandwidths_and_refuses_bad_ones():
+    """``topology`` supplies both link bandwidths; a negative byte count or a bandwidth that is
+    not a finite positive number is one ValueError naming it."""
+    topo = Topology(name="t", groups=((0, 1),), host_bw=10 * GB, peer_bw=100 * GB)
+    t = modeled_loading_time(10 * GB, peer_bytes=100 * GB, topology=topo)
+    assert t == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="host_bytes: must be a finite number >= 0"):
+        modeled_loading_time(-1.0)
+    with pytest.raises(ValueError, match="peer_bytes: must be a finite number >= 0"):
+        modeled_loading_time(0, peer_bytes=float("nan"))
+    with pytest.raises(ValueError, match="gpu_bw: must be a finite number > 0"):
+        modeled_loading_time(1, gpu_bw=float("inf"))

@@ -197,6 +197,11 @@ def run(args) -> int:
         progress=not args.quiet and not args.json,
         memory_budget=budget,
     )
+    if args.save and result.best is None:  # (it said "saved the None placement", wrote nothing)
+        raise UsageError(
+            f"--save: no placement to save, every strategy was skipped "
+            f"({'; '.join(str(o.skipped) for o in result.outcomes.values())})"
+        )
     if args.save and result.best is not None:
         best = result.outcomes[result.best].placement
         assert best is not None  # (the best is a feasible outcome: it has its placement)
