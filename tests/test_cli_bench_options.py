@@ -370,34 +370,6 @@ def test_plan_save_binds_the_placement_to_its_dataset(tiny, tmp_path, capsys):
     assert (params["dataset"], params["dataset_fingerprint"]) == (ds.name, ds.fingerprint)
 
 
-def test_plan_save_with_every_strategy_skipped_is_refused(tiny, tmp_path, capsys):
-    """``--save`` where every strategy was skipped (pagraph over its cap) is one error line and
-    no file: it printed "saved the None placement to FILE" (the JSON "saved": FILE), exit 0,
-    and wrote nothing."""
-    f = tmp_path / "p.npz"
-    argv = ["plan", str(tiny), "--topology", "2", "--strategies", "pagraph", "--pagraph-max-nodes",
-            "10", "--fanouts", "2", "--batch-size", "8", "--save", str(f), "--quiet"]  # fmt: skip
-    for extra in ([], ["--json"]):
-        assert main([*argv, *extra]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "--save: no placement to save, every strategy was" in err
-        assert "above its cap of 10" in err and not f.exists()
-
-
-def test_plan_refuses_a_bad_save_path_before_planning(tiny, tmp_path, monkeypatch, capsys):
-    """A ``--save`` path that cannot be written is refused before the plan is computed (minutes
-    on a large graph), not by the write after it."""
-    import gnnio.cli.plan as cp
-
-    planned: list[int] = []
-    monkeypatch.setattr(cp, "make_plan", lambda *a, **kw: planned.append(1))
-    (tmp_path / "f").write_text("x")
-    argv = ["plan", str(tiny), "--topology", "2", "--save", str(tmp_path / "f" / "p.npz")]
-    assert main([*argv, "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is a file, not a directory" in err and not planned
-
-
 def test_a_bench_is_left_out_only_when_its_own_module_is_missing(monkeypatch):
     """A benchmark module not in this build is left out of ``gnnio bench``; one whose import
     fails on a missing dependency fails the command (it does not vanish from the list)."""

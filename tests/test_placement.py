@@ -447,25 +447,6 @@ def test_plan_table_costs_in_a_unit_that_shows_them(tiny, capsys):
     assert cost_unit([]) == ("seconds", "s", 1.0)
 
 
-def test_plan_table_compares_the_best_with_the_cheapest_partitioning(tiny, capsys):
-    """The "best:" line compares a non-partitioning best with the *cheapest* partitioning
-    strategy, and says nothing more when the best is a partitioning itself."""
-    argv = [str(tiny.path), "--topology", "2+2", "--buffer", "0.1", "--fanouts", "4,3"]
-    argv += ["--batch-size", "16", "--quiet", "--strategies", "alg1,naive,random"]
-    assert _plan_cli([*argv, "--json"]) == 0
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["strategies"]
-    cost = {k: v["max_cost_s"] for k, v in res.items()}
-    assert cost["naive"] != cost["random"] and cost["alg1"] < min(cost["naive"], cost["random"])
-    bp = min(("naive", "random"), key=cost.__getitem__)
-    assert _plan_cli(argv) == 0
-    from gnnio.cli.plan import versus
-
-    best_line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert best_line == "best: alg1" + versus(cost["alg1"], cost[bp], bp)
-    assert _plan_cli([*argv[:-1], "naive"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "best: naive"
-
-
 @pytest.mark.parametrize(
     "argv, match",
     [
