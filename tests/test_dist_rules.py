@@ -133,6 +133,49 @@ def test_a_store_loaded_from_a_checkpoint_cannot_rewind_past_it():
     assert run_ranks(2, body, load_topology("2")) == [True, True]
 
 
+def test_a_rewind_to_a_gather_not_made_yet_is_refused_in_one_line():
+    """``state_dict(upto)`` past the gathers made (a mark from another run) is the one-line
+    RuntimeError, not a KeyError out of the log."""
+    from tests.test_dist_store_links import FEATS as F40
+    from tests.test_dist_store_links import PLACEMENT as P40
+
+    def body(ctx):
+        store = ShardedFeatureStore(InMemoryFeatureStore(F40), P40, ctx, reuse=True)
+        store.keep_log = True
+        store.gather(torch.tensor([12, 30, 0]))
+        with pytest.raises(RuntimeError, match="cannot rewind from gather 1 to 2"):
+            store.state_dict(upto=2)
+        return True
+
+    assert run_ranks(2, body, load_topology("2")) == [True, True]
+
+
+def test_a_store_without_reuse_loads_no_previous_rows():
+    """A checkpoint of a run with ``reuse`` loaded by a store without it: no previous batch is
+    kept (none read from host memory, none saved again in the next checkpoint)."""
+    from tests.test_dist_store_links import FEATS as F40
+    from tests.test_dist_store_links import PLACEMENT as P40
+
+    class Counting(InMemoryFeatureStore):
+        reads = 0
+
+        def gather(self, ids, out=None):
+            Counting.reads += 1
+            return super().gather(ids, out=out)
+
+    def body(ctx):
+        src = ShardedFeatureStore(InMemoryFeatureStore(F40), P40, ctx, reuse=True)
+        src.gather(torch.tensor([12, 30, 0]))
+        state = src.state_dict()
+        assert state["prev_ids"] is not None and state["prev_ids"].numel() == 2
+        store = ShardedFeatureStore(Counting(F40), P40, ctx)
+        before = Counting.reads
+        store.load_state_dict(state)
+        return Counting.reads == before and store.state_dict()["prev_ids"] is None
+
+    assert run_ranks(2, body, load_topology("2")) == [True, True]
+
+
 @pytest.mark.parametrize(
     ("spec", "want"),
     [("1:4:kill", (4, "kill")), ("1:0:raise", (0, "raise")), ("0:4:kill", None), ("", None)],
@@ -230,6 +273,52 @@ def test_a_pruned_peer_list_is_counted_by_its_window(parted, tmp_path, monkeypat
         window = np.minimum(deg[peer], theta)
         assert s.bytes_by_link["peer"] == 2 * int(window.sum() * s.own.itemsize + 16 * 3)
         assert s.stats["requests"] == 2 * 3
+
+
+def test_a_pruned_hop_of_every_neighbour_has_weights_one(parted, tmp_path, monkeypatch):  # noqa: F811
+    """A pruned sampler's hop of fanout -1 takes whole lists, unpruned: each edge weighs
+    ``deg / deg = 1``, as in the single-process sampler (a weight computed with ``k = min(n,
+    fanout) = -1`` was ``-deg``)."""
+    ds, _ = parted
+    fanouts = [3, -1]
+    ref = PrunedUniformSampler(ds.graph, fanouts, prune=PRUNE, seed=3, num_threads=1)
+    ranks = _run_sampler(parted, tmp_path, monkeypatch, "dsp", fanouts, PRUNE,
+                         lambda r: _seeds(ds, r))  # fmt: skip
+    for r, (_, got) in enumerate(ranks):
+        for e, mb in enumerate(got):
+            want = ref.sample(torch.from_numpy(_seeds(ds, r)), epoch_seed=e)
+            assert torch.equal(mb.input_nodes, want.input_nodes)
+            for a, b in zip(mb.blocks, want.blocks):
+                assert torch.equal(a.edge_index, b.edge_index)
+                assert torch.equal(a.edge_weight, b.edge_weight)
+            assert torch.equal(mb.blocks[0].edge_weight, torch.ones(mb.blocks[0].num_edges))
+
+
+def test_the_evaluation_sampler_reads_the_training_samplers_shards(parted, tmp_path, monkeypatch):  # noqa: F811
+    """``share_with`` (gnnio train's evaluation sampler): the same own shard and, in shared mode,
+    the same mapped peer shards, no second copy; its batches are still the single-process ones
+    (without the peer shards its remote rows were never sampled: no edges from them)."""
+    from gnnio.distributed import shm
+    from gnnio.distributed.sampling import ShardedSampler
+
+    ds, pdir = parted
+    monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
+    ref = UniformSampler(ds.graph, [3], seed=3, num_threads=1)
+
+    def body(ctx):
+        part = load_partition(pdir, ds, 2)
+        train = ShardedSampler(part, pdir, ctx, [3], seed=3, mode="shared")
+        ev = ShardedSampler(part, pdir, ctx, [3], seed=3, mode="shared", group="eval_sample",
+                            share_with=train)  # fmt: skip
+        assert ev.own is train.own and ev.peer_shards is train.peer_shards
+        assert ev.shared_via == train.shared_via == "shm"
+        seeds = torch.from_numpy(_seeds(ds, ctx.rank))
+        mb, want = ev.sample(seeds, epoch_seed=1), ref.sample(seeds, epoch_seed=1)
+        return torch.equal(mb.input_nodes, want.input_nodes) and torch.equal(
+            mb.blocks[0].edge_index, want.blocks[0].edge_index
+        )
+
+    assert run_ranks(2, body, load_topology("2")) == [True, True]
 
 
 # -- host rows by pread ---------------------------------------------------------------------

@@ -146,3 +146,27 @@ def test_pruned_shared_reads_of_a_peer_gpu_copy_only_the_window(parted):
         np.testing.assert_array_equal(c, c_ref)
         np.testing.assert_array_equal(f, f_ref)
         assert sum(_Spy.copied) == int(np.minimum(deg, theta).sum())
+
+
+def test_dsp_rows_of_two_owners_in_mixed_order_are_the_single_process_batch(tmp_path):
+    """Three ranks: a rank's remote rows belong to two owners, listed interleaved. Each request
+    goes to its row's owner (with two ranks every remote row has the same owner, so an unsorted
+    request list still went right) and the replies land at their rows."""
+    from gnnio.distributed.sampling import ShardedSampler
+
+    ds = load(write_tiny_dataset(tmp_path / "g", num_nodes=60, num_edges=400, seed=3))
+    part = partition_dataset(ds, 3, "range", measure=False)  # 0-19 | 20-39 | 40-59
+    pdir = save_partition(part, ds.graph, tmp_path / "p")
+    seeds_of = {0: [45, 21, 50, 33, 2], 1: [5, 41, 12, 58], 2: [25, 1, 30, 8]}
+
+    def body(ctx):
+        s = ShardedSampler(load_partition(pdir, ds, 3), pdir, ctx, [FANOUT, 2], seed=3)
+        seeds = torch.tensor(seeds_of[ctx.rank])
+        mb = s.sample(seeds, epoch_seed=4)
+        ref = UniformSampler(ds.graph, [FANOUT, 2], seed=3, num_threads=1)
+        want = ref.sample(seeds, epoch_seed=4)
+        return torch.equal(mb.input_nodes, want.input_nodes) and all(
+            torch.equal(a.edge_index, b.edge_index) for a, b in zip(mb.blocks, want.blocks)
+        )
+
+    assert run_ranks(3, body, load_topology("3")) == [True, True, True]

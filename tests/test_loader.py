@@ -343,3 +343,39 @@ def test_bench_loader_with_gpu_resident_store(tmp_path):
     assert res["store_device"].startswith("cuda") and res["ms_per_batch"] > 0
     res = bench_loader.run(p.parse_args([*args, "--sampler-device", "cuda"]))
     assert res["sampler_device"].startswith("cuda") and res["ms_per_batch"] > 0
+
+
+def test_a_map_of_the_seeds_labels_is_looked_up_not_converted(data):
+    """A rank's labels are a map of its seeds' labels (SeedLabels, no ``[N]`` array): the loader
+    keeps the map and looks each batch's seeds up in it (converting it as an array of all
+    labels failed)."""
+    from gnnio.distributed.labels import SeedLabels
+
+    graph, feats, labels, train = data
+    seed_labels = SeedLabels(torch.from_numpy(train), torch.from_numpy(labels[train]))
+    loader = make_loader(data)
+    loader = NodeLoader(loader.sampler, loader.store, loader.order, labels=seed_labels)
+    assert loader.labels is seed_labels
+    n = 0
+    for mb in loader.epoch(0):
+        check_batch(mb, feats, labels)
+        n += 1
+    assert n == len(loader)
+
+
+def test_sample_seconds_sum_every_workers_calls(data):
+    """``sample_s`` is summed over the sampling workers: with 3 workers and a sampler that takes
+    at least 50 ms a batch, at least 50 ms per batch of the epoch (worker 0's share alone is a
+    third of that). Epoch 0 compiles the sampler's kernels; epoch 1 is measured."""
+
+    class Slow(UniformSampler):
+        def sample(self, seeds, epoch_seed=None):
+            time.sleep(0.05)
+            return super().sample(seeds, epoch_seed=epoch_seed)
+
+    graph = data[0]
+    loader = make_loader(data, batch_size=34, num_workers=3, sampler=Slow(graph, [4, 3], seed=1))
+    for e in (0, 1):
+        n = sum(1 for _ in loader.epoch(e))
+    assert n == len(loader) == 9
+    assert loader.stats.sample_s >= 0.05 * n

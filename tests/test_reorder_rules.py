@@ -53,6 +53,21 @@ def test_relabel_csr_refuses_indptr_that_does_not_end_at_the_edge_count(impl):
         reorder.relabel_csr(indptr, g.indices, np.array([2, 0, 1]), impl=impl)
 
 
+@pytest.mark.parametrize("impl", reorder.IMPLS)
+@pytest.mark.parametrize(
+    ("indptr", "indices", "what"),
+    [([0, 2, 3, 4], [1, 3, 0, 2], "3"), ([0, 2, 3, 4], [1, -1, 0, 2], "-1"),
+     ([0, 3, 2, 4], [1, 2, 0, 2], "decreas")],
+)  # fmt: skip
+def test_relabel_csr_refuses_an_id_out_of_range_or_a_decreasing_indptr(impl, indptr, indices, what):
+    """The kernels read ``old2new`` at every neighbour id and move rows by ``indptr`` unchecked:
+    a neighbour id outside ``[0, N)`` or an ``indptr`` that decreases is a one-line UsageError,
+    not an out-of-bounds read."""
+    g = (np.array(indptr, dtype=np.int64), np.array(indices, dtype=np.int32))
+    with pytest.raises(UsageError, match=what):
+        reorder.relabel_csr(*g, np.array([2, 0, 1]), impl=impl)
+
+
 @pytest.mark.parametrize("impl", ["numba", "numpy"])
 def test_relabel_csr_refuses_an_out_array_of_the_wrong_dtype(impl):
     """``out`` must have the index dtype of N (int32 here): an int64 buffer is refused."""
