@@ -2,11 +2,11 @@
 
 Every page a process touches through a mapping stays resident in it (file-backed pages count in its
 RSS) until unmapped. :func:`drop_pages` unmaps them with ``madvise(MADV_DONTNEED)``; the mapping
-stays valid and pages are read again on the next access. Safe for read-only mappings, for
-copy-on-write mappings that were never written (private changes would be lost), and for shared
-ones (written pages stay in the page cache and reach the file). A copy-on-write ``np.memmap``
-(``mode="c"``, how :func:`gnnio.load` opens arrays) keeps the pages this process wrote: a range
-holding one (:func:`written_pages`) is not dropped, so in-memory edits are never lost.
+stays valid and pages are read again on the next access. Safe for read-only mappings, for shared
+ones (written pages stay in the page cache and reach the file), and for a copy-on-write
+``np.memmap`` (``mode="c"``, how :func:`gnnio.load` opens arrays), whose written pages would be
+lost: a range holding one (:func:`written_pages`) is not dropped. A bare ``mmap.mmap`` is taken
+as not copy-on-write.
 """
 
 from __future__ import annotations
