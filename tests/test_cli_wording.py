@@ -125,3 +125,56 @@ def test_version_answers_without_loading_torch_and_as_argparse_does():
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--version"])
+
+
+def test_help_a_mistyped_command_and_info_load_no_torch(paths):
+    """``gnnio --help`` and a mistyped command answer from the commands' names alone (no NumPy,
+    numba or torch: they took seconds); ``gnnio info`` opens and checks a dataset without torch.
+    The deferral of Ctrl-C during numba's compiles is installed before ``info`` runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, signal\n"
+        "from gnnio.cli.main import main\n"
+        "def heavy(): return [m for m in ('torch', 'numpy', 'numba') if m in sys.modules]\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as e:\n    print('help', e.code, heavy())\n"
+        "print('typo', main(['trian']), heavy())\n"
+        "import gnnio.cli.info as info\n"
+        "real = info.run\n"
+        "def run(args):\n"
+        "    from gnnio.utils import interrupts\n"
+        "    h = signal.getsignal(signal.SIGINT)\n"
+        "    print('deferred', getattr(h, '__self__', None) is interrupts._installed is not None)\n"
+        "    return real(args)\n"
+        f"info.run = run\nrc = main(['info', {paths['D']!r}])\n"
+        "print('info', rc, heavy())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.split(" ")[0] in ("help", "typo", "info",
+             "deferred")]  # fmt: skip
+    assert lines == ["help 0 []", "typo 2 []", "deferred True", "info 0 ['numpy', 'numba']"]
+    assert "invalid choice: 'trian'" in out.stderr
+
+
+def test_the_command_list_is_the_same_whichever_command_is_built():
+    """``build_parser(command)`` registers only ``command``; the others stand in by name and help
+    line: ``gnnio --help`` reads the same as with every command built, each command built alone
+    is the one built with all (same options), and each module's parser has the listed help."""
+    from gnnio.cli import COMMANDS
+    from gnnio.cli.main import build_parser
+
+    def subs(parser):
+        return next(a for a in parser._actions if a.dest == "command")
+
+    full = build_parser()
+    assert build_parser("").format_help() == full.format_help()
+    assert list(subs(full).choices) == list(COMMANDS)
+    for name in COMMANDS:
+        alone = subs(build_parser(name)).choices
+        assert alone[name].format_help() == subs(full).choices[name].format_help()
+        others = [n for n in COMMANDS if n != name]
+        assert all(alone[n].format_help() != subs(full).choices[n].format_help() for n in others)
+    helps = {a.dest: a.help for a in subs(full)._choices_actions}
+    assert helps == COMMANDS

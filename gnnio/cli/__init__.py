@@ -4,6 +4,23 @@ import argparse
 
 from ..errors import UsageError
 
+#: the subcommands in ``gnnio --help``'s order, each with its one-line help. Each lives in
+#: ``gnnio.cli.NAME`` with ``register(sub)``; they are kept here, where importing them costs
+#: nothing, so ``gnnio --help`` (and a mistyped command) lists them without importing any
+#: subcommand's module, and with it NumPy, numba and torch (:func:`gnnio.cli.main.build_parser`)
+COMMANDS = {
+    "prepare": "import a dataset (synthetic, planetoid, facebook, ogb, npy, pyg) into gnnio's "
+    "format",
+    "info": "validate a prepared dataset and print its statistics",
+    "reorder": "relabel a dataset by a hotness score (hottest node gets id 0)",
+    "partition": "partition the graph over ranks or machines (random, range, metis, bfs-block, "
+    "hdr)",
+    "plan": "compare multi-GPU feature placements with a cost model and recommend one",
+    "train": "train a GNN (GraphSAGE, GCN, GAT, GIN) with mini-batch neighbour sampling",
+    "bench": "benchmark a part on a dataset: sampling, gather, loader, tiers, caches, disk, the "
+    "training step, ... (gnnio bench --help lists them)",
+}
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends ``(default: X)`` to an option's help, except when the help already says what the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 
-from . import HelpFormatter
+from . import COMMANDS, HelpFormatter
 
 #: benchmark name -> module under gnnio.bench providing HELP, add_arguments(p) and run(args) -> dict
 BENCHES = {
@@ -38,8 +38,7 @@ def plain(text: str) -> str:
 def register(sub) -> None:
     p = sub.add_parser(
         "bench",
-        help="benchmark a part on a dataset: sampling, gather, loader, tiers, caches, disk, the "
-        "training step, ... (gnnio bench --help lists them)",
+        help=COMMANDS["bench"],
         description="Benchmarks report the median of several timed passes after a warm-up, "
         "next to a ceiling measured in the same run where one applies.",
     )

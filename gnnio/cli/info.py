@@ -6,12 +6,13 @@ import json
 
 from ..errors import DatasetError
 from ..graph.dataset import info_stats, load
+from . import COMMANDS
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "info",
-        help="validate a prepared dataset and print its statistics",
+        help=COMMANDS["info"],
         description=(
             "Open a prepared dataset, check its invariants (CSR, id ranges, shapes/dtypes, disjoint "
             "splits, label range) and print node/edge counts, degree statistics, feature bytes, "

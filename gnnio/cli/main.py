@@ -11,17 +11,22 @@ before :func:`main` (tens of milliseconds) stays Python's."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import signal
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TypeVar
 
 from .. import __version__
 from ..errors import GnnioError, UsageError
 from ..utils.argtypes import apply_common_ranges
+
+T = TypeVar("T")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,8 +57,14 @@ class OneLineParser(argparse.ArgumentParser):
             parser = subs[0].choices[name]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import bench, info, partition, plan, prepare, reorder, train
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line's parser; with ``command`` (the subcommand a command line runs,
+    :func:`command_of`) only that subcommand's module is imported and registered, the others
+    stand in as their name and one-line help (:data:`gnnio.cli.COMMANDS`), so ``gnnio --help``,
+    a mistyped command and ``gnnio info`` do not import what ``train`` and ``bench`` need. A
+    ``command`` that is not one (``None``, a typo) registers none: argparse's listing and its
+    invalid-choice error need only the names. Called without arguments, every subcommand."""
+    from . import COMMANDS
 
     parser = OneLineParser(
         prog="gnnio",
@@ -64,10 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gnnio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in (prepare, info, reorder, partition, plan, train, bench):
-        mod.register(sub)
+    for name, help_line in COMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(f"gnnio.cli.{name}").register(sub)
+        else:
+            sub.add_parser(name, help=help_line)  # (never parses: command names another)
     apply_common_ranges(parser)  # --threads, --seed, --passes, --warmup: the same everywhere
     return parser
+
+
+def command_of(argv: list[str]) -> str:
+    """The subcommand ``argv`` runs: its first word that is not an option (gnnio's own options,
+    ``--help`` and ``--version``, take no value), ``""`` where there is none."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 #: a value that argparse takes for an option because it starts with "-": "-1,-1,-1", "-1,2"
@@ -136,9 +156,10 @@ def _interrupted_while_loading(signum, frame) -> None:
         os._exit(130)
 
 
-def _build_parser_interruptible() -> argparse.ArgumentParser:
-    """:func:`build_parser` (the imports) with SIGINT ending the process in one line (module
-    docstring); the previous handler is back afterwards. An ignored SIGINT stays ignored."""
+def _loading(load: Callable[[], T]) -> T:
+    """``load()`` (imports: :func:`build_parser`, numba's for the SIGINT handler) with SIGINT
+    ending the process in one line (module docstring); the previous handler is back afterwards.
+    An ignored SIGINT stays ignored."""
     prev = None
     if threading.current_thread() is threading.main_thread():
         prev = signal.getsignal(signal.SIGINT)
@@ -147,10 +168,17 @@ def _build_parser_interruptible() -> argparse.ArgumentParser:
         else:
             signal.signal(signal.SIGINT, _interrupted_while_loading)
     try:
-        return build_parser()
+        return load()
     finally:
         if prev is not None:
             signal.signal(signal.SIGINT, prev)
+
+
+def _import_numba_events() -> None:
+    """numba's import, for :func:`~gnnio.utils.interrupts.defer_sigint_while_compiling` (which
+    must run after :func:`_loading` has put SIGINT's handler back: it installs only over
+    Python's own)."""
+    importlib.import_module("numba.core.event")
 
 
 class Terminated(BaseException):
@@ -202,12 +230,13 @@ def _main(argv: list[str] | None) -> int:
         print(f"gnnio {__version__}")  # (at once: argparse's would first import torch and numba)
         return 0
     try:
-        parser = _build_parser_interruptible()
+        argv = normalise_argv(list(argv) if argv is not None else sys.argv[1:])
+        parser = _loading(lambda: build_parser(command_of(argv)))
+        args = parser.parse_args(argv)  # (--help and a usage error end here, before numba loads)
+        _loading(_import_numba_events)
         from ..utils.interrupts import defer_sigint_while_compiling
 
         defer_sigint_while_compiling()  # Ctrl-C never cuts a numba compile in half
-        argv = normalise_argv(list(argv) if argv is not None else sys.argv[1:])
-        args = parser.parse_args(argv)
         args.argv = argv
         args.rank_entry = rank_main
         with _bars_off(getattr(args, "no_progress", False)):

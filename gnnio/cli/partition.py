@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import UsageError
-from . import HelpFormatter, refuse_without_effect
+from . import COMMANDS, HelpFormatter, refuse_without_effect
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "partition",
-        help="partition the graph over ranks or machines (random, range, metis, bfs-block, hdr)",
+        help=COMMANDS["partition"],
         description=(
             "Split the nodes of a dataset into parts, write the node -> part map, the replicated "
             "set and one CSR shard per part to PDIR (atomically), and report the quality: edge "

@@ -26,7 +26,7 @@ from ..placement.planner import (
 from ..placement.topology import PRESETS, load_topology
 from ..train.config_dist import DEFAULT_BUFFER
 from ..utils.outputs import check_output_path
-from . import HelpFormatter, refuse_without_effect
+from . import COMMANDS, HelpFormatter, refuse_without_effect
 
 __all__ = ["register", "run", "format_table"]
 
@@ -34,7 +34,7 @@ __all__ = ["register", "run", "format_table"]
 def register(sub) -> None:
     p = sub.add_parser(
         "plan",
-        help="compare multi-GPU feature placements with a cost model and recommend one",
+        help=COMMANDS["plan"],
         description=(
             "Place the feature rows with every strategy (Song & Jiang Algorithm 1 and Rule 1, Data "
             "Tiering interleaved, BGL mod-sharded, and the NAIVE/RAND/METIS/PaGraph partitioning "

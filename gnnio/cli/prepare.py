@@ -25,7 +25,7 @@ from ..importers import IMPORTERS
 from ..preprocess.chunked import DEFAULT_BUDGET_FRACTION
 from ..preprocess.hotness import FANOUT_SCORES, SCORES
 from ..utils.argtypes import fanouts_arg
-from . import HelpFormatter, add_feature_dtype_argument, refuse_without_effect
+from . import COMMANDS, HelpFormatter, add_feature_dtype_argument, refuse_without_effect
 
 #: sources whose import runs within ``--memory-budget`` (issue 25); the others run in RAM
 BOUNDED_SOURCES = ("synthetic", "npy", "ogb")
@@ -37,7 +37,7 @@ REORDER_SCORES = tuple(SCORES)
 def register(sub) -> None:
     p = sub.add_parser(
         "prepare",
-        help="import a dataset (synthetic, planetoid, facebook, ogb, npy, pyg) into gnnio's format",
+        help=COMMANDS["prepare"],
         description=(
             "Import a dataset, validate it and write it atomically into gnnio's on-disk format "
             "(see docs/format.md), optionally reordered by a hotness score. Run "

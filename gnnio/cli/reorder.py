@@ -10,7 +10,7 @@ from ..graph.feature_dtype import writing_as
 from ..preprocess.hotness import FANOUT_SCORES, SCORES
 from ..preprocess.reorder import reorder_path
 from ..utils.argtypes import fanouts_arg, int_range
-from . import HelpFormatter, add_feature_dtype_argument, refuse_without_effect
+from . import COMMANDS, HelpFormatter, add_feature_dtype_argument, refuse_without_effect
 
 
 def _unit_float(text: str) -> float:
@@ -27,7 +27,7 @@ def _unit_float(text: str) -> float:
 def register(sub) -> None:
     p = sub.add_parser(
         "reorder",
-        help="relabel a dataset by a hotness score (hottest node gets id 0)",
+        help=COMMANDS["reorder"],
         description=(
             "Score every node (degree, reverse PageRank, weighted reverse PageRank, Song & Jiang's "
             "L-hop estimate, or pre-sampling counts), then write a copy of the dataset whose node "

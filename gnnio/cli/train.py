@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..utils.heap import HEAP_MODES
-from . import HelpFormatter, refuse_without_effect
+from . import COMMANDS, HelpFormatter, refuse_without_effect
 from .train_config import config_from_args
 from .train_disk import add_disk_arguments
 from .train_dist import add_dist_arguments, launch_ranks, train_rank
@@ -13,7 +13,7 @@ from .train_dist import add_dist_arguments, launch_ranks, train_rank
 def register(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train a GNN (GraphSAGE, GCN, GAT, GIN) with mini-batch neighbour sampling",
+        help=COMMANDS["train"],
         description=(
             "Train a node classifier on a prepared dataset with uniform neighbour sampling. Every "
             "epoch trains on all training nodes, evaluates valid and test accuracy, logs the time "

@@ -9,12 +9,16 @@ NumPy (possibly memory-mapped); ``to_torch`` gives zero-copy torch views.
 from __future__ import annotations
 
 import operator
+import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 
 from ._csr_check import check_csr
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CSRGraph", "index_dtype", "edges_to_csr", "check_csr", "check_graph"]
 
@@ -30,6 +34,13 @@ def check_graph(graph) -> None:
     so only other objects with ``indptr``/``indices`` cost the pass."""
     if not isinstance(graph, CSRGraph):
         check_csr(np.asanyarray(graph.indptr), np.asanyarray(graph.indices))
+
+
+def _is_tensor(a) -> bool:
+    """Whether ``a`` is a torch tensor, without importing torch (a process that has not imported
+    it holds none): ``gnnio info``, ``prepare`` and ``plan`` open graphs without torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
 
 
 def edges_to_csr(
@@ -68,7 +79,7 @@ def edges_to_csr(
 def _edge_ids(ids, name: str) -> np.ndarray:
     """``ids`` as an int64 array; TypeError for float, bool or other non-integer ids (an empty
     list, which NumPy reads as float64, is no ids)."""
-    if isinstance(ids, torch.Tensor):
+    if _is_tensor(ids):
         ids = ids.detach().cpu().numpy()
     a = np.asarray(ids)
     if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
@@ -90,8 +101,8 @@ class CSRGraph:
     indices: np.ndarray
 
     def __post_init__(self) -> None:
-        ip, ix = self.indptr, self.indices
-        if isinstance(ip, torch.Tensor) or isinstance(ix, torch.Tensor):
+        ip, ix = cast(Any, self.indptr), cast(Any, self.indices)  # (arrays or torch tensors)
+        if _is_tensor(ip) or _is_tensor(ix):
             if ip.device.type != "cpu" or ix.device.type != "cpu":
                 return  # (no host sync here: a CPU sampler checks its copy, _init_csr)
             ip, ix = ip.numpy(), ix.numpy()
@@ -176,6 +187,8 @@ class CSRGraph:
 
 
 def _as_tensor(a: np.ndarray) -> torch.Tensor:
+    import torch
+
     a = np.asarray(a)
     if not a.flags.writeable:
         # torch.from_numpy needs a writeable buffer; datasets open memmaps copy-on-write ("c"),

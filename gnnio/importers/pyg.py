@@ -32,10 +32,9 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import DatasetError, GnnioError, UsageError
 from ..graph.csr import index_dtype
@@ -50,6 +49,9 @@ from ._common import (
     rows_per_chunk,
     write_graph,
 )
+
+if TYPE_CHECKING:  # (imported where used: ``gnnio prepare`` from other sources loads no torch)
+    import torch
 
 __all__ = ["from_pyg", "to_pyg", "load_object", "HELP", "DESCRIPTION"]
 
@@ -145,6 +147,8 @@ def load_object(module: str, attr: str) -> Any:
 
 
 def _tensor(value: Any, where: str) -> torch.Tensor:
+    import torch
+
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)
     if not isinstance(value, torch.Tensor):
@@ -155,6 +159,8 @@ def _tensor(value: Any, where: str) -> torch.Tensor:
 def _copy_chunks(src: torch.Tensor, dst: np.ndarray, desc: str, progress: bool) -> None:
     """``dst[:] = src`` one chunk of rows at a time (each chunk cast with ``.to()`` and moved to
     the CPU on its own)."""
+    import torch
+
     n = int(src.shape[0])
     dt = torch.from_numpy(np.empty(0, dtype=dst.dtype)).dtype
     row_bytes = max(1, int(dst[:1].nbytes), src[:1].numel() * src.element_size())
@@ -168,6 +174,8 @@ def _copy_chunks(src: torch.Tensor, dst: np.ndarray, desc: str, progress: bool) 
 
 def _splits(data, n: int) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Split ids by gnnio key, and the PyG attribute each came from."""
+    import torch
+
     out: dict[str, np.ndarray] = {}
     names: dict[str, str] = {}
     owner = np.full(n, -1, dtype=np.int8)
@@ -228,6 +236,8 @@ def from_pyg(
     :class:`~gnnio.graph.DatasetWriter`). Everything is checked before anything is written;
     problems are one-line DatasetErrors naming the attribute (NaN or infinite features unless
     ``allow_nonfinite``). ``name`` defaults to ``out``'s folder name. Returns ``out``."""
+    import torch
+
     if not hasattr(data, "edge_index") or getattr(data, "x", None) is None:
         raise DatasetError("data: need a homogeneous PyG Data with 'x' and 'edge_index'")
     x = _tensor(data.x, "x")
@@ -307,6 +317,7 @@ def to_pyg(dataset):
     grouped by target), ``edge_attr``, ``y`` and the splits under the names they were imported
     with (masks as masks, index lists as index lists; ``train_mask`` / ``val_mask`` /
     ``test_mask`` for other datasets)."""
+    import torch
     from torch_geometric.data import Data
 
     from ..graph.dataset import Dataset, load

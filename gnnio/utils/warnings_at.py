@@ -21,17 +21,20 @@ import sysconfig
 import warnings
 from types import FrameType
 
-import torch
-
 __all__ = ["warn"]
 
-_OWN = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # gnnio/
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-)
+_GNNIO = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # gnnio/
 _PATHS = sysconfig.get_paths()
 _STDLIB = os.path.abspath(_PATHS["stdlib"]) + os.sep
 _SITE = tuple({os.path.abspath(_PATHS[k]) + os.sep for k in ("purelib", "platlib")})
+
+
+def _torch_dir() -> tuple[str, ...]:
+    """torch's directory once torch is imported (no frame is torch's before: ``gnnio prepare``
+    and ``reorder`` warn without importing it)."""
+    torch = sys.modules.get("torch")
+    file = getattr(torch, "__file__", None)
+    return (os.path.dirname(os.path.abspath(file)) + os.sep,) if file else ()
 
 
 def _skipped(path: str) -> bool:
@@ -39,7 +42,7 @@ def _skipped(path: str) -> bool:
     if path.startswith("<"):  # ("<frozen runpy>" and the like; not made absolute first)
         return True
     path = os.path.abspath(path)
-    if path.startswith(_OWN):
+    if path.startswith(_GNNIO) or path.startswith(_torch_dir()):
         return True
     return path.startswith(_STDLIB) and not path.startswith(_SITE)
 
