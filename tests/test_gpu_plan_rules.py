@@ -450,3 +450,23 @@ def test_the_gpu_budget_reaches_the_tiered_store(ds):
         setup = build_store(ds, cfg, torch.device("cpu"), hot_score(ds, cfg, progress=False))
     tiering = setup.info["tiering"]
     assert 0 < tiering["hot_rows"] < ds.num_nodes // 2 and tiering["gpu_tier_bytes"] <= 20_000
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "ladies"])
+def test_build_sampler_refuses_a_locality_scale_without_gpu_rows(sampler):
+    """The library's guard under the CLI's (``TrainConfig.validate`` refuses first): with no set
+    B (``setup.gpu_ids`` None: no row on the GPU) ``build_sampler`` builds no locality-aware
+    sampler, it is one UsageError naming the options that put rows there."""
+    from gnnio.errors import UsageError
+    from gnnio.train.setup import StoreSetup, build_sampler
+    from tests.helpers import random_graph
+
+    class Ds:
+        graph = random_graph(100, 600, 0)
+
+    cfg = TrainConfig(sampler=sampler, layer_size=7, locality_scale=2.0)
+    setup = StoreSetup(store=None, tiers=None, gpu_ids=None, info={}, eval_store=None)
+    with pytest.raises(UsageError, match="holds no rows on the GPU .*--gpu-cache-fraction"):
+        build_sampler(Ds, cfg, [4, 3], setup)
+    setup.gpu_ids = np.arange(10)
+    assert build_sampler(Ds, cfg, [4, 3], setup)[0].scale == 2.0
