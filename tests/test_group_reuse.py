@@ -261,6 +261,33 @@ def test_a_rewound_checkpoint_resumes_the_same_rows_and_counts():
         assert ok and resumed == {k: v for k, v in tail.items() if v}
 
 
+@pytest.mark.parametrize("lists", ["none", "another group's"])
+def test_a_checkpoint_without_this_groups_lists_resumes_without_a_previous_batch(lists):
+    """A checkpoint with no group lists (a gpu-level run's) or another group size's: the resumed
+    members start with no previous batch at all (they plan from the same lists, or none has one)
+    and read the right rows, counted as a fresh store's first gather is."""
+    batches = _batches(2, seed=4, n=3)
+
+    def body(ctx):
+        def store():
+            return ShardedFeatureStore(InMemoryFeatureStore(FEATS), PL2, ctx, reuse="machine")
+
+        s = store()
+        for b in batches[ctx.rank][:2]:
+            s.gather(b)
+        state = s.state_dict()
+        state["group_prev"] = None if lists == "none" else state["group_prev"][:1]
+        resumed, fresh = store(), store()
+        resumed.load_state_dict(state)
+        last = batches[ctx.rank][2]
+        ok = torch.equal(resumed.gather(last), FEATS[last])
+        fresh.gather(last)
+        return ok, dict(resumed.counters.rows), dict(fresh.counters.rows)
+
+    for ok, resumed, fresh in run_ranks(2, body, load_topology("2")):
+        assert ok and resumed == fresh
+
+
 def test_an_unknown_level_is_refused():
     with pytest.raises(ValueError, match="reuse"):
         run_ranks(
