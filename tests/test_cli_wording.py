@@ -136,6 +136,7 @@ def test_help_a_mistyped_command_and_info_load_no_torch(paths):
 
     code = (
         "import sys, signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # (a terminal's; not xdist's)
         "from gnnio.cli.main import main\n"
         "def heavy(): return [m for m in ('torch', 'numpy', 'numba') if m in sys.modules]\n"
         "try:\n    main(['--help'])\nexcept SystemExit as e:\n    print('help', e.code, heavy())\n"

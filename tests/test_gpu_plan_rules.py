@@ -453,7 +453,7 @@ def test_the_gpu_budget_reaches_the_tiered_store(ds):
 
 
 @pytest.mark.parametrize("sampler", ["uniform", "ladies"])
-def test_build_sampler_refuses_a_locality_scale_without_gpu_rows(sampler):
+def test_build_sampler_refuses_a_locality_scale_when_no_row_is_on_the_gpu(sampler):
     """The library's guard under the CLI's (``TrainConfig.validate`` refuses first): with no set
     B (``setup.gpu_ids`` None: no row on the GPU) ``build_sampler`` builds no locality-aware
     sampler, it is one UsageError naming the options that put rows there."""
