@@ -179,3 +179,49 @@ def test_the_command_list_is_the_same_whichever_command_is_built():
         assert all(alone[n].format_help() != subs(full).choices[n].format_help() for n in others)
     helps = {a.dest: a.help for a in subs(full)._choices_actions}
     assert helps == COMMANDS
+
+
+@pytest.mark.parametrize(
+    "argv,torch_at_start",
+    [
+        ("info D", False),
+        ("reorder D --by degree --out ROOT/r_ --quiet", False),
+        (
+            "prepare synthetic --num-nodes 300 --avg-degree 4 --feat-dim 4 --out ROOT/s_ --quiet",
+            False,
+        ),  # fmt: skip
+        ("partition D --parts 2 --out ROOT/p_", True),
+        ("prepare pyg --module ROOT/pyg_graph.py --out ROOT/g_ --quiet", True),
+    ],
+)
+def test_a_command_on_torch_imports_it_while_ctrl_c_is_one_line(argv, torch_at_start, paths):
+    """torch is imported inside :func:`gnnio.cli.main._loading` (where Ctrl-C ends in one line)
+    for a command that runs on it, also where its module defers the import to the run
+    (``partition``); the commands that run without it never import it."""
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    argv = _fill(argv.replace("_ ", f"{uuid.uuid4().hex[:8]} "), paths).split()
+    (Path(paths["ROOT"]) / "pyg_graph.py").write_text(
+        "import types, torch\n"
+        "data = types.SimpleNamespace(x=torch.ones(6, 2), y=torch.arange(6) % 2,\n"
+        "                             edge_index=torch.tensor([[0, 1, 2], [1, 2, 0]]))\n"
+    )
+    code = (
+        "import sys\n"
+        "import gnnio.cli.main as m\n"
+        "seen, real = [], m._loading\n"
+        "def loading(load):\n"
+        "    out = real(load)\n"
+        "    seen.append('torch' in sys.modules)\n"
+        "    return out\n"
+        "m._loading = loading\n"
+        f"rc = m.main({argv!r})\n"
+        "print('result', rc, seen, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("result ")][-1]
+    assert line == f"result 0 [False, {torch_at_start}] {torch_at_start}", (line, out.stderr)

@@ -174,11 +174,20 @@ def _loading(load: Callable[[], T]) -> T:
             signal.signal(signal.SIGINT, prev)
 
 
-def _import_numba_events() -> None:
-    """numba's import, for :func:`~gnnio.utils.interrupts.defer_sigint_while_compiling` (which
-    must run after :func:`_loading` has put SIGINT's handler back: it installs only over
-    Python's own)."""
+#: commands that import no torch, their modules nor their runs (tests/test_cli_wording.py)
+_WITHOUT_TORCH = ("info", "reorder", "prepare")
+#: ... except from these sources
+_TORCH_SOURCES = ("pyg",)
+
+
+def _import_what_it_runs_on(args) -> None:
+    """numba (for :func:`~gnnio.utils.interrupts.defer_sigint_while_compiling`, which must run
+    after :func:`_loading` has put SIGINT's handler back: it installs only over Python's own)
+    and, for a command that runs on torch, torch: imported while Ctrl-C is one line, not inside
+    the command (``partition`` and ``prepare pyg`` import it only when they run)."""
     importlib.import_module("numba.core.event")
+    if args.command not in _WITHOUT_TORCH or getattr(args, "source", None) in _TORCH_SOURCES:
+        importlib.import_module("torch")
 
 
 class Terminated(BaseException):
@@ -233,7 +242,7 @@ def _main(argv: list[str] | None) -> int:
         argv = normalise_argv(list(argv) if argv is not None else sys.argv[1:])
         parser = _loading(lambda: build_parser(command_of(argv)))
         args = parser.parse_args(argv)  # (--help and a usage error end here, before numba loads)
-        _loading(_import_numba_events)
+        _loading(lambda: _import_what_it_runs_on(args))
         from ..utils.interrupts import defer_sigint_while_compiling
 
         defer_sigint_while_compiling()  # Ctrl-C never cuts a numba compile in half
