@@ -273,3 +273,21 @@ def test_pyg_loader_hands_decoded_rows(graphs, dtype):
         x = batch.x.float().numpy()
         assert batch.x.dtype == (torch.bfloat16 if dtype == "bfloat16" else torch.float32)
         assert x.tobytes() == want[batch.n_id.numpy()].tobytes()
+
+
+def test_the_decoder_reads_each_dtype_by_its_own_rule():
+    """Rows in a float dtype other than the stored one are cast, not reinterpreted as the codec's
+    bits (bfloat16's int16 view, int8's scale) and rows of an integer dtype the codec does not
+    store are refused (mutation pass over train/decode.py, 2026-11-29)."""
+    x = np.random.default_rng(1).standard_normal((6, 4)).astype(np.float32)
+    int8 = fdt.FeatureCodec("int8", *fdt.int8_params(*fdt.column_range(x)))
+    for codec in (fdt.FeatureCodec("bfloat16"), int8, fdt.FeatureCodec("float16")):
+        dec = FeatureDecoder(codec)
+        for t in (torch.float64, torch.float16, torch.bfloat16):
+            rows = torch.from_numpy(x).to(t)
+            assert torch.equal(dec(rows), rows.float()), (codec.feat_dtype, t)
+        for t in (torch.int64, torch.int32, torch.uint8):
+            with pytest.raises(TypeError, match=f"dtype {t} for a {codec.feat_dtype} dataset"):
+                dec(torch.ones(2, 4, dtype=t))
+    with pytest.raises(TypeError, match="for a float32 dataset"):
+        FeatureDecoder()(torch.ones(2, 4, dtype=torch.int16))  # int16 bits of no bfloat16

@@ -167,3 +167,85 @@ def test_poisson_rows_that_disagree_with_their_count_are_refused_not_read():
     for other in (12, 13, 14):
         with pytest.raises(ValueError, match="count_part"):
             run(11, other)
+
+
+# -- the shared checks of gnnio/sampling/threaded.py (mutation pass, 2026-11-29) --
+
+
+def test_fanout_lists_are_refused_at_their_edges():
+    from gnnio.sampling.threaded import MAX_FANOUT, check_fanouts, parse_fanouts
+
+    with pytest.raises(ValueError, match="an empty value between commas"):
+        parse_fanouts("15,,5")  # not the 2-hop [15, 5]
+    assert check_fanouts([MAX_FANOUT, -1, 0]) == [MAX_FANOUT, -1, 0]
+    with pytest.raises(ValueError, match="at most"):
+        check_fanouts([MAX_FANOUT + 1])
+    for text in (b"\x0f\x05", "15"):  # bytes are not read as their byte values, nor digits
+        with pytest.raises(TypeError, match="need a list of integers"):
+            check_fanouts(text)
+
+
+def test_seeds_are_a_writeable_1d_array():
+    from gnnio.sampling.threaded import check_seeds
+
+    ro = np.arange(5, dtype=np.int64)
+    ro.flags.writeable = False  # a slice of a read-only memmap (torch wants writeable arrays)
+    got = check_seeds(ro, 10)
+    assert got.flags.writeable and got.tolist() == [0, 1, 2, 3, 4]
+    g = _random_graph()
+    s = UniformSampler(g, [2], seed=1, num_threads=1)
+    for scalar in (np.int64(3), torch.tensor(3)):  # one id is not a list of one
+        with pytest.raises(ValueError, match="1-D array of node ids"):
+            s.sample(scalar)
+    for ids in (np.array([True, False]), np.array([1 + 0j]), np.array([1], dtype=object)):
+        with pytest.raises(ValueError, match="need integer node ids"):  # not ids 1 and 0
+            s.sample(ids)
+
+
+def test_calls_without_an_epoch_seed_take_counters_0_1_2():
+    """The n-th ``sample()`` call without ``epoch_seed`` uses ``call_key(seed, counter=n)``, from
+    0: the torch sampler given those keys draws the same batches."""
+    from gnnio.sampling.gpu import TorchUniformSampler
+    from gnnio.sampling.threaded import call_key
+
+    g = _random_graph()
+    cpu = UniformSampler(g, [3, 2], seed=4, num_threads=1)
+    tor = TorchUniformSampler(*g.to_torch(), [3, 2])
+    seeds = np.arange(0, 120, 7, dtype=np.int64)
+    for c in range(3):
+        a, b = cpu.sample(seeds), tor.sample(torch.from_numpy(seeds), call_key(4, counter=c))
+        assert torch.equal(a.input_nodes.cpu(), b.input_nodes.cpu()), c
+    # epoch seeds are read modulo 2^64 (a negative one is its 64-bit pattern, not its size)
+    assert call_key(4, epoch_seed=-5) == call_key(4, epoch_seed=2**64 - 5)
+    assert call_key(4, epoch_seed=-5) != call_key(4, epoch_seed=5)
+
+
+def test_a_graph_that_is_not_a_csrgraph_is_checked_once():
+    from types import SimpleNamespace
+
+    bad = SimpleNamespace(indptr=np.array([0, 1, 2, 3]), indices=np.array([1, 5, 0]))
+    with pytest.raises(ValueError, match="node id 5 is out of range"):
+        UniformSampler(bad, [2])  # the kernels would read row 5 of a 3-node graph
+    ok = SimpleNamespace(indptr=np.array([0, 1, 2, 3]), indices=np.array([1, 2, 0]))
+    mb = UniformSampler(ok, [2], seed=0, num_threads=1).sample(np.array([0]), epoch_seed=1)
+    assert mb.input_nodes.tolist() == [0, 1]
+
+
+def test_close_stops_the_pool_threads_and_a_later_sample_starts_them():
+    import threading
+
+    def pool() -> set[threading.Thread]:  # (other tests' samplers may hold threads too)
+        return {t for t in threading.enumerate() if t.name.startswith("gnnio-sampler")}
+
+    g = _random_graph(3000, 20000, seed=3)
+    s = UniformSampler(g, [2], seed=0, num_threads=2)
+    seeds = np.arange(2500, dtype=np.int64)  # >= 2048 rows: the hop is split over 2 threads
+    before = pool()
+    s.sample(seeds, epoch_seed=0)
+    mine = pool() - before
+    assert mine
+    s.close()
+    assert not any(t.is_alive() for t in mine)
+    s.sample(seeds, epoch_seed=0)
+    assert pool() - before - mine
+    s.close()

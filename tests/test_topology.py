@@ -180,3 +180,82 @@ def test_plan_without_buffer_works_with_presets_and_shorthands(tmp_path, capsys)
     f.write_text(json.dumps({"groups": "2", "feature_budget_bytes": 16 * 1000}))
     assert buffer_rows_from(None, 60, 16, load_topology(f)) == 60  # (at most every row)
     assert buffer_rows_from(0.2, 60, 16, load_topology("2")) == 12
+
+
+# -- rules a mutation pass over topology.py found untested (2026-11-29) --
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ({"groups": [[0, 1], []]}, "non-empty GPU group"),  # an empty group, devices all covered
+        ({"groups": "2", "gpu_memory_bytes": 0}, None),  # 0 bytes is a size (accepted)
+        ({"groups": "2", "gpu_memory_bytes": -1}, "gpu_memory_bytes"),
+        ({"groups": "2", "bandwidth": {"host_to_gpu": "1GB/s", "pcie": 3}}, "unknown bandwidth"),
+        ({"groups": "1", "num_gpus": True}, "num_gpus must be an integer"),  # True == 1
+        ({"groups": "2", "num_gpus": 2.0}, "num_gpus must be an integer"),
+        ({"groups": [["a", "b"]]}, "must hold integer device ids"),
+        ({"groups": "2", "feature_budget_bytes": True}, "expected a byte count"),
+        ({"groups": "2", "gpu_memory_bytes": "2e18"}, "not a byte count"),
+    ],
+)
+def test_file_fields_at_their_edges(tmp_path, content, match):
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(content))
+    if match is None:
+        assert load_topology(f).gpu_memory_bytes == 0
+        return
+    with pytest.raises(UsageError, match=match) as e:
+        load_topology(f)
+    assert "\n" not in str(e.value)
+
+
+def test_a_file_holding_a_list_is_one_line(tmp_path):
+    f = tmp_path / "t.json"
+    f.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="table/object at the top level"):
+        load_topology(f)
+
+
+def test_file_suffix_in_capitals_and_a_null_gpu_memory(tmp_path):
+    f = tmp_path / "T.JSON"
+    f.write_text(json.dumps({"groups": "2+2", "gpu_memory_bytes": None}))
+    t = load_topology(f)
+    assert t.name == "T" and t.groups == ((0, 1), (2, 3))
+    assert t.gpu_memory_bytes is None  # null: not known, not the default 32 GiB
+
+
+def test_bounds_are_inclusive():
+    from gnnio.placement.topology import MAX_BANDWIDTH, MAX_BYTES
+
+    assert parse_bandwidth(MAX_BANDWIDTH) == MAX_BANDWIDTH
+    assert Topology("t", groups=((0,),), host_bw=MAX_BANDWIDTH).host_bw == MAX_BANDWIDTH
+    assert parse_bytes(int(MAX_BYTES)) == int(MAX_BYTES)
+    with pytest.raises(UsageError, match="not a byte count"):
+        parse_bytes(2 * MAX_BYTES)
+    assert len(parse_groups("1024")[0]) == 1024  # 1024 GPUs are allowed, 1025 are not
+    with pytest.raises(UsageError, match="more than 1024"):
+        parse_groups("1024+1")
+
+
+def test_byte_counts_are_exact_and_bools_are_refused():
+    big = 10**18 - 1  # a float would round it to 10**18
+    assert parse_bytes(big) == big
+    for bad in (True, False):
+        with pytest.raises(UsageError, match="expected a byte count"):
+            parse_bytes(bad)
+
+
+def test_buffer_rows_round_down():
+    t = Topology("t", groups=((0,),), feature_budget_bytes=1000)
+    assert t.buffer_rows(300) == 3  # 3.33 rows: 3 fit
+    assert t.buffer_rows(400) == 2  # 2.5 rows: 2 fit, not 3
+    assert Topology("t", groups=((0,),)).buffer_rows(300) is None
+
+
+def test_overrides_take_units_and_skip_none():
+    t = load_topology("2", feature_budget_bytes="1 GiB", gpu_memory_bytes="8GB", host_bw=None)
+    assert t.feature_budget_bytes == 2**30 and t.gpu_memory_bytes == 8 * 10**9
+    assert t.host_bw == load_topology("2").host_bw
+    assert t.with_overrides(host_bw=None, peer_bw=None) is t
+    assert t.with_overrides(peer_bw=1e9, note=None).peer_bw == 1e9
