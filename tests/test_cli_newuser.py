@@ -67,3 +67,77 @@ def test_nproc_refuses_an_empty_split_before_starting_ranks(tmp_path, capsys, mo
     assert main(["train", ds, "--epochs", "1", "--nproc", "2", "--quiet"]) == 2
     err = one_line(capsys)
     assert "has no test split; train needs one (prepare synthetic --split" in err, err
+
+
+KILLER = """
+import os, signal, time
+
+if os.environ.get("GNNIO_TEST_FLAG") and os.environ.get("GNNIO_TEST_CTRL_C") == "1":
+    try:  # the first rank to import this module: Ctrl-C, to the run's whole process group
+        os.close(os.open(os.environ["GNNIO_TEST_FLAG"], os.O_CREAT | os.O_EXCL))
+        os.killpg(0, signal.SIGINT)
+    except FileExistsError:
+        pass
+    time.sleep(3)  # still starting when the Ctrl-C comes (it ends the rank once it has started)
+
+
+def entry(argv):
+    return 0
+"""
+
+RUN = """
+import os, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import killer  # (imported here with the Ctrl-C off: the ranks import it with it on)
+from gnnio.distributed.launch import launch
+
+if __name__ == "__main__":  # (a spawned rank runs this file again, as __mp_main__)
+    os.environ["GNNIO_TEST_CTRL_C"] = "1"
+    try:
+        launch(2, killer.entry, [], timeout_s=60)
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(130)
+    sys.exit(0)
+"""
+
+
+def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
+    """Ctrl-C while the ``--nproc`` ranks still import torch (a spawned rank unpickles its
+    entrypoint there, before any gnnio code runs in it): the launcher's one line, no rank's
+    KeyboardInterrupt traceback (there was one per rank, ~40 lines each), no rank left running.
+    Here the Ctrl-C is sent by the first rank from inside that import, to the whole group."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "killer.py").write_text(KILLER)
+    (tmp_path / "run.py").write_text(RUN)
+    flag = tmp_path / "sent"
+    env = {**os.environ, "GNNIO_TEST_FLAG": str(flag)}
+    p = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)  # fmt: skip
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail("the launcher did not stop within 120 s")
+    assert flag.exists(), err[-2000:]  # the Ctrl-C was sent while a rank was starting
+    assert p.returncode == 130 and out.strip() == "interrupted", (out, err[-2000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", "multiprocessing.spawn"], capture_output=True,
+                          text=True).stdout.split()  # fmt: skip
+    assert all(not _in_session(pid, p.pid) for pid in left), "ranks left running"
+
+
+def _in_session(pid: str, sid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[4]) == sid
+    except (OSError, IndexError, ValueError):
+        return False
