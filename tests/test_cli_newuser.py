@@ -141,3 +141,21 @@ def _in_session(pid: str, sid: int) -> bool:
             return int(f.read().rsplit(")", 1)[1].split()[4]) == sid
     except (OSError, IndexError, ValueError):
         return False
+
+
+def test_features_of_zero_columns_are_refused_by_prepare(tmp_path, capsys):
+    """``prepare npy --features`` of shape [N, 0] (a slicing slip) was written, and train then
+    failed naming the model ("model dims must be >= 1, got in=0"); ``prepare synthetic
+    --feat-dim 0`` was already refused. Now the input is named, before anything is written.
+    (``from_pyg`` keeps taking an ``x`` of no columns: NeighborLoader converts a ``Data`` without
+    ``x`` that way.)"""
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.zeros((4, 0), np.float32))
+    np.save(tmp_path / "e.npy", np.array([[0, 1, 2], [1, 2, 3]]))
+    out = tmp_path / "ds"
+    argv = ["prepare", "npy", "--edges", str(tmp_path / "e.npy"), "--features"]
+    assert main([*argv, str(tmp_path / "x.npy"), "--out", str(out), "--quiet"]) == 2
+    err = one_line(capsys)
+    assert "x.npy: has 0 feature columns, shape [4, 0]" in err, err
+    assert not out.exists()
