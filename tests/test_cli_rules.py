@@ -233,7 +233,7 @@ def agent(monkeypatch, tmp_path):
     a = SimpleNamespace(then=lambda: {0: 0, 1: 0}, seen={})
 
     def fake_launch(config, entry):
-        def run(argv):
+        def run(entrypoint, argv):  # (each rank runs entry(entrypoint, argv))
             a.seen["dirs"] = sorted(p.name[:12] for p in tmp_path.iterdir())
             return a.then()
 

@@ -289,7 +289,7 @@ def test_a_fractional_dist_timeout_reaches_the_rendezvous_as_whole_seconds(timeo
 
     def fake_elastic_launch(config, entrypoint):
         seen.update(config.rdzv_configs)
-        return lambda argv: {0: 0, 1: 0}
+        return lambda entry, argv: {0: 0, 1: 0}
 
     monkeypatch.setattr(api, "elastic_launch", fake_elastic_launch)
     assert launch(2, print, [], timeout_s=timeout_s) == {0: 0, 1: 0}

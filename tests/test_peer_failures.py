@@ -185,7 +185,7 @@ def test_gnnio_never_forks(small, monkeypatch):
 
     def fake_launch(config, entry):
         seen["start_method"] = config.start_method
-        return lambda argv: {0: 0, 1: 0}
+        return lambda entry, argv: {0: 0, 1: 0}
 
     monkeypatch.setattr(api, "elastic_launch", fake_launch)
     launch.launch(2, print, ["train"])
@@ -209,7 +209,7 @@ def test_launch_sets_thread_counts_for_the_ranks_only(monkeypatch, fails):
     seen = {}
 
     def fake_launch(config, entry):
-        def run(argv):
+        def run(entry, argv):
             seen["env"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
             if fails:
                 raise RuntimeError("rank 1 failed")

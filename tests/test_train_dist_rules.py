@@ -204,7 +204,7 @@ def test_the_launchers_rendezvous_waits_dist_timeout(monkeypatch, timeout_s, wan
 
     def fake_launch(config, entry):
         seen.update(config.rdzv_configs)
-        return lambda argv: {0: 0, 1: 0}
+        return lambda entry, argv: {0: 0, 1: 0}
 
     monkeypatch.setattr(api, "elastic_launch", fake_launch)
     launch.launch(2, print, ["train"], timeout_s=timeout_s)

@@ -100,6 +100,8 @@ def launch_ranks(args, cfg, dataset) -> int:
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)  # fail here, not N times
     from ..train.config_dist import check_split_sizes
 
+    ds.require_labels()  # no labels or an empty split: refuse now, not once per rank
+    ds.require_eval_splits()
     check_split_sizes(ds, cfg, args.nproc)  # a split smaller than the ranks: refuse now
     if cfg.topology is not None:  # a bad --topology or one of another size: likewise
         from ..distributed.context import check_topology

@@ -11,6 +11,11 @@ Each worker runs ``gnnio train`` with the same arguments (``--nproc`` is ignored
 which sees ``WORLD_SIZE`` set) through :func:`gnnio.cli.main.rank_main`, passed in by the CLI (so
 ``dist`` never imports ``cli``). Worker exceptions are recorded by the ``record`` decorator of
 ``torch.distributed.elastic`` into the error file the agent reads.
+
+Ctrl-C reaches the launcher and every rank (one process group). A rank starts with SIGINT blocked
+(:func:`_ranks_start_without_sigint`, as CPython's resource tracker is started) until
+:func:`rank_entry` has set its default action, so a Ctrl-C while a rank still imports torch ends
+it without a KeyboardInterrupt traceback; the launcher prints gnnio's one line.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import signal
 import sys
 import tempfile
 import uuid
+from contextlib import contextmanager
 
 from ..errors import GnnioError
 
@@ -90,6 +96,42 @@ def _last_error_line(msg: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def rank_entry(entrypoint, argv):
+    """What each spawned rank runs: ``entrypoint(argv)`` once SIGINT has its default action (a
+    rank ends at once, no traceback; the agent stops the others) and is unblocked -- a Ctrl-C that
+    came while the rank was starting ends it here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return entrypoint(argv)
+
+
+@contextmanager
+def _ranks_start_without_sigint():
+    """The processes spawned inside start with SIGINT blocked: a spawned rank's Python would turn
+    a Ctrl-C into a KeyboardInterrupt while it imports torch (before any gnnio code runs in it)
+    and print a traceback per rank. As CPython starts its resource tracker: the mask is blocked
+    around each fork+exec only (``multiprocessing.util.spawnv_passfds``, which the spawn start
+    method calls), so this process takes Ctrl-C as before and the agent stops the ranks."""
+    from multiprocessing import resource_tracker, util
+
+    # started by the first spawn otherwise, it would unblock SIGINT here after starting itself
+    resource_tracker.ensure_running()
+    spawnv = util.spawnv_passfds
+
+    def spawnv_sigint_blocked(path, args, passfds):
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return spawnv(path, args, passfds)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    util.spawnv_passfds = spawnv_sigint_blocked
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = spawnv
+
+
 def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict:
     """Run ``entrypoint(argv)`` on ``nproc`` local ranks and wait for them; returns each rank's
     return value by rank.
@@ -153,7 +195,8 @@ def launch(nproc: int, entrypoint, argv, timeout_s: float | None = None) -> dict
     for k in added:
         os.environ[k] = per_rank
     try:
-        return dict(elastic_launch(config, entrypoint)(argv))
+        with _ranks_start_without_sigint():
+            return dict(elastic_launch(config, rank_entry)(entrypoint, argv))
     except ChildFailedError as e:
         raise DistRunError(failure_line(e)) from None
     except SignalException as e:  # the agent stopped the ranks; Ctrl-C is gnnio's one line

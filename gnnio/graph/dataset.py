@@ -84,6 +84,33 @@ class Dataset:
         if self.labels is None or self.train_idx is None or self.train_idx.size == 0:
             raise DatasetError(f"{self.path}: has no labels or no train split; {why}")
 
+    def require_eval_splits(self) -> None:
+        """Raise a clear error if the valid or test split is absent or empty (training evaluates
+        on both); the line names how to give one with the importer that wrote the dataset."""
+        for name in ("valid", "test"):
+            idx = getattr(self, f"{name}_idx")
+            if idx is None or idx.size == 0:
+                raise DatasetError(
+                    f"{self.path}: has no {name} split; train needs one ({self._split_hint(name)})"
+                )
+
+    def _split_hint(self, name: str) -> str:
+        """How to re-prepare this dataset with a ``name`` ("valid"/"test") split."""
+        source = self.meta.get("source")
+        importer = source.get("importer") if isinstance(source, dict) else None
+        if importer == "synthetic":
+            return f"prepare synthetic --split TRAIN VALID TEST with a {name} fraction above 0"
+        if importer == "facebook":
+            if name == "valid":
+                return "prepare facebook --split TRAIN,VALID with VALID above 0"
+            return "prepare facebook --split TRAIN,VALID summing to less than 1: the rest is test"
+        if importer == "pyg":
+            attr = "val_mask" if name == "valid" else "test_mask"
+            return f"prepare pyg from a Data with a non-empty {attr}"
+        if importer == "ogb":
+            return f"the OGB folder's split/<scheme>/{name}.csv.gz, non-empty"
+        return f"prepare npy --{name}-idx F"
+
     @property
     def feat_dtype(self) -> str:
         """How the features are stored: float32, float16, bfloat16 (int16 bits) or int8

@@ -244,6 +244,8 @@ def prepare_npy(
     feats, w_f = _open(features, "--features", files)
     if feats.ndim != 2:
         raise DatasetError(f"{w_f}: expected a 2-D [N, F] array, got shape {list(feats.shape)}")
+    if feats.shape[1] == 0:  # (no model can train on it: train would fail naming model dims)
+        raise DatasetError(f"{w_f}: has 0 feature columns, shape {list(feats.shape)}; need F >= 1")
     if feats.dtype.kind not in "fiub":
         raise DatasetError(f"{w_f}: expected numeric features, got {feats.dtype}")
     bounded = memory_budget is not None

@@ -193,12 +193,7 @@ def train(
     device = check_device(cfg.device)
     ds = dataset if isinstance(dataset, Dataset) else load(dataset)
     ds.require_labels()
-    for split in ("valid_idx", "test_idx"):
-        if getattr(ds, split) is None or getattr(ds, split).size == 0:
-            name = split.split("_")[0]
-            raise DatasetError(
-                f"{ds.path}: has no {name} split; train needs one (prepare npy --{name}-idx F)"
-            )
+    ds.require_eval_splits()
     check_split_sizes(ds, cfg, run.world_size)  # (several ranks: each needs a batch of each)
     num_classes = ds.num_classes
     if num_classes < 2:
