@@ -159,3 +159,14 @@ def test_features_of_zero_columns_are_refused_by_prepare(tmp_path, capsys):
     err = one_line(capsys)
     assert "x.npy: has 0 feature columns, shape [4, 0]" in err, err
     assert not out.exists()
+
+
+def test_a_missing_placement_file_is_refused_before_the_features_are_read(tmp_path):
+    """``gnnio train DS --placement MISSING``: refused by the options' check, not after the
+    features were read into RAM (seconds on a large dataset)."""
+    from gnnio.errors import UsageError
+    from gnnio.train import TrainConfig
+
+    for path in (tmp_path / "none.npz", tmp_path):
+        with pytest.raises(UsageError, match=f"^{path}: placement file not found$"):
+            TrainConfig(placement=str(path)).validate()

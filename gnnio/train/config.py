@@ -362,6 +362,9 @@ class TrainConfig:
             )
         if self.placement is not None and f is not None:
             raise UsageError("--placement and --gpu-cache-fraction exclude each other; give one")
+        if self.placement is not None and not os.path.isfile(self.placement):
+            # (here, before the features are read; read_fields checks the file's contents)
+            raise UsageError(f"{self.placement}: placement file not found")
         if self.reader < 0:
             raise UsageError(f"--reader: must be >= 0, got {self.reader}")
         if self.cache_policy not in CACHE_POLICIES:
