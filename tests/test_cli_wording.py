@@ -192,12 +192,15 @@ def test_the_command_list_is_the_same_whichever_command_is_built():
         ),  # fmt: skip
         ("partition D --parts 2 --out ROOT/p_", True),
         ("prepare pyg --module ROOT/pyg_graph.py --out ROOT/g_ --quiet", True),
+        ("plan D --topology 2", True),
+        ("train D --epochs 1 --quiet", True),
     ],
 )
 def test_a_command_on_torch_imports_it_while_ctrl_c_is_one_line(argv, torch_at_start, paths):
     """torch is imported inside :func:`gnnio.cli.main._loading` (where Ctrl-C ends in one line)
     for a command that runs on it, also where its module defers the import to the run
-    (``partition``); the commands that run without it never import it."""
+    (``partition``, ``plan``, ``train``: their parsers load without it); the commands that run
+    without it never import it."""
     import subprocess
     import sys
     import uuid

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # (imported where used: TrainConfig, and so gnnio plan, load without torch)
+    import torch
 
 __all__ = ["check_device"]
 
@@ -12,6 +15,8 @@ __all__ = ["check_device"]
 def check_device(device: str) -> torch.device:
     """``torch.device(device)``, or a one-line UsageError if it is malformed or CUDA is missing;
     ``"auto"`` is CUDA when present, else the CPU (:func:`gnnio.train.gpu_plan.resolve_device`)."""
+    import torch
+
     if device == "auto":
         from .gpu_plan import resolve_device
 
