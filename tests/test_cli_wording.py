@@ -140,6 +140,8 @@ def test_help_a_mistyped_command_and_info_load_no_torch(paths):
         "from gnnio.cli.main import main\n"
         "def heavy(): return [m for m in ('torch', 'numpy', 'numba') if m in sys.modules]\n"
         "try:\n    main(['--help'])\nexcept SystemExit as e:\n    print('help', e.code, heavy())\n"
+        "try:\n    main(['bench', '--help'])\nexcept SystemExit as e:\n"
+        "    print('bench', e.code, heavy())\n"
         "print('typo', main(['trian']), heavy())\n"
         "import gnnio.cli.info as info\n"
         "real = info.run\n"
@@ -153,9 +155,10 @@ def test_help_a_mistyped_command_and_info_load_no_torch(paths):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stdout.splitlines() if ln.split(" ")[0] in ("help", "typo", "info",
-             "deferred")]  # fmt: skip
-    assert lines == ["help 0 []", "typo 2 []", "deferred True", "info 0 ['numpy', 'numba']"]
+    lines = [ln for ln in out.stdout.splitlines() if ln.split(" ")[0] in ("help", "bench", "typo",
+             "info", "deferred")]  # fmt: skip
+    assert lines == ["help 0 []", "bench 0 []", "typo 2 []", "deferred True",
+                     "info 0 ['numpy', 'numba']"]  # fmt: skip
     assert "invalid choice: 'trian'" in out.stderr
 
 
@@ -179,6 +182,28 @@ def test_the_command_list_is_the_same_whichever_command_is_built():
         assert all(alone[n].format_help() != subs(full).choices[n].format_help() for n in others)
     helps = {a.dest: a.help for a in subs(full)._choices_actions}
     assert helps == COMMANDS
+
+
+def test_bench_builds_the_benchmark_it_runs_alone():
+    """``gnnio bench KIND``: only KIND's module is registered (the same parser as with every
+    benchmark built); the others stand in by name and help line; ``gnnio bench --help`` reads
+    the same as with every benchmark built."""
+    from gnnio.bench import KINDS
+    from gnnio.cli.main import build_parser
+
+    def kinds(parser):
+        bench = next(a for a in parser._actions if a.dest == "command").choices["bench"]
+        return bench, next(a for a in bench._actions if a.dest == "bench")
+
+    full, full_kinds = kinds(build_parser())
+    assert kinds(build_parser("bench", ["bench"]))[0].format_help() == full.format_help()
+    assert list(full_kinds.choices) == list(KINDS)
+    assert {a.dest: a.help for a in full_kinds._choices_actions} == KINDS
+    for name in ("step", "dist-sampling"):
+        _, alone = kinds(build_parser("bench", ["bench", name, "--json"]))
+        assert alone.choices[name].format_help() == full_kinds.choices[name].format_help()
+        other = next(k for k in KINDS if k != name)
+        assert alone.choices[other].format_help() != full_kinds.choices[other].format_help()
 
 
 @pytest.mark.parametrize(

@@ -45,8 +45,9 @@ import torch
 from ..errors import UsageError
 from ..utils.progress import bar
 from ..utils.warnings_at import warn
+from . import KINDS
 
-HELP = "feature-cache hit ratio / overhead per policy, size and seed order; eta1 per batch size"
+HELP = KINDS["cache"]
 DESCRIPTION = (
     "Sample the first --warmup + --batches batches of each seed order (random, BGL's proximity-"
     "aware 'po') once, replay their input nodes through a real cache per policy and size (as a "

@@ -47,9 +47,10 @@ import torch
 
 from ..errors import UsageError
 from ..utils.progress import bar
+from . import KINDS
 from ._timing import median
 
-HELP = "the O_DIRECT feature tier: device ceilings, random-row reads, epochs with host caches"
+HELP = KINDS["disk"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 

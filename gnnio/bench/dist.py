@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from . import KINDS
 
-HELP = "feature fetch across ranks per placement: bytes per link (measured vs modeled), ms/batch"
+HELP = KINDS["dist"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 DEFAULT_STRATEGIES = "alg1,interleaved,mod,rule1"

@@ -40,8 +40,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import UsageError
+from . import KINDS
 
-HELP = "neighbour sampling over a partitioned topology: bytes per link, requests, ms per batch"
+HELP = KINDS["dist-sampling"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 

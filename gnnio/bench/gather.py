@@ -45,9 +45,10 @@ from ..features._gather import host_empty, host_rows
 from ..utils.progress import bar
 from ..utils.rss import available_ram
 from ..utils.torch_threads import set_torch_threads
+from . import KINDS
 from ._timing import median, time_passes
 
-HELP = "feature-gather bandwidth (GB/s) of a store vs. a random 512-byte-row memory ceiling"
+HELP = KINDS["gather"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 CEILING_ROW_BYTES = 512

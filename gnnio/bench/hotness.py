@@ -22,10 +22,11 @@ from ..graph.dataset import load
 from ..preprocess.hotness import SCORES, compute_score, presample_counts, top_count
 from ..preprocess.reorder import order_by_score
 from ..utils.argtypes import fanouts_arg, int_range
+from . import KINDS
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run", "captured_shares", "cumulative_curve"]
 
-HELP = "how much of the sampled feature reads each hotness score's top nodes capture"
+HELP = KINDS["hotness"]
 DESCRIPTION = (
     "Run the sampler for an epoch over the training nodes, count every node's feature reads, and "
     "report for each hotness score the share of reads captured by the top 1/5/10/25% of nodes "

@@ -19,13 +19,14 @@ import numpy as np
 import torch
 
 from ..utils.progress import bar
+from . import KINDS
 from ._timing import median, time_passes
 from .gather import check_common, make_order, parse_fanouts_arg, seed_ids, set_threads
 
 if TYPE_CHECKING:
     from ..pipeline.loader import LoaderStats
 
-HELP = "mini-batches per second through the pipelined loader (sample + gather, overlapped)"
+HELP = KINDS["loader"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 

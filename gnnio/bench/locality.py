@@ -38,8 +38,9 @@ import time
 import numpy as np
 
 from ..errors import UsageError
+from . import KINDS
 
-HELP = "host feature traffic of locality-aware sampling for several scales s"
+HELP = KINDS["locality"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 

@@ -30,11 +30,12 @@ from ..placement.topology import load_topology
 from ..utils.argtypes import positive_float
 from ..utils.counts import top_count
 from ..utils.progress import bar
+from . import KINDS
 from ._timing import median, time_passes
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]
 
-HELP = "time placement strategies (Algorithm 1, ...) on a large synthetic score vector"
+HELP = KINDS["placement"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1].strip()
 
 GRAPHLESS = ("alg1", "rule1", "interleaved", "mod", "naive", "random")

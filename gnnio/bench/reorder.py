@@ -17,11 +17,12 @@ import numpy as np
 from ..errors import UsageError
 from ..graph.csr import CSRGraph
 from ..preprocess.reorder import IMPLS, order_by_score, relabel_csr
+from . import KINDS
 from ._timing import median, time_passes
 
 __all__ = ["HELP", "DESCRIPTION", "add_arguments", "run"]
 
-HELP = "edges/s of the CSR relabel (numba vs numpy vs plain reference)"
+HELP = KINDS["reorder"]
 DESCRIPTION = (
     "Relabel a graph (a dataset's, or a generated synthetic power-law graph) by descending "
     "out-degree with each relabel implementation and report median seconds and edges/s."

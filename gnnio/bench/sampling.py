@@ -49,9 +49,10 @@ import torch
 from ..errors import UsageError
 from ..utils.progress import bar
 from ..utils.torch_threads import set_torch_threads
+from . import KINDS
 from ._timing import median, time_passes
 
-HELP = "sampled edges/s, ms/batch and input nodes/batch of a neighbour sampler"
+HELP = KINDS["sampling"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 

@@ -46,8 +46,9 @@ from ..features.base import ids_in_range
 from ..utils.capture import device_sync
 from ..utils.progress import bar
 from ..utils.syncs import OpCounter
+from . import KINDS
 
-HELP = "where the time of a training batch goes (sample, gather, forward, backward, ...)"
+HELP = KINDS["step"]
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else HELP
 
 PARTS = ("sample", "relabel", "gather", "transfer", "forward", "backward", "optimizer", "other")
@@ -60,9 +61,7 @@ def add_arguments(p) -> None:
     add_train_arguments(p)
     p._option_string_actions["--threads"].help += "; here torch's threads too (train leaves them)"
     p.add_argument("--batches", type=int_range(1), default=20, help="timed batches per pass")
-    p.add_argument(
-        "--warmup", type=int_range(0), default=3, help="untimed batches before each pass"
-    )
+    p.add_argument("--warmup", type=int_range(0), default=3, help="untimed batches ahead of a pass")
     p.add_argument(
         "--no-gpu-passes",
         action="store_true",

@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..features.tiers.tiered import TieredFeatureStore, hot_rows_for_fraction
 from ..utils.argtypes import fanouts_arg, int_range
 from ..utils.progress import bar
+from . import KINDS
 from .tier_bandwidth import gpu_gather_bandwidth
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
     "run",
 ]
 
-HELP = "host->GPU bytes of a tiered feature store vs hot fraction, per hotness score"
+HELP = KINDS["tiers"]
 DESCRIPTION = (
     "Sample an epoch over the training nodes and gather every batch's features through a tiered "
     "store (hot rows on the GPU, the rest read from host memory) for each hotness score and hot "

@@ -5,24 +5,11 @@ from __future__ import annotations
 import importlib
 import re
 
+from ..bench import KINDS
 from . import COMMANDS, HelpFormatter
 
 #: benchmark name -> module under gnnio.bench providing HELP, add_arguments(p) and run(args) -> dict
-BENCHES = {
-    "sampling": "gnnio.bench.sampling",
-    "gather": "gnnio.bench.gather",
-    "loader": "gnnio.bench.loader",
-    "hotness": "gnnio.bench.hotness",
-    "reorder": "gnnio.bench.reorder",
-    "placement": "gnnio.bench.placement",
-    "tiers": "gnnio.bench.tiers",
-    "cache": "gnnio.bench.cache",
-    "locality": "gnnio.bench.locality",
-    "dist": "gnnio.bench.dist",
-    "dist-sampling": "gnnio.bench.dist_sampling",
-    "disk": "gnnio.bench.disk",
-    "step": "gnnio.bench.step",
-}
+BENCHES = {name: f"gnnio.bench.{name.replace('-', '_')}" for name in KINDS}
 
 
 _ROLE = re.compile(r":(?:func|class|mod|meth|attr|data|exc):`(~?)([^`]+)`")
@@ -35,7 +22,11 @@ def plain(text: str) -> str:
     return text.replace("``", "").replace("**", "")
 
 
-def register(sub) -> None:
+def register(sub, kind: str | None = None) -> None:
+    """``gnnio bench`` and its benchmarks; with ``kind`` (the benchmark a command line runs,
+    ``""`` for none) only that one's module is imported, the others stand in by name and help
+    line (:data:`gnnio.bench.KINDS`), so ``gnnio bench --help`` imports no benchmark (nor
+    torch); without, every one."""
     p = sub.add_parser(
         "bench",
         help=COMMANDS["bench"],
@@ -44,6 +35,9 @@ def register(sub) -> None:
     )
     kinds = p.add_subparsers(dest="bench", metavar="KIND", required=True)
     for name, modname in BENCHES.items():
+        if kind is not None and name != kind:
+            kinds.add_parser(name, help=KINDS[name])  # (never parses: the command runs another)
+            continue
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as e:

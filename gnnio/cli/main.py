@@ -57,13 +57,16 @@ class OneLineParser(argparse.ArgumentParser):
             parser = subs[0].choices[name]
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    command: str | None = None, argv: list[str] | None = None
+) -> argparse.ArgumentParser:
     """The whole command line's parser; with ``command`` (the subcommand a command line runs,
     :func:`command_of`) only that subcommand's module is imported and registered, the others
     stand in as their name and one-line help (:data:`gnnio.cli.COMMANDS`), so ``gnnio --help``,
     a mistyped command and ``gnnio info`` do not import what ``train`` and ``bench`` need. A
     ``command`` that is not one (``None``, a typo) registers none: argparse's listing and its
-    invalid-choice error need only the names. Called without arguments, every subcommand."""
+    invalid-choice error need only the names. Called without arguments, every subcommand. With
+    the command line ``argv`` too, ``bench`` imports only the benchmark it names."""
     from . import COMMANDS
 
     parser = OneLineParser(
@@ -77,17 +80,28 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_line in COMMANDS.items():
         if command is None or name == command:
-            importlib.import_module(f"gnnio.cli.{name}").register(sub)
+            module = importlib.import_module(f"gnnio.cli.{name}")
+            if name == "bench" and argv is not None:  # (its benchmarks likewise: the second word)
+                module.register(sub, kind=words_of(argv)[1])
+            else:
+                module.register(sub)
         else:
             sub.add_parser(name, help=help_line)  # (never parses: command names another)
     apply_common_ranges(parser)  # --threads, --seed, --passes, --warmup: the same everywhere
     return parser
 
 
+def words_of(argv: list[str]) -> tuple[str, str]:
+    """The first two words of ``argv`` that are not options (``""`` where there are fewer): the
+    subcommand and, for ``bench``, the benchmark (``gnnio bench``'s own only option, ``--help``,
+    takes no value; nor do gnnio's, ``--help`` and ``--version``)."""
+    words = [a for a in argv if not a.startswith("-")][:2]
+    return (words + ["", ""])[0], (words + ["", ""])[1]
+
+
 def command_of(argv: list[str]) -> str:
-    """The subcommand ``argv`` runs: its first word that is not an option (gnnio's own options,
-    ``--help`` and ``--version``, take no value), ``""`` where there is none."""
-    return next((a for a in argv if not a.startswith("-")), "")
+    """The subcommand ``argv`` runs (:func:`words_of`)."""
+    return words_of(argv)[0]
 
 
 #: a value that argparse takes for an option because it starts with "-": "-1,-1,-1", "-1,2"
@@ -240,7 +254,7 @@ def _main(argv: list[str] | None) -> int:
         return 0
     try:
         argv = normalise_argv(list(argv) if argv is not None else sys.argv[1:])
-        parser = _loading(lambda: build_parser(command_of(argv)))
+        parser = _loading(lambda: build_parser(command_of(argv), argv))
         args = parser.parse_args(argv)  # (--help and a usage error end here, before numba loads)
         _loading(lambda: _import_what_it_runs_on(args))
         from ..utils.interrupts import defer_sigint_while_compiling
