@@ -159,6 +159,34 @@ def test_fresh_run_into_another_runs_checkpoints_is_refused_with_one_line(tiny, 
     assert sorted(p.name for p in c.iterdir()) == before and len(ran) == 1
 
 
+def test_bad_checkpoint_dir_or_changed_option_is_refused_before_any_rank_starts(
+    tiny, full, tmp_path, monkeypatch
+):
+    """``--nproc``: a ``--checkpoint-dir`` that is a file or lies under one, and a ``--resume``
+    with an option that changes results, are one line from the launcher. Each rank had found
+    them after its start-up (seconds), as ``rank 0 (pid N) failed: UsageError: ...``."""
+    from gnnio.distributed import launch as launcher
+
+    ran = run_gnnio_in_process(monkeypatch)
+    started: list = []
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: started.append(a))
+    _, c = full
+    f = tmp_path / "a-file"
+    f.write_text("")
+    cases = [
+        (["--checkpoint-dir", f], f"--checkpoint-dir {f}: exists and is not a directory"),
+        (["--checkpoint-dir", f / "sub"], f"--checkpoint-dir {f / 'sub'}: cannot create it"),
+        (["--resume", c, "--lr", "0.5"], f"--resume {c}: an option that changes results differs"),
+    ]
+    for extra, want in cases:
+        r = gnnio("train", tiny, *ARGS, *extra, timeout=120)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (extra, r.stderr[-2000:])
+        assert lines[0].startswith(f"gnnio: error: {want}"), lines[0]
+    assert started == [] and len(ran) == len(cases)
+    assert not (f.parent / "sub").exists()
+
+
 class FakeRanks:
     """``all_gather_object`` across simulated ranks: each rank's first call records its
     answer; a rank's call returns what every rank recorded for that step (ranks run in turn)."""

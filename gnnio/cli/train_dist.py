@@ -117,10 +117,14 @@ def launch_ranks(args, cfg, dataset) -> int:
         from ..preprocess.partition import load_partition
 
         load_partition(cfg.partition, ds, args.nproc)
-    from ..train.checkpoint import check_fresh_dir, check_resume_dir
+    from ..train.checkpoint import check_fresh_dir, check_resume_binding, check_resume_dir
+    from ..train.checkpoint_checks import check_checkpoint_dir
 
-    if cfg.resume is not None:  # none there, or another world size's: refuse before starting
-        check_resume_dir(cfg.resume, args.nproc)
+    if cfg.resume is not None:  # none there, another world size's, dataset's, model's or
+        check_resume_dir(cfg.resume, args.nproc)  # option's: refuse before starting
+        check_resume_binding(cfg.resume, ds, cfg, args.nproc)
+    if cfg.checkpoint_dir is not None:  # a file, or under one: likewise
+        check_checkpoint_dir(cfg.checkpoint_dir)
     check_fresh_dir(cfg.checkpoint_dir, cfg.resume)  # another run's checkpoints: likewise
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:

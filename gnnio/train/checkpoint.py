@@ -79,6 +79,7 @@ __all__ = [
     "check_world_size",
     "checkpoint_files",
     "check_fresh_dir",
+    "check_resume_binding",
     "check_resume_dir",
     "held_checkpoints",
     "load_resume",
@@ -313,6 +314,27 @@ def check_resume_dir(directory: str | os.PathLike, world_size: int) -> None:
                 f"--resume {d}: no checkpoint position that all {world_size} ranks hold"
             )
         raise UsageError(f"--resume {d}: no complete checkpoint in it")
+
+
+def check_resume_binding(directory: str | os.PathLike, ds, cfg, world_size: int) -> None:
+    """:func:`check_binding` on rank 0's newest checkpoint at a position every rank holds (what
+    :func:`load_resume` reads first), so ``--nproc N`` refuses another dataset, model or option
+    before it starts any rank. A file that does not load is left to the ranks."""
+    d = _resume_dir(directory)
+    held = [
+        {(e, b): p for e, b, p in checkpoint_files(d, r, world_size)} for r in range(world_size)
+    ]
+    common = set(held[0]).intersection(*held[1:])
+    if not common:
+        return
+    p = held[0][max(common)]
+    check_regular(p, d)
+    try:
+        raw = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001  (damaged: the ranks skip it and say so)
+        return
+    if isinstance(raw, dict) and isinstance(raw.get("binding"), dict):
+        check_binding(str(d), raw, binding(ds, cfg, world_size))
 
 
 def _gather(run, obj) -> list:

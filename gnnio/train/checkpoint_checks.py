@@ -33,6 +33,7 @@ from ..errors import UsageError
 
 __all__ = [
     "NAME",
+    "check_checkpoint_dir",
     "check_contents",
     "check_fresh_dir",
     "check_regular",
@@ -176,6 +177,23 @@ def resumes_into(checkpoint_dir, resume) -> bool:
     if resume is None:
         return False
     return checkpoint_dir is None or os.path.realpath(checkpoint_dir) == os.path.realpath(resume)
+
+
+def check_checkpoint_dir(directory: str | os.PathLike) -> None:
+    """One line when ``--checkpoint-dir`` is a file or cannot be created (its nearest existing
+    ancestor is a file, or not writable): what :class:`~gnnio.train.checkpoint.CheckpointDir`
+    finds, said by ``--nproc N`` before it starts any rank. Creates nothing."""
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"--checkpoint-dir {d}: exists and is not a directory")
+    up = d.absolute()
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        raise UsageError(f"--checkpoint-dir {d}: cannot create it (Not a directory)")
+    if not os.access(up, os.W_OK | os.X_OK):
+        what = "write in" if up == d.absolute() else "create"
+        raise UsageError(f"--checkpoint-dir {d}: cannot {what} it (Permission denied)")
 
 
 def check_fresh_dir(checkpoint_dir, resume=None, run=None) -> None:
