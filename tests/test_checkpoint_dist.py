@@ -84,7 +84,7 @@ def test_every_rank_writes_its_own_files_newest_two(full):
     names = sorted(p.name for p in c.iterdir())
     assert names == ["ckpt-e000002-b000000000-r0of2.pt", "ckpt-e000002-b000000000-r1of2.pt",
                      "ckpt-e000003-b000000000-r0of2.pt", "ckpt-e000003-b000000000-r1of2.pt",
-                     "lock-r0", "lock-r1"]  # fmt: skip
+                     "lock", "lock-r0", "lock-r1"]  # fmt: skip
     assert same_params(final_params(c, 0), final_params(c, 1))  # DDP: one model
 
 
