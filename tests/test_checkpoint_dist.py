@@ -187,6 +187,32 @@ def test_bad_checkpoint_dir_or_changed_option_is_refused_before_any_rank_starts(
     assert not (f.parent / "sub").exists()
 
 
+def test_a_checkpoint_dir_in_use_is_refused_before_any_rank_starts(tiny, tmp_path, monkeypatch):
+    """``--nproc``: a ``--checkpoint-dir`` (or ``--resume`` dir) that a running run holds, one
+    process or the ranks of another ``--nproc`` run, is one line from the launcher; each rank
+    had found it after its start-up, as ``rank 0 (pid N) failed: UsageError: ...``."""
+    from gnnio.distributed import launch as launcher
+    from gnnio.train.checkpoint import CheckpointDir
+
+    ran = run_gnnio_in_process(monkeypatch)
+    started: list = []
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: started.append(a))
+    for held in ({}, {"rank": 0, "world_size": 2}):
+        c = tmp_path / f"c{len(held)}"
+        claim = CheckpointDir(c, **held)  # the running run
+        r = gnnio("train", tiny, *ARGS, "--checkpoint-dir", c, timeout=120)
+        claim.close()
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (held, r.stderr[-2000:])
+        assert (
+            lines[0]
+            == f"gnnio: error: --checkpoint-dir {c}: in use by another running training run"
+        )
+    assert started == [] and len(ran) == 2
+    r = gnnio("train", tiny, *ARGS, "--checkpoint-dir", c, timeout=120)  # released: it starts
+    assert r.returncode == 0 and len(started) == 1, r.stderr[-2000:]
+
+
 class FakeRanks:
     """``all_gather_object`` across simulated ranks: each rank's first call records its
     answer; a rank's call returns what every rank recorded for that step (ranks run in turn)."""

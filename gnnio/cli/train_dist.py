@@ -124,8 +124,8 @@ def launch_ranks(args, cfg, dataset) -> int:
     if cfg.resume is not None:  # none there, another world size's, dataset's, model's or
         check_resume_dir(cfg.resume, args.nproc)  # option's: refuse before starting
         _check_resume_binding(cfg.resume, ds, cfg, args.nproc)
-    if cfg.checkpoint_dir is not None:  # a file, or under one: likewise
-        check_checkpoint_dir(cfg.checkpoint_dir)
+    if (cfg.checkpoint_dir or cfg.resume) is not None:  # a file, under one, in use: likewise
+        check_checkpoint_dir(cfg.checkpoint_dir or cfg.resume)
     check_fresh_dir(cfg.checkpoint_dir, cfg.resume)  # another run's checkpoints: likewise
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:

@@ -194,6 +194,28 @@ def check_checkpoint_dir(directory: str | os.PathLike) -> None:
     if not os.access(up, os.W_OK | os.X_OK):
         what = "write in" if up == d.absolute() else "create"
         raise UsageError(f"--checkpoint-dir {d}: cannot {what} it (Permission denied)")
+    _check_unclaimed_locks(d)
+
+
+def _check_unclaimed_locks(d: Path) -> None:
+    """One line when a running run holds ``C/lock`` (one process) or ``C/lock-r0`` (rank 0 of
+    a ``--nproc`` run): what the ranks' :class:`~gnnio.train.checkpoint.CheckpointDir` would
+    find. Each lock is taken and released at once (the ranks claim for good)."""
+    import fcntl
+
+    for name, mode in (("lock", fcntl.LOCK_SH), ("lock-r0", fcntl.LOCK_EX)):
+        try:
+            fd = os.open(d / name, os.O_RDONLY)
+        except OSError:
+            continue  # none there (or unreadable: the ranks say so)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(
+                f"--checkpoint-dir {d}: in use by another running training run"
+            ) from None
+        finally:
+            os.close(fd)
 
 
 def check_fresh_dir(checkpoint_dir, resume=None, run=None) -> None:
