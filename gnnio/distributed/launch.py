@@ -40,6 +40,11 @@ class DistRunError(GnnioError):
     """A rank of a distributed run failed; the message names it."""
 
 
+#: the class-name prefix of gnnio's one-line errors in a rank's error record
+_GNNIO_ERRORS = (r"^(?:UsageError|DatasetError|GnnioError|LoaderStall|PinError|"
+                 r"SimulatedOutOfMemory|DistRunError): ")  # fmt: skip
+
+
 def failure_line(err) -> str:
     """One line for a ``ChildFailedError``: the rank that failed first (a killed rank before a
     rank that only saw its peer disappear), how, and the other failed ranks."""
@@ -57,7 +62,8 @@ def failure_line(err) -> str:
         msg = f.message
         if isinstance(msg, dict):  # the error file's {"message": ..., "extraInfo": ...}
             msg = msg.get("message", "")
-        msg = _last_error_line(str(msg))
+        # gnnio's own errors read as they do in one process, without the class name
+        msg = re.sub(_GNNIO_ERRORS, "", _last_error_line(str(msg)))
         return (
             f"rank {rank} (pid {f.pid}) failed: {msg}"
             if msg
