@@ -299,3 +299,23 @@ def test_a_store_that_runs_ahead_is_saved_at_the_last_trained_batchs_mark():
     state = make_state(**kw, partial={"store_mark": 5})
     assert state["stores"] == [{"upto": 5}, {"plain": 1}]
     assert make_state(**kw)["stores"] == [{"upto": None}, {"plain": 1}]
+
+
+def test_a_single_process_and_ranks_exclude_each_other(tmp_path):
+    """One process claims ``C/lock``, a rank ``C/lock-r<rank>``: a ``gnnio train`` and a
+    ``gnnio train --nproc 2`` into the same ``--checkpoint-dir`` at once both ran, writing
+    checkpoints of two world sizes side by side. Now the second is refused whichever came first;
+    the ranks of one run still share the directory."""
+    c = tmp_path / "c"
+    ranks = [CheckpointDir(c, rank=r, world_size=2) for r in (0, 1)]  # one run's ranks: fine
+    with pytest.raises(UsageError, match="in use by another running training run"):
+        CheckpointDir(c)
+    with pytest.raises(UsageError, match="in use by another running training run"):
+        CheckpointDir(c, rank=0, world_size=3)  # (another --nproc run: as before)
+    for d in ranks:
+        d.close()
+    one = CheckpointDir(c)
+    with pytest.raises(UsageError, match="in use by another running training run"):
+        CheckpointDir(c, rank=1, world_size=2)
+    one.close()
+    CheckpointDir(c, rank=1, world_size=2).close()  # released: free again

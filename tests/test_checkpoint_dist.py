@@ -84,7 +84,7 @@ def test_every_rank_writes_its_own_files_newest_two(full):
     names = sorted(p.name for p in c.iterdir())
     assert names == ["ckpt-e000002-b000000000-r0of2.pt", "ckpt-e000002-b000000000-r1of2.pt",
                      "ckpt-e000003-b000000000-r0of2.pt", "ckpt-e000003-b000000000-r1of2.pt",
-                     "lock-r0", "lock-r1"]  # fmt: skip
+                     "lock", "lock-r0", "lock-r1"]  # fmt: skip
     assert same_params(final_params(c, 0), final_params(c, 1))  # DDP: one model
 
 
@@ -157,6 +157,60 @@ def test_fresh_run_into_another_runs_checkpoints_is_refused_with_one_line(tiny, 
     assert f"--checkpoint-dir {c}: already holds checkpoints" in lines[0]
     assert f"--resume {c}" in lines[0]
     assert sorted(p.name for p in c.iterdir()) == before and len(ran) == 1
+
+
+def test_bad_checkpoint_dir_or_changed_option_is_refused_before_any_rank_starts(
+    tiny, full, tmp_path, monkeypatch
+):
+    """``--nproc``: a ``--checkpoint-dir`` that is a file or lies under one, and a ``--resume``
+    with an option that changes results, are one line from the launcher. Each rank had found
+    them after its start-up (seconds), as ``rank 0 (pid N) failed: UsageError: ...``."""
+    from gnnio.distributed import launch as launcher
+
+    ran = run_gnnio_in_process(monkeypatch)
+    started: list = []
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: started.append(a))
+    _, c = full
+    f = tmp_path / "a-file"
+    f.write_text("")
+    cases = [
+        (["--checkpoint-dir", f], f"--checkpoint-dir {f}: exists and is not a directory"),
+        (["--checkpoint-dir", f / "sub"], f"--checkpoint-dir {f / 'sub'}: cannot create it"),
+        (["--resume", c, "--lr", "0.5"], f"--resume {c}: an option that changes results differs"),
+    ]
+    for extra, want in cases:
+        r = gnnio("train", tiny, *ARGS, *extra, timeout=120)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (extra, r.stderr[-2000:])
+        assert lines[0].startswith(f"gnnio: error: {want}"), lines[0]
+    assert started == [] and len(ran) == len(cases)
+    assert not (f.parent / "sub").exists()
+
+
+def test_a_checkpoint_dir_in_use_is_refused_before_any_rank_starts(tiny, tmp_path, monkeypatch):
+    """``--nproc``: a ``--checkpoint-dir`` (or ``--resume`` dir) that a running run holds, one
+    process or the ranks of another ``--nproc`` run, is one line from the launcher; each rank
+    had found it after its start-up, as ``rank 0 (pid N) failed: UsageError: ...``."""
+    from gnnio.distributed import launch as launcher
+    from gnnio.train.checkpoint import CheckpointDir
+
+    ran = run_gnnio_in_process(monkeypatch)
+    started: list = []
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: started.append(a))
+    for held in ({}, {"rank": 0, "world_size": 2}):
+        c = tmp_path / f"c{len(held)}"
+        claim = CheckpointDir(c, **held)  # the running run
+        r = gnnio("train", tiny, *ARGS, "--checkpoint-dir", c, timeout=120)
+        claim.close()
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (held, r.stderr[-2000:])
+        assert (
+            lines[0]
+            == f"gnnio: error: --checkpoint-dir {c}: in use by another running training run"
+        )
+    assert started == [] and len(ran) == 2
+    r = gnnio("train", tiny, *ARGS, "--checkpoint-dir", c, timeout=120)  # released: it starts
+    assert r.returncode == 0 and len(started) == 1, r.stderr[-2000:]
 
 
 class FakeRanks:

@@ -170,3 +170,40 @@ def test_a_missing_placement_file_is_refused_before_the_features_are_read(tmp_pa
     for path in (tmp_path / "none.npz", tmp_path):
         with pytest.raises(UsageError, match=f"^{path}: placement file not found$"):
             TrainConfig(placement=str(path)).validate()
+
+
+GLOO_PEER_GONE = (
+    "Got the following error when running the callback: RuntimeError: [/__w/pytorch/pytorch/"
+    "third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:63638. This is typically caused by a remote worker crashing. Check the logs of "
+    "the remote worker before reporting an error. GLHF!\n\nAt:\n  gnnio/distributed/ddp.py(55): done"
+)
+
+
+def test_a_torchrun_rank_whose_peer_died_prints_one_line(tmp_path, capsys, monkeypatch):
+    """``torchrun ... -m gnnio train`` (README, two machines), one node's rank killed with -9:
+    the other rank printed a 40-line traceback through the training loop ending in gloo's
+    ``Connection closed by peer``; it prints one line naming itself and what gloo said
+    (torchrun's own report follows it). Another RuntimeError still raises."""
+    import gnnio.cli.train
+
+    ds = synthetic(tmp_path, ["0.5", "0.25", "0.25"])
+    capsys.readouterr()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+
+    def gone(dataset, cfg):
+        raise RuntimeError(GLOO_PEER_GONE)
+
+    monkeypatch.setattr(gnnio.cli.train, "train_rank", gone)
+    assert main(["train", ds, "--epochs", "1", "--quiet"]) == 1
+    err = one_line(capsys)
+    assert "rank 1 of 2: another rank is gone" in err, err
+    assert "(Connection closed by peer [127.0.0.1]:63638)" in err, err
+
+    def bug(dataset, cfg):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(gnnio.cli.train, "train_rank", bug)
+    with pytest.raises(RuntimeError, match="shapes"):
+        main(["train", ds, "--epochs", "1", "--quiet"])

@@ -222,6 +222,21 @@ def test_the_failure_line_of_a_rank_that_exited():
     assert failure_line(err) == "rank 0 (pid 10) failed: ValueError: bad row"
 
 
+def test_the_failure_line_of_a_gnnio_error_has_no_class_name():
+    """A rank's one-line gnnio error reads as in one process (``--resume C: ...``), not
+    ``failed: UsageError: --resume C: ...``; other exceptions keep their class name."""
+    from gnnio.distributed.launch import failure_line
+
+    for cls in ("UsageError", "DatasetError", "LoaderStall"):
+        msg = {"message": f"{cls}: --resume c: no complete checkpoint in it"}
+        err = SimpleNamespace(failures={0: _failure(0, 1, msg)})
+        assert (
+            failure_line(err) == "rank 0 (pid 10) failed: --resume c: no complete checkpoint in it"
+        )
+    err = SimpleNamespace(failures={0: _failure(0, 1, {"message": "KeyError: 'UsageError: x'"})})
+    assert failure_line(err) == "rank 0 (pid 10) failed: KeyError: 'UsageError: x'"
+
+
 @pytest.fixture
 def agent(monkeypatch, tmp_path):
     """``launch`` with the elastic agent replaced by ``agent.then`` (what it raises or returns)

@@ -278,10 +278,28 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except RuntimeError as e:  # torch's allocators say it in a RuntimeError
         if "can't allocate memory" not in str(e) and "out of memory" not in str(e):
-            raise
+            lost = _peer_lost(e)
+            if lost is None:
+                raise
+            print(f"gnnio: error: {lost}", file=sys.stderr)
+            return 1
         print(f"gnnio: error: out of memory: {_first_line(e)}", file=sys.stderr)
         return 2
     return int(rc or 0)
+
+
+def _peer_lost(e: RuntimeError) -> str | None:
+    """A rank under ``torchrun`` (``WORLD_SIZE`` > 1; ``--nproc`` ranks run :func:`rank_main`,
+    whose launcher names the rank) whose collective failed because another rank died or timed
+    out: one line instead of a traceback through the training loop. None otherwise."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) <= 1:
+        return None
+    from ..distributed.launch import is_peer_loss, peer_loss_line
+
+    if not is_peer_loss(str(e)):
+        return None
+    return peer_loss_line(e, os.environ.get("RANK", "?"), int(world))
 
 
 @contextmanager

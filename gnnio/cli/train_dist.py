@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..train.config_dist import DEFAULT_BUFFER
 
@@ -118,9 +119,13 @@ def launch_ranks(args, cfg, dataset) -> int:
 
         load_partition(cfg.partition, ds, args.nproc)
     from ..train.checkpoint import check_fresh_dir, check_resume_dir
+    from ..train.checkpoint_checks import check_checkpoint_dir
 
-    if cfg.resume is not None:  # none there, or another world size's: refuse before starting
-        check_resume_dir(cfg.resume, args.nproc)
+    if cfg.resume is not None:  # none there, another world size's, dataset's, model's or
+        check_resume_dir(cfg.resume, args.nproc)  # option's: refuse before starting
+        _check_resume_binding(cfg.resume, ds, cfg, args.nproc)
+    if (cfg.checkpoint_dir or cfg.resume) is not None:  # a file, under one, in use: likewise
+        check_checkpoint_dir(cfg.checkpoint_dir or cfg.resume)
     check_fresh_dir(cfg.checkpoint_dir, cfg.resume)  # another run's checkpoints: likewise
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.dir is None:
@@ -129,6 +134,32 @@ def launch_ranks(args, cfg, dataset) -> int:
             argv += ["--epochs", str(cfg.epochs)]
     launch(args.nproc, args.rank_entry, argv, timeout_s=cfg.dist_timeout)
     return 0
+
+
+def _check_resume_binding(directory, ds, cfg, world_size: int) -> None:
+    """``check_binding`` on rank 0's newest checkpoint at a position every rank holds (what each
+    rank's ``load_resume`` reads first), so ``--nproc N`` refuses another dataset, model or
+    option before it starts any rank. A file that does not load is left to the ranks."""
+    import torch
+
+    from ..train.checkpoint import binding, check_binding, checkpoint_files
+    from ..train.checkpoint_checks import check_regular
+
+    d = Path(directory)  # (a directory: check_resume_dir said so)
+    held = [
+        {(e, b): p for e, b, p in checkpoint_files(d, r, world_size)} for r in range(world_size)
+    ]
+    common = set(held[0]).intersection(*held[1:])
+    if not common:
+        return
+    p = held[0][max(common)]
+    check_regular(p, d)
+    try:
+        raw = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001  (damaged: the ranks skip it and say so)
+        return
+    if isinstance(raw, dict) and isinstance(raw.get("binding"), dict):
+        check_binding(str(d), raw, binding(ds, cfg, world_size))
 
 
 def train_rank(dataset, cfg):

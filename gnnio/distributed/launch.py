@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -32,11 +33,16 @@ from contextlib import contextmanager
 
 from ..errors import GnnioError
 
-__all__ = ["DistRunError", "launch", "failure_line"]
+__all__ = ["DistRunError", "failure_line", "is_peer_loss", "launch", "peer_loss_line"]
 
 
 class DistRunError(GnnioError):
     """A rank of a distributed run failed; the message names it."""
+
+
+#: the class-name prefix of gnnio's one-line errors in a rank's error record
+_GNNIO_ERRORS = (r"^(?:UsageError|DatasetError|GnnioError|LoaderStall|PinError|"
+                 r"SimulatedOutOfMemory|DistRunError): ")  # fmt: skip
 
 
 def failure_line(err) -> str:
@@ -56,7 +62,8 @@ def failure_line(err) -> str:
         msg = f.message
         if isinstance(msg, dict):  # the error file's {"message": ..., "extraInfo": ...}
             msg = msg.get("message", "")
-        msg = _last_error_line(str(msg))
+        # gnnio's own errors read as they do in one process, without the class name
+        msg = re.sub(_GNNIO_ERRORS, "", _last_error_line(str(msg)))
         return (
             f"rank {rank} (pid {f.pid}) failed: {msg}"
             if msg
@@ -65,10 +72,7 @@ def failure_line(err) -> str:
 
     def peer_loss(f) -> bool:
         m = f.message.get("message", "") if isinstance(f.message, dict) else f.message
-        m = str(m).lower()
-        return any(k in m for k in ("connection closed", "connection reset", "broken pipe",
-                                    "peer", "timed out", "timeout", "remote worker",
-                                    "socket closed"))  # fmt: skip
+        return is_peer_loss(str(m))
 
     def cause(f) -> int:
         """0: killed by a signal from outside (SIGKILL, SIGSEGV, ...); 1: a real error; 2: a rank
@@ -86,6 +90,24 @@ def failure_line(err) -> str:
     if others:
         line += f"; stopped rank(s) {', '.join(map(str, sorted(others)))} too"
     return line
+
+
+def is_peer_loss(msg: str) -> bool:
+    """Whether a rank's error says that another rank went away (closed, reset or timed out)."""
+    m = msg.lower()
+    return any(k in m for k in ("connection closed", "connection reset", "broken pipe",
+                                "peer", "timed out", "timeout", "remote worker",
+                                "socket closed"))  # fmt: skip
+
+
+def peer_loss_line(err: BaseException, rank: str, world_size: int) -> str:
+    """One line for a rank (under ``torchrun``) whose collective failed because another rank is
+    gone: gloo's message without its source location, callback wrapper and advice."""
+    lines = [ln.strip() for ln in str(err).splitlines() if is_peer_loss(ln)]
+    msg = lines[0][:300] if lines else (_last_error_line(str(err)) or type(err).__name__)
+    msg = re.sub(r"^(Got the following error when running the callback: )?(\w+Error: )?", "", msg)
+    msg = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", msg).split(". This is typically")[0]
+    return f"rank {rank} of {world_size}: another rank is gone or stopped answering ({msg})"
 
 
 def _last_error_line(msg: str) -> str:

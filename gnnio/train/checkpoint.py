@@ -32,7 +32,7 @@ be pruned among another run's.
 
 Several ranks (``--nproc N``, torchrun): every rank writes its own file,
 ``ckpt-e<epoch>-b<batch>-r<rank>of<N>.pt``, at the same positions, claimed by its own
-``C/lock-r<rank>``. The model and optimizer are the same on every rank (DDP), and each file holds
+``C/lock-r<rank>`` and a shared lock on ``C/lock`` (which a single process holds exclusively). The model and optimizer are the same on every rank (DDP), and each file holds
 them, so a rank's file is complete on its own (no shared file system needed between machines);
 what differs per rank is the rest: its random states, its feature store's state (the sharded
 store's cross-batch reuse ids, read trace and request bytes, a per-rank cache's maps) and the
@@ -163,29 +163,41 @@ class CheckpointDir:
         self._lock_fd = self._claim()
         remove_stale_files(self.path, ".ckpt-")  # temporaries of killed writers (pid gone)
 
-    def _claim(self) -> int | None:
+    def _claim(self) -> list[int]:
+        """``C/lock``: exclusive for one process, shared by the ranks of a run, each of which
+        also holds ``C/lock-r<rank>`` exclusively: two runs of any world sizes exclude each
+        other (a single process and a ``--nproc`` run had taken different files)."""
         import fcntl
 
-        name = "lock" if self.world_size == 1 else f"lock-r{self.rank}"
-        try:
-            fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise UsageError(
-                f"--checkpoint-dir {self.path}: cannot write in it ({e.strerror})"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UsageError(
-                f"--checkpoint-dir {self.path}: in use by another running training run"
-            ) from None
-        return fd
+        locks = [("lock", fcntl.LOCK_EX if self.world_size == 1 else fcntl.LOCK_SH)]
+        if self.world_size > 1:
+            locks.append((f"lock-r{self.rank}", fcntl.LOCK_EX))
+        fds: list[int] = []
+        for name, mode in locks:
+            try:
+                fds.append(os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644))
+            except OSError as e:
+                self._release(fds)
+                raise UsageError(
+                    f"--checkpoint-dir {self.path}: cannot write in it ({e.strerror})"
+                ) from None
+            try:
+                fcntl.flock(fds[-1], mode | fcntl.LOCK_NB)
+            except OSError:
+                self._release(fds)
+                raise UsageError(
+                    f"--checkpoint-dir {self.path}: in use by another running training run"
+                ) from None
+        return fds
+
+    @staticmethod
+    def _release(fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)  # releases the flock
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        self._release(self._lock_fd)
+        self._lock_fd = []
 
     def save(self, state: dict[str, Any]) -> Path:
         """Write ``state`` (a dict for :func:`torch.save`) as the checkpoint at its

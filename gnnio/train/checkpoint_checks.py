@@ -33,6 +33,7 @@ from ..errors import UsageError
 
 __all__ = [
     "NAME",
+    "check_checkpoint_dir",
     "check_contents",
     "check_fresh_dir",
     "check_regular",
@@ -176,6 +177,45 @@ def resumes_into(checkpoint_dir, resume) -> bool:
     if resume is None:
         return False
     return checkpoint_dir is None or os.path.realpath(checkpoint_dir) == os.path.realpath(resume)
+
+
+def check_checkpoint_dir(directory: str | os.PathLike) -> None:
+    """One line when ``--checkpoint-dir`` is a file or cannot be created (its nearest existing
+    ancestor is a file, or not writable): what :class:`~gnnio.train.checkpoint.CheckpointDir`
+    finds, said by ``--nproc N`` before it starts any rank. Creates nothing."""
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"--checkpoint-dir {d}: exists and is not a directory")
+    up = d.absolute()
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        raise UsageError(f"--checkpoint-dir {d}: cannot create it (Not a directory)")
+    if not os.access(up, os.W_OK | os.X_OK):
+        what = "write in" if up == d.absolute() else "create"
+        raise UsageError(f"--checkpoint-dir {d}: cannot {what} it (Permission denied)")
+    _check_unclaimed_locks(d)
+
+
+def _check_unclaimed_locks(d: Path) -> None:
+    """One line when a running run holds ``C/lock`` (one process) or ``C/lock-r0`` (rank 0 of
+    a ``--nproc`` run): what the ranks' :class:`~gnnio.train.checkpoint.CheckpointDir` would
+    find. Each lock is taken and released at once (the ranks claim for good)."""
+    import fcntl
+
+    for name, mode in (("lock", fcntl.LOCK_SH), ("lock-r0", fcntl.LOCK_EX)):
+        try:
+            fd = os.open(d / name, os.O_RDONLY)
+        except OSError:
+            continue  # none there (or unreadable: the ranks say so)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(
+                f"--checkpoint-dir {d}: in use by another running training run"
+            ) from None
+        finally:
+            os.close(fd)
 
 
 def check_fresh_dir(checkpoint_dir, resume=None, run=None) -> None:
