@@ -32,8 +32,9 @@ be pruned among another run's.
 
 Several ranks (``--nproc N``, torchrun): every rank writes its own file,
 ``ckpt-e<epoch>-b<batch>-r<rank>of<N>.pt``, at the same positions, claimed by its own
-``C/lock-r<rank>`` and a shared lock on ``C/lock`` (which a single process holds exclusively). The model and optimizer are the same on every rank (DDP), and each file holds
-them, so a rank's file is complete on its own (no shared file system needed between machines);
+``C/lock-r<rank>`` and a shared lock on ``C/lock`` (which a single process holds exclusively).
+The model and optimizer are the same on every rank (DDP), and each file holds them, so a rank's
+file is complete on its own (no shared file system needed between machines);
 what differs per rank is the rest: its random states, its feature store's state (the sharded
 store's cross-batch reuse ids, read trace and request bytes, a per-rank cache's maps) and the
 run's per-rank counters (:meth:`gnnio.train.loop.LocalRun.state_dict`). A rank killed while the
