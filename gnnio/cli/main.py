@@ -95,8 +95,8 @@ def words_of(argv: list[str]) -> tuple[str, str]:
     """The first two words of ``argv`` that are not options (``""`` where there are fewer): the
     subcommand and, for ``bench``, the benchmark (``gnnio bench``'s own only option, ``--help``,
     takes no value; nor do gnnio's, ``--help`` and ``--version``)."""
-    words = [a for a in argv if not a.startswith("-")][:2]
-    return (words + ["", ""])[0], (words + ["", ""])[1]
+    first, second = ([a for a in argv if not a.startswith("-")] + ["", ""])[:2]
+    return first, second
 
 
 def command_of(argv: list[str]) -> str:
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     if (list(argv) if argv is not None else sys.argv[1:]) == ["--version"]:
-        print(f"gnnio {__version__}")  # (at once: argparse's would first import torch and numba)
+        print(f"gnnio {__version__}")  # (at once, before any parser is built)
         return 0
     try:
         argv = normalise_argv(list(argv) if argv is not None else sys.argv[1:])
