@@ -57,16 +57,14 @@ class OneLineParser(argparse.ArgumentParser):
             parser = subs[0].choices[name]
 
 
-def build_parser(
-    command: str | None = None, argv: list[str] | None = None
-) -> argparse.ArgumentParser:
-    """The whole command line's parser; with ``command`` (the subcommand a command line runs,
-    :func:`command_of`) only that subcommand's module is imported and registered, the others
-    stand in as their name and one-line help (:data:`gnnio.cli.COMMANDS`), so ``gnnio --help``,
-    a mistyped command and ``gnnio info`` do not import what ``train`` and ``bench`` need. A
-    ``command`` that is not one (``None``, a typo) registers none: argparse's listing and its
-    invalid-choice error need only the names. Called without arguments, every subcommand. With
-    the command line ``argv`` too, ``bench`` imports only the benchmark it names."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line's parser; with the command line ``argv`` only the subcommand it
+    runs (its first word, :func:`words_of`) is imported and registered, the others stand in as
+    their name and one-line help (:data:`gnnio.cli.COMMANDS`), so ``gnnio --help``, a mistyped
+    command and ``gnnio info`` do not import what ``train`` and ``bench`` need; a first word that
+    is no command (none, a typo) registers none: argparse's listing and its invalid-choice error
+    need only the names. ``bench`` likewise imports only the benchmark its second word names.
+    Called without arguments, every subcommand and benchmark."""
     from . import COMMANDS
 
     parser = OneLineParser(
@@ -78,11 +76,12 @@ def build_parser(
     )
     parser.add_argument("--version", action="version", version=f"gnnio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    command, kind = words_of(argv) if argv is not None else (None, None)
     for name, help_line in COMMANDS.items():
         if command is None or name == command:
             module = importlib.import_module(f"gnnio.cli.{name}")
-            if name == "bench" and argv is not None:  # (its benchmarks likewise: the second word)
-                module.register(sub, kind=words_of(argv)[1])
+            if name == "bench":  # (its benchmarks likewise: the second word)
+                module.register(sub, kind=kind)
             else:
                 module.register(sub)
         else:
@@ -97,11 +96,6 @@ def words_of(argv: list[str]) -> tuple[str, str]:
     takes no value; nor do gnnio's, ``--help`` and ``--version``)."""
     first, second = ([a for a in argv if not a.startswith("-")] + ["", ""])[:2]
     return first, second
-
-
-def command_of(argv: list[str]) -> str:
-    """The subcommand ``argv`` runs (:func:`words_of`)."""
-    return words_of(argv)[0]
 
 
 #: a value that argparse takes for an option because it starts with "-": "-1,-1,-1", "-1,2"
@@ -254,7 +248,7 @@ def _main(argv: list[str] | None) -> int:
         return 0
     try:
         argv = normalise_argv(list(argv) if argv is not None else sys.argv[1:])
-        parser = _loading(lambda: build_parser(command_of(argv), argv))
+        parser = _loading(lambda: build_parser(argv))
         args = parser.parse_args(argv)  # (--help and a usage error end here, before numba loads)
         _loading(lambda: _import_what_it_runs_on(args))
         from ..utils.interrupts import defer_sigint_while_compiling
